@@ -1,0 +1,13 @@
+import { defineConfig } from 'tsup';
+
+export default defineConfig({
+  entry: { index: 'src/index.ts', cli: 'src/cli/main.ts' },
+  format: ['esm', 'cjs'],
+  dts: { entry: { index: 'src/index.ts' } },
+  shims: true,
+  target: 'node20',
+  platform: 'node',
+  sourcemap: true,
+  clean: true,
+  splitting: false,
+});
