@@ -1,0 +1,48 @@
+// BlockDevice: what a frontend (the NBD server) serves. The Engine implements it; tests
+// and the NBD server's own harness may use an in-memory implementation.
+//
+// Every method is called concurrently from many I/O threads and must be thread-safe.
+// Return 0 or a negative errno. Offsets and lengths have already been checked by the
+// caller against size() (off + len <= size()); implementations check again and return
+// -EINVAL for out-of-range ranges rather than trusting the caller.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace mooring {
+
+// NBD base:allocation flags.
+constexpr uint32_t kExtentHole = 1u << 0;  // no storage allocated
+constexpr uint32_t kExtentZero = 1u << 1;  // reads as zero
+
+struct Extent {
+  uint64_t length;
+  uint32_t flags;  // kExtentHole | kExtentZero, or 0 for data
+};
+
+class BlockDevice {
+ public:
+  virtual ~BlockDevice() = default;
+
+  virtual uint64_t size() const = 0;
+
+  virtual int Read(uint64_t off, uint32_t len, uint8_t* buf) = 0;
+  // fua: durable before return.
+  virtual int Write(uint64_t off, uint32_t len, const uint8_t* buf, bool fua) = 0;
+  // Everything written (and replied to) before this call is durable on return.
+  virtual int Flush() = 0;
+  // Discard: the range may read as anything afterwards; space is released where possible.
+  virtual int Trim(uint64_t off, uint32_t len, bool fua) = 0;
+  // The range reads as zeros afterwards. may_trim: storage may be released (NBD flag
+  // NO_HOLE not set). fast_only: return -ENOTSUP instead of writing zeros the slow way
+  // (NBD FAST_ZERO).
+  virtual int WriteZeroes(uint64_t off, uint32_t len, bool may_trim, bool fast_only, bool fua) = 0;
+  // Allocation state of [off, off+len): extents in order, lengths summing to at most len
+  // and at least one extent. max_extents bounds the vector (NBD REQ_ONE sets it to 1).
+  virtual int BlockStatus(uint64_t off, uint32_t len, uint32_t max_extents, std::vector<Extent>* out) = 0;
+  // Prefetch hint; may do nothing.
+  virtual int Cache(uint64_t off, uint32_t len) = 0;
+};
+
+}  // namespace mooring

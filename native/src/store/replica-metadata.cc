@@ -1,0 +1,316 @@
+#include "store/replica-metadata.h"
+
+#include <cstdio>
+#include <limits>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "util/fs-util.h"
+
+namespace mooring {
+
+namespace {
+
+using Json = nlohmann::json;
+// Written in a fixed, human-friendly key order.
+using OJson = nlohmann::ordered_json;
+
+Status Corrupt(const std::string& msg) {
+  return Status::Error(Code::kCorrupt, "replica metadata: " + msg);
+}
+
+// Typed field readers: a missing field or a wrong type is a kCorrupt naming the field.
+Status GetU64(const Json& obj, const char* key, const std::string& where, uint64_t* out) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return Corrupt(where + "missing field '" + key + "'");
+  if (!it->is_number_unsigned())
+    return Corrupt(where + "field '" + key + "' must be a non-negative integer");
+  *out = it->get<uint64_t>();
+  return Status::Ok();
+}
+
+Status GetI64(const Json& obj, const char* key, const std::string& where, int64_t* out) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return Corrupt(where + "missing field '" + key + "'");
+  if (it->is_number_unsigned()) {
+    uint64_t v = it->get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return Corrupt(where + "field '" + key + "' is out of range");
+    *out = static_cast<int64_t>(v);
+    return Status::Ok();
+  }
+  if (!it->is_number_integer()) return Corrupt(where + "field '" + key + "' must be an integer");
+  *out = it->get<int64_t>();
+  return Status::Ok();
+}
+
+Status GetBool(const Json& obj, const char* key, const std::string& where, bool* out) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return Corrupt(where + "missing field '" + key + "'");
+  if (!it->is_boolean()) return Corrupt(where + "field '" + key + "' must be a boolean");
+  *out = it->get<bool>();
+  return Status::Ok();
+}
+
+Status GetString(const Json& obj, const char* key, const std::string& where, std::string* out) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return Corrupt(where + "missing field '" + key + "'");
+  if (!it->is_string()) return Corrupt(where + "field '" + key + "' must be a string");
+  *out = it->get<std::string>();
+  return Status::Ok();
+}
+
+#define RETURN_IF_ERROR(expr)      \
+  do {                             \
+    Status _s = (expr);            \
+    if (!_s.ok()) return _s;       \
+  } while (0)
+
+Status ParseLayer(const Json& j, size_t index, LayerRecord* rec) {
+  const std::string where = "layers[" + std::to_string(index) + "]: ";
+  if (!j.is_object()) return Corrupt(where + "must be an object");
+  RETURN_IF_ERROR(GetString(j, "id", where, &rec->id));
+  if (!ReplicaMetadata::ParseLayerId(rec->id, &rec->num))
+    return Corrupt(where + "invalid layer id '" + rec->id.substr(0, 64) + "'");
+  RETURN_IF_ERROR(GetString(j, "file", where, &rec->file));
+  RETURN_IF_ERROR(GetString(j, "parent", where, &rec->parent));
+  RETURN_IF_ERROR(GetString(j, "name", where, &rec->name));
+  RETURN_IF_ERROR(GetBool(j, "removed", where, &rec->removed));
+  RETURN_IF_ERROR(GetBool(j, "userCreated", where, &rec->user_created));
+  RETURN_IF_ERROR(GetI64(j, "createdMs", where, &rec->created_ms));
+  RETURN_IF_ERROR(GetU64(j, "sizeBytes", where, &rec->size_bytes));
+  auto labels = j.find("labels");
+  if (labels == j.end()) return Corrupt(where + "missing field 'labels'");
+  if (!labels->is_object()) return Corrupt(where + "field 'labels' must be an object");
+  for (auto it = labels->begin(); it != labels->end(); ++it) {
+    if (!it.value().is_string())
+      return Corrupt(where + "label '" + it.key().substr(0, 64) + "' must be a string");
+    rec->labels[it.key()] = it.value().get<std::string>();
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string ReplicaMetadata::LayerId(uint32_t num) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "L%06u", num);
+  return buf;
+}
+
+bool ReplicaMetadata::ParseLayerId(const std::string& id, uint32_t* num) {
+  if (id.size() < 7 || id.size() > 11 || id[0] != 'L') return false;
+  uint64_t v = 0;
+  for (size_t i = 1; i < id.size(); ++i) {
+    if (id[i] < '0' || id[i] > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(id[i] - '0');
+  }
+  if (v == 0 || v >= std::numeric_limits<uint32_t>::max()) return false;
+  // Canonical form only, so that two spellings cannot name one layer.
+  if (LayerId(static_cast<uint32_t>(v)) != id) return false;
+  *num = static_cast<uint32_t>(v);
+  return true;
+}
+
+bool ReplicaMetadata::ValidSnapshotName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  for (char c : name) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+Status ReplicaMetadata::ValidateLabels(const Labels& labels, Code code) {
+  if (labels.size() > kMaxLabels)
+    return Status::Error(code, "too many labels (" + std::to_string(labels.size()) + ", limit " +
+                                   std::to_string(kMaxLabels) + ")");
+  for (const auto& kv : labels) {
+    if (kv.first.empty() || kv.first.size() > kMaxLabelKeyLength)
+      return Status::Error(code, "label keys must be 1.." + std::to_string(kMaxLabelKeyLength) +
+                                     " bytes");
+    if (kv.second.size() > kMaxLabelValueLength)
+      return Status::Error(code, "label '" + kv.first.substr(0, 64) + "' value longer than " +
+                                     std::to_string(kMaxLabelValueLength) + " bytes");
+  }
+  return Status::Ok();
+}
+
+Status ReplicaMetadata::Parse(const std::string& text, ReplicaMetadata* out) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Corrupt("not valid JSON");
+  if (!j.is_object()) return Corrupt("top level must be an object");
+  ReplicaMetadata m;
+  uint64_t v = 0;
+  RETURN_IF_ERROR(GetU64(j, "format", "", &v));
+  if (v != kFormatVersion)
+    return Corrupt("unknown format version " + std::to_string(v) + " (this build reads " +
+                   std::to_string(kFormatVersion) + ")");
+  m.format = static_cast<int>(v);
+  RETURN_IF_ERROR(GetU64(j, "sizeBytes", "", &m.size_bytes));
+  RETURN_IF_ERROR(GetU64(j, "blockSize", "", &v));
+  if (v != 4096) return Corrupt("unsupported blockSize " + std::to_string(v));
+  m.block_size = 4096;
+  RETURN_IF_ERROR(GetU64(j, "epoch", "", &m.epoch));
+  RETURN_IF_ERROR(GetBool(j, "clean", "", &m.clean));
+  RETURN_IF_ERROR(GetString(j, "head", "", &m.head));
+  RETURN_IF_ERROR(GetU64(j, "nextLayerId", "", &v));
+  if (v == 0 || v >= std::numeric_limits<uint32_t>::max())
+    return Corrupt("nextLayerId out of range");
+  m.next_layer_num = static_cast<uint32_t>(v);
+  auto layers = j.find("layers");
+  if (layers == j.end()) return Corrupt("missing field 'layers'");
+  if (!layers->is_array()) return Corrupt("field 'layers' must be an array");
+  if (layers->size() > kMaxLayers)
+    return Corrupt("too many layers (" + std::to_string(layers->size()) + ")");
+  m.layers.reserve(layers->size());
+  for (size_t i = 0; i < layers->size(); ++i) {
+    LayerRecord rec;
+    RETURN_IF_ERROR(ParseLayer((*layers)[i], i, &rec));
+    m.layers.push_back(std::move(rec));
+  }
+  RETURN_IF_ERROR(m.Validate());
+  *out = std::move(m);
+  return Status::Ok();
+}
+
+Status ReplicaMetadata::Validate() const {
+  if (size_bytes == 0 || size_bytes % 4096 != 0 || size_bytes > kMaxSizeBytes)
+    return Corrupt("sizeBytes " + std::to_string(size_bytes) +
+                   " is not a positive multiple of 4096 within limits");
+  if (layers.empty()) return Corrupt("no layers");
+  if (!Find(head)) return Corrupt("head '" + head.substr(0, 64) + "' is not a layer");
+  std::set<std::string> ids;
+  std::set<std::string> live_names;
+  uint32_t prev_num = 0;
+  for (const LayerRecord& l : layers) {
+    const std::string where = "layer " + l.id + ": ";
+    uint32_t num = 0;
+    if (!ParseLayerId(l.id, &num) || num != l.num) return Corrupt(where + "invalid id");
+    if (num <= prev_num) return Corrupt(where + "layers are not in ascending id order");
+    prev_num = num;
+    if (num >= next_layer_num) return Corrupt(where + "id is not below nextLayerId");
+    ids.insert(l.id);
+    // Only the canonical name is accepted, so no path component ever reaches open().
+    if (l.file != LayerFile(l.id))
+      return Corrupt(where + "file name '" + l.file.substr(0, 128) + "' is not '" + LayerFile(l.id) + "'");
+    if (l.size_bytes != size_bytes)
+      return Corrupt(where + "sizeBytes " + std::to_string(l.size_bytes) +
+                     " differs from the replica's " + std::to_string(size_bytes));
+    Status ls = ValidateLabels(l.labels, Code::kCorrupt);
+    if (!ls.ok()) return Corrupt(where + ls.message);
+    if (l.id == head) {
+      if (!l.name.empty()) return Corrupt(where + "the head has a snapshot name");
+      if (l.removed) return Corrupt(where + "the head is marked removed");
+    } else {
+      if (!ValidSnapshotName(l.name)) return Corrupt(where + "invalid snapshot name");
+      if (!l.removed && !live_names.insert(l.name).second)
+        return Corrupt(where + "duplicate snapshot name '" + l.name + "'");
+    }
+  }
+  for (const LayerRecord& l : layers) {
+    if (l.parent.empty()) continue;
+    if (!ids.count(l.parent))
+      return Corrupt("layer " + l.id + ": parent '" + l.parent.substr(0, 64) + "' does not exist");
+    if (l.parent == head) return Corrupt("layer " + l.id + ": its parent is the head");
+  }
+  // Writers only ever give a layer a parent created before it (smaller id), which also
+  // rules out cycles; reads and ListLayers rely on that order.
+  for (const LayerRecord& l : layers) {
+    if (l.parent.empty()) continue;
+    uint32_t pnum = 0;
+    ParseLayerId(l.parent, &pnum);
+    if (pnum >= l.num)
+      return Corrupt("layer " + l.id + ": parent " + l.parent +
+                     " is not older than the layer (parent links form a cycle or are reordered)");
+  }
+  return Status::Ok();
+}
+
+std::string ReplicaMetadata::Serialize() const {
+  OJson layers_json = OJson::array();
+  for (const LayerRecord& l : layers) {
+    OJson labels_json = OJson::object();
+    for (const auto& kv : l.labels) labels_json[kv.first] = kv.second;
+    layers_json.push_back(OJson{{"id", l.id},
+                               {"file", l.file},
+                               {"parent", l.parent},
+                               {"name", l.name},
+                               {"removed", l.removed},
+                               {"userCreated", l.user_created},
+                               {"createdMs", l.created_ms},
+                               {"labels", labels_json},
+                               {"sizeBytes", l.size_bytes}});
+  }
+  OJson j{{"format", format},
+         {"sizeBytes", size_bytes},
+         {"blockSize", block_size},
+         {"epoch", epoch},
+         {"clean", clean},
+         {"head", head},
+         {"nextLayerId", next_layer_num},
+         {"layers", layers_json}};
+  // Labels are arbitrary strings: never let invalid UTF-8 throw out of dump().
+  return j.dump(1, ' ', false, OJson::error_handler_t::replace) + "\n";
+}
+
+Status ReplicaMetadata::Load(const std::string& dir, ReplicaMetadata* out) {
+  std::string text;
+  Status s = fsutil::ReadFileLimited(fsutil::JoinPath(dir, kFileName),
+                                     fsutil::kMaxMetadataFileBytes, &text);
+  if (!s.ok()) {
+    if (s.code == Code::kNotFound)
+      return Status::Error(Code::kNotFound, "no replica at " + dir + " (" + s.message + ")", s.sys_errno);
+    return s;
+  }
+  s = Parse(text, out);
+  if (!s.ok()) s.message = dir + ": " + s.message;
+  return s;
+}
+
+Status ReplicaMetadata::Save(const std::string& dir) const {
+  Status s = Validate();
+  if (!s.ok()) return Status::Error(Code::kInvalidState, "refusing to write bad metadata: " + s.message);
+  return fsutil::WriteFileAtomic(dir, kFileName, Serialize());
+}
+
+LayerRecord* ReplicaMetadata::Find(const std::string& id) {
+  for (LayerRecord& l : layers)
+    if (l.id == id) return &l;
+  return nullptr;
+}
+
+const LayerRecord* ReplicaMetadata::Find(const std::string& id) const {
+  for (const LayerRecord& l : layers)
+    if (l.id == id) return &l;
+  return nullptr;
+}
+
+const LayerRecord* ReplicaMetadata::FindSnapshot(const std::string& name) const {
+  for (const LayerRecord& l : layers)
+    if (l.id != head && !l.removed && l.name == name) return &l;
+  return nullptr;
+}
+
+std::vector<const LayerRecord*> ReplicaMetadata::Children(const std::string& id) const {
+  std::vector<const LayerRecord*> out;
+  for (const LayerRecord& l : layers)
+    if (l.parent == id) out.push_back(&l);
+  return out;
+}
+
+LayerRecord ReplicaMetadata::NewLayer(const std::string& parent, int64_t created_ms) {
+  LayerRecord r;
+  r.num = next_layer_num++;
+  r.id = LayerId(r.num);
+  r.file = LayerFile(r.id);
+  r.parent = parent;
+  r.user_created = true;
+  r.created_ms = created_ms;
+  r.size_bytes = size_bytes;
+  return r;
+}
+
+}  // namespace mooring

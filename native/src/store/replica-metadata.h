@@ -1,0 +1,74 @@
+// ReplicaMetadata: the contents of <dir>/replica.json, parsed and validated as hostile input.
+//
+// Parse() accepts only what Serialize() could have produced for a consistent replica:
+// anything else (bad JSON, wrong types, unknown format, unsafe file names, dangling
+// parents, cycles...) is Code::kCorrupt with a message naming the problem.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "block/replica-backend.h"
+#include "util/status.h"
+
+namespace mooring {
+
+struct LayerRecord {
+  uint32_t num = 0;        // numeric part of id; parents always have smaller numbers
+  std::string id;          // "L" + at least 6 digits, e.g. L000003
+  std::string file;        // always "layer-<id>.img"
+  std::string parent;      // "" for the bottom layer
+  std::string name;        // snapshot name, "" for the head
+  bool removed = false;    // deleted by the user, kept because other layers need it
+  bool user_created = true;
+  int64_t created_ms = 0;
+  Labels labels;
+  uint64_t size_bytes = 0;
+};
+
+struct ReplicaMetadata {
+  static constexpr int kFormatVersion = 1;
+  static constexpr const char* kFileName = "replica.json";
+  // Named limits on what a replica may hold (and metadata may claim).
+  static constexpr size_t kMaxLayers = 65536;
+  static constexpr size_t kMaxNameLength = 255;
+  static constexpr size_t kMaxLabels = 64;
+  static constexpr size_t kMaxLabelKeyLength = 255;
+  static constexpr size_t kMaxLabelValueLength = 4096;
+  static constexpr uint64_t kMaxSizeBytes = 1ull << 60;
+
+  int format = kFormatVersion;
+  uint64_t size_bytes = 0;
+  uint32_t block_size = 4096;
+  uint64_t epoch = 0;
+  bool clean = true;
+  std::string head;
+  uint32_t next_layer_num = 1;
+  std::vector<LayerRecord> layers;  // ordered by num (bottom first)
+
+  static Status Parse(const std::string& text, ReplicaMetadata* out);
+  std::string Serialize() const;
+  // Structural checks shared by Parse and by writers (a writer bug must not persist).
+  Status Validate() const;
+
+  static Status Load(const std::string& dir, ReplicaMetadata* out);
+  Status Save(const std::string& dir) const;
+
+  LayerRecord* Find(const std::string& id);
+  const LayerRecord* Find(const std::string& id) const;
+  // The non-removed, non-head layer with this snapshot name.
+  const LayerRecord* FindSnapshot(const std::string& name) const;
+  std::vector<const LayerRecord*> Children(const std::string& id) const;
+  // Allocates the next layer id (does not add a record).
+  LayerRecord NewLayer(const std::string& parent, int64_t created_ms);
+
+  static std::string LayerId(uint32_t num);
+  static std::string LayerFile(const std::string& id) { return "layer-" + id + ".img"; }
+  // Parses "L000123" -> 123. False for anything else.
+  static bool ParseLayerId(const std::string& id, uint32_t* num);
+  static bool ValidSnapshotName(const std::string& name);
+  static Status ValidateLabels(const Labels& labels, Code code);
+};
+
+}  // namespace mooring

@@ -1,0 +1,945 @@
+#include "store/replica.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "util/fs-util.h"
+
+namespace mooring {
+
+namespace {
+
+constexpr uint64_t kBlock = Replica::kBlockSize;
+constexpr const char* kLockFile = "lock";
+
+// Shared source of zeros for WRITE_ZEROES and for holes in reads.
+const uint8_t* ZeroChunk() {
+  static const std::vector<uint8_t> zeros(Replica::kCopyChunkBytes, 0);
+  return zeros.data();
+}
+
+std::string ErrText(int err) { return std::strerror(err < 0 ? -err : err); }
+
+// Checks [off, off+len) lies inside a volume of `size` bytes without overflowing.
+bool InRange(uint64_t off, uint64_t len, uint64_t size) { return off <= size && len <= size - off; }
+
+// Opens and flocks <dir>/lock. kBusy if another open holds it.
+Status LockDir(const std::string& dir, int* out_fd) {
+  std::string path = fsutil::JoinPath(dir, kLockFile);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT) return Status::Error(Code::kNotFound, "no replica directory " + dir, err);
+    return Status::FromErrno(err, "open " + path + ": " + ErrText(err));
+  }
+  for (;;) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) break;
+    int err = errno;
+    if (err == EINTR) continue;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return Status::Error(Code::kBusy, "replica " + dir + " is already open", err);
+    return Status::FromErrno(err, "lock " + path + ": " + ErrText(err));
+  }
+  *out_fd = fd;
+  return Status::Ok();
+}
+
+// Calls fn(start, end) for each part of [start, end) that `map` does not cover.
+template <typename Fn>
+void ForEachGap(const ExtentMap& map, uint64_t start, uint64_t end, Fn&& fn) {
+  uint64_t pos = start;
+  map.ForEach(start, end, [&](const ExtentMap::Interval& iv) {
+    if (iv.start > pos) fn(pos, iv.start);
+    pos = iv.end;
+  });
+  if (pos < end) fn(pos, end);
+}
+
+// Splits [off, off+len) into one run of whole blocks and up to two partial edge blocks,
+// calling full(b0, b1) and edge(block, in_off, n) in address order. Stops at the first error.
+template <typename Full, typename Edge>
+int ForEachPiece(uint64_t off, uint64_t len, Full&& full, Edge&& edge) {
+  const uint64_t end = off + len;
+  uint64_t pos = off;
+  while (pos < end) {
+    const uint64_t block = pos / kBlock;
+    const uint64_t in_off = pos - block * kBlock;
+    int rc;
+    if (in_off == 0 && end - pos >= kBlock) {
+      const uint64_t last = end / kBlock;
+      rc = full(block, last);
+      pos = last * kBlock;
+    } else {
+      const uint64_t n = std::min(kBlock - in_off, end - pos);
+      rc = edge(block, static_cast<uint32_t>(in_off), static_cast<uint32_t>(n));
+      pos += n;
+    }
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+bool IsLayerFileName(const std::string& name, std::string* id) {
+  const std::string prefix = "layer-", suffix = ".img";
+  if (name.size() <= prefix.size() + suffix.size()) return false;
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
+  *id = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  uint32_t num;
+  return ReplicaMetadata::ParseLayerId(*id, &num);
+}
+
+}  // namespace
+
+Replica::Replica(std::string dir) : dir_(std::move(dir)) {}
+
+Replica::~Replica() { Close(); }
+
+// ---------------------------------------------------------------------------------------
+// Create / Open / Close
+
+Status Replica::Create(const std::string& dir, uint64_t size_bytes) {
+  if (dir.empty()) return Status::Error(Code::kInvalidArgument, "replica directory is empty");
+  if (size_bytes == 0 || size_bytes % kBlock != 0 || size_bytes > ReplicaMetadata::kMaxSizeBytes)
+    return Status::Error(Code::kInvalidArgument,
+                         "replica size " + std::to_string(size_bytes) +
+                             " must be a positive multiple of 4096 up to 2^60");
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    int err = errno;
+    if (err != EEXIST) return Status::FromErrno(err, "create directory " + dir + ": " + ErrText(err));
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return Status::FromErrno(errno, "open directory " + dir + ": " + ErrText(errno));
+    bool empty = true;
+    while (struct dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      // A lock file and a layer file are what an interrupted Create leaves behind.
+      std::string id;
+      if (n != "." && n != ".." && n != kLockFile && !IsLayerFileName(n, &id)) empty = false;
+    }
+    ::closedir(d);
+    if (!empty) return Status::Error(Code::kAlreadyExists, "directory " + dir + " is not empty");
+  }
+  int lock_fd = -1;
+  Status s = LockDir(dir, &lock_fd);
+  if (!s.ok()) return s;
+  struct stat st;
+  if (::stat(fsutil::JoinPath(dir, ReplicaMetadata::kFileName).c_str(), &st) == 0) {
+    ::close(lock_fd);
+    return Status::Error(Code::kAlreadyExists, "a replica already exists at " + dir);
+  }
+  ReplicaMetadata m;
+  m.size_bytes = size_bytes;
+  m.epoch = 0;
+  m.clean = true;
+  LayerRecord head = m.NewLayer("", 0);
+  m.head = head.id;
+  m.layers.push_back(head);
+  ::unlink(fsutil::JoinPath(dir, head.file).c_str());  // leftover of an interrupted Create
+  s = fsutil::CreateSparseFile(fsutil::JoinPath(dir, head.file), size_bytes);
+  if (s.ok()) {
+    int rc = fsutil::FsyncDir(dir);
+    if (rc != 0) s = Status::FromErrno(rc, "fsync directory " + dir + ": " + ErrText(rc));
+  }
+  if (s.ok()) s = m.Save(dir);
+  if (!s.ok()) ::unlink(fsutil::JoinPath(dir, head.file).c_str());
+  ::close(lock_fd);
+  return s;
+}
+
+Status Replica::Open(const std::string& dir, std::unique_ptr<Replica>* out) {
+  if (!out) return Status::Error(Code::kInvalidArgument, "no output pointer");
+  int lock_fd = -1;
+  Status s = LockDir(dir, &lock_fd);
+  if (!s.ok()) return s;
+  std::unique_ptr<Replica> r(new Replica(dir));
+  r->lock_fd_ = lock_fd;  // released by Close (also on the error paths below)
+  try {
+    // A tmp file is a metadata write that never reached its rename: the old file rules.
+    ::unlink((fsutil::JoinPath(dir, ReplicaMetadata::kFileName) + ".tmp").c_str());
+    s = ReplicaMetadata::Load(dir, &r->meta_);
+    if (!s.ok()) return s;
+    r->size_ = r->meta_.size_bytes;
+    r->epoch_ = r->meta_.epoch;
+    r->clean_ = r->meta_.clean;
+    for (const LayerRecord& rec : r->meta_.layers) {
+      auto layer = std::make_unique<Layer>(rec.num, rec.id, fsutil::JoinPath(dir, rec.file));
+      s = layer->Open(r->size_);
+      if (!s.ok()) {
+        s.message = dir + ": " + s.message;
+        return s;
+      }
+      s = layer->ScanExtents(r->size_);
+      if (!s.ok()) return s;
+      r->by_num_[rec.num] = layer.get();
+      r->layers_[rec.id] = std::move(layer);
+    }
+    r->head_ = r->layers_.at(r->meta_.head).get();
+    // Layer files the metadata does not name are leftovers of an operation that crashed
+    // before (new layer) or after (dropped layer) its metadata commit.
+    if (DIR* d = ::opendir(dir.c_str())) {
+      std::vector<std::string> orphans;
+      while (struct dirent* e = ::readdir(d)) {
+        std::string id;
+        if (IsLayerFileName(e->d_name, &id) && !r->meta_.Find(id)) orphans.push_back(e->d_name);
+      }
+      ::closedir(d);
+      for (const auto& n : orphans) ::unlink(fsutil::JoinPath(dir, n).c_str());
+    }
+    r->RebuildBase();
+  } catch (const std::bad_alloc&) {
+    return Status::Error(Code::kIoError, "out of memory opening replica " + dir, ENOMEM);
+  } catch (const std::exception& e) {
+    return Status::Error(Code::kIoError, std::string("opening replica ") + dir + ": " + e.what());
+  }
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+Status Replica::Close() {
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  std::unique_lock<RwLock> io(io_mu_);
+  if (closed_.exchange(true)) return Status::Ok();
+  Status s;
+  if (head_ && head_->fd() >= 0) {
+    int rc = fsutil::FdataSync(head_->fd());
+    if (rc != 0) s = Status::FromErrno(rc, "flush " + head_->path() + ": " + ErrText(rc));
+  }
+  {
+    std::unique_lock<RwLock> maps(map_mu_);
+    head_ = nullptr;
+    by_num_.clear();
+    layers_.clear();  // closes every layer fd
+    base_.Clear();
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  lock_fd_ = -1;
+  return s;
+}
+
+Status Replica::CheckOpen() const {
+  if (closed_.load()) return Status::Error(Code::kClosed, "replica " + dir_ + " is closed", EBADF);
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------
+// Epoch and clean flag
+
+Status Replica::SaveMeta(const ReplicaMetadata& m) {
+  std::lock_guard<std::mutex> g(meta_mu_);
+  Status s = m.Save(dir_);
+  if (s.ok()) meta_ = m;
+  return s;
+}
+
+Status Replica::ClaimEpoch(uint64_t epoch) {
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  // Exclusive against the data path: once we hold it no older-epoch write is in flight,
+  // and every write that starts after we release it sees the new epoch.
+  std::unique_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  if (epoch <= epoch_.load())
+    return Status::Error(Code::kStaleEpoch, "replica " + dir_ + ": epoch " + std::to_string(epoch) +
+                                                " is not above the current epoch " +
+                                                std::to_string(epoch_.load()));
+  ReplicaMetadata m;
+  {
+    std::lock_guard<std::mutex> g(meta_mu_);
+    m = meta_;
+  }
+  m.epoch = epoch;
+  m.clean = false;
+  s = SaveMeta(m);
+  if (!s.ok()) return s;
+  epoch_ = epoch;
+  clean_ = false;
+  return Status::Ok();
+}
+
+Status Replica::MarkClean(uint64_t epoch) {
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  std::unique_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  if (epoch != epoch_.load())
+    return Status::Error(Code::kStaleEpoch, "replica " + dir_ + ": MarkClean with epoch " +
+                                                std::to_string(epoch) + " but the replica is at " +
+                                                std::to_string(epoch_.load()));
+  // Clean promises the data is durable; make it so even if the caller forgot to flush.
+  int rc = fsutil::FdataSync(head_->fd());
+  if (rc != 0) return Status::FromErrno(rc, "flush " + head_->path() + ": " + ErrText(rc));
+  ReplicaMetadata m;
+  {
+    std::lock_guard<std::mutex> g(meta_mu_);
+    m = meta_;
+  }
+  m.clean = true;
+  s = SaveMeta(m);
+  if (s.ok()) clean_ = true;
+  return s;
+}
+
+Status Replica::EnsureDirty() {
+  // A write after MarkClean (a contract breach, but cheap to survive) must not leave the
+  // replica claiming to be clean.
+  std::lock_guard<std::mutex> g(meta_mu_);
+  if (!clean_.load()) return Status::Ok();
+  ReplicaMetadata m = meta_;
+  m.clean = false;
+  Status s = m.Save(dir_);
+  if (!s.ok()) return s;
+  meta_ = std::move(m);
+  clean_ = false;
+  return Status::Ok();
+}
+
+int Replica::StartWrite(uint64_t epoch) {
+  if (closed_.load()) return -EBADF;
+  if (epoch < epoch_.load()) return -kErrStaleEpoch;
+  if (clean_.load()) {
+    Status s = EnsureDirty();
+    if (!s.ok()) return s.sys_errno ? -s.sys_errno : -EIO;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Chain resolution and reads
+
+template <typename Fn>
+void Replica::ResolveLocked(uint64_t b0, uint64_t b1, bool include_head, Fn&& fn) const {
+  uint64_t p = b0;
+  while (p < b1) {
+    ExtentMap::Interval h{};
+    bool has_head = include_head && head_->extents().NextFrom(p, &h) && h.start < b1;
+    if (has_head && h.start <= p) {
+      uint64_t e = std::min(h.end, b1);
+      if (!fn(p, e, head_->num())) return;
+      p = e;
+      continue;
+    }
+    uint64_t gap_end = has_head ? h.start : b1;
+    uint64_t q = p;
+    bool go = base_.ForEachUntil(p, gap_end, [&](const ExtentMap::Interval& iv) {
+      if (iv.start > q && !fn(q, iv.start, 0u)) return false;
+      q = iv.end;
+      return static_cast<bool>(fn(iv.start, iv.end, iv.value));
+    });
+    if (!go) return;
+    if (q < gap_end && !fn(q, gap_end, 0u)) return;
+    p = gap_end;
+  }
+}
+
+void Replica::CollectSegments(uint64_t off, uint64_t len, bool include_head,
+                              std::vector<Segment>* out) const {
+  const uint64_t end = off + len;
+  std::shared_lock<RwLock> maps(map_mu_);
+  ResolveLocked(off / kBlock, (end + kBlock - 1) / kBlock, include_head,
+                [&](uint64_t bs, uint64_t be, uint32_t num) {
+                  uint64_t s = std::max(bs * kBlock, off);
+                  uint64_t e = std::min(be * kBlock, end);
+                  int fd = -1;
+                  if (num != 0) {
+                    auto it = by_num_.find(num);
+                    fd = it == by_num_.end() ? -1 : it->second->fd();
+                  }
+                  if (!out->empty() && out->back().fd == fd && out->back().off + out->back().len == s)
+                    out->back().len += e - s;
+                  else
+                    out->push_back(Segment{s, e - s, fd});
+                  return true;
+                });
+}
+
+int Replica::ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include_head) {
+  std::vector<Segment> segs;
+  segs.reserve(4);
+  CollectSegments(off, len, include_head, &segs);
+  // The map lock is released: a layer's file holds whole blocks before the map says so,
+  // and fds stay open while io_mu_ is held, so reading without the lock is safe.
+  for (const Segment& s : segs) {
+    uint8_t* dst = buf + (s.off - off);
+    if (s.fd < 0) {
+      std::memset(dst, 0, s.len);
+    } else {
+      int rc = fsutil::PreadFull(s.fd, dst, s.len, s.off);
+      if (rc != 0) return rc;
+    }
+  }
+  return 0;
+}
+
+int Replica::Read(uint64_t off, uint32_t len, uint8_t* buf) {
+  if (!InRange(off, len, size_)) return -EINVAL;
+  if (len == 0) return closed_.load() ? -EBADF : 0;
+  if (!buf) return -EINVAL;
+  std::shared_lock<RwLock> io(io_mu_);
+  if (closed_.load()) return -EBADF;
+  return ReadSegments(off, len, buf, true);
+}
+
+// ---------------------------------------------------------------------------------------
+// Writes
+
+int Replica::WriteEdge(uint64_t block, uint32_t in_off, uint32_t n, const uint8_t* src,
+                       bool only_if_owned) {
+  // Serialises read-modify-writes of one block, so two writers of disjoint bytes in it
+  // cannot each copy the old block and overwrite the other's bytes.
+  std::lock_guard<std::mutex> g(edge_locks_[block % kEdgeLockStripes]);
+  bool owned, below;
+  {
+    std::shared_lock<RwLock> maps(map_mu_);
+    owned = head_->extents().Lookup(block, nullptr);
+    below = base_.Lookup(block, nullptr);
+  }
+  const uint64_t boff = block * kBlock;
+  if (owned) {
+    return fsutil::PwriteFull(head_->fd(), src ? src : ZeroChunk(), n, boff + in_off);
+  }
+  if (only_if_owned) return 0;
+  if (!src && !below) return 0;  // the whole block already reads as zeros
+  // The head must own whole blocks (a partial block would expose holes as zeros over the
+  // lower layers' data), so copy the block up from the chain and patch it.
+  uint8_t tmp[kBlock];
+  int rc = ReadSegments(boff, kBlock, tmp, false);
+  if (rc != 0) return rc;
+  if (src)
+    std::memcpy(tmp + in_off, src, n);
+  else
+    std::memset(tmp + in_off, 0, n);
+  rc = fsutil::PwriteFull(head_->fd(), tmp, kBlock, boff);
+  if (rc != 0) return rc;
+  std::unique_lock<RwLock> maps(map_mu_);
+  head_->extents().Set(block, block + 1, head_->num());
+  return 0;
+}
+
+int Replica::WriteBlocks(uint64_t b0, uint64_t b1, const uint8_t* src) {
+  if (src) {
+    int rc = fsutil::PwriteFull(head_->fd(), src, (b1 - b0) * kBlock, b0 * kBlock);
+    if (rc != 0) return rc;
+    std::unique_lock<RwLock> maps(map_mu_);
+    head_->extents().Set(b0, b1, head_->num());
+    return 0;
+  }
+  const uint64_t chunk_blocks = kCopyChunkBytes / kBlock;
+  for (uint64_t b = b0; b < b1;) {
+    uint64_t e = std::min(b1, b + chunk_blocks);
+    int rc = fsutil::PwriteFull(head_->fd(), ZeroChunk(), (e - b) * kBlock, b * kBlock);
+    if (rc != 0) return rc;
+    {
+      std::unique_lock<RwLock> maps(map_mu_);
+      head_->extents().Set(b, e, head_->num());
+    }
+    b = e;
+  }
+  return 0;
+}
+
+int Replica::WriteHead(uint64_t off, uint64_t len, const uint8_t* src) {
+  return ForEachPiece(
+      off, len,
+      [&](uint64_t b0, uint64_t b1) {
+        return WriteBlocks(b0, b1, src ? src + (b0 * kBlock - off) : nullptr);
+      },
+      [&](uint64_t block, uint32_t in_off, uint32_t n) {
+        return WriteEdge(block, in_off, n, src ? src + (block * kBlock + in_off - off) : nullptr, false);
+      });
+}
+
+int Replica::Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) {
+  if (!InRange(off, len, size_)) return -EINVAL;
+  if (len > 0 && !buf) return -EINVAL;
+  std::shared_lock<RwLock> io(io_mu_);
+  int rc = StartWrite(epoch);
+  if (rc != 0 || len == 0) return rc;
+  rc = WriteHead(off, len, buf);
+  if (rc == 0 && fua) rc = fsutil::FdataSync(head_->fd());
+  return rc;
+}
+
+int Replica::PunchHead(uint64_t b0, uint64_t b1) {
+  std::vector<ExtentMap::Interval> owned;
+  {
+    std::shared_lock<RwLock> maps(map_mu_);
+    head_->extents().ForEach(b0, b1, [&](const ExtentMap::Interval& iv) { owned.push_back(iv); });
+  }
+  for (const auto& iv : owned) {
+    int rc = fsutil::PunchHole(head_->fd(), iv.start * kBlock, (iv.end - iv.start) * kBlock);
+    if (rc != 0) return rc;
+  }
+  if (!owned.empty()) {
+    std::unique_lock<RwLock> maps(map_mu_);
+    head_->extents().Erase(b0, b1);
+  }
+  return 0;
+}
+
+int Replica::Trim(uint64_t epoch, uint64_t off, uint64_t len) {
+  if (!InRange(off, len, size_)) return -EINVAL;
+  std::shared_lock<RwLock> io(io_mu_);
+  int rc = StartWrite(epoch);
+  if (rc != 0 || len == 0) return rc;
+  // Whole blocks are punched out of the head; partial blocks are zeroed only where the
+  // head holds them (elsewhere discarding nothing is a valid discard).
+  return ForEachPiece(
+      off, len, [&](uint64_t b0, uint64_t b1) { return PunchHead(b0, b1); },
+      [&](uint64_t block, uint32_t in_off, uint32_t n) {
+        return WriteEdge(block, in_off, n, nullptr, true);
+      });
+}
+
+int Replica::WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim,
+                         bool fast_only, bool fua) {
+  if (!InRange(off, len, size_)) return -EINVAL;
+  std::shared_lock<RwLock> io(io_mu_);
+  int rc = StartWrite(epoch);
+  if (rc != 0 || len == 0) return rc;
+  if (!may_trim) {
+    // NO_HOLE: the zeros must be allocated, which is the slow path by definition.
+    if (fast_only) return -ENOTSUP;
+    rc = WriteHead(off, len, nullptr);
+  } else {
+    if (fast_only) {
+      // Fast = punch holes in the head and zero partial blocks the head already holds.
+      // Data in a lower layer would need real zeros written over it.
+      std::shared_lock<RwLock> maps(map_mu_);
+      rc = ForEachPiece(
+          off, len, [&](uint64_t b0, uint64_t b1) { return base_.Intersects(b0, b1) ? -ENOTSUP : 0; },
+          [&](uint64_t block, uint32_t, uint32_t) {
+            return !head_->extents().Lookup(block, nullptr) && base_.Lookup(block, nullptr) ? -ENOTSUP : 0;
+          });
+      if (rc != 0) return rc;
+    }
+    rc = ForEachPiece(
+        off, len,
+        [&](uint64_t b0, uint64_t b1) {
+          // Punch where nothing below holds data; write zeros over what lower layers hold.
+          std::vector<std::pair<uint64_t, uint64_t>> below;
+          {
+            std::shared_lock<RwLock> maps(map_mu_);
+            base_.ForEach(b0, b1, [&](const ExtentMap::Interval& iv) {
+              if (!below.empty() && below.back().second == iv.start)
+                below.back().second = iv.end;
+              else
+                below.emplace_back(iv.start, iv.end);
+            });
+          }
+          uint64_t b = b0;
+          for (const auto& r : below) {
+            int err = r.first > b ? PunchHead(b, r.first) : 0;
+            if (err == 0) err = WriteBlocks(r.first, r.second, nullptr);
+            if (err != 0) return err;
+            b = r.second;
+          }
+          return b < b1 ? PunchHead(b, b1) : 0;
+        },
+        [&](uint64_t block, uint32_t in_off, uint32_t n) {
+          return WriteEdge(block, in_off, n, nullptr, false);
+        });
+  }
+  if (rc == 0 && fua) rc = fsutil::FdataSync(head_->fd());
+  return rc;
+}
+
+int Replica::Flush() {
+  std::shared_lock<RwLock> io(io_mu_);
+  if (closed_.load()) return -EBADF;
+  // Only the head is written on the data path; snapshot, merge and revert sync the other
+  // layers themselves before their metadata commits.
+  return fsutil::FdataSync(head_->fd());
+}
+
+int Replica::BlockStatus(uint64_t off, uint64_t len, uint32_t max_extents, std::vector<Extent>* out) {
+  if (!out || len == 0 || !InRange(off, len, size_)) return -EINVAL;
+  std::shared_lock<RwLock> io(io_mu_);
+  if (closed_.load()) return -EBADF;
+  out->clear();
+  uint32_t limit = max_extents == 0 ? kMaxBlockStatusExtents : std::min(max_extents, kMaxBlockStatusExtents);
+  const uint64_t end = off + len;
+  std::shared_lock<RwLock> maps(map_mu_);
+  // Stops at the first run that does not fit, so the cost is bounded by the extents
+  // returned, not by how fragmented the rest of the range is.
+  ResolveLocked(off / kBlock, (end + kBlock - 1) / kBlock, true,
+                [&](uint64_t bs, uint64_t be, uint32_t num) {
+                  uint64_t s = std::max(bs * kBlock, off);
+                  uint64_t e = std::min(be * kBlock, end);
+                  uint32_t flags = num == 0 ? (kExtentHole | kExtentZero) : 0;
+                  if (!out->empty() && out->back().flags == flags) {
+                    out->back().length += e - s;
+                    return true;
+                  }
+                  if (out->size() >= limit) return false;
+                  out->push_back(Extent{e - s, flags});
+                  return true;
+                });
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-layer access
+
+Layer* Replica::FindLayer(const std::string& id) const {
+  auto it = layers_.find(id);
+  return it == layers_.end() ? nullptr : it->second.get();
+}
+
+Status Replica::ListLayers(std::vector<LayerInfo>* out) {
+  if (!out) return Status::Error(Code::kInvalidArgument, "no output vector");
+  std::shared_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> g(meta_mu_);
+  out->clear();
+  // meta_.layers is kept in id order and parents are always older: bottom first.
+  for (const LayerRecord& rec : meta_.layers) {
+    LayerInfo info;
+    info.id = rec.id;
+    info.file = rec.file;
+    info.parent = rec.parent;
+    info.name = rec.name;
+    info.head = rec.id == meta_.head;
+    info.removed = rec.removed;
+    info.user_created = rec.user_created;
+    info.created_ms = rec.created_ms;
+    info.labels = rec.labels;
+    info.size_bytes = rec.size_bytes;
+    if (Layer* l = FindLayer(rec.id)) info.allocated_bytes = l->AllocatedBytes();
+    out->push_back(std::move(info));
+  }
+  return Status::Ok();
+}
+
+Status Replica::LayerExtents(const std::string& layer_id, std::vector<Range>* out) {
+  if (!out) return Status::Error(Code::kInvalidArgument, "no output vector");
+  std::shared_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  Layer* l = FindLayer(layer_id);
+  if (!l) return Status::Error(Code::kNotFound, "replica " + dir_ + ": no layer '" + layer_id.substr(0, 64) + "'");
+  std::shared_lock<RwLock> maps(map_mu_);
+  out->clear();
+  l->extents().ForEachAll([&](const ExtentMap::Interval& iv) {
+    out->push_back(Range{iv.start * kBlock, (iv.end - iv.start) * kBlock});
+  });
+  return Status::Ok();
+}
+
+int Replica::ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) {
+  if (!InRange(off, len, size_)) return -EINVAL;
+  if (len > 0 && !buf) return -EINVAL;
+  std::shared_lock<RwLock> io(io_mu_);
+  if (closed_.load()) return -EBADF;
+  Layer* l = FindLayer(layer_id);
+  if (!l) return -ENOENT;
+  if (len == 0) return 0;
+  return fsutil::PreadFull(l->fd(), buf, len, off);
+}
+
+uint64_t Replica::AllocatedBytes() {
+  std::shared_lock<RwLock> io(io_mu_);
+  if (closed_.load()) return 0;
+  uint64_t total = 0;
+  for (const auto& kv : layers_) total += kv.second->AllocatedBytes();
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------
+// Snapshots
+
+Status Replica::NewLayerFile(const LayerRecord& rec, std::unique_ptr<Layer>* out) {
+  const std::string path = fsutil::JoinPath(dir_, rec.file);
+  // A file by this name can only be an orphan of a crashed operation (ids are never reused).
+  ::unlink(path.c_str());
+  Status s = fsutil::CreateSparseFile(path, size_);
+  if (!s.ok()) return s;
+  int rc = fsutil::FsyncDir(dir_);
+  if (rc != 0) {
+    ::unlink(path.c_str());
+    return Status::FromErrno(rc, "fsync directory " + dir_ + ": " + ErrText(rc));
+  }
+  auto layer = std::make_unique<Layer>(rec.num, rec.id, path);
+  s = layer->Open(size_);
+  if (!s.ok()) {
+    ::unlink(path.c_str());
+    return s;
+  }
+  *out = std::move(layer);
+  return Status::Ok();
+}
+
+void Replica::ForgetLayer(const std::string& id, bool unlink_file) {
+  auto it = layers_.find(id);
+  if (it == layers_.end()) return;
+  std::string path = it->second->path();
+  {
+    std::unique_lock<RwLock> maps(map_mu_);
+    by_num_.erase(it->second->num());
+    layers_.erase(it);
+  }
+  if (unlink_file) ::unlink(path.c_str());
+}
+
+Status Replica::Snapshot(const std::string& name, int64_t created_ms, const Labels& labels,
+                         bool user_created) {
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  std::unique_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  if (!ReplicaMetadata::ValidSnapshotName(name))
+    return Status::Error(Code::kInvalidArgument,
+                         "snapshot name must be 1..255 characters of [A-Za-z0-9._-]");
+  s = ReplicaMetadata::ValidateLabels(labels, Code::kInvalidArgument);
+  if (!s.ok()) return s;
+  ReplicaMetadata m = meta_;
+  if (m.FindSnapshot(name))
+    return Status::Error(Code::kAlreadyExists, "snapshot '" + name + "' already exists");
+  if (m.layers.size() >= ReplicaMetadata::kMaxLayers)
+    return Status::Error(Code::kOutOfRange, "replica " + dir_ + " already has " +
+                                                std::to_string(m.layers.size()) + " layers");
+  // The old head becomes read-only snapshot data: make it durable before it is named.
+  int rc = fsutil::FdataSync(head_->fd());
+  if (rc != 0) return Status::FromErrno(rc, "flush " + head_->path() + ": " + ErrText(rc));
+  LayerRecord rec = m.NewLayer(m.head, created_ms);
+  std::unique_ptr<Layer> layer;
+  s = NewLayerFile(rec, &layer);
+  if (!s.ok()) return s;
+  LayerRecord* old = m.Find(m.head);
+  old->name = name;
+  old->user_created = user_created;
+  old->created_ms = created_ms;
+  old->labels = labels;
+  m.layers.push_back(rec);
+  m.head = rec.id;
+  s = SaveMeta(m);
+  if (!s.ok()) {
+    ::unlink(layer->path().c_str());
+    return s;
+  }
+  std::unique_lock<RwLock> maps(map_mu_);
+  // The old head's blocks now sit directly below the new, empty head.
+  head_->extents().ForEachAll(
+      [&](const ExtentMap::Interval& iv) { base_.Set(iv.start, iv.end, iv.value); });
+  Layer* raw = layer.get();
+  by_num_[rec.num] = raw;
+  layers_[rec.id] = std::move(layer);
+  head_ = raw;
+  return Status::Ok();
+}
+
+Status Replica::DropLayer(const std::string& id) {
+  ReplicaMetadata m = meta_;
+  m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(),
+                                [&](const LayerRecord& l) { return l.id == id; }),
+                 m.layers.end());
+  Status s = SaveMeta(m);
+  if (!s.ok()) return s;
+  ForgetLayer(id, true);
+  return Status::Ok();
+}
+
+Status Replica::MergeInto(const std::string& id, const std::string& child_id) {
+  Layer* src = FindLayer(id);
+  Layer* dst = FindLayer(child_id);
+  if (!src || !dst) return Status::Error(Code::kInvalidState, "merge: layer missing in memory");
+  // 1. Copy the blocks the child does not hold. Reads through the child are unchanged:
+  //    for those blocks they already resolved to this layer's identical data.
+  std::vector<std::pair<uint64_t, uint64_t>> todo;
+  src->extents().ForEachAll([&](const ExtentMap::Interval& iv) {
+    ForEachGap(dst->extents(), iv.start, iv.end,
+               [&](uint64_t s, uint64_t e) { todo.emplace_back(s, e); });
+  });
+  std::vector<uint8_t> buf(kCopyChunkBytes);
+  const uint64_t chunk_blocks = kCopyChunkBytes / kBlock;
+  for (const auto& r : todo) {
+    for (uint64_t b = r.first; b < r.second;) {
+      uint64_t e = std::min(r.second, b + chunk_blocks);
+      size_t n = static_cast<size_t>((e - b) * kBlock);
+      int rc = fsutil::PreadFull(src->fd(), buf.data(), n, b * kBlock);
+      if (rc == 0) rc = fsutil::PwriteFull(dst->fd(), buf.data(), n, b * kBlock);
+      if (rc != 0) return Status::FromErrno(rc, "merge " + id + " into " + child_id + ": " + ErrText(rc));
+      b = e;
+    }
+  }
+  {
+    std::unique_lock<RwLock> maps(map_mu_);
+    for (const auto& r : todo) dst->extents().Set(r.first, r.second, dst->num());
+  }
+  // 2. Durable before the metadata stops pointing the child at this layer.
+  int rc = fsutil::FdataSync(dst->fd());
+  if (rc != 0) return Status::FromErrno(rc, "flush " + dst->path() + ": " + ErrText(rc));
+  // 3. Re-parent the child and drop the layer in one metadata commit; 4. unlink the file.
+  ReplicaMetadata m = meta_;
+  LayerRecord* child = m.Find(child_id);
+  const LayerRecord* me = m.Find(id);
+  child->parent = me->parent;
+  m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(),
+                                [&](const LayerRecord& l) { return l.id == id; }),
+                 m.layers.end());
+  Status s = SaveMeta(m);
+  if (!s.ok()) return s;
+  ForgetLayer(id, true);
+  return Status::Ok();
+}
+
+Status Replica::Prune(const std::string& id) {
+  Layer* l = FindLayer(id);
+  if (!l) return Status::Error(Code::kInvalidState, "prune: layer missing in memory");
+  // The head's copies of these blocks must be durable before the snapshot's go.
+  int rc = fsutil::FdataSync(head_->fd());
+  if (rc != 0) return Status::FromErrno(rc, "flush " + head_->path() + ": " + ErrText(rc));
+  std::vector<ExtentMap::Interval> shadowed;
+  {
+    std::shared_lock<RwLock> maps(map_mu_);
+    l->extents().ForEachAll([&](const ExtentMap::Interval& iv) {
+      head_->extents().ForEach(iv.start, iv.end,
+                               [&](const ExtentMap::Interval& h) { shadowed.push_back(h); });
+    });
+  }
+  for (const auto& iv : shadowed) {
+    rc = fsutil::PunchHole(l->fd(), iv.start * kBlock, (iv.end - iv.start) * kBlock);
+    if (rc != 0) return Status::FromErrno(rc, "punch " + l->path() + ": " + ErrText(rc));
+  }
+  std::unique_lock<RwLock> maps(map_mu_);
+  for (const auto& iv : shadowed) l->extents().Erase(iv.start, iv.end);
+  return Status::Ok();
+}
+
+// Removes or merges removed layers that no longer need to be kept: a removed layer with no
+// children is dropped; one whose only child is a snapshot is merged into it; one whose only
+// child is the head is pruned against it.
+Status Replica::Collect() {
+  for (size_t round = 0; round <= meta_.layers.size() + 1; ++round) {
+    std::map<std::string, std::vector<std::string>> children;
+    for (const LayerRecord& l : meta_.layers)
+      if (!l.parent.empty()) children[l.parent].push_back(l.id);
+    std::string action, target, child;
+    for (const LayerRecord& l : meta_.layers) {
+      if (!l.removed || l.id == meta_.head) continue;
+      const auto& ch = children[l.id];
+      if (ch.empty()) {
+        action = "drop";
+      } else if (ch.size() == 1 && ch[0] != meta_.head) {
+        action = "merge";
+        child = ch[0];
+      } else {
+        continue;
+      }
+      target = l.id;
+      break;
+    }
+    if (action.empty()) break;
+    Status s = action == "drop" ? DropLayer(target) : MergeInto(target, child);
+    if (!s.ok()) return s;
+  }
+  std::vector<std::string> prune;
+  for (const LayerRecord& l : meta_.layers) {
+    if (!l.removed) continue;
+    auto ch = meta_.Children(l.id);
+    if (ch.size() == 1 && ch[0]->id == meta_.head) prune.push_back(l.id);
+  }
+  for (const auto& id : prune) {
+    Status s = Prune(id);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+void Replica::RebuildBase() {
+  std::map<std::string, const LayerRecord*> recs;
+  for (const LayerRecord& l : meta_.layers) recs[l.id] = &l;
+  std::vector<Layer*> chain;  // head's parent first
+  const LayerRecord* cur = recs.at(meta_.head);
+  // Parents are strictly older (validated), so the walk ends within layers.size() steps.
+  while (!cur->parent.empty()) {
+    cur = recs.at(cur->parent);
+    chain.push_back(layers_.at(cur->id).get());
+  }
+  std::unique_lock<RwLock> maps(map_mu_);
+  base_.Clear();
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    (*it)->extents().ForEachAll(
+        [&](const ExtentMap::Interval& iv) { base_.Set(iv.start, iv.end, iv.value); });
+  }
+}
+
+Status Replica::DeleteSnapshot(const std::string& name) {
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  std::unique_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  const LayerRecord* rec = meta_.FindSnapshot(name);
+  if (!rec) return Status::Error(Code::kNotFound, "no snapshot '" + name.substr(0, 255) + "'");
+  const std::string id = rec->id;
+  auto children = meta_.Children(id);
+  try {
+    if (children.empty()) {
+      s = DropLayer(id);
+    } else if (children.size() == 1 && children[0]->id != meta_.head) {
+      s = MergeInto(id, children[0]->id);
+    } else {
+      // Kept but hidden. Commit "removed" before pruning: a crash between the two must not
+      // leave a visible snapshot with blocks punched out of it.
+      ReplicaMetadata m = meta_;
+      m.Find(id)->removed = true;
+      s = SaveMeta(m);
+      if (s.ok() && children.size() == 1) s = Prune(id);
+    }
+    if (s.ok()) s = Collect();
+  } catch (const std::exception& e) {
+    s = Status::Error(Code::kIoError, std::string("delete snapshot: ") + e.what());
+  }
+  RebuildBase();
+  return s;
+}
+
+Status Replica::Revert(const std::string& name, int64_t created_ms) {
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  std::unique_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  const LayerRecord* target = meta_.FindSnapshot(name);
+  if (!target) return Status::Error(Code::kNotFound, "no snapshot '" + name.substr(0, 255) + "'");
+  ReplicaMetadata m = meta_;
+  LayerRecord rec = m.NewLayer(target->id, created_ms);
+  std::unique_ptr<Layer> layer;
+  s = NewLayerFile(rec, &layer);
+  if (!s.ok()) return s;
+  const std::string old_head = m.head;
+  m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(),
+                                [&](const LayerRecord& l) { return l.id == old_head; }),
+                 m.layers.end());
+  m.layers.push_back(rec);
+  m.head = rec.id;
+  s = SaveMeta(m);
+  if (!s.ok()) {
+    ::unlink(layer->path().c_str());
+    return s;
+  }
+  {
+    std::unique_lock<RwLock> maps(map_mu_);
+    Layer* raw = layer.get();
+    by_num_[rec.num] = raw;
+    layers_[rec.id] = std::move(layer);
+    head_ = raw;
+  }
+  // The discarded head's file was used by no other layer (heads are always leaves).
+  ForgetLayer(old_head, true);
+  try {
+    s = Collect();
+  } catch (const std::exception& e) {
+    s = Status::Error(Code::kIoError, std::string("revert: ") + e.what());
+  }
+  RebuildBase();
+  return s;
+}
+
+}  // namespace mooring

@@ -1,0 +1,141 @@
+// Replica: one copy of a volume, stored as a directory.
+//
+//   <dir>/replica.json      metadata (format, size, epoch, clean, head, layers), written
+//                           atomically: tmp file, fsync, rename, fsync dir (invariant 4)
+//   <dir>/layer-<id>.img    sparse layer files, all of the volume's size
+//   <dir>/lock              flock'd (exclusive) while the replica is open
+//
+// Layers form a tree through `parent`; the head is the only writable layer and the
+// chain read through is head -> parent -> ... -> bottom. Which layer holds each 4 KiB
+// block is kept in memory as extent maps (store/extent-map.h), whose memory grows with
+// allocated extents, not volume size. They are rebuilt on open from SEEK_DATA/SEEK_HOLE.
+// docs/replica-format.md describes the format and the crash-safety of each operation.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "block/replica-backend.h"
+#include "store/extent-map.h"
+#include "store/layer.h"
+#include "store/replica-metadata.h"
+#include "store/rw-lock.h"
+
+namespace mooring {
+
+class Replica : public ReplicaBackend {
+ public:
+  static constexpr uint32_t kBlockSize = 4096;
+
+  // Creates <dir> (must not exist or be empty) with an empty head layer and epoch 0.
+  static Status Create(const std::string& dir, uint64_t size_bytes);
+  // Opens an existing replica. Damaged or hostile metadata -> Code::kCorrupt, never a crash.
+  static Status Open(const std::string& dir, std::unique_ptr<Replica>* out);
+
+  ~Replica() override;
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  std::string id() const override { return dir_; }
+  uint64_t size() const override { return size_; }
+  uint64_t epoch() const override { return epoch_.load(); }
+  bool clean() const override { return clean_.load(); }
+
+  Status ClaimEpoch(uint64_t epoch) override;
+  Status MarkClean(uint64_t epoch) override;
+
+  int Read(uint64_t off, uint32_t len, uint8_t* buf) override;
+  int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
+  int Trim(uint64_t epoch, uint64_t off, uint64_t len) override;
+  int WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only,
+                  bool fua) override;
+  int Flush() override;
+  int BlockStatus(uint64_t off, uint64_t len, uint32_t max_extents, std::vector<Extent>* out) override;
+
+  Status ListLayers(std::vector<LayerInfo>* out) override;
+  Status LayerExtents(const std::string& layer_id, std::vector<Range>* out) override;
+  int ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) override;
+
+  Status Snapshot(const std::string& name, int64_t created_ms, const Labels& labels,
+                  bool user_created) override;
+  Status DeleteSnapshot(const std::string& name) override;
+  Status Revert(const std::string& name, int64_t created_ms) override;
+
+  uint64_t AllocatedBytes() override;
+  Status Close() override;
+
+  // Upper bound on the extents one BlockStatus call returns (on top of max_extents).
+  static constexpr uint32_t kMaxBlockStatusExtents = 1u << 16;
+  // Largest buffer used when writing zeros or copying layer data.
+  static constexpr uint32_t kCopyChunkBytes = 1u << 20;
+
+ private:
+  struct Segment {
+    uint64_t off;
+    uint64_t len;
+    int fd;  // -1: reads as zeros
+  };
+  static constexpr size_t kEdgeLockStripes = 256;
+
+  explicit Replica(std::string dir);
+
+  // --- data path helpers (caller holds io_mu_ shared) ---
+  int StartWrite(uint64_t epoch);
+  Status EnsureDirty();
+  // Calls fn(first_block, end_block, layer_num) for each run of [b0, b1) in chain order;
+  // layer_num 0 = no layer holds it; fn returns false to stop. Caller holds map_mu_.
+  template <typename Fn>
+  void ResolveLocked(uint64_t b0, uint64_t b1, bool include_head, Fn&& fn) const;
+  void CollectSegments(uint64_t off, uint64_t len, bool include_head, std::vector<Segment>* out) const;
+  int ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include_head);
+  // Writes [off, off+len) into the head; src == nullptr writes zeros.
+  int WriteHead(uint64_t off, uint64_t len, const uint8_t* src);
+  // Writes part of one block under its edge lock, copying the block up into the head first
+  // if the head does not hold it. only_if_owned: do nothing unless the head holds it.
+  int WriteEdge(uint64_t block, uint32_t in_off, uint32_t n, const uint8_t* src, bool only_if_owned);
+  int WriteBlocks(uint64_t b0, uint64_t b1, const uint8_t* src);
+  int PunchHead(uint64_t b0, uint64_t b1);
+
+  // --- control helpers (caller holds ctl_mu_ and io_mu_ exclusive) ---
+  Status CheckOpen() const;
+  Status SaveMeta(const ReplicaMetadata& m);
+  Status NewLayerFile(const LayerRecord& rec, std::unique_ptr<Layer>* out);
+  void ForgetLayer(const std::string& id, bool unlink_file);
+  Status DropLayer(const std::string& id);
+  Status MergeInto(const std::string& id, const std::string& child_id);
+  Status Prune(const std::string& id);
+  Status Collect();
+  void RebuildBase();
+  Layer* FindLayer(const std::string& id) const;
+
+  const std::string dir_;
+  uint64_t size_ = 0;
+  int lock_fd_ = -1;
+  std::atomic<bool> closed_{false};
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<bool> clean_{true};
+
+  // Lock order: ctl_mu_ -> io_mu_ -> edge stripe -> meta_mu_ -> map_mu_.
+  std::mutex ctl_mu_;                // serialises control operations
+  mutable RwLock io_mu_;          // data path shared; epoch claim, layer changes, close exclusive
+  std::mutex meta_mu_;               // meta_ and replica.json
+  mutable RwLock map_mu_;         // head extents and base_ (the data path updates them)
+  std::array<std::mutex, kEdgeLockStripes> edge_locks_;
+
+  ReplicaMetadata meta_;
+  // Layer objects change only under io_mu_ exclusive.
+  std::map<std::string, std::unique_ptr<Layer>> layers_;
+  std::unordered_map<uint32_t, Layer*> by_num_;
+  Layer* head_ = nullptr;
+  // For each block, the layer below the head that the head's chain reads it from.
+  ExtentMap base_;
+};
+
+}  // namespace mooring
