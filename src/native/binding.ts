@@ -1,0 +1,148 @@
+/**
+ * The one typed description of what the C++ addon exports (native/src/binding/addon.cc).
+ * Everything above this file talks to the addon through these types only, so tests can
+ * inject a fake that satisfies the same interface.
+ *
+ * Conventions:
+ * - Byte offsets and lengths are plain numbers (volumes up to 2^53 bytes).
+ * - Every method that touches a disk or socket returns a Promise and runs on a native
+ *   thread; the JS thread only validates and marshals (invariant 6).
+ * - Rejections are `Error`s with `code` (a MooringErrorCode string, see src/errors.ts),
+ *   optional `errno` (the OS errno) and a message naming the object concerned.
+ * - Buffers handed to `write` are pinned by the native side until the promise settles.
+ */
+
+/** Replica mode as the engine sees it. */
+export type NativeReplicaMode = 'RW' | 'WO' | 'ERR';
+
+export interface NativeReplicaState {
+  id: string;
+  mode: NativeReplicaMode;
+  epoch: number;
+  allocatedBytes: number;
+  /** Negative errno of the failure that made it ERR, else 0. */
+  lastError: number;
+}
+
+export interface NativeLayerInfo {
+  id: string;
+  file: string;
+  parent: string;
+  /** Snapshot name, '' for the head. */
+  name: string;
+  head: boolean;
+  removed: boolean;
+  userCreated: boolean;
+  createdMs: number;
+  labels: Record<string, string>;
+  sizeBytes: number;
+  allocatedBytes: number;
+}
+
+/** NBD base:allocation flags: 1 = hole, 2 = reads as zero. */
+export interface NativeExtent {
+  length: number;
+  flags: number;
+}
+
+export type NativeEngineEvent =
+  | { type: 'replica-error'; replicaId: string; errno: number; message: string }
+  | { type: 'epoch-claimed'; epoch: number }
+  | { type: 'reconciled'; bytes: number; message: string };
+
+export interface NativeEngineOptions {
+  /** Replica directories (local replicas). */
+  replicas: string[];
+  /** Receives engine events in batches, on the JS thread. */
+  onEvents?: (events: NativeEngineEvent[]) => void;
+}
+
+export interface NativeNbdOptions {
+  /** Unix socket path; exclusive with tcpHost/tcpPort. */
+  unixPath?: string;
+  tcpHost?: string;
+  tcpPort?: number;
+  exportName?: string;
+  description?: string;
+  readOnly?: boolean;
+  maxRequestBytes?: number;
+  ioThreads?: number;
+  maxConnections?: number;
+}
+
+export interface NativeNbdStats {
+  connectionsTotal: number;
+  connectionsOpen: number;
+  requests: number;
+  bytesRead: number;
+  bytesWritten: number;
+  protocolErrors: number;
+}
+
+export interface NativeNbdServer {
+  /** Bound TCP port; 0 for a unix socket. */
+  readonly port: number;
+  stats(): NativeNbdStats;
+  /** Stop accepting, drain in-flight requests, flush, close connections. Idempotent. */
+  close(): Promise<void>;
+}
+
+export interface NativeWriteZeroesOptions {
+  mayTrim?: boolean;
+  fastOnly?: boolean;
+  fua?: boolean;
+}
+
+export interface NativeEngine {
+  readonly sizeBytes: number;
+  epoch(): number;
+  replicas(): NativeReplicaState[];
+  read(offset: number, length: number): Promise<Buffer>;
+  write(offset: number, data: Uint8Array, fua?: boolean): Promise<void>;
+  flush(): Promise<void>;
+  trim(offset: number, length: number): Promise<void>;
+  writeZeroes(offset: number, length: number, options?: NativeWriteZeroesOptions): Promise<void>;
+  blockStatus(offset: number, length: number): Promise<NativeExtent[]>;
+  snapshot(name: string, labels: Record<string, string>, userCreated: boolean): Promise<void>;
+  listSnapshots(): Promise<NativeLayerInfo[]>;
+  deleteSnapshot(name: string): Promise<void>;
+  revert(name: string): Promise<void>;
+  /** Serve this engine over NBD. The engine must stay open while the server runs. */
+  exportNbd(options: NativeNbdOptions): Promise<NativeNbdServer>;
+  /** Drain, flush, mark replicas clean, close. Idempotent. Close NBD servers first. */
+  close(): Promise<void>;
+}
+
+/**
+ * A single replica opened directly, without an engine: for inspection, verification
+ * (are all replicas identical?), and, later, the replica server. Holds the replica's
+ * directory lock, so it cannot be open in an engine at the same time.
+ */
+export interface NativeReplica {
+  readonly id: string;
+  readonly sizeBytes: number;
+  epoch(): number;
+  clean(): boolean;
+  claimEpoch(epoch: number): Promise<void>;
+  read(offset: number, length: number): Promise<Buffer>;
+  /** Write as the writer of `epoch`; rejects with STALE_EPOCH if older than epoch(). */
+  write(epoch: number, offset: number, data: Uint8Array): Promise<void>;
+  flush(): Promise<void>;
+  blockStatus(offset: number, length: number): Promise<NativeExtent[]>;
+  listLayers(): Promise<NativeLayerInfo[]>;
+  /** Allocated [offset, length] ranges of one layer. */
+  layerExtents(layerId: string): Promise<Array<[number, number]>>;
+  allocatedBytes(): Promise<number>;
+  close(): Promise<void>;
+}
+
+export interface NativeAddon {
+  /** Addon build version (package version it was built for). */
+  readonly version: string;
+  /** Create an empty replica directory of the given size. */
+  createReplica(dir: string, sizeBytes: number): Promise<void>;
+  /** Open an engine over local replicas; claims a new epoch, reconciles if needed. */
+  openEngine(options: NativeEngineOptions): Promise<NativeEngine>;
+  /** Open one replica directly (see NativeReplica). */
+  openReplica(dir: string): Promise<NativeReplica>;
+}
