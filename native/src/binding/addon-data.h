@@ -1,0 +1,54 @@
+// AddonData: per-instance state of the addon (one per Node environment: the main thread
+// and each worker thread load their own), kept as napi instance data instead of globals.
+#pragma once
+
+#include <napi.h>
+
+#include <map>
+#include <memory>
+
+#include "binding/event-queue.h"
+#include "engine/engine.h"
+#include "nbd/nbd-server.h"
+
+namespace mooring {
+
+struct EngineInit;
+struct NbdServerInit;
+
+struct AddonData {
+  Napi::FunctionReference engine_ctor;
+  Napi::FunctionReference nbd_server_ctor;
+
+  // Handed from native code to a wrapper constructor. The constructors refuse to run
+  // without one, so `new (engine.constructor)()` from JS cannot build a hollow handle.
+  EngineInit* pending_engine = nullptr;
+  NbdServerInit* pending_nbd_server = nullptr;
+
+  // Everything still open, so the env cleanup hook can close it when the process or
+  // worker exits without close(). JS thread only.
+  struct OpenEngine {
+    std::shared_ptr<Engine> engine;
+    std::shared_ptr<EventQueue> events;  // may be null
+  };
+  std::map<const Engine*, OpenEngine> engines;
+  std::map<const NbdServer*, std::shared_ptr<NbdServer>> nbd_servers;
+
+  // Env teardown: servers first (they use engines), then engines (drain, flush, mark
+  // clean). Blocks, which is acceptable only here: nothing else runs any more.
+  void CloseAll() {
+    auto servers = std::move(nbd_servers);
+    nbd_servers.clear();
+    for (auto& kv : servers) kv.second->Close();
+    auto open = std::move(engines);
+    engines.clear();
+    for (auto& kv : open) {
+      if (kv.second.events) kv.second.events->Detach();
+      kv.second.engine->Shutdown();
+    }
+  }
+
+  static AddonData* Get(Napi::Env env) { return env.GetInstanceData<AddonData>(); }
+};
+
+}  // namespace mooring

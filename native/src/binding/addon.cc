@@ -1,0 +1,133 @@
+// Module entry: exports { version, createReplica, openEngine } as typed in
+// src/native/binding.ts. State lives in AddonData (napi instance data), one per env.
+#include <napi.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <set>
+
+#include "binding/addon-data.h"
+#include "binding/async-worker.h"
+#include "binding/engine-wrap.h"
+#include "binding/event-queue.h"
+#include "binding/js-args.h"
+#include "binding/nbd-server-wrap.h"
+#include "store/replica.h"
+
+#ifndef MOORING_VERSION
+#define MOORING_VERSION "0.1.0"  // keep in step with package.json (or define it in binding.gyp)
+#endif
+
+namespace mooring {
+namespace {
+
+// Replicas one engine may be opened over (the engine's own limit is the same).
+constexpr uint32_t kMaxReplicasPerEngine = 16;
+
+Napi::Value CreateReplica(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return RunPromise(env, [&]() -> PromiseWorker* {
+    const std::string dir = ToStr(Arg(info, 0), "dir");
+    const uint64_t size = ToUint(Arg(info, 1), "sizeBytes");
+    return new TaskWorker(env, [dir, size]() { return Replica::Create(dir, size); });
+  });
+}
+
+Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return RunPromise(env, [&]() -> PromiseWorker* {
+    AddonData* data = AddonData::Get(env);
+    Napi::Object o = ToObject(Arg(info, 0), "options");
+    Napi::Value reps = o.Get("replicas");
+    if (!reps.IsArray()) throw ArgError("options.replicas", "an array of replica directories");
+    Napi::Array arr = reps.As<Napi::Array>();
+    if (arr.Length() == 0 || arr.Length() > kMaxReplicasPerEngine)
+      throw ArgError("options.replicas", "1.." + std::to_string(kMaxReplicasPerEngine) + " directories");
+    std::vector<std::string> dirs;
+    for (uint32_t i = 0; i < arr.Length(); ++i)
+      dirs.push_back(ToStr(arr.Get(i), "options.replicas[" + std::to_string(i) + "]"));
+    Napi::Value cb = o.Get("onEvents");
+    if (!cb.IsUndefined() && !cb.IsFunction()) throw ArgError("options.onEvents", "a function");
+
+    std::shared_ptr<EventQueue> events;
+    if (cb.IsFunction()) events = EventQueue::Create(env, cb.As<Napi::Function>());
+    auto opened = std::make_shared<std::shared_ptr<Engine>>();
+    return new TaskWorker(
+        env,
+        [dirs, events, opened]() -> Status {
+          Engine::Options eo;
+          for (const std::string& dir : dirs) {
+            std::unique_ptr<Replica> r;
+            Status st = Replica::Open(dir, &r);
+            if (!st.ok()) {
+              for (auto& done : eo.replicas) done->Close();
+              return st;
+            }
+            eo.replicas.push_back(std::move(r));
+          }
+          if (events) eo.on_event = [events](const EngineEvent& e) { events->Push(e); };
+          std::unique_ptr<Engine> engine;
+          Status st = Engine::Start(std::move(eo), &engine);
+          if (st.ok()) *opened = std::move(engine);
+          return st;
+        },
+        [data, opened, events](Napi::Env env) -> Napi::Value {
+          // Registered before the wrapper exists, so even a failure below is cleaned up at exit.
+          data->engines[opened->get()] = AddonData::OpenEngine{*opened, events};
+          Napi::Object obj = EngineWrap::NewInstance(env, data, EngineInit{*opened, events});
+          if (events) events->Resume();
+          return obj;
+        },
+        [events](Napi::Env, const Status& st) {
+          if (!st.ok() && events) events->Close();
+        });
+  });
+}
+
+// process.exit() ends the main thread without running env cleanup hooks, so open engines
+// would be left unflushed and not marked clean. This is the one process-wide list: the
+// live AddonData of every env, closed from an atexit handler. Workers' envs run their
+// cleanup hooks (and leave the list) before process.exit() calls exit().
+std::mutex g_exit_mu;
+std::set<AddonData*>* g_live = nullptr;  // leaked on purpose: used during exit
+
+void CloseAllAtExit() {
+  std::lock_guard<std::mutex> lk(g_exit_mu);
+  if (g_live == nullptr) return;
+  for (AddonData* d : *g_live) d->CloseAll();
+}
+
+void CleanupHook(void* arg) {
+  auto* data = static_cast<AddonData*>(arg);
+  data->CloseAll();
+  std::lock_guard<std::mutex> lk(g_exit_mu);
+  g_live->erase(data);
+}
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  auto* data = new AddonData();
+  data->engine_ctor = Napi::Persistent(EngineWrap::Define(env));
+  data->nbd_server_ctor = Napi::Persistent(NbdServerWrap::Define(env));
+  env.SetInstanceData<AddonData>(data);  // deleted by Node after the cleanup hook ran
+  napi_add_env_cleanup_hook(env, CleanupHook, data);
+  {
+    std::lock_guard<std::mutex> lk(g_exit_mu);
+    if (g_live == nullptr) {
+      g_live = new std::set<AddonData*>();
+      std::atexit(CloseAllAtExit);
+    }
+    g_live->insert(data);
+  }
+
+  exports.Set("version", Napi::String::New(env, MOORING_VERSION));
+  exports.Set("createReplica", Napi::Function::New(env, CreateReplica, "createReplica"));
+  exports.Set("openEngine", Napi::Function::New(env, OpenEngine, "openEngine"));
+  return exports;
+}
+
+}  // namespace
+}  // namespace mooring
+
+static Napi::Object InitMooring(Napi::Env env, Napi::Object exports) { return mooring::Init(env, exports); }
+
+NODE_API_MODULE(mooring, InitMooring)

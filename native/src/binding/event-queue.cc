@@ -1,0 +1,104 @@
+#include "binding/event-queue.h"
+
+namespace mooring {
+
+std::shared_ptr<EventQueue> EventQueue::Create(Napi::Env env, Napi::Function callback) {
+  std::shared_ptr<EventQueue> q(new EventQueue());
+  // The finalizer holds the queue until Node is done with the function, and marks it
+  // closed so no I/O thread calls a finalized function.
+  q->tsfn_ = Napi::ThreadSafeFunction::New(env, callback, "mooring-engine-events", 0, 1,
+                                           [q](Napi::Env) {
+                                             std::lock_guard<std::mutex> lk(q->mu_);
+                                             q->closed_ = true;
+                                           });
+  // Events alone must not keep a process alive (a file handle does not either).
+  q->tsfn_.Unref(env);
+  return q;
+}
+
+void EventQueue::Push(const EngineEvent& ev) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_) return;
+  if (queue_.size() >= kMaxQueuedEvents) {
+    ++dropped_;
+    return;
+  }
+  queue_.push_back(ev);
+  ScheduleLocked();
+}
+
+void EventQueue::Resume() {
+  std::lock_guard<std::mutex> lk(mu_);
+  paused_ = false;
+  ScheduleLocked();
+}
+
+void EventQueue::ScheduleLocked() {
+  if (paused_ || closed_ || call_pending_ || queue_.empty()) return;
+  std::weak_ptr<EventQueue> weak = weak_from_this();
+  napi_status st = tsfn_.NonBlockingCall([weak](Napi::Env env, Napi::Function cb) {
+    auto self = weak.lock();
+    if (!self || env == nullptr) return;
+    std::vector<EngineEvent> batch;
+    {
+      std::lock_guard<std::mutex> lk(self->mu_);
+      batch.swap(self->queue_);
+      self->call_pending_ = false;
+    }
+    if (!batch.empty()) Deliver(env, cb, batch);
+  });
+  call_pending_ = st == napi_ok;
+}
+
+void EventQueue::Deliver(Napi::Env env, Napi::Function cb, const std::vector<EngineEvent>& batch) {
+  Napi::HandleScope scope(env);
+  Napi::Array arr = Napi::Array::New(env, batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const EngineEvent& e = batch[i];
+    Napi::Object o = Napi::Object::New(env);
+    switch (e.type) {
+      case EngineEvent::Type::kReplicaError:
+        o.Set("type", "replica-error");
+        o.Set("replicaId", e.replica_id);
+        o.Set("errno", Napi::Number::New(env, e.error));
+        break;
+      case EngineEvent::Type::kEpochClaimed:
+        o.Set("type", "epoch-claimed");
+        o.Set("epoch", Napi::Number::New(env, static_cast<double>(e.epoch)));
+        break;
+      case EngineEvent::Type::kReconciled:
+        o.Set("type", "reconciled");
+        o.Set("bytes", Napi::Number::New(env, static_cast<double>(e.bytes)));
+        break;
+    }
+    if (e.type != EngineEvent::Type::kEpochClaimed) o.Set("message", e.message);
+    arr.Set(static_cast<uint32_t>(i), o);
+  }
+  try {
+    cb.Call({arr});
+  } catch (const Napi::Error& err) {
+    // A throwing listener is the application's uncaught exception, as with EventEmitter.
+    err.ThrowAsJavaScriptException();
+  }
+}
+
+void EventQueue::Close() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  tsfn_.Release();
+}
+
+void EventQueue::Detach() {
+  std::lock_guard<std::mutex> lk(mu_);
+  closed_ = true;
+}
+
+uint64_t EventQueue::dropped() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return dropped_;
+}
+
+}  // namespace mooring

@@ -1,0 +1,104 @@
+// Engine (replicator): serves one volume as a BlockDevice over N replicas.
+//
+// - Writes (and trims, write-zeroes) fan out to every RW replica; the call returns only
+//   when all have it (invariant 1). Reads go round-robin over RW replicas; a failed read
+//   is retried on the next RW replica.
+// - A replica whose I/O fails is marked ERR and no longer used, as long as one RW replica
+//   remains; before the failed request is answered the engine claims epoch+1 on the
+//   remaining RW replicas, so the ERR replica is durably recognisable as stale (lower
+//   epoch) on the next open (invariant 3). If the last RW replica fails, the error goes
+//   to the caller and the replica stays RW.
+// - Start claims epoch = max(replica epochs) + 1 on every replica (invariant 2). Replicas
+//   whose epoch was below that max were fenced earlier: they open as ERR. If any RW
+//   replica was not closed cleanly, the heads are reconciled first (the first RW replica
+//   is the source; differing blocks are copied, extra allocations trimmed), so replicas
+//   hold identical data before the first request is served.
+// - Snapshot/Delete/Revert quiesce I/O (an exclusive lock against the data path's shared
+//   lock) and apply to every RW replica.
+// - A replica answering -ESTALE means another engine claimed a newer epoch: this engine is
+//   fenced. It marks nothing ERR (the replicas are fine, the engine is not) and from then
+//   on every call returns -ESTALE / Code::kStaleEpoch.
+// - Replica failures that do not mark ERR: -EINVAL, -ENOTSUP, -EOVERFLOW (they describe
+//   the request) and, on the control path, refusals such as kAlreadyExists/kNotFound.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "block/block-device.h"
+#include "block/replica-backend.h"
+
+namespace mooring {
+
+enum class ReplicaMode { kRW, kWO, kERR };
+
+inline const char* ReplicaModeName(ReplicaMode m) {
+  switch (m) {
+    case ReplicaMode::kRW: return "RW";
+    case ReplicaMode::kWO: return "WO";
+    case ReplicaMode::kERR: return "ERR";
+  }
+  return "ERR";
+}
+
+// Emitted: kEpochClaimed by Start (the open epoch) and after each fence; kReplicaError for
+// every replica marked ERR (at Start: fenced by a lower epoch, a different layer list, a
+// failed claim; later: a failed I/O), after the fence that makes it stale; kReconciled
+// once by Start when heads were reconciled. Events raised by Start are delivered before
+// Start returns.
+struct EngineEvent {
+  enum class Type { kReplicaError, kEpochClaimed, kReconciled };
+  Type type;
+  std::string replica_id;  // for kReplicaError
+  int error = 0;           // negative errno, kReplicaError
+  uint64_t epoch = 0;      // kEpochClaimed: the new epoch
+  uint64_t bytes = 0;      // kReconciled: bytes copied
+  std::string message;
+};
+
+// Called from I/O threads; must not block for long (the binding queues to JS).
+using EngineEventSink = std::function<void(const EngineEvent&)>;
+
+struct ReplicaState {
+  std::string id;
+  ReplicaMode mode;
+  uint64_t epoch;
+  uint64_t allocated_bytes;
+  int last_error;  // negative errno of the failure that made it ERR, else 0
+};
+
+class Engine : public BlockDevice {
+ public:
+  struct Options {
+    std::vector<std::shared_ptr<ReplicaBackend>> replicas;
+    EngineEventSink on_event;  // may be empty
+  };
+
+  // Fails with kNoHealthyReplica if no replica can be used, kInvalidArgument for 0 or
+  // more than 16 replicas, duplicates or differing sizes, kStaleEpoch if another engine
+  // claims the volume concurrently. On failure the replicas have been closed.
+  static Status Start(Options opts, std::unique_ptr<Engine>* out);
+
+  // BlockDevice: see block-device.h. After Shutdown every call returns -ESHUTDOWN.
+  // (Implemented in engine.cc.)
+
+  virtual uint64_t epoch() const = 0;
+  virtual std::vector<ReplicaState> Replicas() const = 0;
+
+  virtual Status Snapshot(const std::string& name, const Labels& labels, bool user_created) = 0;
+  // Every layer (snapshots, removed-but-kept ones, and the head), bottom first, from the
+  // first RW replica.
+  virtual Status ListSnapshots(std::vector<LayerInfo>* out) = 0;
+  virtual Status DeleteSnapshot(const std::string& name) = 0;
+  virtual Status Revert(const std::string& name) = 0;
+
+  // Waits for in-flight calls, flushes, marks replicas clean, closes them. Idempotent.
+  // Replicas() keeps answering afterwards with the last known state.
+  virtual Status Shutdown() = 0;
+};
+
+}  // namespace mooring
