@@ -1,0 +1,59 @@
+// Command dispatch of `mooring`, separate from main.ts so tests can run it in-process.
+import { packageVersion } from '../native/load.js';
+import { runBenchCommand } from './bench.js';
+import { UsageError, reportError, type CliContext } from './common.js';
+import { runCreate } from './create.js';
+import { runInfo } from './info.js';
+import { runServe } from './serve.js';
+import { runSnapshot } from './snapshot.js';
+
+/** Help text of `mooring`. */
+export const MAIN_HELP = `Usage: mooring <command> [options]
+
+Replicated block volumes served over NBD.
+
+Commands:
+  serve      create or open a volume and serve it over NBD until SIGINT/SIGTERM
+  create     create a volume directory
+  info       show a volume's size, replicas, epoch and snapshots
+  snapshot   create, list, delete or revert snapshots
+  bench      benchmark Mooring against qemu-nbd and the raw disk (needs fio, qemu-nbd)
+
+Run 'mooring <command> --help' for a command's options.
+  --version  print the version
+  --help     show this help
+
+Errors print as 'mooring: CODE: message' (exit 1; usage errors exit 2).
+`;
+
+const COMMANDS: Record<string, (argv: string[], ctx: CliContext) => Promise<number>> = {
+  serve: runServe,
+  create: runCreate,
+  info: runInfo,
+  snapshot: runSnapshot,
+  bench: runBenchCommand,
+};
+
+/** Runs the CLI with `argv` (without node and script); resolves to the exit status. */
+export async function runCli(argv: string[], ctx: CliContext): Promise<number> {
+  const [command, ...rest] = argv;
+  try {
+    if (command === undefined) {
+      ctx.stderr(MAIN_HELP);
+      return 2;
+    }
+    if (command === '--help' || command === '-h' || command === 'help') {
+      ctx.stdout(MAIN_HELP);
+      return 0;
+    }
+    if (command === '--version' || command === '-v' || command === 'version') {
+      ctx.stdout(`${packageVersion()}\n`);
+      return 0;
+    }
+    const run = COMMANDS[command];
+    if (!run) throw new UsageError('', `unknown command ${JSON.stringify(command)} (expected ${Object.keys(COMMANDS).join(', ')})`);
+    return await run(rest, ctx);
+  } catch (err) {
+    return reportError(ctx, err);
+  }
+}

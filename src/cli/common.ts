@@ -1,0 +1,131 @@
+// Shared pieces of the `mooring` commands: the context they run in (injectable, so unit
+// tests call commands directly with a fake addon and captured output), argument parsing
+// with coded usage errors, and error printing.
+import { parseArgs, type ParseArgsConfig } from 'node:util';
+
+import { MooringError, toMooringError } from '../errors.js';
+import type { NativeAddon } from '../native/binding.js';
+import { loadAddon } from '../native/load.js';
+import { parseSize } from '../util/size.js';
+
+/** Where commands write and what they run against. Everything is optional but output. */
+export interface CliContext {
+  /** Machine-readable output (READY line, --json). */
+  stdout: (text: string) => void;
+  /** Human logs and errors. */
+  stderr: (text: string) => void;
+  /** The native addon (default: this package's). */
+  addon?: NativeAddon;
+  /** Resolves relative paths (default: process.cwd()). */
+  cwd?: string;
+  /** Source of SIGINT/SIGTERM for `serve` (default: process). */
+  signals?: SignalSource;
+  /** Forced exit on a second signal (default: process.exit). */
+  exit?: (code: number) => void;
+}
+
+/** The part of `process` that `serve` listens to for signals. */
+export interface SignalSource {
+  on(event: 'SIGINT' | 'SIGTERM', listener: (signal: NodeJS.Signals) => void): unknown;
+  off(event: 'SIGINT' | 'SIGTERM', listener: (signal: NodeJS.Signals) => void): unknown;
+}
+
+/** The context of the real CLI process. */
+export function processContext(): CliContext {
+  return {
+    stdout: (t) => void process.stdout.write(t),
+    stderr: (t) => void process.stderr.write(t),
+    signals: process,
+    exit: (code) => process.exit(code),
+  };
+}
+
+/** The addon commands use: the injected one, else this package's (loaded now, so a load failure comes first). */
+export function addonOf(ctx: CliContext): NativeAddon {
+  ctx.addon ??= loadAddon();
+  return ctx.addon;
+}
+
+/** A mistake in how a command was called: printed with a hint, exit status 2. */
+export class UsageError extends MooringError {
+  /** The command whose --help to point at, e.g. "serve". */
+  readonly command: string;
+
+  constructor(command: string, message: string) {
+    super('INVALID_ARGUMENT', message);
+    this.name = 'UsageError';
+    this.command = command;
+  }
+}
+
+type Options = NonNullable<ParseArgsConfig['options']>;
+
+/** Parses `argv` for `command`; unknown options, missing values and the like become UsageErrors. */
+export function parseCommandArgs<O extends Options>(
+  command: string,
+  argv: string[],
+  options: O,
+  positionals: { min: number; max: number },
+): { values: ReturnType<typeof parseArgs<{ options: O; allowPositionals: true; strict: true; args: string[] }>>['values']; positionals: string[] } {
+  let parsed;
+  try {
+    parsed = parseArgs({ args: argv, options, allowPositionals: true, strict: true });
+  } catch (err) {
+    // parseArgs messages are good ("Unknown option '--x'..."); keep them, minus its own hints.
+    const message = (err as Error).message.split('. To specify a positional argument')[0] ?? String(err);
+    throw new UsageError(command, message);
+  }
+  const pos = parsed.positionals;
+  if (pos.length < positionals.min) throw new UsageError(command, `missing argument${positionals.min - pos.length > 1 ? 's' : ''}`);
+  if (pos.length > positionals.max) throw new UsageError(command, `unexpected argument ${JSON.stringify(pos[positionals.max])}`);
+  return { values: parsed.values as never, positionals: pos };
+}
+
+/** `--dir` is required by every volume command. */
+export function requireDir(command: string, dir: string | undefined): string {
+  if (dir === undefined || dir === '') throw new UsageError(command, '--dir DIR is required');
+  return dir;
+}
+
+/** Parses a --size value as a usage error when malformed. */
+export function parseSizeOption(command: string, text: string): number {
+  try {
+    return parseSize(text);
+  } catch (err) {
+    throw new UsageError(command, `--size: ${(err as Error).message}`);
+  }
+}
+
+/** Parses --replicas: an integer 1..16. */
+export function parseReplicasOption(command: string, text: string): number {
+  if (!/^\d{1,2}$/.test(text) || Number(text) < 1 || Number(text) > 16) {
+    throw new UsageError(command, `--replicas must be an integer in 1..16 (got ${JSON.stringify(text)})`);
+  }
+  return Number(text);
+}
+
+/**
+ * Prints `err` the contract way (`mooring: CODE: message`) and returns the exit status:
+ * 2 for usage errors, 1 for the rest. MOORING_DEBUG=1 adds the stack.
+ */
+export function reportError(ctx: CliContext, err: unknown): number {
+  if (err instanceof UsageError) {
+    const hint = err.command ? `mooring ${err.command} --help` : 'mooring --help';
+    ctx.stderr(`mooring: ${err.code}: ${err.message}\nTry '${hint}'.\n`);
+    return 2;
+  }
+  const e = toMooringError(err);
+  ctx.stderr(`mooring: ${e.code}: ${e.message}\n`);
+  if (process.env.MOORING_DEBUG) ctx.stderr(`${e.stack ?? ''}\n`);
+  return 1;
+}
+
+/** JSON for --json output, one document per call. */
+export function printJson(ctx: CliContext, value: unknown): void {
+  ctx.stdout(`${JSON.stringify(value, null, 2)}\n`);
+}
+
+/** Formats ms since the epoch as an ISO date. */
+export function isoTime(ms: number): string {
+  return Number.isFinite(ms) ? new Date(ms).toISOString() : String(ms);
+}

@@ -1,0 +1,115 @@
+// `mooring snapshot create|list|delete|revert`.
+import { resolve } from 'node:path';
+
+import { Volume } from '../volume/volume.js';
+import { formatBytes } from '../util/size.js';
+import { UsageError, isoTime, parseCommandArgs, printJson, requireDir, addonOf, type CliContext } from './common.js';
+
+/** Help text of `mooring snapshot`. */
+export const SNAPSHOT_HELP = `Usage: mooring snapshot create --dir DIR NAME [--label KEY=VALUE ...] [--json]
+       mooring snapshot list   --dir DIR [--json]
+       mooring snapshot delete --dir DIR NAME
+       mooring snapshot revert --dir DIR NAME
+
+Manage the snapshots of a volume that is not being served (these commands open the
+volume; they are refused with BUSY while mooring serve has it open).
+
+  create   take a snapshot NAME ([A-Za-z0-9._-]{1,63}); O(1), no data copied
+  list     list snapshots, oldest first
+  delete   delete snapshot NAME; its data merges into its child, its space is reclaimed
+  revert   make the volume's content that of snapshot NAME
+
+Options:
+  --dir DIR            volume directory (required)
+  --label KEY=VALUE    label stored with a new snapshot (repeatable, at most 64)
+  --json               machine-readable output
+  -h, --help           show this help
+`;
+
+const SUBCOMMANDS = ['create', 'list', 'delete', 'revert'] as const;
+type Subcommand = (typeof SUBCOMMANDS)[number];
+
+function parseLabels(items: string[] | undefined): Record<string, string> {
+  const labels: Record<string, string> = {};
+  for (const item of items ?? []) {
+    const eq = item.indexOf('=');
+    if (eq <= 0) throw new UsageError('snapshot', `--label must be KEY=VALUE (got ${JSON.stringify(item)})`);
+    const key = item.slice(0, eq);
+    if (key in labels) throw new UsageError('snapshot', `label ${key} given twice`);
+    labels[key] = item.slice(eq + 1);
+  }
+  return labels;
+}
+
+/** Runs `mooring snapshot ...`. */
+export async function runSnapshot(argv: string[], ctx: CliContext): Promise<number> {
+  const sub = argv[0];
+  if (sub === undefined || sub === '--help' || sub === '-h' || sub === 'help') {
+    ctx.stdout(SNAPSHOT_HELP);
+    return sub === undefined ? 2 : 0;
+  }
+  if (!(SUBCOMMANDS as readonly string[]).includes(sub)) {
+    throw new UsageError('snapshot', `unknown snapshot command ${JSON.stringify(sub)} (expected ${SUBCOMMANDS.join(', ')})`);
+  }
+  const command = sub as Subcommand;
+  const needsName = command !== 'list';
+  const { values, positionals } = parseCommandArgs(
+    'snapshot',
+    argv.slice(1),
+    {
+      dir: { type: 'string' },
+      label: { type: 'string', multiple: true },
+      json: { type: 'boolean' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    { min: 0, max: needsName ? 1 : 0 },
+  );
+  if (values.help) {
+    ctx.stdout(SNAPSHOT_HELP);
+    return 0;
+  }
+  const dir = resolve(ctx.cwd ?? process.cwd(), requireDir('snapshot', values.dir));
+  const name = positionals[0];
+  if (needsName && name === undefined) throw new UsageError('snapshot', `snapshot ${command} needs a snapshot NAME`);
+  if (command !== 'create' && values.label !== undefined) throw new UsageError('snapshot', `--label only applies to snapshot create`);
+  const labels = parseLabels(values.label);
+
+  const volume = await Volume.open(dir, { addon: addonOf(ctx) });
+  try {
+    switch (command) {
+      case 'create': {
+        const snap = await volume.createSnapshot(name!, { labels });
+        if (values.json) printJson(ctx, snap);
+        else ctx.stdout(`created snapshot ${snap.name} of ${volume.name}\n`);
+        break;
+      }
+      case 'list': {
+        const snaps = await volume.listSnapshots();
+        if (values.json) printJson(ctx, snaps);
+        else if (snaps.length === 0) ctx.stdout('no snapshots\n');
+        else {
+          const rows = snaps.map(
+            (s) =>
+              `${s.name.padEnd(20)} ${isoTime(s.createdMs)}  ${formatBytes(s.allocatedBytes).padEnd(10)} ${(s.parent ?? '-').padEnd(20)}` +
+              ` ${Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).join(' ')}`,
+          );
+          ctx.stdout(`${'NAME'.padEnd(20)} ${'CREATED'.padEnd(24)}  ${'ALLOCATED'.padEnd(10)} ${'PARENT'.padEnd(20)} LABELS\n${rows.map((r) => r.trimEnd()).join('\n')}\n`);
+        }
+        break;
+      }
+      case 'delete':
+        await volume.deleteSnapshot(name!);
+        if (values.json) printJson(ctx, { deleted: name });
+        else ctx.stdout(`deleted snapshot ${name}\n`);
+        break;
+      case 'revert':
+        await volume.revertToSnapshot(name!);
+        if (values.json) printJson(ctx, { reverted: name });
+        else ctx.stdout(`reverted ${volume.name} to snapshot ${name}\n`);
+        break;
+    }
+  } finally {
+    await volume.close();
+  }
+  return 0;
+}

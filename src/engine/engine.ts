@@ -1,0 +1,515 @@
+/**
+ * Engine: the replicator of one volume (a wrapped native engine). It fans writes out to
+ * every RW replica, spreads reads, fences stale writers by epoch and serves NBD.
+ *
+ * Most embedders use {@link Volume}, which owns an Engine while the volume is attached on
+ * this host; Engine is public for those who manage replica directories themselves.
+ */
+import { EventEmitter } from 'node:events';
+import { isAbsolute, resolve } from 'node:path';
+import type * as TE from 'typed-emitter';
+
+import { MooringError, callNative, callNativeSync, codeFromErrno, type MooringErrorCode } from '../errors.js';
+import type {
+  NativeAddon,
+  NativeEngine,
+  NativeEngineEvent,
+  NativeExtent,
+  NativeLayerInfo,
+  NativeReplicaState,
+} from '../native/binding.js';
+import { loadAddon } from '../native/load.js';
+import { NbdExport, toNativeNbdOptions, type NbdExportOptions } from '../nbd/nbd-export.js';
+import { safeEmit } from '../util/emit.js';
+import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
+import { checkLabels, checkName, checkRange, describe } from '../util/validate.js';
+
+type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
+
+/** How the engine uses a replica: RW (read and written), WO (written only, being rebuilt), ERR (dropped). */
+export type ReplicaMode = 'RW' | 'WO' | 'ERR';
+
+/** One replica an engine opens. */
+export interface EngineReplicaSpec {
+  /** Stable id within the volume, e.g. `r0` ([A-Za-z0-9._-]{1,63}). */
+  id: string;
+  /** Absolute path of the replica directory. */
+  path: string;
+  /**
+   * Address of the replica server holding a remote replica (`host:port`). Reserved for
+   * remote replicas (a later release); giving it today fails with UNSUPPORTED.
+   */
+  address?: string;
+}
+
+/** Options of {@link Engine.open}. */
+export interface EngineOptions {
+  /** The replicas, 1 to 16. Order matters: after an unclean stop the first RW replica is the reconcile source. */
+  replicas: EngineReplicaSpec[];
+  /** The native addon (default: the one shipped in this package). Tests inject a fake. */
+  addon?: NativeAddon;
+}
+
+/** State of one replica as the engine sees it. */
+export interface ReplicaStatus {
+  /** The replica's id (from {@link EngineReplicaSpec.id}). */
+  id: string;
+  /** Where it lives. */
+  path: string;
+  /** Current mode. */
+  mode: ReplicaMode;
+  /** Highest writer epoch claimed on it. */
+  epoch: number;
+  /** Real disk usage of all its layers, in bytes. */
+  allocatedBytes: number;
+  /** The errno (positive) that made it ERR, 0 otherwise. */
+  lastErrno: number;
+}
+
+/** A replica failed an I/O and was dropped (mode ERR); the volume keeps serving from the rest. */
+export interface ReplicaErrorEvent {
+  /** The replica's id. */
+  replicaId: string;
+  /** Its path. */
+  path: string;
+  /** The errno (positive) of the failure. */
+  errno: number;
+  /** The error code that errno maps to. */
+  code: MooringErrorCode;
+  /** What failed, from the engine. */
+  message: string;
+}
+
+/** The engine claimed a new writer epoch on its replicas (at open, or after dropping a replica). */
+export interface EpochClaimedEvent {
+  /** The new epoch. */
+  epoch: number;
+}
+
+/** Replicas that were not closed cleanly were brought back in step at open. */
+export interface ReconciledEvent {
+  /** Bytes copied from the source replica. */
+  bytes: number;
+  /** What was done, from the engine. */
+  message: string;
+}
+
+/**
+ * Events of an {@link Engine}. Events the native engine raises while it opens are collected
+ * in {@link Engine.openEvents} when they arrive before `Engine.open` resolves; the native
+ * side delivers events asynchronously, so they may also arrive (and be emitted) just after.
+ */
+export type EngineEvents = {
+  /** A replica was dropped after an I/O failure. */
+  'replica-error': (event: ReplicaErrorEvent) => void;
+  /** A new writer epoch was claimed. */
+  'epoch-claimed': (event: EpochClaimedEvent) => void;
+  /** Replicas were reconciled. */
+  reconciled: (event: ReconciledEvent) => void;
+  /** The engine closed; every call after this rejects with CLOSED. */
+  closed: () => void;
+};
+
+/** Any engine event, tagged by type. */
+export type EngineEvent =
+  | ({ type: 'replica-error' } & ReplicaErrorEvent)
+  | ({ type: 'epoch-claimed' } & EpochClaimedEvent)
+  | ({ type: 'reconciled' } & ReconciledEvent);
+
+/** One run of the allocation map (NBD base:allocation). */
+export interface Extent {
+  /** Volume offset where it starts. */
+  offset: number;
+  /** Length in bytes. */
+  length: number;
+  /** No storage allocated. */
+  hole: boolean;
+  /** Reads as zeros. */
+  zero: boolean;
+}
+
+/** Options of {@link Engine.write}. */
+export interface WriteOptions {
+  /** Forced unit access: durable on every replica when the call resolves. */
+  fua?: boolean;
+}
+
+/** Options of {@link Engine.writeZeroes}. */
+export interface WriteZeroesOptions {
+  /** Storage may be released (default true). */
+  mayTrim?: boolean;
+  /** Fail with UNSUPPORTED rather than write zeros the slow way. */
+  fastOnly?: boolean;
+  /** Durable when the call resolves. */
+  fua?: boolean;
+}
+
+/** One layer of the volume's chain: a snapshot, or the head (the writable top). */
+export interface LayerInfo {
+  /** Stable layer id, never reused. */
+  id: string;
+  /** Parent layer id, '' for the bottom layer. */
+  parentId: string;
+  /** Snapshot name, '' for the head. */
+  name: string;
+  /** Whether this is the writable head. */
+  head: boolean;
+  /** Deleted by the user but kept because the head depends on it. */
+  removed: boolean;
+  /** Created by a user (false: taken by Mooring itself). */
+  userCreated: boolean;
+  /** Creation time, ms since the epoch. */
+  createdMs: number;
+  /** User labels. */
+  labels: Record<string, string>;
+  /** Volume size when the layer was created. */
+  sizeBytes: number;
+  /** Real disk usage of the layer file. */
+  allocatedBytes: number;
+}
+
+/** Options of {@link Engine.createSnapshot}. */
+export interface SnapshotOptions {
+  /** Labels stored with the snapshot (at most 64). */
+  labels?: Record<string, string>;
+  /** @internal Snapshots taken by Mooring itself pass false. */
+  userCreated?: boolean;
+}
+
+/** Lifecycle state of an engine or volume. */
+export type LifecycleState = 'open' | 'closing' | 'closed';
+
+function checkReplicaSpecs(value: unknown): EngineReplicaSpec[] {
+  if (!Array.isArray(value) || value.length < REPLICA_COUNT_MIN || value.length > REPLICA_COUNT_MAX) {
+    throw new MooringError('INVALID_ARGUMENT', `replicas must be an array of ${REPLICA_COUNT_MIN}..${REPLICA_COUNT_MAX} replica specs (got ${describe(value)})`);
+  }
+  const ids = new Set<string>();
+  const paths = new Set<string>();
+  return value.map((r: unknown, i) => {
+    if (typeof r !== 'object' || r === null) throw new MooringError('INVALID_ARGUMENT', `replicas[${i}] must be an object`);
+    const spec = r as Partial<EngineReplicaSpec>;
+    const id = checkName(`replicas[${i}].id`, spec.id);
+    if (spec.address !== undefined) {
+      throw new MooringError('UNSUPPORTED', `replica ${id}: remote replicas (address ${describe(spec.address)}) are not supported yet`);
+    }
+    if (typeof spec.path !== 'string' || !isAbsolute(spec.path) || spec.path.includes('\0')) {
+      throw new MooringError('INVALID_ARGUMENT', `replicas[${i}].path must be an absolute path (got ${describe(spec.path)})`);
+    }
+    const path = resolve(spec.path);
+    if (ids.has(id)) throw new MooringError('INVALID_ARGUMENT', `replica id ${id} appears twice`);
+    if (paths.has(path)) throw new MooringError('INVALID_ARGUMENT', `replica path ${path} appears twice`);
+    ids.add(id);
+    paths.add(path);
+    return { id, path };
+  });
+}
+
+function toExtents(offset: number, native: NativeExtent[]): Extent[] {
+  let at = offset;
+  return native.map((e) => {
+    const out = { offset: at, length: e.length, hole: (e.flags & 1) !== 0, zero: (e.flags & 2) !== 0 };
+    at += e.length;
+    return out;
+  });
+}
+
+function toLayer(l: NativeLayerInfo): LayerInfo {
+  return {
+    id: l.id,
+    parentId: l.parent,
+    name: l.name,
+    head: l.head,
+    removed: l.removed,
+    userCreated: l.userCreated,
+    createdMs: l.createdMs,
+    labels: { ...l.labels },
+    sizeBytes: l.sizeBytes,
+    allocatedBytes: l.allocatedBytes,
+  };
+}
+
+/**
+ * The replicator of one volume. Open it with {@link Engine.open}; close it with
+ * {@link Engine.close}, which waits for calls in flight and closes its NBD exports first.
+ */
+export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents>) {
+  /** Volume size in bytes. */
+  readonly sizeBytes: number;
+  /** Events that arrived while the engine opened (epoch claimed, reconcile, fenced replicas); later ones are emitted. */
+  readonly openEvents: readonly EngineEvent[];
+  readonly #native: NativeEngine;
+  readonly #specs: readonly EngineReplicaSpec[];
+  readonly #exports = new Set<NbdExport>();
+  #state: LifecycleState = 'open';
+  #inFlight = 0;
+  #drained: (() => void) | undefined;
+  #closing: Promise<void> | undefined;
+
+  private constructor(native: NativeEngine, specs: EngineReplicaSpec[], openEvents: EngineEvent[]) {
+    super();
+    this.#native = native;
+    this.#specs = specs;
+    this.sizeBytes = native.sizeBytes;
+    this.openEvents = openEvents;
+  }
+
+  /**
+   * Opens an engine over local replica directories: claims a new writer epoch on every
+   * replica (fencing any older engine) and reconciles replicas that were not closed cleanly.
+   *
+   * @throws MooringError INVALID_ARGUMENT, UNSUPPORTED (remote replicas), NO_HEALTHY_REPLICA,
+   *   CORRUPT_METADATA, NATIVE_LOAD_FAILED, ...
+   */
+  static async open(options: EngineOptions): Promise<Engine> {
+    if (typeof options !== 'object' || options === null) {
+      throw new MooringError('INVALID_ARGUMENT', `engine options must be an object (got ${describe(options)})`);
+    }
+    const specs = checkReplicaSpecs(options.replicas);
+    const addon = options.addon ?? loadAddon();
+    // Events may arrive before openEngine resolves; hold them until the Engine exists.
+    const early: EngineEvent[] = [];
+    let engine: Engine | undefined;
+    const onEvents = (events: NativeEngineEvent[]): void => {
+      for (const raw of events) {
+        const event = normalizeEvent(raw, specs);
+        if (event === undefined) continue;
+        if (engine) engine.#dispatch(event);
+        else early.push(event);
+      }
+    };
+    const native = await callNative(
+      () => addon.openEngine({ replicas: specs.map((s) => s.path), onEvents }),
+      `opening engine over ${specs.map((s) => s.id).join(', ')}`,
+    );
+    engine = new Engine(native, specs, early);
+    return engine;
+  }
+
+  /** 'open', 'closing' (draining; new calls are refused) or 'closed'. */
+  get state(): LifecycleState {
+    return this.#state;
+  }
+
+  /** The writer epoch this engine holds. */
+  get epoch(): number {
+    this.#assertOpen();
+    return callNativeSync(() => this.#native.epoch(), 'engine epoch');
+  }
+
+  /** The NBD exports currently serving this engine. */
+  get exports(): readonly NbdExport[] {
+    return [...this.#exports];
+  }
+
+  /** The replicas and their modes, epochs and disk usage. */
+  replicas(): ReplicaStatus[] {
+    this.#assertOpen();
+    const states = callNativeSync(() => this.#native.replicas(), 'engine replicas');
+    return states.map((s, i) => this.#toStatus(s, i));
+  }
+
+  /** Reads `length` bytes (1 B .. 32 MiB) at `offset`. */
+  read(offset: number, length: number): Promise<Buffer> {
+    return this.#call('read', () => {
+      checkRange(offset, length, this.sizeBytes);
+      return this.#native.read(offset, length);
+    });
+  }
+
+  /**
+   * Writes `data` (1 B .. 32 MiB, any alignment) at `offset`; resolves when every RW replica
+   * has it. Do not modify `data` until the promise settles.
+   */
+  write(offset: number, data: Uint8Array, options: WriteOptions = {}): Promise<void> {
+    return this.#call('write', () => {
+      if (!(data instanceof Uint8Array)) {
+        throw new MooringError('INVALID_ARGUMENT', `data must be a Buffer or Uint8Array (got ${describe(data)})`);
+      }
+      checkRange(offset, data.byteLength, this.sizeBytes);
+      return this.#native.write(offset, data, options.fua === true);
+    });
+  }
+
+  /** Makes everything written before this call durable on every RW replica. */
+  flush(): Promise<void> {
+    return this.#call('flush', () => this.#native.flush());
+  }
+
+  /** Discards a range (any length inside the volume): it may read as anything afterwards (zeros today) and its space is released. */
+  trim(offset: number, length: number): Promise<void> {
+    return this.#call('trim', () => {
+      checkRange(offset, length, this.sizeBytes, Number.MAX_SAFE_INTEGER);
+      return this.#native.trim(offset, length);
+    });
+  }
+
+  /** Makes a range (any length inside the volume) read as zeros. */
+  writeZeroes(offset: number, length: number, options: WriteZeroesOptions = {}): Promise<void> {
+    return this.#call('writeZeroes', () => {
+      checkRange(offset, length, this.sizeBytes, Number.MAX_SAFE_INTEGER);
+      return this.#native.writeZeroes(offset, length, {
+        mayTrim: options.mayTrim !== false,
+        fastOnly: options.fastOnly === true,
+        fua: options.fua === true,
+      });
+    });
+  }
+
+  /**
+   * The allocation map of a range (any length inside the volume): extents in order from
+   * `offset`, at least one. The count is bounded (65,536), so the extents may end before
+   * `offset + length`; ask again from where they end.
+   */
+  blockStatus(offset: number, length: number): Promise<Extent[]> {
+    return this.#call('blockStatus', async () => {
+      checkRange(offset, length, this.sizeBytes, Number.MAX_SAFE_INTEGER);
+      return toExtents(offset, await this.#native.blockStatus(offset, length));
+    });
+  }
+
+  /** Takes a snapshot named `name` on every RW replica (O(1), no data copied). */
+  createSnapshot(name: string, options: SnapshotOptions = {}): Promise<void> {
+    return this.#call('createSnapshot', () => {
+      checkName('snapshot name', name);
+      const labels = checkLabels(options.labels);
+      return this.#native.snapshot(name, labels, options.userCreated !== false);
+    });
+  }
+
+  /** Every layer of the chain (bottom first, as the first RW replica lists them), including removed ones and the head. */
+  listLayers(): Promise<LayerInfo[]> {
+    return this.#call('listLayers', async () => (await this.#native.listSnapshots()).map(toLayer));
+  }
+
+  /** Deletes a snapshot; its data merges into its child and its space is reclaimed. */
+  deleteSnapshot(name: string): Promise<void> {
+    return this.#call('deleteSnapshot', () => {
+      checkName('snapshot name', name);
+      return this.#native.deleteSnapshot(name);
+    });
+  }
+
+  /**
+   * Makes the volume's content that of snapshot `name` (a new head on top of it). Refused
+   * with INVALID_STATE while the engine is exported: clients would see data change under them.
+   */
+  revert(name: string): Promise<void> {
+    return this.#call('revert', () => {
+      checkName('snapshot name', name);
+      if (this.#exports.size > 0) {
+        throw new MooringError('INVALID_STATE', `cannot revert to ${name} while exported over NBD; close the export first`);
+      }
+      return this.#native.revert(name);
+    });
+  }
+
+  /** Serves the engine over NBD. Closing the engine closes the export first. */
+  exportNbd(options: NbdExportOptions): Promise<NbdExport> {
+    return this.#call('exportNbd', async () => {
+      const { address, exportName, native } = toNativeNbdOptions(options);
+      const server = await this.#native.exportNbd(native);
+      const exp = new NbdExport(server, address, exportName, native.readOnly === true);
+      this.#exports.add(exp);
+      exp.once('closed', () => this.#exports.delete(exp));
+      return exp;
+    });
+  }
+
+  /**
+   * Closes the engine: refuses new calls (CLOSED), closes its NBD exports (which drain and
+   * flush) while waiting for calls in flight, then flushes, marks the replicas clean and
+   * closes them. Idempotent: later calls return the same promise.
+   */
+  close(): Promise<void> {
+    this.#closing ??= this.#doClose();
+    return this.#closing;
+  }
+
+  async #doClose(): Promise<void> {
+    this.#state = 'closing';
+    const drained =
+      this.#inFlight === 0
+        ? Promise.resolve()
+        : new Promise<void>((res) => {
+            this.#drained = res;
+          });
+    const results = await Promise.allSettled([...[...this.#exports].map((e) => e.close()), drained]);
+    // An exportNbd that was in flight when close began has added its export by now.
+    results.push(...(await Promise.allSettled([...this.#exports].map((e) => e.close()))));
+    const nativeResult = await callNative(() => this.#native.close(), 'closing engine').then(
+      () => undefined,
+      (err: unknown) => err,
+    );
+    this.#state = 'closed';
+    safeEmit(this, 'closed');
+    const firstFailure = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (nativeResult !== undefined) throw nativeResult;
+    if (firstFailure) throw firstFailure.reason;
+  }
+
+  #assertOpen(): void {
+    if (this.#state !== 'open') throw new MooringError('CLOSED', `engine is ${this.#state}`);
+  }
+
+  // Counts the call in flight so close() can wait for it; validation errors thrown by
+  // `body` reject the promise rather than throwing synchronously.
+  #call<T>(what: string, body: () => Promise<T>): Promise<T> {
+    if (this.#state !== 'open') return Promise.reject(new MooringError('CLOSED', `engine is ${this.#state} (${what})`));
+    this.#inFlight++;
+    return callNative(body, what).finally(() => {
+      this.#inFlight--;
+      if (this.#inFlight === 0 && this.#drained) this.#drained();
+    });
+  }
+
+  #dispatch(event: EngineEvent): void {
+    const { type, ...payload } = event;
+    safeEmit(this, type, payload);
+  }
+
+  #toStatus(s: NativeReplicaState, index: number): ReplicaStatus {
+    const spec = matchSpec(s.id, index, this.#specs);
+    return {
+      id: spec?.id ?? s.id,
+      path: spec?.path ?? s.id,
+      mode: s.mode,
+      epoch: s.epoch,
+      allocatedBytes: s.allocatedBytes,
+      lastErrno: Math.abs(s.lastError),
+    };
+  }
+}
+
+// The native side names a replica by its directory; map that back to the spec (exact path,
+// then resolved path, then position, which the native side keeps).
+function matchSpec(nativeId: string, index: number, specs: readonly EngineReplicaSpec[]): EngineReplicaSpec | undefined {
+  return (
+    specs.find((s) => s.path === nativeId) ??
+    (isAbsolute(nativeId) ? specs.find((s) => s.path === resolve(nativeId)) : undefined) ??
+    (index >= 0 ? specs[index] : undefined)
+  );
+}
+
+// Unknown event types (a newer addon) are dropped rather than emitted untyped.
+function normalizeEvent(raw: NativeEngineEvent, specs: readonly EngineReplicaSpec[]): EngineEvent | undefined {
+  switch (raw.type) {
+    case 'replica-error': {
+      const spec = matchSpec(raw.replicaId, -1, specs);
+      const errno = Math.abs(raw.errno);
+      return {
+        type: 'replica-error',
+        replicaId: spec?.id ?? raw.replicaId,
+        path: spec?.path ?? raw.replicaId,
+        errno,
+        code: codeFromErrno(errno),
+        message: raw.message,
+      };
+    }
+    case 'epoch-claimed':
+      return { type: 'epoch-claimed', epoch: raw.epoch };
+    case 'reconciled':
+      return { type: 'reconciled', bytes: raw.bytes, message: raw.message };
+    default:
+      return undefined;
+  }
+}

@@ -1,0 +1,163 @@
+/**
+ * NbdExport: one NBD server serving an {@link Engine} (created by `Engine.exportNbd` or
+ * `Volume.export`).
+ */
+import { EventEmitter } from 'node:events';
+import type * as TE from 'typed-emitter';
+
+import { MooringError, callNative, callNativeSync } from '../errors.js';
+import type { NativeNbdOptions, NativeNbdServer, NativeNbdStats } from '../native/binding.js';
+import { safeEmit } from '../util/emit.js';
+import { describe } from '../util/validate.js';
+import { checkExportName, formatNbdAddress, nbdUri, parseNbdAddress, type NbdAddress } from './nbd-address.js';
+
+type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
+
+/** Bounds of the tunables in {@link NbdExportOptions}. */
+export const NBD_LIMITS = {
+  /** Smallest and largest `maxRequestBytes` (the native server's cap is 32 MiB). */
+  maxRequestBytesMin: 4096,
+  maxRequestBytesMax: 32 * 1024 * 1024,
+  /** Largest `ioThreads`. */
+  ioThreadsMax: 64,
+  /** Largest `maxConnections`. */
+  maxConnectionsMax: 1024,
+  /** Longest description. */
+  descriptionLengthMax: 1024,
+} as const;
+
+/** How to export a volume over NBD. */
+export interface NbdExportOptions {
+  /**
+   * Where to listen: `unix:PATH`, `tcp:HOST:PORT` (PORT 0 = ephemeral) or a parsed
+   * {@link NbdAddress}. `Volume.export` defaults to `unix:DIR/nbd.sock`.
+   */
+  nbd?: string | NbdAddress;
+  /** Export name clients ask for; '' (default) is the default export. */
+  exportName?: string;
+  /** Free text shown by `nbdinfo`. */
+  description?: string;
+  /** Serve read-only (writes, trims and zeroes are refused with EPERM). */
+  readOnly?: boolean;
+  /** Largest request accepted and advertised as the maximum block size (default 32 MiB). */
+  maxRequestBytes?: number;
+  /** Worker threads serving requests (default 4). */
+  ioThreads?: number;
+  /** Simultaneous client connections (default 64). */
+  maxConnections?: number;
+}
+
+/** Counters of an NBD export since it started. */
+export type NbdExportStats = NativeNbdStats;
+
+/** Events of an {@link NbdExport}. */
+export type NbdExportEvents = {
+  /** The export stopped: it no longer accepts clients and every request was answered. */
+  closed: () => void;
+};
+
+function checkIntIn(name: string, value: unknown, min: number, max: number): number | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw new MooringError('INVALID_ARGUMENT', `${name} must be an integer in ${min}..${max} (got ${describe(value)})`);
+  }
+  return value;
+}
+
+/**
+ * Validates export options and converts them to the native form.
+ *
+ * @internal
+ */
+export function toNativeNbdOptions(
+  options: NbdExportOptions,
+  defaultAddress?: string,
+): { address: NbdAddress; exportName: string; native: NativeNbdOptions } {
+  if (typeof options !== 'object' || options === null) {
+    throw new MooringError('INVALID_ARGUMENT', `export options must be an object (got ${describe(options)})`);
+  }
+  const spec = options.nbd ?? defaultAddress;
+  if (spec === undefined) throw new MooringError('INVALID_ARGUMENT', 'an NBD address is required (unix:PATH or tcp:HOST:PORT)');
+  const address = typeof spec === 'string' ? parseNbdAddress(spec) : parseNbdAddress(formatNbdAddress(spec));
+  const exportName = checkExportName(options.exportName ?? '');
+  if (options.description !== undefined && (typeof options.description !== 'string' || options.description.length > NBD_LIMITS.descriptionLengthMax)) {
+    throw new MooringError('INVALID_ARGUMENT', `description must be a string of at most ${NBD_LIMITS.descriptionLengthMax} characters`);
+  }
+  if (options.readOnly !== undefined && typeof options.readOnly !== 'boolean') {
+    throw new MooringError('INVALID_ARGUMENT', `readOnly must be a boolean (got ${describe(options.readOnly)})`);
+  }
+  const native: NativeNbdOptions = { exportName };
+  if (address.kind === 'unix') native.unixPath = address.path;
+  else {
+    native.tcpHost = address.host;
+    native.tcpPort = address.port;
+  }
+  if (options.description !== undefined) native.description = options.description;
+  if (options.readOnly !== undefined) native.readOnly = options.readOnly;
+  const maxRequestBytes = checkIntIn('maxRequestBytes', options.maxRequestBytes, NBD_LIMITS.maxRequestBytesMin, NBD_LIMITS.maxRequestBytesMax);
+  if (maxRequestBytes !== undefined) native.maxRequestBytes = maxRequestBytes;
+  const ioThreads = checkIntIn('ioThreads', options.ioThreads, 1, NBD_LIMITS.ioThreadsMax);
+  if (ioThreads !== undefined) native.ioThreads = ioThreads;
+  const maxConnections = checkIntIn('maxConnections', options.maxConnections, 1, NBD_LIMITS.maxConnectionsMax);
+  if (maxConnections !== undefined) native.maxConnections = maxConnections;
+  return { address, exportName, native };
+}
+
+/**
+ * A running NBD export. Clients connect with {@link NbdExport.uri}. Close it with
+ * {@link NbdExport.close}; closing its engine or volume closes it too.
+ */
+export class NbdExport extends (EventEmitter as new () => TypedEmitter<NbdExportEvents>) {
+  /** Where the export listens; for TCP with port 0 this holds the bound port. */
+  readonly address: NbdAddress;
+  /** The export name ('' = default export). */
+  readonly exportName: string;
+  /** Whether the export is read-only. */
+  readonly readOnly: boolean;
+  readonly #server: NativeNbdServer;
+  #closing: Promise<void> | undefined;
+  #closed = false;
+
+  /** @internal Created by `Engine.exportNbd`. */
+  constructor(server: NativeNbdServer, requested: NbdAddress, exportName: string, readOnly: boolean) {
+    super();
+    this.#server = server;
+    this.address = requested.kind === 'tcp' && requested.port === 0 ? { ...requested, port: server.port } : requested;
+    this.exportName = exportName;
+    this.readOnly = readOnly;
+  }
+
+  /** The address in `unix:PATH` / `tcp:HOST:PORT` form. */
+  get addressString(): string {
+    return formatNbdAddress(this.address);
+  }
+
+  /** The NBD URI for clients: `nbd+unix:///?socket=PATH` or `nbd://HOST:PORT/`. */
+  get uri(): string {
+    return nbdUri(this.address, this.exportName);
+  }
+
+  /** Whether {@link NbdExport.close} has completed. */
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /** Connection and traffic counters. */
+  stats(): NbdExportStats {
+    if (this.#closed) throw new MooringError('CLOSED', `NBD export ${this.addressString} is closed`);
+    return callNativeSync(() => this.#server.stats(), `NBD export ${this.addressString}`);
+  }
+
+  /**
+   * Stops accepting clients, answers every request already read, flushes the volume, closes
+   * the connections and (unix) removes the socket file. Idempotent: later calls return the
+   * same promise.
+   */
+  close(): Promise<void> {
+    this.#closing ??= callNative(() => this.#server.close(), `closing NBD export ${this.addressString}`).finally(() => {
+      this.#closed = true;
+      safeEmit(this, 'closed');
+    });
+    return this.#closing;
+  }
+}

@@ -1,0 +1,119 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+
+import { Engine } from '../../../src/engine/engine.js';
+import { FakeAddon } from '../fakes/fake-addon.js';
+
+describe('Engine', () => {
+  let root: string;
+  let addon: FakeAddon;
+  let paths: string[];
+
+  beforeEach(async () => {
+    root = await mkdtemp(join(tmpdir(), 'mooring-engine-'));
+    addon = new FakeAddon();
+    paths = ['a', 'b'].map((n) => join(root, n));
+    for (const p of paths) await addon.createReplica(p, 1 << 20);
+  });
+  afterEach(async () => {
+    await rm(root, { recursive: true, force: true });
+  });
+
+  const specs = () => paths.map((path, i) => ({ id: `r${i}`, path }));
+
+  it('validates replica specs', async () => {
+    const bad = (replicas: unknown, code = 'INVALID_ARGUMENT') =>
+      expect(Engine.open({ replicas: replicas as never, addon })).rejects.toMatchObject({ code });
+    await bad([]);
+    await bad(undefined);
+    await bad([{ id: 'r0', path: 'relative' }]);
+    await bad([{ id: 'r 0', path: paths[0] }]);
+    await bad([{ id: 'r0', path: paths[0] }, { id: 'r0', path: paths[1] }]);
+    await bad([{ id: 'r0', path: paths[0] }, { id: 'r1', path: paths[0] }]);
+    await bad([{ id: 'r0', path: paths[0], address: 'h:1' }], 'UNSUPPORTED');
+    await bad(Array.from({ length: 17 }, (_, i) => ({ id: `r${i}`, path: `/x/${i}` })));
+    await expect(Engine.open({ replicas: [{ id: 'r0', path: join(root, 'nope') }], addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+  });
+
+  it('keeps events raised during open in openEvents', async () => {
+    const e = await Engine.open({ replicas: specs(), addon });
+    expect(e.openEvents).toEqual([{ type: 'epoch-claimed', epoch: 1 }]);
+    expect(e.epoch).toBe(1);
+    expect(e.sizeBytes).toBe(1 << 20);
+    await e.close();
+  });
+
+  it('maps replica ids and events to the spec ids', async () => {
+    const e = await Engine.open({ replicas: specs(), addon });
+    expect(e.replicas().map((r) => [r.id, r.path, r.mode])).toEqual([
+      ['r0', paths[0], 'RW'],
+      ['r1', paths[1], 'RW'],
+    ]);
+    const seen: unknown[] = [];
+    e.on('replica-error', (ev) => seen.push(ev));
+    e.on('epoch-claimed', (ev) => seen.push(ev));
+    addon.engine.failReplica(paths[0]!, 28);
+    expect(seen).toEqual([
+      { replicaId: 'r0', path: paths[0], errno: 28, code: 'NO_SPACE', message: expect.any(String) },
+      { epoch: 2 },
+    ]);
+    expect(e.replicas()[0]).toMatchObject({ mode: 'ERR', lastErrno: 28 });
+    await e.close();
+  });
+
+  it('a throwing listener does not break event delivery', async () => {
+    const e = await Engine.open({ replicas: specs(), addon });
+    const seen: number[] = [];
+    e.on('epoch-claimed', () => {
+      throw new Error('listener bug');
+    });
+    e.on('epoch-claimed', (ev) => seen.push(ev.epoch));
+    const uncaught = new Promise<unknown>((res) => process.once('uncaughtException', res));
+    addon.engine.failReplica(paths[1]!);
+    // The first listener threw, so EventEmitter stopped; the error surfaces asynchronously.
+    expect((await uncaught) as Error).toMatchObject({ message: 'listener bug' });
+    expect(e.state).toBe('open');
+    await e.close();
+  });
+
+  it('closes its exports before the native engine, and is idempotent', async () => {
+    const e = await Engine.open({ replicas: specs(), addon });
+    const x1 = await e.exportNbd({ nbd: `unix:${join(root, 's1')}` });
+    const x2 = await e.exportNbd({ nbd: 'tcp:127.0.0.1:0' });
+    expect(e.exports).toHaveLength(2);
+    await expect(e.revert('s')).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    const closed: string[] = [];
+    e.on('closed', () => closed.push('engine'));
+    x1.on('closed', () => closed.push('x1'));
+    const p1 = e.close();
+    const p2 = e.close();
+    expect(p1).toBe(p2);
+    await p1;
+    expect(x1.closed && x2.closed).toBe(true);
+    expect(closed).toEqual(['x1', 'engine']);
+    expect(() => x1.stats()).toThrow(expect.objectContaining({ code: 'CLOSED' }));
+    expect(() => e.replicas()).toThrow(expect.objectContaining({ code: 'CLOSED' }));
+    await expect(e.exportNbd({ nbd: 'tcp:127.0.0.1:0' })).rejects.toMatchObject({ code: 'CLOSED' });
+  });
+});
+
+describe('Engine close races', () => {
+  it('closes an export that was being created when close began', async () => {
+    const root = await mkdtemp(join(tmpdir(), 'mooring-engine-'));
+    try {
+      const addon = new FakeAddon();
+      await addon.createReplica(join(root, 'a'), 1 << 20);
+      const e = await Engine.open({ replicas: [{ id: 'r0', path: join(root, 'a') }], addon });
+      const exporting = e.exportNbd({ nbd: 'tcp:127.0.0.1:0' });
+      const closing = e.close();
+      const exp = await exporting;
+      await closing;
+      expect(exp.closed).toBe(true);
+      expect(addon.engine.closed).toBe(true);
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+  });
+});

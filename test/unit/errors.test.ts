@@ -1,0 +1,93 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+
+import {
+  MooringError,
+  MooringErrorCode,
+  callNative,
+  callNativeSync,
+  codeFromErrno,
+  isMooringError,
+  toMooringError,
+} from '../../src/errors.js';
+import { nativeError } from './fakes/fake-addon.js';
+
+describe('MooringErrorCode', () => {
+  it('holds every native CodeName string except OK', () => {
+    const header = readFileSync(new URL('../../native/src/util/status.h', import.meta.url), 'utf8');
+    const names = [...header.matchAll(/return "([A-Z_]+)";/g)].map((m) => m[1]!).filter((n) => n !== 'OK');
+    expect(names.length).toBeGreaterThan(10);
+    for (const n of new Set(names)) expect(Object.values(MooringErrorCode)).toContain(n);
+    expect(MooringErrorCode.NATIVE_LOAD_FAILED).toBe('NATIVE_LOAD_FAILED');
+  });
+});
+
+describe('MooringError', () => {
+  it('carries code, errno, cause and details', () => {
+    const cause = new Error('low level');
+    const e = new MooringError('IO_ERROR', 'it broke', { cause, errno: -5, details: { path: '/x' } });
+    expect(e).toBeInstanceOf(Error);
+    expect(e.name).toBe('MooringError');
+    expect(e.code).toBe('IO_ERROR');
+    expect(e.errno).toBe(5);
+    expect(e.cause).toBe(cause);
+    expect(e.details).toEqual({ path: '/x' });
+    expect(isMooringError(e, 'IO_ERROR')).toBe(true);
+    expect(isMooringError(e, 'CLOSED')).toBe(false);
+  });
+});
+
+describe('toMooringError', () => {
+  it('keeps a known native code and errno', () => {
+    const e = toMooringError(nativeError('STALE_EPOCH', 'fenced', 116));
+    expect(e.code).toBe('STALE_EPOCH');
+    expect(e.errno).toBe(116);
+  });
+  it('maps Node errno codes and unknown codes', () => {
+    expect(toMooringError(Object.assign(new Error('x'), { code: 'ENOENT', errno: -2 })).code).toBe('NOT_FOUND');
+    expect(toMooringError(Object.assign(new Error('x'), { code: 'ENOSPC' })).code).toBe('NO_SPACE');
+    expect(toMooringError(Object.assign(new Error('x'), { code: 'WHATEVER' })).code).toBe('IO_ERROR');
+    expect(toMooringError('a string').code).toBe('IO_ERROR');
+    expect(toMooringError(null).message).toBe('null');
+  });
+  it('passes MooringErrors through', () => {
+    const e = new MooringError('BUSY', 'b');
+    expect(toMooringError(e)).toBe(e);
+  });
+  it('maps errnos like status.h', () => {
+    expect(codeFromErrno(-116)).toBe('STALE_EPOCH');
+    expect(codeFromErrno(28)).toBe('NO_SPACE');
+    expect(codeFromErrno(-5)).toBe('IO_ERROR');
+    expect(codeFromErrno(-98)).toBe('ADDRESS_IN_USE');
+  });
+});
+
+describe('callNative', () => {
+  it('wraps a native rejection with the caller stack and the cause', async () => {
+    const native = nativeError('NO_SPACE', 'replica r0 is full', 28);
+    async function someCallerFunction(): Promise<void> {
+      await callNative(() => Promise.reject(native), 'write');
+    }
+    const err = await someCallerFunction().catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(MooringError);
+    const me = err as MooringError;
+    expect(me.code).toBe('NO_SPACE');
+    expect(me.errno).toBe(28);
+    expect(me.cause).toBe(native);
+    expect(me.message).toBe('write: replica r0 is full');
+    expect(me.stack).toContain('MooringError: write: replica r0 is full');
+    expect(me.stack).toContain('someCallerFunction');
+  });
+  it('wraps synchronous throws too', async () => {
+    await expect(
+      callNative(() => {
+        throw nativeError('INVALID_ARGUMENT', 'bad');
+      }),
+    ).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    expect(() => callNativeSync(() => { throw nativeError('CLOSED', 'gone'); })).toThrow(MooringError);
+  });
+  it('leaves our own errors as they are', async () => {
+    const own = new MooringError('OUT_OF_RANGE', 'past the end');
+    await expect(callNative(() => Promise.reject(own))).rejects.toBe(own);
+  });
+});
