@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Prepares a fresh Debian 12 machine (as root) to build Mooring and run all its tests:
+# system packages, npm dependencies from the lockfile, then the build. Idempotent. Outside
+# CI, apt is skipped when every package is already installed, to keep dev runs fast; with
+# CI=true it always runs.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+cd "$(dirname "$0")/.."
+
+# What the build and the tests need:
+#   g++ make python3         node-gyp (native addon)
+#   nlohmann-json3-dev        JSON in native code
+#   qemu-utils                qemu-img, qemu-io, qemu-nbd (system tests, benchmark)
+#   libnbd-bin                nbdinfo, nbdcopy (system tests)
+#   fio                       fio with the nbd engine (system tests, benchmark)
+#   util-linux iproute2 procps coreutils   mount/ss/ps/cp --sparse used by tests and tooling
+#   ca-certificates           npm over HTTPS
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg -s "$p" >/dev/null 2>&1 || ! dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [[ "${CI:-}" == "true" || ${#missing[@]} -gt 0 ]]; then
+  echo "setup: apt-get install ${PACKAGES[*]}" >&2
+  apt-get update
+  apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+else
+  echo "setup: system packages already installed" >&2
+fi
+
+# Node 20+ and npm come from the machine image (Debian 12's own nodejs is 18).
+if ! command -v node >/dev/null 2>&1; then
+  echo "setup: node is not installed; Mooring needs Node.js >= 20" >&2
+  exit 1
+fi
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if (( node_major < 20 )); then
+  echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
+  exit 1
+fi
+for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
+done
+
+# --ignore-scripts: our own install script (node-gyp-build) would compile the addon when no
+# prebuild is present yet, and `npm run build` below compiles it anyway; dependencies need
+# no install scripts (npm 11 blocks them by default regardless).
+echo "setup: npm ci" >&2
+npm ci --no-audit --no-fund --ignore-scripts
+echo "setup: npm run build" >&2
+npm run build
+for f in dist/index.js dist/index.cjs dist/cli.js prebuilds/linux-x64/mooring.node; do
+  [[ -e "$f" ]] || { echo "setup: build did not produce $f" >&2; exit 1; }
+done
+echo "setup: done" >&2

@@ -1,0 +1,103 @@
+// Checks that the replicas of a (closed) volume hold identical data.
+//
+// Each replica directory is copied (sparse) to a scratch place and opened ALONE through the
+// native addon (openEngine with one replica), then read end to end. Working on copies keeps
+// the real volume untouched: opening a replica claims a new epoch on it, which would change
+// what the next `mooring serve` of the volume sees.
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { isAbsolute, join } from 'node:path';
+import type { NativeAddon } from '../../../src/native/binding.js';
+import { sha256 } from './pattern.js';
+import { standIn } from './serve.js';
+import { repoRoot, TempDir } from './tools.js';
+
+/** Bytes per digest chunk: a mismatch is reported to this granularity. */
+const CHUNK = 1 << 20;
+
+let addon: NativeAddon | undefined;
+
+/** The addon exactly as the package loads it (node-gyp-build from the repo root). */
+export function loadAddon(): NativeAddon {
+  if (!addon) {
+    const require = createRequire(import.meta.url);
+    const nodeGypBuild = require('node-gyp-build') as (dir: string) => NativeAddon;
+    addon = nodeGypBuild(repoRoot);
+  }
+  return addon;
+}
+
+interface VolumeJson {
+  sizeBytes: number;
+  replicas: { id: string; path: string; mode?: string }[];
+}
+
+export function readVolumeJson(dir: string): VolumeJson {
+  return JSON.parse(readFileSync(join(dir, 'volume.json'), 'utf8')) as VolumeJson;
+}
+
+export interface ReplicaContent {
+  id: string;
+  /** sha256 of each CHUNK-sized piece, in order. */
+  chunks: string[];
+  digest: string;
+}
+
+/** Reads one replica directory's content (through a copy opened alone). */
+export async function readReplica(replicaDir: string, sizeBytes: number, id = replicaDir): Promise<ReplicaContent> {
+  const tmp = new TempDir('mooring-rc-');
+  try {
+    const copy = tmp.join('r');
+    execFileSync('cp', ['-a', '--sparse=always', replicaDir, copy]);
+    const engine = await loadAddon().openEngine({ replicas: [copy] });
+    try {
+      if (engine.sizeBytes !== sizeBytes) throw new Error(`replica ${id}: size ${engine.sizeBytes}, volume says ${sizeBytes}`);
+      const chunks: string[] = [];
+      for (let off = 0; off < sizeBytes; off += CHUNK) {
+        chunks.push(sha256(await engine.read(off, Math.min(CHUNK, sizeBytes - off))));
+      }
+      return { id, chunks, digest: sha256(Buffer.from(chunks.join(''))) };
+    } finally {
+      await engine.close();
+    }
+  } finally {
+    tmp.cleanup();
+  }
+}
+
+/** Digest of `data` in the same chunked form as ReplicaContent.digest. */
+export function chunkedDigest(data: Buffer): string {
+  const chunks: string[] = [];
+  for (let off = 0; off < data.length; off += CHUNK) chunks.push(sha256(data.subarray(off, off + CHUNK)));
+  return sha256(Buffer.from(chunks.join('')));
+}
+
+/**
+ * Asserts every replica of the volume in `dir` (which must not be served right now) holds
+ * the same bytes; if `expected` is given, also that they equal it. Returns the replica count
+ * checked (0 with the qemu-nbd stand-in, which has no replicas).
+ */
+export async function assertReplicasIdentical(dir: string, expected?: Buffer): Promise<number> {
+  if (standIn) return 0;
+  const vol = readVolumeJson(dir);
+  const contents: ReplicaContent[] = [];
+  for (const r of vol.replicas) {
+    const p = isAbsolute(r.path) ? r.path : join(dir, r.path);
+    contents.push(await readReplica(p, vol.sizeBytes, r.id));
+  }
+  const ref = expected ? { id: 'expected', chunks: chunkDigests(expected) } : contents[0]!;
+  for (const c of contents) {
+    const bad = c.chunks.findIndex((h, i) => h !== ref.chunks[i]);
+    if (bad >= 0 || c.chunks.length !== ref.chunks.length) {
+      throw new Error(`replica ${c.id} differs from ${ref.id} in the MiB at offset ${bad * CHUNK} (of ${vol.replicas.length} replicas in ${dir})`);
+    }
+  }
+  return contents.length;
+}
+
+function chunkDigests(data: Buffer): string[] {
+  const chunks: string[] = [];
+  for (let off = 0; off < data.length; off += CHUNK) chunks.push(sha256(data.subarray(off, off + CHUNK)));
+  return chunks;
+}

@@ -1,0 +1,201 @@
+// Starting `mooring serve` (dist/cli.js) as a child process for system tests: waits for the
+// READY line, keeps stderr for failure messages, and kills whatever is left in cleanup.
+//
+// Debug aid: MOORING_TEST_SERVER=qemu-nbd serves DIR/disk.raw with qemu-nbd instead, so the
+// harness itself can be checked before the real server exists (replica checks then have
+// nothing to compare). Never set in CI.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdirSync, statSync, truncateSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import { join, resolve } from 'node:path';
+import { repoRoot, requireTool } from './tools.js';
+
+export const cliPath = join(repoRoot, 'dist', 'cli.js');
+export const standIn = process.env.MOORING_TEST_SERVER === 'qemu-nbd';
+
+/** The JSON that follows `READY ` on serve's stdout (CLI contract). */
+export interface ReadyInfo {
+  uri: string;
+  nbd: string;
+  sizeBytes: number;
+  replicas: number;
+  epoch: number;
+}
+
+export interface ServeOptions {
+  dir: string;
+  /** Required when the directory does not hold a volume yet. */
+  size?: string | number;
+  replicas?: number;
+  /** `unix:PATH` or `tcp:HOST:PORT` (default: unix:DIR/nbd.sock). */
+  nbd?: string;
+  exportName?: string;
+  extraArgs?: string[];
+  /** How long to wait for READY (default 30 s). */
+  readyTimeoutMs?: number;
+}
+
+const live = new Set<MooringServer>();
+
+/** A running `mooring serve`. */
+export class MooringServer {
+  ready!: ReadyInfo;
+  stdout = '';
+  stderr = '';
+  exitCode: number | null = null;
+  exitSignal: NodeJS.Signals | null = null;
+  readonly exited: Promise<void>;
+
+  constructor(
+    readonly child: ChildProcess,
+    readonly description: string,
+  ) {
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => (this.stdout += d));
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (this.stderr += d));
+    this.exited = new Promise((r) =>
+      child.on('exit', (code, signal) => {
+        this.exitCode = code;
+        this.exitSignal = signal;
+        live.delete(this);
+        r();
+      }),
+    );
+    live.add(this);
+  }
+
+  get uri(): string {
+    return this.ready.uri;
+  }
+  get pid(): number {
+    return this.child.pid!;
+  }
+  get alive(): boolean {
+    return this.child.exitCode === null && this.child.signalCode === null;
+  }
+
+  /** What to append to an assertion message: the server's stderr and exit state. */
+  diagnostics(): string {
+    const state = this.alive ? 'running' : `exited code=${this.exitCode} signal=${this.exitSignal}`;
+    return `\n--- ${this.description} (${state}) stderr ---\n${this.stderr.slice(-6000)}\n--- stdout ---\n${this.stdout.slice(-2000)}`;
+  }
+
+  /** SIGTERM (or SIGINT), wait for exit; returns the exit code. Throws on timeout. */
+  async stop(signal: NodeJS.Signals = 'SIGTERM', timeoutMs = 30_000): Promise<number | null> {
+    if (this.alive) this.child.kill(signal);
+    const ok = await Promise.race([this.exited.then(() => true), sleep(timeoutMs).then(() => false)]);
+    if (!ok) {
+      this.child.kill('SIGKILL');
+      await this.exited;
+      throw new Error(`server did not exit within ${timeoutMs} ms of ${signal}${this.diagnostics()}`);
+    }
+    return this.exitCode;
+  }
+
+  /** SIGKILL: a crash. Waits until the process is gone. */
+  async crash(): Promise<void> {
+    if (this.alive) this.child.kill('SIGKILL');
+    await this.exited;
+  }
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+function requireCli(): void {
+  if (!existsSync(cliPath)) throw new Error(`${cliPath} is missing: run 'npm run build' first`);
+}
+
+/** Starts `mooring serve` and waits for its READY line. */
+export async function startServe(opts: ServeOptions): Promise<MooringServer> {
+  if (standIn) return await startStandIn(opts);
+  requireCli();
+  const args = [cliPath, 'serve', '--dir', opts.dir];
+  if (opts.size !== undefined) args.push('--size', String(opts.size));
+  if (opts.replicas !== undefined) args.push('--replicas', String(opts.replicas));
+  if (opts.nbd) args.push('--nbd', opts.nbd);
+  if (opts.exportName !== undefined) args.push('--export-name', opts.exportName);
+  args.push(...(opts.extraArgs ?? []));
+  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const s = new MooringServer(child, `mooring serve --dir ${opts.dir}`);
+  const timeout = opts.readyTimeoutMs ?? 30_000;
+  const line = await new Promise<string>((resolveLine, reject) => {
+    const t = setTimeout(() => reject(new Error(`no READY line within ${timeout} ms${s.diagnostics()}`)), timeout);
+    const onData = (): void => {
+      const m = /^READY (\{.*\})\s*$/m.exec(s.stdout);
+      if (m) {
+        clearTimeout(t);
+        child.stdout!.off('data', onData);
+        resolveLine(m[1]!);
+      }
+    };
+    child.stdout!.on('data', onData);
+    void s.exited.then(() => {
+      clearTimeout(t);
+      reject(new Error(`mooring serve exited before READY${s.diagnostics()}`));
+    });
+  });
+  s.ready = JSON.parse(line) as ReadyInfo;
+  return s;
+}
+
+async function canConnect(path: string): Promise<boolean> {
+  return await new Promise((r) => {
+    const c = net.createConnection({ path });
+    c.once('connect', () => {
+      c.destroy();
+      r(true);
+    });
+    c.once('error', () => r(false));
+  });
+}
+
+async function startStandIn(opts: ServeOptions): Promise<MooringServer> {
+  requireTool('qemu-nbd');
+  mkdirSync(opts.dir, { recursive: true });
+  const img = join(opts.dir, 'disk.raw');
+  if (!existsSync(img)) {
+    if (opts.size === undefined) throw new Error('stand-in: --size needed for a new volume');
+    writeFileSync(img, '');
+    truncateSync(img, parseSize(String(opts.size)));
+  }
+  const sock = resolve(opts.nbd?.startsWith('unix:') ? opts.nbd.slice(5) : join(opts.dir, 'nbd.sock'));
+  const args = ['-f', 'raw', '-t', '-e', '64', '--discard=unmap', '--cache=writeback', '-k', sock, img];
+  if (opts.exportName) args.push('-x', opts.exportName);
+  const child = spawn('qemu-nbd', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const s = new MooringServer(child, `qemu-nbd (stand-in) ${img}`);
+  const deadline = Date.now() + 10_000;
+  while (!(await canConnect(sock))) {
+    if (!s.alive || Date.now() > deadline) throw new Error(`stand-in qemu-nbd did not start${s.diagnostics()}`);
+    await sleep(50);
+  }
+  const name = opts.exportName ? encodeURIComponent(opts.exportName) : '';
+  s.ready = { uri: `nbd+unix:///${name}?socket=${sock}`, nbd: `unix:${sock}`, sizeBytes: statSync(img).size, replicas: 1, epoch: 0 };
+  return s;
+}
+
+/** SIZE as the CLI takes it: bytes, or K/M/G/T (also KiB...) binary multiples. */
+export function parseSize(s: string): number {
+  const m = /^(\d+)\s*([KMGT]?)(i?B)?$/i.exec(s.trim());
+  if (!m) throw new Error(`bad size ${s}`);
+  const mult = { '': 1, K: 2 ** 10, M: 2 ** 20, G: 2 ** 30, T: 2 ** 40 }[m[2]!.toUpperCase() as '' | 'K' | 'M' | 'G' | 'T'];
+  return Number(m[1]) * mult;
+}
+
+/** Kills every server a test left running (call from afterEach/afterAll). */
+export async function killAllServers(): Promise<void> {
+  const all = [...live];
+  for (const s of all) s.child.kill('SIGKILL');
+  await Promise.all(all.map((s) => s.exited));
+}
+
+process.on('exit', () => {
+  for (const s of live) s.child.kill('SIGKILL');
+});
+
+/** Runs `node dist/cli.js ARGS` to completion (for create/info/snapshot commands). */
+export async function runCli(args: string[], opts: { allowFailure?: boolean; timeoutMs?: number } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  requireCli();
+  const { run } = await import('./tools.js');
+  return await run(process.execPath, [cliPath, ...args], { allowFailure: opts.allowFailure, timeoutMs: opts.timeoutMs ?? 60_000 });
+}
