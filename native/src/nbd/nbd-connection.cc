@@ -1,0 +1,959 @@
+#include "nbd/nbd-connection.h"
+
+#include <limits.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+
+#include "nbd/nbd-protocol.h"
+
+namespace mooring {
+
+using namespace nbd;  // NOLINT: wire constants
+
+namespace {
+
+int64_t NowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool RangeOk(uint64_t off, uint64_t len, uint64_t size) { return off <= size && len <= size - off; }
+
+}  // namespace
+
+NbdConnection::NbdConnection(NbdServerContext* ctx, int fd) : ctx_(ctx), dev_(ctx->device), fd_(fd) {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+}
+
+NbdConnection::~NbdConnection() {
+  Join();
+  while (free_) {
+    NbdRequest* r = free_;
+    free_ = r->next_free;
+    delete r;
+  }
+  if (wake_fd_ >= 0) close(wake_fd_);
+  close(fd_);
+}
+
+void NbdConnection::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void NbdConnection::RequestStop() {
+  stop_requested_.store(true);
+  Signal();
+}
+
+void NbdConnection::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void NbdConnection::Signal() {
+  if (wake_fd_ < 0) return;
+  uint64_t one = 1;
+  ssize_t n = write(wake_fd_, &one, sizeof one);
+  (void)n;  // EAGAIN means the counter is already non-zero: the reader will wake anyway
+}
+
+void NbdConnection::Run() {
+  try {
+    if (wake_fd_ >= 0 && Handshake()) Transmission();
+  } catch (...) {
+    // Allocation, or a device exception during the handshake: lose this one connection.
+    std::lock_guard<std::mutex> lock(send_mu_);
+    MarkDeadLocked();
+  }
+  // Every request charged to this connection must be finished before it can go away:
+  // workers hold pointers to it until their reply is completed.
+  for (;;) {
+    waiting_.store(true);
+    if (inflight_.load() == 0) break;
+    pollfd p{wake_fd_, POLLIN, 0};
+    poll(&p, 1, 1000);
+    uint64_t v;
+    ssize_t n = read(wake_fd_, &v, sizeof v);
+    (void)n;
+  }
+  { std::lock_guard<std::mutex> lock(send_mu_); }  // the last completer has left the lock
+  shutdown(fd_, SHUT_RDWR);
+  finished_.store(true);
+  if (ctx_->server_wake_fd >= 0) {
+    uint64_t one = 1;
+    ssize_t n = write(ctx_->server_wake_fd, &one, sizeof one);
+    (void)n;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Handshake. Blocking style on a non-blocking socket: every wait polls the socket and the
+// wake fd against the handshake deadline, so Close() and slow or silent clients cannot
+// hold the thread.
+
+NbdConnection::WaitResult NbdConnection::WaitFd(short events) {
+  for (;;) {
+    if (stop_requested_.load()) return WaitResult::kStopped;
+    int timeout = -1;
+    if (deadline_ms_ != 0) {
+      int64_t left = deadline_ms_ - NowMs();
+      if (left <= 0) return WaitResult::kTimeout;
+      timeout = static_cast<int>(left);
+    }
+    pollfd p[2] = {{fd_, events, 0}, {wake_fd_, POLLIN, 0}};
+    int n = poll(p, 2, timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return WaitResult::kError;
+    }
+    if (p[1].revents) {
+      uint64_t v;
+      ssize_t r = read(wake_fd_, &v, sizeof v);
+      (void)r;
+    }
+    if (p[0].revents) return WaitResult::kReady;
+  }
+}
+
+bool NbdConnection::RecvExact(void* buf, size_t n) {
+  uint8_t* p = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    ssize_t r = recv(fd_, p, n, 0);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return false;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    WaitResult w = WaitFd(POLLIN);
+    if (w == WaitResult::kTimeout) {
+      ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    if (w != WaitResult::kReady) return false;
+  }
+  return true;
+}
+
+bool NbdConnection::Discard(size_t n) {
+  uint8_t tmp[4096];
+  while (n > 0) {
+    size_t k = std::min(n, sizeof tmp);
+    if (!RecvExact(tmp, k)) return false;
+    n -= k;
+  }
+  return true;
+}
+
+bool NbdConnection::SendAll(const void* buf, size_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(buf);
+  while (n > 0) {
+    ssize_t r = send(fd_, p, n, MSG_NOSIGNAL);
+    if (r >= 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    if (WaitFd(POLLOUT) != WaitResult::kReady) return false;
+  }
+  return true;
+}
+
+bool NbdConnection::SendOptReply(uint32_t opt, uint32_t type, const void* data, size_t len) {
+  uint8_t h[20];
+  Store64(h, kMagicOptReply);
+  Store32(h + 8, opt);
+  Store32(h + 12, type);
+  Store32(h + 16, static_cast<uint32_t>(len));
+  if (!SendAll(h, sizeof h)) return false;
+  return len == 0 || SendAll(data, len);
+}
+
+bool NbdConnection::SendOptError(uint32_t opt, uint32_t type, const char* msg) {
+  return SendOptReply(opt, type, msg, strlen(msg));
+}
+
+bool NbdConnection::NameMatches(const uint8_t* name, uint32_t len) const {
+  // "" is the default export; the configured name is its canonical name.
+  if (len == 0) return true;
+  const std::string& want = ctx_->opts.export_name;
+  return len == want.size() && memcmp(name, want.data(), len) == 0;
+}
+
+uint16_t NbdConnection::TransmissionFlags() const {
+  uint16_t f = kTxHasFlags | kTxSendFlush | kTxSendFua | kTxSendCache | kTxCanMultiConn;
+  if (ctx_->opts.read_only) {
+    f |= kTxReadOnly;
+  } else {
+    f |= kTxSendTrim | kTxSendWriteZeroes | kTxSendFastZero;
+  }
+  // DF only means something with structured replies.
+  if (structured_) f |= kTxSendDf;
+  return f;
+}
+
+bool NbdConnection::Handshake() {
+  deadline_ms_ = NowMs() + kHandshakeTimeoutMs;
+  auto protocol_error = [this] {
+    ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  };
+
+  uint8_t greet[18];
+  Store64(greet, kMagicNbd);
+  Store64(greet + 8, kMagicIHaveOpt);
+  Store16(greet + 16, kFlagFixedNewstyle | kFlagNoZeroes);
+  if (!SendAll(greet, sizeof greet)) return false;
+
+  uint8_t cf[4];
+  if (!RecvExact(cf, 4)) return false;
+  uint32_t client_flags = Load32(cf);
+  if (client_flags & ~kClientFlagsKnown) return protocol_error();
+  no_zeroes_ = (client_flags & kClientFlagNoZeroes) != 0;
+
+  std::vector<uint8_t> payload;
+  for (uint32_t count = 0;; ++count) {
+    if (count >= kHandshakeOptionsMax) return protocol_error();
+    uint8_t h[16];
+    if (!RecvExact(h, sizeof h)) return false;
+    if (Load64(h) != kMagicIHaveOpt) return protocol_error();
+    uint32_t opt = Load32(h + 8);
+    uint32_t len = Load32(h + 12);
+
+    if (len > kOptionPayloadMax) {
+      // EXPORT_NAME has no error reply; anything this large that we cannot skip cheaply
+      // is not a real client.
+      if (opt == kOptExportName || len > kOptionDiscardMax) return protocol_error();
+      if (!Discard(len)) return false;
+      if (!SendOptError(opt, kRepErrTooBig, "option payload too large")) return false;
+      continue;
+    }
+    payload.resize(len);
+    if (len > 0 && !RecvExact(payload.data(), len)) return false;
+    const uint8_t* p = payload.data();
+
+    switch (opt) {
+      case kOptExportName: {
+        if (!NameMatches(p, len)) return false;  // no error path in this option: just close
+        size_ = dev_->size();
+        uint8_t r[10 + 124];
+        memset(r, 0, sizeof r);
+        Store64(r, size_);
+        Store16(r + 8, TransmissionFlags());
+        return SendAll(r, no_zeroes_ ? 10 : sizeof r);
+      }
+      case kOptAbort:
+        SendOptReply(opt, kRepAck, nullptr, 0);  // the client may already be gone
+        return false;
+      case kOptList: {
+        if (len != 0) {
+          if (!SendOptError(opt, kRepErrInvalid, "LIST takes no data")) return false;
+          break;
+        }
+        // u32 name length, name, then (free-form, clients show it) the description.
+        const std::string& name = ctx_->opts.export_name;
+        const std::string& desc = ctx_->opts.description;
+        std::vector<uint8_t> r(4 + name.size() + desc.size());
+        Store32(r.data(), static_cast<uint32_t>(name.size()));
+        memcpy(r.data() + 4, name.data(), name.size());
+        memcpy(r.data() + 4 + name.size(), desc.data(), desc.size());
+        if (!SendOptReply(opt, kRepServer, r.data(), r.size())) return false;
+        if (!SendOptReply(opt, kRepAck, nullptr, 0)) return false;
+        break;
+      }
+      case kOptInfo:
+      case kOptGo: {
+        bool go = false;
+        if (!HandleInfo(opt, p, len, &go)) return false;
+        if (go) return true;
+        break;
+      }
+      case kOptStructuredReply:
+        if (len != 0) {
+          if (!SendOptError(opt, kRepErrInvalid, "STRUCTURED_REPLY takes no data")) return false;
+          break;
+        }
+        structured_ = true;
+        if (!SendOptReply(opt, kRepAck, nullptr, 0)) return false;
+        break;
+      case kOptListMetaContext:
+      case kOptSetMetaContext:
+        if (!HandleMetaContext(opt, p, len)) return false;
+        break;
+      default:
+        if (!SendOptError(opt, kRepErrUnsup, "option not supported")) return false;
+        break;
+    }
+  }
+}
+
+bool NbdConnection::HandleInfo(uint32_t opt, const uint8_t* p, uint32_t len, bool* go) {
+  // u32 name length, name, u16 n, n x u16 info type; all of it, nothing more.
+  if (len < 6) return SendOptError(opt, kRepErrInvalid, "truncated INFO/GO request");
+  uint32_t name_len = Load32(p);
+  if (name_len > len - 6 || name_len > kNameMax) return SendOptError(opt, kRepErrInvalid, "bad name length");
+  const uint8_t* name = p + 4;
+  uint32_t n = Load16(p + 4 + name_len);
+  if (uint64_t{len} != 6ull + name_len + 2ull * n) return SendOptError(opt, kRepErrInvalid, "bad info request count");
+  if (!NameMatches(name, name_len)) return SendOptError(opt, kRepErrUnknown, "unknown export");
+
+  bool want_name = false, want_desc = false;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint16_t t = Load16(p + 6 + name_len + 2 * i);
+    if (t == kInfoName) want_name = true;
+    if (t == kInfoDescription) want_desc = true;
+  }
+
+  size_ = dev_->size();
+  uint8_t e[12];
+  Store16(e, kInfoExport);
+  Store64(e + 2, size_);
+  Store16(e + 10, TransmissionFlags());
+  if (!SendOptReply(opt, kRepInfo, e, sizeof e)) return false;
+
+  auto send_string = [&](uint16_t type, const std::string& s) {
+    std::vector<uint8_t> r(2 + s.size());
+    Store16(r.data(), type);
+    memcpy(r.data() + 2, s.data(), s.size());
+    return SendOptReply(opt, kRepInfo, r.data(), r.size());
+  };
+  if (want_name && !send_string(kInfoName, ctx_->opts.export_name)) return false;
+  if (want_desc && !ctx_->opts.description.empty() && !send_string(kInfoDescription, ctx_->opts.description)) {
+    return false;
+  }
+  // Sent even when not asked for: it tells every client the largest request we accept.
+  uint8_t b[14];
+  Store16(b, kInfoBlockSize);
+  Store32(b + 2, 1);
+  Store32(b + 6, kPreferredBlockBytes);
+  Store32(b + 10, ctx_->opts.max_request_bytes);
+  if (!SendOptReply(opt, kRepInfo, b, sizeof b)) return false;
+  if (!SendOptReply(opt, kRepAck, nullptr, 0)) return false;
+  *go = (opt == kOptGo);
+  return true;
+}
+
+bool NbdConnection::HandleMetaContext(uint32_t opt, const uint8_t* p, uint32_t len) {
+  // u32 export name length, name, u32 query count, count x (u32 length, query).
+  if (len < 8) return SendOptError(opt, kRepErrInvalid, "truncated meta context request");
+  uint32_t name_len = Load32(p);
+  if (name_len > len - 8 || name_len > kNameMax) return SendOptError(opt, kRepErrInvalid, "bad name length");
+  const uint8_t* name = p + 4;
+  uint32_t nq = Load32(p + 4 + name_len);
+  size_t pos = 8 + size_t{name_len};
+  bool list = (opt == kOptListMetaContext);
+  bool match = list && nq == 0;  // LIST with no queries: every context we have
+  static const size_t kBaseLen = strlen(kMetaBaseAllocation);
+  for (uint32_t i = 0; i < nq; ++i) {
+    if (len - pos < 4) return SendOptError(opt, kRepErrInvalid, "truncated query");
+    uint32_t ql = Load32(p + pos);
+    pos += 4;
+    if (ql > len - pos || ql > kNameMax) return SendOptError(opt, kRepErrInvalid, "bad query length");
+    const char* q = reinterpret_cast<const char*>(p + pos);
+    if (ql == kBaseLen && memcmp(q, kMetaBaseAllocation, ql) == 0) match = true;
+    if (list && ql == 5 && memcmp(q, "base:", 5) == 0) match = true;  // whole namespace
+    pos += ql;  // unknown namespaces and contexts are ignored, as the spec asks
+  }
+  if (pos != len) return SendOptError(opt, kRepErrInvalid, "trailing bytes in meta context request");
+  if (!list && !structured_) return SendOptError(opt, kRepErrInvalid, "structured replies not negotiated");
+  if (!NameMatches(name, name_len)) return SendOptError(opt, kRepErrUnknown, "unknown export");
+  if (!list) meta_base_allocation_ = match;
+  if (match) {
+    uint8_t r[4 + 32];
+    Store32(r, kMetaBaseAllocationId);
+    memcpy(r + 4, kMetaBaseAllocation, kBaseLen);
+    if (!SendOptReply(opt, kRepMetaContext, r, 4 + kBaseLen)) return false;
+  }
+  return SendOptReply(opt, kRepAck, nullptr, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Transmission: the reader side.
+
+bool NbdConnection::CanAcceptMore() const {
+  return inflight_.load() < ctx_->opts.max_inflight_per_connection && inflight_bytes_.load() < kInflightBytesMax;
+}
+
+NbdRequest* NbdConnection::Acquire() {
+  NbdRequest* r = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(free_mu_);
+    if (free_) {
+      r = free_;
+      free_ = r->next_free;
+      pooled_bytes_ -= r->data_cap;
+    }
+  }
+  if (!r) {
+    r = new NbdRequest();
+    r->conn = this;
+    r->run = &NbdConnection::RunJob;
+    // Room for any single-chunk reply, so building an error reply never allocates.
+    r->iov.reserve(4);
+  }
+  r->early_error = 0;
+  r->budget_bytes = 0;
+  r->iov.clear();
+  r->iov_pos = 0;
+  r->next_out = nullptr;
+  r->next_free = nullptr;
+  return r;
+}
+
+void NbdConnection::Recycle(NbdRequest* r) {
+  std::lock_guard<std::mutex> lock(free_mu_);
+  if (r->data_cap > kPooledBufferMaxBytes || pooled_bytes_ + r->data_cap > kPooledBytesMax) {
+    r->data.reset();
+    r->data_cap = 0;
+  }
+  pooled_bytes_ += r->data_cap;
+  r->next_free = free_;
+  free_ = r;
+}
+
+uint32_t NbdConnection::Validate(const NbdRequest* r) const {
+  const NbdServerOptions& o = ctx_->opts;
+  uint16_t allowed = kCmdFlagFua;  // FUA is accepted on every command (a no-op where meaningless)
+  switch (r->type) {
+    case kCmdRead: allowed |= structured_ ? kCmdFlagDf : 0; break;
+    case kCmdWrite:
+    case kCmdFlush:
+    case kCmdTrim:
+    case kCmdCache: break;
+    case kCmdWriteZeroes: allowed |= kCmdFlagNoHole | kCmdFlagFastZero; break;
+    case kCmdBlockStatus: allowed |= kCmdFlagReqOne; break;
+    default: return kErrInval;
+  }
+  if (r->flags & ~allowed) return kErrInval;
+  switch (r->type) {
+    case kCmdRead:
+      if (r->length > o.max_request_bytes) return kErrOverflow;
+      return RangeOk(r->offset, r->length, size_) ? 0 : kErrInval;
+    case kCmdWrite:
+      if (o.read_only) return kErrPerm;
+      return RangeOk(r->offset, r->length, size_) ? 0 : kErrNoSpc;
+    case kCmdFlush:
+      return 0;
+    case kCmdTrim:
+      if (o.read_only) return kErrPerm;
+      return RangeOk(r->offset, r->length, size_) ? 0 : kErrInval;
+    case kCmdWriteZeroes:
+      if (o.read_only) return kErrPerm;
+      return RangeOk(r->offset, r->length, size_) ? 0 : kErrNoSpc;
+    case kCmdCache:
+      return RangeOk(r->offset, r->length, size_) ? 0 : kErrInval;
+    case kCmdBlockStatus:
+      if (!meta_base_allocation_ || r->length == 0) return kErrInval;
+      return RangeOk(r->offset, r->length, size_) ? 0 : kErrInval;
+  }
+  return kErrInval;
+}
+
+NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
+  for (;;) {
+    if (cur_) {
+      size_t need = cur_->length - cur_got_;
+      size_t n = std::min(need, rend_ - rpos_);
+      if (n > 0) {
+        memcpy(cur_->data.get() + cur_got_, rbuf_.get() + rpos_, n);
+        rpos_ += n;
+        cur_got_ += n;
+      }
+      if (cur_got_ < cur_->length) return ParseResult::kNeedMore;
+      batch->Push(cur_);
+      cur_ = nullptr;
+    }
+    if (!CanAcceptMore()) return ParseResult::kPaused;
+    if (rend_ - rpos_ < kRequestHeaderBytes) return ParseResult::kNeedMore;
+
+    const uint8_t* h = rbuf_.get() + rpos_;
+    if (Load32(h) != kMagicRequest) return ParseResult::kProtocolError;
+    uint16_t flags = Load16(h + 4);
+    uint16_t type = Load16(h + 6);
+    uint32_t length = Load32(h + 24);
+    rpos_ += kRequestHeaderBytes;
+    if (type == kCmdDisc) return ParseResult::kDisc;
+    // The payload of an oversized WRITE cannot be skipped without trusting the length.
+    if (type == kCmdWrite && length > ctx_->opts.max_request_bytes) return ParseResult::kProtocolError;
+
+    NbdRequest* r = Acquire();
+    r->flags = flags;
+    r->type = type;
+    r->cookie = Load64(h + 8);
+    r->offset = Load64(h + 16);
+    r->length = length;
+    r->early_error = Validate(r);
+    if (r->early_error == 0 && stop_requested_.load()) r->early_error = kErrShutdown;
+    if (type == kCmdWrite || (type == kCmdRead && r->early_error == 0)) r->budget_bytes = length;
+    inflight_bytes_.fetch_add(r->budget_bytes);
+    inflight_.fetch_add(1);
+    if (type == kCmdWrite) {
+      if (!r->EnsureData(length)) {
+        ReleaseUnsent(r);
+        return ParseResult::kProtocolError;
+      }
+      cur_ = r;
+      cur_got_ = 0;
+      continue;
+    }
+    batch->Push(r);
+  }
+}
+
+int NbdConnection::RecvSome() {
+  ssize_t n;
+  if (cur_ && rpos_ == rend_ && cur_->length - cur_got_ >= kDirectRecvMinBytes) {
+    // Large payload: skip the copy through the receive buffer.
+    n = recv(fd_, cur_->data.get() + cur_got_, cur_->length - cur_got_, 0);
+    if (n > 0) cur_got_ += static_cast<size_t>(n);
+  } else {
+    if (rpos_ > 0) {
+      memmove(rbuf_.get(), rbuf_.get() + rpos_, rend_ - rpos_);
+      rend_ -= rpos_;
+      rpos_ = 0;
+    }
+    // Parse() leaves less than one header unconsumed, so there is always room; a zero-size
+    // recv would read as EOF, so refuse rather than trust that.
+    if (rend_ == kRecvBufferBytes) return -ENOBUFS;
+    n = recv(fd_, rbuf_.get() + rend_, kRecvBufferBytes - rend_, 0);
+    if (n > 0) rend_ += static_cast<size_t>(n);
+  }
+  if (n >= 0) return static_cast<int>(std::min<ssize_t>(n, INT_MAX));
+  return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+}
+
+void NbdConnection::ReleaseUnsent(NbdRequest* r) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  CompleteLocked(r);
+}
+
+void NbdConnection::Transmission() {
+  deadline_ms_ = 0;
+  rbuf_.reset(new uint8_t[kRecvBufferBytes]);
+  bool eof = false;
+  bool clean = true;
+  int64_t drain_deadline = 0;
+
+  bool abandoned = false;  // a half-received WRITE was dropped: the buffer is no longer framed
+
+  for (;;) {
+    bool stopping = eof || disc_ || stop_requested_.load();
+    ParseResult pr = ParseResult::kNeedMore;
+    if (!eof && !disc_ && !abandoned) {
+      // After a stop request, requests already buffered are still parsed, and answered
+      // with ESHUTDOWN.
+      WorkerPool::Batch batch;
+      pr = Parse(&batch);
+      ctx_->pool->Submit(&batch);
+      if (pr == ParseResult::kProtocolError) {
+        ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
+        clean = false;
+        break;
+      }
+      if (pr == ParseResult::kDisc) {
+        disc_ = true;
+        continue;
+      }
+    }
+    if (dead_.load()) {
+      clean = false;
+      break;
+    }
+    if (stopping) {
+      if (cur_) {  // a WRITE whose payload will never arrive
+        ReleaseUnsent(cur_);
+        cur_ = nullptr;
+        abandoned = true;
+      }
+      if (drain_deadline == 0) drain_deadline = NowMs() + kDrainTimeoutMs;
+    }
+
+    // Publish that we may sleep on in-flight work before re-checking it, so a completion
+    // racing with us either is seen here or signals the wake fd.
+    bool paused = pr == ParseResult::kPaused;
+    waiting_.store(stopping || paused);
+    if (paused && CanAcceptMore()) continue;
+    bool want_write = out_pending_.load();
+    if (stopping && inflight_.load() == 0 && !want_write) break;
+    bool want_read = !stopping && !paused;
+
+    int timeout = -1;
+    if (stopping) {
+      int64_t left = drain_deadline - NowMs();
+      if (left <= 0) {
+        clean = false;  // the client does not take its replies
+        break;
+      }
+      timeout = static_cast<int>(left);
+    }
+    pollfd p[2];
+    p[0].fd = (want_read || want_write) ? fd_ : -1;  // -1: a hung-up socket must not spin us
+    p[0].events = static_cast<short>((want_read ? POLLIN : 0) | (want_write ? POLLOUT : 0));
+    p[0].revents = 0;
+    p[1] = {wake_fd_, POLLIN, 0};
+    int n = poll(p, 2, timeout);
+    waiting_.store(false);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      clean = false;
+      break;
+    }
+    if (p[1].revents) {
+      uint64_t v;
+      ssize_t r = read(wake_fd_, &v, sizeof v);
+      (void)r;
+    }
+    if (want_write && p[0].revents) {
+      std::lock_guard<std::mutex> lock(send_mu_);
+      FlushPendingLocked();
+    }
+    if (want_read && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+      int r = RecvSome();
+      if (r == 0) {
+        eof = true;
+        if (cur_ || rend_ != rpos_) {  // the client vanished mid-request
+          ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
+          clean = false;
+          break;
+        }
+      } else if (r < 0 && r != -EAGAIN && r != -EINTR) {
+        clean = false;
+        break;
+      }
+    }
+  }
+
+  if (cur_) {
+    ReleaseUnsent(cur_);
+    cur_ = nullptr;
+  }
+  if (!clean) {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    MarkDeadLocked();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Transmission: the worker side.
+
+void NbdConnection::RunJob(WorkerPool::Job* job) {
+  NbdRequest* r = static_cast<NbdRequest*>(job);
+  r->conn->Execute(r);
+}
+
+void NbdConnection::BuildSimple(NbdRequest* r, uint32_t error, bool with_data) {
+  PutSimpleReply(r->head, error, r->cookie);
+  r->iov.push_back({r->head, kSimpleReplyBytes});
+  if (with_data && r->length > 0) r->iov.push_back({r->data.get(), r->length});
+}
+
+void NbdConnection::BuildChunkError(NbdRequest* r, uint32_t error) {
+  PutChunkHeader(r->head, kChunkFlagDone, kChunkError, r->cookie, 6);
+  Store32(r->head + 20, error);
+  Store16(r->head + 24, 0);  // no message
+  r->iov.push_back({r->head, kChunkHeaderBytes + 6});
+}
+
+void NbdConnection::Execute(NbdRequest* r) {
+  ctx_->requests.fetch_add(1, std::memory_order_relaxed);
+  r->iov.clear();
+  r->iov_pos = 0;
+  // READ errors must be chunks once structured replies are on; other commands may use a
+  // simple reply either way.
+  bool chunked_errors = structured_ && (r->type == kCmdRead || r->type == kCmdBlockStatus);
+  try {
+    if (r->early_error != 0) {
+      if (chunked_errors) BuildChunkError(r, r->early_error); else BuildSimple(r, r->early_error, false);
+    } else {
+      const bool fua = (r->flags & kCmdFlagFua) != 0;
+      int rc = 0;
+      switch (r->type) {
+        case kCmdRead:
+          ExecuteRead(r);
+          break;
+        case kCmdWrite:
+          if (r->length > 0) rc = dev_->Write(r->offset, r->length, r->data.get(), fua);
+          if (rc == 0) ctx_->bytes_written.fetch_add(r->length, std::memory_order_relaxed);
+          BuildSimple(r, ErrorFromErrno(rc), false);
+          break;
+        case kCmdFlush:
+          rc = dev_->Flush();
+          BuildSimple(r, ErrorFromErrno(rc), false);
+          break;
+        case kCmdTrim:
+          if (r->length > 0) rc = dev_->Trim(r->offset, r->length, fua);
+          BuildSimple(r, ErrorFromErrno(rc), false);
+          break;
+        case kCmdWriteZeroes:
+          if (r->length > 0) {
+            rc = dev_->WriteZeroes(r->offset, r->length, (r->flags & kCmdFlagNoHole) == 0,
+                                   (r->flags & kCmdFlagFastZero) != 0, fua);
+          }
+          BuildSimple(r, ErrorFromErrno(rc), false);
+          break;
+        case kCmdCache:
+          if (r->length > 0) rc = dev_->Cache(r->offset, r->length);
+          BuildSimple(r, ErrorFromErrno(rc), false);
+          break;
+        case kCmdBlockStatus:
+          ExecuteBlockStatus(r);
+          break;
+        default:
+          BuildSimple(r, kErrInval, false);
+          break;
+      }
+    }
+  } catch (...) {
+    // Whatever the device threw, the client gets EIO and the worker lives on.
+    r->iov.clear();
+    if (chunked_errors) BuildChunkError(r, kErrIo); else BuildSimple(r, kErrIo, false);
+  }
+  SendReply(r);
+}
+
+void NbdConnection::ExecuteRead(NbdRequest* r) {
+  if (structured_) {
+    ExecuteStructuredRead(r);
+    return;
+  }
+  if (!r->EnsureData(r->length)) {
+    BuildSimple(r, kErrNoMem, false);
+    return;
+  }
+  int rc = r->length > 0 ? dev_->Read(r->offset, r->length, r->data.get()) : 0;
+  if (rc == 0) ctx_->bytes_read.fetch_add(r->length, std::memory_order_relaxed);
+  BuildSimple(r, ErrorFromErrno(rc), rc == 0);
+}
+
+void NbdConnection::ExecuteStructuredRead(NbdRequest* r) {
+  const uint32_t len = r->length;
+  if (len == 0) {
+    PutChunkHeader(r->head, kChunkFlagDone, kChunkNone, r->cookie, 0);
+    r->iov.push_back({r->head, kChunkHeaderBytes});
+    return;
+  }
+  if (!r->EnsureData(len)) {
+    BuildChunkError(r, kErrNoMem);
+    return;
+  }
+
+  // Split the range into runs that read as zero (sent as OFFSET_HOLE, never read) and runs
+  // that need data. r->extents is reused as the run list: flags kExtentZero or 0.
+  std::vector<Extent>& runs = r->extents;
+  runs.clear();
+  int rc = dev_->BlockStatus(r->offset, len, kReadExtentsMax, &runs);
+  if (rc < 0) runs.clear();  // allocation info is only an optimisation here
+  uint64_t covered = 0;
+  size_t out = 0;
+  for (size_t i = 0; i < runs.size() && covered < len; ++i) {
+    uint64_t l = std::min<uint64_t>(runs[i].length, len - covered);
+    if (l == 0) continue;
+    uint32_t kind = (runs[i].flags & kExtentZero) ? kExtentZero : 0;
+    if (out > 0 && runs[out - 1].flags == kind) {
+      runs[out - 1].length += l;
+    } else {
+      runs[out++] = Extent{l, kind};
+    }
+    covered += l;
+  }
+  runs.resize(out);
+  if (covered < len) {
+    if (!runs.empty() && runs.back().flags == 0) runs.back().length += len - covered;
+    else runs.push_back(Extent{len - covered, 0});
+  }
+  if ((r->flags & kCmdFlagDf) && runs.size() > 1) {
+    runs.clear();  // one chunk only: send it all as data
+    runs.push_back(Extent{len, 0});
+  }
+
+  uint64_t pos = 0;
+  for (const Extent& e : runs) {
+    if (e.flags == 0) {
+      rc = dev_->Read(r->offset + pos, static_cast<uint32_t>(e.length), r->data.get() + pos);
+      if (rc < 0) {
+        BuildChunkError(r, ErrorFromErrno(rc));
+        return;
+      }
+    }
+    pos += e.length;
+  }
+  ctx_->bytes_read.fetch_add(len, std::memory_order_relaxed);
+
+  // Chunk headers: data 20 + 8 (offset), hole 20 + 12 (offset, length).
+  uint8_t* hdr = r->head;
+  if (runs.size() > 1) {
+    r->scratch.resize(runs.size() * 32);
+    hdr = r->scratch.data();
+  }
+  pos = 0;
+  size_t h = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Extent& e = runs[i];
+    uint16_t cflags = (i + 1 == runs.size()) ? kChunkFlagDone : 0;
+    uint64_t off = r->offset + pos;
+    if (e.flags == 0) {
+      PutChunkHeader(hdr + h, cflags, kChunkOffsetData, r->cookie, static_cast<uint32_t>(8 + e.length));
+      Store64(hdr + h + 20, off);
+      r->iov.push_back({hdr + h, 28});
+      r->iov.push_back({r->data.get() + pos, static_cast<size_t>(e.length)});
+      h += 28;
+    } else {
+      PutChunkHeader(hdr + h, cflags, kChunkOffsetHole, r->cookie, 12);
+      Store64(hdr + h + 20, off);
+      Store32(hdr + h + 28, static_cast<uint32_t>(e.length));
+      r->iov.push_back({hdr + h, 32});
+      h += 32;
+    }
+    pos += e.length;
+  }
+}
+
+void NbdConnection::ExecuteBlockStatus(NbdRequest* r) {
+  const uint32_t max = (r->flags & kCmdFlagReqOne) ? 1 : kBlockStatusExtentsMax;
+  std::vector<Extent>& ext = r->extents;
+  ext.clear();
+  int rc = dev_->BlockStatus(r->offset, r->length, max, &ext);
+  if (rc < 0) {
+    BuildChunkError(r, ErrorFromErrno(rc));
+    return;
+  }
+  // Never trust the device's list: drop empty extents, merge equal neighbours, stay within
+  // the request and the descriptor limit.
+  uint64_t covered = 0;
+  size_t out = 0;
+  for (size_t i = 0; i < ext.size() && covered < r->length; ++i) {
+    uint64_t l = std::min<uint64_t>(ext[i].length, r->length - covered);
+    if (l == 0) continue;
+    uint32_t f = ext[i].flags & (kExtentHole | kExtentZero);
+    if (out > 0 && ext[out - 1].flags == f) {
+      ext[out - 1].length += l;
+    } else {
+      if (out == max) break;
+      ext[out++] = Extent{l, f};
+    }
+    covered += l;
+  }
+  ext.resize(out);
+  if (ext.empty()) {
+    BuildChunkError(r, kErrIo);
+    return;
+  }
+  const uint32_t payload = 4 + 8 * static_cast<uint32_t>(ext.size());
+  r->scratch.resize(kChunkHeaderBytes + payload);
+  uint8_t* p = r->scratch.data();
+  PutChunkHeader(p, kChunkFlagDone, kChunkBlockStatus, r->cookie, payload);
+  Store32(p + 20, kMetaBaseAllocationId);
+  for (size_t i = 0; i < ext.size(); ++i) {
+    Store32(p + 24 + 8 * i, static_cast<uint32_t>(ext[i].length));
+    Store32(p + 28 + 8 * i, ext[i].flags);
+  }
+  r->iov.push_back({p, r->scratch.size()});
+}
+
+// ---------------------------------------------------------------------------------------
+// Sending and completion.
+
+void NbdConnection::SendReply(NbdRequest* r) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (dead_.load()) {
+    CompleteLocked(r);
+    return;
+  }
+  if (!out_head_) {
+    int s = SendIov(r);
+    if (s == 1) {
+      CompleteLocked(r);
+      return;
+    }
+    if (s < 0) {
+      MarkDeadLocked();
+      CompleteLocked(r);
+      Signal();
+      return;
+    }
+  }
+  // The socket is full (or earlier replies are queued): leave it to the connection thread,
+  // which waits for the socket to become writable.
+  r->next_out = nullptr;
+  if (out_tail_) out_tail_->next_out = r; else out_head_ = r;
+  out_tail_ = r;
+  if (!out_pending_.exchange(true)) Signal();
+}
+
+int NbdConnection::SendIov(NbdRequest* r) {
+  while (r->iov_pos < r->iov.size()) {
+    msghdr m{};
+    m.msg_iov = &r->iov[r->iov_pos];
+    m.msg_iovlen = std::min<size_t>(r->iov.size() - r->iov_pos, IOV_MAX);
+    ssize_t n = sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      return -1;
+    }
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && r->iov_pos < r->iov.size()) {
+      iovec& v = r->iov[r->iov_pos];
+      if (left >= v.iov_len) {
+        left -= v.iov_len;
+        ++r->iov_pos;
+      } else {
+        v.iov_base = static_cast<uint8_t*>(v.iov_base) + left;
+        v.iov_len -= left;
+        left = 0;
+      }
+    }
+    while (r->iov_pos < r->iov.size() && r->iov[r->iov_pos].iov_len == 0) ++r->iov_pos;
+  }
+  return 1;
+}
+
+void NbdConnection::FlushPendingLocked() {
+  while (out_head_) {
+    int s = SendIov(out_head_);
+    if (s == 0) break;
+    if (s < 0) {
+      MarkDeadLocked();
+      return;
+    }
+    NbdRequest* r = out_head_;
+    out_head_ = r->next_out;
+    if (!out_head_) out_tail_ = nullptr;
+    CompleteLocked(r);
+  }
+  out_pending_.store(out_head_ != nullptr);
+}
+
+void NbdConnection::MarkDeadLocked() {
+  if (!dead_.exchange(true)) shutdown(fd_, SHUT_RDWR);
+  while (out_head_) {
+    NbdRequest* r = out_head_;
+    out_head_ = r->next_out;
+    CompleteLocked(r);
+  }
+  out_tail_ = nullptr;
+  out_pending_.store(false);
+}
+
+void NbdConnection::CompleteLocked(NbdRequest* r) {
+  uint64_t bytes = r->budget_bytes;
+  Recycle(r);
+  inflight_bytes_.fetch_sub(bytes);
+  inflight_.fetch_sub(1);
+  // The reader only sleeps on in-flight work when it said so; otherwise stay quiet, one
+  // eventfd write per request would cost more than the request.
+  if (waiting_.load()) Signal();
+}
+
+}  // namespace mooring

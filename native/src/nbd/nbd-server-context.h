@@ -1,0 +1,26 @@
+// NbdServerContext: what every connection of one NbdServer shares (the device, the
+// options, the worker pool and the counters behind NbdServer::stats()).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "block/block-device.h"
+#include "nbd/nbd-server.h"
+#include "nbd/worker-pool.h"
+
+namespace mooring {
+
+struct NbdServerContext {
+  BlockDevice* device = nullptr;
+  NbdServerOptions opts;
+  WorkerPool* pool = nullptr;
+  int server_wake_fd = -1;  // a connection writes here when it has finished (to be reaped)
+
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> bytes_written{0};
+  std::atomic<uint64_t> protocol_errors{0};
+};
+
+}  // namespace mooring
