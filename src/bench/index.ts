@@ -1,0 +1,398 @@
+/**
+ * `mooring bench`: fio against Mooring, qemu-nbd and a plain file on one filesystem, one job
+ * at a time; prints a table and writes docs/benchmarks.md. See options.ts for the flags.
+ */
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statfsSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { prewriteJob, runFio, scatteredWritesJob, workloadJob } from './fio.js';
+import { describeMachine } from './machine.js';
+import { BenchUsageError, HELP_TEXT, parseBenchArgs, type BenchOptions } from './options.js';
+import { BenchError, BenchInterrupted, ProcessTracker, readProcStats } from './processes.js';
+import {
+  BUSY_LOAD,
+  renderMarkdownReport,
+  renderStdout,
+  type BenchResults,
+  type Measurement,
+  type RssResult,
+  type ServerPeak,
+} from './report.js';
+import { TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
+import { startMooring, startTarget, type RunningTarget, type TargetContext } from './targets.js';
+import { isWrite, workloadById, type Workload } from './workloads.js';
+
+export { parseBenchArgs, type BenchOptions } from './options.js';
+
+/** The RSS measurement: a 1 TiB sparse volume and 10,000 scattered 4 KiB writes (issue 2). */
+const RSS_VOLUME_BYTES = 1024 ** 4;
+const RSS_WRITES = 10_000;
+/** A server given this long after Ctrl-C is killed: its data is thrown away anyway. */
+const INTERRUPT_GRACE_MS = 5_000;
+/** Free space beyond what the targets hold, kept for the rest of the machine. */
+const FREE_SPACE_MARGIN_BYTES = 1024 ** 3;
+
+/** Locates this package's root (the directory whose package.json is named 'mooring'). */
+function packageRoot(): string | undefined {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (let i = 0; i < 8; i++) {
+    const pj = join(dir, 'package.json');
+    if (existsSync(pj)) {
+      try {
+        if ((JSON.parse(readFileSync(pj, 'utf8')) as { name?: string }).name === 'mooring') return dir;
+      } catch {
+        // Not ours; keep walking.
+      }
+    }
+    const up = dirname(dir);
+    if (up === dir) break;
+    dir = up;
+  }
+  return undefined;
+}
+
+function mooringVersion(root: string | undefined): string {
+  if (!root) return 'unknown';
+  try {
+    return (JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version?: string }).version ?? 'unknown';
+  } catch {
+    return 'unknown';
+  }
+}
+
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** Mutable state shared by the steps of one run. */
+interface RunState {
+  opts: BenchOptions;
+  tracker: ProcessTracker;
+  abort: AbortSignal;
+  scratch: string;
+  mooringCli: string | undefined;
+  log: (line: string) => void;
+  measurements: Measurement[];
+  serverPeaks: ServerPeak[];
+  failures: Array<{ what: string; message: string }>;
+}
+
+/** Flushes the scratch filesystem so one run's writeback does not land in the next. */
+async function syncfs(s: RunState): Promise<void> {
+  const r = await s.tracker.run('sync', ['-f', s.scratch], s.abort, { timeoutMs: 300_000 });
+  if (r.code !== 0) s.log(`  warning: sync -f failed: ${r.stderr.trim()}`);
+}
+
+function targetContext(s: RunState, dir: string): TargetContext {
+  return { tracker: s.tracker, abort: s.abort, dir, areaBytes: s.opts.areaBytes, mooringCli: s.mooringCli, log: s.log };
+}
+
+/** A started, pre-written target taking part in the rotation. */
+interface LiveTarget {
+  id: TargetId;
+  dir: string;
+  running: RunningTarget;
+  /** Set when its server died: the rest of its workloads are skipped. */
+  dead: boolean;
+}
+
+/** Starts one target in its own directory and pre-writes the whole area. */
+async function prepareTarget(s: RunState, id: TargetId): Promise<LiveTarget | undefined> {
+  const dir = join(s.scratch, id);
+  mkdirSync(dir);
+  s.log(`[${id}] ${TARGET_LABELS[id]}`);
+  let running: RunningTarget | undefined;
+  try {
+    running = await startTarget(id, targetContext(s, dir));
+    const t0 = Date.now();
+    await runFio(prewriteJob(running.endpoint, s.opts.areaBytes), 'write', s.tracker, s.abort);
+    s.log(`  pre-written ${s.opts.areaBytes / 1024 ** 2} MiB in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+    return { id, dir, running, dead: false };
+  } catch (err) {
+    if (s.abort.aborted) throw err;
+    s.failures.push({ what: id, message: errorText(err) });
+    s.log(`  ${id}: FAILED: ${errorText(err)}`);
+    await running?.stop();
+    rmSync(dir, { recursive: true, force: true });
+    return undefined;
+  }
+}
+
+/** Runs one workload on one target and records it (a failure is recorded, not thrown). */
+async function measure(s: RunState, t: LiveTarget, w: Workload, round: number): Promise<void> {
+  const pid = t.running.pid;
+  const cpuBefore = pid === undefined ? undefined : readProcStats(pid)?.cpuSec;
+  const started = Date.now();
+  try {
+    const figures = await runFio(
+      workloadJob(w, t.running.endpoint, s.opts.areaBytes, s.opts.runtimeSec, s.opts.rampSec),
+      isWrite(w) ? 'write' : 'read',
+      s.tracker,
+      s.abort,
+    );
+    const wallSec = (Date.now() - started) / 1000;
+    const cpuAfter = pid === undefined ? undefined : readProcStats(pid)?.cpuSec;
+    const serverCpuPct =
+      cpuBefore === undefined || cpuAfter === undefined ? undefined : ((cpuAfter - cpuBefore) / wallSec) * 100;
+    s.measurements.push({ targetId: t.id, workloadId: w.id, figures, serverCpuPct, round });
+    s.log(
+      `  ${w.label.padEnd(20)} ${TARGET_SHORT[t.id].padEnd(16)} ${figures.iops.toFixed(0).padStart(7)} IOPS ` +
+        `${figures.mibPerSec.toFixed(1).padStart(7)} MiB/s  clat p50 ${figures.clatP50Us.toFixed(0)} µs p99 ${figures.clatP99Us.toFixed(0)} µs` +
+        (serverCpuPct === undefined ? '' : `  server CPU ${serverCpuPct.toFixed(0)}%`),
+    );
+  } catch (err) {
+    if (s.abort.aborted) throw err;
+    s.failures.push({ what: `${t.id} ${w.label}`, message: errorText(err) });
+    s.log(`  ${w.label} ${t.id}: FAILED: ${errorText(err)}`);
+    if (pid !== undefined && readProcStats(pid) === undefined) {
+      t.dead = true;
+      s.failures.push({ what: t.id, message: `server died during ${w.label}; its remaining workloads were skipped` });
+    }
+  }
+}
+
+/**
+ * Every target is started and pre-written first; then each workload runs on each target in
+ * turn (one fio at a time). Interleaving keeps a burst of load from other work on a shared
+ * machine from landing on one target only, which would skew the ratios.
+ */
+async function benchAll(s: RunState): Promise<void> {
+  const live: LiveTarget[] = [];
+  try {
+    for (const id of s.opts.targets) {
+      const t = await prepareTarget(s, id);
+      if (t) live.push(t);
+    }
+    await syncfs(s);
+    for (let round = 0; round < s.opts.repeat; round++) {
+      if (s.opts.repeat > 1) s.log(`[round ${round + 1}/${s.opts.repeat}]`);
+      for (const wid of s.opts.workloadIds) {
+        const w = workloadById(wid);
+        for (const t of live) {
+          if (t.dead) continue;
+          await measure(s, t, w, round);
+          await syncfs(s);
+        }
+      }
+    }
+    for (const t of live) {
+      const st = t.running.pid === undefined ? undefined : readProcStats(t.running.pid);
+      if (st) s.serverPeaks.push({ targetId: t.id, peakRssBytes: st.peakRssBytes, threads: st.threads });
+    }
+  } finally {
+    for (const t of live) {
+      await t.running.stop(s.abort.aborted ? INTERRUPT_GRACE_MS : undefined);
+      rmSync(t.dir, { recursive: true, force: true });
+    }
+  }
+}
+
+async function measureRss(s: RunState): Promise<RssResult | undefined> {
+  const dir = join(s.scratch, 'rss');
+  mkdirSync(dir);
+  s.log(`[rss] Mooring 1 replica, 1 TiB sparse, ${RSS_WRITES} scattered 4 KiB writes`);
+  let running: RunningTarget | undefined;
+  try {
+    running = await startMooring('mooring-1', 1, RSS_VOLUME_BYTES, targetContext(s, dir));
+    const pid = running.pid!;
+    const atReady = readProcStats(pid);
+    await runFio(scatteredWritesJob(running.endpoint, RSS_VOLUME_BYTES, RSS_WRITES), 'write', s.tracker, s.abort);
+    const after = readProcStats(pid);
+    if (!atReady || !after) throw new BenchError('BENCH_TARGET_FAILED', 'mooring serve exited during the RSS measurement');
+    s.log(`  VmHWM ${(after.peakRssBytes / 1024 ** 2).toFixed(1)} MiB (at READY ${(atReady.rssBytes / 1024 ** 2).toFixed(1)} MiB)`);
+    return {
+      volumeBytes: RSS_VOLUME_BYTES,
+      writes: RSS_WRITES,
+      rssAtReadyBytes: atReady.rssBytes,
+      peakRssBytes: after.peakRssBytes,
+      threads: after.threads,
+    };
+  } catch (err) {
+    if (s.abort.aborted) throw err;
+    s.failures.push({ what: 'rss', message: errorText(err) });
+    s.log(`  rss: FAILED: ${errorText(err)}`);
+    return undefined;
+  } finally {
+    await running?.stop(s.abort.aborted ? INTERRUPT_GRACE_MS : undefined);
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** Checks tools, the build and free space before minutes of work are spent. */
+async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
+  const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
+  const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-'));
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss;
+
+  // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
+  const orUndefined = (err: unknown): undefined => {
+    if (s.abort.aborted) throw err;
+    return undefined;
+  };
+  const fio = await s.tracker.run('fio', ['--version'], s.abort).catch(orUndefined);
+  if (!fio || fio.code !== 0) throw new BenchError('BENCH_TOOL_MISSING', 'fio is not installed (apt-get install fio)');
+  if (needNbd) {
+    const eng = await s.tracker.run('fio', ['--enghelp=nbd'], s.abort);
+    if (eng.code !== 0) throw new BenchError('BENCH_TOOL_MISSING', `this fio has no nbd engine (${fio.stdout.trim()}); Debian's fio has it`);
+  }
+  if (needQemu) {
+    for (const tool of ['qemu-nbd', 'qemu-img']) {
+      const r = await s.tracker.run(tool, ['--version'], s.abort).catch(orUndefined);
+      if (!r || r.code !== 0) {
+        throw new BenchError('BENCH_TOOL_MISSING', `${tool} is not installed (apt-get install qemu-utils), or leave the qemu targets out with --targets`);
+      }
+    }
+  }
+  let cli: string | undefined;
+  if (needMooring) {
+    cli = s.opts.mooringCli ? resolve(s.opts.mooringCli) : root ? join(root, 'dist', 'cli.js') : undefined;
+    if (!cli || !existsSync(cli)) {
+      throw new BenchError(
+        'BENCH_NOT_BUILT',
+        `the Mooring targets need ${cli ?? 'dist/cli.js'}: run 'npm run build' first, ` +
+          `or leave them out with --targets qemu-raw,qemu-qcow2,file-buffered,file-direct --no-rss`,
+      );
+    }
+  }
+  if (!existsSync(parent)) throw new BenchError('INVALID_ARGUMENT', `--dir ${parent} does not exist`);
+  const fs = statfsSync(parent);
+  const freeBytes = fs.bavail * fs.bsize;
+  // All targets live at once (interleaved runs); mooring-3 holds three copies.
+  const copies = s.opts.targets.reduce((n, t) => n + (t === 'mooring-3' ? 3 : 1), 0);
+  const needBytes = copies * s.opts.areaBytes + FREE_SPACE_MARGIN_BYTES;
+  if (freeBytes < needBytes) {
+    throw new BenchError(
+      'NO_SPACE',
+      `${parent} has ${(freeBytes / 1024 ** 3).toFixed(1)} GiB free; this run needs ${(needBytes / 1024 ** 3).toFixed(1)} GiB (use a smaller --size)`,
+    );
+  }
+  return cli;
+}
+
+/** The version the served CLI reports (it may not be this package's, see --mooring-cli). */
+async function servedVersion(s: Omit<RunState, 'scratch'>, cli: string | undefined, root: string | undefined): Promise<string> {
+  if (!cli) return `${mooringVersion(root)} (not served)`;
+  const r = await s.tracker.run(process.execPath, [cli, '--version'], s.abort, { timeoutMs: 30_000 });
+  const v = r.code === 0 ? r.stdout.trim().split('\n')[0]! : 'unknown';
+  return s.opts.mooringCli ? `${v} (${cli})` : v;
+}
+
+/**
+ * Runs the benchmark with `mooring bench` arguments. Resolves to the process exit code:
+ * 0 done, 1 a failure (the report still lists what was measured), 2 usage, 130 interrupted.
+ * Every child process and scratch file is gone when it resolves, also after Ctrl-C.
+ */
+export async function runBench(argv: string[]): Promise<number> {
+  let opts: BenchOptions;
+  try {
+    opts = parseBenchArgs(argv);
+  } catch (err) {
+    if (err instanceof BenchUsageError) {
+      process.stderr.write(`mooring: INVALID_ARGUMENT: ${err.message}\nTry 'mooring bench --help'.\n`);
+      return 2;
+    }
+    throw err;
+  }
+  if (opts.help) {
+    process.stdout.write(HELP_TEXT);
+    return 0;
+  }
+
+  const root = packageRoot();
+  const tracker = new ProcessTracker();
+  const controller = new AbortController();
+  const log = (line: string): void => {
+    process.stderr.write(`${line}\n`);
+  };
+  let scratch: string | undefined;
+
+  const onSignal = (signal: NodeJS.Signals): void => {
+    if (controller.signal.aborted) {
+      // Second Ctrl-C: no more grace.
+      tracker.killAll('SIGKILL');
+      return;
+    }
+    log(`\nmooring bench: ${signal}: stopping children and removing ${scratch ?? 'scratch files'}`);
+    controller.abort(new BenchInterrupted(signal));
+    tracker.killAll('SIGTERM');
+  };
+  // Last resort if something calls process.exit mid-run: no orphans, no scratch left.
+  const onExit = (): void => {
+    tracker.killAll('SIGKILL');
+    if (scratch) rmSync(scratch, { recursive: true, force: true });
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  process.on('exit', onExit);
+
+  const started = new Date();
+  const loadBefore = os.loadavg();
+  try {
+    const parent = resolve(opts.parentDir ?? os.tmpdir());
+    const base = { opts, tracker, abort: controller.signal, log, measurements: [], serverPeaks: [], failures: [], mooringCli: undefined };
+    const mooringCli = await preflight(base, parent, root);
+    if (loadBefore[0]! > BUSY_LOAD) {
+      log(`warning: load average is ${loadBefore[0]!.toFixed(2)}: other work is running and the figures will be noisy`);
+    }
+    scratch = mkdtempSync(join(parent, 'mooring-bench-'));
+    const s: RunState = { ...base, scratch, mooringCli };
+    const machine = describeMachine(scratch, await servedVersion(base, mooringCli, root));
+    log(`mooring bench: ${opts.targets.length} targets x ${opts.workloadIds.length} workloads, ${opts.runtimeSec} s each, scratch ${scratch}`);
+
+    await benchAll(s);
+    const rss = opts.rss ? await measureRss(s) : undefined;
+
+    const results: BenchResults = {
+      startedAt: started,
+      durationSec: (Date.now() - started.getTime()) / 1000,
+      quick: opts.quick,
+      runtimeSec: opts.runtimeSec,
+      repeat: opts.repeat,
+      rampSec: opts.rampSec,
+      areaBytes: opts.areaBytes,
+      scratchDir: parent,
+      loadBefore,
+      loadAfter: os.loadavg(),
+      machine,
+      targets: opts.targets,
+      workloads: opts.workloadIds.map(workloadById),
+      measurements: s.measurements,
+      serverPeaks: s.serverPeaks,
+      rss,
+      failures: s.failures,
+    };
+    process.stdout.write(renderStdout(results));
+    if (opts.outPath) {
+      const out = opts.outPathIsDefault && root ? join(root, opts.outPath) : resolve(opts.outPath);
+      mkdirSync(dirname(out), { recursive: true });
+      writeFileSync(out, renderMarkdownReport(results));
+      log(`wrote ${out}`);
+    }
+    if (opts.jsonPath) {
+      const out = resolve(opts.jsonPath);
+      mkdirSync(dirname(out), { recursive: true });
+      writeFileSync(out, `${JSON.stringify(results, null, 2)}\n`);
+      log(`wrote ${out}`);
+    }
+    return s.failures.length === 0 ? 0 : 1;
+  } catch (err) {
+    if (err instanceof BenchInterrupted) {
+      log(`mooring bench: ${err.message}; nothing written`);
+      return 130;
+    }
+    if (err instanceof BenchError) {
+      process.stderr.write(`mooring: ${err.code}: ${err.message}\n`);
+      return 1;
+    }
+    process.stderr.write(`mooring: BENCH_FAILED: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    return 1;
+  } finally {
+    // Targets stop themselves; anything still tracked here is a leftover (e.g. an aborted fio).
+    tracker.killAll('SIGKILL');
+    if (scratch) rmSync(scratch, { recursive: true, force: true });
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    process.off('exit', onExit);
+  }
+}

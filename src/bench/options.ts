@@ -1,0 +1,211 @@
+/**
+ * Command-line options of `mooring bench`: parsing, defaults and the help text.
+ */
+import { ALL_WORKLOADS, QUICK_WORKLOAD_IDS } from './workloads.js';
+import { ALL_TARGET_IDS, DEFAULT_TARGET_IDS, type TargetId } from './target-ids.js';
+
+/** Everything one benchmark run is configured by. */
+export interface BenchOptions {
+  /** Fewer workloads, shorter runs, smaller test area. */
+  quick: boolean;
+  /** Measured seconds per workload (time_based). */
+  runtimeSec: number;
+  /** Rounds over all workloads and targets; the report keeps each figure's median. */
+  repeat: number;
+  /** Seconds fio runs before it starts measuring (excluded from the figures). */
+  rampSec: number;
+  /** Bytes of the test area every target is pre-written over and measured on. */
+  areaBytes: number;
+  /** Parent of the scratch directory; it must be on the filesystem being measured. */
+  parentDir: string | undefined;
+  /** Markdown report path; undefined = do not write one. */
+  outPath: string | undefined;
+  /** outPath is the default (resolved against the package root, not the working directory). */
+  outPathIsDefault: boolean;
+  /** Raw per-run figures as JSON; undefined = do not write. */
+  jsonPath: string | undefined;
+  /** Targets in the order they run. */
+  targets: TargetId[];
+  /** Workload ids in the order they run. */
+  workloadIds: string[];
+  /** Run the 1 TiB sparse-volume RSS measurement. */
+  rss: boolean;
+  /** Explicit path of the Mooring CLI script; undefined = this package's dist/cli.js. */
+  mooringCli: string | undefined;
+  help: boolean;
+}
+
+/** A usage error: the CLI prints it with the help hint and exits 2. */
+export class BenchUsageError extends Error {
+  override readonly name = 'BenchUsageError';
+}
+
+/** Relative to the package root. */
+export const DEFAULT_OUT_PATH = 'docs/benchmarks.md';
+const DEFAULT_RUNTIME_SEC = 10;
+const QUICK_RUNTIME_SEC = 3;
+const DEFAULT_AREA_BYTES = 1024 ** 3;
+const QUICK_AREA_BYTES = 512 * 1024 ** 2;
+/** Far beyond any sensible run; catches typos such as --runtime 6000. */
+const RUNTIME_SEC_MAX = 600;
+/** The smallest area that still holds a few 1 MiB blocks per job. */
+/** Rounds are whole passes over every workload and target; more than a few is a typo. */
+const REPEAT_MAX = 20;
+const AREA_BYTES_MIN = 16 * 1024 ** 2;
+
+const SIZE_UNITS: Record<string, number> = {
+  '': 1,
+  k: 1024,
+  kib: 1024,
+  m: 1024 ** 2,
+  mib: 1024 ** 2,
+  g: 1024 ** 3,
+  gib: 1024 ** 3,
+  t: 1024 ** 4,
+  tib: 1024 ** 4,
+};
+
+/** Parses SIZE as the CLI contract defines it: bytes, or K/M/G/T (KiB/MiB/...) binary multiples. */
+export function parseSizeBytes(text: string): number {
+  const m = /^(\d+)\s*([a-zA-Z]*)$/.exec(text.trim());
+  const unit = m ? SIZE_UNITS[m[2]!.toLowerCase()] : undefined;
+  if (!m || unit === undefined) throw new BenchUsageError(`invalid size '${text}' (use bytes or K/M/G/T)`);
+  const bytes = Number(m[1]) * unit;
+  if (!Number.isSafeInteger(bytes)) throw new BenchUsageError(`size '${text}' is too large`);
+  return bytes;
+}
+
+export const HELP_TEXT = `Usage: mooring bench [options]
+
+Runs fio (ioengine=nbd) against Mooring (1 and 3 replicas) and qemu-nbd (raw, qcow2),
+and fio with io_uring directly on a file as the physical limit, all on one filesystem.
+All targets are started first; each workload then runs on each target in turn, one fio
+at a time. Prints a table and writes a Markdown report.
+
+Options:
+  --quick             ${QUICK_WORKLOAD_IDS.length} workloads, ${QUICK_RUNTIME_SEC} s each, ${QUICK_AREA_BYTES / 1024 ** 2} MiB test area
+  --runtime SEC       measured seconds per workload (default ${DEFAULT_RUNTIME_SEC}, quick ${QUICK_RUNTIME_SEC})
+  --ramp SEC          unmeasured warm-up seconds per workload (default 1, quick 0)
+  --repeat N          rounds over all workloads and targets; the median is reported (default 1)
+  --size SIZE         test area per target (default 1G, quick 512M)
+  --dir DIR           create the scratch directory under DIR (default: the OS temp dir)
+  --out FILE          Markdown report (default docs/benchmarks.md of this package; '-' = none)
+  --json FILE         also write every measured figure as JSON
+  --targets LIST      comma-separated, in run order (default ${DEFAULT_TARGET_IDS.join(',')})
+                      available: ${ALL_TARGET_IDS.join(', ')}
+  --workloads LIST    comma-separated workload ids (default: all, or the quick set)
+                      available: ${ALL_WORKLOADS.map((w) => w.id).join(', ')}
+  --no-rss            skip the 1 TiB sparse volume peak-RSS measurement
+  --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
+  -h, --help          show this help
+`;
+
+function splitList(value: string, option: string): string[] {
+  const items = value.split(',').map((s) => s.trim()).filter((s) => s.length > 0);
+  if (items.length === 0) throw new BenchUsageError(`${option} needs at least one entry`);
+  return items;
+}
+
+function parsePositiveNumber(value: string, option: string, max: number, allowZero: boolean): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0 || (!allowZero && n === 0) || n > max) {
+    throw new BenchUsageError(`${option} must be a number in ${allowZero ? '[0' : '(0'}, ${max}], got '${value}'`);
+  }
+  return n;
+}
+
+/** Parses `mooring bench` arguments (without the leading `bench`). Throws BenchUsageError. */
+export function parseBenchArgs(argv: readonly string[]): BenchOptions {
+  let quick = false;
+  let help = false;
+  let rss = true;
+  let runtimeSec: number | undefined;
+  let repeat = 1;
+  let rampSec: number | undefined;
+  let areaBytes: number | undefined;
+  let parentDir: string | undefined;
+  let outPath: string | undefined | null = null; // null = default
+  let jsonPath: string | undefined;
+  let targets: TargetId[] | undefined;
+  let workloadIds: string[] | undefined;
+  let mooringCli: string | undefined;
+
+  for (let i = 0; i < argv.length; i++) {
+    let arg = argv[i]!;
+    let inline: string | undefined;
+    const eq = arg.indexOf('=');
+    if (arg.startsWith('--') && eq > 0) {
+      inline = arg.slice(eq + 1);
+      arg = arg.slice(0, eq);
+    }
+    const value = (): string => {
+      if (inline !== undefined) return inline;
+      const v = argv[++i];
+      if (v === undefined) throw new BenchUsageError(`${arg} needs a value`);
+      return v;
+    };
+    switch (arg) {
+      case '--quick': quick = true; break;
+      case '-h':
+      case '--help': help = true; break;
+      case '--no-rss': rss = false; break;
+      case '--runtime': runtimeSec = parsePositiveNumber(value(), arg, RUNTIME_SEC_MAX, false); break;
+      case '--repeat': {
+        repeat = parsePositiveNumber(value(), arg, REPEAT_MAX, false);
+        if (!Number.isInteger(repeat)) throw new BenchUsageError('--repeat must be a whole number');
+        break;
+      }
+      case '--ramp': rampSec = parsePositiveNumber(value(), arg, RUNTIME_SEC_MAX, true); break;
+      case '--size': {
+        areaBytes = parseSizeBytes(value());
+        if (areaBytes < AREA_BYTES_MIN || areaBytes % (1024 * 1024) !== 0) {
+          throw new BenchUsageError(`--size must be a multiple of 1 MiB and at least ${AREA_BYTES_MIN / 1024 ** 2} MiB`);
+        }
+        break;
+      }
+      case '--dir': parentDir = value(); break;
+      case '--out': { const v = value(); outPath = v === '-' ? undefined : v; break; }
+      case '--json': jsonPath = value(); break;
+      case '--mooring-cli': mooringCli = value(); break;
+      case '--targets': {
+        const list = splitList(value(), arg);
+        for (const t of list) {
+          if (!(ALL_TARGET_IDS as readonly string[]).includes(t)) {
+            throw new BenchUsageError(`unknown target '${t}' (available: ${ALL_TARGET_IDS.join(', ')})`);
+          }
+        }
+        targets = [...new Set(list)] as TargetId[];
+        break;
+      }
+      case '--workloads': {
+        const list = splitList(value(), arg);
+        for (const w of list) {
+          if (!ALL_WORKLOADS.some((x) => x.id === w)) {
+            throw new BenchUsageError(`unknown workload '${w}' (available: ${ALL_WORKLOADS.map((x) => x.id).join(', ')})`);
+          }
+        }
+        workloadIds = [...new Set(list)];
+        break;
+      }
+      default:
+        throw new BenchUsageError(`unknown option '${argv[i]}'`);
+    }
+  }
+
+  return {
+    quick,
+    help,
+    rss,
+    runtimeSec: runtimeSec ?? (quick ? QUICK_RUNTIME_SEC : DEFAULT_RUNTIME_SEC),
+    repeat,
+    rampSec: rampSec ?? (quick ? 0 : 1),
+    areaBytes: areaBytes ?? (quick ? QUICK_AREA_BYTES : DEFAULT_AREA_BYTES),
+    parentDir,
+    outPath: outPath === null ? DEFAULT_OUT_PATH : outPath,
+    outPathIsDefault: outPath === null,
+    jsonPath,
+    targets: targets ?? [...DEFAULT_TARGET_IDS],
+    workloadIds: workloadIds ?? (quick ? [...QUICK_WORKLOAD_IDS] : ALL_WORKLOADS.map((w) => w.id)),
+    mooringCli,
+  };
+}

@@ -1,0 +1,420 @@
+/**
+ * Turning measurements into the stdout table and the Markdown report (docs/benchmarks.md).
+ */
+import type { FioFigures } from './fio.js';
+import type { MachineInfo } from './machine.js';
+import { LIMIT_TARGET, PEER_TARGET, TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
+import { isWrite, workloadById, type Workload } from './workloads.js';
+
+/** One fio run against one target. */
+export interface Measurement {
+  targetId: TargetId;
+  workloadId: string;
+  figures: FioFigures;
+  /** CPU used by the server process during the run, % of one core; undefined for file targets. */
+  serverCpuPct: number | undefined;
+  /** 0-based round (see --repeat). */
+  round: number;
+}
+
+/** Peak memory of a server process over its whole benchmark run. */
+export interface ServerPeak {
+  targetId: TargetId;
+  peakRssBytes: number;
+  threads: number;
+}
+
+/** The 1 TiB sparse volume measurement. */
+export interface RssResult {
+  volumeBytes: number;
+  writes: number;
+  /** VmRSS right after READY (Node's own baseline is most of it). */
+  rssAtReadyBytes: number;
+  /** VmHWM after the writes. */
+  peakRssBytes: number;
+  threads: number;
+}
+
+export interface BenchResults {
+  startedAt: Date;
+  durationSec: number;
+  quick: boolean;
+  runtimeSec: number;
+  repeat: number;
+  rampSec: number;
+  areaBytes: number;
+  scratchDir: string;
+  loadBefore: number[];
+  loadAfter: number[];
+  machine: MachineInfo;
+  targets: TargetId[];
+  workloads: Workload[];
+  measurements: Measurement[];
+  serverPeaks: ServerPeak[];
+  rss: RssResult | undefined;
+  /** Targets or steps that failed; the rest of the run went on. */
+  failures: Array<{ what: string; message: string }>;
+}
+
+/** Above this 1-minute load average the report says the machine was shared. */
+export const BUSY_LOAD = 1;
+
+/** The RSS budget for a 1 TiB sparse volume (issue target). */
+export const RSS_TARGET_BYTES = 64 * 1024 * 1024;
+
+type Cell = string;
+
+function fmtIops(n: number): string {
+  if (!Number.isFinite(n)) return '–';
+  return n >= 10_000 ? `${(n / 1000).toFixed(1)}k` : n.toFixed(0);
+}
+
+function fmtMib(n: number): string {
+  if (!Number.isFinite(n)) return '–';
+  return n >= 100 ? n.toFixed(0) : n.toFixed(1);
+}
+
+function fmtUs(n: number): string {
+  if (!Number.isFinite(n)) return '–';
+  return n >= 100 ? n.toFixed(0) : n.toFixed(1);
+}
+
+function fmtRatio(n: number | undefined): string {
+  return n === undefined || !Number.isFinite(n) ? '–' : `${n.toFixed(2)}×`;
+}
+
+function fmtMiB(bytes: number): string {
+  return `${(bytes / 1024 ** 2).toFixed(1)} MiB`;
+}
+
+/** The figure a workload is judged by: IOPS for 4k random, MiB/s for 1M sequential. */
+function headline(w: Workload, f: FioFigures): number {
+  return w.family === 'random-4k' ? f.iops : f.mibPerSec;
+}
+
+function fmtHeadline(w: Workload, f: FioFigures | undefined): string {
+  if (!f) return '–';
+  return w.family === 'random-4k' ? fmtIops(f.iops) : `${fmtMib(f.mibPerSec)} MiB/s`;
+}
+
+/** Lookup over the measurements: with several rounds, the run with the median headline figure. */
+class ResultIndex {
+  private readonly map = new Map<string, Measurement>();
+  constructor(measurements: readonly Measurement[]) {
+    const groups = new Map<string, Measurement[]>();
+    for (const m of measurements) {
+      const key = `${m.targetId}/${m.workloadId}`;
+      groups.set(key, [...(groups.get(key) ?? []), m]);
+    }
+    for (const [key, list] of groups) {
+      const w = workloadById(list[0]!.workloadId);
+      const sorted = [...list].sort((a, b) => headline(w, a.figures) - headline(w, b.figures));
+      this.map.set(key, sorted[Math.floor((sorted.length - 1) / 2)]!);
+    }
+  }
+  get(target: TargetId, workloadId: string): Measurement | undefined {
+    return this.map.get(`${target}/${workloadId}`);
+  }
+  ratio(w: Workload, num: TargetId, den: TargetId): number | undefined {
+    const a = this.get(num, w.id);
+    const b = this.get(den, w.id);
+    if (!a || !b) return undefined;
+    const d = headline(w, b.figures);
+    return d > 0 ? headline(w, a.figures) / d : undefined;
+  }
+}
+
+interface Table {
+  headers: string[];
+  /** 'l' or 'r' per column. */
+  align: Array<'l' | 'r'>;
+  rows: Cell[][];
+}
+
+/** Aligned plain-text table for a terminal. */
+export function renderText(t: Table): string {
+  const widths = t.headers.map((h, i) => Math.max(h.length, ...t.rows.map((r) => (r[i] ?? '').length)));
+  const line = (cells: string[]): string =>
+    cells
+      .map((c, i) => (t.align[i] === 'r' ? c.padStart(widths[i]!) : c.padEnd(widths[i]!)))
+      .join('  ')
+      .trimEnd();
+  return [line(t.headers), widths.map((w) => '-'.repeat(w)).join('  '), ...t.rows.map(line)].join('\n');
+}
+
+/** GitHub-flavoured Markdown table. */
+export function renderMarkdown(t: Table): string {
+  const row = (cells: string[]): string => `| ${cells.join(' | ')} |`;
+  const sep = t.align.map((a) => (a === 'r' ? '---:' : '---'));
+  return [row(t.headers), row(sep), ...t.rows.map(row)].join('\n');
+}
+
+const MOORING_TARGETS: readonly TargetId[] = ['mooring-1', 'mooring-3'];
+
+/** Headline figure of every workload on every target, plus the Mooring ratios. */
+export function summaryTable(r: BenchResults): Table {
+  const idx = new ResultIndex(r.measurements);
+  const moorings = MOORING_TARGETS.filter((t) => r.targets.includes(t));
+  const headers = ['workload', ...r.targets.map((t) => TARGET_SHORT[t])];
+  const ratioCols: Array<{ name: string; f: (w: Workload) => number | undefined }> = [];
+  for (const m of moorings) {
+    const s = TARGET_SHORT[m];
+    if (r.targets.includes(PEER_TARGET)) ratioCols.push({ name: `${s}/qemu raw`, f: (w) => idx.ratio(w, m, PEER_TARGET) });
+    if (r.targets.includes(LIMIT_TARGET)) ratioCols.push({ name: `${s}/limit`, f: (w) => idx.ratio(w, m, LIMIT_TARGET) });
+  }
+  if (moorings.length === 2) {
+    ratioCols.push({ name: 'M3/M1 (writes)', f: (w) => (isWrite(w) ? idx.ratio(w, 'mooring-3', 'mooring-1') : undefined) });
+  }
+  headers.push(...ratioCols.map((c) => c.name));
+  const rows = r.workloads.map((w) => [
+    w.label,
+    ...r.targets.map((t) => fmtHeadline(w, idx.get(t, w.id)?.figures)),
+    ...ratioCols.map((c) => fmtRatio(c.f(w))),
+  ]);
+  return { headers, align: headers.map((_, i) => (i === 0 ? 'l' : 'r')), rows };
+}
+
+/** Every figure of every run. */
+export function detailTable(r: BenchResults): Table {
+  const idx = new ResultIndex(r.measurements);
+  const headers = ['workload', 'target', 'IOPS', 'MiB/s', 'p50 µs', 'p99 µs', 'server CPU', 'vs qemu raw', 'vs limit'];
+  const rows: Cell[][] = [];
+  for (const w of r.workloads) {
+    for (const t of r.targets) {
+      const m = idx.get(t, w.id);
+      if (!m) {
+        rows.push([w.label, TARGET_LABELS[t], '–', '–', '–', '–', '–', '–', '–']);
+        continue;
+      }
+      const f = m.figures;
+      const isMooring = MOORING_TARGETS.includes(t);
+      rows.push([
+        w.label,
+        TARGET_LABELS[t],
+        fmtIops(f.iops),
+        fmtMib(f.mibPerSec),
+        fmtUs(f.clatP50Us),
+        fmtUs(f.clatP99Us),
+        m.serverCpuPct === undefined ? '–' : `${m.serverCpuPct.toFixed(0)}%`,
+        isMooring ? fmtRatio(idx.ratio(w, t, PEER_TARGET)) : '',
+        isMooring ? fmtRatio(idx.ratio(w, t, LIMIT_TARGET)) : '',
+      ]);
+    }
+  }
+  return { headers, align: headers.map((_, i) => (i < 2 ? 'l' : 'r')), rows };
+}
+
+/** One issue target, read against the table. */
+export interface TargetVerdict {
+  goal: string;
+  /** 'pass' | 'miss' | 'not measured'. */
+  verdict: 'pass' | 'miss' | 'not measured';
+  detail: string;
+}
+
+function judgeRatios(
+  goal: string,
+  threshold: number,
+  pairs: Array<{ w: Workload; ratio: number | undefined }>,
+): TargetVerdict {
+  const have = pairs.filter((p): p is { w: Workload; ratio: number } => p.ratio !== undefined && Number.isFinite(p.ratio));
+  if (have.length === 0) return { goal, verdict: 'not measured', detail: 'no matching runs' };
+  const worst = have.reduce((a, b) => (b.ratio < a.ratio ? b : a));
+  const geomean = Math.exp(have.reduce((s, p) => s + Math.log(p.ratio), 0) / have.length);
+  const missed = have.filter((p) => p.ratio < threshold);
+  const list = have.map((p) => `${p.w.label} ${fmtRatio(p.ratio)}`).join(', ');
+  return {
+    goal,
+    verdict: missed.length === 0 ? 'pass' : 'miss',
+    detail:
+      `worst ${fmtRatio(worst.ratio)} (${worst.w.label}), geometric mean ${fmtRatio(geomean)}; ` +
+      `${have.length - missed.length}/${have.length} runs meet it [${list}]`,
+  };
+}
+
+/** Reads the issue's targets against the results (printed, never asserted). */
+export function judgeTargets(r: BenchResults): TargetVerdict[] {
+  const idx = new ResultIndex(r.measurements);
+  const random = r.workloads.filter((w) => w.family === 'random-4k');
+  const seq = r.workloads.filter((w) => w.family === 'seq-1m');
+  const writes = r.workloads.filter(isWrite);
+  const verdicts = [
+    judgeRatios(
+      '1 replica ≥ 1.0× qemu-nbd raw on 4k random IOPS',
+      1.0,
+      random.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-1', PEER_TARGET) })),
+    ),
+    judgeRatios(
+      '1 replica ≥ 0.9× qemu-nbd raw on 1M throughput',
+      0.9,
+      seq.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-1', PEER_TARGET) })),
+    ),
+    judgeRatios(
+      '3 replicas ≥ 0.7× of 1 replica on writes',
+      0.7,
+      writes.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-3', 'mooring-1') })),
+    ),
+  ];
+  const rssGoal = `peak RSS ≤ 64 MiB for a 1 TiB sparse volume after 10,000 scattered 4 KiB writes`;
+  if (!r.rss) verdicts.push({ goal: rssGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  else {
+    verdicts.push({
+      goal: rssGoal,
+      verdict: r.rss.peakRssBytes <= RSS_TARGET_BYTES ? 'pass' : 'miss',
+      detail: `VmHWM ${fmtMiB(r.rss.peakRssBytes)} (VmRSS at READY ${fmtMiB(r.rss.rssAtReadyBytes)}, ${r.rss.threads} threads)`,
+    });
+  }
+  return verdicts;
+}
+
+/** The full stderr of a failed child was logged when it happened; summaries keep 3 lines. */
+function briefMessage(m: string): string {
+  return m
+    .split('\n')
+    .filter((l) => l.trim())
+    .slice(0, 3)
+    .join(' / ');
+}
+
+function targetsText(v: TargetVerdict[]): string {
+  return v.map((x) => `  [${x.verdict.toUpperCase()}] ${x.goal}\n         ${x.detail}`).join('\n');
+}
+
+function machineLines(r: BenchResults): string[] {
+  const m = r.machine;
+  return [
+    `CPU: ${m.cpuModel}, ${m.cores} cores; memory ${m.memoryGiB} GiB`,
+    `OS: ${m.distro}, kernel ${m.kernel}`,
+    `Filesystem (scratch ${r.scratchDir}): ${m.filesystem}`,
+    `Versions: ${m.fio}; ${m.qemuNbd}; Node ${m.node}; mooring ${m.mooring}`,
+    `Load average before/after: ${r.loadBefore.map((x) => x.toFixed(2)).join(' ')} / ${r.loadAfter.map((x) => x.toFixed(2)).join(' ')}`,
+  ];
+}
+
+/** What goes to stdout at the end of a run. */
+export function renderStdout(r: BenchResults): string {
+  const parts = [
+    '',
+    `Mooring benchmark (${r.quick ? 'quick, ' : ''}${r.runtimeSec} s per workload, ${fmtMiB(r.areaBytes)} area` +
+      `${r.repeat > 1 ? `, median of ${r.repeat} rounds` : ''})`,
+    ...machineLines(r),
+    '',
+    'Summary (4k: IOPS; 1M: MiB/s; ratios on the same figure):',
+    renderText(summaryTable(r)),
+    '',
+    'Detail (clat percentiles; server CPU in % of one core):',
+    renderText(detailTable(r)),
+    '',
+  ];
+  if (r.rss) {
+    parts.push(
+      `RSS: 1 TiB sparse 1-replica volume after ${r.rss.writes} scattered 4 KiB writes: ` +
+        `VmHWM ${fmtMiB(r.rss.peakRssBytes)} (VmRSS at READY ${fmtMiB(r.rss.rssAtReadyBytes)})`,
+      '',
+    );
+  }
+  if (r.serverPeaks.length > 0) {
+    parts.push(`Server peak RSS during the runs: ${r.serverPeaks.map((p) => `${TARGET_SHORT[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads)`).join(', ')}`, '');
+  }
+  parts.push('Targets (read against, not asserted):', targetsText(judgeTargets(r)), '');
+  if (r.failures.length > 0) {
+    parts.push('Failures (details above on stderr):', ...r.failures.map((f) => `  ${f.what}: ${briefMessage(f.message)}`), '');
+  }
+  return parts.join('\n');
+}
+
+/** The Markdown report (docs/benchmarks.md). */
+export function renderMarkdownReport(r: BenchResults): string {
+  const verdicts = judgeTargets(r);
+  const out: string[] = [
+    '# Benchmarks',
+    '',
+    `Generated by \`mooring bench${r.quick ? ' --quick' : ''}\` on ${r.startedAt.toISOString()} ` +
+      `(${Math.round(r.durationSec)} s wall). Re-run with \`npm run bench\` after \`npm run build\`.`,
+    '',
+    '## Machine',
+    '',
+    ...machineLines(r).map((l) => `- ${l}`),
+    '',
+    ...(r.loadBefore[0]! > BUSY_LOAD
+      ? [
+          `> The machine was shared during this run (1-minute load ${r.loadBefore[0]!.toFixed(2)} at the start on ` +
+            `${r.machine.cores} cores): absolute figures are noisy and only the interleaved ratios are meaningful. ` +
+            'Re-run on a quiet machine for reference numbers.',
+          '',
+        ]
+      : []),
+    '## Method',
+    '',
+    `- All targets live on the same filesystem under one scratch directory. Every target gets a fresh ` +
+      `${fmtMiB(r.areaBytes)} test area that is first written completely (fio 1 MiB sequential writes through the ` +
+      `same path), so reads hit data, not holes, alike for all targets.`,
+    `- All targets are started and pre-written first; then each workload runs on each target in turn, ` +
+      `one fio at a time (never two jobs at once), so a burst of other load on a shared machine is spread over all ` +
+      `targets instead of skewing one. \`syncfs\` runs after the pre-writes and after every run so one run's ` +
+      `writeback does not land in the next.` +
+      (r.repeat > 1 ? ` The whole rotation ran ${r.repeat} times; each figure is the run with the median headline value.` : ''),
+    `- fio ${r.quick ? '(quick mode) ' : ''}\`--time_based --runtime=${r.runtimeSec}\`` +
+      `${r.rampSec > 0 ? ` \`--ramp_time=${r.rampSec}\`` : ''} \`--group_reporting --output-format=json\`; ` +
+      `random workloads use \`--norandommap --randrepeat=0\`. Latencies are fio completion-latency (clat) percentiles.`,
+    '- NBD targets are driven by fio `--ioengine=nbd --uri=nbd+unix:///?socket=...` (libnbd; `numjobs=4` opens 4 connections):',
+    `  - **Mooring**: \`node dist/cli.js serve --dir D --size ${r.areaBytes} --replicas N --nbd unix:S\`; ` +
+      'Mooring serves through the page cache (buffered pwrite/pread, fdatasync on FLUSH).',
+    '  - **qemu-nbd**: `qemu-nbd -f raw|qcow2 -t -e 8 -k S FILE` with its default `cache=writeback` (also the page cache: ' +
+      'the same cache family as Mooring, so this is the primary peer). The qcow2 image is fully allocated by the pre-write.' +
+      (r.targets.includes('qemu-raw-nocache') ? ' The `cache=none` row adds `--cache=none --aio=native` (O_DIRECT) for reference.' : ''),
+    '- **Limit**: fio `--ioengine=io_uring` directly on a file, buffered (`direct=0`, same page-cache path, no NBD, no server); ' +
+      'this is what "vs limit" divides by. It is one fio process: where the page cache is not the bottleneck ' +
+      '(1 MiB copies), a multi-threaded server can exceed it, so a ratio above 1 there is no error.' +
+      (r.targets.includes('file-direct') ? ' `file io_uring direct=1` (O_DIRECT, the device itself) is shown for reference only.' : ''),
+    '- Server CPU is the server process\'s user+system time during the workload (from /proc/PID/stat), in % of one core. ' +
+      'fio and the server share the same cores, so client CPU competes with the server.',
+    '- RSS: `mooring serve --size 1T --replicas 1` on a fresh sparse volume, then fio `randwrite bs=4k --number_ios=10000 --size=1T`; ' +
+      'the figure is VmHWM from /proc/PID/status (peak resident set of the whole Node process, including Node\'s own baseline).',
+    '',
+    '## Results',
+    '',
+    'Headline figure per workload (4k random: IOPS; 1M sequential: MiB/s). `M1`/`M3` = Mooring with 1/3 replicas; ' +
+      '`/qemu raw` = ratio to qemu-nbd raw; `/limit` = ratio to buffered io_uring on a file; `M3/M1` for writes.',
+    '',
+    renderMarkdown(summaryTable(r)),
+    '',
+    '### Detail',
+    '',
+    renderMarkdown(detailTable(r)),
+    '',
+  ];
+  if (r.serverPeaks.length > 0) {
+    out.push(
+      'Server peak RSS over each target\'s whole run: ' +
+        r.serverPeaks.map((p) => `${TARGET_LABELS[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads)`).join('; ') +
+        '.',
+      '',
+    );
+  }
+  out.push('### Memory: 1 TiB sparse volume', '');
+  if (r.rss) {
+    out.push(
+      `After ${r.rss.writes.toLocaleString('en-US')} scattered 4 KiB writes to a ${(r.rss.volumeBytes / 1024 ** 4).toFixed(0)} TiB sparse 1-replica volume: ` +
+        `peak RSS (VmHWM) **${fmtMiB(r.rss.peakRssBytes)}**; RSS right after READY was ${fmtMiB(r.rss.rssAtReadyBytes)} ` +
+        `(${r.rss.threads} threads).`,
+      '',
+    );
+  } else {
+    out.push('Not measured in this run.', '');
+  }
+  out.push(
+    '## Targets',
+    '',
+    'Read against the table, not asserted by any test.',
+    '',
+    '| target | result | detail |',
+    '| --- | --- | --- |',
+    ...verdicts.map((v) => `| ${v.goal} | **${v.verdict}** | ${v.detail} |`),
+    '',
+  );
+  if (r.failures.length > 0) {
+    out.push('## Failures in this run', '', ...r.failures.map((f) => `- ${f.what}: ${briefMessage(f.message)}`), '');
+  }
+  return out.join('\n');
+}

@@ -1,0 +1,292 @@
+/**
+ * Starting and stopping what fio measures: `mooring serve`, qemu-nbd, or a plain file.
+ */
+import type { ChildProcess } from 'node:child_process';
+import { closeSync, ftruncateSync, openSync } from 'node:fs';
+import { connect } from 'node:net';
+import { join } from 'node:path';
+import {
+  BenchError,
+  TailBuffer,
+  sleep,
+  stopChild,
+  type ProcessTracker,
+} from './processes.js';
+import type { TargetId } from './target-ids.js';
+
+/** Where fio sends its I/O. */
+export type Endpoint =
+  | { kind: 'nbd'; uri: string }
+  | { kind: 'file'; path: string; direct: boolean };
+
+/** A started target; `stop()` ends its process (if any). Files are removed with the scratch dir. */
+export interface RunningTarget {
+  id: TargetId;
+  endpoint: Endpoint;
+  /** The server process measured for CPU and RSS; undefined for the file targets. */
+  pid: number | undefined;
+  /** Ends the target; `graceMs` overrides how long a server may take to drain and flush. */
+  stop(graceMs?: number): Promise<void>;
+}
+
+/** The fields of the READY line the benchmark uses (CLI contract). */
+export interface ReadyInfo {
+  uri: string;
+  nbd: string;
+  sizeBytes: number;
+  replicas: number;
+  epoch: number;
+}
+
+/** How long a server may take to come up (a 3-replica create writes metadata thrice). */
+const START_TIMEOUT_MS = 60_000;
+/** SIGTERM grace: Mooring drains and fdatasyncs up to a few GiB of page cache on exit. */
+const STOP_GRACE_MS = 60_000;
+/** Poll interval while waiting for qemu-nbd's socket. */
+const PROBE_INTERVAL_MS = 50;
+/** Longest unix socket path (sun_path is 108 bytes including the NUL). */
+const UNIX_PATH_MAX = 107;
+const STDERR_TAIL_CHARS = 4000;
+
+export interface TargetContext {
+  tracker: ProcessTracker;
+  abort: AbortSignal;
+  /** This target's own empty directory inside the scratch dir. */
+  dir: string;
+  areaBytes: number;
+  /** Absolute path of dist/cli.js (only the Mooring targets need it). */
+  mooringCli: string | undefined;
+  /** Verbose progress lines go here. */
+  log: (line: string) => void;
+}
+
+function checkSocketPath(path: string): void {
+  if (Buffer.byteLength(path) > UNIX_PATH_MAX) {
+    throw new BenchError(
+      'INVALID_ARGUMENT',
+      `socket path ${path} is longer than ${UNIX_PATH_MAX} bytes; use a shorter --dir`,
+    );
+  }
+}
+
+/** Creates (or empties) a sparse file of `sizeBytes`. */
+function createSparse(path: string, sizeBytes: number): void {
+  const fd = openSync(path, 'w');
+  try {
+    ftruncateSync(fd, sizeBytes);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function exitText(child: ChildProcess): string {
+  return child.signalCode ? `was killed by ${child.signalCode}` : `exited with code ${child.exitCode}`;
+}
+
+/** Starts one target. */
+export async function startTarget(id: TargetId, ctx: TargetContext): Promise<RunningTarget> {
+  switch (id) {
+    case 'mooring-1':
+      return startMooring(id, 1, ctx.areaBytes, ctx);
+    case 'mooring-3':
+      return startMooring(id, 3, ctx.areaBytes, ctx);
+    case 'qemu-raw':
+      return startQemuNbd(id, 'raw', false, ctx);
+    case 'qemu-qcow2':
+      return startQemuNbd(id, 'qcow2', false, ctx);
+    case 'qemu-raw-nocache':
+      return startQemuNbd(id, 'raw', true, ctx);
+    case 'file-buffered':
+    case 'file-direct': {
+      const path = join(ctx.dir, 'disk.raw');
+      // Created at full size up front; the pre-write pass then fills it.
+      createSparse(path, ctx.areaBytes);
+      return {
+        id,
+        endpoint: { kind: 'file', path, direct: id === 'file-direct' },
+        pid: undefined,
+        stop: async () => {},
+      };
+    }
+  }
+}
+
+/**
+ * Starts `node CLI serve` on a fresh volume directory and waits for its READY line.
+ * Exported for the RSS measurement, which serves a 1 TiB volume.
+ */
+export async function startMooring(
+  id: TargetId,
+  replicas: number,
+  sizeBytes: number,
+  ctx: TargetContext,
+): Promise<RunningTarget> {
+  if (!ctx.mooringCli) throw new BenchError('BENCH_NOT_BUILT', 'no Mooring CLI to serve with');
+  const volumeDir = join(ctx.dir, 'volume');
+  const socket = join(ctx.dir, 'nbd.sock');
+  checkSocketPath(socket);
+  const args = [
+    ctx.mooringCli,
+    'serve',
+    '--dir', volumeDir,
+    '--size', String(sizeBytes),
+    '--replicas', String(replicas),
+    '--nbd', `unix:${socket}`,
+  ];
+  ctx.log(`  start: node ${args.join(' ')}`);
+  const child = ctx.tracker.spawn(process.execPath, args);
+  const stderr = new TailBuffer(STDERR_TAIL_CHARS);
+  child.stderr?.setEncoding('utf8').on('data', (d: string) => stderr.push(d));
+
+  const ready = await new Promise<ReadyInfo>((resolve, reject) => {
+    let pending = '';
+    let settled = false;
+    const finish = (err: unknown, info?: ReadyInfo): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      ctx.abort.removeEventListener('abort', onAbort);
+      if (err) reject(err);
+      else resolve(info!);
+    };
+    const onAbort = (): void => finish(ctx.abort.reason);
+    const timer = setTimeout(
+      () => finish(new BenchError('BENCH_TARGET_FAILED', `mooring serve (${id}) printed no READY line within ${START_TIMEOUT_MS / 1000} s; stderr:\n${stderr}`)),
+      START_TIMEOUT_MS,
+    );
+    ctx.abort.addEventListener('abort', onAbort, { once: true });
+    child.once('error', (err) => finish(new BenchError('BENCH_TARGET_FAILED', `cannot start mooring serve: ${err.message}`)));
+    child.once('exit', () => {
+      // Give stderr's last chunk a moment to arrive before reporting it.
+      setTimeout(
+        () => finish(new BenchError('BENCH_TARGET_FAILED', `mooring serve (${id}) ${exitText(child)} before READY; stderr:\n${stderr}`)),
+        50,
+      );
+    });
+    child.stdout?.setEncoding('utf8').on('data', (d: string) => {
+      pending += d;
+      let nl: number;
+      while ((nl = pending.indexOf('\n')) >= 0) {
+        const line = pending.slice(0, nl).trim();
+        pending = pending.slice(nl + 1);
+        if (!line.startsWith('READY ')) continue;
+        try {
+          const info = JSON.parse(line.slice('READY '.length)) as ReadyInfo;
+          if (typeof info.uri !== 'string') throw new Error('no uri');
+          finish(undefined, info);
+        } catch (err) {
+          finish(new BenchError('BENCH_TARGET_FAILED', `mooring serve printed a malformed READY line: ${line} (${String(err)})`));
+        }
+      }
+      // Anything after READY is not part of the contract; do not accumulate it.
+      if (settled) pending = '';
+    });
+  }).catch(async (err: unknown) => {
+    await stopChild(child, 5_000);
+    throw err;
+  });
+
+  if (ready.replicas !== replicas || ready.sizeBytes !== sizeBytes) {
+    await stopChild(child, STOP_GRACE_MS);
+    throw new BenchError(
+      'BENCH_TARGET_FAILED',
+      `mooring serve reported ${ready.replicas} replicas / ${ready.sizeBytes} bytes, expected ${replicas} / ${sizeBytes}`,
+    );
+  }
+  ctx.log(`  ready: ${ready.uri}`);
+  return {
+    id,
+    endpoint: { kind: 'nbd', uri: ready.uri },
+    pid: child.pid,
+    stop: async (graceMs = STOP_GRACE_MS) => {
+      await stopChild(child, graceMs);
+      if (child.exitCode !== 0 && child.exitCode !== null) {
+        ctx.log(`  warning: mooring serve (${id}) exited with code ${child.exitCode} on SIGTERM; stderr:\n${stderr}`);
+      } else if (child.signalCode === 'SIGKILL') {
+        ctx.log(`  warning: mooring serve (${id}) did not exit within ${graceMs / 1000} s of SIGTERM; killed`);
+      }
+    },
+  };
+}
+
+/** Connects to a unix socket and resolves true once the NBD greeting ('NBDMAGIC') arrives. */
+function probeNbd(path: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const sock = connect(path);
+    let got = '';
+    const done = (ok: boolean): void => {
+      sock.destroy();
+      resolve(ok);
+    };
+    sock.setTimeout(2_000, () => done(false));
+    sock.on('error', () => done(false));
+    sock.on('data', (d: Buffer) => {
+      got += d.toString('latin1');
+      if (got.length >= 8) done(got.startsWith('NBDMAGIC'));
+    });
+    sock.on('end', () => done(false));
+  });
+}
+
+async function startQemuNbd(
+  id: TargetId,
+  format: 'raw' | 'qcow2',
+  noCache: boolean,
+  ctx: TargetContext,
+): Promise<RunningTarget> {
+  const image = join(ctx.dir, `disk.${format}`);
+  const socket = join(ctx.dir, 'nbd.sock');
+  checkSocketPath(socket);
+  if (format === 'raw') {
+    createSparse(image, ctx.areaBytes);
+  } else {
+    const r = await ctx.tracker.run('qemu-img', ['create', '-q', '-f', 'qcow2', image, String(ctx.areaBytes)], ctx.abort);
+    if (r.code !== 0) throw new BenchError('BENCH_TARGET_FAILED', `qemu-img create failed (${r.code}): ${r.stderr}`);
+  }
+  // -t: keep serving after a client disconnects; -e 8: fio numjobs=4 opens 4 connections.
+  const args = ['-f', format, '-t', '-e', '8', '-k', socket];
+  if (noCache) args.push('--cache=none', '--aio=native');
+  args.push(image);
+  ctx.log(`  start: qemu-nbd ${args.join(' ')}`);
+  const child = ctx.tracker.spawn('qemu-nbd', args);
+  const stderr = new TailBuffer(STDERR_TAIL_CHARS);
+  child.stderr?.setEncoding('utf8').on('data', (d: string) => stderr.push(d));
+  child.stdout?.resume();
+  let spawnError: Error | undefined;
+  child.once('error', (err) => {
+    spawnError = err;
+  });
+
+  const deadline = Date.now() + START_TIMEOUT_MS;
+  try {
+    for (;;) {
+      if (spawnError) {
+        throw new BenchError(
+          (spawnError as NodeJS.ErrnoException).code === 'ENOENT' ? 'BENCH_TOOL_MISSING' : 'BENCH_TARGET_FAILED',
+          `cannot start qemu-nbd: ${spawnError.message}`,
+        );
+      }
+      if (child.exitCode !== null || child.signalCode !== null) {
+        throw new BenchError('BENCH_TARGET_FAILED', `qemu-nbd (${id}) ${exitText(child)}; stderr:\n${stderr}`);
+      }
+      if (await probeNbd(socket)) break;
+      if (Date.now() > deadline) {
+        throw new BenchError('BENCH_TARGET_FAILED', `qemu-nbd (${id}) did not accept connections within ${START_TIMEOUT_MS / 1000} s; stderr:\n${stderr}`);
+      }
+      await sleep(PROBE_INTERVAL_MS, ctx.abort);
+    }
+  } catch (err) {
+    await stopChild(child, 5_000);
+    throw err;
+  }
+  const uri = `nbd+unix:///?socket=${socket}`;
+  ctx.log(`  ready: ${uri}`);
+  return {
+    id,
+    endpoint: { kind: 'nbd', uri },
+    pid: child.pid,
+    stop: async (graceMs = STOP_GRACE_MS) => {
+      await stopChild(child, graceMs);
+    },
+  };
+}

@@ -1,0 +1,84 @@
+// Smoke test of the benchmark harness: a very short run must produce the table and the
+// report. No timing is asserted (benchmarks are not tests); this only proves the harness
+// starts its targets, parses fio's JSON and cleans up after itself.
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it, vi } from 'vitest';
+import { parseBenchArgs, runBench } from '../../src/bench/index.js';
+
+function has(tool: string): boolean {
+  try {
+    execFileSync(tool, ['--version'], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+const root = join(import.meta.dirname, '..', '..');
+const mooringBuilt = existsSync(join(root, 'dist', 'cli.js')) && existsSync(join(root, 'prebuilds', 'linux-x64'));
+const tools = has('fio') && has('qemu-nbd') && has('qemu-img');
+const work = mkdtempSync(join(os.tmpdir(), 'mooring-bench-smoke-'));
+
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+describe('bench options', () => {
+  it('defaults to the full run and parses sizes and lists', () => {
+    const full = parseBenchArgs([]);
+    expect(full.runtimeSec).toBe(10);
+    expect(full.workloadIds).toHaveLength(10);
+    expect(full.targets).toContain('qemu-raw');
+    const quick = parseBenchArgs(['--quick', '--size', '64M', '--targets', 'file-buffered,qemu-raw', '--out', '-']);
+    expect(quick.runtimeSec).toBe(3);
+    expect(quick.areaBytes).toBe(64 * 1024 * 1024);
+    expect(quick.targets).toEqual(['file-buffered', 'qemu-raw']);
+    expect(quick.outPath).toBeUndefined();
+  });
+
+  it('rejects unknown targets and bad sizes with exit code 2', async () => {
+    const err = vi.spyOn(process.stderr, 'write').mockImplementation(() => true);
+    try {
+      expect(await runBench(['--targets', 'nope'])).toBe(2);
+      expect(await runBench(['--size', '1000'])).toBe(2);
+    } finally {
+      err.mockRestore();
+    }
+  });
+});
+
+describe.skipIf(!tools)('bench smoke run', () => {
+  it('produces the table and the report, and leaves nothing behind', async () => {
+    const out = join(work, 'benchmarks.md');
+    const targets = [...(mooringBuilt ? ['mooring-1'] : []), 'qemu-raw', 'file-buffered'];
+    let stdout = '';
+    const outSpy = vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => {
+      stdout += String(chunk);
+      return true;
+    });
+    const errSpy = vi.spyOn(process.stderr, 'write').mockImplementation(() => true);
+    let code: number;
+    try {
+      code = await runBench([
+        '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work,
+        '--targets', targets.join(','), '--workloads', 'randread-4k-qd16-j1,write-1m-qd8',
+        '--no-rss', '--out', out,
+      ]);
+    } finally {
+      outSpy.mockRestore();
+      errSpy.mockRestore();
+    }
+    expect(code).toBe(0);
+    expect(stdout).toContain('4k randread qd16 j1');
+    expect(stdout).toContain('qemu-nbd raw (writeback)');
+    expect(stdout).toMatch(/\d+(\.\d)?k?\s/);
+    const md = readFileSync(out, 'utf8');
+    expect(md).toContain('## Machine');
+    expect(md).toContain('| workload |');
+    expect(md).toContain('## Targets');
+    if (mooringBuilt) expect(md).toMatch(/M1\/qemu raw/);
+    // The scratch directory and every child are gone.
+    expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
+  });
+});
