@@ -10,20 +10,24 @@
 #include "binding/event-queue.h"
 #include "engine/engine.h"
 #include "nbd/nbd-server.h"
+#include "store/replica.h"
 
 namespace mooring {
 
 struct EngineInit;
 struct NbdServerInit;
+struct ReplicaInit;
 
 struct AddonData {
   Napi::FunctionReference engine_ctor;
   Napi::FunctionReference nbd_server_ctor;
+  Napi::FunctionReference replica_ctor;
 
   // Handed from native code to a wrapper constructor. The constructors refuse to run
   // without one, so `new (engine.constructor)()` from JS cannot build a hollow handle.
   EngineInit* pending_engine = nullptr;
   NbdServerInit* pending_nbd_server = nullptr;
+  ReplicaInit* pending_replica = nullptr;
 
   // Everything still open, so the env cleanup hook can close it when the process or
   // worker exits without close(). JS thread only.
@@ -33,9 +37,11 @@ struct AddonData {
   };
   std::map<const Engine*, OpenEngine> engines;
   std::map<const NbdServer*, std::shared_ptr<NbdServer>> nbd_servers;
+  std::map<const Replica*, std::shared_ptr<Replica>> replicas;  // opened by openReplica
 
   // Env teardown: servers first (they use engines), then engines (drain, flush, mark
-  // clean). Blocks, which is acceptable only here: nothing else runs any more.
+  // clean), then replicas opened directly. Blocks, which is acceptable only here: nothing
+  // else runs any more.
   void CloseAll() {
     auto servers = std::move(nbd_servers);
     nbd_servers.clear();
@@ -46,6 +52,11 @@ struct AddonData {
       if (kv.second.events) kv.second.events->Detach();
       kv.second.engine->Shutdown();
     }
+    // Replicas opened directly: flush and release their directory locks. Not marked
+    // clean: nothing here knows whether their writer was done.
+    auto direct = std::move(replicas);
+    replicas.clear();
+    for (auto& kv : direct) kv.second->Close();
   }
 
   static AddonData* Get(Napi::Env env) { return env.GetInstanceData<AddonData>(); }

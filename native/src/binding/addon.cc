@@ -1,4 +1,4 @@
-// Module entry: exports { version, createReplica, openEngine } as typed in
+// Module entry: exports { version, createReplica, openEngine, openReplica } as typed in
 // src/native/binding.ts. State lives in AddonData (napi instance data), one per env.
 #include <napi.h>
 
@@ -12,10 +12,11 @@
 #include "binding/event-queue.h"
 #include "binding/js-args.h"
 #include "binding/nbd-server-wrap.h"
+#include "binding/replica-wrap.h"
 #include "store/replica.h"
 
 #ifndef MOORING_VERSION
-#define MOORING_VERSION "0.1.0"  // keep in step with package.json (or define it in binding.gyp)
+#define MOORING_VERSION "0.0.0-unknown"  // binding.gyp defines it from package.json
 #endif
 
 namespace mooring {
@@ -84,6 +85,28 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
   });
 }
 
+Napi::Value OpenReplica(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return RunPromise(env, [&]() -> PromiseWorker* {
+    AddonData* data = AddonData::Get(env);
+    const std::string dir = ToStr(Arg(info, 0), "dir");
+    auto opened = std::make_shared<std::shared_ptr<Replica>>();
+    return new TaskWorker(
+        env,
+        [dir, opened]() -> Status {
+          std::unique_ptr<Replica> r;
+          Status st = Replica::Open(dir, &r);
+          if (st.ok()) *opened = std::move(r);
+          return st;
+        },
+        [data, opened](Napi::Env env) -> Napi::Value {
+          // Registered before the wrapper exists, so even a failure below is cleaned up at exit.
+          data->replicas[opened->get()] = *opened;
+          return ReplicaWrap::NewInstance(env, data, ReplicaInit{*opened});
+        });
+  });
+}
+
 // process.exit() ends the main thread without running env cleanup hooks, so open engines
 // would be left unflushed and not marked clean. This is the one process-wide list: the
 // live AddonData of every env, closed from an atexit handler. Workers' envs run their
@@ -108,6 +131,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   auto* data = new AddonData();
   data->engine_ctor = Napi::Persistent(EngineWrap::Define(env));
   data->nbd_server_ctor = Napi::Persistent(NbdServerWrap::Define(env));
+  data->replica_ctor = Napi::Persistent(ReplicaWrap::Define(env));
   env.SetInstanceData<AddonData>(data);  // deleted by Node after the cleanup hook ran
   napi_add_env_cleanup_hook(env, CleanupHook, data);
   {
@@ -122,6 +146,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("version", Napi::String::New(env, MOORING_VERSION));
   exports.Set("createReplica", Napi::Function::New(env, CreateReplica, "createReplica"));
   exports.Set("openEngine", Napi::Function::New(env, OpenEngine, "openEngine"));
+  exports.Set("openReplica", Napi::Function::New(env, OpenReplica, "openReplica"));
   return exports;
 }
 

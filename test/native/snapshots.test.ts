@@ -1,0 +1,249 @@
+// Snapshots through the real addon: O(1) create, listing, name checks, delete by merge and
+// by prune with real space reclaimed, revert (refused while exported), on a 3-replica
+// Volume whose replicas are compared afterwards; and a chain of 1,000 snapshots.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { Engine } from '../../src/engine/engine.js';
+import { Volume } from '../../src/volume/volume.js';
+import { BLOCK, MiB, KiB, Scratch, addon, assertReplicasIdentical, codeOf, pattern, replicaPath, withReplica } from './helpers.js';
+
+function expectSame(actual: Buffer, expected: Buffer, what: string): void {
+  if (!actual.equals(expected)) {
+    const at = actual.length !== expected.length ? -1 : actual.findIndex((b, i) => b !== expected[i]);
+    throw new Error(`${what}: differs at byte ${at} (lengths ${actual.length}/${expected.length})`);
+  }
+}
+
+describe('snapshots on a 3-replica volume (real addon)', () => {
+  const size = 32 * MiB;
+  let s: Scratch;
+  let dir: string;
+  let vol: Volume;
+  const model = Buffer.alloc(size);
+
+  async function write(off: number, data: Buffer): Promise<void> {
+    await vol.write(off, data);
+    data.copy(model, off);
+  }
+  async function allocated(): Promise<number[]> {
+    return (await vol.status()).replicas.map((r) => r.allocatedBytes);
+  }
+  async function checkData(what: string): Promise<void> {
+    expectSame(await vol.read(0, size), model, what);
+  }
+
+  beforeAll(async () => {
+    s = new Scratch('mooring-native-snap-');
+    dir = s.path('vol');
+    vol = await Volume.create({ dir, sizeBytes: size, replicas: 3 });
+  });
+  afterAll(async () => {
+    await vol.close().catch(() => undefined);
+    s.cleanup();
+  });
+
+  it('creates a snapshot in O(1): nothing copied, allocation unchanged, listed with its metadata', async () => {
+    await write(0, pattern(1, 4 * MiB));
+    await vol.flush();
+    const before = await allocated();
+    const headBefore = (await vol.engine!.listLayers()).find((l) => l.head)!;
+    expect(headBefore.allocatedBytes).toBeGreaterThanOrEqual(4 * MiB);
+    const t0 = Date.now();
+    const snap = await vol.createSnapshot('s1', { labels: { owner: 'tests', 'example.com/purpose': 'o(1)' } });
+    const t1 = Date.now();
+    expect(snap).toMatchObject({
+      name: 's1',
+      parent: null,
+      labels: { owner: 'tests', 'example.com/purpose': 'o(1)' },
+      sizeBytes: size,
+      userCreated: true,
+      allocatedBytes: headBefore.allocatedBytes, // the old head's file, untouched
+    });
+    expect(snap.createdMs).toBeGreaterThanOrEqual(t0);
+    expect(snap.createdMs).toBeLessThanOrEqual(t1);
+    expect(await allocated()).toEqual(before);
+    const layers = await vol.engine!.listLayers();
+    expect(layers.map((l) => [l.name, l.head, l.parentId === '' ? '' : 'p'])).toEqual([
+      ['s1', false, ''],
+      ['', true, 'p'],
+    ]);
+    expect(layers[1]!.allocatedBytes).toBe(0);
+    await checkData('after snapshot');
+
+    await write(5 * MiB, pattern(2, MiB));
+    const s2 = await vol.createSnapshot('s2');
+    expect(s2.parent).toBe('s1');
+    expect(s2.labels).toEqual({});
+    expect((await vol.listSnapshots()).map((x) => [x.name, x.parent])).toEqual([
+      ['s1', null],
+      ['s2', 's1'],
+    ]);
+  });
+
+  it('refuses bad, duplicate and unknown names with coded errors', async () => {
+    for (const bad of ['', 'a/b', '../x', '.', '..', 'x'.repeat(64), 'sp ace', 'é', 'a\0b']) {
+      expect(await codeOf(vol.createSnapshot(bad)), JSON.stringify(bad)).toBe('INVALID_ARGUMENT');
+    }
+    expect(await codeOf(vol.createSnapshot('s1'))).toBe('ALREADY_EXISTS');
+    expect(await codeOf(vol.deleteSnapshot('nope'))).toBe('NOT_FOUND');
+    expect(await codeOf(vol.revertToSnapshot('nope'))).toBe('NOT_FOUND');
+    expect((await vol.listSnapshots()).map((x) => x.name)).toEqual(['s1', 's2']);
+  });
+
+  it('deletes a snapshot with a snapshot child by merging: one layer less, data intact, space reclaimed', async () => {
+    // s1 holds [0, 4M), s2 [5M, 6M). Deleting s2 (only child: the head) hides it; then s3
+    // takes a head that shadows s1's first MiB: s1 -> s2 (removed) -> s3 -> head.
+    await vol.deleteSnapshot('s2');
+    await write(0, pattern(3, MiB));
+    await write(8 * MiB, pattern(4, MiB));
+    await vol.createSnapshot('s3');
+    await write(12 * MiB, pattern(5, MiB));
+    await checkData('before merge');
+    const layersBefore = await vol.engine!.listLayers();
+    const before = await allocated();
+
+    await vol.deleteSnapshot('s1');
+    const layersAfter = await vol.engine!.listLayers();
+    expect(layersAfter.length).toBeLessThan(layersBefore.length);
+    expect(layersAfter.find((l) => l.name === 's1')).toBeUndefined();
+    expect((await vol.listSnapshots()).map((x) => [x.name, x.parent])).toEqual([['s3', null]]);
+    await checkData('after merge');
+    // s1's first MiB was shadowed by s3's copy: merging dropped it, so each replica frees
+    // about 1 MiB (the other 3 MiB moved into the child).
+    const after = await allocated();
+    after.forEach((a, i) => {
+      const freed = before[i]! - a;
+      expect(freed, `replica r${i}`).toBeGreaterThanOrEqual(MiB - 64 * KiB);
+      expect(freed, `replica r${i}`).toBeLessThanOrEqual(MiB + 64 * KiB);
+    });
+  });
+
+  it('deletes a snapshot whose only child is the head by pruning: hidden, space reclaimed, data intact', async () => {
+    const s3 = (await vol.listSnapshots()).find((x) => x.name === 's3')!;
+    await write(8 * MiB, pattern(6, 2 * MiB)); // the head shadows s3's [8M, 9M) (and more)
+    await vol.flush();
+    const before = await allocated();
+    await vol.deleteSnapshot('s3');
+    expect(await vol.listSnapshots()).toEqual([]);
+    const layers = await vol.engine!.listLayers();
+    const kept = layers.find((l) => l.id === s3.id)!;
+    expect(kept.removed).toBe(true); // still under the head, hidden
+    await checkData('after prune');
+    const after = await allocated();
+    after.forEach((a, i) => {
+      const freed = before[i]! - a;
+      expect(freed, `replica r${i}`).toBeGreaterThanOrEqual(MiB - 64 * KiB);
+      expect(freed, `replica r${i}`).toBeLessThanOrEqual(MiB + 64 * KiB);
+    });
+  });
+
+  it('reverts to a snapshot, and refuses while exported', async () => {
+    await vol.createSnapshot('good');
+    const good = Buffer.from(model);
+    await write(20 * MiB, pattern(7, MiB));
+    await write(100, pattern(8, 5000));
+    const exp = await vol.export();
+    try {
+      expect(await codeOf(vol.revertToSnapshot('good'))).toBe('INVALID_STATE');
+      await checkData('after refused revert');
+    } finally {
+      await exp.close();
+    }
+    await vol.revertToSnapshot('good');
+    good.copy(model);
+    await checkData('after revert');
+    expect((await vol.listSnapshots()).map((x) => x.name)).toEqual(['good']);
+    // The volume is writable after revert, and the snapshot stays as it was.
+    await write(0, pattern(9, BLOCK));
+    await checkData('write after revert');
+  });
+
+  it('leaves the three replicas identical, with the same layers', async () => {
+    await vol.close();
+    const r = await assertReplicasIdentical(dir, { expected: model });
+    expect(r.ids).toEqual(['r0', 'r1', 'r2']);
+    const lists = [];
+    for (const id of r.ids) {
+      lists.push(await withReplica(replicaPath(dir, id), async (rep) => (await rep.listLayers()).map((l) => [l.id, l.parent, l.name, l.removed])));
+    }
+    expect(lists[1]).toEqual(lists[0]);
+    expect(lists[2]).toEqual(lists[0]);
+  });
+
+  it('refuses bad names at the native boundary too (not only in TypeScript)', async () => {
+    const rdir = s.path('native-names');
+    await addon().createReplica(rdir, MiB);
+    const engine = await addon().openEngine({ replicas: [rdir] });
+    try {
+      for (const bad of ['', 'a/b', '../x', 'x'.repeat(256), 'new\nline']) {
+        expect(await codeOf(engine.snapshot(bad, {}, true)), JSON.stringify(bad)).toBe('INVALID_ARGUMENT');
+      }
+      expect(await codeOf(engine.snapshot('ok', { '': 'v' }, true))).toBe('INVALID_ARGUMENT');
+      expect(await codeOf(engine.snapshot('ok', 'labels' as unknown as Record<string, string>, true))).toBe('INVALID_ARGUMENT');
+      await engine.snapshot('ok', {}, true);
+      expect(await codeOf(engine.snapshot('ok', {}, true))).toBe('ALREADY_EXISTS');
+      expect(await codeOf(engine.deleteSnapshot('missing'))).toBe('NOT_FOUND');
+      expect((await engine.listSnapshots()).map((l) => l.name)).toEqual(['ok', '']);
+    } finally {
+      await engine.close();
+    }
+  });
+});
+
+describe('a chain of 1,000 snapshots (real addon)', () => {
+  it('takes 1,000 snapshots each over a distinct write, reopens, and reads every write back', async () => {
+    const s = new Scratch('mooring-native-chain-');
+    try {
+      const dir = s.path('r0');
+      const count = 1000;
+      await addon().createReplica(dir, 64 * MiB);
+      // Each write: 300 bytes at an unaligned offset in its own 16 KiB slot.
+      const at = (i: number): number => i * 16 * KiB + (i % 7) * 100;
+      const data = (i: number): Buffer => pattern(1000 + i, 300);
+      let engine = await Engine.open({ replicas: [{ id: 'r0', path: dir }] });
+      const t0 = Date.now();
+      try {
+        for (let i = 0; i < count; i++) {
+          await engine.write(at(i), data(i));
+          await engine.createSnapshot(`s${i}`);
+        }
+      } finally {
+        await engine.close();
+      }
+      const tCreate = Date.now() - t0;
+      const t1 = Date.now();
+      engine = await Engine.open({ replicas: [{ id: 'r0', path: dir }] });
+      const tOpen = Date.now() - t1;
+      try {
+        const layers = await engine.listLayers();
+        expect(layers).toHaveLength(count + 1);
+        expect(layers[count - 1]!.name).toBe(`s${count - 1}`);
+        const t2 = Date.now();
+        const reads = await Promise.all(Array.from({ length: count }, (_, i) => engine.read(at(i), 300)));
+        const tRead = Date.now() - t2;
+        reads.forEach((b, i) => expectSame(b, data(i), `write ${i}`));
+        // Nothing else is set: the gap after each write reads as zeros through the chain.
+        expect((await engine.read(at(500) + 300, 100)).every((b) => b === 0)).toBe(true);
+        // Deleting from the middle of the long chain merges into its child.
+        const t3 = Date.now();
+        await engine.deleteSnapshot('s500');
+        const tDelete = Date.now() - t3;
+        expect(await engine.listLayers()).toHaveLength(count);
+        expectSame(await engine.read(at(500), 300), data(500), 'write 500 after deleting s500');
+        expectSame(await engine.read(at(501), 300), data(501), 'write 501 after deleting s500');
+        console.log(
+          `1,000-snapshot chain: create ${tCreate} ms (write + snapshot each), reopen ${tOpen} ms, ` +
+            `1,000 reads ${tRead} ms, delete from the middle ${tDelete} ms`,
+        );
+      } finally {
+        await engine.close();
+      }
+      await withReplica(dir, async (r) => {
+        expect(await r.listLayers()).toHaveLength(count);
+        expectSame(await r.read(at(999), 300), data(999), 'write 999 via openReplica');
+      });
+    } finally {
+      s.cleanup();
+    }
+  });
+});
