@@ -426,6 +426,12 @@ int Replica::WriteBlocks(uint64_t b0, uint64_t b1, const uint8_t* src) {
   if (src) {
     int rc = fsutil::PwriteFull(head_->fd(), src, (b1 - b0) * kBlock, b0 * kBlock);
     if (rc != 0) return rc;
+    {
+      // A warm volume mostly overwrites blocks the head already owns: skip the exclusive
+      // lock (which every replica's every write would otherwise serialise on).
+      std::shared_lock<RwLock> maps(map_mu_);
+      if (head_->extents().Covers(b0, b1)) return 0;
+    }
     std::unique_lock<RwLock> maps(map_mu_);
     head_->extents().Set(b0, b1, head_->num());
     return 0;
