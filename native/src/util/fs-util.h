@@ -20,7 +20,10 @@ std::string JoinPath(const std::string& dir, const std::string& name);
 
 // Reads exactly len bytes at off; -EIO if the file ends first.
 int PreadFull(int fd, void* buf, size_t len, uint64_t off);
+// Largest single pwrite PwriteFull issues (see fs-util.cc for why writes are split).
+constexpr size_t kPwriteChunkBytesMax = 16 * 1024;
 // Writes exactly len bytes at off.
+
 int PwriteFull(int fd, const void* buf, size_t len, uint64_t off);
 // Deallocates [off, off+len) keeping the file size (FALLOC_FL_PUNCH_HOLE|KEEP_SIZE).
 int PunchHole(int fd, uint64_t off, uint64_t len);
