@@ -66,6 +66,7 @@ export type {
   NativeNbdOptions,
   NativeNbdServer,
   NativeNbdStats,
+  NativeReplica,
   NativeReplicaMode,
   NativeReplicaState,
   NativeWriteZeroesOptions,

@@ -12,7 +12,10 @@ import {
   stopChild,
   type ProcessTracker,
 } from './processes.js';
+import type { ReadyInfo } from '../cli/serve.js';
 import type { TargetId } from './target-ids.js';
+
+export type { ReadyInfo };
 
 /** Where fio sends its I/O. */
 export type Endpoint =
@@ -27,15 +30,6 @@ export interface RunningTarget {
   pid: number | undefined;
   /** Ends the target; `graceMs` overrides how long a server may take to drain and flush. */
   stop(graceMs?: number): Promise<void>;
-}
-
-/** The fields of the READY line the benchmark uses (CLI contract). */
-export interface ReadyInfo {
-  uri: string;
-  nbd: string;
-  sizeBytes: number;
-  replicas: number;
-  epoch: number;
 }
 
 /** How long a server may take to come up (a 3-replica create writes metadata thrice). */

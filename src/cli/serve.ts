@@ -16,6 +16,20 @@ import {
   type CliContext,
 } from './common.js';
 
+/** The JSON that follows `READY ` on serve's stdout (the CLI contract). */
+export interface ReadyInfo {
+  /** NBD URI for clients: `nbd+unix:///?socket=PATH` or `nbd://127.0.0.1:PORT/`. */
+  uri: string;
+  /** The address in `--nbd` form, with the bound port for TCP. */
+  nbd: string;
+  /** Volume size in bytes. */
+  sizeBytes: number;
+  /** Number of replicas. */
+  replicas: number;
+  /** The writer epoch this server claimed. */
+  epoch: number;
+}
+
 /** Help text of `mooring serve`. */
 export const SERVE_HELP = `Usage: mooring serve --dir DIR [--size SIZE] [--replicas N] [--nbd ADDRESS] [--export-name NAME]
 
@@ -121,7 +135,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
       return 0;
     }
     const exp = await v.export({ nbd, ...(values['export-name'] !== undefined ? { exportName: values['export-name'] } : {}) });
-    const ready = { uri: exp.uri, nbd: exp.addressString, sizeBytes: v.sizeBytes, replicas: v.replicaCount, epoch: v.epoch };
+    const ready: ReadyInfo = { uri: exp.uri, nbd: exp.addressString, sizeBytes: v.sizeBytes, replicas: v.replicaCount, epoch: v.epoch };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
     ctx.stderr(`mooring: serving ${v.name} (${formatBytes(v.sizeBytes)}, ${v.replicaCount} replicas, epoch ${ready.epoch}) at ${exp.uri}\n`);
 

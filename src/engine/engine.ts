@@ -16,7 +16,9 @@ import type {
   NativeEngineEvent,
   NativeExtent,
   NativeLayerInfo,
+  NativeReplicaMode,
   NativeReplicaState,
+  NativeWriteZeroesOptions,
 } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
 import { NbdExport, toNativeNbdOptions, type NbdExportOptions } from '../nbd/nbd-export.js';
@@ -27,7 +29,7 @@ import { checkLabels, checkName, checkRange, describe } from '../util/validate.j
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
 /** How the engine uses a replica: RW (read and written), WO (written only, being rebuilt), ERR (dropped). */
-export type ReplicaMode = 'RW' | 'WO' | 'ERR';
+export type ReplicaMode = NativeReplicaMode;
 
 /** One replica an engine opens. */
 export interface EngineReplicaSpec {
@@ -135,37 +137,15 @@ export interface WriteOptions {
 }
 
 /** Options of {@link Engine.writeZeroes}. */
-export interface WriteZeroesOptions {
-  /** Storage may be released (default true). */
-  mayTrim?: boolean;
-  /** Fail with UNSUPPORTED rather than write zeros the slow way. */
-  fastOnly?: boolean;
-  /** Durable when the call resolves. */
-  fua?: boolean;
-}
+export type WriteZeroesOptions = NativeWriteZeroesOptions;
 
-/** One layer of the volume's chain: a snapshot, or the head (the writable top). */
-export interface LayerInfo {
-  /** Stable layer id, never reused. */
-  id: string;
+/**
+ * One layer of the volume's chain: a snapshot, or the head (the writable top). The native
+ * layer info without its file name, and with the parent named `parentId`.
+ */
+export interface LayerInfo extends Omit<NativeLayerInfo, 'file' | 'parent'> {
   /** Parent layer id, '' for the bottom layer. */
   parentId: string;
-  /** Snapshot name, '' for the head. */
-  name: string;
-  /** Whether this is the writable head. */
-  head: boolean;
-  /** Deleted by the user but kept because the head depends on it. */
-  removed: boolean;
-  /** Created by a user (false: taken by Mooring itself). */
-  userCreated: boolean;
-  /** Creation time, ms since the epoch. */
-  createdMs: number;
-  /** User labels. */
-  labels: Record<string, string>;
-  /** Volume size when the layer was created. */
-  sizeBytes: number;
-  /** Real disk usage of the layer file. */
-  allocatedBytes: number;
 }
 
 /** Options of {@link Engine.createSnapshot}. */

@@ -24,18 +24,29 @@ export interface NativeReplicaState {
   lastError: number;
 }
 
+/** One layer of a replica's chain: a snapshot, or the head (the writable top). */
 export interface NativeLayerInfo {
+  /** Stable layer id, never reused. */
   id: string;
+  /** Layer file name inside the replica directory. */
   file: string;
+  /** Parent layer id, '' for the bottom layer. */
   parent: string;
   /** Snapshot name, '' for the head. */
   name: string;
+  /** Whether this is the writable head. */
   head: boolean;
+  /** Deleted by the user but kept because the head depends on it. */
   removed: boolean;
+  /** Created by a user (false: taken by Mooring itself). */
   userCreated: boolean;
+  /** Creation time, ms since the epoch. */
   createdMs: number;
+  /** User labels. */
   labels: Record<string, string>;
+  /** Volume size when the layer was created. */
   sizeBytes: number;
+  /** Real disk usage of the layer file. */
   allocatedBytes: number;
 }
 
@@ -62,11 +73,17 @@ export interface NativeNbdOptions {
   unixPath?: string;
   tcpHost?: string;
   tcpPort?: number;
+  /** Export name clients ask for; '' (default) is the default export. */
   exportName?: string;
+  /** Free text shown by `nbdinfo`. */
   description?: string;
+  /** Serve read-only (writes, trims and zeroes are refused with EPERM). */
   readOnly?: boolean;
+  /** Largest request accepted and advertised as the maximum block size (default 32 MiB). */
   maxRequestBytes?: number;
+  /** Worker threads serving requests (default 4). */
   ioThreads?: number;
+  /** Simultaneous client connections (default 64). */
   maxConnections?: number;
 }
 
@@ -88,8 +105,11 @@ export interface NativeNbdServer {
 }
 
 export interface NativeWriteZeroesOptions {
+  /** Storage may be released (default true). */
   mayTrim?: boolean;
+  /** Fail with UNSUPPORTED rather than write zeros the slow way. */
   fastOnly?: boolean;
+  /** Durable when the call resolves. */
   fua?: boolean;
 }
 

@@ -26,25 +26,17 @@ export const NBD_LIMITS = {
   descriptionLengthMax: 1024,
 } as const;
 
-/** How to export a volume over NBD. */
-export interface NbdExportOptions {
+/**
+ * How to export a volume over NBD: where to listen, plus the native server's tunables
+ * (bounded by {@link NBD_LIMITS}).
+ */
+export interface NbdExportOptions
+  extends Pick<NativeNbdOptions, 'exportName' | 'description' | 'readOnly' | 'maxRequestBytes' | 'ioThreads' | 'maxConnections'> {
   /**
    * Where to listen: `unix:PATH`, `tcp:HOST:PORT` (PORT 0 = ephemeral) or a parsed
    * {@link NbdAddress}. `Volume.export` defaults to `unix:DIR/nbd.sock`.
    */
   nbd?: string | NbdAddress;
-  /** Export name clients ask for; '' (default) is the default export. */
-  exportName?: string;
-  /** Free text shown by `nbdinfo`. */
-  description?: string;
-  /** Serve read-only (writes, trims and zeroes are refused with EPERM). */
-  readOnly?: boolean;
-  /** Largest request accepted and advertised as the maximum block size (default 32 MiB). */
-  maxRequestBytes?: number;
-  /** Worker threads serving requests (default 4). */
-  ioThreads?: number;
-  /** Simultaneous client connections (default 64). */
-  maxConnections?: number;
 }
 
 /** Counters of an NBD export since it started. */

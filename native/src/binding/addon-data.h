@@ -7,7 +7,9 @@
 #include <map>
 #include <memory>
 
+#include "binding/async-worker.h"
 #include "binding/event-queue.h"
+#include "binding/wrap-init.h"
 #include "engine/engine.h"
 #include "nbd/nbd-server.h"
 #include "store/replica.h"
@@ -19,15 +21,11 @@ struct NbdServerInit;
 struct ReplicaInit;
 
 struct AddonData {
-  Napi::FunctionReference engine_ctor;
-  Napi::FunctionReference nbd_server_ctor;
-  Napi::FunctionReference replica_ctor;
-
-  // Handed from native code to a wrapper constructor. The constructors refuse to run
-  // without one, so `new (engine.constructor)()` from JS cannot build a hollow handle.
-  EngineInit* pending_engine = nullptr;
-  NbdServerInit* pending_nbd_server = nullptr;
-  ReplicaInit* pending_replica = nullptr;
+  // The wrapper classes. Their constructors refuse to run without an Init from native
+  // code, so `new (engine.constructor)()` from JS cannot build a hollow handle.
+  NativeClass<EngineInit> engine_class;
+  NativeClass<NbdServerInit> nbd_server_class;
+  NativeClass<ReplicaInit> replica_class;
 
   // Everything still open, so the env cleanup hook can close it when the process or
   // worker exits without close(). JS thread only.
@@ -61,5 +59,15 @@ struct AddonData {
 
   static AddonData* Get(Napi::Env env) { return env.GetInstanceData<AddonData>(); }
 };
+
+// For a wrapper constructor: the Init that native code handed over through `cls`. Throws
+// INVALID_ARGUMENT with `refusal` when JS code called the constructor itself.
+template <typename Init>
+Init& TakePendingInit(Napi::Env env, NativeClass<Init> AddonData::*cls, const char* refusal) {
+  AddonData* data = AddonData::Get(env);
+  Init* init = data ? (data->*cls).Take() : nullptr;
+  if (init == nullptr) throw MakeError(env, Code::kInvalidArgument, refusal);
+  return *init;
+}
 
 }  // namespace mooring

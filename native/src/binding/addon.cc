@@ -75,7 +75,7 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
         [data, opened, events](Napi::Env env) -> Napi::Value {
           // Registered before the wrapper exists, so even a failure below is cleaned up at exit.
           data->engines[opened->get()] = AddonData::OpenEngine{*opened, events};
-          Napi::Object obj = EngineWrap::NewInstance(env, data, EngineInit{*opened, events});
+          Napi::Object obj = data->engine_class.New(EngineInit{*opened, events});
           if (events) events->Resume();
           return obj;
         },
@@ -102,7 +102,7 @@ Napi::Value OpenReplica(const Napi::CallbackInfo& info) {
         [data, opened](Napi::Env env) -> Napi::Value {
           // Registered before the wrapper exists, so even a failure below is cleaned up at exit.
           data->replicas[opened->get()] = *opened;
-          return ReplicaWrap::NewInstance(env, data, ReplicaInit{*opened});
+          return data->replica_class.New(ReplicaInit{*opened});
         });
   });
 }
@@ -129,9 +129,9 @@ void CleanupHook(void* arg) {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   auto* data = new AddonData();
-  data->engine_ctor = Napi::Persistent(EngineWrap::Define(env));
-  data->nbd_server_ctor = Napi::Persistent(NbdServerWrap::Define(env));
-  data->replica_ctor = Napi::Persistent(ReplicaWrap::Define(env));
+  data->engine_class.ctor = Napi::Persistent(EngineWrap::Define(env));
+  data->nbd_server_class.ctor = Napi::Persistent(NbdServerWrap::Define(env));
+  data->replica_class.ctor = Napi::Persistent(ReplicaWrap::Define(env));
   env.SetInstanceData<AddonData>(data);  // deleted by Node after the cleanup hook ran
   napi_add_env_cleanup_hook(env, CleanupHook, data);
   {

@@ -141,6 +141,15 @@ class TaskWorker final : public PromiseWorker {
   DoneFn done_;
 };
 
+// A TaskWorker for a method of a wrapped object, pinning the object (`this`) until the
+// promise settles so that it is not collected under the call.
+inline TaskWorker* PinnedTask(const Napi::CallbackInfo& info, TaskWorker::RunFn run,
+                              TaskWorker::ResultFn result = nullptr, TaskWorker::DoneFn done = nullptr) {
+  auto* w = new TaskWorker(info.Env(), std::move(run), std::move(result), std::move(done));
+  w->Pin(info.This());
+  return w;
+}
+
 // Runs `make` (which validates on the JS thread and returns a worker) and starts the
 // worker; a JsError thrown while validating becomes a rejected promise, so promise
 // methods never throw synchronously for bad input.

@@ -1,11 +1,11 @@
 #include "binding/engine-wrap.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "binding/async-worker.h"
 #include "binding/js-args.h"
+#include "binding/js-values.h"
 #include "binding/nbd-server-wrap.h"
 
 namespace mooring {
@@ -15,24 +15,6 @@ namespace {
 constexpr size_t kMaxUnixPathBytes = 107;
 // NBD export names and descriptions are at most 4096 bytes (protocol limit).
 constexpr size_t kMaxNbdStringBytes = 4096;
-
-Napi::Object LayerToJs(Napi::Env env, const LayerInfo& l) {
-  Napi::Object o = Napi::Object::New(env);
-  o.Set("id", l.id);
-  o.Set("file", l.file);
-  o.Set("parent", l.parent);
-  o.Set("name", l.name);
-  o.Set("head", l.head);
-  o.Set("removed", l.removed);
-  o.Set("userCreated", l.user_created);
-  o.Set("createdMs", Napi::Number::New(env, static_cast<double>(l.created_ms)));
-  Napi::Object labels = Napi::Object::New(env);
-  for (const auto& kv : l.labels) labels.Set(kv.first, kv.second);
-  o.Set("labels", labels);
-  o.Set("sizeBytes", JsNum(env, l.size_bytes));
-  o.Set("allocatedBytes", JsNum(env, l.allocated_bytes));
-  return o;
-}
 
 NbdServerOptions ParseNbdOptions(const Napi::Value& v) {
   Napi::Object o = ToObject(v, "options");
@@ -89,33 +71,15 @@ Napi::Function EngineWrap::Define(Napi::Env env) {
                      });
 }
 
-Napi::Object EngineWrap::NewInstance(Napi::Env env, AddonData* data, EngineInit init) {
-  data->pending_engine = &init;
-  try {
-    Napi::Object o = data->engine_ctor.New({});
-    data->pending_engine = nullptr;
-    return o;
-  } catch (...) {
-    data->pending_engine = nullptr;
-    throw;
-  }
-}
-
 EngineWrap::EngineWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<EngineWrap>(info) {
   Napi::Env env = info.Env();
-  AddonData* data = AddonData::Get(env);
-  EngineInit* init = data ? data->pending_engine : nullptr;
-  if (init == nullptr)
-    throw MakeError(env, Code::kInvalidArgument, "NativeEngine is created by openEngine(), not with new");
-  data->pending_engine = nullptr;
-  addon_ = data;
-  engine_ = std::move(init->engine);
-  events_ = std::move(init->events);
+  EngineInit& init =
+      TakePendingInit(env, &AddonData::engine_class, "NativeEngine is created by openEngine(), not with new");
+  addon_ = AddonData::Get(env);
+  engine_ = std::move(init.engine);
+  events_ = std::move(init.events);
   replica_count_ = engine_->Replicas().size();
-  Napi::Object self = info.This().As<Napi::Object>();
-  self.TypeTag(&kTypeTag);
-  self.DefineProperty(Napi::PropertyDescriptor::Value("sizeBytes", JsNum(env, engine_->size()), napi_enumerable));
-  Ref();  // open handles are not collected; Close() drops this
+  AdoptThis(this, info, {{"sizeBytes", JsNum(env, engine_->size())}});
 }
 
 void EngineWrap::CheckOpen() const {
@@ -127,12 +91,6 @@ void EngineWrap::CheckRange(uint64_t off, uint64_t len) const {
   if (len > size || off > size - len)
     throw JsError(Code::kOutOfRange, "range [" + std::to_string(off) + ", " + std::to_string(off + len) +
                                          ") is beyond the volume size " + std::to_string(size));
-}
-
-PromiseWorker* EngineWrap::Simple(const Napi::CallbackInfo& info, std::function<Status()> run) {
-  auto* w = new TaskWorker(info.Env(), std::move(run));
-  w->Pin(info.This());
-  return w;
 }
 
 Napi::Value EngineWrap::Epoch(const Napi::CallbackInfo& info) { return JsNum(info.Env(), engine_->epoch()); }
@@ -160,27 +118,10 @@ Napi::Value EngineWrap::Read(const Napi::CallbackInfo& info) {
     const uint64_t off = ToUint(Arg(info, 0), "offset");
     const uint32_t len = static_cast<uint32_t>(ToUint(Arg(info, 1), "length", kMaxIoBytes));
     CheckRange(off, len);
-    // The data is read into malloc'd memory that the returned Buffer then owns: no copy.
-    struct Owned {
-      uint8_t* p = nullptr;
-      ~Owned() { std::free(p); }
-    };
-    auto buf = std::make_shared<Owned>();
     auto engine = engine_;
-    auto* w = new TaskWorker(
-        env,
-        [engine, buf, off, len]() -> Status {
-          buf->p = static_cast<uint8_t*>(std::malloc(len > 0 ? len : 1));
-          if (buf->p == nullptr) return Status::Error(Code::kIoError, "out of memory", ENOMEM);
-          return StatusFromRc(engine->Read(off, len, buf->p), "engine read of " + std::to_string(len) + " bytes at " + std::to_string(off));
-        },
-        [buf, len](Napi::Env env) -> Napi::Value {
-          uint8_t* p = buf->p;
-          buf->p = nullptr;
-          return Napi::Buffer<uint8_t>::NewOrCopy(env, p, len, [](Napi::Env, uint8_t* d) { std::free(d); });
-        });
-    w->Pin(info.This());
-    return w;
+    return PinnedReadTask(info, len, [engine, off, len](uint8_t* buf) {
+      return StatusFromRc(engine->Read(off, len, buf), "engine read of " + std::to_string(len) + " bytes at " + std::to_string(off));
+    });
   });
 }
 
@@ -189,18 +130,14 @@ Napi::Value EngineWrap::Write(const Napi::CallbackInfo& info) {
   return RunPromise(env, [&]() -> PromiseWorker* {
     CheckOpen();
     const uint64_t off = ToUint(Arg(info, 0), "offset");
-    Napi::Value data = Arg(info, 1);
-    if (!data.IsTypedArray() || data.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-      throw ArgError("data", "a Uint8Array or Buffer");
-    Napi::Uint8Array bytes = data.As<Napi::Uint8Array>();
-    if (bytes.ByteLength() > kMaxIoBytes) throw ArgError("data", "at most " + std::to_string(kMaxIoBytes) + " bytes");
+    Napi::Uint8Array bytes = ToBytes(Arg(info, 1), "data", kMaxIoBytes);
     const uint32_t len = static_cast<uint32_t>(bytes.ByteLength());
     const bool fua = ToBool(Arg(info, 2), "fua", false);
     CheckRange(off, len);
     const uint8_t* p = bytes.Data();
     auto engine = engine_;
     const bool snapshot_bytes = replica_count_ > 1;
-    auto* w = new TaskWorker(env, [engine, p, off, len, fua, snapshot_bytes]() {
+    auto* w = PinnedTask(info, [engine, p, off, len, fua, snapshot_bytes]() {
       // With several replicas the engine reads the bytes once per replica; JS code that
       // changes the buffer meanwhile would make the replicas differ. One copy, taken on
       // this pool thread, gives them all the same bytes.
@@ -214,8 +151,7 @@ Napi::Value EngineWrap::Write(const Napi::CallbackInfo& info) {
       }
       return StatusFromRc(engine->Write(off, len, src, fua), "engine write of " + std::to_string(len) + " bytes at " + std::to_string(off));
     });
-    w->Pin(data);  // the bytes stay valid until the promise settles
-    w->Pin(info.This());
+    w->Pin(bytes);  // the bytes stay valid until the promise settles
     return w;
   });
 }
@@ -224,7 +160,7 @@ Napi::Value EngineWrap::Flush(const Napi::CallbackInfo& info) {
   return RunPromise(info.Env(), [&]() -> PromiseWorker* {
     CheckOpen();
     auto engine = engine_;
-    return Simple(info, [engine]() { return StatusFromRc(engine->Flush(), "engine flush"); });
+    return PinnedTask(info, [engine]() { return StatusFromRc(engine->Flush(), "engine flush"); });
   });
 }
 
@@ -235,7 +171,7 @@ Napi::Value EngineWrap::Trim(const Napi::CallbackInfo& info) {
     const uint64_t len = ToUint(Arg(info, 1), "length");
     CheckRange(off, len);
     auto engine = engine_;
-    return Simple(info, [engine, off, len]() {
+    return PinnedTask(info, [engine, off, len]() {
       for (uint64_t done = 0; done < len;) {
         uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(len - done, kMaxRangeChunkBytes));
         int rc = engine->Trim(off + done, n, false);
@@ -261,7 +197,7 @@ Napi::Value EngineWrap::WriteZeroes(const Napi::CallbackInfo& info) {
     }
     CheckRange(off, len);
     auto engine = engine_;
-    return Simple(info, [engine, off, len, may_trim, fast_only, fua]() {
+    return PinnedTask(info, [engine, off, len, may_trim, fast_only, fua]() {
       for (uint64_t done = 0; done < len;) {
         uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(len - done, kMaxRangeChunkBytes));
         int rc = engine->WriteZeroes(off + done, n, may_trim, fast_only, fua);
@@ -283,8 +219,8 @@ Napi::Value EngineWrap::BlockStatus(const Napi::CallbackInfo& info) {
     CheckRange(off, len);
     auto engine = engine_;
     auto out = std::make_shared<std::vector<Extent>>();
-    auto* w = new TaskWorker(
-        env,
+    return PinnedTask(
+        info,
         [engine, out, off, len]() -> Status {
           // One engine call covers at most 4 GiB; merge the pieces so callers see one list.
           uint64_t covered = 0;
@@ -309,18 +245,7 @@ Napi::Value EngineWrap::BlockStatus(const Napi::CallbackInfo& info) {
           }
           return Status::Ok();
         },
-        [out](Napi::Env env) -> Napi::Value {
-          Napi::Array arr = Napi::Array::New(env, out->size());
-          for (size_t i = 0; i < out->size(); ++i) {
-            Napi::Object o = Napi::Object::New(env);
-            o.Set("length", JsNum(env, (*out)[i].length));
-            o.Set("flags", Napi::Number::New(env, (*out)[i].flags));
-            arr.Set(static_cast<uint32_t>(i), o);
-          }
-          return arr;
-        });
-    w->Pin(info.This());
-    return w;
+        [out](Napi::Env env) -> Napi::Value { return ExtentsToJs(env, *out); });
   });
 }
 
@@ -339,7 +264,7 @@ Napi::Value EngineWrap::Snapshot(const Napi::CallbackInfo& info) {
     if (!Arg(info, 2).IsBoolean()) throw ArgError("userCreated", "a boolean");
     const bool user_created = Arg(info, 2).As<Napi::Boolean>().Value();
     auto engine = engine_;
-    return Simple(info, [engine, name, labels, user_created]() { return engine->Snapshot(name, labels, user_created); });
+    return PinnedTask(info, [engine, name, labels, user_created]() { return engine->Snapshot(name, labels, user_created); });
   });
 }
 
@@ -349,15 +274,9 @@ Napi::Value EngineWrap::ListSnapshots(const Napi::CallbackInfo& info) {
     CheckOpen();
     auto engine = engine_;
     auto out = std::make_shared<std::vector<LayerInfo>>();
-    auto* w = new TaskWorker(
-        env, [engine, out]() { return engine->ListSnapshots(out.get()); },
-        [out](Napi::Env env) -> Napi::Value {
-          Napi::Array arr = Napi::Array::New(env, out->size());
-          for (size_t i = 0; i < out->size(); ++i) arr.Set(static_cast<uint32_t>(i), LayerToJs(env, (*out)[i]));
-          return arr;
-        });
-    w->Pin(info.This());
-    return w;
+    return PinnedTask(
+        info, [engine, out]() { return engine->ListSnapshots(out.get()); },
+        [out](Napi::Env env) -> Napi::Value { return LayerInfosToJs(env, *out); });
   });
 }
 
@@ -366,7 +285,7 @@ Napi::Value EngineWrap::DeleteSnapshot(const Napi::CallbackInfo& info) {
     CheckOpen();
     const std::string name = ToStr(Arg(info, 0), "name", 1, kMaxNameBytes);
     auto engine = engine_;
-    return Simple(info, [engine, name]() { return engine->DeleteSnapshot(name); });
+    return PinnedTask(info, [engine, name]() { return engine->DeleteSnapshot(name); });
   });
 }
 
@@ -376,7 +295,7 @@ Napi::Value EngineWrap::Revert(const Napi::CallbackInfo& info) {
     const std::string name = ToStr(Arg(info, 0), "name", 1, kMaxNameBytes);
     if (servers_ > 0) throw JsError(Code::kBusy, "cannot revert while the engine is exported over NBD");
     auto engine = engine_;
-    return Simple(info, [engine, name]() { return engine->Revert(name); });
+    return PinnedTask(info, [engine, name]() { return engine->Revert(name); });
   });
 }
 
@@ -387,8 +306,8 @@ Napi::Value EngineWrap::ExportNbd(const Napi::CallbackInfo& info) {
     const NbdServerOptions opts = ParseNbdOptions(Arg(info, 0));
     auto engine = engine_;
     auto server = std::make_shared<std::unique_ptr<NbdServer>>();
-    auto* w = new TaskWorker(
-        env,
+    auto* w = PinnedTask(
+        info,
         [engine, server, opts]() {
           // The server gets a raw device pointer: the wrapper below holds `engine` for as
           // long as the server may use it.
@@ -397,13 +316,12 @@ Napi::Value EngineWrap::ExportNbd(const Napi::CallbackInfo& info) {
         [this, server](Napi::Env env) -> Napi::Value {
           std::shared_ptr<NbdServer> s(std::move(*server));
           addon_->nbd_servers[s.get()] = s;
-          return NbdServerWrap::NewInstance(env, addon_, NbdServerInit{s, engine_, this});
+          return addon_->nbd_server_class.New(NbdServerInit{s, engine_, this});
         },
         [this](Napi::Env, const Status& st) {
           if (!st.ok()) --servers_;
         });
     ++servers_;  // counted from now, so a close() racing the export is refused
-    w->Pin(info.This());
     return w;
   });
 }
@@ -414,8 +332,8 @@ Napi::Value EngineWrap::Close(const Napi::CallbackInfo& info) {
       throw JsError(Code::kBusy, std::to_string(servers_) + " NBD server(s) exported from this engine are open: close them first");
     closing_ = true;
     auto engine = engine_;
-    auto* w = new TaskWorker(
-        info.Env(), [engine]() { return engine->Shutdown(); }, nullptr,
+    return PinnedTask(
+        info, [engine]() { return engine->Shutdown(); }, nullptr,
         [this](Napi::Env, const Status&) {
           // Closed even if the final flush failed: the promise reports that error.
           if (closed_) return;
@@ -424,8 +342,6 @@ Napi::Value EngineWrap::Close(const Napi::CallbackInfo& info) {
           addon_->engines.erase(engine_.get());
           Unref();
         });
-    w->Pin(info.This());
-    return w;
   });
 }
 

@@ -42,7 +42,6 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   static constexpr size_t kMaxNameBytes = 255;
 
   static Napi::Function Define(Napi::Env env);
-  static Napi::Object NewInstance(Napi::Env env, AddonData* data, EngineInit init);
 
   explicit EngineWrap(const Napi::CallbackInfo& info);
 
@@ -67,8 +66,6 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   void CheckOpen() const;
   void CheckRange(uint64_t off, uint64_t len) const;
-  // A worker for a simple engine call, pinning this handle until it settles.
-  PromiseWorker* Simple(const Napi::CallbackInfo& info, std::function<Status()> run);
 
   AddonData* addon_ = nullptr;
   std::shared_ptr<Engine> engine_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "binding/async-worker.h"
+#include "binding/js-values.h"  // JsNum, for the files that include only this one
 
 namespace mooring {
 
@@ -51,12 +52,19 @@ inline Napi::Object ToObject(const Napi::Value& v, const std::string& name) {
   return v.As<Napi::Object>();
 }
 
+// Bytes to write: a Uint8Array (or Buffer) of at most `max_bytes`. The caller must Pin
+// `v` for as long as the native side reads the bytes.
+inline Napi::Uint8Array ToBytes(const Napi::Value& v, const std::string& name, size_t max_bytes) {
+  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    throw ArgError(name, "a Uint8Array or Buffer");
+  Napi::Uint8Array bytes = v.As<Napi::Uint8Array>();
+  if (bytes.ByteLength() > max_bytes) throw ArgError(name, "at most " + std::to_string(max_bytes) + " bytes");
+  return bytes;
+}
+
 inline Napi::Value Arg(const Napi::CallbackInfo& info, size_t i) {
   return i < info.Length() ? info[i] : info.Env().Undefined();
 }
-
-// A uint64 as a JS number. Values above 2^53 lose precision; volumes are capped below it.
-inline Napi::Number JsNum(Napi::Env env, uint64_t v) { return Napi::Number::New(env, static_cast<double>(v)); }
 
 // Checks that `this` is an object wrapped by T (type-tagged when T was constructed).
 // A method called on anything else throws instead of reinterpreting foreign memory.

@@ -15,34 +15,16 @@ Napi::Function NbdServerWrap::Define(Napi::Env env) {
                      });
 }
 
-Napi::Object NbdServerWrap::NewInstance(Napi::Env env, AddonData* data, NbdServerInit init) {
-  data->pending_nbd_server = &init;
-  try {
-    Napi::Object o = data->nbd_server_ctor.New({});
-    data->pending_nbd_server = nullptr;
-    return o;
-  } catch (...) {
-    data->pending_nbd_server = nullptr;
-    throw;
-  }
-}
-
 NbdServerWrap::NbdServerWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NbdServerWrap>(info) {
   Napi::Env env = info.Env();
-  AddonData* data = AddonData::Get(env);
-  NbdServerInit* init = data ? data->pending_nbd_server : nullptr;
-  if (init == nullptr)
-    throw MakeError(env, Code::kInvalidArgument, "NativeNbdServer is created by exportNbd(), not with new");
-  data->pending_nbd_server = nullptr;
-  addon_ = data;
-  server_ = std::move(init->server);
-  engine_ = std::move(init->engine);
-  owner_ = init->owner;
+  NbdServerInit& init =
+      TakePendingInit(env, &AddonData::nbd_server_class, "NativeNbdServer is created by exportNbd(), not with new");
+  addon_ = AddonData::Get(env);
+  server_ = std::move(init.server);
+  engine_ = std::move(init.engine);
+  owner_ = init.owner;
   owner_ref_ = Napi::Persistent(owner_->Value());
-  Napi::Object self = info.This().As<Napi::Object>();
-  self.TypeTag(&kTypeTag);
-  self.DefineProperty(Napi::PropertyDescriptor::Value("port", Napi::Number::New(env, server_->port()), napi_enumerable));
-  Ref();  // open handles are not collected; Close() drops this
+  AdoptThis(this, info, {{"port", Napi::Number::New(env, server_->port())}});
 }
 
 Napi::Value NbdServerWrap::Stats(const Napi::CallbackInfo& info) {
@@ -59,12 +41,11 @@ Napi::Value NbdServerWrap::Stats(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value NbdServerWrap::Close(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  return RunPromise(env, [&]() -> PromiseWorker* {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
     // Idempotent: NbdServer::Close is, and a second call while the first runs waits for it.
     auto server = server_;
-    auto* w = new TaskWorker(
-        env, [server]() { return server->Close(); }, nullptr,
+    return PinnedTask(
+        info, [server]() { return server->Close(); }, nullptr,
         [this](Napi::Env, const Status&) {
           if (closed_) return;
           closed_ = true;
@@ -75,8 +56,6 @@ Napi::Value NbdServerWrap::Close(const Napi::CallbackInfo& info) {
           engine_.reset();
           Unref();
         });
-    w->Pin(info.This());
-    return w;
   });
 }
 

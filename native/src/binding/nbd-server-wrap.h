@@ -30,7 +30,6 @@ class NbdServerWrap : public Napi::ObjectWrap<NbdServerWrap> {
   static constexpr const char* kClassName = "NativeNbdServer";
 
   static Napi::Function Define(Napi::Env env);
-  static Napi::Object NewInstance(Napi::Env env, AddonData* data, NbdServerInit init);
 
   explicit NbdServerWrap(const Napi::CallbackInfo& info);
 

@@ -1,31 +1,10 @@
 #include "binding/replica-wrap.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "binding/js-args.h"
+#include "binding/js-values.h"
 
 namespace mooring {
 namespace {
-
-// engine-wrap.cc lists layers the same way; both follow NativeLayerInfo.
-Napi::Object LayerInfoToJs(Napi::Env env, const LayerInfo& l) {
-  Napi::Object o = Napi::Object::New(env);
-  o.Set("id", l.id);
-  o.Set("file", l.file);
-  o.Set("parent", l.parent);
-  o.Set("name", l.name);
-  o.Set("head", l.head);
-  o.Set("removed", l.removed);
-  o.Set("userCreated", l.user_created);
-  o.Set("createdMs", Napi::Number::New(env, static_cast<double>(l.created_ms)));
-  Napi::Object labels = Napi::Object::New(env);
-  for (const auto& kv : l.labels) labels.Set(kv.first, kv.second);
-  o.Set("labels", labels);
-  o.Set("sizeBytes", JsNum(env, l.size_bytes));
-  o.Set("allocatedBytes", JsNum(env, l.allocated_bytes));
-  return o;
-}
 
 // A data-path result of the replica. The store answers -EBADF once it is closed; when
 // close() got there first that is CLOSED, not an I/O failure.
@@ -54,33 +33,14 @@ Napi::Function ReplicaWrap::Define(Napi::Env env) {
                               });
 }
 
-Napi::Object ReplicaWrap::NewInstance(Napi::Env env, AddonData* data, ReplicaInit init) {
-  data->pending_replica = &init;
-  try {
-    Napi::Object o = data->replica_ctor.New({});
-    data->pending_replica = nullptr;
-    return o;
-  } catch (...) {
-    data->pending_replica = nullptr;
-    throw;
-  }
-}
-
 ReplicaWrap::ReplicaWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ReplicaWrap>(info) {
   Napi::Env env = info.Env();
-  AddonData* data = AddonData::Get(env);
-  ReplicaInit* init = data ? data->pending_replica : nullptr;
-  if (init == nullptr)
-    throw MakeError(env, Code::kInvalidArgument, "NativeReplica is created by openReplica(), not with new");
-  data->pending_replica = nullptr;
-  addon_ = data;
-  replica_ = std::move(init->replica);
+  ReplicaInit& init =
+      TakePendingInit(env, &AddonData::replica_class, "NativeReplica is created by openReplica(), not with new");
+  addon_ = AddonData::Get(env);
+  replica_ = std::move(init.replica);
   native_closed_ = std::make_shared<std::atomic<bool>>(false);
-  Napi::Object self = info.This().As<Napi::Object>();
-  self.TypeTag(&kTypeTag);
-  self.DefineProperty(Napi::PropertyDescriptor::Value("id", Napi::String::New(env, replica_->id()), napi_enumerable));
-  self.DefineProperty(Napi::PropertyDescriptor::Value("sizeBytes", JsNum(env, replica_->size()), napi_enumerable));
-  Ref();  // open handles are not collected; Close() drops this
+  AdoptThis(this, info, {{"id", Napi::String::New(env, replica_->id())}, {"sizeBytes", JsNum(env, replica_->size())}});
 }
 
 void ReplicaWrap::CheckOpen() const {
@@ -95,12 +55,6 @@ void ReplicaWrap::CheckRange(uint64_t off, uint64_t len) const {
                                          replica_->id());
 }
 
-PromiseWorker* ReplicaWrap::Simple(const Napi::CallbackInfo& info, std::function<Status()> run) {
-  auto* w = new TaskWorker(info.Env(), std::move(run));
-  w->Pin(info.This());
-  return w;
-}
-
 Napi::Value ReplicaWrap::Epoch(const Napi::CallbackInfo& info) { return JsNum(info.Env(), replica_->epoch()); }
 
 Napi::Value ReplicaWrap::Clean(const Napi::CallbackInfo& info) {
@@ -112,7 +66,7 @@ Napi::Value ReplicaWrap::ClaimEpoch(const Napi::CallbackInfo& info) {
     CheckOpen();
     const uint64_t epoch = ToUint(Arg(info, 0), "epoch");
     auto replica = replica_;
-    return Simple(info, [replica, epoch]() { return replica->ClaimEpoch(epoch); });
+    return PinnedTask(info, [replica, epoch]() { return replica->ClaimEpoch(epoch); });
   });
 }
 
@@ -123,30 +77,13 @@ Napi::Value ReplicaWrap::Read(const Napi::CallbackInfo& info) {
     const uint64_t off = ToUint(Arg(info, 0), "offset");
     const uint32_t len = static_cast<uint32_t>(ToUint(Arg(info, 1), "length", kMaxIoBytes));
     CheckRange(off, len);
-    // Read into malloc'd memory that the returned Buffer then owns: no copy.
-    struct Owned {
-      uint8_t* p = nullptr;
-      ~Owned() { std::free(p); }
-    };
-    auto buf = std::make_shared<Owned>();
     auto replica = replica_;
     auto closed = native_closed_;
-    auto* w = new TaskWorker(
-        env,
-        [replica, closed, buf, off, len]() -> Status {
-          buf->p = static_cast<uint8_t*>(std::malloc(len > 0 ? len : 1));
-          if (buf->p == nullptr) return Status::Error(Code::kIoError, "out of memory", ENOMEM);
-          return ReplicaRc(replica->Read(off, len, buf->p), *closed,
-                           "replica " + replica->id() + ": read of " + std::to_string(len) + " bytes at " +
-                               std::to_string(off));
-        },
-        [buf, len](Napi::Env env) -> Napi::Value {
-          uint8_t* p = buf->p;
-          buf->p = nullptr;
-          return Napi::Buffer<uint8_t>::NewOrCopy(env, p, len, [](Napi::Env, uint8_t* d) { std::free(d); });
-        });
-    w->Pin(info.This());
-    return w;
+    return PinnedReadTask(info, len, [replica, closed, off, len](uint8_t* buf) {
+      return ReplicaRc(replica->Read(off, len, buf), *closed,
+                       "replica " + replica->id() + ": read of " + std::to_string(len) + " bytes at " +
+                           std::to_string(off));
+    });
   });
 }
 
@@ -156,24 +93,19 @@ Napi::Value ReplicaWrap::Write(const Napi::CallbackInfo& info) {
     CheckOpen();
     const uint64_t epoch = ToUint(Arg(info, 0), "epoch");
     const uint64_t off = ToUint(Arg(info, 1), "offset");
-    Napi::Value data = Arg(info, 2);
-    if (!data.IsTypedArray() || data.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-      throw ArgError("data", "a Uint8Array or Buffer");
-    Napi::Uint8Array bytes = data.As<Napi::Uint8Array>();
-    if (bytes.ByteLength() > kMaxIoBytes) throw ArgError("data", "at most " + std::to_string(kMaxIoBytes) + " bytes");
+    Napi::Uint8Array bytes = ToBytes(Arg(info, 2), "data", kMaxIoBytes);
     const uint32_t len = static_cast<uint32_t>(bytes.ByteLength());
     CheckRange(off, len);
     const uint8_t* p = bytes.Data();
     auto replica = replica_;
     auto closed = native_closed_;
-    auto* w = new TaskWorker(env, [replica, closed, p, epoch, off, len]() {
+    auto* w = PinnedTask(info, [replica, closed, p, epoch, off, len]() {
       // One replica reads the bytes once, so unlike the engine no private copy is needed.
       return ReplicaRc(replica->Write(epoch, off, len, p, false), *closed,
                        "replica " + replica->id() + ": write of " + std::to_string(len) + " bytes at " +
                            std::to_string(off) + " (epoch " + std::to_string(epoch) + ")");
     });
-    w->Pin(data);  // the bytes stay valid until the promise settles
-    w->Pin(info.This());
+    w->Pin(bytes);  // the bytes stay valid until the promise settles
     return w;
   });
 }
@@ -183,7 +115,7 @@ Napi::Value ReplicaWrap::Flush(const Napi::CallbackInfo& info) {
     CheckOpen();
     auto replica = replica_;
     auto closed = native_closed_;
-    return Simple(info, [replica, closed]() {
+    return PinnedTask(info, [replica, closed]() {
       return ReplicaRc(replica->Flush(), *closed, "replica " + replica->id() + ": flush");
     });
   });
@@ -200,25 +132,14 @@ Napi::Value ReplicaWrap::BlockStatus(const Napi::CallbackInfo& info) {
     auto replica = replica_;
     auto closed = native_closed_;
     auto out = std::make_shared<std::vector<Extent>>();
-    auto* w = new TaskWorker(
-        env,
+    return PinnedTask(
+        info,
         [replica, closed, out, off, len]() -> Status {
           // The store takes 64-bit lengths and stops at the extent limit itself.
           return ReplicaRc(replica->BlockStatus(off, len, kMaxExtents, out.get()), *closed,
                            "replica " + replica->id() + ": block status at " + std::to_string(off));
         },
-        [out](Napi::Env env) -> Napi::Value {
-          Napi::Array arr = Napi::Array::New(env, out->size());
-          for (size_t i = 0; i < out->size(); ++i) {
-            Napi::Object o = Napi::Object::New(env);
-            o.Set("length", JsNum(env, (*out)[i].length));
-            o.Set("flags", Napi::Number::New(env, (*out)[i].flags));
-            arr.Set(static_cast<uint32_t>(i), o);
-          }
-          return arr;
-        });
-    w->Pin(info.This());
-    return w;
+        [out](Napi::Env env) -> Napi::Value { return ExtentsToJs(env, *out); });
   });
 }
 
@@ -228,15 +149,9 @@ Napi::Value ReplicaWrap::ListLayers(const Napi::CallbackInfo& info) {
     CheckOpen();
     auto replica = replica_;
     auto out = std::make_shared<std::vector<LayerInfo>>();
-    auto* w = new TaskWorker(
-        env, [replica, out]() { return replica->ListLayers(out.get()); },
-        [out](Napi::Env env) -> Napi::Value {
-          Napi::Array arr = Napi::Array::New(env, out->size());
-          for (size_t i = 0; i < out->size(); ++i) arr.Set(static_cast<uint32_t>(i), LayerInfoToJs(env, (*out)[i]));
-          return arr;
-        });
-    w->Pin(info.This());
-    return w;
+    return PinnedTask(
+        info, [replica, out]() { return replica->ListLayers(out.get()); },
+        [out](Napi::Env env) -> Napi::Value { return LayerInfosToJs(env, *out); });
   });
 }
 
@@ -247,8 +162,8 @@ Napi::Value ReplicaWrap::LayerExtents(const Napi::CallbackInfo& info) {
     const std::string layer_id = ToStr(Arg(info, 0), "layerId", 1, kMaxLayerIdBytes);
     auto replica = replica_;
     auto out = std::make_shared<std::vector<Range>>();
-    auto* w = new TaskWorker(
-        env,
+    return PinnedTask(
+        info,
         [replica, out, layer_id]() -> Status {
           Status st = replica->LayerExtents(layer_id, out.get());
           if (st.ok() && out->size() > kMaxLayerRanges) {
@@ -261,18 +176,7 @@ Napi::Value ReplicaWrap::LayerExtents(const Napi::CallbackInfo& info) {
           }
           return st;
         },
-        [out](Napi::Env env) -> Napi::Value {
-          Napi::Array arr = Napi::Array::New(env, out->size());
-          for (size_t i = 0; i < out->size(); ++i) {
-            Napi::Array pair = Napi::Array::New(env, 2);
-            pair.Set(0u, JsNum(env, (*out)[i].off));
-            pair.Set(1u, JsNum(env, (*out)[i].len));
-            arr.Set(static_cast<uint32_t>(i), pair);
-          }
-          return arr;
-        });
-    w->Pin(info.This());
-    return w;
+        [out](Napi::Env env) -> Napi::Value { return RangesToJs(env, *out); });
   });
 }
 
@@ -283,8 +187,8 @@ Napi::Value ReplicaWrap::AllocatedBytes(const Napi::CallbackInfo& info) {
     auto replica = replica_;
     auto closed = native_closed_;
     auto bytes = std::make_shared<uint64_t>(0);
-    auto* w = new TaskWorker(
-        env,
+    return PinnedTask(
+        info,
         [replica, closed, bytes]() -> Status {
           // The store answers 0 once closed; do not pass that off as a figure.
           if (closed->load()) return Status::Error(Code::kClosed, "replica " + replica->id() + " is closed", EBADF);
@@ -293,8 +197,6 @@ Napi::Value ReplicaWrap::AllocatedBytes(const Napi::CallbackInfo& info) {
           return Status::Ok();
         },
         [bytes](Napi::Env env) -> Napi::Value { return JsNum(env, *bytes); });
-    w->Pin(info.This());
-    return w;
   });
 }
 
@@ -305,8 +207,8 @@ Napi::Value ReplicaWrap::Close(const Napi::CallbackInfo& info) {
     closing_ = true;
     auto replica = replica_;
     auto closed = native_closed_;
-    auto* w = new TaskWorker(
-        info.Env(),
+    return PinnedTask(
+        info,
         [replica, closed]() {
           // Set first: from here on a call that finds the replica closed under it answers
           // CLOSED. (The replica is closed even if its final flush fails.)
@@ -320,8 +222,6 @@ Napi::Value ReplicaWrap::Close(const Napi::CallbackInfo& info) {
           addon_->replicas.erase(replica_.get());
           Unref();
         });
-    w->Pin(info.This());
-    return w;
   });
 }
 

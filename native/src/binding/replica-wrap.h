@@ -14,7 +14,6 @@
 #include <napi.h>
 
 #include <atomic>
-#include <functional>
 #include <memory>
 
 #include "binding/addon-data.h"
@@ -43,7 +42,6 @@ class ReplicaWrap : public Napi::ObjectWrap<ReplicaWrap> {
   static constexpr size_t kMaxLayerIdBytes = 64;
 
   static Napi::Function Define(Napi::Env env);
-  static Napi::Object NewInstance(Napi::Env env, AddonData* data, ReplicaInit init);
 
   explicit ReplicaWrap(const Napi::CallbackInfo& info);
 
@@ -62,8 +60,6 @@ class ReplicaWrap : public Napi::ObjectWrap<ReplicaWrap> {
 
   void CheckOpen() const;
   void CheckRange(uint64_t off, uint64_t len) const;
-  // A worker for a simple replica call, pinning this handle until it settles.
-  PromiseWorker* Simple(const Napi::CallbackInfo& info, std::function<Status()> run);
 
   AddonData* addon_ = nullptr;
   std::shared_ptr<Replica> replica_;

@@ -714,15 +714,25 @@ Status Replica::Snapshot(const std::string& name, int64_t created_ms, const Labe
   // The old head becomes read-only snapshot data: make it durable before it is named.
   int rc = fsutil::FdataSync(head_->fd());
   if (rc != 0) return Status::FromErrno(rc, "flush " + head_->path() + ": " + ErrText(rc));
-  LayerRecord rec = m.NewLayer(m.head, created_ms);
-  std::unique_ptr<Layer> layer;
-  s = NewLayerFile(rec, &layer);
-  if (!s.ok()) return s;
-  LayerRecord* old = m.Find(m.head);
+  const std::string old_head = m.head;
+  LayerRecord* old = m.Find(old_head);
   old->name = name;
   old->user_created = user_created;
   old->created_ms = created_ms;
   old->labels = labels;
+  return CommitNewHead(std::move(m), old_head, created_ms, [this]() {
+    // The old head's blocks now sit directly below the new, empty head.
+    head_->extents().ForEachAll(
+        [&](const ExtentMap::Interval& iv) { base_.Set(iv.start, iv.end, iv.value); });
+  });
+}
+
+Status Replica::CommitNewHead(ReplicaMetadata m, std::string parent, int64_t created_ms,
+                              const std::function<void()>& before_switch) {
+  LayerRecord rec = m.NewLayer(parent, created_ms);
+  std::unique_ptr<Layer> layer;
+  Status s = NewLayerFile(rec, &layer);
+  if (!s.ok()) return s;
   m.layers.push_back(rec);
   m.head = rec.id;
   s = SaveMeta(m);
@@ -731,9 +741,7 @@ Status Replica::Snapshot(const std::string& name, int64_t created_ms, const Labe
     return s;
   }
   std::unique_lock<RwLock> maps(map_mu_);
-  // The old head's blocks now sit directly below the new, empty head.
-  head_->extents().ForEachAll(
-      [&](const ExtentMap::Interval& iv) { base_.Set(iv.start, iv.end, iv.value); });
+  if (before_switch) before_switch();
   Layer* raw = layer.get();
   by_num_[rec.num] = raw;
   layers_[rec.id] = std::move(layer);
@@ -741,8 +749,9 @@ Status Replica::Snapshot(const std::string& name, int64_t created_ms, const Labe
   return Status::Ok();
 }
 
-Status Replica::DropLayer(const std::string& id) {
-  ReplicaMetadata m = meta_;
+Status Replica::DropLayer(const std::string& id) { return CommitWithoutLayer(meta_, id); }
+
+Status Replica::CommitWithoutLayer(ReplicaMetadata m, const std::string& id) {
   m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(),
                                 [&](const LayerRecord& l) { return l.id == id; }),
                  m.layers.end());
@@ -787,13 +796,7 @@ Status Replica::MergeInto(const std::string& id, const std::string& child_id) {
   LayerRecord* child = m.Find(child_id);
   const LayerRecord* me = m.Find(id);
   child->parent = me->parent;
-  m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(),
-                                [&](const LayerRecord& l) { return l.id == id; }),
-                 m.layers.end());
-  Status s = SaveMeta(m);
-  if (!s.ok()) return s;
-  ForgetLayer(id, true);
-  return Status::Ok();
+  return CommitWithoutLayer(std::move(m), id);
 }
 
 Status Replica::Prune(const std::string& id) {
@@ -915,28 +918,12 @@ Status Replica::Revert(const std::string& name, int64_t created_ms) {
   const LayerRecord* target = meta_.FindSnapshot(name);
   if (!target) return Status::Error(Code::kNotFound, "no snapshot '" + name.substr(0, 255) + "'");
   ReplicaMetadata m = meta_;
-  LayerRecord rec = m.NewLayer(target->id, created_ms);
-  std::unique_ptr<Layer> layer;
-  s = NewLayerFile(rec, &layer);
-  if (!s.ok()) return s;
   const std::string old_head = m.head;
   m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(),
                                 [&](const LayerRecord& l) { return l.id == old_head; }),
                  m.layers.end());
-  m.layers.push_back(rec);
-  m.head = rec.id;
-  s = SaveMeta(m);
-  if (!s.ok()) {
-    ::unlink(layer->path().c_str());
-    return s;
-  }
-  {
-    std::unique_lock<RwLock> maps(map_mu_);
-    Layer* raw = layer.get();
-    by_num_[rec.num] = raw;
-    layers_[rec.id] = std::move(layer);
-    head_ = raw;
-  }
+  s = CommitNewHead(std::move(m), target->id, created_ms);
+  if (!s.ok()) return s;
   // The discarded head's file was used by no other layer (heads are always leaves).
   ForgetLayer(old_head, true);
   try {

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -108,7 +109,17 @@ class Replica : public ReplicaBackend {
   Status SaveMeta(const ReplicaMetadata& m);
   Status NewLayerFile(const LayerRecord& rec, std::unique_ptr<Layer>* out);
   void ForgetLayer(const std::string& id, bool unlink_file);
+  // Makes a new, empty layer over `parent` the head: creates its file, commits `m` (meta_
+  // with the caller's edits) plus the new layer, and installs the layer. When the commit
+  // fails the file is removed and nothing changed. `before_switch` runs under map_mu_
+  // just before the new head replaces head_. (`parent` is a copy: callers name it from
+  // meta_, which the commit replaces.)
+  Status CommitNewHead(ReplicaMetadata m, std::string parent, int64_t created_ms,
+                       const std::function<void()>& before_switch = nullptr);
   Status DropLayer(const std::string& id);
+  // Commits `m` (meta_ with the caller's edits) without layer `id`, then forgets the
+  // layer and unlinks its file. `id` must not point into meta_.
+  Status CommitWithoutLayer(ReplicaMetadata m, const std::string& id);
   Status MergeInto(const std::string& id, const std::string& child_id);
   Status Prune(const std::string& id);
   Status Collect();
