@@ -1,26 +1,14 @@
 // Starting `mooring serve` (dist/cli.js) as a child process for system tests: waits for the
 // READY line, keeps stderr for failure messages, and kills whatever is left in cleanup.
-//
-// Debug aid: MOORING_TEST_SERVER=qemu-nbd serves DIR/disk.raw with qemu-nbd instead, so the
-// harness itself can be checked before the real server exists (replica checks then have
-// nothing to compare). Never set in CI.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, statSync, truncateSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
-import { join, resolve } from 'node:path';
-import { repoRoot, requireTool } from './tools.js';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import type { ReadyInfo } from '../../../src/cli/serve.js';
+import { repoRoot } from './tools.js';
+
+export type { ReadyInfo };
 
 export const cliPath = join(repoRoot, 'dist', 'cli.js');
-export const standIn = process.env.MOORING_TEST_SERVER === 'qemu-nbd';
-
-/** The JSON that follows `READY ` on serve's stdout (CLI contract). */
-export interface ReadyInfo {
-  uri: string;
-  nbd: string;
-  sizeBytes: number;
-  replicas: number;
-  epoch: number;
-}
 
 export interface ServeOptions {
   dir: string;
@@ -108,7 +96,6 @@ function requireCli(): void {
 
 /** Starts `mooring serve` and waits for its READY line. */
 export async function startServe(opts: ServeOptions): Promise<MooringServer> {
-  if (standIn) return await startStandIn(opts);
   requireCli();
   const args = [cliPath, 'serve', '--dir', opts.dir];
   if (opts.size !== undefined) args.push('--size', String(opts.size));
@@ -137,49 +124,6 @@ export async function startServe(opts: ServeOptions): Promise<MooringServer> {
   });
   s.ready = JSON.parse(line) as ReadyInfo;
   return s;
-}
-
-async function canConnect(path: string): Promise<boolean> {
-  return await new Promise((r) => {
-    const c = net.createConnection({ path });
-    c.once('connect', () => {
-      c.destroy();
-      r(true);
-    });
-    c.once('error', () => r(false));
-  });
-}
-
-async function startStandIn(opts: ServeOptions): Promise<MooringServer> {
-  requireTool('qemu-nbd');
-  mkdirSync(opts.dir, { recursive: true });
-  const img = join(opts.dir, 'disk.raw');
-  if (!existsSync(img)) {
-    if (opts.size === undefined) throw new Error('stand-in: --size needed for a new volume');
-    writeFileSync(img, '');
-    truncateSync(img, parseSize(String(opts.size)));
-  }
-  const sock = resolve(opts.nbd?.startsWith('unix:') ? opts.nbd.slice(5) : join(opts.dir, 'nbd.sock'));
-  const args = ['-f', 'raw', '-t', '-e', '64', '--discard=unmap', '--cache=writeback', '-k', sock, img];
-  if (opts.exportName) args.push('-x', opts.exportName);
-  const child = spawn('qemu-nbd', args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  const s = new MooringServer(child, `qemu-nbd (stand-in) ${img}`);
-  const deadline = Date.now() + 10_000;
-  while (!(await canConnect(sock))) {
-    if (!s.alive || Date.now() > deadline) throw new Error(`stand-in qemu-nbd did not start${s.diagnostics()}`);
-    await sleep(50);
-  }
-  const name = opts.exportName ? encodeURIComponent(opts.exportName) : '';
-  s.ready = { uri: `nbd+unix:///${name}?socket=${sock}`, nbd: `unix:${sock}`, sizeBytes: statSync(img).size, replicas: 1, epoch: 0 };
-  return s;
-}
-
-/** SIZE as the CLI takes it: bytes, or K/M/G/T (also KiB...) binary multiples. */
-export function parseSize(s: string): number {
-  const m = /^(\d+)\s*([KMGT]?)(i?B)?$/i.exec(s.trim());
-  if (!m) throw new Error(`bad size ${s}`);
-  const mult = { '': 1, K: 2 ** 10, M: 2 ** 20, G: 2 ** 30, T: 2 ** 40 }[m[2]!.toUpperCase() as '' | 'K' | 'M' | 'G' | 'T'];
-  return Number(m[1]) * mult;
 }
 
 /** Kills every server a test left running (call from afterEach/afterAll). */

@@ -4,7 +4,7 @@ import { expect } from 'vitest';
 import { NbdClient } from './nbd-client.js';
 import { firstDifference } from './pattern.js';
 import { assertReplicasIdentical } from './replicas.js';
-import { MooringServer, standIn, startServe, type ServeOptions } from './serve.js';
+import { MooringServer, startServe, type ServeOptions } from './serve.js';
 import { TempDir } from './tools.js';
 
 /** Reads `length` bytes from `offset` over one NBD connection, `depth` 1 MiB reads in flight. */
@@ -72,10 +72,8 @@ export class VolumeFixture {
     });
     this.created = true;
     expect(this.server.ready.sizeBytes).toBe(this.sizeBytes);
-    if (!standIn) {
-      expect(this.server.ready.replicas).toBe(this.replicas);
-      expect(this.server.ready.epoch).toBeGreaterThan(0);
-    }
+    expect(this.server.ready.replicas).toBe(this.replicas);
+    expect(this.server.ready.epoch).toBeGreaterThan(0);
     return this.server;
   }
 
@@ -87,7 +85,7 @@ export class VolumeFixture {
     const code = await s.stop('SIGTERM');
     if (code !== 0) expect.fail(`mooring serve exited ${code} (signal ${s.exitSignal}) on SIGTERM${s.diagnostics()}`);
     // The contract: exactly one line on stdout (READY), logs go to stderr.
-    if (!standIn) expect(s.stdout.trim().split('\n'), 'serve stdout').toHaveLength(1);
+    expect(s.stdout.trim().split('\n'), 'serve stdout').toHaveLength(1);
   }
 
   async restart(): Promise<MooringServer> {
