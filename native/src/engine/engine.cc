@@ -19,6 +19,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include "engine/range-lock.h"
 #include "engine/reconciler.h"
@@ -132,7 +134,7 @@ class ReplicatedEngine final : public Engine {
     return Mutate(off, len, [&](ReplicaBackend& b, uint64_t e, size_t) { return b.Write(e, off, len, buf, fua); });
   }
   int Flush() override {
-    return Mutate(0, 0, [](ReplicaBackend& b, uint64_t, size_t) { return b.Flush(); });
+    return Mutate(0, 0, [](ReplicaBackend& b, uint64_t, size_t) { return b.Flush(); }, Fanout::kParallel);
   }
   int Trim(uint64_t off, uint32_t len, bool fua) override {
     if (!InRange(off, len, size_)) return -EINVAL;
@@ -218,8 +220,12 @@ class ReplicatedEngine final : public Engine {
   }
 
   // Runs op on every RW replica. [off, off+len) is the range it changes (len 0: none).
+  // kSerial calls replicas one after another on this thread (cheap page-cache writes);
+  // kParallel runs each extra replica on its own short-lived thread (slow calls such as
+  // fdatasync, where waiting for N replicas in series would add their latencies).
+  enum class Fanout { kSerial, kParallel };
   template <typename Op>
-  int Mutate(uint64_t off, uint64_t len, Op op);
+  int Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout = Fanout::kSerial);
   template <typename Op>
   int ReadFrom(Op op);
   template <typename Op>
@@ -315,7 +321,7 @@ int ReplicatedEngine::FenceLocked(Events* ev) {
 }
 
 template <typename Op>
-int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op) {
+int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout) {
   int result = 0;
   bool marked = false;
   {
@@ -330,9 +336,24 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op) {
     std::optional<RangeLock::Guard> range;
     if (len > 0 && t.n > 1) range.emplace(ranges_.Lock(off, len));
     int rcs[kMaxReplicas];
-    for (size_t k = 0; k < t.n; ++k) {
-      rcs[k] = op(*slots_[t.idx[k]]->backend, e, k);
-      if (k == 0 && IsRequestError(rcs[k])) return rcs[k];  // nothing changed anywhere
+    if (fanout == Fanout::kParallel && t.n > 1) {
+      // At most kMaxReplicas - 1 threads; a replica whose thread cannot start runs here.
+      std::thread helpers[kMaxReplicas];
+      for (size_t k = 1; k < t.n; ++k) {
+        try {
+          helpers[k] = std::thread([&, k] { rcs[k] = op(*slots_[t.idx[k]]->backend, e, k); });
+        } catch (const std::system_error&) {
+          rcs[k] = op(*slots_[t.idx[k]]->backend, e, k);
+        }
+      }
+      rcs[0] = op(*slots_[t.idx[0]]->backend, e, 0);
+      for (size_t k = 1; k < t.n; ++k)
+        if (helpers[k].joinable()) helpers[k].join();
+    } else {
+      for (size_t k = 0; k < t.n; ++k) {
+        rcs[k] = op(*slots_[t.idx[k]]->backend, e, k);
+        if (k == 0 && IsRequestError(rcs[k])) return rcs[k];  // nothing changed anywhere
+      }
     }
     for (size_t k = 0; k < t.n; ++k) {
       const int rc = rcs[k];
