@@ -88,7 +88,7 @@ void EngineWrap::CheckOpen() const {
 
 void EngineWrap::CheckRange(uint64_t off, uint64_t len) const {
   const uint64_t size = engine_->size();
-  if (len > size || off > size - len)
+  if (!InRange(off, len, size))
     throw JsError(Code::kOutOfRange, "range [" + std::to_string(off) + ", " + std::to_string(off + len) +
                                          ") is beyond the volume size " + std::to_string(size));
 }

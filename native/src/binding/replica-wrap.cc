@@ -49,7 +49,7 @@ void ReplicaWrap::CheckOpen() const {
 
 void ReplicaWrap::CheckRange(uint64_t off, uint64_t len) const {
   const uint64_t size = replica_->size();
-  if (len > size || off > size - len)
+  if (!InRange(off, len, size))
     throw JsError(Code::kOutOfRange, "range [" + std::to_string(off) + ", " + std::to_string(off + len) +
                                          ") is beyond the size " + std::to_string(size) + " of replica " +
                                          replica_->id());

@@ -16,6 +16,10 @@ namespace mooring {
 constexpr uint32_t kExtentHole = 1u << 0;  // no storage allocated
 constexpr uint32_t kExtentZero = 1u << 1;  // reads as zero
 
+// True if [off, off + len) lies inside a device of `size` bytes; never overflows, so
+// hostile offsets near 2^64 are refused rather than wrapped.
+inline bool InRange(uint64_t off, uint64_t len, uint64_t size) { return off <= size && len <= size - off; }
+
 struct Extent {
   uint64_t length;
   uint32_t flags;  // kExtentHole | kExtentZero, or 0 for data

@@ -41,8 +41,6 @@ int64_t NowMs() {
 
 int ErrnoOf(const Status& st) { return st.sys_errno > 0 ? -st.sys_errno : -EIO; }
 
-bool InRange(uint64_t off, uint64_t len, uint64_t size) { return len <= size && off <= size - len; }
-
 // A data-path error that describes the request, not the replica: it does not mark the
 // replica ERR (every replica would answer the same).
 bool IsRequestError(int rc) { return rc == -EINVAL || rc == -ENOTSUP || rc == -EOVERFLOW; }

@@ -25,8 +25,6 @@ int64_t NowMs() {
   return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
 }
 
-bool RangeOk(uint64_t off, uint64_t len, uint64_t size) { return off <= size && len <= size - off; }
-
 }  // namespace
 
 NbdConnection::NbdConnection(NbdServerContext* ctx, int fd) : ctx_(ctx), dev_(ctx->device), fd_(fd) {
@@ -439,23 +437,23 @@ uint32_t NbdConnection::Validate(const NbdRequest* r) const {
   switch (r->type) {
     case kCmdRead:
       if (r->length > o.max_request_bytes) return kErrOverflow;
-      return RangeOk(r->offset, r->length, size_) ? 0 : kErrInval;
+      return InRange(r->offset, r->length, size_) ? 0 : kErrInval;
     case kCmdWrite:
       if (o.read_only) return kErrPerm;
-      return RangeOk(r->offset, r->length, size_) ? 0 : kErrNoSpc;
+      return InRange(r->offset, r->length, size_) ? 0 : kErrNoSpc;
     case kCmdFlush:
       return 0;
     case kCmdTrim:
       if (o.read_only) return kErrPerm;
-      return RangeOk(r->offset, r->length, size_) ? 0 : kErrInval;
+      return InRange(r->offset, r->length, size_) ? 0 : kErrInval;
     case kCmdWriteZeroes:
       if (o.read_only) return kErrPerm;
-      return RangeOk(r->offset, r->length, size_) ? 0 : kErrNoSpc;
+      return InRange(r->offset, r->length, size_) ? 0 : kErrNoSpc;
     case kCmdCache:
-      return RangeOk(r->offset, r->length, size_) ? 0 : kErrInval;
+      return InRange(r->offset, r->length, size_) ? 0 : kErrInval;
     case kCmdBlockStatus:
       if (!meta_base_allocation_ || r->length == 0) return kErrInval;
-      return RangeOk(r->offset, r->length, size_) ? 0 : kErrInval;
+      return InRange(r->offset, r->length, size_) ? 0 : kErrInval;
   }
   return kErrInval;
 }

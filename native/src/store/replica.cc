@@ -27,9 +27,6 @@ const uint8_t* ZeroChunk() {
 
 std::string ErrText(int err) { return std::strerror(err < 0 ? -err : err); }
 
-// Checks [off, off+len) lies inside a volume of `size` bytes without overflowing.
-bool InRange(uint64_t off, uint64_t len, uint64_t size) { return off <= size && len <= size - off; }
-
 // Opens and flocks <dir>/lock. kBusy if another open holds it.
 Status LockDir(const std::string& dir, int* out_fd) {
   std::string path = fsutil::JoinPath(dir, kLockFile);
