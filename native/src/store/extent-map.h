@@ -34,22 +34,8 @@ class ExtentMap {
   // The first interval ending after pos (it may contain pos or start after it).
   bool NextFrom(uint64_t pos, Interval* out) const;
 
-  // Calls fn(Interval) for each interval intersecting [start, end), clipped to it, in order.
-  template <typename Fn>
-  void ForEach(uint64_t start, uint64_t end, Fn&& fn) const {
-    if (start >= end) return;
-    auto it = map_.upper_bound(start);
-    if (it != map_.begin()) {
-      auto prev = std::prev(it);
-      if (prev->second.first > start) it = prev;
-    }
-    for (; it != map_.end() && it->first < end; ++it) {
-      Interval iv{it->first < start ? start : it->first,
-                  it->second.first > end ? end : it->second.first, it->second.second};
-      fn(iv);
-    }
-  }
-  // Like ForEach, but fn returns false to stop early. Returns false if stopped.
+  // Calls fn(Interval) for each interval intersecting [start, end), clipped to it, in
+  // order, until fn returns false. Returns false if stopped.
   template <typename Fn>
   bool ForEachUntil(uint64_t start, uint64_t end, Fn&& fn) const {
     if (start >= end) return true;
@@ -64,6 +50,14 @@ class ExtentMap {
       if (!fn(iv)) return false;
     }
     return true;
+  }
+  // Calls fn(Interval) for each interval intersecting [start, end), clipped to it, in order.
+  template <typename Fn>
+  void ForEach(uint64_t start, uint64_t end, Fn&& fn) const {
+    ForEachUntil(start, end, [&](const Interval& iv) {
+      fn(iv);
+      return true;
+    });
   }
   template <typename Fn>
   void ForEachAll(Fn&& fn) const {
