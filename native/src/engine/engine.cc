@@ -1,16 +1,16 @@
 // ReplicatedEngine: the Engine over N ReplicaBackends (see engine.h for the contract).
 //
 // Locking:
-// - gate_ (Gate below): the data path holds it shared, snapshot/delete/revert, fencing and
-//   shutdown hold it exclusive. Epoch changes happen only under the exclusive lock, so no
+// - gate_ (a writer-preferring RwLock, taken at most once per thread): the data path
+//   holds it shared; snapshot/delete/revert, fencing and shutdown hold it exclusive. Epoch changes happen only under the exclusive lock, so no
 //   write of ours can ever carry an epoch older than a replica's: -ESTALE from a replica
 //   always means another engine took the volume over.
 // - state_mu_: replica modes and the list of replicas marked ERR but not yet fenced.
 //   Modes are also atomics so the data path picks targets without taking it.
 //
-// Fan-out is sequential: local replicas complete in the page cache. A remote backend
-// (later issue) replaces the loop in Mutate() with submit-all-then-wait; the settlement
-// logic after the loop does not change.
+// Fan-out is sequential for writes (local replicas complete in the page cache) and
+// parallel for flushes (Fanout::kParallel). A remote backend (later issue) makes writes
+// submit-all-then-wait too; the settlement logic after the loop does not change.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -19,11 +19,13 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <shared_mutex>
 #include <system_error>
 #include <thread>
 
 #include "engine/range-lock.h"
 #include "engine/reconciler.h"
+#include "util/rw-lock.h"
 
 namespace mooring {
 namespace {
@@ -60,24 +62,6 @@ bool IsRequestError(Code c) {
       return false;
   }
 }
-
-// std::shared_mutex on glibc prefers readers, so a steady stream of NBD requests could
-// starve a snapshot forever. The turnstile makes new readers wait while a writer is queued.
-class Gate {
- public:
-  std::shared_lock<std::shared_mutex> Shared() {
-    { std::lock_guard<std::mutex> t(turnstile_); }
-    return std::shared_lock<std::shared_mutex>(rw_);
-  }
-  std::unique_lock<std::shared_mutex> Exclusive() {
-    std::lock_guard<std::mutex> t(turnstile_);
-    return std::unique_lock<std::shared_mutex>(rw_);
-  }
-
- private:
-  std::mutex turnstile_;
-  std::shared_mutex rw_;
-};
 
 struct BusyFlag {
   explicit BusyFlag(std::atomic<bool>& f) : flag(f) { flag = true; }
@@ -200,7 +184,7 @@ class ReplicatedEngine final : public Engine {
     Events ev;
     int rc;
     {
-      auto lk = gate_.Exclusive();
+      std::unique_lock<RwLock> lk(gate_);
       rc = FenceLocked(&ev);
     }
     Emit(ev);
@@ -241,7 +225,8 @@ class ReplicatedEngine final : public Engine {
   std::atomic<bool> control_busy_{false};  // a control operation holds the replicas
   std::atomic<bool> fence_pending_{false};  // unfenced_ is not empty
   std::atomic<uint32_t> next_read_{0};
-  mutable Gate gate_;
+  // Writer-preferring, so a steady stream of requests cannot starve a snapshot.
+  mutable RwLock gate_;
   RangeLock ranges_;
   mutable std::mutex state_mu_;
   std::vector<size_t> unfenced_;  // guarded by state_mu_
@@ -323,7 +308,7 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout) {
   int result = 0;
   bool marked = false;
   {
-    auto lk = gate_.Shared();
+    std::shared_lock<RwLock> lk(gate_);
     if (closed_) return -ESHUTDOWN;
     if (fenced_) return -kErrStaleEpoch;
     const uint64_t e = epoch_.load();
@@ -383,7 +368,7 @@ int ReplicatedEngine::ReadFrom(Op op) {
   int rc = -EIO;
   bool marked = false;
   {
-    auto lk = gate_.Shared();
+    std::shared_lock<RwLock> lk(gate_);
     if (closed_) return -ESHUTDOWN;
     if (fenced_) return -kErrStaleEpoch;
     const size_t n = slots_.size();
@@ -413,7 +398,7 @@ Status ReplicatedEngine::Control(Op op) {
   Events ev;
   Status result;
   {
-    auto lk = gate_.Exclusive();
+    std::unique_lock<RwLock> lk(gate_);
     if (closed_) return Status::Error(Code::kClosed, "engine is closed");
     if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
     BusyFlag busy(control_busy_);
@@ -438,7 +423,7 @@ Status ReplicatedEngine::Control(Op op) {
 }
 
 Status ReplicatedEngine::ListSnapshots(std::vector<LayerInfo>* out) {
-  auto lk = gate_.Shared();
+  std::shared_lock<RwLock> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed");
   Targets t = RwTargets();
   if (t.n == 0) return Status::Error(Code::kNoHealthyReplica, "no RW replica");
@@ -550,7 +535,7 @@ Status ReplicatedEngine::Open() {
   }
 
   Events ev;
-  auto lk = gate_.Exclusive();
+  std::unique_lock<RwLock> lk(gate_);
   uint64_t max_epoch = 0;
   for (const auto& s : slots_) max_epoch = std::max(max_epoch, s->backend->epoch());
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -609,7 +594,7 @@ Status ReplicatedEngine::Shutdown() {
   Events ev;
   Status result;
   {
-    auto lk = gate_.Exclusive();
+    std::unique_lock<RwLock> lk(gate_);
     if (closed_) return Status::Ok();
     BusyFlag busy(control_busy_);
     closed_ = true;  // calls queued behind us see it and return -ESHUTDOWN

@@ -27,7 +27,7 @@
 #include "store/extent-map.h"
 #include "store/layer.h"
 #include "store/replica-metadata.h"
-#include "store/rw-lock.h"
+#include "util/rw-lock.h"
 
 namespace mooring {
 
