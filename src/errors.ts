@@ -43,6 +43,10 @@ export const MooringErrorCode = {
   INVALID_STATE: 'INVALID_STATE',
   /** The NBD address to listen on is taken. */
   ADDRESS_IN_USE: 'ADDRESS_IN_USE',
+  /** A host, replica server or data engine cannot be reached, or did not answer in time. */
+  UNAVAILABLE: 'UNAVAILABLE',
+  /** A peer (replica server, data engine, RPC client) sent something the protocol does not allow. */
+  PROTOCOL_ERROR: 'PROTOCOL_ERROR',
   // --- TypeScript only ---
   /** The native addon could not be loaded; the message lists what was tried and how to fix it. */
   NATIVE_LOAD_FAILED: 'NATIVE_LOAD_FAILED',
@@ -138,6 +142,12 @@ const errnoCodes: Record<string, MooringErrorCode> = {
   EBUSY: 'BUSY',
   ERANGE: 'OUT_OF_RANGE',
   EADDRINUSE: 'ADDRESS_IN_USE',
+  ENOTCONN: 'UNAVAILABLE',
+  ECONNREFUSED: 'UNAVAILABLE',
+  ECONNRESET: 'UNAVAILABLE',
+  ETIMEDOUT: 'UNAVAILABLE',
+  EHOSTUNREACH: 'UNAVAILABLE',
+  EPROTO: 'PROTOCOL_ERROR',
 };
 
 /**

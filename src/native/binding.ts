@@ -56,14 +56,106 @@ export interface NativeExtent {
   flags: number;
 }
 
+/** Progress figures carried by every rebuild event. */
+export interface NativeRebuildFigures {
+  replicaId: string;
+  /** Data bytes written to the target so far. */
+  sentBytes: number;
+  /** Allocated bytes compared so far (source and target, per layer). */
+  scannedBytes: number;
+  /** Allocated bytes to compare in all. */
+  totalBytes: number;
+}
+
 export type NativeEngineEvent =
   | { type: 'replica-error'; replicaId: string; errno: number; message: string }
   | { type: 'epoch-claimed'; epoch: number }
-  | { type: 'reconciled'; bytes: number; message: string };
+  | { type: 'reconciled'; bytes: number; message: string }
+  | ({ type: 'rebuild-started' } & NativeRebuildFigures)
+  | ({ type: 'rebuild-progress' } & NativeRebuildFigures)
+  | ({ type: 'rebuild-completed' } & NativeRebuildFigures)
+  | ({ type: 'rebuild-failed'; errno: number; message: string } & NativeRebuildFigures);
+
+/** Mutual TLS material, PEM text. Enabled when all three are given. */
+export interface NativeTlsOptions {
+  /** Our certificate (chain). */
+  cert: string;
+  /** Our private key. */
+  key: string;
+  /** CA certificate(s) the peer's certificate must chain to. */
+  ca: string;
+  /** Client side: the name the server's certificate must carry ('' = CA check only). */
+  serverName?: string;
+}
+
+/** A replica on another host, served by a replica server. */
+export interface NativeRemoteReplica {
+  /** Replica server host (IP literal or name). */
+  host: string;
+  port: number;
+  /** Replica name on that server ([A-Za-z0-9._-]{1,63}). */
+  name: string;
+  tls?: NativeTlsOptions;
+  /** Engine-to-replica I/O timeout (default 8000 ms). */
+  ioTimeoutMs?: number;
+}
+
+/** How an engine reaches a replica: a local replica directory, or a remote replica. */
+export type NativeReplicaEndpoint = string | NativeRemoteReplica;
+
+export interface NativeRebuildResult {
+  scannedBytes: number;
+  sentBytes: number;
+  unmappedBytes: number;
+  durationMs: number;
+}
+
+export interface NativeReplicaServerOptions {
+  /** Directory whose subdirectories are the replicas served, by name. */
+  root: string;
+  /** Address to listen on (default 127.0.0.1). */
+  host?: string;
+  /** Port (default 0: any free port). */
+  port?: number;
+  /** Mutual TLS: clients must present a certificate signed by `ca`. */
+  tls?: NativeTlsOptions;
+  /** Simultaneous connections (default 256). */
+  maxConnections?: number;
+}
+
+export interface NativeReplicaServerStats {
+  connectionsTotal: number;
+  connectionsOpen: number;
+  requests: number;
+  /** Requests refused because they carried an older writer epoch. */
+  staleEpochRefusals: number;
+  protocolErrors: number;
+  bytesRead: number;
+  bytesWritten: number;
+}
+
+export interface NativeReplicaServer {
+  /** Bound TCP port. */
+  readonly port: number;
+  stats(): NativeReplicaServerStats;
+  /** Stop accepting, close connections, release the replicas it opened. Idempotent. */
+  close(): Promise<void>;
+}
+
+/** A replica's metadata, read without opening it for I/O. */
+export interface NativeReplicaInfo {
+  sizeBytes: number;
+  epoch: number;
+  clean: boolean;
+  rebuilding: boolean;
+  allocatedBytes: number;
+  /** Handles open on it in this process (engines, replica server connections). */
+  users: number;
+}
 
 export interface NativeEngineOptions {
-  /** Replica directories (local replicas). */
-  replicas: string[];
+  /** The replicas: directories (local) or remote replicas. A remote replica that cannot be reached opens as ERR. */
+  replicas: NativeReplicaEndpoint[];
   /** Receives engine events in batches, on the JS thread. */
   onEvents?: (events: NativeEngineEvent[]) => void;
 }
@@ -127,6 +219,13 @@ export interface NativeEngine {
   listSnapshots(): Promise<NativeLayerInfo[]>;
   deleteSnapshot(name: string): Promise<void>;
   revert(name: string): Promise<void>;
+  /**
+   * Rebuild: add a replica write-only, copy what it lacks, make it RW (see engine.h
+   * AddReplica). Progress arrives as rebuild-* events. Resolves when it is RW.
+   */
+  addReplica(endpoint: NativeReplicaEndpoint): Promise<NativeRebuildResult>;
+  /** Remove a replica that is not RW (aborting its rebuild if WO) and close it. */
+  removeReplica(id: string): Promise<void>;
   /** Serve this engine over NBD. The engine must stay open while the server runs. */
   exportNbd(options: NativeNbdOptions): Promise<NativeNbdServer>;
   /** Drain, flush, mark replicas clean, close. Idempotent. Close NBD servers first. */
@@ -165,4 +264,8 @@ export interface NativeAddon {
   openEngine(options: NativeEngineOptions): Promise<NativeEngine>;
   /** Open one replica directly (see NativeReplica). */
   openReplica(dir: string): Promise<NativeReplica>;
+  /** Read a replica's metadata (works while it is open in an engine or served). */
+  inspectReplica(dir: string): Promise<NativeReplicaInfo>;
+  /** Serve the replicas under `root` to engines on other hosts (replica protocol). */
+  startReplicaServer(options: NativeReplicaServerOptions): Promise<NativeReplicaServer>;
 }

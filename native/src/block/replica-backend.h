@@ -1,6 +1,7 @@
 // ReplicaBackend: what the Engine talks to for each replica. A local Replica (store/)
-// implements it directly; a remote replica client (replica protocol, a later issue) will
-// implement it over TCP. All data-path methods are thread-safe and return 0 or -errno.
+// implements it directly; RemoteReplica (remote/) implements it over the replica protocol
+// (TCP, optionally TLS) against a ReplicaServer on another host. All data-path methods are
+// thread-safe and return 0 or -errno.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,19 @@ struct Range {
 
 using Labels = std::map<std::string, std::string>;
 
+// Rebuild compares layers in units of kDigestUnitBytes (16 blocks of 4 KiB).
+constexpr uint32_t kDigestUnitBytes = 64 * 1024;
+constexpr uint32_t kDigestBlocksPerUnit = kDigestUnitBytes / 4096;
+
+// What one layer holds in one digest unit: which of its 16 blocks the layer itself
+// allocates (bit i = block i of the unit), and SHA-256 over the data of those blocks, in
+// address order. Units where the layer allocates nothing are not listed.
+struct UnitDigest {
+  uint64_t off = 0;        // multiple of kDigestUnitBytes
+  uint16_t mask = 0;       // never 0 in a listed digest
+  uint8_t sha256[32] = {};
+};
+
 // One layer of a replica's chain, as listed to the control plane.
 struct LayerInfo {
   std::string id;          // stable, e.g. "L000003"; never reused within a replica
@@ -34,6 +48,9 @@ struct LayerInfo {
   uint64_t size_bytes = 0;       // virtual size when the layer was created
   uint64_t allocated_bytes = 0;  // real disk usage (st_blocks * 512)
 };
+
+// Largest range one LayerDigest call covers (bounds the reply: 64 units of 64 KiB).
+constexpr uint64_t kMaxDigestRangeBytes = 4ull << 20;
 
 class ReplicaBackend {
  public:
@@ -71,6 +88,30 @@ class ReplicaBackend {
                           bool user_created) = 0;
   virtual Status DeleteSnapshot(const std::string& name) = 0;
   virtual Status Revert(const std::string& name, int64_t created_ms) = 0;
+
+  // --- Rebuild (engine/rebuilder.cc drives these; see docs/rebuild.md). ---
+  // True while a rebuild of this replica has not finished: durable, so an engine that
+  // opens a replica left mid-rebuild treats it as ERR (it may miss data; invariant 3).
+  virtual bool rebuilding() const = 0;
+  // Makes this replica a rebuild target: its layer list becomes exactly `layers` (ids,
+  // names, parents, flags, the head; as listed by a RW replica). Layers whose id it
+  // already has keep their files (their data is compared by digest, not trusted); the
+  // others get new empty files; layers not in the list are dropped. Sets rebuilding and
+  // epoch = `epoch` (kStaleEpoch if the replica's epoch is already higher: another engine
+  // owns it). Writes with `epoch` are accepted afterwards.
+  virtual Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) = 0;
+  // Digests of the units of one layer that intersect [off, off+len), in address order.
+  // off and len are multiples of kDigestUnitBytes; len at most kMaxDigestRangeBytes.
+  virtual Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len,
+                             std::vector<UnitDigest>* out) = 0;
+  // Rebuild target only (rebuilding() true): writes whole blocks into one layer (any
+  // layer, the head included) and records that the layer now holds them.
+  virtual int WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) = 0;
+  // Rebuild target only: the layer no longer holds whole blocks [off, off+len); reads of
+  // them fall through to the layers below. Space is released.
+  virtual int UnmapLayer(const std::string& layer_id, uint64_t off, uint64_t len) = 0;
+  // Flushes and clears the rebuilding flag (durably). After this the replica is an equal.
+  virtual Status FinishRebuild() = 0;
 
   virtual uint64_t AllocatedBytes() = 0;  // sum over all layer files
   virtual Status Close() = 0;             // idempotent; later calls return -EBADF / kClosed

@@ -161,6 +161,8 @@ class ReplicatedEngine final : public Engine {
     const int64_t now = NowMs();
     return Control([&](ReplicaBackend& b) { return b.Revert(name, now); });
   }
+  Status AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) override;
+  Status RemoveReplica(const std::string& id) override;
   Status Shutdown() override;
 
  private:
@@ -588,6 +590,14 @@ Status ReplicatedEngine::Open() {
   lk.unlock();
   Emit(ev);
   return Status::Ok();
+}
+
+Status ReplicatedEngine::AddReplica(std::shared_ptr<ReplicaBackend>, RebuildResult*) {
+  return Status::Error(Code::kUnsupported, "rebuild is not implemented yet");
+}
+
+Status ReplicatedEngine::RemoveReplica(const std::string&) {
+  return Status::Error(Code::kUnsupported, "removing replicas is not implemented yet");
 }
 
 Status ReplicatedEngine::Shutdown() {

@@ -49,14 +49,38 @@ inline const char* ReplicaModeName(ReplicaMode m) {
 // failed claim; later: a failed I/O), after the fence that makes it stale; kReconciled
 // once by Start when heads were reconciled. Events raised by Start are delivered before
 // Start returns.
+// Rebuild events (AddReplica): kRebuildStarted once the target is WO; kRebuildProgress at
+// most every kRebuildProgressIntervalBytes of scanned data; then kRebuildCompleted (the
+// target is RW) or kRebuildFailed (the target is ERR, or was removed).
 struct EngineEvent {
-  enum class Type { kReplicaError, kEpochClaimed, kReconciled };
+  enum class Type {
+    kReplicaError,
+    kEpochClaimed,
+    kReconciled,
+    kRebuildStarted,
+    kRebuildProgress,
+    kRebuildCompleted,
+    kRebuildFailed,
+  };
   Type type;
-  std::string replica_id;  // for kReplicaError
-  int error = 0;           // negative errno, kReplicaError
+  std::string replica_id;  // kReplicaError, kRebuild*
+  int error = 0;           // negative errno: kReplicaError, kRebuildFailed
   uint64_t epoch = 0;      // kEpochClaimed: the new epoch
-  uint64_t bytes = 0;      // kReconciled: bytes copied
+  uint64_t bytes = 0;      // kReconciled: bytes copied; kRebuild*: bytes sent to the target so far
   std::string message;
+  uint64_t scanned_bytes = 0;  // kRebuild*: allocated bytes compared so far (source or target)
+  uint64_t total_bytes = 0;    // kRebuild*: allocated bytes to compare in all
+};
+
+// Progress events of a rebuild are at least this far apart (plus one at the end).
+constexpr uint64_t kRebuildProgressIntervalBytes = 64ull << 20;
+
+// What AddReplica did.
+struct RebuildResult {
+  uint64_t scanned_bytes = 0;  // allocated bytes compared (union of source and target, per layer)
+  uint64_t sent_bytes = 0;     // data bytes written to the target
+  uint64_t unmapped_bytes = 0; // bytes the target held that the source does not (unmapped)
+  uint64_t duration_ms = 0;
 };
 
 // Called from I/O threads; must not block for long (the binding queues to JS).
@@ -94,6 +118,20 @@ class Engine : public BlockDevice {
   virtual Status ListSnapshots(std::vector<LayerInfo>* out) = 0;
   virtual Status DeleteSnapshot(const std::string& name) = 0;
   virtual Status Revert(const std::string& name) = 0;
+
+  // Rebuild (engine/rebuilder.cc). Blocks for the whole copy: call from a worker thread.
+  // Adds `target` write-only (it gets every write from now on, widened to whole 4 KiB
+  // blocks, and no reads), makes its layer list equal to a RW replica's (AdoptChain),
+  // copies what it lacks layer by layer, bottom first — units whose digests already match
+  // are not sent — then flushes, clears its rebuilding flag and makes it RW. Foreground
+  // I/O continues throughout; snapshot delete and revert are refused (kBusy) meanwhile.
+  // If `target`'s id is already a slot (an ERR replica coming back), that slot is reused.
+  // Fails with kInvalidState if no RW replica exists or the slot is RW/WO already, kBusy
+  // if another rebuild runs on this engine, or the target's error (then it is ERR).
+  virtual Status AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) = 0;
+  // Removes a replica that is not RW (ERR, or WO: that aborts its rebuild) and closes it.
+  // kInvalidState for a RW replica; kNotFound for an unknown id.
+  virtual Status RemoveReplica(const std::string& id) = 0;
 
   // Waits for in-flight calls, flushes, marks replicas clean, closes them. Idempotent.
   // Replicas() keeps answering afterwards with the last known state.

@@ -932,4 +932,22 @@ Status Replica::Revert(const std::string& name, int64_t created_ms) {
   return s;
 }
 
+// --- Rebuild target operations (issue 3; implemented with the rebuilder) ---
+
+Status Replica::AdoptChain(const std::vector<LayerInfo>&, uint64_t) {
+  return Status::Error(Code::kUnsupported, "replica " + dir_ + ": AdoptChain is not implemented yet");
+}
+
+Status Replica::LayerDigest(const std::string&, uint64_t, uint64_t, std::vector<UnitDigest>*) {
+  return Status::Error(Code::kUnsupported, "replica " + dir_ + ": LayerDigest is not implemented yet");
+}
+
+int Replica::WriteLayer(const std::string&, uint64_t, uint32_t, const uint8_t*) { return -ENOTSUP; }
+
+int Replica::UnmapLayer(const std::string&, uint64_t, uint64_t) { return -ENOTSUP; }
+
+Status Replica::FinishRebuild() {
+  return Status::Error(Code::kUnsupported, "replica " + dir_ + ": FinishRebuild is not implemented yet");
+}
+
 }  // namespace mooring

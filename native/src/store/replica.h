@@ -69,6 +69,14 @@ class Replica : public ReplicaBackend {
   Status DeleteSnapshot(const std::string& name) override;
   Status Revert(const std::string& name, int64_t created_ms) override;
 
+  bool rebuilding() const override { return rebuilding_.load(); }
+  Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) override;
+  Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len,
+                     std::vector<UnitDigest>* out) override;
+  int WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) override;
+  int UnmapLayer(const std::string& layer_id, uint64_t off, uint64_t len) override;
+  Status FinishRebuild() override;
+
   uint64_t AllocatedBytes() override;
   Status Close() override;
 
@@ -132,6 +140,7 @@ class Replica : public ReplicaBackend {
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> clean_{true};
+  std::atomic<bool> rebuilding_{false};
 
   // Lock order: ctl_mu_ -> io_mu_ -> edge stripe -> meta_mu_ -> map_mu_.
   std::mutex ctl_mu_;                // serialises control operations

@@ -31,6 +31,8 @@ enum class Code {
   kUnsupported,       // UNSUPPORTED
   kInvalidState,      // INVALID_STATE
   kAddressInUse,      // ADDRESS_IN_USE
+  kUnavailable,       // UNAVAILABLE
+  kProtocolError,     // PROTOCOL_ERROR
 };
 
 // The string each Code crosses into JavaScript as (error.code).
@@ -51,6 +53,8 @@ inline const char* CodeName(Code c) {
     case Code::kUnsupported: return "UNSUPPORTED";
     case Code::kInvalidState: return "INVALID_STATE";
     case Code::kAddressInUse: return "ADDRESS_IN_USE";
+    case Code::kUnavailable: return "UNAVAILABLE";
+    case Code::kProtocolError: return "PROTOCOL_ERROR";
   }
   return "IO_ERROR";
 }
@@ -68,6 +72,12 @@ inline Code CodeFromErrno(int neg_errno) {
     case EBUSY: return Code::kBusy;
     case ERANGE: return Code::kOutOfRange;
     case EADDRINUSE: return Code::kAddressInUse;
+    case ENOTCONN:
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case ETIMEDOUT:
+    case EHOSTUNREACH: return Code::kUnavailable;
+    case EPROTO: return Code::kProtocolError;
     default: return Code::kIoError;
   }
 }

@@ -14,8 +14,11 @@ import type {
   NativeNbdOptions,
   NativeNbdServer,
   NativeNbdStats,
+  NativeRebuildResult,
   NativeReplica,
+  NativeReplicaInfo,
   NativeReplicaMode,
+  NativeReplicaServer,
   NativeReplicaState,
   NativeWriteZeroesOptions,
 } from '../../../src/native/binding.js';
@@ -204,6 +207,16 @@ export class FakeEngine implements NativeEngine {
     for (const r of this.#rw()) r.clean = true;
   }
 
+  async addReplica(): Promise<NativeRebuildResult> {
+    await this.addon.tick();
+    throw nativeError('UNSUPPORTED', 'fake addon: rebuild is not modelled');
+  }
+
+  async removeReplica(): Promise<void> {
+    await this.addon.tick();
+    throw nativeError('UNSUPPORTED', 'fake addon: removing replicas is not modelled');
+  }
+
   /** Simulates an I/O failure on one replica: ERR, epoch bump on the others, event. */
   failReplica(dir: string, errno = 5): void {
     this.modes.set(dir, 'ERR');
@@ -272,8 +285,12 @@ export class FakeAddon implements NativeAddon {
 
   async openEngine(options: NativeEngineOptions): Promise<NativeEngine> {
     await this.tick();
-    for (const d of options.replicas) this.replica(d);
-    const e = new FakeEngine(this, options.replicas, options.onEvents);
+    const dirs = options.replicas.map((r) => {
+      if (typeof r !== 'string') throw nativeError('UNSUPPORTED', 'fake addon: remote replicas are not modelled');
+      return r;
+    });
+    for (const d of dirs) this.replica(d);
+    const e = new FakeEngine(this, dirs, options.onEvents);
     this.engines.push(e);
     return e;
   }
@@ -282,6 +299,17 @@ export class FakeAddon implements NativeAddon {
     await this.tick();
     this.replica(dir);
     throw nativeError('UNSUPPORTED', 'fake addon: openReplica is not modelled');
+  }
+
+  async inspectReplica(dir: string): Promise<NativeReplicaInfo> {
+    await this.tick();
+    const r = this.replica(dir);
+    return { sizeBytes: r.sizeBytes, epoch: r.epoch, clean: r.clean, rebuilding: false, allocatedBytes: 0, users: 0 };
+  }
+
+  async startReplicaServer(): Promise<NativeReplicaServer> {
+    await this.tick();
+    throw nativeError('UNSUPPORTED', 'fake addon: the replica server is not modelled');
   }
 
   /** The most recently opened engine. */
