@@ -48,6 +48,8 @@ export const MooringErrorCode = {
   /** A peer (replica server, data engine, RPC client) sent something the protocol does not allow. */
   PROTOCOL_ERROR: 'PROTOCOL_ERROR',
   // --- TypeScript only ---
+  /** A compare-and-set write to the state store found another version. */
+  CONFLICT: 'CONFLICT',
   /** The native addon could not be loaded; the message lists what was tried and how to fix it. */
   NATIVE_LOAD_FAILED: 'NATIVE_LOAD_FAILED',
 } as const;

@@ -1,5 +1,4 @@
-// Module entry: exports { version, createReplica, openEngine, openReplica } as typed in
-// src/native/binding.ts. State lives in AddonData (napi instance data), one per env.
+// Module entry: exports the functions typed as NativeAddon in src/native/binding.ts. State lives in AddonData (napi instance data), one per env.
 #include <napi.h>
 
 #include <cstdlib>
@@ -12,6 +11,7 @@
 #include "binding/event-queue.h"
 #include "binding/js-args.h"
 #include "binding/nbd-server-wrap.h"
+#include "binding/replica-endpoint-args.h"
 #include "binding/replica-wrap.h"
 #include "store/replica.h"
 
@@ -40,13 +40,13 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
     AddonData* data = AddonData::Get(env);
     Napi::Object o = ToObject(Arg(info, 0), "options");
     Napi::Value reps = o.Get("replicas");
-    if (!reps.IsArray()) throw ArgError("options.replicas", "an array of replica directories");
+    if (!reps.IsArray()) throw ArgError("options.replicas", "an array of replica endpoints");
     Napi::Array arr = reps.As<Napi::Array>();
     if (arr.Length() == 0 || arr.Length() > kMaxReplicasPerEngine)
-      throw ArgError("options.replicas", "1.." + std::to_string(kMaxReplicasPerEngine) + " directories");
-    std::vector<std::string> dirs;
+      throw ArgError("options.replicas", "1.." + std::to_string(kMaxReplicasPerEngine) + " replica endpoints");
+    std::vector<ReplicaEndpoint> endpoints;
     for (uint32_t i = 0; i < arr.Length(); ++i)
-      dirs.push_back(ToStr(arr.Get(i), "options.replicas[" + std::to_string(i) + "]"));
+      endpoints.push_back(ParseReplicaEndpoint(arr.Get(i), "options.replicas[" + std::to_string(i) + "]"));
     Napi::Value cb = o.Get("onEvents");
     if (!cb.IsUndefined() && !cb.IsFunction()) throw ArgError("options.onEvents", "a function");
 
@@ -55,12 +55,15 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
     auto opened = std::make_shared<std::shared_ptr<Engine>>();
     return new TaskWorker(
         env,
-        [dirs, events, opened]() -> Status {
+        [endpoints, events, opened]() -> Status {
           Engine::Options eo;
-          for (const std::string& dir : dirs) {
-            std::unique_ptr<Replica> r;
-            Status st = Replica::Open(dir, &r);
-            if (!st.ok()) {
+          for (const ReplicaEndpoint& ep : endpoints) {
+            std::shared_ptr<ReplicaBackend> r;
+            Status st = OpenReplicaEndpoint(ep, &r);
+            // A remote replica that cannot be reached now is opened as ERR (the control
+            // plane rebuilds it when its host is back); a local one that fails is an error.
+            if (!st.ok() && ep.remote()) r = MakeOfflineReplica(ep, st);
+            if (!r) {
               for (auto& done : eo.replicas) done->Close();
               return st;
             }

@@ -1,0 +1,150 @@
+/**
+ * DataEngine: the per-host host of replicas and engines (Longhorn's instance manager).
+ *
+ * One interface, two ways to reach it:
+ * - {@link LocalDataEngine}: in the embedding process (the default), direct calls;
+ * - {@link RemoteDataEngine}: a `mooring data-engine` process, over gRPC (a unix socket on
+ *   the same host, TCP between hosts, optionally mutual TLS).
+ *
+ * A data engine owns a directory (`DIR/replicas/<name>/` per replica), serves its replicas
+ * to engines on other hosts through its replica server, and runs engines (one per volume
+ * attached on this host), each optionally exported over NBD.
+ *
+ * @packageDocumentation
+ */
+
+/** A replica this data engine holds. */
+export interface HostedReplicaInfo {
+  /** Replica name, unique on this data engine ([A-Za-z0-9._-]{1,63}). */
+  name: string;
+  sizeBytes: number;
+  /** Highest writer epoch claimed on it. */
+  epoch: number;
+  /** The last engine closed it cleanly. */
+  clean: boolean;
+  /** A rebuild into it has not finished (it is not an equal of the others). */
+  rebuilding: boolean;
+  /** Real disk usage. */
+  allocatedBytes: number;
+  /** Open in an engine here or served to an engine elsewhere. */
+  inUse: boolean;
+}
+
+/** Who this data engine is and how other hosts reach its replicas. */
+export interface DataEngineInfo {
+  /** The host id the embedder gave it. */
+  hostId: string;
+  /** Package version of the data engine. */
+  version: string;
+  /** Directory it owns. */
+  dir: string;
+  /** Replica server address (`tcp:HOST:PORT`) for engines on other hosts, or null if it serves none. */
+  replicaAddress: string | null;
+  /** Whether host-to-host traffic (gRPC and replica protocol) uses mutual TLS. */
+  tls: boolean;
+}
+
+/** How an engine reaches one replica of its volume. */
+export interface EngineReplicaRef {
+  /** Replica id within the volume (e.g. `r0`); stable across rebuilds of the same slot. */
+  id: string;
+  /** Host id of the data engine holding it. */
+  hostId: string;
+  /** Replica name on that data engine. */
+  name: string;
+  /** That data engine's replica server (`tcp:HOST:PORT`); ignored when hostId is this engine's host. */
+  address: string | null;
+}
+
+/** Options of {@link DataEngine.startEngine}. */
+export interface EngineStartOptions {
+  /** Volume name; one engine per volume per data engine. */
+  volume: string;
+  /** The replicas (1..16). Remote ones that cannot be reached start as ERR and are repaired later. */
+  replicas: EngineReplicaRef[];
+  /** NBD address to export on (`unix:PATH` or `tcp:HOST:PORT`); null or omitted: no export. */
+  nbd?: string | null;
+  /** Engine-to-replica I/O timeout for remote replicas (default 8000 ms). */
+  ioTimeoutMs?: number;
+}
+
+/** Rebuild figures of a replica being rebuilt. */
+export interface RebuildProgress {
+  sentBytes: number;
+  scannedBytes: number;
+  totalBytes: number;
+}
+
+/** A replica as the engine sees it. */
+export interface EngineReplicaInfo extends EngineReplicaRef {
+  mode: 'RW' | 'WO' | 'ERR';
+  /** Negative errno of the failure that made it ERR, else 0. */
+  lastError: number;
+  /** Present while it is being rebuilt. */
+  rebuild?: RebuildProgress;
+}
+
+/** An engine running on a data engine. */
+export interface EngineInfo {
+  volume: string;
+  sizeBytes: number;
+  /** Writer epoch it holds. */
+  epoch: number;
+  replicas: EngineReplicaInfo[];
+  /** The NBD export, or null. */
+  nbd: { address: string; uri: string } | null;
+}
+
+/** What a finished rebuild did. */
+export interface RebuildResult {
+  replicaId: string;
+  scannedBytes: number;
+  sentBytes: number;
+  unmappedBytes: number;
+  durationMs: number;
+}
+
+/** Events a data engine reports (about the engines it runs). */
+export type DataEngineEvent =
+  | { type: 'replica-error'; volume: string; replicaId: string; errno: number; message: string }
+  | { type: 'epoch-claimed'; volume: string; epoch: number }
+  | ({ type: 'rebuild-started'; volume: string; replicaId: string } & RebuildProgress)
+  | ({ type: 'rebuild-progress'; volume: string; replicaId: string } & RebuildProgress)
+  | ({ type: 'rebuild-completed'; volume: string; replicaId: string } & RebuildProgress)
+  | ({ type: 'rebuild-failed'; volume: string; replicaId: string; code: string; message: string } & RebuildProgress)
+  | { type: 'engine-stopped'; volume: string };
+
+/** The per-host host of replicas and engines; see the module comment. */
+export interface DataEngine {
+  /** Host id (known without a round trip). */
+  readonly hostId: string;
+  info(): Promise<DataEngineInfo>;
+
+  /** Creates an empty replica. ALREADY_EXISTS, INVALID_ARGUMENT, NO_SPACE. */
+  createReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo>;
+  /** Deletes a replica and its data. BUSY while it is in use, NOT_FOUND. */
+  deleteReplica(name: string): Promise<void>;
+  listReplicas(): Promise<HostedReplicaInfo[]>;
+
+  /** Starts an engine for a volume (claims a new writer epoch). ALREADY_EXISTS if one runs. */
+  startEngine(options: EngineStartOptions): Promise<EngineInfo>;
+  /** Stops an engine: unexports, drains, flushes, marks replicas clean. NOT_FOUND. */
+  stopEngine(volume: string): Promise<void>;
+  engineInfo(volume: string): Promise<EngineInfo>;
+  listEngines(): Promise<EngineInfo[]>;
+  /**
+   * Adds (or re-adds) a replica to a running engine and rebuilds it; resolves when it is RW.
+   * Rebuilds on one data engine run at most `maxConcurrentRebuilds` at a time; others wait.
+   */
+  addReplica(volume: string, replica: EngineReplicaRef): Promise<RebuildResult>;
+  /** Removes a replica that is not RW from a running engine. */
+  removeReplica(volume: string, replicaId: string): Promise<void>;
+
+  /** Subscribes to events; returns the unsubscribe function. */
+  watch(listener: (event: DataEngineEvent) => void): () => void;
+  /**
+   * Local: stops engines and the replica server. Remote: closes the connection (the
+   * data-engine process and its engines keep running). Idempotent.
+   */
+  close(): Promise<void>;
+}
