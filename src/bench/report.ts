@@ -149,7 +149,7 @@ export function renderMarkdown(t: Table): string {
   return [row(t.headers), row(sep), ...t.rows.map(row)].join('\n');
 }
 
-const MOORING_TARGETS: readonly TargetId[] = ['mooring-1', 'mooring-3'];
+const MOORING_TARGETS: readonly TargetId[] = ['mooring-1', 'mooring-3', 'mooring-3-remote'];
 
 /** Headline figure of every workload on every target, plus the Mooring ratios. */
 export function summaryTable(r: BenchResults): Table {
@@ -253,6 +253,11 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       '3 replicas ≥ 0.7× of 1 replica on writes',
       0.7,
       writes.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-3', 'mooring-1') })),
+    ),
+    judgeRatios(
+      '3 remote replicas (loopback TCP) ≥ 0.6× of 1 local replica on writes',
+      0.6,
+      writes.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-3-remote', 'mooring-1') })),
     ),
   ];
   const rssGoal = `peak RSS ≤ 64 MiB for a 1 TiB sparse volume after 10,000 scattered 4 KiB writes`;

@@ -6,6 +6,7 @@
 export const ALL_TARGET_IDS = [
   'mooring-1',
   'mooring-3',
+  'mooring-3-remote',
   'qemu-raw',
   'qemu-qcow2',
   'qemu-raw-nocache',
@@ -19,6 +20,7 @@ export type TargetId = (typeof ALL_TARGET_IDS)[number];
 export const DEFAULT_TARGET_IDS: readonly TargetId[] = [
   'mooring-1',
   'mooring-3',
+  'mooring-3-remote',
   'qemu-raw',
   'qemu-qcow2',
   'file-buffered',
@@ -29,6 +31,7 @@ export const DEFAULT_TARGET_IDS: readonly TargetId[] = [
 export const TARGET_LABELS: Record<TargetId, string> = {
   'mooring-1': 'Mooring 1 replica',
   'mooring-3': 'Mooring 3 replicas',
+  'mooring-3-remote': 'Mooring 3 remote replicas (loopback TCP)',
   'qemu-raw': 'qemu-nbd raw (writeback)',
   'qemu-qcow2': 'qemu-nbd qcow2 (writeback)',
   'qemu-raw-nocache': 'qemu-nbd raw (cache=none, aio=native)',
@@ -40,6 +43,7 @@ export const TARGET_LABELS: Record<TargetId, string> = {
 export const TARGET_SHORT: Record<TargetId, string> = {
   'mooring-1': 'M1',
   'mooring-3': 'M3',
+  'mooring-3-remote': 'M3 remote',
   'qemu-raw': 'qemu raw',
   'qemu-qcow2': 'qemu qcow2',
   'qemu-raw-nocache': 'qemu raw nocache',

@@ -13,6 +13,7 @@ import {
   type ProcessTracker,
 } from './processes.js';
 import type { ReadyInfo } from '../cli/serve.js';
+import { refOn, startBenchHost, type BenchHost } from './remote-hosts.js';
 import type { TargetId } from './target-ids.js';
 
 export type { ReadyInfo };
@@ -84,6 +85,8 @@ export async function startTarget(id: TargetId, ctx: TargetContext): Promise<Run
       return startMooring(id, 1, ctx.areaBytes, ctx);
     case 'mooring-3':
       return startMooring(id, 3, ctx.areaBytes, ctx);
+    case 'mooring-3-remote':
+      return startMooringRemote(id, ctx);
     case 'qemu-raw':
       return startQemuNbd(id, 'raw', false, ctx);
     case 'qemu-qcow2':
@@ -132,53 +135,7 @@ export async function startMooring(
   const stderr = new TailBuffer(STDERR_TAIL_CHARS);
   child.stderr?.setEncoding('utf8').on('data', (d: string) => stderr.push(d));
 
-  const ready = await new Promise<ReadyInfo>((resolve, reject) => {
-    let pending = '';
-    let settled = false;
-    const finish = (err: unknown, info?: ReadyInfo): void => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      ctx.abort.removeEventListener('abort', onAbort);
-      if (err) reject(err);
-      else resolve(info!);
-    };
-    const onAbort = (): void => finish(ctx.abort.reason);
-    const timer = setTimeout(
-      () => finish(new BenchError('BENCH_TARGET_FAILED', `mooring serve (${id}) printed no READY line within ${START_TIMEOUT_MS / 1000} s; stderr:\n${stderr}`)),
-      START_TIMEOUT_MS,
-    );
-    ctx.abort.addEventListener('abort', onAbort, { once: true });
-    child.once('error', (err) => finish(new BenchError('BENCH_TARGET_FAILED', `cannot start mooring serve: ${err.message}`)));
-    child.once('exit', () => {
-      // Give stderr's last chunk a moment to arrive before reporting it.
-      setTimeout(
-        () => finish(new BenchError('BENCH_TARGET_FAILED', `mooring serve (${id}) ${exitText(child)} before READY; stderr:\n${stderr}`)),
-        50,
-      );
-    });
-    child.stdout?.setEncoding('utf8').on('data', (d: string) => {
-      pending += d;
-      let nl: number;
-      while ((nl = pending.indexOf('\n')) >= 0) {
-        const line = pending.slice(0, nl).trim();
-        pending = pending.slice(nl + 1);
-        if (!line.startsWith('READY ')) continue;
-        try {
-          const info = JSON.parse(line.slice('READY '.length)) as ReadyInfo;
-          if (typeof info.uri !== 'string') throw new Error('no uri');
-          finish(undefined, info);
-        } catch (err) {
-          finish(new BenchError('BENCH_TARGET_FAILED', `mooring serve printed a malformed READY line: ${line} (${String(err)})`));
-        }
-      }
-      // Anything after READY is not part of the contract; do not accumulate it.
-      if (settled) pending = '';
-    });
-  }).catch(async (err: unknown) => {
-    await stopChild(child, 5_000);
-    throw err;
-  });
+  const ready = await waitForReady<ReadyInfo>(child, stderr, `mooring serve (${id})`, ctx, (info) => typeof info.uri === 'string');
 
   if (ready.replicas !== replicas || ready.sizeBytes !== sizeBytes) {
     await stopChild(child, STOP_GRACE_MS);
@@ -201,6 +158,106 @@ export async function startMooring(
       }
     },
   };
+}
+
+/** Replica ports of the remote target's hosts (127.0.0.101.. on loopback). */
+const REMOTE_BASE_PORT = 17810;
+
+/**
+ * Four `mooring data-engine` processes on loopback: the engine on h0, its three replicas on
+ * h1..h3, every replica reached over TCP (the replica protocol); exported over NBD by h0.
+ */
+async function startMooringRemote(id: TargetId, ctx: TargetContext): Promise<RunningTarget> {
+  const hosts: BenchHost[] = [];
+  const stopAll = async (): Promise<void> => {
+    for (const h of hosts.reverse()) await h.stop();
+  };
+  try {
+    for (let i = 0; i < 4; i++) hosts.push(await startBenchHost(ctx, i, REMOTE_BASE_PORT + i));
+    const [engineHost, ...replicaHosts] = hosts as [BenchHost, ...BenchHost[]];
+    const refs = [];
+    for (const [i, h] of replicaHosts.entries()) {
+      await h.engine.createReplica(`bench-r${i}`, ctx.areaBytes);
+      refs.push(refOn(h, `r${i}`, `bench-r${i}`));
+    }
+    const socket = join(ctx.dir, 'nbd.sock');
+    checkSocketPath(socket);
+    const info = await engineHost.engine.startEngine({ volume: 'bench', replicas: refs, nbd: `unix:${socket}` });
+    if (!info.nbd || info.replicas.some((r) => r.mode !== 'RW')) {
+      throw new BenchError('BENCH_TARGET_FAILED', `remote engine did not start healthy: ${JSON.stringify(info)}`);
+    }
+    ctx.log(`  ready: ${info.nbd.uri} (engine on ${engineHost.hostId}, replicas on ${replicaHosts.map((h) => h.hostId).join(', ')})`);
+    return {
+      id,
+      endpoint: { kind: 'nbd', uri: info.nbd.uri },
+      pid: engineHost.child.pid,
+      stop: async () => {
+        await engineHost.engine.stopEngine('bench').catch((err: unknown) => ctx.log(`  warning: stopping the remote engine: ${String(err)}`));
+        await stopAll();
+      },
+    };
+  } catch (err) {
+    await stopAll();
+    throw err;
+  }
+}
+
+/**
+ * Waits for the `READY {json}` line a Mooring CLI process (serve, data-engine) prints when it
+ * serves; stops the child and throws BENCH_TARGET_FAILED if it exits, times out or prints
+ * something malformed. `valid` checks the parsed object.
+ */
+export async function waitForReady<T>(
+  child: ChildProcess,
+  stderr: TailBuffer,
+  label: string,
+  ctx: Pick<TargetContext, 'abort'>,
+  valid: (info: T) => boolean,
+): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    let pending = '';
+    let settled = false;
+    const finish = (err: unknown, info?: T): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      ctx.abort.removeEventListener('abort', onAbort);
+      if (err) reject(err);
+      else resolve(info!);
+    };
+    const onAbort = (): void => finish(ctx.abort.reason);
+    const timer = setTimeout(
+      () => finish(new BenchError('BENCH_TARGET_FAILED', `${label} printed no READY line within ${START_TIMEOUT_MS / 1000} s; stderr:\n${stderr}`)),
+      START_TIMEOUT_MS,
+    );
+    ctx.abort.addEventListener('abort', onAbort, { once: true });
+    child.once('error', (err) => finish(new BenchError('BENCH_TARGET_FAILED', `cannot start ${label}: ${err.message}`)));
+    child.once('exit', () => {
+      // Give stderr's last chunk a moment to arrive before reporting it.
+      setTimeout(() => finish(new BenchError('BENCH_TARGET_FAILED', `${label} ${exitText(child)} before READY; stderr:\n${stderr}`)), 50);
+    });
+    child.stdout?.setEncoding('utf8').on('data', (d: string) => {
+      pending += d;
+      let nl: number;
+      while ((nl = pending.indexOf('\n')) >= 0) {
+        const line = pending.slice(0, nl).trim();
+        pending = pending.slice(nl + 1);
+        if (!line.startsWith('READY ')) continue;
+        try {
+          const info = JSON.parse(line.slice('READY '.length)) as T;
+          if (!valid(info)) throw new Error('unexpected fields');
+          finish(undefined, info);
+        } catch (err) {
+          finish(new BenchError('BENCH_TARGET_FAILED', `${label} printed a malformed READY line: ${line} (${String(err)})`));
+        }
+      }
+      // Anything after READY is not part of the contract; do not accumulate it.
+      if (settled) pending = '';
+    });
+  }).catch(async (err: unknown) => {
+    await stopChild(child, 5_000);
+    throw err;
+  });
 }
 
 /** Connects to a unix socket and resolves true once the NBD greeting ('NBDMAGIC') arrives. */

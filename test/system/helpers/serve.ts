@@ -28,6 +28,8 @@ const live = new Set<MooringServer>();
 /** A running `mooring serve`. */
 export class MooringServer {
   ready!: ReadyInfo;
+  /** The JSON text of the READY line. */
+  readyLine = '';
   stdout = '';
   stderr = '';
   exitCode: number | null = null;
@@ -96,18 +98,27 @@ function requireCli(): void {
 
 /** Starts `mooring serve` and waits for its READY line. */
 export async function startServe(opts: ServeOptions): Promise<MooringServer> {
-  requireCli();
-  const args = [cliPath, 'serve', '--dir', opts.dir];
+  const args = ['serve', '--dir', opts.dir];
   if (opts.size !== undefined) args.push('--size', String(opts.size));
   if (opts.replicas !== undefined) args.push('--replicas', String(opts.replicas));
   if (opts.nbd) args.push('--nbd', opts.nbd);
   if (opts.exportName !== undefined) args.push('--export-name', opts.exportName);
   args.push(...(opts.extraArgs ?? []));
-  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  const s = new MooringServer(child, `mooring serve --dir ${opts.dir}`);
-  const timeout = opts.readyTimeoutMs ?? 30_000;
-  const line = await new Promise<string>((resolveLine, reject) => {
-    const t = setTimeout(() => reject(new Error(`no READY line within ${timeout} ms${s.diagnostics()}`)), timeout);
+  const s = await startCliProcess(args, `mooring serve --dir ${opts.dir}`, opts.readyTimeoutMs);
+  s.ready = JSON.parse(s.readyLine) as ReadyInfo;
+  return s;
+}
+
+/**
+ * Starts `node dist/cli.js ARGS` (a long-running command: serve, data-engine) and waits for
+ * its `READY {json}` line, kept in `readyLine`.
+ */
+export async function startCliProcess(args: string[], description: string, readyTimeoutMs = 30_000, env?: NodeJS.ProcessEnv): Promise<MooringServer> {
+  requireCli();
+  const child = spawn(process.execPath, [cliPath, ...args], { stdio: ['ignore', 'pipe', 'pipe'], ...(env ? { env } : {}) });
+  const s = new MooringServer(child, description);
+  s.readyLine = await new Promise<string>((resolveLine, reject) => {
+    const t = setTimeout(() => reject(new Error(`no READY line within ${readyTimeoutMs} ms${s.diagnostics()}`)), readyTimeoutMs);
     const onData = (): void => {
       const m = /^READY (\{.*\})\s*$/m.exec(s.stdout);
       if (m) {
@@ -117,12 +128,12 @@ export async function startServe(opts: ServeOptions): Promise<MooringServer> {
       }
     };
     child.stdout!.on('data', onData);
+    onData();
     void s.exited.then(() => {
       clearTimeout(t);
-      reject(new Error(`mooring serve exited before READY${s.diagnostics()}`));
+      reject(new Error(`${description} exited before READY${s.diagnostics()}`));
     });
   });
-  s.ready = JSON.parse(line) as ReadyInfo;
   return s;
 }
 

@@ -1,0 +1,128 @@
+// Several hosts on one machine: one `mooring data-engine` process per simulated host, each
+// with its own directory, its own loopback address (127.0.0.X) for the replica protocol and
+// its own gRPC unix socket. A host can be killed (SIGKILL), stopped and resumed
+// (SIGSTOP/SIGCONT: a network partition as far as its peers can tell) and restarted on the
+// same addresses with the same directory, as a rebooted host would be.
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
+import { Cluster } from '../../../src/cluster/cluster.js';
+import { FileStateStore } from '../../../src/state/file-state-store.js';
+import { readReplica, type ReplicaContent } from './replicas.js';
+import { startCliProcess, type MooringServer } from './serve.js';
+
+export interface HostOptions {
+  hostId: string;
+  /** The host's data-engine directory. */
+  dir: string;
+  /** Loopback address of its replica server, e.g. 127.0.0.11. */
+  ip: string;
+  replicaPort: number;
+  extraArgs?: string[];
+}
+
+interface DataEngineReady {
+  hostId: string;
+  grpcAddress: string;
+  replicaAddress: string | null;
+}
+
+/** One simulated host: a `mooring data-engine` process and a gRPC client to it. */
+export class HostProcess {
+  proc: MooringServer | null = null;
+  client: RemoteDataEngine | null = null;
+  ready: DataEngineReady | null = null;
+  readonly grpcSocket: string;
+
+  constructor(readonly opts: HostOptions) {
+    mkdirSync(opts.dir, { recursive: true });
+    this.grpcSocket = join(opts.dir, 'grpc.sock');
+  }
+
+  get hostId(): string {
+    return this.opts.hostId;
+  }
+
+  get engine(): RemoteDataEngine {
+    if (!this.client) throw new Error(`host ${this.hostId} is not running`);
+    return this.client;
+  }
+
+  /** Starts (or restarts) the process and connects a client. */
+  async start(): Promise<void> {
+    const args = [
+      'data-engine',
+      '--dir', this.opts.dir,
+      '--host-id', this.opts.hostId,
+      '--listen', `unix:${this.grpcSocket}`,
+      '--replica-listen', `tcp:${this.opts.ip}:${this.opts.replicaPort}`,
+      ...(this.opts.extraArgs ?? []),
+    ];
+    this.proc = await startCliProcess(args, `data-engine ${this.hostId}`, 30_000);
+    this.ready = JSON.parse(this.proc.readyLine) as DataEngineReady;
+    await this.client?.close().catch(() => undefined);
+    this.client = await RemoteDataEngine.connect({ address: `unix:${this.grpcSocket}`, timeoutMs: 10_000 });
+  }
+
+  /** SIGKILL: the host crashes. The client stays, and fails with UNAVAILABLE until restart. */
+  async crash(): Promise<void> {
+    await this.proc?.crash();
+  }
+
+  /** SIGSTOP: the host stops answering (as in a partition) but keeps its state. */
+  freeze(): void {
+    this.proc?.child.kill('SIGSTOP');
+  }
+
+  /** SIGCONT after freeze(). */
+  thaw(): void {
+    this.proc?.child.kill('SIGCONT');
+  }
+
+  /** SIGTERM: a clean stop (engines drain and flush). */
+  async stop(): Promise<void> {
+    await this.client?.close().catch(() => undefined);
+    this.client = null;
+    if (this.proc?.alive) await this.proc.stop('SIGTERM', 30_000);
+  }
+
+  diagnostics(): string {
+    return this.proc ? this.proc.diagnostics() : `\n(host ${this.hostId} never started)`;
+  }
+}
+
+/** N hosts a, b, c... on 127.0.0.11.. with replica ports basePort + i. */
+export function makeHosts(root: string, n: number, basePort: number): HostProcess[] {
+  const ids = 'abcdefgh';
+  return Array.from({ length: n }, (_, i) => new HostProcess({ hostId: ids[i]!, dir: join(root, `host-${ids[i]}`), ip: `127.0.0.${11 + i}`, replicaPort: basePort + i }));
+}
+
+/** A cluster over the hosts' gRPC clients with a file state store under `root`. */
+export async function openCluster(root: string, hosts: HostProcess[], options: { repairIntervalMs?: number; replicaReplacementWaitMs?: number } = {}): Promise<{ cluster: Cluster; store: FileStateStore }> {
+  const store = await FileStateStore.open(join(root, 'state'));
+  const cluster = await Cluster.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: options.repairIntervalMs ?? 500, ...(options.replicaReplacementWaitMs !== undefined ? { replicaReplacementWaitMs: options.replicaReplacementWaitMs } : {}) });
+  return { cluster, store };
+}
+
+/** Replica directory of a replica held by a host. */
+export function replicaPath(host: HostProcess, name: string): string {
+  return join(host.opts.dir, 'replicas', name);
+}
+
+/** Reads every listed replica (the volume must be detached and the hosts stopped or not using them). */
+export async function readReplicas(list: Array<{ host: HostProcess; name: string }>, sizeBytes: number): Promise<ReplicaContent[]> {
+  const out: ReplicaContent[] = [];
+  for (const r of list) out.push(await readReplica(replicaPath(r.host, r.name), sizeBytes, `${r.host.hostId}/${r.name}`));
+  return out;
+}
+
+/** Polls `check` until it returns true or the time runs out; returns whether it did. */
+export async function waitFor(check: () => Promise<boolean>, timeoutMs: number, intervalMs = 200): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await check().catch(() => false)) return true;
+    if (Date.now() >= deadline) return false;
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+}
