@@ -22,6 +22,7 @@ import {
 import { TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { startMooring, startTarget, type RunningTarget, type TargetContext } from './targets.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
+import { measureRebuild, type RebuildResults } from './rebuild.js';
 
 export { parseBenchArgs, type BenchOptions } from './options.js';
 
@@ -219,11 +220,27 @@ async function measureRss(s: RunState): Promise<RssResult | undefined> {
   }
 }
 
+async function measureRebuildStep(s: RunState): Promise<RebuildResults | undefined> {
+  const dir = join(s.scratch, 'rebuild');
+  mkdirSync(dir);
+  s.log(`[rebuild] 3 data-engine processes on loopback, ${s.opts.areaBytes / 1024 ** 2} MiB volume`);
+  try {
+    return await measureRebuild(targetContext(s, dir));
+  } catch (err) {
+    if (s.abort.aborted) throw err;
+    s.failures.push({ what: 'rebuild', message: errorText(err) });
+    s.log(`  rebuild: FAILED: ${errorText(err)}`);
+    return undefined;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 /** Checks tools, the build and free space before minutes of work are spent. */
 async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
   const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
   const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-'));
-  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss;
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
   const orUndefined = (err: unknown): undefined => {
@@ -259,7 +276,7 @@ async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: str
   const fs = statfsSync(parent);
   const freeBytes = fs.bavail * fs.bsize;
   // All targets live at once (interleaved runs); mooring-3 holds three copies.
-  const copies = s.opts.targets.reduce((n, t) => n + (t === 'mooring-3' ? 3 : 1), 0);
+  const copies = s.opts.targets.reduce((n, t) => n + (t.startsWith('mooring-3') ? 3 : 1), 0);
   const needBytes = copies * s.opts.areaBytes + FREE_SPACE_MARGIN_BYTES;
   if (freeBytes < needBytes) {
     throw new BenchError(
@@ -342,6 +359,7 @@ export async function runBench(argv: string[]): Promise<number> {
 
     await benchAll(s);
     const rss = opts.rss ? await measureRss(s) : undefined;
+    const rebuild = opts.rebuild ? await measureRebuildStep(s) : undefined;
 
     const results: BenchResults = {
       startedAt: started,
@@ -360,6 +378,7 @@ export async function runBench(argv: string[]): Promise<number> {
       measurements: s.measurements,
       serverPeaks: s.serverPeaks,
       rss,
+      rebuild,
       failures: s.failures,
     };
     process.stdout.write(renderStdout(results));

@@ -30,6 +30,8 @@ export interface BenchOptions {
   workloadIds: string[];
   /** Run the 1 TiB sparse-volume RSS measurement. */
   rss: boolean;
+  /** Measure full and incremental rebuilds over loopback (issue 3). */
+  rebuild: boolean;
   /** Explicit path of the Mooring CLI script; undefined = this package's dist/cli.js. */
   mooringCli: string | undefined;
   help: boolean;
@@ -96,6 +98,7 @@ Options:
   --workloads LIST    comma-separated workload ids (default: all, or the quick set)
                       available: ${ALL_WORKLOADS.map((w) => w.id).join(', ')}
   --no-rss            skip the 1 TiB sparse volume peak-RSS measurement
+  --no-rebuild        skip the rebuild measurements (3 data-engine processes)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
 `;
@@ -119,6 +122,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let quick = false;
   let help = false;
   let rss = true;
+  let rebuild = true;
   let runtimeSec: number | undefined;
   let repeat = 1;
   let rampSec: number | undefined;
@@ -149,6 +153,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '-h':
       case '--help': help = true; break;
       case '--no-rss': rss = false; break;
+      case '--no-rebuild': rebuild = false; break;
       case '--runtime': runtimeSec = parsePositiveNumber(value(), arg, RUNTIME_SEC_MAX, false); break;
       case '--repeat': {
         repeat = parsePositiveNumber(value(), arg, REPEAT_MAX, false);
@@ -196,6 +201,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     quick,
     help,
     rss,
+    rebuild,
     runtimeSec: runtimeSec ?? (quick ? QUICK_RUNTIME_SEC : DEFAULT_RUNTIME_SEC),
     repeat,
     rampSec: rampSec ?? (quick ? 0 : 1),

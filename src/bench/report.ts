@@ -3,6 +3,7 @@
  */
 import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
+import type { RebuildResults } from './rebuild.js';
 import { LIMIT_TARGET, PEER_TARGET, TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
 
@@ -52,6 +53,8 @@ export interface BenchResults {
   measurements: Measurement[];
   serverPeaks: ServerPeak[];
   rss: RssResult | undefined;
+  /** Full and incremental rebuild over loopback; undefined when skipped or failed. */
+  rebuild?: RebuildResults | undefined;
   /** Targets or steps that failed; the rest of the run went on. */
   failures: Array<{ what: string; message: string }>;
 }
@@ -260,6 +263,26 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       writes.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-3-remote', 'mooring-1') })),
     ),
   ];
+  const rb = r.rebuild;
+  const rebuildGoal = 'full rebuild ≥ 0.8× the disk\'s sequential write rate';
+  const incGoal = 'incremental rebuild sends ≤ 1.2× the changed bytes';
+  if (!rb) {
+    verdicts.push({ goal: rebuildGoal, verdict: 'not measured', detail: 'skipped or failed' });
+    verdicts.push({ goal: incGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  } else {
+    const ratio = rb.full.mibPerSec / rb.diskSeqWriteMibPerSec;
+    verdicts.push({
+      goal: rebuildGoal,
+      verdict: ratio >= 0.8 ? 'pass' : 'miss',
+      detail: `${rb.full.mibPerSec.toFixed(0)} MiB/s vs ${rb.diskSeqWriteMibPerSec.toFixed(0)} MiB/s = ${fmtRatio(ratio)} (${fmtMiB(rb.full.sentBytes)} in ${(rb.full.durationMs / 1000).toFixed(2)} s)`,
+    });
+    const inc = rb.incremental.sentBytes / rb.incremental.changedBytes;
+    verdicts.push({
+      goal: incGoal,
+      verdict: inc <= 1.2 ? 'pass' : 'miss',
+      detail: `${fmtMiB(rb.incremental.sentBytes)} sent for ${fmtMiB(rb.incremental.changedBytes)} of unique 4 KiB blocks changed = ${fmtRatio(inc)}`,
+    });
+  }
   const rssGoal = `peak RSS ≤ 64 MiB for a 1 TiB sparse volume after 10,000 scattered 4 KiB writes`;
   if (!r.rss) verdicts.push({ goal: rssGoal, verdict: 'not measured', detail: 'skipped or failed' });
   else {
@@ -270,6 +293,16 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
     });
   }
   return verdicts;
+}
+
+function rebuildText(rb: RebuildResults): string {
+  return (
+    `Rebuild (3 data-engine processes on loopback, ${fmtMiB(rb.volumeBytes)} volume): full rebuild into an empty replica ` +
+    `${fmtMiB(rb.full.sentBytes)} in ${(rb.full.durationMs / 1000).toFixed(2)} s = ${rb.full.mibPerSec.toFixed(0)} MiB/s ` +
+    `(disk sequential write with fsync: ${rb.diskSeqWriteMibPerSec.toFixed(0)} MiB/s); incremental after ` +
+    `${fmtMiB(rb.incremental.changedBytes)} of unique 4 KiB blocks changed while the replica's host was down: ` +
+    `${fmtMiB(rb.incremental.sentBytes)} sent in ${(rb.incremental.durationMs / 1000).toFixed(2)} s.`
+  );
 }
 
 /** The full stderr of a failed child was logged when it happened; summaries keep 3 lines. */
@@ -318,6 +351,7 @@ export function renderStdout(r: BenchResults): string {
       '',
     );
   }
+  if (r.rebuild) parts.push(rebuildText(r.rebuild), '');
   if (r.serverPeaks.length > 0) {
     parts.push(`Server peak RSS during the runs: ${r.serverPeaks.map((p) => `${TARGET_SHORT[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads)`).join(', ')}`, '');
   }
@@ -400,6 +434,8 @@ export function renderMarkdownReport(r: BenchResults): string {
       '',
     );
   }
+  out.push('### Rebuild over loopback TCP', '');
+  out.push(r.rebuild ? rebuildText(r.rebuild) : 'Not measured in this run.', '');
   out.push('### Memory: 1 TiB sparse volume', '');
   if (r.rss) {
     out.push(

@@ -65,7 +65,7 @@ function checkSocketPath(path: string): void {
 }
 
 /** Creates (or empties) a sparse file of `sizeBytes`. */
-function createSparse(path: string, sizeBytes: number): void {
+export function createSparse(path: string, sizeBytes: number): void {
   const fd = openSync(path, 'w');
   try {
     ftruncateSync(fd, sizeBytes);
