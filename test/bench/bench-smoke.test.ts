@@ -52,7 +52,7 @@ describe('bench smoke run', () => {
     for (const built of ['dist/cli.js', 'prebuilds/linux-x64/mooring.node'])
       expect(existsSync(join(root, built)), `${built} missing: run npm run build`).toBe(true);
     const out = join(work, 'benchmarks.md');
-    const targets = ['mooring-1', 'qemu-raw', 'file-buffered'];
+    const targets = ['mooring-1', 'mooring-3-remote', 'qemu-raw', 'file-buffered'];
     let stdout = '';
     const outSpy = vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => {
       stdout += String(chunk);
@@ -79,6 +79,10 @@ describe('bench smoke run', () => {
     expect(md).toContain('| workload |');
     expect(md).toContain('## Targets');
     expect(md).toMatch(/M1\/qemu raw/);
+    // The remote target ran (4 data-engine processes) and the rebuild step measured both rebuilds.
+    expect(stdout).toContain('Mooring 3 remote replicas');
+    expect(md).toMatch(/full rebuild into an empty replica \S+ MiB in/);
+    expect(md).toMatch(/3 remote replicas \(loopback TCP\) ≥ 0\.6× of 1 local replica on writes \| \*\*(pass|miss)\*\*/);
     // The scratch directory and every child are gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
   });
