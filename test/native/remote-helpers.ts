@@ -287,6 +287,8 @@ export class FrameProxy {
   private held: Array<{ to: Socket; frame: Buffer }> = [];
   private server: Server;
   port = 0;
+  /** Called when a client connection of the proxy is closed by the client. */
+  onClientClose: (() => void) | null = null;
   private sockets = new Set<Socket>();
 
   constructor(private readonly targetPort: number) {
@@ -321,7 +323,10 @@ export class FrameProxy {
         client.destroy();
         upstream.destroy();
       };
-      client.on('close', end);
+      client.on('close', () => {
+        this.onClientClose?.();
+        end();
+      });
       upstream.on('close', end);
       client.on('error', () => {});
       upstream.on('error', () => {});
