@@ -102,7 +102,7 @@ export function wireStr(s: string | Buffer): Buffer {
 
 /** Splits a byte stream into frames of either direction. */
 export class FrameSplitter {
-  private buf = Buffer.alloc(0);
+  private buf: Buffer = Buffer.alloc(0);
   constructor(
     private readonly headerBytes: number,
     private readonly lenAt: number,
