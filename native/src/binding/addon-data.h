@@ -12,6 +12,7 @@
 #include "binding/wrap-init.h"
 #include "engine/engine.h"
 #include "nbd/nbd-server.h"
+#include "remote/replica-server.h"
 #include "store/replica.h"
 
 namespace mooring {
@@ -19,6 +20,7 @@ namespace mooring {
 struct EngineInit;
 struct NbdServerInit;
 struct ReplicaInit;
+struct ReplicaServerInit;
 
 struct AddonData {
   // The wrapper classes. Their constructors refuse to run without an Init from native
@@ -26,6 +28,7 @@ struct AddonData {
   NativeClass<EngineInit> engine_class;
   NativeClass<NbdServerInit> nbd_server_class;
   NativeClass<ReplicaInit> replica_class;
+  NativeClass<ReplicaServerInit> replica_server_class;
 
   // Everything still open, so the env cleanup hook can close it when the process or
   // worker exits without close(). JS thread only.
@@ -36,6 +39,7 @@ struct AddonData {
   std::map<const Engine*, OpenEngine> engines;
   std::map<const NbdServer*, std::shared_ptr<NbdServer>> nbd_servers;
   std::map<const Replica*, std::shared_ptr<Replica>> replicas;  // opened by openReplica
+  std::map<const ReplicaServer*, std::shared_ptr<ReplicaServer>> replica_servers;
 
   // Env teardown: servers first (they use engines), then engines (drain, flush, mark
   // clean), then replicas opened directly. Blocks, which is acceptable only here: nothing
@@ -44,6 +48,10 @@ struct AddonData {
     auto servers = std::move(nbd_servers);
     nbd_servers.clear();
     for (auto& kv : servers) kv.second->Close();
+    // Replica servers give their replicas back to the registry before engines close theirs.
+    auto rservers = std::move(replica_servers);
+    replica_servers.clear();
+    for (auto& kv : rservers) kv.second->Close();
     auto open = std::move(engines);
     engines.clear();
     for (auto& kv : open) {

@@ -12,6 +12,7 @@
 #include "binding/js-args.h"
 #include "binding/nbd-server-wrap.h"
 #include "binding/replica-endpoint-args.h"
+#include "binding/replica-server-wrap.h"
 #include "binding/replica-wrap.h"
 #include "store/replica.h"
 
@@ -135,6 +136,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   data->engine_class.ctor = Napi::Persistent(EngineWrap::Define(env));
   data->nbd_server_class.ctor = Napi::Persistent(NbdServerWrap::Define(env));
   data->replica_class.ctor = Napi::Persistent(ReplicaWrap::Define(env));
+  data->replica_server_class.ctor = Napi::Persistent(ReplicaServerWrap::Define(env));
   env.SetInstanceData<AddonData>(data);  // deleted by Node after the cleanup hook ran
   napi_add_env_cleanup_hook(env, CleanupHook, data);
   {
@@ -150,6 +152,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("createReplica", Napi::Function::New(env, CreateReplica, "createReplica"));
   exports.Set("openEngine", Napi::Function::New(env, OpenEngine, "openEngine"));
   exports.Set("openReplica", Napi::Function::New(env, OpenReplica, "openReplica"));
+  exports.Set("startReplicaServer", Napi::Function::New(env, ReplicaServerWrap::StartServer, "startReplicaServer"));
   return exports;
 }
 

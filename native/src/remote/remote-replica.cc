@@ -1,0 +1,601 @@
+#include "remote/remote-replica.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace mooring {
+
+using namespace rp;  // NOLINT: wire constants
+
+namespace {
+
+// Handshake on a connected transport: HELLO out, its reply in, before deadline_ms.
+Status Hello(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t deadline_ms, ReplyHeader* rh,
+             uint8_t* extra) {
+  WaitFn wait = [&](short want) -> int {
+    int64_t left = deadline_ms - MonotonicMs();
+    if (left <= 0) return -ETIMEDOUT;
+    int p = PollFdOrWake(t->fd(), want, -1, static_cast<int>(left));
+    return p < 0 ? p : 0;
+  };
+  RequestHeader h;
+  h.op = kOpHello;
+  h.seq = 0;
+  h.payload_len = static_cast<uint32_t>(ep.name.size());
+  uint8_t hb[kRequestHeaderBytes];
+  EncodeRequest(h, hb);
+  iovec iov[2] = {{hb, sizeof hb}, {const_cast<char*>(ep.name.data()), ep.name.size()}};
+  int rc = WriteAll(t, iov, 2, wait);
+  uint8_t rb[kReplyHeaderBytes];
+  if (rc == 0) rc = rbuf->ReadExact(t, rb, sizeof rb, wait);
+  if (rc != 0) {
+    return Status::Error(Code::kUnavailable,
+                         "replica " + ep.Id() + ": handshake failed: " + (rc == -ECONNRESET ? "connection closed" : strerror(-rc)),
+                         -rc);
+  }
+  if (!DecodeReply(rb, rh) || rh->seq != 0 || !ValidCode(rh->code))
+    return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": not a replica server", EPROTO);
+  if (rh->code != 0) {
+    if (rh->payload_len > kMaxMessageBytes)
+      return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": oversized error reply", EPROTO);
+    std::string msg(rh->payload_len, '\0');
+    if (rh->payload_len && rbuf->ReadExact(t, &msg[0], msg.size(), wait) != 0) msg = "(message lost)";
+    return Status::Error(static_cast<Code>(rh->code), "replica " + ep.Id() + ": " + msg, rh->err);
+  }
+  if (rh->payload_len != kHelloReplyBytes || !(rh->state & kStateValid))
+    return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": malformed HELLO reply", EPROTO);
+  rc = rbuf->ReadExact(t, extra, kHelloReplyBytes, wait);
+  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": handshake failed", -rc);
+  return Status::Ok();
+}
+
+int ErrnoOfReply(const ReplyHeader& r) {
+  if (r.code == 0) return 0;
+  if (r.err > 0 && r.err < 4096) return r.err;
+  return ErrnoForCode(static_cast<Code>(r.code));
+}
+
+}  // namespace
+
+Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<ReplicaBackend>* out) {
+  const int64_t deadline = MonotonicMs() + ep.io_timeout_ms;
+  if (!ValidName(ep.name.data(), ep.name.size()))
+    return Status::Error(Code::kInvalidArgument, "replica name " + ep.name + " is not [A-Za-z0-9._-]{1,63}");
+  int fd = -1;
+  Status st = ConnectTcp(ep.host, ep.port, deadline, &fd);
+  if (!st.ok()) return Status::Error(st.code, "replica " + ep.Id() + ": " + st.message, st.sys_errno);
+  std::unique_ptr<Transport> t;
+  if (ep.tls.enabled()) {
+    std::shared_ptr<TlsContext> tls;
+    st = TlsContext::Create(ep.tls, false, &tls);
+    if (!st.ok()) {
+      close(fd);
+      return st;
+    }
+    st = tls->Wrap(fd, ep.tls.server_name, &t);  // the SSL object keeps what it needs of the context
+    if (!st.ok()) return st;
+    st = t->Handshake(deadline, -1);
+    if (!st.ok()) return Status::Error(st.code, "replica " + ep.Id() + ": " + st.message, st.sys_errno);
+  } else {
+    t = MakePlainTransport(fd);
+  }
+  std::shared_ptr<RemoteReplica> r(new RemoteReplica(ep, std::move(t)));
+  ReplyHeader rh;
+  uint8_t extra[kHelloReplyBytes];
+  st = Hello(r->t_.get(), &r->rbuf_, ep, deadline, &rh, extra);
+  if (!st.ok()) return st;  // the destructor closes the socket; no threads yet
+  r->size_ = rh.value;
+  r->epoch_.store(rh.epoch);
+  r->clean_.store(rh.state & kStateClean);
+  r->rebuilding_.store(rh.state & kStateRebuilding);
+  r->depth_ = std::max<uint32_t>(1, std::min<uint32_t>(kMaxInflight, Get32(extra)));
+  r->max_io_ = std::min<uint32_t>(kMaxIoBytes, Get32(extra + 4));
+  if (r->max_io_ < 4096) return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": server I/O limit too small", EPROTO);
+  r->last_send_ms_ = MonotonicMs();
+  try {
+    r->sender_ = std::thread([p = r.get()] { p->SenderLoop(); });
+    r->reader_ = std::thread([p = r.get()] { p->ReaderLoop(); });
+  } catch (const std::exception& e) {
+    r->Close();
+    return Status::Error(Code::kIoError, std::string("starting replica client threads: ") + e.what());
+  }
+  r->AllocatedBytes();  // first refresh
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+RemoteReplica::RemoteReplica(const ReplicaEndpoint& ep, std::unique_ptr<Transport> t)
+    : id_(ep.Id()), io_timeout_ms_(ep.io_timeout_ms), t_(std::move(t)) {}
+
+RemoteReplica::~RemoteReplica() { Close(); }
+
+Status RemoteReplica::Close() {
+  std::lock_guard<std::mutex> cl(close_mu_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_) return Status::Ok();
+    closed_ = true;
+  }
+  Teardown(EBADF);
+  if (sender_.joinable()) sender_.join();
+  if (reader_.joinable()) reader_.join();
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------
+// Calls.
+
+RemoteReplica::CallPtr RemoteReplica::NewCall(uint8_t op, uint64_t epoch, uint64_t off, uint64_t len, uint16_t flags) {
+  CallPtr c = std::make_shared<Call>();
+  c->h.op = op;
+  c->h.epoch = epoch;
+  c->h.offset = off;
+  c->h.length = len;
+  c->h.flags = flags;
+  return c;
+}
+
+int RemoteReplica::Submit(const CallPtr& c, bool block) {
+  if (c->payload.size() > kMaxPayloadBytes) return -EOVERFLOW;
+  c->h.payload_len = static_cast<uint32_t>(c->payload.size());
+  std::unique_lock<std::mutex> lk(mu_);
+  while (dead_errno_ == 0 && outstanding_ >= depth_) {
+    if (!block) return -EAGAIN;
+    slot_cv_.wait(lk);
+  }
+  if (dead_errno_ != 0) return closed_ ? -EBADF : -ENOTCONN;
+  c->h.seq = next_seq_++;
+  c->deadline_ms = MonotonicMs() + io_timeout_ms_;
+  queue_.push_back(c);
+  ++outstanding_;
+  send_cv_.notify_one();
+  return 0;
+}
+
+void RemoteReplica::Wait(const CallPtr& c) {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!c->done) c->cv.wait(lk);
+}
+
+int RemoteReplica::Run(const CallPtr& c) {
+  int rc = Submit(c);
+  if (rc < 0) return rc;
+  Wait(c);
+  if (c->fail_errno) return -c->fail_errno;
+  return -ErrnoOfReply(c->reply);
+}
+
+Status RemoteReplica::RunStatus(const CallPtr& c, const char* what) {
+  int rc = Submit(c);
+  if (rc == 0) {
+    Wait(c);
+    rc = c->fail_errno ? -c->fail_errno : 0;
+  }
+  if (rc < 0) {
+    if (rc == -EBADF) return Status::Error(Code::kClosed, "replica " + id_ + " is closed", EBADF);
+    return Status::FromErrno(rc, std::string(what) + " on replica " + id_ + ": " + strerror(-rc));
+  }
+  TakeState(c);
+  if (c->reply.code == 0) return Status::Ok();
+  std::string msg(c->reply_payload.begin(), c->reply_payload.end());
+  return Status::Error(static_cast<Code>(c->reply.code), "replica " + id_ + ": " + msg, ErrnoOfReply(c->reply));
+}
+
+void RemoteReplica::TakeState(const CallPtr& c) {
+  if (c->fail_errno || !(c->reply.state & kStateValid)) return;
+  epoch_.store(c->reply.epoch);
+  clean_.store(c->reply.state & kStateClean);
+  rebuilding_.store(c->reply.state & kStateRebuilding);
+}
+
+void RemoteReplica::CompleteLocked(const CallPtr& c) {
+  c->done = true;
+  --outstanding_;
+  slot_cv_.notify_one();
+  c->cv.notify_all();
+}
+
+void RemoteReplica::Teardown(int err) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (dead_errno_ != 0) return;
+  dead_errno_ = err;
+  for (const CallPtr& c : queue_) {
+    c->fail_errno = err;
+    CompleteLocked(c);
+  }
+  queue_.clear();
+  for (auto& kv : sent_) {
+    kv.second->fail_errno = err;
+    CompleteLocked(kv.second);
+  }
+  sent_.clear();
+  t_->Shutdown();  // wakes the reader and a blocked sender
+  slot_cv_.notify_all();
+  send_cv_.notify_all();
+}
+
+bool RemoteReplica::DeadlinePassedLocked(int64_t now) const {
+  // Deadlines grow with seq: the oldest queued or sent call decides.
+  if (!sent_.empty() && sent_.begin()->second->deadline_ms <= now) return true;
+  return !queue_.empty() && queue_.front()->deadline_ms <= now;
+}
+
+// ---------------------------------------------------------------------------------------
+// Threads.
+
+void RemoteReplica::SenderLoop() {
+  std::vector<CallPtr> batch;
+  std::vector<iovec> iov;
+  std::vector<uint8_t> heads;
+  WaitFn wait = [this](short want) -> int {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (dead_errno_ != 0) return -ENOTCONN;
+      }
+      int p = PollFdOrWake(t_->fd(), want, -1, kDeadlineCheckMs);
+      if (p != 0) return p < 0 ? p : 0;
+    }
+  };
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      for (;;) {
+        if (dead_errno_ != 0) return;
+        if (!queue_.empty()) break;
+        const int64_t idle = MonotonicMs() - last_send_ms_;
+        if (outstanding_ == 0 && idle >= kKeepaliveMs) {
+          CallPtr ping = NewCall(kOpPing, 0, 0, 0);
+          ping->internal = true;
+          ping->h.seq = next_seq_++;
+          ping->deadline_ms = MonotonicMs() + io_timeout_ms_;
+          queue_.push_back(ping);
+          ++outstanding_;
+          break;
+        }
+        send_cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(1, kKeepaliveMs - idle)));
+      }
+      while (!queue_.empty()) {
+        CallPtr c = queue_.front();
+        queue_.pop_front();
+        sent_[c->h.seq] = c;  // before sending: the reply may come back before send returns
+        batch.push_back(std::move(c));
+      }
+      last_send_ms_ = MonotonicMs();
+    }
+    heads.resize(batch.size() * kRequestHeaderBytes);
+    iov.clear();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      uint8_t* hb = heads.data() + i * kRequestHeaderBytes;
+      EncodeRequest(batch[i]->h, hb);
+      iov.push_back({hb, kRequestHeaderBytes});
+      if (!batch[i]->payload.empty()) iov.push_back({batch[i]->payload.data(), batch[i]->payload.size()});
+    }
+    int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
+    // The payloads are on the wire (or the connection is gone): free them now.
+    for (CallPtr& c : batch) c->payload = std::vector<uint8_t>();
+    batch.clear();
+    if (rc != 0) {
+      Teardown(ECONNRESET);
+      return;
+    }
+  }
+}
+
+void RemoteReplica::ReaderLoop() {
+  int64_t last_check = MonotonicMs();
+  // Fails the connection when any outstanding call is past its deadline.
+  auto overdue = [&]() {
+    const int64_t now = MonotonicMs();
+    last_check = now;
+    std::lock_guard<std::mutex> lk(mu_);
+    return DeadlinePassedLocked(now);
+  };
+  WaitFn wait = [&](short want) -> int {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (dead_errno_ != 0) return -ENOTCONN;
+      }
+      int p = PollFdOrWake(t_->fd(), want, -1, kDeadlineCheckMs);
+      if (p < 0) return p;
+      if (MonotonicMs() - last_check >= kDeadlineCheckMs && overdue()) return -ETIMEDOUT;
+      if (p != 0) return 0;
+    }
+  };
+  for (;;) {
+    uint8_t hb[kReplyHeaderBytes];
+    int rc = rbuf_.ReadExact(t_.get(), hb, sizeof hb, wait);
+    ReplyHeader rh;
+    CallPtr c;
+    if (rc == 0 && (!DecodeReply(hb, &rh) || !ValidCode(rh.code))) rc = -EPROTO;
+    if (rc == 0) {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = sent_.find(rh.seq);
+      if (it == sent_.end()) {
+        rc = -EPROTO;  // a reply to nothing we asked: the stream cannot be trusted
+      } else {
+        c = it->second;
+        const uint32_t limit = rh.code == 0 ? c->max_reply : kMaxMessageBytes;
+        if (rh.payload_len > limit) rc = -EPROTO;
+      }
+    }
+    std::vector<uint8_t> payload;
+    if (rc == 0 && rh.payload_len > 0) {
+      payload.resize(rh.payload_len);
+      rc = rbuf_.ReadExact(t_.get(), payload.data(), payload.size(), wait);
+    }
+    if (rc != 0) {
+      Teardown(rc == -ETIMEDOUT ? ETIMEDOUT : rc == -EPROTO ? EPROTO : ECONNRESET);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (sent_.erase(rh.seq) == 1) {
+        c->reply = rh;
+        c->reply_payload = std::move(payload);
+        if (c->internal && c->h.op == kOpAllocatedBytes && rh.code == 0) allocated_.store(rh.value);
+        CompleteLocked(c);
+      }
+    }
+    if (MonotonicMs() - last_check >= kDeadlineCheckMs && overdue()) {
+      Teardown(ETIMEDOUT);
+      return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// ReplicaBackend.
+
+Status RemoteReplica::ClaimEpoch(uint64_t epoch) { return RunStatus(NewCall(kOpClaimEpoch, epoch, 0, 0), "CLAIM_EPOCH"); }
+
+Status RemoteReplica::MarkClean(uint64_t epoch) { return RunStatus(NewCall(kOpMarkClean, epoch, 0, 0), "MARK_CLEAN"); }
+
+int RemoteReplica::Read(uint64_t off, uint32_t len, uint8_t* buf) {
+  // Split into frames, all in flight at once, then collected in order.
+  std::vector<CallPtr> calls;
+  int rc = 0;
+  for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
+    CallPtr c = NewCall(kOpRead, 0, off + done, n);
+    c->max_reply = n;
+    rc = Submit(c);
+    if (rc < 0) break;
+    calls.push_back(c);
+    if (len == 0) break;
+  }
+  uint64_t pos = 0;
+  for (const CallPtr& c : calls) {
+    Wait(c);
+    int r = c->fail_errno ? -c->fail_errno : -ErrnoOfReply(c->reply);
+    if (r == 0 && c->reply_payload.size() != c->h.length) r = -EPROTO;
+    if (r == 0) memcpy(buf + pos, c->reply_payload.data(), c->h.length);
+    if (rc == 0) rc = r;
+    pos += c->h.length;
+  }
+  return rc;
+}
+
+int RemoteReplica::Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) {
+  std::vector<CallPtr> calls;
+  int rc = 0;
+  for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
+    CallPtr c = NewCall(kOpWrite, epoch, off + done, n, fua ? kFlagFua : 0);
+    c->payload.assign(buf + done, buf + done + n);
+    rc = Submit(c);
+    if (rc < 0) break;
+    calls.push_back(c);
+    if (len == 0) break;
+  }
+  for (const CallPtr& c : calls) {
+    Wait(c);
+    int r = c->fail_errno ? -c->fail_errno : -ErrnoOfReply(c->reply);
+    if (rc == 0) rc = r;
+  }
+  return rc;
+}
+
+int RemoteReplica::Trim(uint64_t epoch, uint64_t off, uint64_t len) { return Run(NewCall(kOpTrim, epoch, off, len)); }
+
+int RemoteReplica::WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) {
+  uint16_t f = (may_trim ? kFlagMayTrim : 0) | (fast_only ? kFlagFastOnly : 0) | (fua ? kFlagFua : 0);
+  return Run(NewCall(kOpWriteZeroes, epoch, off, len, f));
+}
+
+int RemoteReplica::Flush() { return Run(NewCall(kOpFlush, 0, 0, 0)); }
+
+int RemoteReplica::BlockStatus(uint64_t off, uint64_t len, uint32_t max_extents, std::vector<Extent>* out) {
+  CallPtr c = NewCall(kOpBlockStatus, 0, off, len);
+  PayloadWriter(&c->payload).U32(max_extents);
+  c->max_reply = 4 + 12 * kMaxExtentsPerReply;
+  int rc = Run(c);
+  if (rc < 0) return rc;
+  PayloadReader in(c->reply_payload.data(), c->reply_payload.size());
+  uint32_t n = in.U32();
+  if (!in.ok() || n > kMaxExtentsPerReply || uint64_t{n} * 12 != in.left()) return -EPROTO;
+  out->clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    Extent e;
+    e.length = in.U64();
+    e.flags = in.U32();
+    out->push_back(e);
+  }
+  return 0;
+}
+
+Status RemoteReplica::ListLayers(std::vector<LayerInfo>* out) {
+  CallPtr c = NewCall(kOpListLayers, 0, 0, 0);
+  c->max_reply = kMaxPayloadBytes;
+  Status st = RunStatus(c, "LIST_LAYERS");
+  if (!st.ok()) return st;
+  PayloadReader in(c->reply_payload.data(), c->reply_payload.size());
+  if (!DecodeLayers(&in, out) || !in.done())
+    return Status::Error(Code::kProtocolError, "replica " + id_ + ": malformed layer list", EPROTO);
+  return Status::Ok();
+}
+
+Status RemoteReplica::LayerExtents(const std::string& layer_id, std::vector<Range>* out) {
+  if (layer_id.size() > kMaxWireStringBytes) return Status::Error(Code::kInvalidArgument, "layer id too long");
+  out->clear();
+  uint64_t from = 0;
+  for (;;) {
+    CallPtr c = NewCall(kOpLayerExtents, 0, from, 0);
+    PayloadWriter(&c->payload).Str(layer_id);
+    c->max_reply = 5 + 16 * kMaxRangesPerReply;
+    Status st = RunStatus(c, "LAYER_EXTENTS");
+    if (!st.ok()) return st;
+    PayloadReader in(c->reply_payload.data(), c->reply_payload.size());
+    uint8_t more = in.U8();
+    uint32_t n = in.U32();
+    if (!in.ok() || more > 1 || n > kMaxRangesPerReply || uint64_t{n} * 16 != in.left())
+      return Status::Error(Code::kProtocolError, "replica " + id_ + ": malformed extent list", EPROTO);
+    for (uint32_t i = 0; i < n; ++i) {
+      Range r;
+      r.off = in.U64();
+      r.len = in.U64();
+      // Pages must move forward, or a hostile server could keep us here forever.
+      if (r.off < from || r.len == 0 || r.off + r.len < r.off)
+        return Status::Error(Code::kProtocolError, "replica " + id_ + ": extent list out of order", EPROTO);
+      // A range split across two pages is joined again.
+      if (!out->empty() && out->back().off + out->back().len == r.off) out->back().len += r.len;
+      else out->push_back(r);
+      from = r.off + r.len;
+    }
+    if (!more) return Status::Ok();
+    if (n == 0) return Status::Error(Code::kProtocolError, "replica " + id_ + ": empty extent page", EPROTO);
+  }
+}
+
+int RemoteReplica::ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) {
+  if (layer_id.size() > kMaxWireStringBytes) return -EINVAL;
+  std::vector<CallPtr> calls;
+  int rc = 0;
+  for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
+    CallPtr c = NewCall(kOpReadLayer, 0, off + done, n);
+    PayloadWriter(&c->payload).Str(layer_id);
+    c->max_reply = n;
+    rc = Submit(c);
+    if (rc < 0) break;
+    calls.push_back(c);
+    if (len == 0) break;
+  }
+  uint64_t pos = 0;
+  for (const CallPtr& c : calls) {
+    Wait(c);
+    int r = c->fail_errno ? -c->fail_errno : -ErrnoOfReply(c->reply);
+    if (r == 0 && c->reply_payload.size() != c->h.length) r = -EPROTO;
+    if (r == 0) memcpy(buf + pos, c->reply_payload.data(), c->h.length);
+    if (rc == 0) rc = r;
+    pos += c->h.length;
+  }
+  return rc;
+}
+
+Status RemoteReplica::Snapshot(const std::string& name, int64_t created_ms, const Labels& labels, bool user_created) {
+  if (name.size() > kMaxWireStringBytes) return Status::Error(Code::kInvalidArgument, "snapshot name too long");
+  CallPtr c = NewCall(kOpSnapshot, 0, 0, 0, user_created ? kFlagUserCreated : 0);
+  PayloadWriter w(&c->payload);
+  w.Str(name);
+  w.U64(static_cast<uint64_t>(created_ms));
+  if (!EncodeLabels(labels, &w)) return Status::Error(Code::kInvalidArgument, "labels exceed the protocol's limits");
+  return RunStatus(c, "SNAPSHOT");
+}
+
+Status RemoteReplica::DeleteSnapshot(const std::string& name) {
+  if (name.size() > kMaxWireStringBytes) return Status::Error(Code::kInvalidArgument, "snapshot name too long");
+  CallPtr c = NewCall(kOpDeleteSnapshot, 0, 0, 0);
+  PayloadWriter(&c->payload).Str(name);
+  return RunStatus(c, "DELETE_SNAPSHOT");
+}
+
+Status RemoteReplica::Revert(const std::string& name, int64_t created_ms) {
+  if (name.size() > kMaxWireStringBytes) return Status::Error(Code::kInvalidArgument, "snapshot name too long");
+  CallPtr c = NewCall(kOpRevert, 0, 0, 0);
+  PayloadWriter w(&c->payload);
+  w.Str(name);
+  w.U64(static_cast<uint64_t>(created_ms));
+  return RunStatus(c, "REVERT");
+}
+
+Status RemoteReplica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) {
+  CallPtr c = NewCall(kOpAdoptChain, epoch, 0, 0);
+  if (!EncodeLayers(layers, &c->payload)) return Status::Error(Code::kOutOfRange, "layer list exceeds the protocol's limits");
+  return RunStatus(c, "ADOPT_CHAIN");
+}
+
+Status RemoteReplica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) {
+  if (layer_id.size() > kMaxWireStringBytes) return Status::Error(Code::kInvalidArgument, "layer id too long");
+  if (len > kMaxDigestRangeBytes)
+    return Status::Error(Code::kInvalidArgument, "digest range exceeds " + std::to_string(kMaxDigestRangeBytes));
+  CallPtr c = NewCall(kOpLayerDigest, 0, off, len);
+  PayloadWriter(&c->payload).Str(layer_id);
+  c->max_reply = 4 + 42 * kMaxDigestsPerReply;
+  Status st = RunStatus(c, "LAYER_DIGEST");
+  if (!st.ok()) return st;
+  PayloadReader in(c->reply_payload.data(), c->reply_payload.size());
+  uint32_t n = in.U32();
+  if (!in.ok() || n > kMaxDigestsPerReply || uint64_t{n} * 42 != in.left())
+    return Status::Error(Code::kProtocolError, "replica " + id_ + ": malformed digest list", EPROTO);
+  out->clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    UnitDigest d;
+    d.off = in.U64();
+    d.mask = in.U16();
+    memcpy(d.sha256, in.Take(32), 32);
+    out->push_back(d);
+  }
+  return Status::Ok();
+}
+
+int RemoteReplica::WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
+  if (layer_id.size() > kMaxWireStringBytes) return -EINVAL;
+  std::vector<CallPtr> calls;
+  int rc = 0;
+  for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
+    CallPtr c = NewCall(kOpWriteLayer, 0, off + done, n);
+    PayloadWriter w(&c->payload);
+    w.Str(layer_id);
+    w.Bytes(buf + done, n);
+    rc = Submit(c);
+    if (rc < 0) break;
+    calls.push_back(c);
+    if (len == 0) break;
+  }
+  for (const CallPtr& c : calls) {
+    Wait(c);
+    int r = c->fail_errno ? -c->fail_errno : -ErrnoOfReply(c->reply);
+    if (rc == 0) rc = r;
+  }
+  return rc;
+}
+
+int RemoteReplica::UnmapLayer(const std::string& layer_id, uint64_t off, uint64_t len) {
+  if (layer_id.size() > kMaxWireStringBytes) return -EINVAL;
+  CallPtr c = NewCall(kOpUnmapLayer, 0, off, len);
+  PayloadWriter(&c->payload).Str(layer_id);
+  return Run(c);
+}
+
+Status RemoteReplica::FinishRebuild() { return RunStatus(NewCall(kOpFinishRebuild, 0, 0, 0), "FINISH_REBUILD"); }
+
+uint64_t RemoteReplica::AllocatedBytes() {
+  // Asked on the JS thread (engine Replicas()): answer from the cache, refresh behind it.
+  const int64_t now = MonotonicMs();
+  int64_t asked = allocated_asked_ms_.load();
+  if (now - asked >= kAllocatedRefreshMs && allocated_asked_ms_.compare_exchange_strong(asked, now)) {
+    CallPtr c = NewCall(kOpAllocatedBytes, 0, 0, 0);
+    c->internal = true;
+    Submit(c, false);  // skipped when the pipeline is full or the connection gone
+  }
+  return allocated_.load();
+}
+
+}  // namespace mooring

@@ -1,0 +1,142 @@
+// RemoteReplica: a ReplicaBackend on another host, reached over the replica protocol
+// (remote/replica-protocol.h) through a ReplicaServer.
+//
+// One connection per replica: the server runs requests concurrently and answers them in
+// any order, so a long control operation (a snapshot, a layer digest) does not hold up the
+// writes pipelined behind it; a second connection would only add a second way to fail.
+// A sender thread writes queued requests (several per system call), a reader thread
+// matches replies to callers by seq. At most `depth` requests are outstanding (callers
+// block beyond that). A request outstanding longer than the endpoint's io_timeout_ms fails
+// with -ETIMEDOUT and tears the connection down: every outstanding and later call fails
+// (-ENOTCONN), so the engine marks the replica ERR. There is no silent reconnect, which
+// could replay writes out of order; the control plane adds a fresh backend instead.
+// When idle the sender pings every kKeepaliveMs, so a dead peer is noticed without I/O.
+//
+// epoch(), clean(), rebuilding() and size() answer from values the HELLO reply gave,
+// updated by the replies of the control operations that change them. AllocatedBytes()
+// answers from a cached value and refreshes it in the background (it is asked for on the
+// JS thread, which must not wait for a network round trip).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "block/replica-endpoint.h"
+#include "remote/replica-protocol.h"
+#include "remote/transport.h"
+
+namespace mooring {
+
+class RemoteReplica final : public ReplicaBackend {
+ public:
+  static constexpr uint32_t kMaxInflight = 64;        // requests outstanding per replica
+  static constexpr int kKeepaliveMs = 2000;           // ping after this long without sending
+  static constexpr int kDeadlineCheckMs = 100;        // how often outstanding requests are checked
+  static constexpr int kAllocatedRefreshMs = 1000;    // AllocatedBytes() refreshes at most this often
+
+  // Connects, handshakes, starts the threads. kUnavailable if the server cannot be reached
+  // (or the TLS handshake fails) within ep.io_timeout_ms; the server's code otherwise
+  // (kNotFound: it serves no such replica).
+  static Status Connect(const ReplicaEndpoint& ep, std::shared_ptr<ReplicaBackend>* out);
+
+  ~RemoteReplica() override;
+
+  std::string id() const override { return id_; }
+  uint64_t size() const override { return size_; }
+  uint64_t epoch() const override { return epoch_.load(); }
+  bool clean() const override { return clean_.load(); }
+  bool rebuilding() const override { return rebuilding_.load(); }
+
+  Status ClaimEpoch(uint64_t epoch) override;
+  Status MarkClean(uint64_t epoch) override;
+  int Read(uint64_t off, uint32_t len, uint8_t* buf) override;
+  int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
+  int Trim(uint64_t epoch, uint64_t off, uint64_t len) override;
+  int WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) override;
+  int Flush() override;
+  int BlockStatus(uint64_t off, uint64_t len, uint32_t max_extents, std::vector<Extent>* out) override;
+  Status ListLayers(std::vector<LayerInfo>* out) override;
+  Status LayerExtents(const std::string& layer_id, std::vector<Range>* out) override;
+  int ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) override;
+  Status Snapshot(const std::string& name, int64_t created_ms, const Labels& labels, bool user_created) override;
+  Status DeleteSnapshot(const std::string& name) override;
+  Status Revert(const std::string& name, int64_t created_ms) override;
+  Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) override;
+  Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) override;
+  int WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) override;
+  int UnmapLayer(const std::string& layer_id, uint64_t off, uint64_t len) override;
+  Status FinishRebuild() override;
+  uint64_t AllocatedBytes() override;
+  Status Close() override;
+
+ private:
+  struct Call {
+    rp::RequestHeader h;
+    std::vector<uint8_t> payload;
+    uint32_t max_reply = 0;  // largest reply payload accepted on success
+    bool internal = false;   // ping / refresh: nobody waits
+    int64_t deadline_ms = 0;
+    // Completion, under mu_.
+    bool done = false;
+    int fail_errno = 0;      // local failure: timeout, connection lost, closed
+    rp::ReplyHeader reply;
+    std::vector<uint8_t> reply_payload;
+    std::condition_variable cv;
+  };
+  using CallPtr = std::shared_ptr<Call>;
+
+  RemoteReplica(const ReplicaEndpoint& ep, std::unique_ptr<Transport> t);
+
+  static CallPtr NewCall(uint8_t op, uint64_t epoch, uint64_t off, uint64_t len, uint16_t flags = 0);
+  // Queues c (blocking while `depth_` are outstanding); 0 or -errno.
+  int Submit(const CallPtr& c, bool block = true);
+  void Wait(const CallPtr& c);
+  // Submit + Wait; then 0 or -errno (the reply's, or the local failure).
+  int Run(const CallPtr& c);
+  Status RunStatus(const CallPtr& c, const char* what);
+  void TakeState(const CallPtr& c);
+  void Teardown(int err);
+  void CompleteLocked(const CallPtr& c);
+  bool DeadlinePassedLocked(int64_t now) const;
+
+  void SenderLoop();
+  void ReaderLoop();
+
+  const std::string id_;
+  const uint32_t io_timeout_ms_;
+  std::unique_ptr<Transport> t_;
+  uint64_t size_ = 0;
+  uint32_t depth_ = kMaxInflight;
+  uint32_t max_io_ = rp::kMaxIoBytes;
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<bool> clean_{false};
+  std::atomic<bool> rebuilding_{false};
+  std::atomic<uint64_t> allocated_{0};
+  std::atomic<int64_t> allocated_asked_ms_{0};
+
+  std::mutex mu_;
+  std::condition_variable send_cv_;
+  std::condition_variable slot_cv_;
+  std::deque<CallPtr> queue_;                // not yet sent
+  std::map<uint64_t, CallPtr> sent_;         // sent, awaiting the reply, by seq
+  uint32_t outstanding_ = 0;                 // queue_ + sent_
+  uint64_t next_seq_ = 1;
+  int dead_errno_ = 0;                       // set once: the connection is gone
+  bool closed_ = false;
+  int64_t last_send_ms_ = 0;
+  std::mutex close_mu_;
+
+  RecvBuffer rbuf_;
+  std::thread sender_;
+  std::thread reader_;
+};
+
+}  // namespace mooring

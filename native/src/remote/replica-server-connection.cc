@@ -1,0 +1,574 @@
+#include "remote/replica-server-connection.h"
+
+#include <limits.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "store/replica-registry.h"
+
+namespace mooring {
+
+using namespace rp;  // NOLINT: wire constants
+
+ReplicaServerConnection::ReplicaServerConnection(ReplicaServerContext* ctx, int fd) : ctx_(ctx), raw_fd_(fd) {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (ctx_->tls) {
+    Status st = ctx_->tls->Wrap(fd, "", &t_);  // closes fd on failure
+    (void)st;
+  } else {
+    t_ = MakePlainTransport(fd);
+  }
+}
+
+ReplicaServerConnection::~ReplicaServerConnection() {
+  Join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void ReplicaServerConnection::Start() {
+  reader_ = std::thread([this] { Run(); });
+}
+
+void ReplicaServerConnection::RequestStop() {
+  stop_.store(true);
+  if (wake_fd_ >= 0) {
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd_, &one, sizeof one);
+    (void)n;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  cap_cv_.notify_all();
+}
+
+void ReplicaServerConnection::Join() {
+  if (reader_.joinable()) reader_.join();
+}
+
+void ReplicaServerConnection::Protocol(const std::string&) {
+  ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ReplicaServerConnection::Run() {
+  try {
+    if (t_ && wake_fd_ >= 0 && Handshake()) {
+      writer_ = std::thread([this] { WriterLoop(); });
+      ReadLoop();
+    }
+  } catch (...) {
+    // Allocation failure: lose this one connection, keep the server.
+    dead_.store(true);
+    if (t_) t_->Shutdown();
+  }
+  // Every request of this connection must be finished before it goes away: workers hold
+  // pointers to it until their reply is sent (or discarded).
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (inflight_ > 0) cap_cv_.wait(lk);
+    writer_exit_ = true;
+    out_cv_.notify_all();
+  }
+  if (writer_.joinable()) writer_.join();
+  if (replica_) replica_->Close();  // gives our share back to the registry
+  replica_.reset();
+  if (t_) t_->Shutdown();
+  finished_.store(true);
+  if (ctx_->server_wake_fd >= 0) {
+    uint64_t one = 1;
+    ssize_t n = write(ctx_->server_wake_fd, &one, sizeof one);
+    (void)n;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Handshake: TLS, then one HELLO naming the replica, both before a deadline.
+
+bool ReplicaServerConnection::Handshake() {
+  const int64_t deadline = MonotonicMs() + ctx_->opts.handshake_timeout_ms;
+  Status st = t_->Handshake(deadline, wake_fd_);
+  if (!st.ok()) {
+    if (st.sys_errno == EPROTO) Protocol("TLS handshake");
+    return false;
+  }
+  WaitFn wait = [&](short want) -> int {
+    if (stop_.load()) return -ESHUTDOWN;
+    int64_t left = deadline - MonotonicMs();
+    if (left <= 0) return -ETIMEDOUT;
+    int p = PollFdOrWake(t_->fd(), want, wake_fd_, static_cast<int>(left));
+    return p < 0 ? p : 0;
+  };
+  uint8_t hb[kRequestHeaderBytes];
+  bool eof = false;
+  int rc = rbuf_.ReadExact(t_.get(), hb, sizeof hb, wait, &eof);
+  if (rc != 0) {
+    if (!eof) Protocol("truncated HELLO");
+    return false;
+  }
+  RequestHeader h;
+  auto refuse = [&](Code code, const std::string& msg, bool protocol) {
+    if (protocol) Protocol(msg);
+    ReplyHeader rh;
+    rh.code = static_cast<uint16_t>(code);
+    rh.seq = h.seq;
+    rh.err = ErrnoForCode(code);
+    std::string m = msg.substr(0, kMaxMessageBytes);
+    rh.payload_len = static_cast<uint32_t>(m.size());
+    uint8_t out[kReplyHeaderBytes];
+    EncodeReply(rh, out);
+    iovec iov[2] = {{out, sizeof out}, {const_cast<char*>(m.data()), m.size()}};
+    WriteAll(t_.get(), iov, 2, wait);  // best effort: the connection closes either way
+    return false;
+  };
+  if (!DecodeRequest(hb, &h)) {
+    Protocol("bad magic");
+    return false;  // not our protocol: no reply
+  }
+  if (h.version != kVersion) return refuse(Code::kProtocolError, "unsupported protocol version " + std::to_string(h.version), true);
+  if (h.op != kOpHello) return refuse(Code::kProtocolError, std::string("expected HELLO, got ") + OpName(h.op), true);
+  if (h.payload_len == 0 || h.payload_len > kMaxReplicaNameBytes || h.reserved != 0 || h.flags != 0)
+    return refuse(Code::kProtocolError, "malformed HELLO", true);
+  char name[kMaxReplicaNameBytes];
+  if (rbuf_.ReadExact(t_.get(), name, h.payload_len, wait) != 0) {
+    Protocol("truncated HELLO");
+    return false;
+  }
+  if (!ValidName(name, h.payload_len))
+    return refuse(Code::kInvalidArgument, "replica names are [A-Za-z0-9._-]{1,63}, not . or ..", true);
+  name_.assign(name, h.payload_len);
+
+  // The replica must resolve inside root (a symlink pointing elsewhere is refused).
+  const std::string path = ctx_->root_real + "/" + name_;
+  char real[PATH_MAX];
+  if (::realpath(path.c_str(), real) == nullptr) {
+    int err = errno;
+    if (err == ENOENT) return refuse(Code::kNotFound, "no replica named " + name_, false);
+    return refuse(CodeFromErrno(-err), "resolving replica " + name_ + ": " + strerror(err), false);
+  }
+  const std::string prefix = ctx_->root_real == "/" ? "/" : ctx_->root_real + "/";
+  if (std::string(real).compare(0, prefix.size(), prefix) != 0 || std::string(real).size() == prefix.size())
+    return refuse(Code::kInvalidArgument, "replica " + name_ + " resolves outside the server's root", true);
+
+  std::shared_ptr<ReplicaBackend> rep;
+  st = ReplicaRegistry::Global().Acquire(real, &rep);
+  if (!st.ok()) return refuse(st.code, "opening replica " + name_ + ": " + st.message, false);
+  replica_ = std::move(rep);
+
+  ReplyHeader rh;
+  rh.seq = h.seq;
+  rh.value = replica_->size();
+  rh.epoch = replica_->epoch();
+  rh.state = kStateValid | (replica_->clean() ? kStateClean : 0) | (replica_->rebuilding() ? kStateRebuilding : 0);
+  rh.payload_len = kHelloReplyBytes;
+  uint8_t out[kReplyHeaderBytes + kHelloReplyBytes] = {};
+  EncodeReply(rh, out);
+  Put32(out + kReplyHeaderBytes, ctx_->opts.max_inflight_per_connection);
+  Put32(out + kReplyHeaderBytes + 4, kMaxIoBytes);
+  iovec iov{out, sizeof out};
+  if (WriteAll(t_.get(), &iov, 1, wait) != 0) return false;
+  last_rx_ms_.store(MonotonicMs());
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reader.
+
+int ReplicaServerConnection::WaitRead(short want, bool mid_frame) {
+  for (;;) {
+    if (stop_.load()) return -ESHUTDOWN;
+    if (dead_.load()) return -EPIPE;
+    int p = PollFdOrWake(t_->fd(), want, wake_fd_, kReaderPollMs);
+    if (p < 0) return p;
+    if (p != 0) return 0;
+    // Idle: nothing received for idle_timeout_ms, and either nothing in flight (a client
+    // that is alive pings) or stuck in the middle of a frame.
+    int64_t quiet = MonotonicMs() - last_rx_ms_.load();
+    if (quiet < static_cast<int64_t>(ctx_->opts.idle_timeout_ms)) continue;
+    bool idle;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      idle = inflight_ == 0;
+    }
+    if (idle || mid_frame) return -ETIMEDOUT;
+  }
+}
+
+void ReplicaServerConnection::ReadLoop() {
+  const ReplicaServerOptions& o = ctx_->opts;
+  WaitFn at_boundary = [this](short want) { return WaitRead(want, false); };
+  WaitFn mid_frame = [this](short want) { return WaitRead(want, true); };
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      while (!stop_.load() && !dead_.load() &&
+             (inflight_ >= o.max_inflight_per_connection || inflight_bytes_ >= o.max_inflight_bytes_per_connection))
+        cap_cv_.wait(lk);
+      if (stop_.load() || dead_.load()) return;
+    }
+    uint8_t hb[kRequestHeaderBytes];
+    bool eof = false;
+    // The first byte may take forever (idle rule); the rest of a frame must keep coming.
+    int rc = rbuf_.ReadExact(t_.get(), hb, 1, at_boundary, &eof);
+    if (rc == 0) rc = rbuf_.ReadExact(t_.get(), hb + 1, sizeof hb - 1, mid_frame);
+    if (rc != 0) {
+      if (!eof && rc != -ESHUTDOWN) Protocol("connection lost mid-frame");
+      return;
+    }
+    last_rx_ms_.store(MonotonicMs());
+    std::unique_ptr<Request> r(new Request());
+    r->conn = this;
+    if (!DecodeRequest(hb, &r->h)) {
+      Protocol("bad magic");  // the stream is out of step: nothing after this can be trusted
+      return;
+    }
+    const RequestHeader& h = r->h;
+    if (h.version != kVersion || h.payload_len > kMaxPayloadBytes) {
+      // Cannot be skipped safely: answer, then drop the connection once it is sent.
+      Protocol("bad version or payload length");
+      r->early_code = Code::kProtocolError;
+      r->early_message = h.version != kVersion ? "unsupported protocol version " + std::to_string(h.version)
+                                                : "payload length " + std::to_string(h.payload_len) + " exceeds " +
+                                                      std::to_string(kMaxPayloadBytes);
+      r->budget_bytes = 0;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        ++inflight_;
+      }
+      Execute(r.release());
+      stop_.store(true);
+      return;
+    }
+    if (h.payload_len > 0) {
+      r->payload.resize(h.payload_len);
+      rc = rbuf_.ReadExact(t_.get(), r->payload.data(), h.payload_len, mid_frame);
+      if (rc != 0) {
+        if (rc != -ESHUTDOWN) Protocol("connection lost mid-payload");
+        return;
+      }
+      last_rx_ms_.store(MonotonicMs());
+    }
+    uint64_t reply_bytes = (h.op == kOpRead || h.op == kOpReadLayer) ? std::min<uint64_t>(h.length, kMaxIoBytes) : 0;
+    r->budget_bytes = h.payload_len + reply_bytes + kRequestHeaderBytes;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++inflight_;
+      inflight_bytes_ += r->budget_bytes;
+    }
+    WorkerPool::Batch b;
+    b.Push(r.get());
+    r->run = &ReplicaServerConnection::RunJob;
+    r.release();
+    ctx_->pool->Submit(&b);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Workers.
+
+void ReplicaServerConnection::RunJob(WorkerPool::Job* job) {
+  Request* r = static_cast<Request*>(job);
+  r->conn->Execute(r);
+}
+
+void ReplicaServerConnection::SetError(Request* r, Code code, const std::string& msg, int err) {
+  r->reply.code = static_cast<uint16_t>(code);
+  r->reply.err = err != 0 ? (err < 0 ? -err : err) : ErrnoForCode(code);
+  r->reply_payload.assign(msg.begin(), msg.begin() + std::min<size_t>(msg.size(), kMaxMessageBytes));
+  if (code == Code::kStaleEpoch) ctx_->stale_epoch_refusals.fetch_add(1, std::memory_order_relaxed);
+  if (code == Code::kProtocolError) Protocol(msg);
+}
+
+void ReplicaServerConnection::SetRc(Request* r, int rc) {
+  if (rc >= 0) return;
+  SetError(r, CodeFromErrno(rc), std::string(OpName(r->h.op)) + " on replica " + name_ + ": " + strerror(-rc), rc);
+}
+
+void ReplicaServerConnection::SetStatus(Request* r, const Status& st) {
+  if (st.ok()) return;
+  SetError(r, st.code, st.message, st.sys_errno);
+}
+
+void ReplicaServerConnection::SetState(Request* r) {
+  r->reply.epoch = replica_->epoch();
+  r->reply.state = kStateValid | (replica_->clean() ? kStateClean : 0) | (replica_->rebuilding() ? kStateRebuilding : 0);
+}
+
+void ReplicaServerConnection::Execute(Request* r) {
+  ctx_->requests.fetch_add(1, std::memory_order_relaxed);
+  r->reply = ReplyHeader();
+  r->reply.seq = r->h.seq;
+  r->reply_payload.clear();
+  try {
+    if (r->early_code != Code::kOk) SetError(r, r->early_code, r->early_message);
+    else Dispatch(r);
+  } catch (...) {
+    r->reply_payload.clear();
+    SetError(r, Code::kIoError, "internal error running " + std::string(OpName(r->h.op)));
+  }
+  r->payload = std::vector<uint8_t>();  // the request's memory is not needed while the reply waits
+  Enqueue(r);
+}
+
+void ReplicaServerConnection::Dispatch(Request* r) {
+  const RequestHeader& h = r->h;
+  ReplicaBackend* rep = replica_.get();
+  PayloadReader in(r->payload.data(), r->payload.size());
+  auto bad = [&](const std::string& why) { SetError(r, Code::kProtocolError, std::string(OpName(h.op)) + ": " + why); };
+  // The flags each op may carry.
+  uint16_t allowed = 0;
+  if (h.op == kOpWrite) allowed = kFlagFua;
+  if (h.op == kOpWriteZeroes) allowed = kFlagFua | kFlagMayTrim | kFlagFastOnly;
+  if (h.op == kOpSnapshot) allowed = kFlagUserCreated;
+  if (h.reserved != 0 || (h.flags & ~allowed)) return bad("unknown flags or reserved bits set");
+  auto no_payload = [&]() {
+    if (h.payload_len == 0) return true;
+    bad("takes no payload");
+    return false;
+  };
+  auto io_len = [&](uint64_t len) {
+    if (len <= kMaxIoBytes) return true;
+    bad("length " + std::to_string(len) + " exceeds " + std::to_string(kMaxIoBytes));
+    return false;
+  };
+  auto finished = [&]() {
+    if (in.done()) return true;
+    bad("malformed payload");
+    return false;
+  };
+
+  switch (h.op) {
+    case kOpPing:
+      if (!no_payload()) return;
+      return;
+    case kOpHello:
+      return bad("the connection is already open");
+    case kOpRead: {
+      if (!no_payload() || !io_len(h.length)) return;
+      r->reply_payload.resize(h.length);
+      int rc = h.length ? rep->Read(h.offset, static_cast<uint32_t>(h.length), r->reply_payload.data()) : 0;
+      if (rc < 0) {
+        r->reply_payload.clear();
+        return SetRc(r, rc);
+      }
+      ctx_->bytes_read.fetch_add(h.length, std::memory_order_relaxed);
+      return;
+    }
+    case kOpWrite: {
+      if (!io_len(h.length)) return;
+      if (h.length != h.payload_len) return bad("length and payload length differ");
+      int rc = h.length ? rep->Write(h.epoch, h.offset, static_cast<uint32_t>(h.length), r->payload.data(), h.flags & kFlagFua) : 0;
+      if (rc == 0) ctx_->bytes_written.fetch_add(h.length, std::memory_order_relaxed);
+      return SetRc(r, rc);
+    }
+    case kOpTrim:
+      if (!no_payload()) return;
+      return SetRc(r, rep->Trim(h.epoch, h.offset, h.length));
+    case kOpWriteZeroes:
+      if (!no_payload()) return;
+      return SetRc(r, rep->WriteZeroes(h.epoch, h.offset, h.length, h.flags & kFlagMayTrim, h.flags & kFlagFastOnly,
+                                       h.flags & kFlagFua));
+    case kOpFlush:
+      if (!no_payload()) return;
+      return SetRc(r, rep->Flush());
+    case kOpBlockStatus: {
+      uint32_t max = in.U32();
+      if (!finished()) return;
+      if (max == 0 || max > kMaxExtentsPerReply) max = kMaxExtentsPerReply;
+      std::vector<Extent> ext;
+      int rc = rep->BlockStatus(h.offset, h.length, max, &ext);
+      if (rc < 0) return SetRc(r, rc);
+      if (ext.size() > max) ext.resize(max);
+      PayloadWriter w(&r->reply_payload);
+      w.U32(static_cast<uint32_t>(ext.size()));
+      for (const Extent& e : ext) {
+        w.U64(e.length);
+        w.U32(e.flags);
+      }
+      return;
+    }
+    case kOpClaimEpoch:
+      if (!no_payload()) return;
+      SetStatus(r, rep->ClaimEpoch(h.epoch));
+      return SetState(r);
+    case kOpMarkClean:
+      if (!no_payload()) return;
+      SetStatus(r, rep->MarkClean(h.epoch));
+      return SetState(r);
+    case kOpListLayers: {
+      if (!no_payload()) return;
+      std::vector<LayerInfo> layers;
+      Status st = rep->ListLayers(&layers);
+      if (!st.ok()) return SetStatus(r, st);
+      if (!EncodeLayers(layers, &r->reply_payload)) {
+        r->reply_payload.clear();
+        return SetError(r, Code::kOutOfRange, "the layer list of " + name_ + " exceeds the protocol's limits");
+      }
+      return;
+    }
+    case kOpLayerExtents: {
+      std::string id = in.Str();
+      if (!finished()) return;
+      std::vector<Range> ranges;
+      Status st = rep->LayerExtents(id, &ranges);
+      if (!st.ok()) return SetStatus(r, st);
+      // Page: ranges ending after `offset`, clipped to start there, at most a page's worth.
+      std::vector<Range> page;
+      bool more = false;
+      for (const Range& x : ranges) {
+        if (x.off + x.len <= h.offset) continue;
+        if (page.size() == kMaxRangesPerReply) {
+          more = true;
+          break;
+        }
+        uint64_t from = std::max(x.off, h.offset);
+        page.push_back({from, x.off + x.len - from});
+      }
+      PayloadWriter w(&r->reply_payload);
+      w.U8(more ? 1 : 0);
+      w.U32(static_cast<uint32_t>(page.size()));
+      for (const Range& x : page) {
+        w.U64(x.off);
+        w.U64(x.len);
+      }
+      r->reply.value = page.empty() ? h.offset : page.back().off + page.back().len;
+      return;
+    }
+    case kOpReadLayer: {
+      std::string id = in.Str();
+      if (!finished() || !io_len(h.length)) return;
+      r->reply_payload.resize(h.length);
+      int rc = h.length ? rep->ReadLayer(id, h.offset, static_cast<uint32_t>(h.length), r->reply_payload.data()) : 0;
+      if (rc < 0) {
+        r->reply_payload.clear();
+        return SetRc(r, rc);
+      }
+      ctx_->bytes_read.fetch_add(h.length, std::memory_order_relaxed);
+      return;
+    }
+    case kOpSnapshot: {
+      std::string name = in.Str();
+      int64_t created = static_cast<int64_t>(in.U64());
+      Labels labels;
+      if (!DecodeLabels(&in, &labels) || !finished()) return bad("malformed payload");
+      SetStatus(r, rep->Snapshot(name, created, labels, h.flags & kFlagUserCreated));
+      return SetState(r);
+    }
+    case kOpDeleteSnapshot: {
+      std::string name = in.Str();
+      if (!finished()) return;
+      SetStatus(r, rep->DeleteSnapshot(name));
+      return SetState(r);
+    }
+    case kOpRevert: {
+      std::string name = in.Str();
+      int64_t created = static_cast<int64_t>(in.U64());
+      if (!finished()) return;
+      SetStatus(r, rep->Revert(name, created));
+      return SetState(r);
+    }
+    case kOpAdoptChain: {
+      std::vector<LayerInfo> layers;
+      if (!DecodeLayers(&in, &layers) || !finished()) return bad("malformed layer list");
+      SetStatus(r, rep->AdoptChain(layers, h.epoch));
+      return SetState(r);
+    }
+    case kOpLayerDigest: {
+      std::string id = in.Str();
+      if (!finished()) return;
+      if (h.length > kMaxDigestRangeBytes) return bad("range exceeds " + std::to_string(kMaxDigestRangeBytes));
+      std::vector<UnitDigest> d;
+      Status st = rep->LayerDigest(id, h.offset, h.length, &d);
+      if (!st.ok()) return SetStatus(r, st);
+      if (d.size() > kMaxDigestsPerReply) return SetError(r, Code::kIoError, "replica returned too many digests");
+      PayloadWriter w(&r->reply_payload);
+      w.U32(static_cast<uint32_t>(d.size()));
+      for (const UnitDigest& u : d) {
+        w.U64(u.off);
+        w.U16(u.mask);
+        w.Bytes(u.sha256, sizeof u.sha256);
+      }
+      return;
+    }
+    case kOpWriteLayer: {
+      std::string id = in.Str();
+      if (!in.ok()) return bad("malformed payload");
+      if (!io_len(h.length)) return;
+      if (in.left() != h.length) return bad("length and data length differ");
+      const uint8_t* data = in.Take(in.left());
+      int rc = h.length ? rep->WriteLayer(id, h.offset, static_cast<uint32_t>(h.length), data) : 0;
+      if (rc == 0) ctx_->bytes_written.fetch_add(h.length, std::memory_order_relaxed);
+      return SetRc(r, rc);
+    }
+    case kOpUnmapLayer: {
+      std::string id = in.Str();
+      if (!finished()) return;
+      return SetRc(r, rep->UnmapLayer(id, h.offset, h.length));
+    }
+    case kOpFinishRebuild:
+      if (!no_payload()) return;
+      SetStatus(r, rep->FinishRebuild());
+      return SetState(r);
+    case kOpAllocatedBytes:
+      if (!no_payload()) return;
+      r->reply.value = rep->AllocatedBytes();
+      return;
+    default:
+      return bad("unknown op " + std::to_string(h.op));
+  }
+}
+
+void ReplicaServerConnection::Enqueue(Request* r) {
+  r->reply.payload_len = static_cast<uint32_t>(r->reply_payload.size());
+  EncodeReply(r->reply, r->reply_head);
+  std::lock_guard<std::mutex> lk(mu_);
+  out_.push_back(r);
+  out_cv_.notify_one();
+}
+
+// ---------------------------------------------------------------------------------------
+// Writer: sends replies as they complete, several per system call.
+
+void ReplicaServerConnection::WriterLoop() {
+  // A client that takes none of our bytes for this long is gone or hostile.
+  const int stall_ms = std::max<int>(kDrainTimeoutMs, static_cast<int>(ctx_->opts.idle_timeout_ms));
+  WaitFn wait = [&](short want) -> int {
+    int p = PollFdOrWake(t_->fd(), want, -1, stall_ms);
+    if (p < 0) return p;
+    return p == 0 ? -ETIMEDOUT : 0;
+  };
+  std::vector<Request*> batch;
+  std::vector<iovec> iov;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      while (out_.empty() && !writer_exit_) out_cv_.wait(lk);
+      if (out_.empty()) return;
+      batch.swap(out_);
+    }
+    if (!dead_.load()) {
+      iov.clear();
+      for (Request* r : batch) {
+        iov.push_back({r->reply_head, kReplyHeaderBytes});
+        if (!r->reply_payload.empty()) iov.push_back({r->reply_payload.data(), r->reply_payload.size()});
+      }
+      int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
+      if (rc != 0) {
+        dead_.store(true);
+        t_->Shutdown();  // wakes the reader
+      }
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    for (Request* r : batch) {
+      inflight_bytes_ -= r->budget_bytes;
+      --inflight_;
+      delete r;
+    }
+    batch.clear();
+    cap_cv_.notify_all();
+  }
+}
+
+}  // namespace mooring

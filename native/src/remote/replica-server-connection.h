@@ -1,0 +1,113 @@
+// ReplicaServerConnection: one client of a ReplicaServer. Its reader thread runs the
+// handshake (TLS, then HELLO naming the replica), then reads requests and hands them to
+// the server's WorkerPool; workers run them against the replica and queue the replies;
+// its writer thread sends replies in the order they complete. The reader stops reading
+// while the connection has too many requests or bytes in flight, so a fast client cannot
+// make the server buffer without bound.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "block/replica-backend.h"
+#include "nbd/worker-pool.h"
+#include "remote/replica-protocol.h"
+#include "remote/replica-server.h"
+#include "remote/transport.h"
+
+namespace mooring {
+
+// What every connection of one server shares.
+struct ReplicaServerContext {
+  ReplicaServerOptions opts;
+  std::string root_real;  // realpath(opts.root)
+  std::shared_ptr<TlsContext> tls;  // null: plain TCP
+  WorkerPool* pool = nullptr;
+  int server_wake_fd = -1;  // a connection writes here when it has finished (to be reaped)
+
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> stale_epoch_refusals{0};
+  std::atomic<uint64_t> protocol_errors{0};
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> bytes_written{0};
+};
+
+class ReplicaServerConnection {
+ public:
+  // How long replies may wait for a client that does not read them before the connection
+  // is dropped (also while draining at close).
+  static constexpr int kDrainTimeoutMs = 10000;
+  // Poll slice of the reader: how often it re-checks the idle rule.
+  static constexpr int kReaderPollMs = 1000;
+
+  ReplicaServerConnection(ReplicaServerContext* ctx, int fd);
+  ~ReplicaServerConnection();
+  ReplicaServerConnection(const ReplicaServerConnection&) = delete;
+  ReplicaServerConnection& operator=(const ReplicaServerConnection&) = delete;
+
+  void Start();
+  // Stop reading new requests; answer those in flight; then close. Returns at once.
+  void RequestStop();
+  bool finished() const { return finished_.load(); }
+  void Join();
+
+ private:
+  struct Request : WorkerPool::Job {
+    ReplicaServerConnection* conn = nullptr;
+    rp::RequestHeader h;
+    std::vector<uint8_t> payload;
+    Code early_code = Code::kOk;  // answer with this without running (set by the reader)
+    std::string early_message;
+    rp::ReplyHeader reply;
+    uint8_t reply_head[rp::kReplyHeaderBytes];
+    std::vector<uint8_t> reply_payload;
+    uint64_t budget_bytes = 0;
+  };
+
+  void Run();
+  bool Handshake();
+  void ReadLoop();
+  void WriterLoop();
+  int WaitRead(short want, bool mid_frame);
+  void Protocol(const std::string& why);
+
+  static void RunJob(WorkerPool::Job* job);
+  void Execute(Request* r);
+  void Dispatch(Request* r);
+  void SetError(Request* r, Code code, const std::string& msg, int err = 0);
+  void SetRc(Request* r, int rc);
+  void SetStatus(Request* r, const Status& st);
+  void SetState(Request* r);
+  void Enqueue(Request* r);
+
+  ReplicaServerContext* const ctx_;
+  std::unique_ptr<Transport> t_;
+  int raw_fd_;
+  int wake_fd_ = -1;
+  std::thread reader_;
+  std::thread writer_;
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> dead_{false};
+  std::atomic<int64_t> last_rx_ms_{0};
+
+  std::shared_ptr<ReplicaBackend> replica_;  // set by the handshake
+  std::string name_;
+  RecvBuffer rbuf_;
+
+  std::mutex mu_;
+  std::condition_variable cap_cv_;  // reader: capacity back / drained
+  std::condition_variable out_cv_;  // writer: replies to send
+  std::vector<Request*> out_;
+  uint32_t inflight_ = 0;
+  uint64_t inflight_bytes_ = 0;
+  bool writer_exit_ = false;
+};
+
+}  // namespace mooring

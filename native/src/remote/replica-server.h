@@ -1,0 +1,65 @@
+// ReplicaServer: serves the replicas under one root directory to engines on other hosts
+// over the replica protocol (remote/replica-protocol.h, docs/replica-protocol.md).
+//
+// `root` is the directory whose subdirectories are replicas, named by the client in its
+// HELLO (the data engine's DIR/replicas). Names that are not plain [A-Za-z0-9._-]{1,63}, or
+// that resolve outside root (a symlink), are refused. A connection opens its replica
+// through ReplicaRegistry::Global() (shared with local engines of this process) and gives
+// it back when it closes.
+//
+// Threads: one accept thread; per connection a reader thread (handshake, then reads and
+// queues requests, bounded by in-flight count and bytes) and a writer thread (sends replies
+// in completion order); a shared WorkerPool runs the requests against the replica. Writer
+// epochs are never looked at here: each request's epoch goes to the replica, which checks
+// it under its own lock (invariant 2).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "block/replica-endpoint.h"
+#include "util/status.h"
+
+namespace mooring {
+
+struct ReplicaServerOptions {
+  std::string root;                  // absolute; must exist
+  std::string host = "127.0.0.1";
+  int port = 0;                      // 0: any free port (see ReplicaServer::port())
+  TlsConfig tls;                     // mutual TLS when enabled()
+  uint32_t max_connections = 256;
+  uint32_t io_threads = 16;          // shared worker pool (requests block on disk I/O)
+  uint32_t max_inflight_per_connection = 128;          // reader stops reading past this
+  uint64_t max_inflight_bytes_per_connection = 64ull << 20;  // ...or past this (plus one request)
+  uint32_t handshake_timeout_ms = 10000;  // connect to HELLO answered
+  // A connection with nothing in flight that sends nothing for this long is dropped
+  // (clients ping every 2 s when idle), releasing its replica.
+  uint32_t idle_timeout_ms = 30000;
+};
+
+struct ReplicaServerStats {
+  uint64_t connections_total = 0;
+  uint64_t connections_open = 0;
+  uint64_t requests = 0;
+  uint64_t stale_epoch_refusals = 0;
+  uint64_t protocol_errors = 0;  // bad frames answered with PROTOCOL_ERROR, or dropped connections
+  uint64_t bytes_read = 0;       // data read from replicas for clients
+  uint64_t bytes_written = 0;    // data written to replicas for clients
+};
+
+class ReplicaServer {
+ public:
+  virtual ~ReplicaServer() = default;
+
+  static Status Start(const ReplicaServerOptions& opts, std::unique_ptr<ReplicaServer>* out);
+
+  virtual int port() const = 0;
+  virtual ReplicaServerStats stats() const = 0;
+  // Stops accepting, stops reading requests, lets those in flight finish and be answered
+  // (bounded by a drain timeout), closes every connection and releases its replica.
+  // Idempotent; blocks (call it off the JS thread).
+  virtual Status Close() = 0;
+};
+
+}  // namespace mooring
