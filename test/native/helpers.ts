@@ -183,21 +183,36 @@ export async function assertReplicasIdentical(volumeDir: string, options: Identi
   const vol = readVolumeJson(volumeDir);
   const specs = vol.replicas.filter((r) => !(options.exclude ?? []).includes(r.id));
   if (specs.length === 0) throw new Error(`no replicas left to compare in ${volumeDir}`);
+  const dirs = specs.map((s) => ({ id: s.id, dir: isAbsolute(s.path) ? s.path : join(volumeDir, s.path) }));
+  return compareReplicas(dirs, vol.sizeBytes, volumeDir, options.expected);
+}
+
+/** assertReplicasIdentical for replica directories that belong to no volume (closed engines). */
+export async function assertDirsIdentical(dirs: string[], expected?: Buffer): Promise<IdenticalResult> {
+  if (dirs.length === 0) throw new Error('no replica directories to compare');
+  const size = await withReplica(dirs[0]!, async (r) => r.sizeBytes);
+  return compareReplicas(dirs.map((dir) => ({ id: dir, dir })), size, dirs.join(', '), expected);
+}
+
+async function compareReplicas(
+  specs: Array<{ id: string; dir: string }>,
+  sizeBytes: number,
+  what: string,
+  expected: Buffer | undefined,
+): Promise<IdenticalResult> {
   const opened: Array<{ id: string; r: NativeReplica }> = [];
   try {
     for (const s of specs) {
-      const dir = isAbsolute(s.path) ? s.path : join(volumeDir, s.path);
-      const r = await addon().openReplica(dir);
+      const r = await addon().openReplica(s.dir);
       opened.push({ id: s.id, r });
-      if (r.sizeBytes !== vol.sizeBytes) throw new Error(`replica ${s.id}: size ${r.sizeBytes}, volume.json says ${vol.sizeBytes}`);
+      if (r.sizeBytes !== sizeBytes) throw new Error(`replica ${s.id}: size ${r.sizeBytes}, expected ${sizeBytes}`);
     }
     const ranges = unionRanges(await Promise.all(opened.map((o) => dataRanges(o.r))));
-    const expected = options.expected;
     if (expected) {
-      if (expected.length !== vol.sizeBytes) throw new Error(`expected image is ${expected.length} bytes, volume ${vol.sizeBytes}`);
+      if (expected.length !== sizeBytes) throw new Error(`expected image is ${expected.length} bytes, volume ${sizeBytes}`);
       // Outside the union every replica reads zeros: so must the expected image.
       let pos = 0;
-      for (const [o, l] of [...ranges, [vol.sizeBytes, 0] as [number, number]]) {
+      for (const [o, l] of [...ranges, [sizeBytes, 0] as [number, number]]) {
         const gap = expected.subarray(pos, o);
         const nz = gap.findIndex((b) => b !== 0);
         if (nz >= 0) throw new Error(`replicas hold a hole at ${pos + nz}, but the expected data is not zero there`);
@@ -214,7 +229,7 @@ export async function assertReplicasIdentical(volumeDir: string, options: Identi
         datas.forEach((d, i) => {
           if (!d.equals(ref)) {
             const at = d.findIndex((b, k) => b !== ref[k]);
-            throw new Error(`replica ${opened[i]!.id} differs from ${refName} at byte ${p + at} (volume ${volumeDir})`);
+            throw new Error(`replica ${opened[i]!.id} differs from ${refName} at byte ${p + at} (${what})`);
           }
         });
         bytes += n;
@@ -224,6 +239,22 @@ export async function assertReplicasIdentical(volumeDir: string, options: Identi
   } finally {
     await Promise.allSettled(opened.map((o) => o.r.close()));
   }
+}
+
+/**
+ * A closed replica's chain as comparable text: per layer its id, name, parent, head and
+ * removed flags and the ranges it allocates itself. Two replicas kept in step (or rebuilt
+ * from one another) have equal summaries.
+ */
+export async function layerSummary(dir: string): Promise<string[]> {
+  return withReplica(dir, async (r) => {
+    const out: string[] = [];
+    for (const l of await r.listLayers()) {
+      const ext = (await r.layerExtents(l.id)).map(([o, n]) => `${o}+${n}`).join(',');
+      out.push(`${l.id} name=${l.name} parent=${l.parent} head=${l.head} removed=${l.removed} extents=[${ext}]`);
+    }
+    return out;
+  });
 }
 
 /** Mounts a tmpfs of `size` (e.g. '2m') on `dir`. Needs root; fails loudly otherwise. */

@@ -14,6 +14,8 @@
 #include "binding/replica-endpoint-args.h"
 #include "binding/replica-server-wrap.h"
 #include "binding/replica-wrap.h"
+#include "binding/js-values.h"
+#include "store/replica-registry.h"
 #include "store/replica.h"
 
 #ifndef MOORING_VERSION
@@ -111,6 +113,34 @@ Napi::Value OpenReplica(const Napi::CallbackInfo& info) {
   });
 }
 
+// inspectReplica(dir): metadata read without the replica's lock, plus how many handles
+// this process has open on it (engines, replica server).
+Napi::Value InspectReplica(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return RunPromise(env, [&]() -> PromiseWorker* {
+    const std::string dir = ToStr(Arg(info, 0), "dir");
+    auto out = std::make_shared<ReplicaInfo>();
+    auto users = std::make_shared<size_t>(0);
+    return new TaskWorker(
+        env,
+        [dir, out, users]() -> Status {
+          Status st = Replica::Inspect(dir, out.get());
+          if (st.ok()) *users = ReplicaRegistry::Global().Users(dir);
+          return st;
+        },
+        [out, users](Napi::Env env) -> Napi::Value {
+          Napi::Object o = Napi::Object::New(env);
+          o.Set("sizeBytes", JsNum(env, out->size_bytes));
+          o.Set("epoch", JsNum(env, out->epoch));
+          o.Set("clean", out->clean);
+          o.Set("rebuilding", out->rebuilding);
+          o.Set("allocatedBytes", JsNum(env, out->allocated_bytes));
+          o.Set("users", JsNum(env, *users));
+          return o;
+        });
+  });
+}
+
 // process.exit() ends the main thread without running env cleanup hooks, so open engines
 // would be left unflushed and not marked clean. This is the one process-wide list: the
 // live AddonData of every env, closed from an atexit handler. Workers' envs run their
@@ -153,6 +183,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("openEngine", Napi::Function::New(env, OpenEngine, "openEngine"));
   exports.Set("openReplica", Napi::Function::New(env, OpenReplica, "openReplica"));
   exports.Set("startReplicaServer", Napi::Function::New(env, ReplicaServerWrap::StartServer, "startReplicaServer"));
+  exports.Set("inspectReplica", Napi::Function::New(env, InspectReplica, "inspectReplica"));
   return exports;
 }
 

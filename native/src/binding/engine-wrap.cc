@@ -7,6 +7,7 @@
 #include "binding/js-args.h"
 #include "binding/js-values.h"
 #include "binding/nbd-server-wrap.h"
+#include "binding/replica-endpoint-args.h"
 
 namespace mooring {
 namespace {
@@ -66,6 +67,8 @@ Napi::Function EngineWrap::Define(Napi::Env env) {
                          Method<W, &W::ListSnapshots>(env, "listSnapshots"),
                          Method<W, &W::DeleteSnapshot>(env, "deleteSnapshot"),
                          Method<W, &W::Revert>(env, "revert"),
+                         Method<W, &W::AddReplica>(env, "addReplica"),
+                         Method<W, &W::RemoveReplica>(env, "removeReplica"),
                          Method<W, &W::ExportNbd>(env, "exportNbd"),
                          Method<W, &W::Close>(env, "close"),
                      });
@@ -296,6 +299,45 @@ Napi::Value EngineWrap::Revert(const Napi::CallbackInfo& info) {
     if (servers_ > 0) throw JsError(Code::kBusy, "cannot revert while the engine is exported over NBD");
     auto engine = engine_;
     return PinnedTask(info, [engine, name]() { return engine->Revert(name); });
+  });
+}
+
+Napi::Value EngineWrap::AddReplica(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  return RunPromise(env, [&]() -> PromiseWorker* {
+    CheckOpen();
+    const ReplicaEndpoint ep = ParseReplicaEndpoint(Arg(info, 0), "endpoint");
+    auto engine = engine_;
+    auto res = std::make_shared<RebuildResult>();
+    // From now on writes may reach two replicas: copy the caller's bytes (see Write).
+    ++replica_count_;
+    return PinnedTask(
+        info,
+        [engine, ep, res]() -> Status {
+          std::shared_ptr<ReplicaBackend> target;
+          Status st = OpenReplicaEndpoint(ep, &target);
+          if (!st.ok()) return st;
+          // Blocks for the whole copy, on this pool thread (AddReplica closes the target
+          // if it could not be added).
+          return engine->AddReplica(std::move(target), res.get());
+        },
+        [res](Napi::Env env) -> Napi::Value {
+          Napi::Object o = Napi::Object::New(env);
+          o.Set("scannedBytes", JsNum(env, res->scanned_bytes));
+          o.Set("sentBytes", JsNum(env, res->sent_bytes));
+          o.Set("unmappedBytes", JsNum(env, res->unmapped_bytes));
+          o.Set("durationMs", JsNum(env, res->duration_ms));
+          return o;
+        });
+  });
+}
+
+Napi::Value EngineWrap::RemoveReplica(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    const std::string id = ToStr(Arg(info, 0), "id", 1);
+    auto engine = engine_;
+    return PinnedTask(info, [engine, id]() { return engine->RemoveReplica(id); });
   });
 }
 

@@ -61,6 +61,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   Napi::Value ListSnapshots(const Napi::CallbackInfo& info);
   Napi::Value DeleteSnapshot(const Napi::CallbackInfo& info);
   Napi::Value Revert(const Napi::CallbackInfo& info);
+  Napi::Value AddReplica(const Napi::CallbackInfo& info);
+  Napi::Value RemoveReplica(const Napi::CallbackInfo& info);
   Napi::Value ExportNbd(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
 
@@ -70,6 +72,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   AddonData* addon_ = nullptr;
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<EventQueue> events_;
+  // Replicas the engine may write to; only grows (addReplica), since it only decides
+  // whether write() copies the caller's bytes before the fan-out.
   size_t replica_count_ = 0;
   uint32_t servers_ = 0;  // NBD servers open or opening on this engine
   bool closing_ = false;  // close() called

@@ -1,6 +1,18 @@
 #include "binding/event-queue.h"
 
 namespace mooring {
+namespace {
+
+const char* RebuildTypeName(EngineEvent::Type t) {
+  switch (t) {
+    case EngineEvent::Type::kRebuildStarted: return "rebuild-started";
+    case EngineEvent::Type::kRebuildProgress: return "rebuild-progress";
+    case EngineEvent::Type::kRebuildCompleted: return "rebuild-completed";
+    default: return "rebuild-failed";
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<EventQueue> EventQueue::Create(Napi::Env env, Napi::Function callback) {
   std::shared_ptr<EventQueue> q(new EventQueue());
@@ -69,9 +81,24 @@ void EventQueue::Deliver(Napi::Env env, Napi::Function cb, const std::vector<Eng
       case EngineEvent::Type::kReconciled:
         o.Set("type", "reconciled");
         o.Set("bytes", Napi::Number::New(env, static_cast<double>(e.bytes)));
+        o.Set("message", e.message);
+        break;
+      case EngineEvent::Type::kRebuildStarted:
+      case EngineEvent::Type::kRebuildProgress:
+      case EngineEvent::Type::kRebuildCompleted:
+      case EngineEvent::Type::kRebuildFailed:
+        o.Set("type", RebuildTypeName(e.type));
+        o.Set("replicaId", e.replica_id);
+        o.Set("sentBytes", Napi::Number::New(env, static_cast<double>(e.bytes)));
+        o.Set("scannedBytes", Napi::Number::New(env, static_cast<double>(e.scanned_bytes)));
+        o.Set("totalBytes", Napi::Number::New(env, static_cast<double>(e.total_bytes)));
+        if (e.type == EngineEvent::Type::kRebuildFailed) {
+          o.Set("errno", Napi::Number::New(env, e.error));
+          o.Set("message", e.message);
+        }
         break;
     }
-    if (e.type != EngineEvent::Type::kEpochClaimed) o.Set("message", e.message);
+    if (e.type == EngineEvent::Type::kReplicaError) o.Set("message", e.message);
     arr.Set(static_cast<uint32_t>(i), o);
   }
   try {

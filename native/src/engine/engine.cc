@@ -6,7 +6,18 @@
 //   write of ours can ever carry an epoch older than a replica's: -ESTALE from a replica
 //   always means another engine took the volume over.
 // - state_mu_: replica modes and the list of replicas marked ERR but not yet fenced.
-//   Modes are also atomics so the data path picks targets without taking it.
+//   Modes are also atomics so the data path picks targets without taking it. The slot
+//   list itself changes (AddReplica, RemoveReplica) only under gate_ exclusive and
+//   state_mu_ together, so the data path (gate_ shared) and Replicas() (state_mu_) each
+//   see a stable list.
+// - rebuild_mu_: the one running rebuild (AddReplica, engine/rebuilder.cc) and requests to
+//   stop it. Taken before gate_, never while holding it.
+//
+// A WO replica (rebuild target) gets every mutation after the RW replicas have it, never
+// a read, and no flush: its durability does not matter until FinishRebuild, which syncs
+// everything. Its failure marks it ERR and fails the rebuild, never the client's request,
+// and needs no fence: its rebuilding flag (durable since AdoptChain) already keeps any
+// later engine from reading it (invariant 3).
 //
 // Fan-out is sequential for writes (local replicas complete in the page cache) and
 // parallel for flushes (Fanout::kParallel). A remote backend (later issue) makes writes
@@ -16,6 +27,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -24,6 +37,7 @@
 #include <thread>
 
 #include "engine/range-lock.h"
+#include "engine/rebuilder.h"
 #include "engine/reconciler.h"
 #include "util/rw-lock.h"
 
@@ -34,6 +48,9 @@ namespace {
 constexpr size_t kMaxReplicas = 16;
 // Fencing rounds: each round either succeeds or drops at least one more replica.
 constexpr size_t kMaxFenceRounds = kMaxReplicas + 1;
+// Copy passes of one rebuild: a pass copies the layers not copied yet; another pass is
+// needed only when a snapshot was taken during the previous one, or the source failed.
+constexpr size_t kMaxRebuildPasses = 64;
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -113,27 +130,28 @@ class ReplicatedEngine final : public Engine {
   int Write(uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override {
     if (!InRange(off, len, size_)) return -EINVAL;
     if (len == 0) return 0;
-    return Mutate(off, len, [&](ReplicaBackend& b, uint64_t e, size_t) { return b.Write(e, off, len, buf, fua); });
+    // FUA is about the reply's durability, which only RW replicas carry.
+    return Mutate(off, len, [&](ReplicaBackend& b, uint64_t e, size_t, bool wo) { return b.Write(e, off, len, buf, fua && !wo); });
   }
   int Flush() override {
-    return Mutate(0, 0, [](ReplicaBackend& b, uint64_t, size_t) { return b.Flush(); }, Fanout::kParallel);
+    return Mutate(0, 0, [](ReplicaBackend& b, uint64_t, size_t, bool) { return b.Flush(); }, Fanout::kParallel, false);
   }
   int Trim(uint64_t off, uint32_t len, bool fua) override {
     if (!InRange(off, len, size_)) return -EINVAL;
     if (len == 0) return 0;
-    return Mutate(off, len, [&](ReplicaBackend& b, uint64_t e, size_t) {
+    return Mutate(off, len, [&](ReplicaBackend& b, uint64_t e, size_t, bool wo) {
       int rc = b.Trim(e, off, len);
-      return rc == 0 && fua ? b.Flush() : rc;
+      return rc == 0 && fua && !wo ? b.Flush() : rc;
     });
   }
   int WriteZeroes(uint64_t off, uint32_t len, bool may_trim, bool fast_only, bool fua) override {
     if (!InRange(off, len, size_)) return -EINVAL;
     if (len == 0) return 0;
-    return Mutate(off, len, [&](ReplicaBackend& b, uint64_t e, size_t k) {
-      int rc = b.WriteZeroes(e, off, len, may_trim, fast_only, fua);
+    return Mutate(off, len, [&](ReplicaBackend& b, uint64_t e, size_t k, bool wo) {
+      int rc = b.WriteZeroes(e, off, len, may_trim, fast_only, fua && !wo);
       // The first replica decides whether the fast path exists (an -ENOTSUP there
       // aborts with nothing changed); later ones must follow it, slowly if need be.
-      if (rc == -ENOTSUP && fast_only && k > 0) rc = b.WriteZeroes(e, off, len, may_trim, false, fua);
+      if (rc == -ENOTSUP && fast_only && k > 0) rc = b.WriteZeroes(e, off, len, may_trim, false, fua && !wo);
       return rc;
     });
   }
@@ -149,34 +167,43 @@ class ReplicatedEngine final : public Engine {
     return closed_.load() ? -ESHUTDOWN : 0;
   }
 
+  // A snapshot during a rebuild is applied to the WO target too (the rebuild copies the new
+  // layer afterwards); delete and revert would remove or rewrite layers under the copy.
   Status Snapshot(const std::string& name, const Labels& labels, bool user_created) override {
     const int64_t now = NowMs();  // one timestamp, identical on every replica
-    return Control([&](ReplicaBackend& b) { return b.Snapshot(name, now, labels, user_created); });
+    return Control([&](ReplicaBackend& b) { return b.Snapshot(name, now, labels, user_created); }, true);
   }
   Status ListSnapshots(std::vector<LayerInfo>* out) override;
   Status DeleteSnapshot(const std::string& name) override {
-    return Control([&](ReplicaBackend& b) { return b.DeleteSnapshot(name); });
+    return Control([&](ReplicaBackend& b) { return b.DeleteSnapshot(name); }, false);
   }
   Status Revert(const std::string& name) override {
     const int64_t now = NowMs();
-    return Control([&](ReplicaBackend& b) { return b.Revert(name, now); });
+    return Control([&](ReplicaBackend& b) { return b.Revert(name, now); }, false);
   }
   Status AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) override;
   Status RemoveReplica(const std::string& id) override;
   Status Shutdown() override;
 
  private:
-  Targets RwTargets() const {
+  Targets TargetsIn(ReplicaMode m) const {
     Targets t;
     for (size_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i]->mode.load() == ReplicaMode::kRW) t.idx[t.n++] = i;
+      if (slots_[i]->mode.load() == m) t.idx[t.n++] = i;
     return t;
   }
+  Targets RwTargets() const { return TargetsIn(ReplicaMode::kRW); }
+  Targets WoTargets() const { return TargetsIn(ReplicaMode::kWO); }
   size_t RwCount() const { return RwTargets().n; }
 
   // Marks slot i ERR after a failure, unless it is the last RW replica (which keeps
   // serving and passes the error up). Returns true if i no longer counts as RW.
   bool MarkFailed(size_t i, int rc);
+  bool MarkFailedLocked(size_t i, int rc);  // caller holds state_mu_
+  // MarkFailed for a slot known by pointer (the rebuild's source); false if it is gone.
+  bool MarkSlotFailed(const Slot* s, int rc);
+  // A WO replica failed: ERR, which fails its rebuild. No fence (see the file comment).
+  void MarkWoFailed(size_t i, int rc);
   // Unconditional (Start): the replica is unusable even if it is the last one.
   void MarkErr(size_t i, int rc, const std::string& why, Events* ev);
   // Claims epoch+1 on the RW replicas if any replica was marked ERR since the last claim.
@@ -203,20 +230,41 @@ class ReplicatedEngine final : public Engine {
     }
   }
 
-  // Runs op on every RW replica. [off, off+len) is the range it changes (len 0: none).
-  // kSerial calls replicas one after another on this thread (cheap page-cache writes);
-  // kParallel runs each extra replica on its own short-lived thread (slow calls such as
-  // fdatasync, where waiting for N replicas in series would add their latencies).
+  // Runs op(backend, epoch, k, wo) on every RW replica, then (with_wo) on every WO one.
+  // [off, off+len) is the range it changes (len 0: none). kSerial calls replicas one after
+  // another on this thread (cheap page-cache writes); kParallel runs each extra RW replica
+  // on its own short-lived thread (slow calls such as fdatasync, where waiting for N
+  // replicas in series would add their latencies).
   enum class Fanout { kSerial, kParallel };
   template <typename Op>
-  int Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout = Fanout::kSerial);
+  int Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout = Fanout::kSerial, bool with_wo = true);
   template <typename Op>
   int ReadFrom(Op op);
+  // Runs op on every RW replica (and, if to_wo, on every WO one) with I/O quiesced.
+  // !to_wo operations are refused with kBusy while a rebuild runs.
   template <typename Op>
-  Status Control(Op op);
+  Status Control(Op op, bool to_wo);
 
   Status CheckLayers(Events* ev);
   Status Reconcile(Events* ev);
+
+  // --- rebuild (AddReplica) ---
+  // Under the exclusive gate: adopts the source's chain on `target` and installs it WO.
+  Status StartRebuild(const std::shared_ptr<ReplicaBackend>& target, Slot** out, Events* ev);
+  // The copy passes and the switch to RW.
+  Status RunRebuild(Slot* slot, RebuildResult* res, uint64_t* total);
+  // Under the exclusive gate: if the source lists no layer outside `copied`, checks the
+  // chains match, clears the target's rebuilding flag and makes it RW (*finished = true).
+  Status FinishRebuildLocked(Slot* slot, const std::vector<std::string>& copied, bool* finished);
+  // The first RW slot and its backend; false if none.
+  bool PickSource(Slot** slot, std::shared_ptr<ReplicaBackend>* backend) const;
+  // 0, or why the rebuild of `slot` must stop (a stop request, or the target failed).
+  int RebuildCheck(const Slot* slot) const;
+  void EmitRebuild(EngineEvent::Type type, const std::string& id, const RebuildResult& r, uint64_t total,
+                   int error = 0, const std::string& message = "");
+  // Asks the running rebuild (of `id`, or any if empty) to stop with `why` and waits
+  // until it has. Caller holds neither rebuild_mu_ nor gate_.
+  void StopRebuild(const std::string& id, int why);
 
   std::vector<std::unique_ptr<Slot>> slots_;
   EngineEventSink sink_;
@@ -232,10 +280,22 @@ class ReplicatedEngine final : public Engine {
   RangeLock ranges_;
   mutable std::mutex state_mu_;
   std::vector<size_t> unfenced_;  // guarded by state_mu_
+
+  std::mutex rebuild_mu_;
+  std::condition_variable rebuild_cv_;
+  bool rebuild_active_ = false;       // guarded by rebuild_mu_
+  bool shutting_down_ = false;        // guarded by rebuild_mu_
+  std::string rebuild_target_;        // guarded by rebuild_mu_
+  std::atomic<bool> rebuilding_{false};  // == rebuild_active_, readable without the mutex
+  std::atomic<int> rebuild_stop_{0};     // negative errno once a stop was requested
 };
 
 bool ReplicatedEngine::MarkFailed(size_t i, int rc) {
   std::lock_guard<std::mutex> lk(state_mu_);
+  return MarkFailedLocked(i, rc);
+}
+
+bool ReplicatedEngine::MarkFailedLocked(size_t i, int rc) {
   Slot& s = *slots_[i];
   if (s.mode.load() != ReplicaMode::kRW) return true;
   if (RwCount() <= 1) return false;
@@ -244,6 +304,23 @@ bool ReplicatedEngine::MarkFailed(size_t i, int rc) {
   s.last_error = rc;
   unfenced_.push_back(i);
   return true;
+}
+
+bool ReplicatedEngine::MarkSlotFailed(const Slot* slot, int rc) {
+  // One hold of state_mu_: the rebuild does not hold the gate, so the list may change
+  // (RemoveReplica of another slot) between a lookup and a later lock.
+  std::lock_guard<std::mutex> lk(state_mu_);
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].get() == slot) return MarkFailedLocked(i, rc);
+  return true;
+}
+
+void ReplicatedEngine::MarkWoFailed(size_t i, int rc) {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  Slot& s = *slots_[i];
+  if (s.mode.load() != ReplicaMode::kWO) return;
+  s.mode = ReplicaMode::kERR;
+  s.last_error = rc;
 }
 
 void ReplicatedEngine::MarkErr(size_t i, int rc, const std::string& why, Events* ev) {
@@ -282,6 +359,15 @@ int ReplicatedEngine::FenceLocked(Events* ev) {
         MarkFailed(t.idx[k], ErrnoOf(st));  // queued into unfenced_: the next round covers it
       }
     }
+    // A WO target follows, so that it is at the engine's epoch when it becomes RW (a lower
+    // one would make it look fenced at the next open). Its failure only fails the rebuild.
+    if (!fenced_ && claimed > 0) {
+      const Targets w = WoTargets();
+      for (size_t k = 0; k < w.n; ++k) {
+        Status st = slots_[w.idx[k]]->backend->ClaimEpoch(next);
+        if (!st.ok()) MarkWoFailed(w.idx[k], ErrnoOf(st));
+      }
+    }
     if (fenced_ || claimed == 0) {
       // Keep the replicas pending so a later fence (or Shutdown) retries.
       std::lock_guard<std::mutex> lk(state_mu_);
@@ -306,7 +392,7 @@ int ReplicatedEngine::FenceLocked(Events* ev) {
 }
 
 template <typename Op>
-int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout) {
+int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, bool with_wo) {
   int result = 0;
   bool marked = false;
   {
@@ -316,27 +402,30 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout) {
     const uint64_t e = epoch_.load();
     const Targets t = RwTargets();
     if (t.n == 0) return -EIO;
+    const Targets w = with_wo ? WoTargets() : Targets{};
     // Released before Fence() below: holding it while waiting for the exclusive gate
     // would deadlock against a writer that waits for it while holding the gate shared.
+    // With a WO target it also orders this request against the rebuild's copy of the
+    // range (Rebuilder locks each head window it compares).
     std::optional<RangeLock::Guard> range;
-    if (len > 0 && t.n > 1) range.emplace(ranges_.Lock(off, len));
+    if (len > 0 && t.n + w.n > 1) range.emplace(ranges_.Lock(off, len));
     int rcs[kMaxReplicas];
     if (fanout == Fanout::kParallel && t.n > 1) {
       // At most kMaxReplicas - 1 threads; a replica whose thread cannot start runs here.
       std::thread helpers[kMaxReplicas];
       for (size_t k = 1; k < t.n; ++k) {
         try {
-          helpers[k] = std::thread([&, k] { rcs[k] = op(*slots_[t.idx[k]]->backend, e, k); });
+          helpers[k] = std::thread([&, k] { rcs[k] = op(*slots_[t.idx[k]]->backend, e, k, false); });
         } catch (const std::system_error&) {
-          rcs[k] = op(*slots_[t.idx[k]]->backend, e, k);
+          rcs[k] = op(*slots_[t.idx[k]]->backend, e, k, false);
         }
       }
-      rcs[0] = op(*slots_[t.idx[0]]->backend, e, 0);
+      rcs[0] = op(*slots_[t.idx[0]]->backend, e, 0, false);
       for (size_t k = 1; k < t.n; ++k)
         if (helpers[k].joinable()) helpers[k].join();
     } else {
       for (size_t k = 0; k < t.n; ++k) {
-        rcs[k] = op(*slots_[t.idx[k]]->backend, e, k);
+        rcs[k] = op(*slots_[t.idx[k]]->backend, e, k, false);
         if (k == 0 && IsRequestError(rcs[k])) return rcs[k];  // nothing changed anywhere
       }
     }
@@ -353,6 +442,12 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout) {
       } else if (result == 0) {
         result = rc;
       }
+    }
+    // WO targets after the RW replicas. If the request failed on the RW side, what the RW
+    // replicas now hold is unknown, so the target cannot be kept equal: it fails instead.
+    for (size_t k = 0; k < w.n; ++k) {
+      const int rc = result == 0 ? op(*slots_[w.idx[k]]->backend, e, t.n + k, true) : result;
+      if (rc < 0) MarkWoFailed(w.idx[k], rc);
     }
   }
   // A dropped replica must be durably stale before this request is answered: it may have
@@ -396,13 +491,16 @@ int ReplicatedEngine::ReadFrom(Op op) {
 }
 
 template <typename Op>
-Status ReplicatedEngine::Control(Op op) {
+Status ReplicatedEngine::Control(Op op, bool to_wo) {
   Events ev;
   Status result;
   {
     std::unique_lock<RwLock> lk(gate_);
     if (closed_) return Status::Error(Code::kClosed, "engine is closed");
     if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
+    if (!to_wo && rebuilding_.load())
+      return Status::Error(Code::kBusy, "a replica is being rebuilt: snapshot delete and revert wait until it is done",
+                           EBUSY);
     BusyFlag busy(control_busy_);
     const Targets t = RwTargets();
     for (size_t k = 0; k < t.n; ++k) {
@@ -416,6 +514,11 @@ Status ReplicatedEngine::Control(Op op) {
       // Replicas hold identical layer lists, so a refusal by the first one is the answer.
       if (k == 0 && IsRequestError(st.code)) return st;
       if (!MarkFailed(t.idx[k], ErrnoOf(st)) && result.ok()) result = st;
+    }
+    const Targets w = to_wo ? WoTargets() : Targets{};
+    for (size_t k = 0; k < w.n; ++k) {
+      Status st = result.ok() ? op(*slots_[w.idx[k]]->backend) : result;
+      if (!st.ok()) MarkWoFailed(w.idx[k], ErrnoOf(st));
     }
     int rc = FenceLocked(&ev);
     if (rc < 0 && result.ok()) result = Status::FromErrno(rc, "fencing failed replicas");
@@ -542,9 +645,14 @@ Status ReplicatedEngine::Open() {
   for (const auto& s : slots_) max_epoch = std::max(max_epoch, s->backend->epoch());
   for (size_t i = 0; i < slots_.size(); ++i) {
     const uint64_t e = slots_[i]->backend->epoch();
-    if (e < max_epoch)
+    if (slots_[i]->backend->rebuilding()) {
+      // Invariant 3: a rebuild that did not finish may have left any part of it uncopied.
+      MarkErr(i, -EIO, "replica " + slots_[i]->id + " was left in the middle of a rebuild: it must be rebuilt again",
+              &ev);
+    } else if (e < max_epoch) {
       MarkErr(i, -kErrStaleEpoch, "replica " + slots_[i]->id + " was fenced (epoch " + std::to_string(e) +
                                       " < " + std::to_string(max_epoch) + ")", &ev);
+    }
   }
   CheckLayers(&ev);
 
@@ -592,15 +700,336 @@ Status ReplicatedEngine::Open() {
   return Status::Ok();
 }
 
-Status ReplicatedEngine::AddReplica(std::shared_ptr<ReplicaBackend>, RebuildResult*) {
-  return Status::Error(Code::kUnsupported, "rebuild is not implemented yet");
+// ---------------------------------------------------------------------------------------
+// Rebuild (docs/rebuild.md)
+
+bool ReplicatedEngine::PickSource(Slot** slot, std::shared_ptr<ReplicaBackend>* backend) const {
+  std::lock_guard<std::mutex> lk(state_mu_);
+  for (const auto& s : slots_) {
+    if (s->mode.load() != ReplicaMode::kRW) continue;
+    *slot = s.get();
+    *backend = s->backend;
+    return true;
+  }
+  return false;
 }
 
-Status ReplicatedEngine::RemoveReplica(const std::string&) {
-  return Status::Error(Code::kUnsupported, "removing replicas is not implemented yet");
+int ReplicatedEngine::RebuildCheck(const Slot* slot) const {
+  if (int stop = rebuild_stop_.load(); stop < 0) return stop;
+  if (closed_.load()) return -ESHUTDOWN;
+  if (fenced_.load()) return -kErrStaleEpoch;
+  if (slot->mode.load() != ReplicaMode::kWO) {
+    std::lock_guard<std::mutex> lk(state_mu_);
+    return slot->last_error < 0 ? slot->last_error : -EIO;
+  }
+  return 0;
+}
+
+void ReplicatedEngine::EmitRebuild(EngineEvent::Type type, const std::string& id, const RebuildResult& r,
+                                   uint64_t total, int error, const std::string& message) {
+  EngineEvent e{type, id, error, 0, r.sent_bytes, message};
+  e.scanned_bytes = r.scanned_bytes;
+  e.total_bytes = std::max(total, r.scanned_bytes);
+  Emit({e});
+}
+
+void ReplicatedEngine::StopRebuild(const std::string& id, int why) {
+  std::unique_lock<std::mutex> lk(rebuild_mu_);
+  if (!rebuild_active_ || (!id.empty() && rebuild_target_ != id)) return;
+  rebuild_stop_ = why;
+  // The rebuild checks before every window, so this waits for at most one window's
+  // compare and copy (or one replica call, when remote, bounded by its I/O timeout).
+  rebuild_cv_.wait(lk, [&] { return !rebuild_active_; });
+}
+
+Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& target, Slot** out, Events* ev) {
+  std::unique_lock<RwLock> lk(gate_);
+  if (closed_) return Status::Error(Code::kClosed, "engine is closed");
+  if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
+  BusyFlag busy(control_busy_);
+  const std::string id = target->id();
+  if (target->size() != size_)
+    return Status::Error(Code::kInvalidArgument, "replica " + id + " has size " + std::to_string(target->size()) +
+                                                     ", the volume " + std::to_string(size_));
+  // Settles pending fences first, so no slot index is queued in unfenced_ while the list
+  // changes, and the epoch the target adopts is the one the RW replicas hold.
+  if (int rc = FenceLocked(ev); rc < 0) return Status::FromErrno(rc, "fencing failed replicas before the rebuild");
+  size_t existing = slots_.size();
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i]->id == id) existing = i;
+  if (existing < slots_.size() && slots_[existing]->mode.load() != ReplicaMode::kERR)
+    return Status::Error(Code::kInvalidState, "replica " + id + " is already " +
+                                                  ReplicaModeName(slots_[existing]->mode.load()) + " in this engine");
+  if (existing == slots_.size() && slots_.size() >= kMaxReplicas)
+    return Status::Error(Code::kOutOfRange, "an engine has at most " + std::to_string(kMaxReplicas) + " replicas");
+  const Targets t = RwTargets();
+  if (t.n == 0) return Status::Error(Code::kNoHealthyReplica, "no RW replica to rebuild from");
+  std::vector<LayerInfo> layers;
+  Status st = slots_[t.idx[0]]->backend->ListLayers(&layers);
+  if (!st.ok()) return Status::Error(st.code, "listing the layers of " + slots_[t.idx[0]]->id + ": " + st.message, st.sys_errno);
+  st = target->AdoptChain(layers, epoch_.load());
+  if (!st.ok()) return Status::Error(st.code, "rebuild target " + id + ": " + st.message, st.sys_errno);
+  std::shared_ptr<ReplicaBackend> old;
+  {
+    std::lock_guard<std::mutex> g(state_mu_);
+    if (existing < slots_.size()) {
+      Slot& s = *slots_[existing];
+      old = std::move(s.backend);
+      s.backend = target;
+      s.last_error = 0;
+      s.mode = ReplicaMode::kWO;
+      *out = &s;
+    } else {
+      auto s = std::make_unique<Slot>();
+      s->backend = target;
+      s->id = id;
+      s->mode = ReplicaMode::kWO;
+      *out = s.get();
+      slots_.push_back(std::move(s));
+    }
+  }
+  // The ERR slot's old handle (for a local replica, another share of the same replica).
+  if (old) old->Close();
+  return Status::Ok();
+}
+
+Status ReplicatedEngine::FinishRebuildLocked(Slot* slot, const std::vector<std::string>& copied, bool* finished) {
+  *finished = false;
+  std::unique_lock<RwLock> lk(gate_);
+  BusyFlag busy(control_busy_);
+  if (int rc = RebuildCheck(slot); rc < 0) return Status::FromErrno(rc, "rebuild of " + slot->id + " stopped");
+  const Targets t = RwTargets();
+  if (t.n == 0) return Status::Error(Code::kNoHealthyReplica, "no RW replica left to rebuild from");
+  const Slot& src = *slots_[t.idx[0]];
+  std::vector<LayerInfo> want, have;
+  Status st = src.backend->ListLayers(&want);
+  if (!st.ok()) return Status::Error(st.code, "listing the layers of " + src.id + ": " + st.message, st.sys_errno);
+  // Snapshots cannot be taken while we hold the gate: if every layer is copied now, the
+  // target holds the source's data and every write since (WO), and no more can come in
+  // between this check and RW.
+  for (const LayerInfo& l : want)
+    if (std::find(copied.begin(), copied.end(), l.id) == copied.end()) return Status::Ok();
+  st = slot->backend->ListLayers(&have);
+  if (!st.ok()) return Status::Error(st.code, "listing the layers of " + slot->id + ": " + st.message, st.sys_errno);
+  auto sig = [](const std::vector<LayerInfo>& v) {
+    std::string out;
+    for (const LayerInfo& l : v)
+      out += l.id + '\0' + l.parent + '\0' + l.name + '\0' + (l.head ? "h" : "") + (l.removed ? "r" : "") + '\n';
+    return out;
+  };
+  if (sig(want) != sig(have))
+    return Status::Error(Code::kIoError, "rebuild target " + slot->id + " ended with a different layer list than " + src.id);
+  if (slot->backend->epoch() < epoch_.load()) {
+    st = slot->backend->ClaimEpoch(epoch_.load());
+    if (!st.ok()) return st;
+  }
+  st = slot->backend->FinishRebuild();
+  if (!st.ok()) return Status::Error(st.code, "finishing the rebuild of " + slot->id + ": " + st.message, st.sys_errno);
+  {
+    std::lock_guard<std::mutex> g(state_mu_);
+    slot->mode = ReplicaMode::kRW;
+    slot->last_error = 0;
+  }
+  *finished = true;
+  return Status::Ok();
+}
+
+Status ReplicatedEngine::RunRebuild(Slot* slot, RebuildResult* res, uint64_t* total) {
+  Slot* source_slot = nullptr;
+  std::shared_ptr<ReplicaBackend> source;
+  uint64_t next_progress = kRebuildProgressIntervalBytes;
+  Rebuilder::Hooks hooks;
+  hooks.ranges = &ranges_;
+  hooks.check = [&] { return RebuildCheck(slot); };
+  hooks.source_ok = [&] { return source_slot->mode.load() == ReplicaMode::kRW; };
+  hooks.on_progress = [&](const RebuildResult& r) {
+    if (r.scanned_bytes < next_progress) return;
+    EmitRebuild(EngineEvent::Type::kRebuildProgress, slot->id, r, *total);
+    next_progress = (r.scanned_bytes / kRebuildProgressIntervalBytes + 1) * kRebuildProgressIntervalBytes;
+  };
+  // The slot's backend changes only in StartRebuild and RemoveReplica, neither of which
+  // runs on this slot while this rebuild does.
+  ReplicaBackend* target = slot->backend.get();
+  Rebuilder rb(target, std::move(hooks));
+  struct Publish {
+    const Rebuilder& rb;
+    RebuildResult* res;
+    ~Publish() { *res = rb.totals(); }
+  } publish{rb, res};
+
+  auto stopped = [&](int rc) {
+    if (rc == -ECANCELED)
+      return Status::Error(Code::kClosed, "rebuild of " + slot->id + " was stopped: the replica was removed", ECANCELED);
+    if (rc == -ESHUTDOWN)
+      return Status::Error(Code::kClosed, "rebuild of " + slot->id + " was stopped: the engine is closing", ESHUTDOWN);
+    if (rc == -kErrStaleEpoch)
+      return Status::Error(Code::kStaleEpoch, "rebuild of " + slot->id + " was stopped: the engine was fenced", ESTALE);
+    return Status::FromErrno(rc, "rebuild target " + slot->id + " failed: " + std::strerror(-rc));
+  };
+  // A failed source: mark it like a failed read, then continue from another RW replica
+  // (they hold the same layers, so what was copied stays valid). False if it was the last.
+  size_t switches = 0;
+  auto source_failed = [&](int rc) {
+    if (++switches > kMaxReplicas || !MarkSlotFailed(source_slot, rc)) return false;
+    Fence();
+    return true;
+  };
+
+  std::vector<std::string> copied;
+  for (size_t pass = 0; pass < kMaxRebuildPasses; ++pass) {
+    if (int rc = RebuildCheck(slot); rc < 0) return stopped(rc);
+    if (!PickSource(&source_slot, &source))
+      return Status::Error(Code::kNoHealthyReplica, "no RW replica left to rebuild " + slot->id + " from");
+    std::vector<LayerInfo> layers;
+    Status st = source->ListLayers(&layers);
+    if (!st.ok()) {
+      if (!source_failed(ErrnoOf(st))) return Status::Error(st.code, "rebuild source " + source_slot->id + ": " + st.message, st.sys_errno);
+      continue;
+    }
+    std::vector<const LayerInfo*> todo;
+    for (const LayerInfo& l : layers)
+      if (std::find(copied.begin(), copied.end(), l.id) == copied.end()) todo.push_back(&l);
+    if (todo.empty()) {
+      // Most of the target's dirty data is already on its way to disk (WriteLayer starts
+      // writeback); syncing its head here keeps the sync under the gate short.
+      if (int rc = target->Flush(); rc < 0) return stopped(rc);
+      bool finished = false;
+      st = FinishRebuildLocked(slot, copied, &finished);
+      if (!st.ok() || finished) return st;
+      continue;  // a snapshot came in meanwhile: copy its new layer
+    }
+    // Planned figures for progress events; each layer's real figure replaces its plan.
+    std::vector<uint64_t> planned(todo.size(), 0);
+    for (size_t i = 0; i < todo.size(); ++i) {
+      bool sf = false;
+      if (rb.UnionBytes(source.get(), todo[i]->id, &planned[i], &sf) == 0) *total += planned[i];
+    }
+    bool restart = false;
+    for (size_t i = 0; i < todo.size(); ++i) {
+      const uint64_t before = rb.totals().scanned_bytes;
+      bool sf = false;
+      int rc = rb.CopyLayer(source.get(), *todo[i], &sf);
+      if (rc < 0) {
+        if (!sf) return RebuildCheck(slot) < 0 ? stopped(RebuildCheck(slot)) : stopped(rc);
+        if (!source_failed(rc))
+          return Status::FromErrno(rc, "rebuild source " + source_slot->id + " failed: " + std::strerror(-rc));
+        restart = true;
+        break;
+      }
+      copied.push_back(todo[i]->id);
+      *total = *total - std::min(*total, planned[i]) + (rb.totals().scanned_bytes - before);
+      planned[i] = 0;
+    }
+    if (restart) {
+      for (uint64_t p : planned) *total -= std::min(*total, p);
+    }
+  }
+  return Status::Error(Code::kBusy, "rebuild of " + slot->id + " did not settle in " +
+                                        std::to_string(kMaxRebuildPasses) + " passes (snapshots kept coming)");
+}
+
+Status ReplicatedEngine::AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) {
+  if (!target) return Status::Error(Code::kInvalidArgument, "no rebuild target");
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lk(rebuild_mu_);
+    Status refuse;
+    if (shutting_down_) refuse = Status::Error(Code::kClosed, "engine is closed");
+    else if (rebuild_active_)
+      refuse = Status::Error(Code::kBusy, "replica " + rebuild_target_ + " is being rebuilt: one rebuild at a time per engine", EBUSY);
+    if (!refuse.ok()) {
+      target->Close();
+      return refuse;
+    }
+    rebuild_active_ = true;
+    rebuild_target_ = target->id();
+    rebuild_stop_ = 0;
+    rebuilding_ = true;
+  }
+  struct Release {
+    ReplicatedEngine* e;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> lk(e->rebuild_mu_);
+        e->rebuild_active_ = false;
+        e->rebuilding_ = false;
+        e->rebuild_target_.clear();
+      }
+      e->rebuild_cv_.notify_all();
+    }
+  } release{this};
+
+  Events ev;
+  Slot* slot = nullptr;
+  Status st = StartRebuild(target, &slot, &ev);
+  Emit(ev);
+  if (!st.ok()) {
+    target->Close();
+    return st;
+  }
+  const std::string id = slot->id;
+  RebuildResult res;
+  uint64_t total = 0;
+  EmitRebuild(EngineEvent::Type::kRebuildStarted, id, res, 0);
+  st = RunRebuild(slot, &res, &total);
+  res.duration_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+  if (!st.ok()) {
+    const int err = ErrnoOf(st);
+    {
+      std::lock_guard<std::mutex> lk(state_mu_);
+      if (slot->mode.load() == ReplicaMode::kWO) {
+        slot->mode = ReplicaMode::kERR;
+        slot->last_error = err;
+      }
+    }
+    EmitRebuild(EngineEvent::Type::kRebuildFailed, id, res, total, err, st.message);
+    return st;
+  }
+  EmitRebuild(EngineEvent::Type::kRebuildCompleted, id, res, res.scanned_bytes);
+  if (out) *out = res;
+  return Status::Ok();
+}
+
+Status ReplicatedEngine::RemoveReplica(const std::string& id) {
+  StopRebuild(id, -ECANCELED);
+  Events ev;
+  std::shared_ptr<ReplicaBackend> gone;
+  {
+    std::unique_lock<RwLock> lk(gate_);
+    if (closed_) return Status::Error(Code::kClosed, "engine is closed");
+    size_t i = 0;
+    while (i < slots_.size() && slots_[i]->id != id) ++i;
+    if (i == slots_.size()) return Status::Error(Code::kNotFound, "no replica " + id.substr(0, 4096) + " in this engine");
+    const ReplicaMode mode = slots_[i]->mode.load();
+    if (mode == ReplicaMode::kRW)
+      return Status::Error(Code::kInvalidState, "replica " + id + " is RW: only ERR or WO replicas can be removed");
+    if (mode == ReplicaMode::kWO)  // a new rebuild of it started after ours was stopped
+      return Status::Error(Code::kBusy, "replica " + id + " is being rebuilt", EBUSY);
+    // Best effort: a replica still waiting for its fence is removed all the same (the
+    // remaining replicas keep their pending fence).
+    FenceLocked(&ev);
+    std::lock_guard<std::mutex> g(state_mu_);
+    gone = std::move(slots_[i]->backend);
+    slots_.erase(slots_.begin() + static_cast<std::ptrdiff_t>(i));
+    std::vector<size_t> kept;
+    for (size_t u : unfenced_)
+      if (u != i) kept.push_back(u > i ? u - 1 : u);
+    unfenced_.swap(kept);
+    fence_pending_ = !unfenced_.empty();
+  }
+  Emit(ev);
+  if (gone) gone->Close();
+  return Status::Ok();
 }
 
 Status ReplicatedEngine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(rebuild_mu_);
+    shutting_down_ = true;
+  }
+  // A WO target is left as it is: its rebuilding flag makes it ERR at the next open.
+  StopRebuild("", -ESHUTDOWN);
   Events ev;
   Status result;
   {

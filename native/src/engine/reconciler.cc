@@ -4,37 +4,12 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/range-set.h"
+
 namespace mooring {
 namespace {
 
 int ErrnoOf(const Status& st) { return st.sys_errno > 0 ? -st.sys_errno : -EIO; }
-
-void SortAndMerge(std::vector<Range>* v) {
-  std::sort(v->begin(), v->end(), [](const Range& a, const Range& b) { return a.off < b.off; });
-  std::vector<Range> out;
-  for (const Range& r : *v) {
-    if (r.len == 0) continue;
-    if (!out.empty() && r.off <= out.back().off + out.back().len) {
-      uint64_t end = std::max(out.back().off + out.back().len, r.off + r.len);
-      out.back().len = end - out.back().off;
-    } else {
-      out.push_back(r);
-    }
-  }
-  v->swap(out);
-}
-
-// The parts of the sorted, merged `ext` inside [a, b).
-std::vector<Range> Clip(const std::vector<Range>& ext, uint64_t a, uint64_t b) {
-  std::vector<Range> out;
-  auto it = std::upper_bound(ext.begin(), ext.end(), a,
-                             [](uint64_t v, const Range& r) { return v < r.off + r.len; });
-  for (; it != ext.end() && it->off < b; ++it) {
-    uint64_t s = std::max(a, it->off), e = std::min(b, it->off + it->len);
-    if (s < e) out.push_back({s, e - s});
-  }
-  return out;
-}
 
 bool Covers(const std::vector<Range>& segs, uint64_t pos) {
   for (const Range& r : segs)

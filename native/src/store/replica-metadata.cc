@@ -155,6 +155,7 @@ Status ReplicaMetadata::Parse(const std::string& text, ReplicaMetadata* out) {
   m.block_size = 4096;
   RETURN_IF_ERROR(GetU64(j, "epoch", "", &m.epoch));
   RETURN_IF_ERROR(GetBool(j, "clean", "", &m.clean));
+  if (j.contains("rebuilding")) RETURN_IF_ERROR(GetBool(j, "rebuilding", "", &m.rebuilding));
   RETURN_IF_ERROR(GetString(j, "head", "", &m.head));
   RETURN_IF_ERROR(GetU64(j, "nextLayerId", "", &v));
   if (v == 0 || v >= std::numeric_limits<uint32_t>::max())
@@ -248,10 +249,12 @@ std::string ReplicaMetadata::Serialize() const {
          {"sizeBytes", size_bytes},
          {"blockSize", block_size},
          {"epoch", epoch},
-         {"clean", clean},
-         {"head", head},
-         {"nextLayerId", next_layer_num},
-         {"layers", layers_json}};
+         {"clean", clean}};
+  // Written only while set, so a replica that never rebuilt keeps the original key set.
+  if (rebuilding) j["rebuilding"] = true;
+  j["head"] = head;
+  j["nextLayerId"] = next_layer_num;
+  j["layers"] = layers_json;
   // Labels are arbitrary strings: never let invalid UTF-8 throw out of dump().
   return j.dump(1, ' ', false, OJson::error_handler_t::replace) + "\n";
 }

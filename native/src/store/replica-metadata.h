@@ -43,6 +43,10 @@ struct ReplicaMetadata {
   uint32_t block_size = 4096;
   uint64_t epoch = 0;
   bool clean = true;
+  // A rebuild of this replica started (AdoptChain) and has not finished (FinishRebuild):
+  // its data may be incomplete. Optional in the file ("rebuilding": true), absent = false,
+  // so replicas written before the field existed open unchanged.
+  bool rebuilding = false;
   std::string head;
   uint32_t next_layer_num = 1;
   std::vector<LayerRecord> layers;  // ordered by num (bottom first)

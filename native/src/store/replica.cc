@@ -9,6 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
+
+// SHA-256 for LayerDigest. The addon only ever runs inside node, which exports its
+// bundled OpenSSL's symbols; node-gyp puts node's headers (openssl/ included) on the
+// include path, so no library is linked.
+#include <openssl/evp.h>
 
 #include "util/fs-util.h"
 
@@ -165,6 +171,7 @@ Status Replica::Open(const std::string& dir, std::unique_ptr<Replica>* out) {
     r->size_ = r->meta_.size_bytes;
     r->epoch_ = r->meta_.epoch;
     r->clean_ = r->meta_.clean;
+    r->rebuilding_ = r->meta_.rebuilding;
     for (const LayerRecord& rec : r->meta_.layers) {
       auto layer = std::make_unique<Layer>(rec.num, rec.id, fsutil::JoinPath(dir, rec.file));
       s = layer->Open(r->size_);
@@ -932,22 +939,301 @@ Status Replica::Revert(const std::string& name, int64_t created_ms) {
   return s;
 }
 
-// --- Rebuild target operations (issue 3; implemented with the rebuilder) ---
+// ---------------------------------------------------------------------------------------
+// Inspect (no lock) and rebuild target operations (docs/rebuild.md)
 
-Status Replica::AdoptChain(const std::vector<LayerInfo>&, uint64_t) {
-  return Status::Error(Code::kUnsupported, "replica " + dir_ + ": AdoptChain is not implemented yet");
+Status Replica::Inspect(const std::string& dir, ReplicaInfo* out) {
+  if (!out) return Status::Error(Code::kInvalidArgument, "no output pointer");
+  ReplicaMetadata m;
+  Status s = ReplicaMetadata::Load(dir, &m);
+  if (!s.ok()) return s;
+  ReplicaInfo info;
+  info.size_bytes = m.size_bytes;
+  info.epoch = m.epoch;
+  info.clean = m.clean;
+  info.rebuilding = m.rebuilding;
+  for (const LayerRecord& l : m.layers) {
+    struct stat st;
+    // lstat: a planted symlink is not followed (Open would refuse it anyway).
+    if (::lstat(fsutil::JoinPath(dir, l.file).c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      info.allocated_bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  *out = info;
+  return Status::Ok();
 }
 
-Status Replica::LayerDigest(const std::string&, uint64_t, uint64_t, std::vector<UnitDigest>*) {
-  return Status::Error(Code::kUnsupported, "replica " + dir_ + ": LayerDigest is not implemented yet");
+std::vector<Layer*> Replica::ChainBelowHead() {
+  std::vector<Layer*> chain;
+  std::lock_guard<std::mutex> g(meta_mu_);
+  std::unordered_map<std::string, const LayerRecord*> recs;
+  for (const LayerRecord& l : meta_.layers) recs[l.id] = &l;
+  auto it = recs.find(meta_.head);
+  // Parents are strictly older (validated), so the walk ends within layers.size() steps.
+  while (it != recs.end() && !it->second->parent.empty()) {
+    it = recs.find(it->second->parent);
+    if (it == recs.end()) break;
+    if (Layer* l = FindLayer(it->first)) chain.push_back(l);
+  }
+  return chain;
 }
 
-int Replica::WriteLayer(const std::string&, uint64_t, uint32_t, const uint8_t*) { return -ENOTSUP; }
+void Replica::RecomputeBaseLocked(const std::vector<Layer*>& chain, uint64_t b0, uint64_t b1) {
+  base_.Erase(b0, b1);
+  // Bottom first, so nearer layers overwrite farther ones.
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+    (*it)->extents().ForEach(b0, b1, [&](const ExtentMap::Interval& iv) { base_.Set(iv.start, iv.end, iv.value); });
+}
 
-int Replica::UnmapLayer(const std::string&, uint64_t, uint64_t) { return -ENOTSUP; }
+int Replica::CheckRebuildOp(uint64_t off, uint64_t len) const {
+  if (!InRange(off, len, size_) || off % kBlock != 0 || len % kBlock != 0) return -EINVAL;
+  if (closed_.load()) return -EBADF;
+  // Writing below the head of a replica that serves reads would change what it returns.
+  if (!rebuilding_.load()) return -EPERM;
+  return 0;
+}
+
+Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) {
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  std::unique_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  if (epoch < epoch_.load())
+    return Status::Error(Code::kStaleEpoch, "replica " + dir_ + ": adopting a chain at epoch " + std::to_string(epoch) +
+                                                " but the replica is at epoch " + std::to_string(epoch_.load()),
+                         ESTALE);
+  if (layers.empty() || layers.size() > ReplicaMetadata::kMaxLayers)
+    return Status::Error(Code::kInvalidArgument, "adopt chain: 1.." + std::to_string(ReplicaMetadata::kMaxLayers) +
+                                                     " layers needed, got " + std::to_string(layers.size()));
+  ReplicaMetadata m;
+  {
+    std::lock_guard<std::mutex> g(meta_mu_);
+    m = meta_;
+  }
+  m.epoch = epoch;
+  m.clean = false;
+  m.rebuilding = true;
+  m.head.clear();
+  m.layers.clear();
+  uint32_t max_num = 0;
+  for (const LayerInfo& info : layers) {
+    LayerRecord rec;
+    if (!ReplicaMetadata::ParseLayerId(info.id, &rec.num))
+      return Status::Error(Code::kInvalidArgument, "adopt chain: invalid layer id '" + info.id.substr(0, 64) + "'");
+    rec.id = info.id;
+    rec.file = ReplicaMetadata::LayerFile(rec.id);
+    rec.parent = info.parent;
+    rec.name = info.name;
+    rec.removed = info.removed;
+    rec.user_created = info.user_created;
+    rec.created_ms = info.created_ms;
+    rec.labels = info.labels;
+    rec.size_bytes = info.size_bytes;
+    if (info.head) {
+      if (!m.head.empty()) return Status::Error(Code::kInvalidArgument, "adopt chain: more than one head");
+      m.head = rec.id;
+    }
+    max_num = std::max(max_num, rec.num);
+    m.layers.push_back(std::move(rec));
+  }
+  std::sort(m.layers.begin(), m.layers.end(), [](const LayerRecord& a, const LayerRecord& b) { return a.num < b.num; });
+  // The source's head is always its newest layer (snapshot and revert allocate it last),
+  // so this makes the next snapshot get the same id here as on the source.
+  m.next_layer_num = max_num + 1;
+  s = m.Validate();
+  if (!s.ok()) return Status::Error(Code::kInvalidArgument, "adopt chain: " + s.message);
+
+  // New files first (durable before the commit that names them); on failure nothing changed.
+  std::vector<std::unique_ptr<Layer>> created;
+  auto unlink_created = [&]() {
+    for (const auto& l : created) ::unlink(l->path().c_str());
+  };
+  for (const LayerRecord& rec : m.layers) {
+    if (FindLayer(rec.id)) continue;
+    std::unique_ptr<Layer> layer;
+    s = NewLayerFile(rec, &layer);
+    if (!s.ok()) {
+      unlink_created();
+      return s;
+    }
+    created.push_back(std::move(layer));
+  }
+  s = SaveMeta(m);
+  if (!s.ok()) {
+    unlink_created();
+    return s;
+  }
+  std::vector<std::string> dropped;
+  {
+    std::unique_lock<RwLock> maps(map_mu_);
+    for (auto& l : created) {
+      by_num_[l->num()] = l.get();
+      std::string id = l->id();
+      layers_[id] = std::move(l);
+    }
+    for (auto it = layers_.begin(); it != layers_.end();) {
+      if (m.Find(it->first)) {
+        ++it;
+        continue;
+      }
+      dropped.push_back(it->second->path());
+      by_num_.erase(it->second->num());
+      it = layers_.erase(it);
+    }
+    head_ = layers_.at(m.head).get();
+  }
+  // After the commit: a crash before these unlinks leaves orphans that Open removes.
+  for (const auto& path : dropped) ::unlink(path.c_str());
+  RebuildBase();
+  epoch_ = epoch;
+  clean_ = false;
+  rebuilding_ = true;
+  return Status::Ok();
+}
+
+Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) {
+  if (!out) return Status::Error(Code::kInvalidArgument, "no output vector");
+  // The last unit may reach past the end of a volume whose size is not a multiple of it.
+  const uint64_t limit = (size_ + kDigestUnitBytes - 1) / kDigestUnitBytes * kDigestUnitBytes;
+  if (off % kDigestUnitBytes != 0 || len % kDigestUnitBytes != 0 || len > kMaxDigestRangeBytes ||
+      !InRange(off, len, limit))
+    return Status::Error(Code::kInvalidArgument,
+                         "layer digest range [" + std::to_string(off) + ", +" + std::to_string(len) +
+                             ") must be whole 64 KiB units, at most 4 MiB, inside the volume");
+  out->clear();
+  std::shared_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  Layer* l = FindLayer(layer_id);
+  if (!l) return Status::Error(Code::kNotFound, "replica " + dir_ + ": no layer '" + layer_id.substr(0, 64) + "'");
+  if (len == 0) return Status::Ok();
+  const uint64_t b0 = off / kBlock, b1 = std::min((off + len) / kBlock, size_ / kBlock);
+  std::vector<ExtentMap::Interval> ivs;
+  {
+    std::shared_lock<RwLock> maps(map_mu_);
+    l->extents().ForEach(b0, b1, [&](const ExtentMap::Interval& iv) { ivs.push_back(iv); });
+  }
+  if (ivs.empty()) return Status::Ok();
+
+  constexpr size_t kMaxUnits = kMaxDigestRangeBytes / kDigestUnitBytes;
+  uint16_t masks[kMaxUnits] = {};
+  std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[len]);
+  if (!buf) return Status::Error(Code::kIoError, "out of memory for a layer digest", ENOMEM);
+  for (const auto& iv : ivs) {
+    int rc = fsutil::PreadFull(l->fd(), buf.get() + (iv.start - b0) * kBlock, (iv.end - iv.start) * kBlock,
+                               iv.start * kBlock);
+    if (rc != 0) return Status::FromErrno(rc, "read " + l->path() + ": " + ErrText(rc));
+    for (uint64_t b = iv.start; b < iv.end; ++b)
+      masks[(b - b0) / kDigestBlocksPerUnit] |= static_cast<uint16_t>(1u << ((b - b0) % kDigestBlocksPerUnit));
+  }
+
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx) return Status::Error(Code::kIoError, "out of memory for a SHA-256 context", ENOMEM);
+  for (size_t u = 0; u < len / kDigestUnitBytes; ++u) {
+    if (masks[u] == 0) continue;
+    UnitDigest d;
+    d.off = off + u * kDigestUnitBytes;
+    d.mask = masks[u];
+    bool ok = EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1;
+    // Runs of allocated blocks, in address order.
+    for (uint32_t i = 0; ok && i < kDigestBlocksPerUnit;) {
+      if (!(masks[u] & (1u << i))) {
+        ++i;
+        continue;
+      }
+      uint32_t j = i;
+      while (j < kDigestBlocksPerUnit && (masks[u] & (1u << j))) ++j;
+      ok = EVP_DigestUpdate(ctx.get(), buf.get() + u * kDigestUnitBytes + i * kBlock, (j - i) * kBlock) == 1;
+      i = j;
+    }
+    unsigned int n = 0;
+    if (ok) ok = EVP_DigestFinal_ex(ctx.get(), d.sha256, &n) == 1 && n == sizeof d.sha256;
+    if (!ok) return Status::Error(Code::kIoError, "SHA-256 failed");
+    out->push_back(d);
+  }
+  return Status::Ok();
+}
+
+int Replica::WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
+  if (len > 0 && !buf) return -EINVAL;
+  std::shared_lock<RwLock> io(io_mu_);
+  int rc = CheckRebuildOp(off, len);
+  if (rc != 0) return rc;
+  Layer* l = FindLayer(layer_id);
+  if (!l) return -ENOENT;
+  if (len == 0) return 0;
+  rc = fsutil::PwriteFull(l->fd(), buf, len, off);
+  if (rc != 0) return rc;
+  // Start writeback now: FinishRebuild's fdatasync runs while the engine holds I/O off,
+  // so it should find little left to write. Advisory; errors surface at that fdatasync.
+  (void)::sync_file_range(l->fd(), static_cast<off_t>(off), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE);
+  const uint64_t b0 = off / kBlock, b1 = (off + len) / kBlock;
+  if (l == head_) {
+    std::unique_lock<RwLock> maps(map_mu_);
+    head_->extents().Set(b0, b1, head_->num());
+    return 0;
+  }
+  // The file holds the data before the maps say so (as on the data path).
+  const std::vector<Layer*> chain = ChainBelowHead();
+  const bool in_chain = std::find(chain.begin(), chain.end(), l) != chain.end();
+  std::unique_lock<RwLock> maps(map_mu_);
+  l->extents().Set(b0, b1, l->num());
+  if (in_chain) RecomputeBaseLocked(chain, b0, b1);
+  return 0;
+}
+
+int Replica::UnmapLayer(const std::string& layer_id, uint64_t off, uint64_t len) {
+  std::shared_lock<RwLock> io(io_mu_);
+  int rc = CheckRebuildOp(off, len);
+  if (rc != 0) return rc;
+  Layer* l = FindLayer(layer_id);
+  if (!l) return -ENOENT;
+  if (len == 0) return 0;
+  const uint64_t b0 = off / kBlock, b1 = (off + len) / kBlock;
+  std::vector<ExtentMap::Interval> owned;
+  {
+    std::shared_lock<RwLock> maps(map_mu_);
+    l->extents().ForEach(b0, b1, [&](const ExtentMap::Interval& iv) { owned.push_back(iv); });
+  }
+  if (owned.empty()) return 0;
+  for (const auto& iv : owned) {
+    rc = fsutil::PunchHole(l->fd(), iv.start * kBlock, (iv.end - iv.start) * kBlock);
+    if (rc != 0) return rc;
+  }
+  if (l == head_) {
+    std::unique_lock<RwLock> maps(map_mu_);
+    head_->extents().Erase(b0, b1);
+    return 0;
+  }
+  const std::vector<Layer*> chain = ChainBelowHead();
+  const bool in_chain = std::find(chain.begin(), chain.end(), l) != chain.end();
+  std::unique_lock<RwLock> maps(map_mu_);
+  l->extents().Erase(b0, b1);
+  if (in_chain) RecomputeBaseLocked(chain, b0, b1);
+  return 0;
+}
 
 Status Replica::FinishRebuild() {
-  return Status::Error(Code::kUnsupported, "replica " + dir_ + ": FinishRebuild is not implemented yet");
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  // Shared: the syncs must not stop the data path (the engine keeps writing to its WO
+  // target until it makes it RW).
+  std::shared_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  if (!rebuilding_.load()) return Status::Ok();
+  // Every layer may have been written by WriteLayer; all must be durable before the flag
+  // that says "this replica may be incomplete" goes.
+  for (const auto& kv : layers_) {
+    int rc = fsutil::FdataSync(kv.second->fd());
+    if (rc != 0) return Status::FromErrno(rc, "flush " + kv.second->path() + ": " + ErrText(rc));
+  }
+  std::lock_guard<std::mutex> g(meta_mu_);
+  ReplicaMetadata m = meta_;
+  m.rebuilding = false;
+  s = m.Save(dir_);
+  if (!s.ok()) return s;
+  meta_ = std::move(m);
+  rebuilding_ = false;
+  return Status::Ok();
 }
 
 }  // namespace mooring

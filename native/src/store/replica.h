@@ -31,6 +31,15 @@
 
 namespace mooring {
 
+// What Replica::Inspect reads from a replica directory without opening it.
+struct ReplicaInfo {
+  uint64_t size_bytes = 0;
+  uint64_t epoch = 0;
+  bool clean = false;
+  bool rebuilding = false;
+  uint64_t allocated_bytes = 0;  // sum of st_blocks * 512 over the layer files
+};
+
 class Replica : public ReplicaBackend {
  public:
   static constexpr uint32_t kBlockSize = 4096;
@@ -39,6 +48,10 @@ class Replica : public ReplicaBackend {
   static Status Create(const std::string& dir, uint64_t size_bytes);
   // Opens an existing replica. Damaged or hostile metadata -> Code::kCorrupt, never a crash.
   static Status Open(const std::string& dir, std::unique_ptr<Replica>* out);
+  // Reads a replica's metadata and layer file sizes without taking its lock, so it works
+  // while the replica is open (here or in another process): replica.json is only ever
+  // replaced by rename, so the read sees a whole old or whole new file.
+  static Status Inspect(const std::string& dir, ReplicaInfo* out);
 
   ~Replica() override;
   Replica(const Replica&) = delete;
@@ -133,6 +146,15 @@ class Replica : public ReplicaBackend {
   Status Collect();
   void RebuildBase();
   Layer* FindLayer(const std::string& id) const;
+
+  // --- rebuild helpers ---
+  // The layers the head reads through, nearest first (head excluded). Caller holds io_mu_.
+  std::vector<Layer*> ChainBelowHead();
+  // Recomputes base_ over blocks [b0, b1) from the per-layer sets after a rebuild op
+  // changed a layer below the head. Caller holds map_mu_ exclusively.
+  void RecomputeBaseLocked(const std::vector<Layer*>& chain, uint64_t b0, uint64_t b1);
+  // Common checks of WriteLayer/UnmapLayer: rebuilding, open, whole blocks, in range.
+  int CheckRebuildOp(uint64_t off, uint64_t len) const;
 
   const std::string dir_;
   uint64_t size_ = 0;

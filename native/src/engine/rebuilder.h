@@ -1,0 +1,72 @@
+// Rebuilder: the copy loop of a rebuild (Engine::AddReplica; docs/rebuild.md).
+//
+// Makes one layer of a rebuild target equal to the same layer of a RW source. It walks
+// the union of both sides' allocated extents of that layer in windows of
+// kMaxDigestRangeBytes, asks both sides for per-unit digests (LayerDigest: which blocks
+// of each 64 KiB unit the layer holds, and SHA-256 of them), and for each unit that
+// differs sends the source's blocks (ReadLayer -> WriteLayer) and unmaps the target's
+// blocks the source does not hold. Units that match are not sent, so a replica that comes
+// back after missing some writes receives only what changed, at 64 KiB granularity.
+//
+// Foreground writes reach the target too (it is WO), so the head layer changes under the
+// copy: each head window is compared and copied while the engine's RangeLock holds that
+// window, so a foreground write to it lands wholly before or wholly after the copy.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "block/replica-backend.h"
+#include "engine/engine.h"
+#include "engine/range-lock.h"
+
+namespace mooring {
+
+class Rebuilder {
+ public:
+  // Window of one compare step; also the size of the copy buffer.
+  static constexpr uint64_t kWindowBytes = kMaxDigestRangeBytes;
+
+  struct Hooks {
+    RangeLock* ranges = nullptr;  // the engine's: held for each head-layer window
+    // Called for every window (after the range lock): 0 to go on, or a negative errno that
+    // stops the copy (rebuild stopped, or the target failed on the data path).
+    std::function<int()> check;
+    // Called for every window (after the range lock): false once the source is no longer
+    // RW, from when it may miss writes, so nothing more may be copied from it.
+    std::function<bool()> source_ok;
+    // Called after every window with the running totals.
+    std::function<void(const RebuildResult&)> on_progress;
+  };
+
+  Rebuilder(ReplicaBackend* target, Hooks hooks);
+
+  // Allocated bytes of the union of source and target extents of a layer (bytes to scan).
+  // Sets *source_failed when the error came from the source.
+  int UnionBytes(ReplicaBackend* source, const std::string& layer_id, uint64_t* out, bool* source_failed);
+
+  // Copies one layer. Returns 0 or a negative errno; *source_failed tells whether the
+  // source failed (or stopped being RW) rather than the target or a stop request.
+  int CopyLayer(ReplicaBackend* source, const LayerInfo& layer, bool* source_failed);
+
+  // Running totals (scanned, sent, unmapped); the engine adds the duration.
+  const RebuildResult& totals() const { return totals_; }
+
+ private:
+  int LoadUnion(ReplicaBackend* source, const std::string& layer_id, std::vector<Range>* src,
+                std::vector<Range>* all, bool* source_failed);
+  int CopyWindow(ReplicaBackend* source, const std::string& id, bool head, uint64_t off, uint64_t len,
+                 const std::vector<Range>& src, bool* source_failed);
+  // Sends source blocks [off, off+len) of layer `id` to the target.
+  int Send(ReplicaBackend* source, const std::string& id, uint64_t off, uint64_t len, bool* source_failed);
+
+  ReplicaBackend* target_;
+  Hooks hooks_;
+  RebuildResult totals_;
+  std::vector<uint8_t> buf_;
+};
+
+}  // namespace mooring
