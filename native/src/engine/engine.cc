@@ -631,12 +631,16 @@ Status ReplicatedEngine::Open() {
     if (!ids.insert(s->id).second)
       return Status::Error(Code::kInvalidArgument, "replica " + s->id + " is listed twice");
   }
-  size_ = slots_[0]->backend->size();
+  // A replica that could not be reached (MakeOfflineReplica) reports size 0: it takes no
+  // part in the size check and opens as ERR.
+  size_ = 0;
+  size_t sized = 0;
+  for (size_t i = 0; i < slots_.size() && size_ == 0; ++i) size_ = slots_[sized = i]->backend->size();
   for (const auto& s : slots_) {
-    if (s->backend->size() != size_)
+    if (s->backend->size() != size_ && s->backend->size() != 0)
       return Status::Error(Code::kInvalidArgument, "replica " + s->id + " has size " +
                                                        std::to_string(s->backend->size()) + ", " +
-                                                       slots_[0]->id + " has " + std::to_string(size_));
+                                                       slots_[sized]->id + " has " + std::to_string(size_));
   }
 
   Events ev;
@@ -645,7 +649,9 @@ Status ReplicatedEngine::Open() {
   for (const auto& s : slots_) max_epoch = std::max(max_epoch, s->backend->epoch());
   for (size_t i = 0; i < slots_.size(); ++i) {
     const uint64_t e = slots_[i]->backend->epoch();
-    if (slots_[i]->backend->rebuilding()) {
+    if (slots_[i]->backend->size() == 0) {
+      MarkErr(i, -ENOTCONN, "replica " + slots_[i]->id + " is unreachable", &ev);
+    } else if (slots_[i]->backend->rebuilding()) {
       // Invariant 3: a rebuild that did not finish may have left any part of it uncopied.
       MarkErr(i, -EIO, "replica " + slots_[i]->id + " was left in the middle of a rebuild: it must be rebuilt again",
               &ev);
