@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,19 @@ class ReplicaBackend {
   // than epoch().
   virtual int Read(uint64_t off, uint32_t len, uint8_t* buf) = 0;
   virtual int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) = 0;
+  // Split-phase Write, so an engine can have a write in flight on every replica at once:
+  // StartWrite begins it (`buf` must stay valid until FinishWrite returns), FinishWrite
+  // waits for it and returns what Write would have. Every StartWrite is paired with one
+  // FinishWrite on the same PendingWrite. By default StartWrite does the whole Write
+  // (a local replica completes in the page cache at once); a remote one only sends it.
+  struct PendingWrite {
+    int rc = 0;
+    std::vector<std::shared_ptr<void>> calls;  // backend-specific in-flight state
+  };
+  virtual void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingWrite* p) {
+    p->rc = Write(epoch, off, len, buf, fua);
+  }
+  virtual int FinishWrite(PendingWrite* p) { return p->rc; }
   virtual int Trim(uint64_t epoch, uint64_t off, uint64_t len) = 0;
   virtual int WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) = 0;
   virtual int Flush() = 0;

@@ -382,22 +382,34 @@ int RemoteReplica::Read(uint64_t off, uint32_t len, uint8_t* buf) {
 }
 
 int RemoteReplica::Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) {
-  std::vector<CallPtr> calls;
-  int rc = 0;
-  for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
+  PendingWrite p;
+  StartWrite(epoch, off, len, buf, fua, &p);
+  return FinishWrite(&p);
+}
+
+void RemoteReplica::StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingWrite* p) {
+  p->rc = 0;
+  p->calls.clear();
+  for (uint64_t done = 0; done < len || (len == 0 && p->calls.empty()); done += max_io_) {
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
     CallPtr c = NewCall(kOpWrite, epoch, off + done, n, fua ? kFlagFua : 0);
     c->payload.assign(buf + done, buf + done + n);
-    rc = Submit(c);
-    if (rc < 0) break;
-    calls.push_back(c);
+    p->rc = Submit(c);
+    if (p->rc < 0) break;
+    p->calls.push_back(c);
     if (len == 0) break;
   }
-  for (const CallPtr& c : calls) {
+}
+
+int RemoteReplica::FinishWrite(PendingWrite* p) {
+  int rc = p->rc;
+  for (const std::shared_ptr<void>& v : p->calls) {
+    const CallPtr c = std::static_pointer_cast<Call>(v);
     Wait(c);
     int r = c->fail_errno ? -c->fail_errno : -ErrnoOfReply(c->reply);
     if (rc == 0) rc = r;
   }
+  p->calls.clear();
   return rc;
 }
 

@@ -59,6 +59,8 @@ class RemoteReplica final : public ReplicaBackend {
   Status MarkClean(uint64_t epoch) override;
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override;
   int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
+  void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingWrite* p) override;
+  int FinishWrite(PendingWrite* p) override;
   int Trim(uint64_t epoch, uint64_t off, uint64_t len) override;
   int WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) override;
   int Flush() override;
