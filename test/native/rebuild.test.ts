@@ -200,6 +200,9 @@ describe('rebuild (addReplica) over real replicas', () => {
     // Let the writers get going before the target joins.
     await new Promise((r) => setTimeout(r, 50));
     rebuilding = true;
+    // A snapshot while the copy runs: the head being copied freezes, writers continue in a
+    // new head that the next pass copies.
+    const midSnapshot = run.next('rebuild-started').then(() => e.snapshot('mid', {}, true));
     result = await e
       .addReplica(r2!)
       .catch((err: unknown) => {
@@ -210,6 +213,8 @@ describe('rebuild (addReplica) over real replicas', () => {
         rebuilding = false;
       });
     await Promise.all(writers);
+    await midSnapshot;
+    expect((await e.listSnapshots()).map((l) => l.name)).toEqual(['base', 'mid', '']);
     expect(opsDuringRebuild, 'foreground operations completed while the rebuild ran').toBeGreaterThan(0);
     expect(run.mode(r2!)).toBe('RW');
     expect(e.replicas().map((x) => x.mode)).toEqual(['RW', 'RW', 'RW']);

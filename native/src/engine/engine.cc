@@ -887,7 +887,14 @@ Status ReplicatedEngine::RunRebuild(Slot* slot, RebuildResult* res, uint64_t* to
     if (!PickSource(&source_slot, &source))
       return Status::Error(Code::kNoHealthyReplica, "no RW replica left to rebuild " + slot->id + " from");
     std::vector<LayerInfo> layers;
-    Status st = source->ListLayers(&layers);
+    Status st;
+    {
+      // Shared gate: a snapshot applies to the RW replicas and then to the target under
+      // the exclusive gate, so a listing taken between the two would name a layer the
+      // target does not have yet.
+      std::shared_lock<RwLock> g(gate_);
+      st = source->ListLayers(&layers);
+    }
     if (!st.ok()) {
       if (!source_failed(ErrnoOf(st))) return Status::Error(st.code, "rebuild source " + source_slot->id + ": " + st.message, st.sys_errno);
       continue;

@@ -20,6 +20,10 @@
 //   on every call returns -ESTALE / Code::kStaleEpoch.
 // - Replica failures that do not mark ERR: -EINVAL, -ENOTSUP, -EOVERFLOW (they describe
 //   the request) and, on the control path, refusals such as kAlreadyExists/kNotFound.
+// - A WO replica (rebuild target, AddReplica) gets every write, trim, write-zeroes and
+//   snapshot after the RW replicas, never a read, flush or FUA; its failure marks it ERR
+//   and fails its rebuild, never the request. Start opens a replica whose rebuild did not
+//   finish (rebuilding()) as ERR (invariant 3). docs/rebuild.md has the details.
 #pragma once
 
 #include <atomic>
@@ -120,14 +124,16 @@ class Engine : public BlockDevice {
   virtual Status Revert(const std::string& name) = 0;
 
   // Rebuild (engine/rebuilder.cc). Blocks for the whole copy: call from a worker thread.
-  // Adds `target` write-only (it gets every write from now on, widened to whole 4 KiB
-  // blocks, and no reads), makes its layer list equal to a RW replica's (AdoptChain),
+  // Adds `target` write-only (it gets every mutation from now on and no reads; unaligned
+  // ones are not widened: see docs/rebuild.md), makes its layer list equal to a RW replica's (AdoptChain),
   // copies what it lacks layer by layer, bottom first — units whose digests already match
   // are not sent — then flushes, clears its rebuilding flag and makes it RW. Foreground
   // I/O continues throughout; snapshot delete and revert are refused (kBusy) meanwhile.
   // If `target`'s id is already a slot (an ERR replica coming back), that slot is reused.
-  // Fails with kInvalidState if no RW replica exists or the slot is RW/WO already, kBusy
-  // if another rebuild runs on this engine, or the target's error (then it is ERR).
+  // Fails with kNoHealthyReplica if no RW replica exists, kInvalidState if the slot is
+  // RW/WO already, kOutOfRange beyond 16 replicas, kBusy if another rebuild runs on this
+  // engine, kClosed if stopped by RemoveReplica/Shutdown, or the target's error (then it
+  // is ERR). `target` is always consumed: closed if it could not be added.
   virtual Status AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) = 0;
   // Removes a replica that is not RW (ERR, or WO: that aborts its rebuild) and closes it.
   // kInvalidState for a RW replica; kNotFound for an unknown id.
