@@ -848,6 +848,7 @@ Status ReplicatedEngine::RunRebuild(Slot* slot, RebuildResult* res, uint64_t* to
   hooks.ranges = &ranges_;
   hooks.check = [&] { return RebuildCheck(slot); };
   hooks.source_ok = [&] { return source_slot->mode.load() == ReplicaMode::kRW; };
+  hooks.epoch = [this] { return epoch_.load(); };
   hooks.on_progress = [&](const RebuildResult& r) {
     if (r.scanned_bytes < next_progress) return;
     EmitRebuild(EngineEvent::Type::kRebuildProgress, slot->id, r, *total);

@@ -138,7 +138,7 @@ int Rebuilder::CopyWindow(ReplicaBackend* source, const std::string& id, bool he
     if (rc < 0) return rc;
   }
   for (const Range& r : unmap) {
-    int rc = target_->UnmapLayer(id, r.off, r.len);
+    int rc = WithEpoch([&](uint64_t e) { return target_->UnmapLayer(e, id, r.off, r.len); });
     if (rc < 0) return rc;
     totals_.unmapped_bytes += r.len;
   }
@@ -153,7 +153,7 @@ int Rebuilder::Send(ReplicaBackend* source, const std::string& id, uint64_t off,
       *source_failed = true;
       return rc;
     }
-    rc = target_->WriteLayer(id, off + done, n, buf_.data());
+    rc = WithEpoch([&](uint64_t e) { return target_->WriteLayer(e, id, off + done, n, buf_.data()); });
     if (rc < 0) return rc;
     totals_.sent_bytes += n;
     done += n;

@@ -2,11 +2,11 @@
 //
 // Makes one layer of a rebuild target equal to the same layer of a RW source. It walks
 // the union of both sides' allocated extents of that layer in windows of
-// kMaxDigestRangeBytes, asks both sides for per-unit digests (LayerDigest: which blocks
-// of each 64 KiB unit the layer holds, and SHA-256 of them), and for each unit that
-// differs sends the source's blocks (ReadLayer -> WriteLayer) and unmaps the target's
-// blocks the source does not hold. Units that match are not sent, so a replica that comes
-// back after missing some writes receives only what changed, at 64 KiB granularity.
+// kMaxDigestRangeBytes, asks both sides for per-unit digests (LayerDigest: whether the
+// layer holds each 4 KiB block, and SHA-256 of it), and for each unit that differs sends
+// the source's blocks (ReadLayer -> WriteLayer) and unmaps the target's blocks the source
+// does not hold. Units that match are not sent, so a replica that comes back after
+// missing some writes receives only the blocks that changed.
 //
 // Foreground writes reach the target too (it is WO), so the head layer changes under the
 // copy: each head window is compared and copied while the engine's RangeLock holds that
@@ -40,6 +40,9 @@ class Rebuilder {
     std::function<bool()> source_ok;
     // Called after every window with the running totals.
     std::function<void(const RebuildResult&)> on_progress;
+    // The engine's current epoch, carried by every write to the target (a fence during the
+    // rebuild raises it; an engine fenced by a newer one is refused by the target).
+    std::function<uint64_t()> epoch;
   };
 
   Rebuilder(ReplicaBackend* target, Hooks hooks);
@@ -62,6 +65,16 @@ class Rebuilder {
                  const std::vector<Range>& src, bool* source_failed);
   // Sends source blocks [off, off+len) of layer `id` to the target.
   int Send(ReplicaBackend* source, const std::string& id, uint64_t off, uint64_t len, bool* source_failed);
+
+  // Runs a target write with the engine's epoch; if the target refuses it as stale while
+  // the engine's epoch moved on (a fence claimed epoch + 1 in between), once more.
+  template <typename Op>
+  int WithEpoch(Op op) {
+    const uint64_t e = hooks_.epoch ? hooks_.epoch() : 0;
+    int rc = op(e);
+    if (rc == -kErrStaleEpoch && hooks_.epoch && hooks_.epoch() != e) rc = op(hooks_.epoch());
+    return rc;
+  }
 
   ReplicaBackend* target_;
   Hooks hooks_;

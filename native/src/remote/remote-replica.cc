@@ -566,13 +566,13 @@ Status RemoteReplica::LayerDigest(const std::string& layer_id, uint64_t off, uin
   return Status::Ok();
 }
 
-int RemoteReplica::WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
+int RemoteReplica::WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
   if (layer_id.size() > kMaxWireStringBytes) return -EINVAL;
   std::vector<CallPtr> calls;
   int rc = 0;
   for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
-    CallPtr c = NewCall(kOpWriteLayer, 0, off + done, n);
+    CallPtr c = NewCall(kOpWriteLayer, epoch, off + done, n);
     PayloadWriter w(&c->payload);
     w.Str(layer_id);
     w.Bytes(buf + done, n);
@@ -589,9 +589,9 @@ int RemoteReplica::WriteLayer(const std::string& layer_id, uint64_t off, uint32_
   return rc;
 }
 
-int RemoteReplica::UnmapLayer(const std::string& layer_id, uint64_t off, uint64_t len) {
+int RemoteReplica::UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) {
   if (layer_id.size() > kMaxWireStringBytes) return -EINVAL;
-  CallPtr c = NewCall(kOpUnmapLayer, 0, off, len);
+  CallPtr c = NewCall(kOpUnmapLayer, epoch, off, len);
   PayloadWriter(&c->payload).Str(layer_id);
   return Run(c);
 }

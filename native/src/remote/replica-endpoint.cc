@@ -36,8 +36,8 @@ class OfflineReplica final : public ReplicaBackend {
   Status Revert(const std::string&, int64_t) override { return Down(); }
   Status AdoptChain(const std::vector<LayerInfo>&, uint64_t) override { return Down(); }
   Status LayerDigest(const std::string&, uint64_t, uint64_t, std::vector<UnitDigest>*) override { return Down(); }
-  int WriteLayer(const std::string&, uint64_t, uint32_t, const uint8_t*) override { return -ENOTCONN; }
-  int UnmapLayer(const std::string&, uint64_t, uint64_t) override { return -ENOTCONN; }
+  int WriteLayer(uint64_t, const std::string&, uint64_t, uint32_t, const uint8_t*) override { return -ENOTCONN; }
+  int UnmapLayer(uint64_t, const std::string&, uint64_t, uint64_t) override { return -ENOTCONN; }
   Status FinishRebuild() override { return Down(); }
   uint64_t AllocatedBytes() override { return 0; }
   Status Close() override { return Status::Ok(); }

@@ -498,14 +498,14 @@ void ReplicaServerConnection::Dispatch(Request* r) {
       if (!io_len(h.length)) return;
       if (in.left() != h.length) return bad("length and data length differ");
       const uint8_t* data = in.Take(in.left());
-      int rc = h.length ? rep->WriteLayer(id, h.offset, static_cast<uint32_t>(h.length), data) : 0;
+      int rc = h.length ? rep->WriteLayer(h.epoch, id, h.offset, static_cast<uint32_t>(h.length), data) : 0;
       if (rc == 0) ctx_->bytes_written.fetch_add(h.length, std::memory_order_relaxed);
       return SetRc(r, rc);
     }
     case kOpUnmapLayer: {
       std::string id = in.Str();
       if (!finished()) return;
-      return SetRc(r, rep->UnmapLayer(id, h.offset, h.length));
+      return SetRc(r, rep->UnmapLayer(h.epoch, id, h.offset, h.length));
     }
     case kOpFinishRebuild:
       if (!no_payload()) return;

@@ -50,11 +50,11 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   Status LayerDigest(const std::string& id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) override {
     return Live() ? r_->LayerDigest(id, off, len, out) : Closed();
   }
-  int WriteLayer(const std::string& id, uint64_t off, uint32_t len, const uint8_t* buf) override {
-    return Live() ? r_->WriteLayer(id, off, len, buf) : -EBADF;
+  int WriteLayer(uint64_t e, const std::string& id, uint64_t off, uint32_t len, const uint8_t* buf) override {
+    return Live() ? r_->WriteLayer(e, id, off, len, buf) : -EBADF;
   }
-  int UnmapLayer(const std::string& id, uint64_t off, uint64_t len) override {
-    return Live() ? r_->UnmapLayer(id, off, len) : -EBADF;
+  int UnmapLayer(uint64_t e, const std::string& id, uint64_t off, uint64_t len) override {
+    return Live() ? r_->UnmapLayer(e, id, off, len) : -EBADF;
   }
   Status FinishRebuild() override { return Live() ? r_->FinishRebuild() : Closed(); }
   uint64_t AllocatedBytes() override { return Live() ? r_->AllocatedBytes() : 0; }

@@ -984,9 +984,12 @@ void Replica::RecomputeBaseLocked(const std::vector<Layer*>& chain, uint64_t b0,
     (*it)->extents().ForEach(b0, b1, [&](const ExtentMap::Interval& iv) { base_.Set(iv.start, iv.end, iv.value); });
 }
 
-int Replica::CheckRebuildOp(uint64_t off, uint64_t len) const {
+int Replica::CheckRebuildOp(uint64_t epoch, uint64_t off, uint64_t len) const {
   if (!InRange(off, len, size_) || off % kBlock != 0 || len % kBlock != 0) return -EINVAL;
   if (closed_.load()) return -EBADF;
+  // Checked under io_mu_ (shared), which ClaimEpoch/AdoptChain hold exclusively: no
+  // rebuild write of an older engine can land after a newer one took the replica.
+  if (epoch < epoch_.load()) return -kErrStaleEpoch;
   // Writing below the head of a replica that serves reads would change what it returns.
   if (!rebuilding_.load()) return -EPERM;
   return 0;
@@ -1153,10 +1156,10 @@ Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t 
   return Status::Ok();
 }
 
-int Replica::WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
+int Replica::WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
   if (len > 0 && !buf) return -EINVAL;
   std::shared_lock<RwLock> io(io_mu_);
-  int rc = CheckRebuildOp(off, len);
+  int rc = CheckRebuildOp(epoch, off, len);
   if (rc != 0) return rc;
   Layer* l = FindLayer(layer_id);
   if (!l) return -ENOENT;
@@ -1181,9 +1184,9 @@ int Replica::WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len,
   return 0;
 }
 
-int Replica::UnmapLayer(const std::string& layer_id, uint64_t off, uint64_t len) {
+int Replica::UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) {
   std::shared_lock<RwLock> io(io_mu_);
-  int rc = CheckRebuildOp(off, len);
+  int rc = CheckRebuildOp(epoch, off, len);
   if (rc != 0) return rc;
   Layer* l = FindLayer(layer_id);
   if (!l) return -ENOENT;

@@ -86,8 +86,8 @@ class Replica : public ReplicaBackend {
   Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) override;
   Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len,
                      std::vector<UnitDigest>* out) override;
-  int WriteLayer(const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) override;
-  int UnmapLayer(const std::string& layer_id, uint64_t off, uint64_t len) override;
+  int WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) override;
+  int UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) override;
   Status FinishRebuild() override;
 
   uint64_t AllocatedBytes() override;
@@ -154,7 +154,7 @@ class Replica : public ReplicaBackend {
   // changed a layer below the head. Caller holds map_mu_ exclusively.
   void RecomputeBaseLocked(const std::vector<Layer*>& chain, uint64_t b0, uint64_t b1);
   // Common checks of WriteLayer/UnmapLayer: rebuilding, open, whole blocks, in range.
-  int CheckRebuildOp(uint64_t off, uint64_t len) const;
+  int CheckRebuildOp(uint64_t epoch, uint64_t off, uint64_t len) const;
 
   const std::string dir_;
   uint64_t size_ = 0;
