@@ -234,6 +234,9 @@ export class LocalDataEngine implements DataEngine {
       await claimDirectory(dir, hostId);
       let replicaAddress: TcpAddress | null = null;
       if (listenAddress) {
+        if (typeof addon.startReplicaServer !== 'function') {
+          throw new MooringError('UNSUPPORTED', 'this build of the native addon has no replica server; start the data engine with replicaListen: null (--replica-listen none)');
+        }
         server = await callNative(
           () =>
             addon.startReplicaServer({
