@@ -280,7 +280,8 @@ describe('LocalDataEngine', () => {
     });
 
     it('does not repair when repair is disabled', async () => {
-      const a = await start('a', { repair: { enabled: false } });
+      // Short delays, so that an enabled supervisor would have acted within the wait below.
+      const a = await start('a', { repair: { enabled: false, firstRetryMs: 10, maxRetryMs: 10 } });
       const b = await start('b');
       await a.createReplica('v-r0', MiB);
       await b.createReplica('v-r1', MiB);
@@ -288,7 +289,7 @@ describe('LocalDataEngine', () => {
       await b.close();
       const log = new EventLog(a);
       await a.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'a', name: 'v-r0', address: null }, { id: 'r1', hostId: 'b', name: 'v-r1', address }] });
-      await new Promise((r) => setTimeout(r, 50));
+      await new Promise((r) => setTimeout(r, 100));
       expect(log.of('repair-scheduled')).toEqual([]);
       expect(addon.engine.rebuilds).toEqual([]);
     });
@@ -312,7 +313,13 @@ describe('LocalDataEngine', () => {
         adds.push(add);
       }
       await log.next(() => log.of('rebuild-started').length === 2);
-      // Let any third rebuild that would wrongly start get there.
+      // Every addReplica has registered its replica (the third is queued, not running)...
+      for (let i = 0; i < 1000; i++) {
+        const infos = await a.listEngines();
+        if (infos.every((e) => e.replicas.length === 2)) break;
+        await new Promise((r) => setImmediate(r));
+      }
+      // ...and any third rebuild that would wrongly start has had time to get there.
       for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r));
       expect(addon.rebuildsRunning).toBe(2);
       expect(started).toHaveLength(2);
