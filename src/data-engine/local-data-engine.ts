@@ -8,7 +8,7 @@
 import { mkdir, readdir, rm } from 'node:fs/promises';
 import { isAbsolute, join, resolve } from 'node:path';
 
-import { MooringError, callNative, toMooringError } from '../errors.js';
+import { MooringError, callNative, codeFromErrno, toMooringError } from '../errors.js';
 import { Engine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent } from '../engine/engine.js';
 import type { NativeAddon, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
 import { loadAddon, packageVersion } from '../native/load.js';
@@ -400,7 +400,10 @@ export class LocalDataEngine implements DataEngine {
       }
       this.#engines.set(volume, slot);
       for (const r of engine.replicas()) {
-        if (r.mode === 'ERR') this.#scheduleRepair(slot, r.id, 'UNAVAILABLE', `replica ${r.id} is ERR at engine start (errno ${r.lastErrno})`);
+        if (r.mode !== 'ERR') continue;
+        // Unreachable (an errno) or out of date (fenced by a newer epoch, no errno).
+        const code = r.lastErrno !== 0 ? codeFromErrno(r.lastErrno) : 'INVALID_STATE';
+        this.#scheduleRepair(slot, r.id, code, `replica ${r.id} is ERR at engine start${r.lastErrno !== 0 ? ` (errno ${r.lastErrno})` : ' (out of date)'}`);
       }
       return this.#engineInfo(slot);
     } finally {
