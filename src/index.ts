@@ -37,6 +37,9 @@ export type {
   EngineReplicaSpec,
   EpochClaimedEvent,
   Extent,
+  RebuildEvent,
+  RebuildFailedEvent,
+  RebuildResult,
   LayerInfo,
   LifecycleState,
   ReconciledEvent,
@@ -52,6 +55,33 @@ export { NbdExport, NBD_LIMITS } from './nbd/nbd-export.js';
 export type { NbdExportEvents, NbdExportOptions, NbdExportStats } from './nbd/nbd-export.js';
 export { formatNbdAddress, nbdUri, parseNbdAddress } from './nbd/nbd-address.js';
 export type { NbdAddress } from './nbd/nbd-address.js';
+
+// --- many hosts: data engines, gRPC, state store ---
+export { LocalDataEngine, DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, DATA_ENGINE_FILE, DATA_ENGINE_LOCK_FILE, DATA_ENGINE_REPLICAS_SUBDIR } from './data-engine/local-data-engine.js';
+export type { LocalDataEngineOptions, DataEngineRepairOptions } from './data-engine/local-data-engine.js';
+export type {
+  DataEngine,
+  DataEngineEvent,
+  DataEngineInfo,
+  EngineInfo,
+  EngineReplicaInfo,
+  EngineReplicaRef,
+  EngineStartOptions,
+  HostedReplicaInfo,
+  RebuildProgress,
+  RebuildResult as DataEngineRebuildResult,
+} from './data-engine/data-engine.js';
+export type { DataEngineTlsOptions } from './data-engine/addresses.js';
+export { DataEngineGrpcServer, GRPC_LIMITS } from './data-engine/grpc/data-engine-grpc-server.js';
+export type { DataEngineGrpcServerOptions } from './data-engine/grpc/data-engine-grpc-server.js';
+export { RemoteDataEngine, REMOTE_DATA_ENGINE_DEFAULTS } from './data-engine/grpc/remote-data-engine.js';
+export type { RemoteDataEngineOptions } from './data-engine/grpc/remote-data-engine.js';
+export { DATA_ENGINE_PROTO, DATA_ENGINE_SERVICE } from './data-engine/grpc/data-engine-proto.js';
+export type { StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
+export { FileStateStore, STATE_LOCK_FILE } from './state/file-state-store.js';
+export type { FileStateStoreOptions } from './state/file-state-store.js';
+export { MemoryStateStore } from './state/memory-state-store.js';
+export { STATE_DOCUMENT_BYTES_MAX, STATE_KIND_PATTERN } from './state/state-keys.js';
 
 export { formatBytes, parseSize } from './util/size.js';
 export * as limits from './util/limits.js';
@@ -70,4 +100,7 @@ export type {
   NativeReplicaMode,
   NativeReplicaState,
   NativeWriteZeroesOptions,
+  NativeRemoteReplica,
+  NativeReplicaEndpoint,
+  NativeTlsOptions,
 } from './native/binding.js';

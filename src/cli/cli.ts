@@ -3,6 +3,7 @@ import { packageVersion } from '../native/load.js';
 import { runBenchCommand } from './bench.js';
 import { UsageError, reportError, type CliContext } from './common.js';
 import { runCreate } from './create.js';
+import { runDataEngine } from './data-engine.js';
 import { runInfo } from './info.js';
 import { runServe } from './serve.js';
 import { runSnapshot } from './snapshot.js';
@@ -18,6 +19,7 @@ Commands:
   info       show a volume's size, replicas, epoch and snapshots
   snapshot   create, list, delete or revert snapshots
   bench      benchmark Mooring against qemu-nbd and the raw disk (needs fio, qemu-nbd)
+  data-engine  run this host's data engine (replicas, engines) as a process, served over gRPC
 
 Run 'mooring <command> --help' for a command's options.
   --version  print the version
@@ -32,6 +34,7 @@ const COMMANDS: Record<string, (argv: string[], ctx: CliContext) => Promise<numb
   info: runInfo,
   snapshot: runSnapshot,
   bench: runBenchCommand,
+  'data-engine': runDataEngine,
 };
 
 /** Runs the CLI with `argv` (without node and script); resolves to the exit status. */

@@ -112,6 +112,8 @@ export type DataEngineEvent =
   | ({ type: 'rebuild-progress'; volume: string; replicaId: string } & RebuildProgress)
   | ({ type: 'rebuild-completed'; volume: string; replicaId: string } & RebuildProgress)
   | ({ type: 'rebuild-failed'; volume: string; replicaId: string; code: string; message: string } & RebuildProgress)
+  /** Self-repair: the replica is ERR (`code`/`message` say why, or why the last attempt failed); it is re-added after `delayMs`. */
+  | { type: 'repair-scheduled'; volume: string; replicaId: string; attempt: number; delayMs: number; code: string; message: string }
   | { type: 'engine-stopped'; volume: string };
 
 /** The per-host host of replicas and engines; see the module comment. */

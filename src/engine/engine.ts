@@ -16,6 +16,9 @@ import type {
   NativeEngineEvent,
   NativeExtent,
   NativeLayerInfo,
+  NativeRebuildResult,
+  NativeRemoteReplica,
+  NativeReplicaEndpoint,
   NativeReplicaMode,
   NativeReplicaState,
   NativeWriteZeroesOptions,
@@ -35,8 +38,10 @@ export type ReplicaMode = NativeReplicaMode;
 export interface EngineReplicaSpec {
   /** Stable id within the volume, e.g. `r0` ([A-Za-z0-9._-]{1,63}). */
   id: string;
-  /** Absolute path of the replica directory. */
-  path: string;
+  /** Absolute path of a local replica directory (give this or {@link EngineReplicaSpec.remote}). */
+  path?: string;
+  /** A replica on another host, reached through its replica server (give this or {@link EngineReplicaSpec.path}). */
+  remote?: NativeRemoteReplica;
   /**
    * Address of the replica server holding a remote replica (`host:port`). Reserved for
    * remote replicas (a later release); giving it today fails with UNSUPPORTED.
@@ -56,7 +61,7 @@ export interface EngineOptions {
 export interface ReplicaStatus {
   /** The replica's id (from {@link EngineReplicaSpec.id}). */
   id: string;
-  /** Where it lives. */
+  /** Where it lives: the directory, or `host:port/name` for a remote replica. */
   path: string;
   /** Current mode. */
   mode: ReplicaMode;
@@ -96,6 +101,31 @@ export interface ReconciledEvent {
   message: string;
 }
 
+/** Figures of a rebuild (see {@link Engine.addReplica}), carried by every rebuild event. */
+export interface RebuildEvent {
+  /** The replica being rebuilt. */
+  replicaId: string;
+  /** Data bytes written to it so far. */
+  sentBytes: number;
+  /** Allocated bytes compared so far. */
+  scannedBytes: number;
+  /** Allocated bytes to compare in all. */
+  totalBytes: number;
+}
+
+/** A rebuild ended without making its replica RW. */
+export interface RebuildFailedEvent extends RebuildEvent {
+  /** The errno (positive) of the failure. */
+  errno: number;
+  /** The error code that errno maps to. */
+  code: MooringErrorCode;
+  /** What failed, from the engine. */
+  message: string;
+}
+
+/** What {@link Engine.addReplica} did. */
+export type RebuildResult = NativeRebuildResult;
+
 /**
  * Events of an {@link Engine}. Events the native engine raises while it opens are collected
  * in {@link Engine.openEvents} when they arrive before `Engine.open` resolves; the native
@@ -108,6 +138,14 @@ export type EngineEvents = {
   'epoch-claimed': (event: EpochClaimedEvent) => void;
   /** Replicas were reconciled. */
   reconciled: (event: ReconciledEvent) => void;
+  /** A rebuild began: the replica is WO (written, not read). */
+  'rebuild-started': (event: RebuildEvent) => void;
+  /** A rebuild advanced. */
+  'rebuild-progress': (event: RebuildEvent) => void;
+  /** A rebuild finished: the replica is RW. */
+  'rebuild-completed': (event: RebuildEvent) => void;
+  /** A rebuild failed or was aborted: the replica is ERR or gone. */
+  'rebuild-failed': (event: RebuildFailedEvent) => void;
   /** The engine closed; every call after this rejects with CLOSED. */
   closed: () => void;
 };
@@ -116,7 +154,9 @@ export type EngineEvents = {
 export type EngineEvent =
   | ({ type: 'replica-error' } & ReplicaErrorEvent)
   | ({ type: 'epoch-claimed' } & EpochClaimedEvent)
-  | ({ type: 'reconciled' } & ReconciledEvent);
+  | ({ type: 'reconciled' } & ReconciledEvent)
+  | ({ type: 'rebuild-started' | 'rebuild-progress' | 'rebuild-completed' } & RebuildEvent)
+  | ({ type: 'rebuild-failed' } & RebuildFailedEvent);
 
 /** One run of the allocation map (NBD base:allocation). */
 export interface Extent {
@@ -159,28 +199,51 @@ export interface SnapshotOptions {
 /** Lifecycle state of an engine or volume. */
 export type LifecycleState = 'open' | 'closing' | 'closed';
 
-function checkReplicaSpecs(value: unknown): EngineReplicaSpec[] {
+// A replica spec once checked: `path` is what the native engine calls the replica (its
+// directory, or host:port/name for a remote one), `endpoint` what it is opened with.
+interface ResolvedReplica {
+  id: string;
+  path: string;
+  endpoint: NativeReplicaEndpoint;
+}
+
+function checkReplicaSpec(r: unknown, what: string): ResolvedReplica {
+  if (typeof r !== 'object' || r === null) throw new MooringError('INVALID_ARGUMENT', `${what} must be an object`);
+  const spec = r as Partial<EngineReplicaSpec>;
+  const id = checkName(`${what}.id`, spec.id);
+  if (spec.address !== undefined) {
+    throw new MooringError('UNSUPPORTED', `replica ${id}: address ${describe(spec.address)} is reserved; give a remote replica as \`remote\``);
+  }
+  if (spec.remote !== undefined) {
+    if (spec.path !== undefined) throw new MooringError('INVALID_ARGUMENT', `${what}: give path or remote, not both`);
+    const rem = spec.remote as Partial<NativeRemoteReplica> | null;
+    if (typeof rem !== 'object' || rem === null || typeof rem.host !== 'string' || rem.host.length === 0 || typeof rem.port !== 'number') {
+      throw new MooringError('INVALID_ARGUMENT', `${what}.remote must be {host, port, name, tls?, ioTimeoutMs?} (got ${describe(rem)})`);
+    }
+    const name = checkName(`${what}.remote.name`, rem.name);
+    // The native side checks port, TLS and timeout bounds; the id it reports is this.
+    return { id, path: `${rem.host}:${rem.port}/${name}`, endpoint: { ...(rem as NativeRemoteReplica) } };
+  }
+  if (typeof spec.path !== 'string' || !isAbsolute(spec.path) || spec.path.includes('\0')) {
+    throw new MooringError('INVALID_ARGUMENT', `${what}.path must be an absolute path (got ${describe(spec.path)})`);
+  }
+  const path = resolve(spec.path);
+  return { id, path, endpoint: path };
+}
+
+function checkReplicaSpecs(value: unknown): ResolvedReplica[] {
   if (!Array.isArray(value) || value.length < REPLICA_COUNT_MIN || value.length > REPLICA_COUNT_MAX) {
     throw new MooringError('INVALID_ARGUMENT', `replicas must be an array of ${REPLICA_COUNT_MIN}..${REPLICA_COUNT_MAX} replica specs (got ${describe(value)})`);
   }
   const ids = new Set<string>();
   const paths = new Set<string>();
   return value.map((r: unknown, i) => {
-    if (typeof r !== 'object' || r === null) throw new MooringError('INVALID_ARGUMENT', `replicas[${i}] must be an object`);
-    const spec = r as Partial<EngineReplicaSpec>;
-    const id = checkName(`replicas[${i}].id`, spec.id);
-    if (spec.address !== undefined) {
-      throw new MooringError('UNSUPPORTED', `replica ${id}: remote replicas (address ${describe(spec.address)}) are not supported yet`);
-    }
-    if (typeof spec.path !== 'string' || !isAbsolute(spec.path) || spec.path.includes('\0')) {
-      throw new MooringError('INVALID_ARGUMENT', `replicas[${i}].path must be an absolute path (got ${describe(spec.path)})`);
-    }
-    const path = resolve(spec.path);
-    if (ids.has(id)) throw new MooringError('INVALID_ARGUMENT', `replica id ${id} appears twice`);
-    if (paths.has(path)) throw new MooringError('INVALID_ARGUMENT', `replica path ${path} appears twice`);
-    ids.add(id);
-    paths.add(path);
-    return { id, path };
+    const spec = checkReplicaSpec(r, `replicas[${i}]`);
+    if (ids.has(spec.id)) throw new MooringError('INVALID_ARGUMENT', `replica id ${spec.id} appears twice`);
+    if (paths.has(spec.path)) throw new MooringError('INVALID_ARGUMENT', `replica path ${spec.path} appears twice`);
+    ids.add(spec.id);
+    paths.add(spec.path);
+    return spec;
   });
 }
 
@@ -218,14 +281,15 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
   /** Events that arrived while the engine opened (epoch claimed, reconcile, fenced replicas); later ones are emitted. */
   readonly openEvents: readonly EngineEvent[];
   readonly #native: NativeEngine;
-  readonly #specs: readonly EngineReplicaSpec[];
+  // Changes as replicas are added and removed (addReplica, removeReplica).
+  #specs: ResolvedReplica[];
   readonly #exports = new Set<NbdExport>();
   #state: LifecycleState = 'open';
   #inFlight = 0;
   #drained: (() => void) | undefined;
   #closing: Promise<void> | undefined;
 
-  private constructor(native: NativeEngine, specs: EngineReplicaSpec[], openEvents: EngineEvent[]) {
+  private constructor(native: NativeEngine, specs: ResolvedReplica[], openEvents: EngineEvent[]) {
     super();
     this.#native = native;
     this.#specs = specs;
@@ -251,14 +315,14 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
     let engine: Engine | undefined;
     const onEvents = (events: NativeEngineEvent[]): void => {
       for (const raw of events) {
-        const event = normalizeEvent(raw, specs);
+        const event = normalizeEvent(raw, engine ? engine.#specs : specs);
         if (event === undefined) continue;
         if (engine) engine.#dispatch(event);
         else early.push(event);
       }
     };
     const native = await callNative(
-      () => addon.openEngine({ replicas: specs.map((s) => s.path), onEvents }),
+      () => addon.openEngine({ replicas: specs.map((s) => s.endpoint), onEvents }),
       `opening engine over ${specs.map((s) => s.id).join(', ')}`,
     );
     engine = new Engine(native, specs, early);
@@ -383,6 +447,41 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
     });
   }
 
+  /**
+   * Rebuild: adds a replica (new, or an ERR one coming back under the same id) write-only,
+   * copies what it lacks and makes it RW; resolves when it is RW. Progress arrives as
+   * rebuild-* events. One rebuild per engine at a time (BUSY otherwise).
+   *
+   * @throws MooringError INVALID_ARGUMENT, INVALID_STATE (no RW replica, or it is RW/WO already), BUSY, UNAVAILABLE, ...
+   */
+  addReplica(spec: EngineReplicaSpec): Promise<RebuildResult> {
+    return this.#call('addReplica', async () => {
+      const resolved = checkReplicaSpec(spec, 'replica');
+      const clash = this.#specs.find((s) => s.id !== resolved.id && s.path === resolved.path);
+      if (clash) throw new MooringError('INVALID_ARGUMENT', `replica ${resolved.path} is already in the engine as ${clash.id}`);
+      // Known before the native call, so its rebuild events name it.
+      const at = this.#specs.findIndex((s) => s.id === resolved.id);
+      if (at >= 0) this.#specs[at] = resolved;
+      else this.#specs.push(resolved);
+      return this.#native.addReplica(resolved.endpoint);
+    });
+  }
+
+  /**
+   * Removes a replica that is not RW (aborting its rebuild if it is WO) and closes it.
+   *
+   * @throws MooringError NOT_FOUND, INVALID_STATE (it is RW)
+   */
+  removeReplica(id: string): Promise<void> {
+    return this.#call('removeReplica', async () => {
+      checkName('replica id', id);
+      const spec = this.#specs.find((s) => s.id === id);
+      if (!spec) throw new MooringError('NOT_FOUND', `replica ${id} is not in this engine`);
+      await this.#native.removeReplica(spec.path);
+      this.#specs = this.#specs.filter((s) => s !== spec);
+    });
+  }
+
   /** Serves the engine over NBD. Closing the engine closes the export first. */
   exportNbd(options: NbdExportOptions): Promise<NbdExport> {
     return this.#call('exportNbd', async () => {
@@ -462,7 +561,7 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
 
 // The native side names a replica by its directory; map that back to the spec (exact path,
 // then resolved path, then position, which the native side keeps).
-function matchSpec(nativeId: string, index: number, specs: readonly EngineReplicaSpec[]): EngineReplicaSpec | undefined {
+function matchSpec(nativeId: string, index: number, specs: readonly ResolvedReplica[]): ResolvedReplica | undefined {
   return (
     specs.find((s) => s.path === nativeId) ??
     (isAbsolute(nativeId) ? specs.find((s) => s.path === resolve(nativeId)) : undefined) ??
@@ -471,7 +570,7 @@ function matchSpec(nativeId: string, index: number, specs: readonly EngineReplic
 }
 
 // Unknown event types (a newer addon) are dropped rather than emitted untyped.
-function normalizeEvent(raw: NativeEngineEvent, specs: readonly EngineReplicaSpec[]): EngineEvent | undefined {
+function normalizeEvent(raw: NativeEngineEvent, specs: readonly ResolvedReplica[]): EngineEvent | undefined {
   switch (raw.type) {
     case 'replica-error': {
       const spec = matchSpec(raw.replicaId, -1, specs);
@@ -489,6 +588,25 @@ function normalizeEvent(raw: NativeEngineEvent, specs: readonly EngineReplicaSpe
       return { type: 'epoch-claimed', epoch: raw.epoch };
     case 'reconciled':
       return { type: 'reconciled', bytes: raw.bytes, message: raw.message };
+    case 'rebuild-started':
+    case 'rebuild-progress':
+    case 'rebuild-completed': {
+      const figures = { replicaId: matchSpec(raw.replicaId, -1, specs)?.id ?? raw.replicaId, sentBytes: raw.sentBytes, scannedBytes: raw.scannedBytes, totalBytes: raw.totalBytes };
+      return { type: raw.type, ...figures };
+    }
+    case 'rebuild-failed': {
+      const errno = Math.abs(raw.errno);
+      return {
+        type: 'rebuild-failed',
+        replicaId: matchSpec(raw.replicaId, -1, specs)?.id ?? raw.replicaId,
+        sentBytes: raw.sentBytes,
+        scannedBytes: raw.scannedBytes,
+        totalBytes: raw.totalBytes,
+        errno,
+        code: codeFromErrno(errno),
+        message: raw.message,
+      };
+    }
     default:
       return undefined;
   }

@@ -91,7 +91,17 @@ async function readOwner(file: string): Promise<LockOwner | undefined> {
   return undefined;
 }
 
-/** An exclusive claim on a volume directory by this process. */
+/** Options of {@link VolumeLock.acquire} for directories other than a volume's. */
+export interface DirLockOptions {
+  /** Lock file name inside the directory (default {@link VOLUME_LOCK_FILE}). */
+  file?: string;
+  /** What the directory is, for the BUSY message (default `volume`). */
+  what?: string;
+  /** What to do about a BUSY lock, for the message (default: stop `mooring serve`). */
+  hint?: string;
+}
+
+/** An exclusive claim on a volume directory (or, with {@link DirLockOptions}, another directory) by this process. */
 export class VolumeLock {
   readonly #file: string;
   #released = false;
@@ -101,12 +111,14 @@ export class VolumeLock {
   }
 
   /**
-   * Takes DIR/volume.lock.
+   * Takes DIR/volume.lock (or DIR/`options.file`).
    *
    * @throws MooringError BUSY when a live process (or another host) holds it
    */
-  static async acquire(dir: string): Promise<VolumeLock> {
-    const file = join(dir, VOLUME_LOCK_FILE);
+  static async acquire(dir: string, options: DirLockOptions = {}): Promise<VolumeLock> {
+    const file = join(dir, options.file ?? VOLUME_LOCK_FILE);
+    const what = options.what ?? 'volume';
+    const hint = options.hint ?? 'close it (stop `mooring serve`) first';
     const self = await procStat(process.pid);
     const me: LockOwner = {
       pid: process.pid,
@@ -135,8 +147,8 @@ export class VolumeLock {
         if (busy) {
           throw new MooringError(
             'BUSY',
-            `volume ${dir} is open in process ${owner.pid} on ${owner.hostname} (since ${new Date(owner.acquiredMs).toISOString()}); ` +
-              'close it (stop `mooring serve`) first, or remove the stale lock file if that host is gone',
+            `${what} ${dir} is open in process ${owner.pid} on ${owner.hostname} (since ${new Date(owner.acquiredMs).toISOString()}); ` +
+              `${hint}, or remove the stale lock file if that host is gone`,
             { details: { dir, pid: owner.pid, hostname: owner.hostname } },
           );
         }

@@ -1,6 +1,9 @@
 // An in-memory NativeAddon for unit tests of the control plane. It keeps replica state in
 // memory (keyed by directory) but creates the directories on disk, so Volume's file
 // handling runs for real. Knobs let tests hold calls in flight and inject replica failures.
+// Replica servers and remote endpoints are modelled too: a remote endpoint reaches the
+// replica `name` under the root of the (running) fake replica server on its port, so two
+// fake data engines in one test share replicas the way real hosts do over TCP.
 import { mkdirSync, readdirSync, writeFileSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -15,10 +18,14 @@ import type {
   NativeNbdServer,
   NativeNbdStats,
   NativeRebuildResult,
+  NativeRemoteReplica,
   NativeReplica,
+  NativeReplicaEndpoint,
   NativeReplicaInfo,
   NativeReplicaMode,
   NativeReplicaServer,
+  NativeReplicaServerOptions,
+  NativeReplicaServerStats,
   NativeReplicaState,
   NativeWriteZeroesOptions,
 } from '../../../src/native/binding.js';
@@ -53,29 +60,53 @@ export class FakeNbdServer implements NativeNbdServer {
   }
 }
 
+/** The native id of an endpoint: the directory, or host:port/name. */
+export function endpointId(ep: NativeReplicaEndpoint): string {
+  return typeof ep === 'string' ? ep : `${ep.host}:${ep.port}/${ep.name}`;
+}
+
 export class FakeEngine implements NativeEngine {
   readonly sizeBytes: number;
   closed = false;
   /** While set, data-path calls wait for it (to hold calls in flight). */
   gate: Promise<void> | undefined;
   readonly servers: FakeNbdServer[] = [];
+  /** Native ids of the replicas (directories, or host:port/name), in slot order. */
+  readonly replicaDirs: string[];
+  /** Directory behind each id (undefined while an offline remote replica cannot be reached). */
+  readonly dirOf = new Map<string, string | undefined>();
   readonly modes = new Map<string, NativeReplicaMode>();
   readonly lastErrors = new Map<string, number>();
+  /** addReplica calls, in order (native ids). */
+  readonly rebuilds: string[] = [];
+  #rebuilding: { id: string; aborted: boolean; abort: () => void } | undefined;
   #epoch: number;
 
   constructor(
     readonly addon: FakeAddon,
-    readonly replicaDirs: string[],
+    endpoints: NativeReplicaEndpoint[],
     readonly onEvents: ((events: NativeEngineEvent[]) => void) | undefined,
   ) {
-    const reps = replicaDirs.map((d) => addon.replica(d));
+    this.replicaDirs = endpoints.map(endpointId);
+    for (const ep of endpoints) this.dirOf.set(endpointId(ep), addon.resolve(ep));
+    const reachable = this.replicaDirs.filter((id) => this.dirOf.get(id) !== undefined);
+    if (reachable.length === 0) throw nativeError('NO_HEALTHY_REPLICA', 'no replica can be reached');
+    const reps = reachable.map((id) => addon.replica(this.dirOf.get(id)!));
     this.sizeBytes = reps[0]!.sizeBytes;
     const maxEpoch = Math.max(...reps.map((r) => r.epoch));
     this.#epoch = maxEpoch + 1;
-    for (const r of reps) {
+    for (const id of this.replicaDirs) {
+      const dir = this.dirOf.get(id);
+      if (dir === undefined) {
+        // A remote replica that cannot be reached opens as ERR (ENOTCONN).
+        this.modes.set(id, 'ERR');
+        this.lastErrors.set(id, -107);
+        continue;
+      }
+      const r = addon.replica(dir);
       // A replica fenced earlier (lower epoch than the newest) opens as ERR.
-      this.modes.set(r.dir, r.epoch < maxEpoch ? 'ERR' : 'RW');
-      if (this.modes.get(r.dir) === 'RW') {
+      this.modes.set(id, r.epoch < maxEpoch ? 'ERR' : 'RW');
+      if (this.modes.get(id) === 'RW') {
         r.epoch = this.#epoch;
         r.clean = false;
       }
@@ -84,7 +115,13 @@ export class FakeEngine implements NativeEngine {
   }
 
   #rw(): FakeReplica[] {
-    return this.replicaDirs.filter((d) => this.modes.get(d) === 'RW').map((d) => this.addon.replica(d));
+    return this.replicaDirs.filter((d) => this.modes.get(d) === 'RW').map((d) => this.addon.replica(this.dirOf.get(d)!));
+  }
+
+  /** Directories this engine holds open (for inspectReplica's user count). */
+  openDirs(): string[] {
+    if (this.closed) return [];
+    return this.replicaDirs.filter((id) => this.modes.get(id) !== 'ERR').map((id) => this.dirOf.get(id)!);
   }
 
   async #enter(): Promise<void> {
@@ -100,12 +137,13 @@ export class FakeEngine implements NativeEngine {
 
   replicas(): NativeReplicaState[] {
     return this.replicaDirs.map((d) => {
-      const r = this.addon.replica(d);
+      const dir = this.dirOf.get(d);
+      const r = dir === undefined ? undefined : this.addon.replica(dir);
       return {
         id: d,
         mode: this.modes.get(d)!,
-        epoch: r.epoch,
-        allocatedBytes: r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0),
+        epoch: r?.epoch ?? 0,
+        allocatedBytes: r ? r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0) : 0,
         lastError: this.lastErrors.get(d) ?? 0,
       };
     });
@@ -201,20 +239,91 @@ export class FakeEngine implements NativeEngine {
 
   async close(): Promise<void> {
     if (this.closed) return;
+    if (this.#rebuilding) this.#rebuilding.abort();
     this.addon.events.push('engine-close');
     if (this.servers.some((s) => !s.closed)) throw new Error('fake: engine closed before its NBD servers');
     this.closed = true;
     for (const r of this.#rw()) r.clean = true;
   }
 
-  async addReplica(): Promise<NativeRebuildResult> {
+  /**
+   * Rebuild as engine.h describes it: the target goes WO (rebuild-started), waits for
+   * `addon.rebuildGate` if set, gets the first RW replica's data, goes RW
+   * (rebuild-progress, rebuild-completed). An unreachable target fails with UNAVAILABLE
+   * and is left ERR in its slot.
+   */
+  async addReplica(endpoint: NativeReplicaEndpoint): Promise<NativeRebuildResult> {
     await this.addon.tick();
-    throw nativeError('UNSUPPORTED', 'fake addon: rebuild is not modelled');
+    if (this.closed) throw nativeError('CLOSED', 'engine closed');
+    const id = endpointId(endpoint);
+    this.rebuilds.push(id);
+    if (this.#rebuilding) throw nativeError('BUSY', `a rebuild of ${this.#rebuilding.id} runs already`);
+    const mode = this.modes.get(id);
+    if (mode === 'RW' || mode === 'WO') throw nativeError('INVALID_STATE', `${id} is ${mode} already`);
+    const source = this.#rw()[0];
+    if (!source) throw nativeError('INVALID_STATE', 'no RW replica to rebuild from');
+    if (!this.replicaDirs.includes(id)) this.replicaDirs.push(id);
+    const dir = this.addon.resolve(endpoint);
+    this.dirOf.set(id, dir);
+    const figures = { replicaId: id, sentBytes: 0, scannedBytes: 0, totalBytes: source.sizeBytes };
+    if (dir === undefined || this.addon.failRebuild?.test(id)) {
+      this.modes.set(id, 'ERR');
+      this.lastErrors.set(id, -107);
+      this.onEvents?.([{ type: 'rebuild-failed', ...figures, errno: -107, message: `${id} cannot be reached` }]);
+      throw nativeError('UNAVAILABLE', `replica ${id} cannot be reached`, 107);
+    }
+    const target = this.addon.replica(dir);
+    this.modes.set(id, 'WO');
+    let abort!: () => void;
+    const aborted = new Promise<void>((res) => (abort = res));
+    const run = {
+      id,
+      aborted: false,
+      abort: () => {
+        run.aborted = true;
+        abort();
+      },
+    };
+    this.#rebuilding = run;
+    try {
+      this.onEvents?.([{ type: 'rebuild-started', ...figures }]);
+      this.addon.rebuildsRunning++;
+      this.addon.rebuildsRunningMax = Math.max(this.addon.rebuildsRunningMax, this.addon.rebuildsRunning);
+      try {
+        // Removing the target or closing the engine aborts the copy, gate or not.
+        if (this.addon.rebuildGate) await Promise.race([this.addon.rebuildGate, aborted]);
+        await this.addon.tick();
+      } finally {
+        this.addon.rebuildsRunning--;
+      }
+      if (run.aborted || this.closed) {
+        this.onEvents?.([{ type: 'rebuild-failed', ...figures, errno: -125, message: `rebuild of ${id} aborted` }]);
+        throw nativeError('CLOSED', `rebuild of ${id} aborted`, 125);
+      }
+      let sent = 0;
+      for (let i = 0; i < source.data.length; i++) if (source.data[i] !== target.data[i]) sent++;
+      source.data.copy(target.data);
+      target.epoch = this.#epoch;
+      target.clean = false;
+      this.modes.set(id, 'RW');
+      this.lastErrors.delete(id);
+      const done = { ...figures, sentBytes: sent, scannedBytes: source.sizeBytes };
+      this.onEvents?.([{ type: 'rebuild-progress', ...done }, { type: 'rebuild-completed', ...done }]);
+      return { scannedBytes: source.sizeBytes, sentBytes: sent, unmappedBytes: 0, durationMs: 1 };
+    } finally {
+      this.#rebuilding = undefined;
+    }
   }
 
-  async removeReplica(): Promise<void> {
+  async removeReplica(id: string): Promise<void> {
     await this.addon.tick();
-    throw nativeError('UNSUPPORTED', 'fake addon: removing replicas is not modelled');
+    const mode = this.modes.get(id);
+    if (mode === undefined) throw nativeError('NOT_FOUND', `no replica ${id}`);
+    if (mode === 'RW') throw nativeError('INVALID_STATE', `${id} is RW`);
+    if (this.#rebuilding?.id === id) this.#rebuilding.abort();
+    this.replicaDirs.splice(this.replicaDirs.indexOf(id), 1);
+    this.modes.delete(id);
+    this.dirOf.delete(id);
   }
 
   /** Simulates an I/O failure on one replica: ERR, epoch bump on the others, event. */
@@ -230,8 +339,36 @@ export class FakeEngine implements NativeEngine {
   }
 }
 
+export class FakeReplicaServer implements NativeReplicaServer {
+  closed = false;
+  constructor(
+    readonly addon: FakeAddon,
+    readonly options: NativeReplicaServerOptions,
+    readonly port: number,
+  ) {}
+  stats(): NativeReplicaServerStats {
+    return { connectionsTotal: 0, connectionsOpen: 0, requests: 0, staleEpochRefusals: 0, protocolErrors: 0, bytesRead: 0, bytesWritten: 0 };
+  }
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.addon.replicaServers.get(this.port) === this) this.addon.replicaServers.delete(this.port);
+  }
+}
+
 export class FakeAddon implements NativeAddon {
   readonly version = '0.1.0';
+  /** Running replica servers by port. */
+  readonly replicaServers = new Map<number, FakeReplicaServer>();
+  /** While set, rebuilds wait for it after going WO. */
+  rebuildGate: Promise<void> | undefined;
+  /** Rebuilds of native ids that match fail as if the target could not be reached. */
+  failRebuild: RegExp | undefined;
+  /** Rebuilds running now, and the most that ever ran at once. */
+  rebuildsRunning = 0;
+  rebuildsRunningMax = 0;
+  /** Extra users per directory (e.g. a replica served to an engine elsewhere). */
+  readonly extraUsers = new Map<string, number>();
+  #nextPort = 45_000;
   readonly engines: FakeEngine[] = [];
   readonly reverts: string[] = [];
   readonly events: string[] = [];
@@ -244,6 +381,15 @@ export class FakeAddon implements NativeAddon {
     const r = this.#replicas.get(dir);
     if (!r) throw nativeError('NOT_FOUND', `no replica at ${dir}`, 2);
     return r;
+  }
+
+  /** The directory an endpoint reaches, or undefined when its replica server is not running. */
+  resolve(ep: NativeReplicaEndpoint): string | undefined {
+    if (typeof ep === 'string') return ep;
+    const server = this.replicaServers.get((ep as NativeRemoteReplica).port);
+    if (!server) return undefined;
+    const dir = join(server.options.root, ep.name);
+    return this.#replicas.has(dir) ? dir : undefined;
   }
 
   /** Resolves on a later turn of the event loop, like a native completion. */
@@ -285,12 +431,8 @@ export class FakeAddon implements NativeAddon {
 
   async openEngine(options: NativeEngineOptions): Promise<NativeEngine> {
     await this.tick();
-    const dirs = options.replicas.map((r) => {
-      if (typeof r !== 'string') throw nativeError('UNSUPPORTED', 'fake addon: remote replicas are not modelled');
-      return r;
-    });
-    for (const d of dirs) this.replica(d);
-    const e = new FakeEngine(this, dirs, options.onEvents);
+    for (const r of options.replicas) if (typeof r === 'string') this.replica(r);
+    const e = new FakeEngine(this, options.replicas, options.onEvents);
     this.engines.push(e);
     return e;
   }
@@ -304,12 +446,29 @@ export class FakeAddon implements NativeAddon {
   async inspectReplica(dir: string): Promise<NativeReplicaInfo> {
     await this.tick();
     const r = this.replica(dir);
-    return { sizeBytes: r.sizeBytes, epoch: r.epoch, clean: r.clean, rebuilding: false, allocatedBytes: 0, users: 0 };
+    const users = this.engines.reduce((n, e) => n + e.openDirs().filter((d) => d === dir).length, 0) + (this.extraUsers.get(dir) ?? 0);
+    return { sizeBytes: r.sizeBytes, epoch: r.epoch, clean: r.clean, rebuilding: false, allocatedBytes: r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0), users };
   }
 
-  async startReplicaServer(): Promise<NativeReplicaServer> {
+  async startReplicaServer(options: NativeReplicaServerOptions): Promise<NativeReplicaServer> {
     await this.tick();
-    throw nativeError('UNSUPPORTED', 'fake addon: the replica server is not modelled');
+    const port = options.port && options.port > 0 ? options.port : this.#nextPort++;
+    if (this.replicaServers.has(port)) throw nativeError('ADDRESS_IN_USE', `port ${port} in use`, 98);
+    const s = new FakeReplicaServer(this, options, port);
+    this.replicaServers.set(port, s);
+    return s;
+  }
+
+  /** Forgets a replica's data, as if its disk were replaced (directory kept). */
+  wipe(dir: string): void {
+    const r = this.replica(dir);
+    r.data.fill(0);
+    r.epoch = 0;
+  }
+
+  /** Removes the record of a replica whose directory was deleted. */
+  forget(dir: string): void {
+    this.#replicas.delete(dir);
   }
 
   /** The most recently opened engine. */

@@ -1,0 +1,235 @@
+// Conversions between the DataEngine types and the gRPC messages, and between MooringError
+// and gRPC status (the code travels in trailing metadata, so the client rebuilds the same
+// MooringError code the server saw).
+import { Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
+
+import { MooringError, isMooringErrorCode, toMooringError, type MooringErrorCode } from '../../errors.js';
+import { describe } from '../../util/validate.js';
+import type {
+  DataEngineEvent,
+  DataEngineInfo,
+  EngineInfo,
+  EngineReplicaRef,
+  HostedReplicaInfo,
+  RebuildProgress,
+  RebuildResult,
+} from '../data-engine.js';
+
+/** Metadata keys carrying the MooringError across gRPC. */
+export const ERROR_CODE_KEY = 'mooring-code';
+export const ERROR_ERRNO_KEY = 'mooring-errno';
+/** Longest error message sent (characters). */
+const ERROR_MESSAGE_LENGTH_MAX = 4096;
+
+const statusOf: Record<MooringErrorCode, GrpcStatus> = {
+  INVALID_ARGUMENT: GrpcStatus.INVALID_ARGUMENT,
+  NOT_FOUND: GrpcStatus.NOT_FOUND,
+  ALREADY_EXISTS: GrpcStatus.ALREADY_EXISTS,
+  IO_ERROR: GrpcStatus.INTERNAL,
+  NO_SPACE: GrpcStatus.RESOURCE_EXHAUSTED,
+  STALE_EPOCH: GrpcStatus.FAILED_PRECONDITION,
+  CORRUPT_METADATA: GrpcStatus.DATA_LOSS,
+  BUSY: GrpcStatus.ABORTED,
+  CLOSED: GrpcStatus.FAILED_PRECONDITION,
+  NO_HEALTHY_REPLICA: GrpcStatus.UNAVAILABLE,
+  OUT_OF_RANGE: GrpcStatus.OUT_OF_RANGE,
+  UNSUPPORTED: GrpcStatus.UNIMPLEMENTED,
+  INVALID_STATE: GrpcStatus.FAILED_PRECONDITION,
+  ADDRESS_IN_USE: GrpcStatus.FAILED_PRECONDITION,
+  UNAVAILABLE: GrpcStatus.UNAVAILABLE,
+  PROTOCOL_ERROR: GrpcStatus.INVALID_ARGUMENT,
+  CONFLICT: GrpcStatus.ABORTED,
+  NATIVE_LOAD_FAILED: GrpcStatus.INTERNAL,
+};
+
+/** A gRPC error status (for callback(err) and stream 'error') carrying a MooringError's code. */
+export function toGrpcError(err: unknown): Partial<ServiceError> {
+  const e = toMooringError(err);
+  const metadata = new Metadata();
+  metadata.set(ERROR_CODE_KEY, e.code);
+  if (e.errno !== undefined) metadata.set(ERROR_ERRNO_KEY, String(e.errno));
+  return { code: statusOf[e.code], details: e.message.slice(0, ERROR_MESSAGE_LENGTH_MAX), metadata };
+}
+
+/**
+ * The MooringError a gRPC failure stands for: the code the server sent when there is one,
+ * else one derived from the gRPC status (a server that could not be reached is UNAVAILABLE).
+ */
+export function fromGrpcError(err: unknown, what: string): MooringError {
+  const e = (typeof err === 'object' && err !== null ? err : {}) as Partial<ServiceError>;
+  const sent = e.metadata instanceof Metadata ? e.metadata.get(ERROR_CODE_KEY)[0] : undefined;
+  const errnoText = e.metadata instanceof Metadata ? e.metadata.get(ERROR_ERRNO_KEY)[0] : undefined;
+  const errno = typeof errnoText === 'string' && /^\d{1,5}$/.test(errnoText) ? Number(errnoText) : undefined;
+  let code: MooringErrorCode;
+  if (isMooringErrorCode(sent)) code = sent;
+  else {
+    switch (e.code) {
+      case GrpcStatus.UNAVAILABLE:
+      case GrpcStatus.DEADLINE_EXCEEDED:
+      case GrpcStatus.CANCELLED:
+      case GrpcStatus.UNAUTHENTICATED:
+        code = 'UNAVAILABLE';
+        break;
+      case GrpcStatus.UNIMPLEMENTED:
+        code = 'UNSUPPORTED';
+        break;
+      case GrpcStatus.RESOURCE_EXHAUSTED:
+        // Typically a message over the size limit.
+        code = 'INVALID_ARGUMENT';
+        break;
+      default:
+        code = 'PROTOCOL_ERROR';
+    }
+  }
+  const detail = typeof e.details === 'string' && e.details.length > 0 ? e.details : (e as Error).message ?? String(err);
+  return new MooringError(code, `${what}: ${detail}`, { cause: err, ...(errno === undefined ? {} : { errno }) });
+}
+
+// --- messages -----------------------------------------------------------------
+
+/** Request objects as proto-loader decodes them (defaults filled in). */
+export type Msg = Record<string, unknown>;
+
+const str = (v: unknown): string => (typeof v === 'string' ? v : '');
+const num = (v: unknown): number => (typeof v === 'number' ? v : Number.NaN);
+
+export function infoToMsg(i: DataEngineInfo): Msg {
+  return { hostId: i.hostId, version: i.version, dir: i.dir, replicaAddress: i.replicaAddress ?? '', tls: i.tls };
+}
+export function infoFromMsg(m: Msg): DataEngineInfo {
+  return { hostId: str(m.hostId), version: str(m.version), dir: str(m.dir), replicaAddress: str(m.replicaAddress) || null, tls: m.tls === true };
+}
+
+export function hostedToMsg(r: HostedReplicaInfo): Msg {
+  return { ...r };
+}
+export function hostedFromMsg(m: Msg): HostedReplicaInfo {
+  return {
+    name: str(m.name),
+    sizeBytes: num(m.sizeBytes),
+    epoch: num(m.epoch),
+    clean: m.clean === true,
+    rebuilding: m.rebuilding === true,
+    allocatedBytes: num(m.allocatedBytes),
+    inUse: m.inUse === true,
+  };
+}
+
+export function refToMsg(r: EngineReplicaRef): Msg {
+  return { id: r.id, hostId: r.hostId, name: r.name, address: r.address ?? '' };
+}
+export function refFromMsg(m: unknown): EngineReplicaRef {
+  const r = (typeof m === 'object' && m !== null ? m : {}) as Msg;
+  return { id: str(r.id), hostId: str(r.hostId), name: str(r.name), address: str(r.address) || null };
+}
+
+function progressToMsg(p: RebuildProgress): Msg {
+  return { sentBytes: p.sentBytes, scannedBytes: p.scannedBytes, totalBytes: p.totalBytes };
+}
+function progressFromMsg(m: unknown): RebuildProgress {
+  const p = (typeof m === 'object' && m !== null ? m : {}) as Msg;
+  return { sentBytes: num(p.sentBytes), scannedBytes: num(p.scannedBytes), totalBytes: num(p.totalBytes) };
+}
+
+export function engineToMsg(e: EngineInfo): Msg {
+  return {
+    volume: e.volume,
+    sizeBytes: e.sizeBytes,
+    epoch: e.epoch,
+    replicas: e.replicas.map((r) => ({
+      ref: refToMsg(r),
+      mode: r.mode,
+      lastError: r.lastError,
+      ...(r.rebuild ? { rebuild: progressToMsg(r.rebuild) } : {}),
+    })),
+    ...(e.nbd ? { nbd: { address: e.nbd.address, uri: e.nbd.uri } } : {}),
+  };
+}
+export function engineFromMsg(m: Msg): EngineInfo {
+  const nbd = m.nbd as Msg | null | undefined;
+  return {
+    volume: str(m.volume),
+    sizeBytes: num(m.sizeBytes),
+    epoch: num(m.epoch),
+    replicas: (Array.isArray(m.replicas) ? (m.replicas as Msg[]) : []).map((r) => {
+      const mode = r.mode === 'RW' || r.mode === 'WO' ? r.mode : 'ERR';
+      return {
+        ...refFromMsg(r.ref),
+        mode,
+        lastError: num(r.lastError),
+        ...(r.rebuild ? { rebuild: progressFromMsg(r.rebuild) } : {}),
+      };
+    }),
+    nbd: nbd ? { address: str(nbd.address), uri: str(nbd.uri) } : null,
+  };
+}
+
+export function rebuildResultToMsg(r: RebuildResult): Msg {
+  return { ...r };
+}
+export function rebuildResultFromMsg(m: Msg): RebuildResult {
+  return {
+    replicaId: str(m.replicaId),
+    scannedBytes: num(m.scannedBytes),
+    sentBytes: num(m.sentBytes),
+    unmappedBytes: num(m.unmappedBytes),
+    durationMs: num(m.durationMs),
+  };
+}
+
+export function eventToMsg(e: DataEngineEvent): Msg {
+  const m: Msg = { type: e.type, volume: e.volume };
+  switch (e.type) {
+    case 'replica-error':
+      Object.assign(m, { replicaId: e.replicaId, errno: e.errno, message: e.message });
+      break;
+    case 'epoch-claimed':
+      m.epoch = e.epoch;
+      break;
+    case 'rebuild-started':
+    case 'rebuild-progress':
+    case 'rebuild-completed':
+      Object.assign(m, { replicaId: e.replicaId, progress: progressToMsg(e) });
+      break;
+    case 'rebuild-failed':
+      Object.assign(m, { replicaId: e.replicaId, progress: progressToMsg(e), code: e.code, message: e.message });
+      break;
+    case 'repair-scheduled':
+      Object.assign(m, { replicaId: e.replicaId, attempt: e.attempt, delayMs: e.delayMs, code: e.code, message: e.message });
+      break;
+    case 'engine-stopped':
+      break;
+  }
+  return m;
+}
+
+/** The event a message stands for, or undefined for a type this client does not know (a newer server). */
+export function eventFromMsg(m: Msg): DataEngineEvent | undefined {
+  const volume = str(m.volume);
+  const replicaId = str(m.replicaId);
+  switch (m.type) {
+    case 'replica-error':
+      return { type: 'replica-error', volume, replicaId, errno: num(m.errno), message: str(m.message) };
+    case 'epoch-claimed':
+      return { type: 'epoch-claimed', volume, epoch: num(m.epoch) };
+    case 'rebuild-started':
+    case 'rebuild-progress':
+    case 'rebuild-completed':
+      return { type: m.type, volume, replicaId, ...progressFromMsg(m.progress) };
+    case 'rebuild-failed':
+      return { type: 'rebuild-failed', volume, replicaId, code: str(m.code), message: str(m.message), ...progressFromMsg(m.progress) };
+    case 'repair-scheduled':
+      return { type: 'repair-scheduled', volume, replicaId, attempt: num(m.attempt), delayMs: num(m.delayMs), code: str(m.code), message: str(m.message) };
+    case 'engine-stopped':
+      return { type: 'engine-stopped', volume };
+    default:
+      return undefined;
+  }
+}
+
+/** A request field that must be a string (proto3 gives '' when absent). */
+export function requestString(m: Msg, field: string): string {
+  const v = m[field];
+  if (typeof v !== 'string') throw new MooringError('INVALID_ARGUMENT', `${field} must be a string (got ${describe(v)})`);
+  return v;
+}

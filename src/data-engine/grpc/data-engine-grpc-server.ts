@@ -1,0 +1,282 @@
+/**
+ * DataEngineGrpcServer: serves any {@link DataEngine} over gRPC, on a unix socket (same
+ * host) or TCP (between hosts, mutual TLS when given; loopback only without TLS unless
+ * allowed). Bad requests (garbage, wrong types, oversized) get a gRPC error carrying a
+ * MooringError code; the server keeps serving.
+ */
+import { connect } from 'node:net';
+import { lstat, unlink } from 'node:fs/promises';
+
+import { Server, ServerCredentials, type ServerUnaryCall, type ServerWritableStream, type sendUnaryData, type UntypedServiceImplementation, type ServiceDefinition, type MethodDefinition } from '@grpc/grpc-js';
+
+import { MooringError, toMooringError } from '../../errors.js';
+import { parseNbdAddress } from '../../nbd/nbd-address.js';
+import { describe } from '../../util/validate.js';
+import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
+import type { DataEngine } from '../data-engine.js';
+import {
+  engineToMsg,
+  eventToMsg,
+  hostedToMsg,
+  infoToMsg,
+  rebuildResultToMsg,
+  refFromMsg,
+  requestString,
+  toGrpcError,
+  type Msg,
+} from './codec.js';
+import { DATA_ENGINE_SERVICE, dataEnginePackageDefinition } from './data-engine-proto.js';
+
+/** Limits of the gRPC server (and client). */
+export const GRPC_LIMITS = {
+  /** Largest message received or sent; larger requests are refused (RESOURCE_EXHAUSTED). */
+  messageBytesMax: 4 * 1024 * 1024,
+  /** Concurrent calls per connection. */
+  concurrentStreamsMax: 128,
+  /** Watch streams open at once. */
+  watchStreamsMax: 64,
+  /** Events queued for one slow watcher before its stream is ended (it reconnects). */
+  watchQueuedEventsMax: 10_000,
+  /** How long close() waits for calls in flight before cutting them. */
+  shutdownGraceMs: 5000,
+} as const;
+
+/** Options of {@link DataEngineGrpcServer.start}. */
+export interface DataEngineGrpcServerOptions {
+  /** The data engine to serve. */
+  engine: DataEngine;
+  /** `unix:PATH` or `tcp:HOST:PORT` (port 0 = any free port). */
+  listen: string;
+  /** Mutual TLS (TCP): clients must present a certificate signed by `ca`. */
+  tls?: DataEngineTlsOptions;
+  /** Allow TCP beyond loopback without TLS (default false). */
+  allowInsecureRemote?: boolean;
+}
+
+// Marks a request that did not decode; the handler answers it with PROTOCOL_ERROR.
+const BAD_REQUEST = Symbol('bad request');
+
+/** A running gRPC server of a data engine; see the module comment. */
+export class DataEngineGrpcServer {
+  /** Where it listens, with the bound port for TCP: `unix:PATH` or `tcp:HOST:PORT`. */
+  readonly address: string;
+  /** Whether clients must use mutual TLS. */
+  readonly tls: boolean;
+  readonly #server: Server;
+  readonly #watchers = new Set<{ end: () => void }>();
+  readonly #unixPath: string | undefined;
+  #closing: Promise<void> | undefined;
+
+  private constructor(server: Server, address: string, tls: boolean, unixPath: string | undefined) {
+    this.#server = server;
+    this.address = address;
+    this.tls = tls;
+    this.#unixPath = unixPath;
+  }
+
+  /**
+   * Binds and starts serving.
+   *
+   * @throws MooringError INVALID_ARGUMENT (address; non-loopback TCP without TLS), ADDRESS_IN_USE
+   */
+  static async start(options: DataEngineGrpcServerOptions): Promise<DataEngineGrpcServer> {
+    if (typeof options !== 'object' || options === null || typeof options.engine !== 'object' || options.engine === null) {
+      throw new MooringError('INVALID_ARGUMENT', `gRPC server options must be {engine, listen, tls?} (got ${describe(options)})`);
+    }
+    const tls = checkTls(options.tls);
+    const addr = parseNbdAddress(options.listen);
+    let target: string;
+    if (addr.kind === 'unix') {
+      if (tls) throw new MooringError('INVALID_ARGUMENT', 'TLS is for TCP listeners; a unix socket is protected by its file permissions');
+      await removeStaleSocket(addr.path);
+      target = `unix://${addr.path}`;
+    } else {
+      checkLoopbackRule('gRPC listen address', addr.host, tls !== undefined, options.allowInsecureRemote === true);
+      target = formatTcpAddress({ host: addr.host, port: addr.port }).slice('tcp:'.length);
+    }
+    const server = new Server({
+      'grpc.max_receive_message_length': GRPC_LIMITS.messageBytesMax,
+      'grpc.max_send_message_length': GRPC_LIMITS.messageBytesMax,
+      'grpc.max_concurrent_streams': GRPC_LIMITS.concurrentStreamsMax,
+    });
+    const creds = tls
+      ? ServerCredentials.createSsl(Buffer.from(tls.ca), [{ cert_chain: Buffer.from(tls.cert), private_key: Buffer.from(tls.key) }], true)
+      : ServerCredentials.createInsecure();
+    const port = await new Promise<number>((res, rej) => {
+      server.bindAsync(target, creds, (err, p) => (err ? rej(err) : res(p)));
+    }).catch((err: unknown) => {
+      const message = (err as Error).message ?? String(err);
+      throw new MooringError(/in use|EADDRINUSE/i.test(message) ? 'ADDRESS_IN_USE' : 'INVALID_ARGUMENT', `cannot listen on ${options.listen}: ${message}`, { cause: err });
+    });
+    const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port });
+    const self = new DataEngineGrpcServer(server, address, tls !== undefined, addr.kind === 'unix' ? addr.path : undefined);
+    server.addService(guardedService(), self.#implementation(options.engine));
+    return self;
+  }
+
+  /** Ends watch streams, waits (a bounded time) for calls in flight and stops listening. Idempotent. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      for (const w of [...this.#watchers]) w.end();
+      await new Promise<void>((res) => {
+        const timer = setTimeout(() => {
+          this.#server.forceShutdown();
+          res();
+        }, GRPC_LIMITS.shutdownGraceMs);
+        this.#server.tryShutdown(() => {
+          clearTimeout(timer);
+          res();
+        });
+      });
+      if (this.#unixPath) await unlink(this.#unixPath).catch(() => undefined);
+    })();
+    return this.#closing;
+  }
+
+  #implementation(de: DataEngine): UntypedServiceImplementation {
+    const unary =
+      (body: (req: Msg) => Promise<Msg>) =>
+      (call: ServerUnaryCall<Msg, Msg>, callback: sendUnaryData<Msg>): void => {
+        const req = call.request as Msg & { [BAD_REQUEST]?: string };
+        if (req[BAD_REQUEST] !== undefined) {
+          callback(toGrpcError(new MooringError('PROTOCOL_ERROR', `malformed request: ${req[BAD_REQUEST]}`)) as never);
+          return;
+        }
+        // Anything thrown (validation included) becomes a coded gRPC error, never a crash.
+        Promise.resolve()
+          .then(() => body(req))
+          .then(
+            (reply) => callback(null, reply),
+            (err: unknown) => callback(toGrpcError(err) as never),
+          );
+      };
+    return {
+      Info: unary(async () => infoToMsg(await de.info())),
+      CreateReplica: unary(async (r) => hostedToMsg(await de.createReplica(requestString(r, 'name'), r.sizeBytes as number))),
+      DeleteReplica: unary(async (r) => {
+        await de.deleteReplica(requestString(r, 'name'));
+        return {};
+      }),
+      ListReplicas: unary(async () => ({ replicas: (await de.listReplicas()).map(hostedToMsg) })),
+      StartEngine: unary(async (r) => {
+        const nbd = requestString(r, 'nbd');
+        const io = r.ioTimeoutMs;
+        const info = await de.startEngine({
+          volume: requestString(r, 'volume'),
+          replicas: (Array.isArray(r.replicas) ? r.replicas : []).map(refFromMsg),
+          ...(nbd ? { nbd } : {}),
+          ...(typeof io === 'number' && io !== 0 ? { ioTimeoutMs: io } : {}),
+        });
+        return engineToMsg(info);
+      }),
+      StopEngine: unary(async (r) => {
+        await de.stopEngine(requestString(r, 'volume'));
+        return {};
+      }),
+      EngineInfo: unary(async (r) => engineToMsg(await de.engineInfo(requestString(r, 'volume')))),
+      ListEngines: unary(async () => ({ engines: (await de.listEngines()).map(engineToMsg) })),
+      AddReplica: unary(async (r) => {
+        if (r.replica === null || typeof r.replica !== 'object') throw new MooringError('INVALID_ARGUMENT', 'replica is required');
+        return rebuildResultToMsg(await de.addReplica(requestString(r, 'volume'), refFromMsg(r.replica)));
+      }),
+      RemoveReplica: unary(async (r) => {
+        await de.removeReplica(requestString(r, 'volume'), requestString(r, 'replicaId'));
+        return {};
+      }),
+      Watch: (call: ServerWritableStream<Msg, Msg>) => this.#watch(de, call),
+    };
+  }
+
+  #watch(de: DataEngine, call: ServerWritableStream<Msg, Msg>): void {
+    const fail = (err: MooringError): void => {
+      call.emit('error', toGrpcError(err));
+    };
+    if ((call.request as { [BAD_REQUEST]?: string })[BAD_REQUEST] !== undefined) {
+      fail(new MooringError('PROTOCOL_ERROR', 'malformed watch request'));
+      return;
+    }
+    if (this.#closing) {
+      fail(new MooringError('CLOSED', 'the data engine server is shutting down'));
+      return;
+    }
+    if (this.#watchers.size >= GRPC_LIMITS.watchStreamsMax) {
+      fail(new MooringError('BUSY', `${GRPC_LIMITS.watchStreamsMax} watch streams are open already`));
+      return;
+    }
+    let queued = 0;
+    let unsubscribe: (() => void) | undefined;
+    const entry = {
+      end: () => {
+        stop();
+        call.end();
+      },
+    };
+    const stop = (): void => {
+      unsubscribe?.();
+      unsubscribe = undefined;
+      this.#watchers.delete(entry);
+    };
+    this.#watchers.add(entry);
+    try {
+      unsubscribe = de.watch((event) => {
+        if (queued >= GRPC_LIMITS.watchQueuedEventsMax) {
+          stop();
+          fail(new MooringError('BUSY', `watcher fell ${queued} events behind; reconnect`));
+          return;
+        }
+        if (!call.write(eventToMsg(event))) queued++;
+      });
+    } catch (err) {
+      stop();
+      fail(toMooringError(err));
+      return;
+    }
+    call.on('drain', () => (queued = 0));
+    call.on('cancelled', stop);
+    call.on('close', stop);
+    call.on('error', stop);
+  }
+}
+
+// The service with request decoding that never throws: a request that does not decode is
+// handed to the handler marked, so it gets a coded error like any other bad input.
+function guardedService(): ServiceDefinition {
+  const def = dataEnginePackageDefinition()[DATA_ENGINE_SERVICE] as unknown as Record<string, MethodDefinition<Msg, Msg>>;
+  const out: Record<string, MethodDefinition<Msg, Msg>> = {};
+  for (const [name, m] of Object.entries(def)) {
+    out[name] = {
+      ...m,
+      requestDeserialize: (buf: Buffer): Msg => {
+        try {
+          return m.requestDeserialize(buf);
+        } catch (err) {
+          return { [BAD_REQUEST]: (err as Error).message ?? 'undecodable' } as Msg;
+        }
+      },
+    };
+  }
+  return out as ServiceDefinition;
+}
+
+// grpc-js cannot bind over a socket file left by a killed server (EADDRINUSE). Remove it,
+// but only if it is a socket nobody listens on: a live server's socket is ADDRESS_IN_USE.
+async function removeStaleSocket(path: string): Promise<void> {
+  let st;
+  try {
+    st = await lstat(path);
+  } catch {
+    return;
+  }
+  if (!st.isSocket()) throw new MooringError('ADDRESS_IN_USE', `${path} exists and is not a socket`, { details: { path } });
+  const live = await new Promise<boolean>((res) => {
+    const s = connect(path);
+    s.once('connect', () => {
+      s.destroy();
+      res(true);
+    });
+    s.once('error', () => res(false));
+  });
+  if (live) throw new MooringError('ADDRESS_IN_USE', `a server listens on ${path} already`, { details: { path } });
+  await unlink(path).catch((err: unknown) => Promise.reject(toMooringError(err, `removing stale socket ${path}`)));
+}
+

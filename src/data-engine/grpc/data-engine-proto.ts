@@ -1,0 +1,154 @@
+/**
+ * The gRPC service of a data engine, as .proto text kept in code (nothing to copy at build
+ * time), parsed once with protobufjs and turned into a gRPC service definition by
+ * proto-loader. docs/data-engine.md shows the same text.
+ *
+ * Conventions: field names are snake_case here and camelCase in JavaScript; 64-bit
+ * numbers arrive as JavaScript numbers (every value Mooring sends is below 2^53; a larger
+ * one fails validation on the server); an empty string stands for "none" (null).
+ */
+import { fromJSON, type PackageDefinition } from '@grpc/proto-loader';
+import protobuf from 'protobufjs';
+
+/** Fully qualified name of the service. */
+export const DATA_ENGINE_SERVICE = 'mooring.dataengine.v1.DataEngine';
+
+/** The service definition (proto3). */
+export const DATA_ENGINE_PROTO = `syntax = "proto3";
+
+package mooring.dataengine.v1;
+
+service DataEngine {
+  rpc Info(Empty) returns (DataEngineInfo);
+  rpc CreateReplica(CreateReplicaRequest) returns (HostedReplica);
+  rpc DeleteReplica(ReplicaName) returns (Empty);
+  rpc ListReplicas(Empty) returns (ReplicaList);
+  rpc StartEngine(StartEngineRequest) returns (EngineInfo);
+  rpc StopEngine(VolumeName) returns (Empty);
+  rpc EngineInfo(VolumeName) returns (EngineInfo);
+  rpc ListEngines(Empty) returns (EngineList);
+  rpc AddReplica(AddReplicaRequest) returns (RebuildResult);
+  rpc RemoveReplica(RemoveReplicaRequest) returns (Empty);
+  // Events of the engines this data engine runs, as they happen (none are replayed).
+  rpc Watch(Empty) returns (stream Event);
+}
+
+message Empty {}
+
+message DataEngineInfo {
+  string host_id = 1;
+  string version = 2;
+  string dir = 3;
+  string replica_address = 4;  // "" = serves no replicas
+  bool tls = 5;
+}
+
+message HostedReplica {
+  string name = 1;
+  uint64 size_bytes = 2;
+  uint64 epoch = 3;
+  bool clean = 4;
+  bool rebuilding = 5;
+  uint64 allocated_bytes = 6;
+  bool in_use = 7;
+}
+
+message CreateReplicaRequest {
+  string name = 1;
+  uint64 size_bytes = 2;
+}
+
+message ReplicaName { string name = 1; }
+
+message ReplicaList { repeated HostedReplica replicas = 1; }
+
+message ReplicaRef {
+  string id = 1;
+  string host_id = 2;
+  string name = 3;
+  string address = 4;  // "" = null (a replica of the engine's own host)
+}
+
+message StartEngineRequest {
+  string volume = 1;
+  repeated ReplicaRef replicas = 2;
+  string nbd = 3;            // "" = no NBD export
+  uint32 io_timeout_ms = 4;  // 0 = default
+}
+
+message VolumeName { string volume = 1; }
+
+message RebuildProgress {
+  uint64 sent_bytes = 1;
+  uint64 scanned_bytes = 2;
+  uint64 total_bytes = 3;
+}
+
+message EngineReplica {
+  ReplicaRef ref = 1;
+  string mode = 2;  // RW, WO or ERR
+  int32 last_error = 3;
+  RebuildProgress rebuild = 4;  // set while it is being rebuilt
+}
+
+message NbdExport {
+  string address = 1;
+  string uri = 2;
+}
+
+message EngineInfo {
+  string volume = 1;
+  uint64 size_bytes = 2;
+  uint64 epoch = 3;
+  repeated EngineReplica replicas = 4;
+  NbdExport nbd = 5;  // unset = not exported
+}
+
+message EngineList { repeated EngineInfo engines = 1; }
+
+message AddReplicaRequest {
+  string volume = 1;
+  ReplicaRef replica = 2;
+}
+
+message RemoveReplicaRequest {
+  string volume = 1;
+  string replica_id = 2;
+}
+
+message RebuildResult {
+  string replica_id = 1;
+  uint64 scanned_bytes = 2;
+  uint64 sent_bytes = 3;
+  uint64 unmapped_bytes = 4;
+  uint64 duration_ms = 5;
+}
+
+// One DataEngineEvent; which fields are set depends on type.
+message Event {
+  string type = 1;
+  string volume = 2;
+  string replica_id = 3;
+  int32 errno = 4;
+  string message = 5;
+  uint64 epoch = 6;
+  RebuildProgress progress = 7;
+  string code = 8;
+  uint32 attempt = 9;
+  uint64 delay_ms = 10;
+}
+`;
+
+/** How messages map to JavaScript objects (both ends use the same). */
+export const PROTO_LOADER_OPTIONS = { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true } as const;
+
+let cached: PackageDefinition | undefined;
+
+/** The parsed package definition (parsed once). */
+export function dataEnginePackageDefinition(): PackageDefinition {
+  if (!cached) {
+    const parsed = protobuf.parse(DATA_ENGINE_PROTO, { keepCase: false });
+    cached = fromJSON(parsed.root.toJSON(), PROTO_LOADER_OPTIONS);
+  }
+  return cached;
+}

@@ -1,0 +1,319 @@
+/**
+ * RemoteDataEngine: a {@link DataEngine} in another process (`mooring data-engine`),
+ * reached over gRPC. Every call has a deadline; failures come back as the MooringError code
+ * the data engine raised (or UNAVAILABLE when it cannot be reached). `watch()` keeps one
+ * event stream open and reconnects it with back-off while anyone listens.
+ */
+import {
+  ChannelCredentials,
+  Metadata,
+  credentials,
+  loadPackageDefinition,
+  type Client,
+  type ClientReadableStream,
+  type ServiceError,
+} from '@grpc/grpc-js';
+
+import { MooringError } from '../../errors.js';
+import { parseNbdAddress } from '../../nbd/nbd-address.js';
+import { describe } from '../../util/validate.js';
+import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
+import type {
+  DataEngine,
+  DataEngineEvent,
+  DataEngineInfo,
+  EngineInfo,
+  EngineReplicaRef,
+  EngineStartOptions,
+  HostedReplicaInfo,
+  RebuildResult,
+} from '../data-engine.js';
+import {
+  engineFromMsg,
+  eventFromMsg,
+  fromGrpcError,
+  hostedFromMsg,
+  infoFromMsg,
+  rebuildResultFromMsg,
+  refToMsg,
+  type Msg,
+} from './codec.js';
+import { GRPC_LIMITS } from './data-engine-grpc-server.js';
+import { dataEnginePackageDefinition } from './data-engine-proto.js';
+
+/** Defaults of {@link RemoteDataEngineOptions}. */
+export const REMOTE_DATA_ENGINE_DEFAULTS = {
+  /** Deadline of an ordinary call. */
+  timeoutMs: 30_000,
+  /** Deadline of addReplica (a whole rebuild) and stopEngine (a drain). */
+  longCallTimeoutMs: 6 * 3600_000,
+  /** First and largest delay before the watch stream reconnects. */
+  watchRetryFirstMs: 250,
+  watchRetryMaxMs: 5000,
+} as const;
+
+/** Bounds of the deadlines in {@link RemoteDataEngineOptions}. */
+const TIMEOUT_MS_MIN = 100;
+const TIMEOUT_MS_MAX = 7 * 24 * 3600_000;
+/** Listeners of {@link RemoteDataEngine.watch}. */
+const WATCHERS_MAX = 1024;
+
+/** Options of {@link RemoteDataEngine.connect}. */
+export interface RemoteDataEngineOptions {
+  /** `unix:PATH` or `tcp:HOST:PORT` of the data engine's gRPC server. */
+  address: string;
+  /** Mutual TLS (TCP): our client certificate, key, and the CA the server's certificate must chain to. */
+  tls?: DataEngineTlsOptions;
+  /** Allow plain TCP to a non-loopback host (default false). */
+  allowInsecureRemote?: boolean;
+  /** Deadline per call (default 30 s). */
+  timeoutMs?: number;
+  /** Deadline of addReplica and stopEngine (default 6 h). */
+  longCallTimeoutMs?: number;
+}
+
+type Callback = (err: ServiceError | null, reply?: Msg) => void;
+type UnaryMethod = (req: Msg, md: Metadata, opts: { deadline: number }, cb: Callback) => void;
+
+function timeoutIn(what: string, v: unknown, fallback: number): number {
+  if (v === undefined) return fallback;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < TIMEOUT_MS_MIN || v > TIMEOUT_MS_MAX) {
+    throw new MooringError('INVALID_ARGUMENT', `${what} must be an integer in ${TIMEOUT_MS_MIN}..${TIMEOUT_MS_MAX} (got ${describe(v)})`);
+  }
+  return v;
+}
+
+/** A data engine in another process, over gRPC; see the module comment. */
+export class RemoteDataEngine implements DataEngine {
+  /** Host id of the data engine (fetched once at connect). */
+  readonly hostId: string;
+  /** The address it was reached at. */
+  readonly address: string;
+  readonly #client: Client;
+  readonly #timeoutMs: number;
+  readonly #longTimeoutMs: number;
+  readonly #listeners = new Set<(event: DataEngineEvent) => void>();
+  #stream: ClientReadableStream<Msg> | undefined;
+  #retryTimer: NodeJS.Timeout | undefined;
+  #retryMs: number = REMOTE_DATA_ENGINE_DEFAULTS.watchRetryFirstMs;
+  #closed = false;
+
+  private constructor(client: Client, address: string, hostId: string, timeoutMs: number, longTimeoutMs: number) {
+    this.#client = client;
+    this.address = address;
+    this.hostId = hostId;
+    this.#timeoutMs = timeoutMs;
+    this.#longTimeoutMs = longTimeoutMs;
+  }
+
+  /**
+   * Connects and asks the data engine who it is.
+   *
+   * @throws MooringError INVALID_ARGUMENT, UNAVAILABLE (not reachable in time)
+   */
+  static async connect(options: RemoteDataEngineOptions): Promise<RemoteDataEngine> {
+    if (typeof options !== 'object' || options === null) {
+      throw new MooringError('INVALID_ARGUMENT', `connect options must be {address, tls?, timeoutMs?} (got ${describe(options)})`);
+    }
+    const tls = checkTls(options.tls);
+    const timeoutMs = timeoutIn('timeoutMs', options.timeoutMs, REMOTE_DATA_ENGINE_DEFAULTS.timeoutMs);
+    const longTimeoutMs = timeoutIn('longCallTimeoutMs', options.longCallTimeoutMs, REMOTE_DATA_ENGINE_DEFAULTS.longCallTimeoutMs);
+    const addr = parseNbdAddress(options.address);
+    let target: string;
+    let creds: ChannelCredentials;
+    if (addr.kind === 'unix') {
+      target = `unix://${addr.path}`;
+      creds = credentials.createInsecure();
+    } else {
+      checkLoopbackRule('data engine address', addr.host, tls !== undefined, options.allowInsecureRemote === true);
+      target = formatTcpAddress({ host: addr.host, port: addr.port }).slice('tcp:'.length);
+      creds = tls
+        ? credentials.createSsl(Buffer.from(tls.ca), Buffer.from(tls.key), Buffer.from(tls.cert), {
+            // Hosts are often reached by IP: the CA (a cluster's own) is what is checked, as
+            // the replica protocol does.
+            checkServerIdentity: () => undefined,
+          })
+        : credentials.createInsecure();
+    }
+    const Ctor = (loadPackageDefinition(dataEnginePackageDefinition()) as unknown as { mooring: { dataengine: { v1: { DataEngine: new (t: string, c: ChannelCredentials, o: object) => Client } } } }).mooring.dataengine.v1.DataEngine;
+    const client = new Ctor(target, creds, {
+      'grpc.max_receive_message_length': GRPC_LIMITS.messageBytesMax,
+      'grpc.max_send_message_length': GRPC_LIMITS.messageBytesMax,
+    });
+    const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port: addr.port });
+    try {
+      const info = infoFromMsg(await unaryCall(client, 'Info', {}, timeoutMs, `data engine at ${address}: info`));
+      return new RemoteDataEngine(client, address, info.hostId, timeoutMs, longTimeoutMs);
+    } catch (err) {
+      client.close();
+      throw err;
+    }
+  }
+
+  /** @inheritDoc DataEngine.info */
+  async info(): Promise<DataEngineInfo> {
+    return infoFromMsg(await this.#call('Info', {}));
+  }
+
+  /** @inheritDoc DataEngine.createReplica */
+  async createReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
+    if (typeof sizeBytes !== 'number' || !Number.isSafeInteger(sizeBytes) || sizeBytes < 0) {
+      throw new MooringError('INVALID_ARGUMENT', `sizeBytes must be a non-negative integer (got ${describe(sizeBytes)})`);
+    }
+    return hostedFromMsg(await this.#call('CreateReplica', { name, sizeBytes }));
+  }
+
+  /** @inheritDoc DataEngine.deleteReplica */
+  async deleteReplica(name: string): Promise<void> {
+    await this.#call('DeleteReplica', { name });
+  }
+
+  /** @inheritDoc DataEngine.listReplicas */
+  async listReplicas(): Promise<HostedReplicaInfo[]> {
+    const reply = await this.#call('ListReplicas', {});
+    return (Array.isArray(reply.replicas) ? (reply.replicas as Msg[]) : []).map(hostedFromMsg);
+  }
+
+  /** @inheritDoc DataEngine.startEngine */
+  async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
+    if (typeof options !== 'object' || options === null || !Array.isArray(options.replicas)) {
+      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, nbd?, ioTimeoutMs?} (got ${describe(options)})`);
+    }
+    const req: Msg = {
+      volume: options.volume,
+      replicas: options.replicas.map((r) => refToMsg(checkRefShape(r))),
+      nbd: options.nbd ?? '',
+      ioTimeoutMs: options.ioTimeoutMs ?? 0,
+    };
+    return engineFromMsg(await this.#call('StartEngine', req, this.#longTimeoutMs));
+  }
+
+  /** @inheritDoc DataEngine.stopEngine */
+  async stopEngine(volume: string): Promise<void> {
+    await this.#call('StopEngine', { volume }, this.#longTimeoutMs);
+  }
+
+  /** @inheritDoc DataEngine.engineInfo */
+  async engineInfo(volume: string): Promise<EngineInfo> {
+    return engineFromMsg(await this.#call('EngineInfo', { volume }));
+  }
+
+  /** @inheritDoc DataEngine.listEngines */
+  async listEngines(): Promise<EngineInfo[]> {
+    const reply = await this.#call('ListEngines', {});
+    return (Array.isArray(reply.engines) ? (reply.engines as Msg[]) : []).map(engineFromMsg);
+  }
+
+  /** @inheritDoc DataEngine.addReplica */
+  async addReplica(volume: string, replica: EngineReplicaRef): Promise<RebuildResult> {
+    return rebuildResultFromMsg(await this.#call('AddReplica', { volume, replica: refToMsg(checkRefShape(replica)) }, this.#longTimeoutMs));
+  }
+
+  /** @inheritDoc DataEngine.removeReplica */
+  async removeReplica(volume: string, replicaId: string): Promise<void> {
+    await this.#call('RemoveReplica', { volume, replicaId });
+  }
+
+  /**
+   * Subscribes to the data engine's events. One stream serves all listeners; when it
+   * breaks (the data engine restarted, the network failed) it is reopened with back-off.
+   * Events raised while it was broken are not replayed: read engineInfo() after a gap.
+   */
+  watch(listener: (event: DataEngineEvent) => void): () => void {
+    if (typeof listener !== 'function') throw new MooringError('INVALID_ARGUMENT', 'watch needs a function');
+    if (this.#closed) throw new MooringError('CLOSED', `connection to data engine ${this.hostId} is closed`);
+    if (this.#listeners.size >= WATCHERS_MAX) throw new MooringError('BUSY', `${WATCHERS_MAX} watchers are registered already`);
+    const entry = (e: DataEngineEvent): void => listener(e);
+    this.#listeners.add(entry);
+    if (!this.#stream && !this.#retryTimer) this.#openStream();
+    return () => {
+      this.#listeners.delete(entry);
+      if (this.#listeners.size === 0) this.#stopStream();
+    };
+  }
+
+  /** Closes the connection; the data engine and its engines keep running. Idempotent. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#listeners.clear();
+    this.#stopStream();
+    this.#client.close();
+  }
+
+  #call(method: string, req: Msg, timeoutMs = this.#timeoutMs): Promise<Msg> {
+    if (this.#closed) return Promise.reject(new MooringError('CLOSED', `connection to data engine ${this.hostId} is closed`));
+    return unaryCall(this.#client, method, req, timeoutMs, `data engine ${this.hostId}: ${method}`);
+  }
+
+  #openStream(): void {
+    if (this.#closed || this.#listeners.size === 0) return;
+    const stream = (this.#client as unknown as { Watch: (req: Msg) => ClientReadableStream<Msg> }).Watch({});
+    this.#stream = stream;
+    stream.on('data', (m: Msg) => {
+      // Data flowing means the stream is healthy again.
+      this.#retryMs = REMOTE_DATA_ENGINE_DEFAULTS.watchRetryFirstMs;
+      const event = eventFromMsg(m);
+      if (!event) return;
+      for (const l of [...this.#listeners]) {
+        try {
+          l(event);
+        } catch (err) {
+          process.nextTick(() => {
+            throw err;
+          });
+        }
+      }
+    });
+    stream.on('metadata', () => {
+      this.#retryMs = REMOTE_DATA_ENGINE_DEFAULTS.watchRetryFirstMs;
+    });
+    const broken = (): void => {
+      if (this.#stream !== stream) return;
+      this.#stream = undefined;
+      if (this.#closed || this.#listeners.size === 0) return;
+      const delay = this.#retryMs;
+      this.#retryMs = Math.min(this.#retryMs * 2, REMOTE_DATA_ENGINE_DEFAULTS.watchRetryMaxMs);
+      this.#retryTimer = setTimeout(() => {
+        this.#retryTimer = undefined;
+        this.#openStream();
+      }, delay);
+    };
+    stream.on('error', broken);
+    stream.on('end', broken);
+  }
+
+  #stopStream(): void {
+    if (this.#retryTimer) clearTimeout(this.#retryTimer);
+    this.#retryTimer = undefined;
+    const s = this.#stream;
+    this.#stream = undefined;
+    if (s) {
+      s.on('error', () => undefined);
+      s.cancel();
+    }
+  }
+}
+
+function unaryCall(client: Client, method: string, req: Msg, timeoutMs: number, what: string): Promise<Msg> {
+  const fn = (client as unknown as Record<string, UnaryMethod>)[method]!;
+  return new Promise((res, rej) => {
+    fn.call(client, req, new Metadata(), { deadline: Date.now() + timeoutMs }, (err, reply) => {
+      if (err) rej(fromGrpcError(err, what));
+      else res(reply ?? {});
+    });
+  });
+}
+
+// Shape only (types that protobuf could not encode); the data engine validates the rest.
+function checkRefShape(r: unknown): EngineReplicaRef {
+  if (typeof r !== 'object' || r === null) throw new MooringError('INVALID_ARGUMENT', `a replica ref must be {id, hostId, name, address} (got ${describe(r)})`);
+  const x = r as Record<string, unknown>;
+  for (const k of ['id', 'hostId', 'name'] as const) {
+    if (typeof x[k] !== 'string') throw new MooringError('INVALID_ARGUMENT', `replica ${k} must be a string (got ${describe(x[k])})`);
+  }
+  if (x.address !== null && x.address !== undefined && typeof x.address !== 'string') {
+    throw new MooringError('INVALID_ARGUMENT', `replica address must be tcp:HOST:PORT or null (got ${describe(x.address)})`);
+  }
+  return r as EngineReplicaRef;
+}

@@ -1,0 +1,820 @@
+/**
+ * LocalDataEngine: the {@link DataEngine} of this host, in this process. It owns a
+ * directory (`DIR/replicas/<name>/` per replica, `DIR/data-engine.json`, a lock), serves its
+ * replicas to engines elsewhere through the native replica server, runs engines (one per
+ * volume, each optionally exported over NBD), and repairs them: a replica that is ERR is
+ * re-added (rebuilt) with back-off until it is RW again, rebuilds bounded across engines.
+ */
+import { mkdir, readdir, rm } from 'node:fs/promises';
+import { isAbsolute, join, resolve } from 'node:path';
+
+import { MooringError, callNative, codeFromErrno, toMooringError } from '../errors.js';
+import { Engine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent } from '../engine/engine.js';
+import type { NativeAddon, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
+import { loadAddon, packageVersion } from '../native/load.js';
+import type { NbdExport } from '../nbd/nbd-export.js';
+import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
+import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
+import { checkName, checkVolumeSize, describe } from '../util/validate.js';
+import { VolumeLock } from '../volume/volume-lock.js';
+import {
+  checkLoopbackRule,
+  checkTls,
+  formatTcpAddress,
+  parseTcpAddress,
+  type DataEngineTlsOptions,
+  type TcpAddress,
+} from './addresses.js';
+import type {
+  DataEngine,
+  DataEngineEvent,
+  DataEngineInfo,
+  EngineInfo,
+  EngineReplicaInfo,
+  EngineReplicaRef,
+  EngineStartOptions,
+  HostedReplicaInfo,
+  RebuildProgress,
+  RebuildResult,
+} from './data-engine.js';
+import { Semaphore } from './semaphore.js';
+
+/** Defaults of {@link LocalDataEngineOptions}. */
+export const DATA_ENGINE_DEFAULTS = {
+  /** Replica server address: loopback, any free port. */
+  replicaListen: 'tcp:127.0.0.1:0',
+  /** Rebuilds running at once across all engines of one data engine. */
+  maxConcurrentRebuilds: 2,
+  /** Self-repair: first re-add of an ERR replica after this long. */
+  repairFirstRetryMs: 1000,
+  /** Self-repair: the back-off doubles up to this interval, then retries at it until the replica is RW or removed. */
+  repairMaxRetryMs: 15_000,
+  /** Engine-to-replica I/O timeout for remote replicas. */
+  ioTimeoutMs: 8000,
+} as const;
+
+/** Bounds of {@link LocalDataEngineOptions}. */
+export const DATA_ENGINE_LIMITS = {
+  maxConcurrentRebuildsMax: 64,
+  /** Rebuilds waiting for a permit (all engines); more is refused with BUSY. */
+  rebuildWaitersMax: 4096,
+  repairRetryMsMin: 10,
+  repairRetryMsMax: 3_600_000,
+  ioTimeoutMsMin: 100,
+  ioTimeoutMsMax: 600_000,
+  /** Listeners of {@link LocalDataEngine.watch}. */
+  watchersMax: 1024,
+  /** Replicas one data engine lists (a directory with more is refused). */
+  replicasMax: 100_000,
+} as const;
+
+/** The file recording who owns a data engine directory. */
+export const DATA_ENGINE_FILE = 'data-engine.json';
+/** The lock file of a data engine directory. */
+export const DATA_ENGINE_LOCK_FILE = 'data-engine.lock';
+/** Subdirectory holding the replicas (served by the replica server). */
+export const DATA_ENGINE_REPLICAS_SUBDIR = 'replicas';
+const DATA_ENGINE_FORMAT = 'mooring-data-engine';
+const DATA_ENGINE_FILE_BYTES_MAX = 64 * 1024;
+
+/** Self-repair settings of {@link LocalDataEngineOptions}. */
+export interface DataEngineRepairOptions {
+  /** Re-add ERR replicas without being asked (default true). */
+  enabled?: boolean;
+  /** Delay of the first attempt after a replica goes ERR (default 1000 ms). */
+  firstRetryMs?: number;
+  /** Largest delay between attempts; the delay doubles up to it (default 15000 ms). */
+  maxRetryMs?: number;
+}
+
+/** Options of {@link LocalDataEngine.start}. */
+export interface LocalDataEngineOptions {
+  /** Directory the data engine owns (created if missing). */
+  dir: string;
+  /** This host's id, as other hosts name it in {@link EngineReplicaRef.hostId} ([A-Za-z0-9._-]{1,63}). */
+  hostId: string;
+  /** Replica server address `tcp:HOST:PORT` (default tcp:127.0.0.1:0); null: serve no replicas to other hosts. */
+  replicaListen?: string | null;
+  /** Mutual TLS for the replica server and for reaching other hosts' replicas. */
+  tls?: DataEngineTlsOptions;
+  /** Allow a non-loopback replica server without TLS (default false). */
+  allowInsecureRemote?: boolean;
+  /** Rebuilds at once across all engines (default 2, at most 64). */
+  maxConcurrentRebuilds?: number;
+  /** Self-repair settings. */
+  repair?: DataEngineRepairOptions;
+  /** The native addon (default: this package's). Tests inject a fake. */
+  addon?: NativeAddon;
+}
+
+interface RepairState {
+  attempt: number;
+  delayMs: number;
+  phase: 'idle' | 'waiting' | 'busy';
+  timer?: NodeJS.Timeout;
+  /** The attempt in progress (phase busy). */
+  promise?: Promise<RebuildResult>;
+}
+
+interface EngineSlot {
+  volume: string;
+  engine: Engine;
+  refs: EngineReplicaRef[];
+  ioTimeoutMs: number;
+  nbd: NbdExport | null;
+  progress: Map<string, RebuildProgress>;
+  repairs: Map<string, RepairState>;
+  /** Rebuilds of one engine run one after another (the native engine allows one). */
+  serial: Promise<unknown>;
+  stopping: boolean;
+}
+
+function intIn(what: string, value: unknown, min: number, max: number, fallback: number): number {
+  if (value === undefined) return fallback;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw new MooringError('INVALID_ARGUMENT', `${what} must be an integer in ${min}..${max} (got ${describe(value)})`);
+  }
+  return value;
+}
+
+/** The {@link DataEngine} of this host, in this process; see the module comment. */
+export class LocalDataEngine implements DataEngine {
+  /** Host id. */
+  readonly hostId: string;
+  /** Directory it owns (absolute). */
+  readonly dir: string;
+  readonly #replicasDir: string;
+  readonly #addon: NativeAddon;
+  readonly #lock: VolumeLock;
+  readonly #tls: DataEngineTlsOptions | undefined;
+  readonly #server: NativeReplicaServer | null;
+  readonly #replicaAddress: TcpAddress | null;
+  readonly #rebuilds: Semaphore;
+  readonly #repair: Required<DataEngineRepairOptions>;
+  readonly #engines = new Map<string, EngineSlot>();
+  readonly #starting = new Set<string>();
+  readonly #replicaOps = new Set<string>();
+  readonly #listeners = new Set<(event: DataEngineEvent) => void>();
+  #closing: Promise<void> | undefined;
+
+  private constructor(init: {
+    hostId: string;
+    dir: string;
+    addon: NativeAddon;
+    lock: VolumeLock;
+    tls: DataEngineTlsOptions | undefined;
+    server: NativeReplicaServer | null;
+    replicaAddress: TcpAddress | null;
+    maxConcurrentRebuilds: number;
+    repair: Required<DataEngineRepairOptions>;
+  }) {
+    this.hostId = init.hostId;
+    this.dir = init.dir;
+    this.#replicasDir = join(init.dir, DATA_ENGINE_REPLICAS_SUBDIR);
+    this.#addon = init.addon;
+    this.#lock = init.lock;
+    this.#tls = init.tls;
+    this.#server = init.server;
+    this.#replicaAddress = init.replicaAddress;
+    this.#rebuilds = new Semaphore(init.maxConcurrentRebuilds, DATA_ENGINE_LIMITS.rebuildWaitersMax);
+    this.#repair = init.repair;
+  }
+
+  /**
+   * Starts the data engine of this host: locks `dir` (one data engine per directory),
+   * checks that it belongs to `hostId`, and starts the replica server.
+   *
+   * @throws MooringError INVALID_ARGUMENT (options; a non-loopback replicaListen without
+   *   TLS; a directory of another host), BUSY (dir in use), ADDRESS_IN_USE, NATIVE_LOAD_FAILED
+   */
+  static async start(options: LocalDataEngineOptions): Promise<LocalDataEngine> {
+    if (typeof options !== 'object' || options === null) {
+      throw new MooringError('INVALID_ARGUMENT', `data engine options must be an object (got ${describe(options)})`);
+    }
+    if (typeof options.dir !== 'string' || options.dir.length === 0 || options.dir.includes('\0')) {
+      throw new MooringError('INVALID_ARGUMENT', `dir must be a path (got ${describe(options.dir)})`);
+    }
+    const dir = isAbsolute(options.dir) ? resolve(options.dir) : resolve(process.cwd(), options.dir);
+    const hostId = checkName('hostId', options.hostId);
+    const tls = checkTls(options.tls);
+    const allowInsecure = options.allowInsecureRemote === true;
+    const listen = options.replicaListen === undefined ? DATA_ENGINE_DEFAULTS.replicaListen : options.replicaListen;
+    const listenAddress = listen === null ? null : parseTcpAddress(listen, 'replicaListen', true);
+    if (listenAddress) checkLoopbackRule('replicaListen', listenAddress.host, tls !== undefined, allowInsecure);
+    const maxConcurrentRebuilds = intIn(
+      'maxConcurrentRebuilds',
+      options.maxConcurrentRebuilds,
+      1,
+      DATA_ENGINE_LIMITS.maxConcurrentRebuildsMax,
+      DATA_ENGINE_DEFAULTS.maxConcurrentRebuilds,
+    );
+    const r = options.repair ?? {};
+    if (typeof r !== 'object' || r === null) throw new MooringError('INVALID_ARGUMENT', `repair must be an object (got ${describe(r)})`);
+    const { repairRetryMsMin: lo, repairRetryMsMax: hi } = DATA_ENGINE_LIMITS;
+    const repair: Required<DataEngineRepairOptions> = {
+      enabled: r.enabled !== false,
+      firstRetryMs: intIn('repair.firstRetryMs', r.firstRetryMs, lo, hi, DATA_ENGINE_DEFAULTS.repairFirstRetryMs),
+      maxRetryMs: intIn('repair.maxRetryMs', r.maxRetryMs, lo, hi, DATA_ENGINE_DEFAULTS.repairMaxRetryMs),
+    };
+    if (repair.maxRetryMs < repair.firstRetryMs) {
+      throw new MooringError('INVALID_ARGUMENT', `repair.maxRetryMs (${repair.maxRetryMs}) must be at least repair.firstRetryMs (${repair.firstRetryMs})`);
+    }
+    const addon = options.addon ?? loadAddon();
+
+    await mkdir(join(dir, DATA_ENGINE_REPLICAS_SUBDIR), { recursive: true }).catch((err: unknown) =>
+      Promise.reject(toMooringError(err, `creating ${dir}`)),
+    );
+    const lock = await VolumeLock.acquire(dir, {
+      file: DATA_ENGINE_LOCK_FILE,
+      what: 'data engine directory',
+      hint: 'another data engine (`mooring data-engine` or an embedding process) uses it; stop it first',
+    });
+    let server: NativeReplicaServer | null = null;
+    try {
+      await claimDirectory(dir, hostId);
+      let replicaAddress: TcpAddress | null = null;
+      if (listenAddress) {
+        if (typeof addon.startReplicaServer !== 'function') {
+          throw new MooringError('UNSUPPORTED', 'this build of the native addon has no replica server; start the data engine with replicaListen: null (--replica-listen none)');
+        }
+        server = await callNative(
+          () =>
+            addon.startReplicaServer({
+              root: join(dir, DATA_ENGINE_REPLICAS_SUBDIR),
+              host: listenAddress.host,
+              port: listenAddress.port,
+              ...(tls ? { tls: { ...tls, serverName: '' } } : {}),
+            }),
+          `starting the replica server on ${formatTcpAddress(listenAddress)}`,
+        );
+        replicaAddress = { host: listenAddress.host, port: server.port };
+      }
+      return new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, repair });
+    } catch (err) {
+      if (server) await server.close().catch(() => undefined);
+      await lock.release();
+      throw err;
+    }
+  }
+
+  /** @inheritDoc DataEngine.info */
+  async info(): Promise<DataEngineInfo> {
+    this.#assertOpen();
+    return {
+      hostId: this.hostId,
+      version: packageVersion(),
+      dir: this.dir,
+      replicaAddress: this.#replicaAddress ? formatTcpAddress(this.#replicaAddress) : null,
+      tls: this.#tls !== undefined,
+    };
+  }
+
+  /** @inheritDoc DataEngine.createReplica */
+  async createReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
+    this.#assertOpen();
+    checkName('replica name', name);
+    checkVolumeSize(sizeBytes);
+    return this.#withReplicaOp(name, async () => {
+      const path = join(this.#replicasDir, name);
+      if (await pathExists(path)) throw new MooringError('ALREADY_EXISTS', `replica ${name} exists on ${this.hostId} (${path})`, { details: { name } });
+      try {
+        await callNative(() => this.#addon.createReplica(path, sizeBytes), `creating replica ${name}`);
+      } catch (err) {
+        // Leave no half-made replica behind to be mistaken for one.
+        await rm(path, { recursive: true, force: true }).catch(() => undefined);
+        throw err;
+      }
+      return this.#hosted(name, await this.#inspect(name));
+    });
+  }
+
+  /** @inheritDoc DataEngine.deleteReplica */
+  async deleteReplica(name: string): Promise<void> {
+    this.#assertOpen();
+    checkName('replica name', name);
+    return this.#withReplicaOp(name, async () => {
+      const path = join(this.#replicasDir, name);
+      if (!(await pathExists(path))) throw new MooringError('NOT_FOUND', `no replica ${name} on ${this.hostId}`, { details: { name } });
+      const user = this.#engineUsing(name);
+      if (user) throw new MooringError('BUSY', `replica ${name} is open in the engine of volume ${user}; stop it first`, { details: { name, volume: user } });
+      const info = await this.#inspect(name).catch((err: unknown) => {
+        // A replica that cannot be read at all (half-created, damaged) may still be deleted.
+        if (err instanceof MooringError && (err.code === 'NOT_FOUND' || err.code === 'CORRUPT_METADATA')) return undefined;
+        throw err;
+      });
+      if (info && info.users > 0) {
+        throw new MooringError('BUSY', `replica ${name} is in use (${info.users} open handles, e.g. served to an engine on another host)`, { details: { name } });
+      }
+      await rm(path, { recursive: true, force: true }).catch((err: unknown) => Promise.reject(toMooringError(err, `deleting replica ${name}`)));
+    });
+  }
+
+  /** @inheritDoc DataEngine.listReplicas */
+  async listReplicas(): Promise<HostedReplicaInfo[]> {
+    this.#assertOpen();
+    const entries = await readdir(this.#replicasDir, { withFileTypes: true }).catch((err: unknown) =>
+      Promise.reject(toMooringError(err, `listing ${this.#replicasDir}`)),
+    );
+    const names = entries
+      .filter((e) => e.isDirectory())
+      .map((e) => e.name)
+      .filter((n) => {
+        try {
+          checkName('replica name', n);
+          return true;
+        } catch {
+          return false;
+        }
+      })
+      .sort();
+    if (names.length > DATA_ENGINE_LIMITS.replicasMax) {
+      throw new MooringError('INVALID_STATE', `${this.#replicasDir} holds ${names.length} replicas, more than the ${DATA_ENGINE_LIMITS.replicasMax} listed`);
+    }
+    const out: HostedReplicaInfo[] = [];
+    for (const name of names) {
+      if (this.#replicaOps.has(name)) continue;
+      try {
+        out.push(this.#hosted(name, await this.#inspect(name)));
+      } catch (err) {
+        // A directory without replica metadata (a create that crashed) is not a replica.
+        if (err instanceof MooringError && err.code === 'NOT_FOUND') continue;
+        throw err;
+      }
+    }
+    return out;
+  }
+
+  /** @inheritDoc DataEngine.startEngine */
+  async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
+    this.#assertOpen();
+    if (typeof options !== 'object' || options === null) {
+      throw new MooringError('INVALID_ARGUMENT', `engine start options must be an object (got ${describe(options)})`);
+    }
+    const volume = checkName('volume', options.volume);
+    const refs = checkRefs(options.replicas);
+    const ioTimeoutMs = intIn(
+      'ioTimeoutMs',
+      options.ioTimeoutMs,
+      DATA_ENGINE_LIMITS.ioTimeoutMsMin,
+      DATA_ENGINE_LIMITS.ioTimeoutMsMax,
+      DATA_ENGINE_DEFAULTS.ioTimeoutMs,
+    );
+    const nbd = options.nbd ?? null;
+    if (nbd !== null && typeof nbd !== 'string') throw new MooringError('INVALID_ARGUMENT', `nbd must be unix:PATH or tcp:HOST:PORT (got ${describe(nbd)})`);
+    if (this.#engines.has(volume) || this.#starting.has(volume)) {
+      throw new MooringError('ALREADY_EXISTS', `an engine for volume ${volume} runs on ${this.hostId} already`, { details: { volume } });
+    }
+    this.#starting.add(volume);
+    try {
+      const specs: EngineReplicaSpec[] = [];
+      for (const ref of refs) {
+        if (ref.hostId === this.hostId) {
+          const user = this.#engineUsing(ref.name);
+          if (user) throw new MooringError('BUSY', `replica ${ref.name} is open in the engine of volume ${user}`, { details: { name: ref.name, volume: user } });
+          if (!(await pathExists(join(this.#replicasDir, ref.name)))) {
+            throw new MooringError('NOT_FOUND', `replica ${ref.id}: no replica ${ref.name} on ${this.hostId}`, { details: { replicaId: ref.id, name: ref.name } });
+          }
+        }
+        specs.push(this.#spec(ref, ioTimeoutMs));
+      }
+      const engine = await Engine.open({ replicas: specs, addon: this.#addon });
+      const slot: EngineSlot = {
+        volume,
+        engine,
+        refs,
+        ioTimeoutMs,
+        nbd: null,
+        progress: new Map(),
+        repairs: new Map(),
+        serial: Promise.resolve(),
+        stopping: false,
+      };
+      this.#wire(slot);
+      if (nbd !== null) {
+        try {
+          slot.nbd = await engine.exportNbd({ nbd });
+        } catch (err) {
+          await engine.close().catch(() => undefined);
+          throw err;
+        }
+      }
+      this.#engines.set(volume, slot);
+      for (const r of engine.replicas()) {
+        if (r.mode !== 'ERR') continue;
+        // Unreachable (an errno) or out of date (fenced by a newer epoch, no errno).
+        const code = r.lastErrno !== 0 ? codeFromErrno(r.lastErrno) : 'INVALID_STATE';
+        this.#scheduleRepair(slot, r.id, code, `replica ${r.id} is ERR at engine start${r.lastErrno !== 0 ? ` (errno ${r.lastErrno})` : ' (out of date)'}`);
+      }
+      return this.#engineInfo(slot);
+    } finally {
+      this.#starting.delete(volume);
+    }
+  }
+
+  /** @inheritDoc DataEngine.stopEngine */
+  async stopEngine(volume: string): Promise<void> {
+    this.#assertOpen();
+    await this.#stop(this.#slot(volume));
+  }
+
+  /** @inheritDoc DataEngine.engineInfo */
+  async engineInfo(volume: string): Promise<EngineInfo> {
+    this.#assertOpen();
+    return this.#engineInfo(this.#slot(volume));
+  }
+
+  /** @inheritDoc DataEngine.listEngines */
+  async listEngines(): Promise<EngineInfo[]> {
+    this.#assertOpen();
+    return [...this.#engines.values()]
+      .filter((s) => !s.stopping)
+      .sort((a, b) => (a.volume < b.volume ? -1 : 1))
+      .map((s) => this.#engineInfo(s));
+  }
+
+  /** @inheritDoc DataEngine.addReplica */
+  async addReplica(volume: string, replica: EngineReplicaRef): Promise<RebuildResult> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    const ref = checkRefs([replica])[0]!;
+    const current = slot.refs.find((r) => r.id === ref.id);
+    const st = slot.repairs.get(ref.id);
+    if (current && sameReplica(current, ref) && st?.phase === 'busy' && st.promise) return st.promise;
+    const clash = slot.refs.find((r) => r.id !== ref.id && sameReplica(r, ref));
+    if (clash) throw new MooringError('INVALID_ARGUMENT', `replica ${ref.name} on ${ref.hostId} is in volume ${volume} already as ${clash.id}`);
+    if (ref.hostId === this.hostId) {
+      const user = this.#engineUsing(ref.name);
+      if (user && user !== volume) throw new MooringError('BUSY', `replica ${ref.name} is open in the engine of volume ${user}`);
+      if (!(await pathExists(join(this.#replicasDir, ref.name)))) throw new MooringError('NOT_FOUND', `no replica ${ref.name} on ${this.hostId}`);
+    }
+    if (current && !sameReplica(current, ref)) {
+      // A different replica takes over the slot: the old one must not be RW.
+      const mode = slot.engine.replicas().find((r) => r.id === ref.id)?.mode;
+      if (mode === 'RW') throw new MooringError('INVALID_STATE', `replica ${ref.id} of ${volume} is RW; remove it before replacing it`);
+      this.#cancelRepair(slot, ref.id);
+      await slot.engine.removeReplica(ref.id).catch((err: unknown) => {
+        if (!(err instanceof MooringError && err.code === 'NOT_FOUND')) throw err;
+      });
+      slot.refs = slot.refs.filter((r) => r.id !== ref.id);
+    }
+    if (!slot.refs.some((r) => r.id === ref.id)) {
+      if (slot.refs.length >= REPLICA_COUNT_MAX) throw new MooringError('INVALID_ARGUMENT', `volume ${volume} has ${REPLICA_COUNT_MAX} replicas already`);
+      slot.refs.push(ref);
+    }
+    this.#cancelRepair(slot, ref.id);
+    return this.#attempt(slot, ref.id);
+  }
+
+  /** @inheritDoc DataEngine.removeReplica */
+  async removeReplica(volume: string, replicaId: string): Promise<void> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkName('replica id', replicaId);
+    if (!slot.refs.some((r) => r.id === replicaId)) throw new MooringError('NOT_FOUND', `volume ${volume} has no replica ${replicaId}`);
+    const mode = slot.engine.replicas().find((r) => r.id === replicaId)?.mode;
+    if (mode === 'RW') throw new MooringError('INVALID_STATE', `replica ${replicaId} of ${volume} is RW; only ERR or rebuilding replicas can be removed`);
+    this.#cancelRepair(slot, replicaId);
+    slot.refs = slot.refs.filter((r) => r.id !== replicaId);
+    slot.progress.delete(replicaId);
+    await slot.engine.removeReplica(replicaId).catch((err: unknown) => {
+      if (!(err instanceof MooringError && err.code === 'NOT_FOUND')) throw err;
+    });
+  }
+
+  /** @inheritDoc DataEngine.watch */
+  watch(listener: (event: DataEngineEvent) => void): () => void {
+    if (typeof listener !== 'function') throw new MooringError('INVALID_ARGUMENT', 'watch needs a function');
+    if (this.#listeners.size >= DATA_ENGINE_LIMITS.watchersMax) {
+      throw new MooringError('BUSY', `${DATA_ENGINE_LIMITS.watchersMax} watchers are registered already`);
+    }
+    // A wrapper, so one function may be registered twice and unsubscribed once each.
+    const entry = (e: DataEngineEvent): void => listener(e);
+    this.#listeners.add(entry);
+    return () => void this.#listeners.delete(entry);
+  }
+
+  /** Stops every engine (drain, flush, replicas clean), the replica server, and unlocks the directory. Idempotent. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      const results = await Promise.allSettled([...this.#engines.values()].map((s) => this.#stop(s)));
+      if (this.#server) await this.#server.close().catch((err: unknown) => results.push({ status: 'rejected', reason: err }));
+      await this.#lock.release();
+      const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (failed) throw toMooringError(failed.reason, 'closing the data engine');
+    })();
+    return this.#closing;
+  }
+
+  // --- engines -------------------------------------------------------------
+
+  #slot(volume: string): EngineSlot {
+    checkName('volume', volume);
+    const slot = this.#engines.get(volume);
+    if (!slot || slot.stopping) throw new MooringError('NOT_FOUND', `no engine for volume ${volume} on ${this.hostId}`, { details: { volume } });
+    return slot;
+  }
+
+  #spec(ref: EngineReplicaRef, ioTimeoutMs: number): EngineReplicaSpec {
+    if (ref.hostId === this.hostId) return { id: ref.id, path: join(this.#replicasDir, ref.name) };
+    const a = parseTcpAddress(ref.address, `replica ${ref.id} address`, false);
+    return {
+      id: ref.id,
+      remote: { host: a.host, port: a.port, name: ref.name, ioTimeoutMs, ...(this.#tls ? { tls: { ...this.#tls, serverName: '' } } : {}) },
+    };
+  }
+
+  #wire(slot: EngineSlot): void {
+    const { engine, volume } = slot;
+    const onRebuild = (type: 'rebuild-started' | 'rebuild-progress' | 'rebuild-completed') => (e: RebuildEvent) => {
+      const figures = { sentBytes: e.sentBytes, scannedBytes: e.scannedBytes, totalBytes: e.totalBytes };
+      if (type === 'rebuild-completed') slot.progress.delete(e.replicaId);
+      else slot.progress.set(e.replicaId, figures);
+      this.#emit({ type, volume, replicaId: e.replicaId, ...figures });
+    };
+    engine.on('rebuild-started', onRebuild('rebuild-started'));
+    engine.on('rebuild-progress', onRebuild('rebuild-progress'));
+    engine.on('rebuild-completed', onRebuild('rebuild-completed'));
+    engine.on('rebuild-failed', (e: RebuildFailedEvent) => {
+      slot.progress.delete(e.replicaId);
+      this.#emit({
+        type: 'rebuild-failed',
+        volume,
+        replicaId: e.replicaId,
+        code: e.code,
+        message: e.message,
+        sentBytes: e.sentBytes,
+        scannedBytes: e.scannedBytes,
+        totalBytes: e.totalBytes,
+      });
+    });
+    engine.on('epoch-claimed', (e) => this.#emit({ type: 'epoch-claimed', volume, epoch: e.epoch }));
+    engine.on('replica-error', (e) => {
+      this.#emit({ type: 'replica-error', volume, replicaId: e.replicaId, errno: e.errno, message: e.message });
+      this.#scheduleRepair(slot, e.replicaId, e.code, e.message);
+    });
+    for (const e of engine.openEvents) {
+      if (e.type === 'epoch-claimed') this.#emit({ type: 'epoch-claimed', volume, epoch: e.epoch });
+      if (e.type === 'replica-error') this.#emit({ type: 'replica-error', volume, replicaId: e.replicaId, errno: e.errno, message: e.message });
+    }
+  }
+
+  #engineInfo(slot: EngineSlot): EngineInfo {
+    const states = slot.engine.state === 'open' ? slot.engine.replicas() : [];
+    const replicas: EngineReplicaInfo[] = slot.refs.map((ref) => {
+      const s = states.find((x) => x.id === ref.id);
+      const progress = slot.progress.get(ref.id);
+      return {
+        ...ref,
+        mode: s?.mode ?? 'ERR',
+        lastError: s && s.lastErrno !== 0 ? -s.lastErrno : 0,
+        ...(progress && s?.mode === 'WO' ? { rebuild: { ...progress } } : {}),
+      };
+    });
+    return {
+      volume: slot.volume,
+      sizeBytes: slot.engine.sizeBytes,
+      epoch: slot.engine.state === 'open' ? slot.engine.epoch : 0,
+      replicas,
+      nbd: slot.nbd && !slot.nbd.closed ? { address: slot.nbd.addressString, uri: slot.nbd.uri } : null,
+    };
+  }
+
+  async #stop(slot: EngineSlot): Promise<void> {
+    if (slot.stopping) return;
+    slot.stopping = true;
+    for (const id of [...slot.repairs.keys()]) this.#cancelRepair(slot, id);
+    try {
+      // A rebuild in flight would hold the engine's drain: abort it (the replica is simply
+      // not part of the next engine until it is rebuilt again).
+      const rebuilding = slot.engine.state === 'open' ? slot.engine.replicas().filter((r) => r.mode === 'WO') : [];
+      await Promise.allSettled(rebuilding.map((r) => slot.engine.removeReplica(r.id)));
+      await slot.engine.close();
+    } finally {
+      this.#engines.delete(slot.volume);
+      this.#emit({ type: 'engine-stopped', volume: slot.volume });
+    }
+  }
+
+  // --- self-repair -----------------------------------------------------------
+
+  #scheduleRepair(slot: EngineSlot, replicaId: string, code: string, message: string): void {
+    if (!this.#repair.enabled || slot.stopping || this.#closing) return;
+    if (!slot.refs.some((r) => r.id === replicaId)) return;
+    let st = slot.repairs.get(replicaId);
+    if (st && st.phase !== 'idle') return;
+    if (!st) {
+      st = { attempt: 0, delayMs: 0, phase: 'idle' };
+      slot.repairs.set(replicaId, st);
+    }
+    st.attempt++;
+    st.delayMs = st.attempt === 1 ? this.#repair.firstRetryMs : Math.min(st.delayMs * 2, this.#repair.maxRetryMs);
+    st.phase = 'waiting';
+    const state = st;
+    st.timer = setTimeout(() => {
+      state.timer = undefined;
+      if (state.phase !== 'waiting' || slot.repairs.get(replicaId) !== state) return;
+      this.#attempt(slot, replicaId).catch(() => undefined);
+    }, st.delayMs);
+    this.#emit({ type: 'repair-scheduled', volume: slot.volume, replicaId, attempt: st.attempt, delayMs: st.delayMs, code, message });
+  }
+
+  #cancelRepair(slot: EngineSlot, replicaId: string): void {
+    const st = slot.repairs.get(replicaId);
+    if (!st) return;
+    if (st.timer) clearTimeout(st.timer);
+    st.timer = undefined;
+    // A busy attempt finishes on its own; it finds its ref gone or the engine stopping.
+    if (st.phase !== 'busy') slot.repairs.delete(replicaId);
+  }
+
+  // One rebuild attempt of a replica in the engine's refs: waits for the engine's turn, then
+  // for a data-engine-wide permit, then re-adds it. A failure schedules the next attempt.
+  #attempt(slot: EngineSlot, replicaId: string): Promise<RebuildResult> {
+    let st = slot.repairs.get(replicaId);
+    if (!st) {
+      st = { attempt: 0, delayMs: 0, phase: 'idle' };
+      slot.repairs.set(replicaId, st);
+    }
+    const state = st;
+    state.phase = 'busy';
+    const run = async (): Promise<RebuildResult> => {
+      const release = await this.#rebuilds.acquire();
+      try {
+        const ref = slot.refs.find((r) => r.id === replicaId);
+        if (slot.stopping || this.#closing) throw new MooringError('CLOSED', `the engine of ${slot.volume} is stopping`);
+        if (!ref) throw new MooringError('NOT_FOUND', `replica ${replicaId} was removed from ${slot.volume}`);
+        const started = Date.now();
+        const r = await slot.engine.addReplica(this.#spec(ref, slot.ioTimeoutMs));
+        return { replicaId, scannedBytes: r.scannedBytes, sentBytes: r.sentBytes, unmappedBytes: r.unmappedBytes, durationMs: r.durationMs || Date.now() - started };
+      } finally {
+        release();
+      }
+    };
+    const promise = slot.serial.then(run, run);
+    slot.serial = promise.catch(() => undefined);
+    state.promise = promise;
+    promise.then(
+      () => {
+        if (slot.repairs.get(replicaId) === state) slot.repairs.delete(replicaId);
+        // It may have failed again between RW and now.
+        const mode = slot.engine.state === 'open' ? slot.engine.replicas().find((r) => r.id === replicaId)?.mode : undefined;
+        if (mode === 'ERR') this.#scheduleRepair(slot, replicaId, 'IO_ERROR', `replica ${replicaId} failed again after its rebuild`);
+      },
+      (err: unknown) => {
+        state.phase = 'idle';
+        state.promise = undefined;
+        if (slot.repairs.get(replicaId) !== state) return;
+        const mode = slot.engine.state === 'open' ? slot.engine.replicas().find((r) => r.id === replicaId)?.mode : undefined;
+        if (mode === 'RW' || !slot.refs.some((r) => r.id === replicaId)) {
+          slot.repairs.delete(replicaId);
+          return;
+        }
+        const e = toMooringError(err);
+        this.#scheduleRepair(slot, replicaId, e.code, e.message);
+      },
+    );
+    return promise;
+  }
+
+  // --- replicas --------------------------------------------------------------
+
+  async #withReplicaOp<T>(name: string, body: () => Promise<T>): Promise<T> {
+    if (this.#replicaOps.has(name)) throw new MooringError('BUSY', `replica ${name} is being created or deleted`, { details: { name } });
+    this.#replicaOps.add(name);
+    try {
+      return await body();
+    } finally {
+      this.#replicaOps.delete(name);
+    }
+  }
+
+  #engineUsing(name: string): string | undefined {
+    for (const s of this.#engines.values()) {
+      if (s.refs.some((r) => r.hostId === this.hostId && r.name === name)) return s.volume;
+    }
+    return undefined;
+  }
+
+  async #inspect(name: string): Promise<NativeReplicaInfo> {
+    const path = join(this.#replicasDir, name);
+    if (typeof this.#addon.inspectReplica === 'function') {
+      return callNative(() => this.#addon.inspectReplica(path), `inspecting replica ${name}`);
+    }
+    return inspectByOpening(this.#addon, path, name);
+  }
+
+  #hosted(name: string, info: NativeReplicaInfo): HostedReplicaInfo {
+    return {
+      name,
+      sizeBytes: info.sizeBytes,
+      epoch: info.epoch,
+      clean: info.clean,
+      rebuilding: info.rebuilding,
+      allocatedBytes: info.allocatedBytes,
+      inUse: info.users > 0 || this.#engineUsing(name) !== undefined,
+    };
+  }
+
+  #emit(event: DataEngineEvent): void {
+    for (const l of [...this.#listeners]) {
+      try {
+        l(event);
+      } catch (err) {
+        // A throwing listener must not break the engine's bookkeeping; it surfaces as an
+        // uncaught exception of the application on its own tick.
+        process.nextTick(() => {
+          throw err;
+        });
+      }
+    }
+  }
+
+  #assertOpen(): void {
+    if (this.#closing) throw new MooringError('CLOSED', `data engine ${this.hostId} is closed`);
+  }
+}
+
+function sameReplica(a: EngineReplicaRef, b: EngineReplicaRef): boolean {
+  return a.hostId === b.hostId && a.name === b.name;
+}
+
+/**
+ * Checks engine replica refs: 1..16, unique ids, unique (hostId, name).
+ *
+ * @internal
+ */
+export function checkRefs(value: unknown): EngineReplicaRef[] {
+  if (!Array.isArray(value) || value.length < REPLICA_COUNT_MIN || value.length > REPLICA_COUNT_MAX) {
+    throw new MooringError('INVALID_ARGUMENT', `replicas must be an array of ${REPLICA_COUNT_MIN}..${REPLICA_COUNT_MAX} replica refs (got ${describe(value)})`);
+  }
+  const ids = new Set<string>();
+  const places = new Set<string>();
+  return value.map((v: unknown, i) => {
+    if (typeof v !== 'object' || v === null) throw new MooringError('INVALID_ARGUMENT', `replicas[${i}] must be {id, hostId, name, address}`);
+    const r = v as Partial<EngineReplicaRef>;
+    const ref: EngineReplicaRef = {
+      id: checkName(`replicas[${i}].id`, r.id),
+      hostId: checkName(`replicas[${i}].hostId`, r.hostId),
+      name: checkName(`replicas[${i}].name`, r.name),
+      address: r.address === undefined || r.address === null || r.address === '' ? null : String(r.address),
+    };
+    if (r.address !== undefined && r.address !== null && typeof r.address !== 'string') {
+      throw new MooringError('INVALID_ARGUMENT', `replicas[${i}].address must be tcp:HOST:PORT or null (got ${describe(r.address)})`);
+    }
+    if (ref.address !== null) parseTcpAddress(ref.address, `replicas[${i}].address`, false);
+    if (ids.has(ref.id)) throw new MooringError('INVALID_ARGUMENT', `replica id ${ref.id} appears twice`);
+    const place = `${ref.hostId}/${ref.name}`;
+    if (places.has(place)) throw new MooringError('INVALID_ARGUMENT', `replica ${place} appears twice`);
+    ids.add(ref.id);
+    places.add(place);
+    return ref;
+  });
+}
+
+// Records (or checks) which host owns a data engine directory: replicas are known to other
+// hosts by host id, so the same directory must not come back under another one.
+async function claimDirectory(dir: string, hostId: string): Promise<void> {
+  const file = join(dir, DATA_ENGINE_FILE);
+  if (await pathExists(file)) {
+    const text = await readFileLimited(file, DATA_ENGINE_FILE_BYTES_MAX);
+    let doc: unknown;
+    try {
+      doc = JSON.parse(text);
+    } catch (err) {
+      throw new MooringError('CORRUPT_METADATA', `${file} is not valid JSON`, { cause: err, details: { file } });
+    }
+    const d = doc as { format?: unknown; hostId?: unknown } | null;
+    if (typeof d !== 'object' || d === null || d.format !== DATA_ENGINE_FORMAT || typeof d.hostId !== 'string') {
+      throw new MooringError('CORRUPT_METADATA', `${file} is not a data engine record`, { details: { file } });
+    }
+    if (d.hostId !== hostId) {
+      throw new MooringError(
+        'INVALID_ARGUMENT',
+        `${dir} belongs to data engine host ${describe(d.hostId)}, not ${describe(hostId)}: other hosts know its replicas by that id`,
+        { details: { dir, hostId: d.hostId } },
+      );
+    }
+    return;
+  }
+  await writeFileAtomic(file, `${JSON.stringify({ format: DATA_ENGINE_FORMAT, formatVersion: 1, hostId, createdMs: Date.now() })}\n`);
+}
+
+// For addon builds without inspectReplica: open the replica directly (which holds its lock,
+// so a replica open elsewhere reports BUSY and counts as in use).
+async function inspectByOpening(addon: NativeAddon, path: string, name: string): Promise<NativeReplicaInfo> {
+  let replica;
+  try {
+    replica = await callNative(() => addon.openReplica(path), `inspecting replica ${name}`);
+  } catch (err) {
+    if (err instanceof MooringError && err.code === 'BUSY') {
+      return { sizeBytes: 0, epoch: 0, clean: false, rebuilding: false, allocatedBytes: 0, users: 1 };
+    }
+    throw err;
+  }
+  try {
+    const allocatedBytes = await callNative(() => replica.allocatedBytes(), `inspecting replica ${name}`);
+    return { sizeBytes: replica.sizeBytes, epoch: replica.epoch(), clean: replica.clean(), rebuilding: false, allocatedBytes, users: 0 };
+  } finally {
+    await replica.close().catch(() => undefined);
+  }
+}

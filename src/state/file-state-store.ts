@@ -1,0 +1,267 @@
+/**
+ * FileStateStore: the default {@link StateStore}, one JSON file per document
+ * (`DIR/<kind>/<key>.json`), written atomically (temporary file, fsync, rename, fsync of the
+ * directory), so a crash leaves every document either at its old or at its new version.
+ *
+ * One process owns a store directory at a time (`DIR/state.lock`); a second opener gets
+ * BUSY. Within the process, operations on one document run one after another, which makes
+ * compare-and-set exact.
+ */
+import { mkdir, open, readdir, unlink } from 'node:fs/promises';
+import { isAbsolute, join, resolve } from 'node:path';
+
+import { MooringError, toMooringError } from '../errors.js';
+import { readFileLimited, writeFileAtomic } from '../util/files.js';
+import { describe } from '../util/validate.js';
+import { VolumeLock } from '../volume/volume-lock.js';
+import {
+  STATE_DOCUMENT_BYTES_MAX,
+  STATE_KIND_PATTERN,
+  checkCompareAndSet,
+  checkExpectedVersion,
+  checkKey,
+  checkKind,
+  serialiseValue,
+} from './state-keys.js';
+import type { StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+
+/** The lock file inside a state store directory. */
+export const STATE_LOCK_FILE = 'state.lock';
+/** `format` field of every document file. */
+export const STATE_DOCUMENT_FORMAT = 'mooring-state';
+/** Largest document file read: the value plus the envelope. */
+const DOCUMENT_FILE_BYTES_MAX = STATE_DOCUMENT_BYTES_MAX + 4096;
+/** Documents one `list` reads; a kind with more is refused rather than read without bound. */
+export const STATE_LIST_COUNT_MAX = 100_000;
+// Temporary files writeFileAtomic leaves behind when the process dies mid-write.
+const TMP_FILE_PATTERN = /^\..+\.json\.tmp-\d+-[0-9a-f]{8}$/;
+
+/** Options of {@link FileStateStore.open}. */
+export interface FileStateStoreOptions {
+  /** Directory of the store (created if missing). */
+  dir: string;
+}
+
+async function fsyncDir(dir: string): Promise<void> {
+  const dh = await open(dir, 'r');
+  try {
+    await dh.sync();
+  } finally {
+    await dh.close();
+  }
+}
+
+/** The default, file-backed {@link StateStore}; see the module comment. */
+export class FileStateStore implements StateStore {
+  /** The store directory (absolute). */
+  readonly dir: string;
+  readonly #lock: VolumeLock;
+  // Per-document queue: each operation on a document waits for the one before it.
+  readonly #queues = new Map<string, Promise<unknown>>();
+  readonly #knownKinds = new Set<string>();
+  #closing: Promise<void> | undefined;
+
+  private constructor(dir: string, lock: VolumeLock) {
+    this.dir = dir;
+    this.#lock = lock;
+  }
+
+  /**
+   * Opens (creating if needed) the store in `dir`, locks it against other processes and
+   * removes temporary files that a crash left behind.
+   *
+   * @throws MooringError INVALID_ARGUMENT, BUSY (another process has it open), IO_ERROR
+   */
+  static async open(options: FileStateStoreOptions | string): Promise<FileStateStore> {
+    const raw = typeof options === 'string' ? options : (options as FileStateStoreOptions | null)?.dir;
+    if (typeof raw !== 'string' || raw.length === 0 || raw.includes('\0')) {
+      throw new MooringError('INVALID_ARGUMENT', `state store dir must be a path (got ${describe(raw)})`);
+    }
+    const dir = isAbsolute(raw) ? resolve(raw) : resolve(process.cwd(), raw);
+    await mkdir(dir, { recursive: true }).catch((err: unknown) => Promise.reject(toMooringError(err, `creating ${dir}`)));
+    const lock = await VolumeLock.acquire(dir, {
+      file: STATE_LOCK_FILE,
+      what: 'state store',
+      hint: 'only one process may use a state store directory; close the other one first',
+    });
+    try {
+      const store = new FileStateStore(dir, lock);
+      await store.#removeLeftovers();
+      return store;
+    } catch (err) {
+      await lock.release();
+      throw err;
+    }
+  }
+
+  /** @inheritDoc StateStore.get */
+  get<T>(kind: string, key: string): Promise<StoredObject<T> | null> {
+    return this.#run(kind, key, (file) => this.#read<T>(kind, key, file));
+  }
+
+  /** @inheritDoc StateStore.list */
+  async list<T>(kind: string): Promise<Array<StoredObject<T>>> {
+    this.#assertOpen();
+    checkKind(kind);
+    let names: string[];
+    try {
+      names = await readdir(join(this.dir, kind));
+    } catch (err) {
+      if ((err as { code?: string }).code === 'ENOENT') return [];
+      throw toMooringError(err, `listing ${join(this.dir, kind)}`);
+    }
+    const keys = names
+      .filter((n) => n.endsWith('.json'))
+      .map((n) => n.slice(0, -'.json'.length))
+      .filter((k) => {
+        try {
+          checkKey(k);
+          return true;
+        } catch {
+          return false;
+        }
+      })
+      .sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    if (keys.length > STATE_LIST_COUNT_MAX) {
+      throw new MooringError('INVALID_STATE', `${join(this.dir, kind)} holds ${keys.length} documents, more than the ${STATE_LIST_COUNT_MAX} a list reads`);
+    }
+    const out: Array<StoredObject<T>> = [];
+    for (const key of keys) {
+      const doc = await this.get<T>(kind, key);
+      // Deleted between readdir and get: it is simply no longer there.
+      if (doc) out.push(doc);
+    }
+    return out;
+  }
+
+  /** @inheritDoc StateStore.put */
+  put<T>(kind: string, key: string, value: T, options?: StateWriteOptions): Promise<StoredObject<T>> {
+    return this.#run(kind, key, async (file) => {
+      const expected = checkExpectedVersion(options);
+      const text = serialiseValue(kind, key, value);
+      const current = await this.#read<unknown>(kind, key, file);
+      checkCompareAndSet(kind, key, expected, current?.version ?? 0);
+      const version = (current?.version ?? 0) + 1;
+      await this.#ensureKindDir(kind);
+      const doc = `{"format":${JSON.stringify(STATE_DOCUMENT_FORMAT)},"kind":${JSON.stringify(kind)},"key":${JSON.stringify(key)},"version":${version},"value":${text}}\n`;
+      await writeFileAtomic(file, doc);
+      return { kind, key, version, value: JSON.parse(text) as T };
+    });
+  }
+
+  /** @inheritDoc StateStore.delete */
+  delete(kind: string, key: string, options?: StateWriteOptions): Promise<void> {
+    return this.#run(kind, key, async (file) => {
+      const expected = checkExpectedVersion(options);
+      if (expected !== undefined) {
+        const current = await this.#read<unknown>(kind, key, file);
+        checkCompareAndSet(kind, key, expected, current?.version ?? 0);
+      }
+      try {
+        await unlink(file);
+      } catch (err) {
+        if ((err as { code?: string }).code === 'ENOENT') return;
+        throw toMooringError(err, `deleting ${file}`);
+      }
+      await fsyncDir(join(this.dir, kind)).catch((err: unknown) => Promise.reject(toMooringError(err, `syncing ${join(this.dir, kind)}`)));
+    });
+  }
+
+  /** Waits for operations in flight and releases the directory lock. Idempotent. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      await Promise.allSettled([...this.#queues.values()]);
+      await this.#lock.release();
+    })();
+    return this.#closing;
+  }
+
+  #assertOpen(): void {
+    if (this.#closing) throw new MooringError('CLOSED', `state store ${this.dir} is closed`);
+  }
+
+  // Validates, then queues `body` behind earlier operations on the same document.
+  #run<R>(kind: string, key: string, body: (file: string) => Promise<R>): Promise<R> {
+    let file: string;
+    try {
+      this.#assertOpen();
+      checkKind(kind);
+      checkKey(key);
+      file = join(this.dir, kind, `${key}.json`);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const id = `${kind}/${key}`;
+    const before = this.#queues.get(id) ?? Promise.resolve();
+    const result = before.then(() => body(file));
+    const tail = result.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.#queues.set(id, tail);
+    void tail.then(() => {
+      if (this.#queues.get(id) === tail) this.#queues.delete(id);
+    });
+    return result;
+  }
+
+  async #read<T>(kind: string, key: string, file: string): Promise<StoredObject<T> | null> {
+    let text: string;
+    try {
+      text = await readFileLimited(file, DOCUMENT_FILE_BYTES_MAX);
+    } catch (err) {
+      if (err instanceof MooringError && err.code === 'NOT_FOUND') return null;
+      throw err;
+    }
+    return parseDocument<T>(file, kind, key, text);
+  }
+
+  async #ensureKindDir(kind: string): Promise<void> {
+    if (this.#knownKinds.has(kind)) return;
+    const dir = join(this.dir, kind);
+    try {
+      const made = await mkdir(dir, { recursive: true });
+      // A new directory entry is durable only once its parent is synced.
+      if (made !== undefined) await fsyncDir(this.dir);
+    } catch (err) {
+      throw toMooringError(err, `creating ${dir}`);
+    }
+    this.#knownKinds.add(kind);
+  }
+
+  async #removeLeftovers(): Promise<void> {
+    const kinds = (await readdir(this.dir, { withFileTypes: true })).filter((e) => e.isDirectory() && STATE_KIND_PATTERN.test(e.name));
+    for (const k of kinds) {
+      const dir = join(this.dir, k.name);
+      for (const name of await readdir(dir)) {
+        if (TMP_FILE_PATTERN.test(name)) await unlink(join(dir, name)).catch(() => undefined);
+      }
+    }
+  }
+}
+
+/**
+ * Parses and checks one document file; anything unexpected is CORRUPT_METADATA naming the file.
+ *
+ * @internal
+ */
+export function parseDocument<T>(file: string, kind: string, key: string, text: string): StoredObject<T> {
+  const corrupt = (why: string, cause?: unknown): MooringError =>
+    new MooringError('CORRUPT_METADATA', `state document ${file} is damaged: ${why}`, {
+      ...(cause === undefined ? {} : { cause }),
+      details: { file, kind, key },
+    });
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch (err) {
+    throw corrupt(`not valid JSON (${(err as Error).message})`, err);
+  }
+  if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) throw corrupt('not a JSON object');
+  const d = doc as Record<string, unknown>;
+  if (d.format !== STATE_DOCUMENT_FORMAT) throw corrupt(`format is ${describe(d.format)}, not ${STATE_DOCUMENT_FORMAT}`);
+  if (d.kind !== kind || d.key !== key) throw corrupt(`it names ${describe(d.kind)}/${describe(d.key)}, not ${kind}/${key}`);
+  if (typeof d.version !== 'number' || !Number.isSafeInteger(d.version) || d.version < 1) throw corrupt(`version ${describe(d.version)} is not a positive integer`);
+  if (!('value' in d)) throw corrupt('no value');
+  return { kind, key, version: d.version, value: d.value as T };
+}

@@ -1,0 +1,59 @@
+/**
+ * MemoryStateStore: a {@link StateStore} in memory, for tests and embedders that keep
+ * state elsewhere. Same validation and compare-and-set rules as {@link FileStateStore};
+ * values are stored as JSON text, so callers never share objects with the store.
+ */
+import { MooringError } from '../errors.js';
+import { checkCompareAndSet, checkExpectedVersion, checkKey, checkKind, serialiseValue } from './state-keys.js';
+import type { StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+
+/** An in-memory {@link StateStore}; see the module comment. */
+export class MemoryStateStore implements StateStore {
+  readonly #docs = new Map<string, Map<string, { version: number; text: string }>>();
+  #closed = false;
+
+  /** @inheritDoc StateStore.get */
+  async get<T>(kind: string, key: string): Promise<StoredObject<T> | null> {
+    const d = this.#kind(kind).get(checkKey(key));
+    return d ? { kind, key, version: d.version, value: JSON.parse(d.text) as T } : null;
+  }
+
+  /** @inheritDoc StateStore.list */
+  async list<T>(kind: string): Promise<Array<StoredObject<T>>> {
+    const docs = this.#kind(kind);
+    const keys = [...docs.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    return keys.map((key) => ({ kind, key, version: docs.get(key)!.version, value: JSON.parse(docs.get(key)!.text) as T }));
+  }
+
+  /** @inheritDoc StateStore.put */
+  async put<T>(kind: string, key: string, value: T, options?: StateWriteOptions): Promise<StoredObject<T>> {
+    const docs = this.#kind(kind);
+    checkKey(key);
+    const expected = checkExpectedVersion(options);
+    const text = serialiseValue(kind, key, value);
+    const version = (docs.get(key)?.version ?? 0) + 1;
+    checkCompareAndSet(kind, key, expected, version - 1);
+    docs.set(key, { version, text });
+    return { kind, key, version, value: JSON.parse(text) as T };
+  }
+
+  /** @inheritDoc StateStore.delete */
+  async delete(kind: string, key: string, options?: StateWriteOptions): Promise<void> {
+    const docs = this.#kind(kind);
+    checkCompareAndSet(kind, checkKey(key), checkExpectedVersion(options), docs.get(key)?.version ?? 0);
+    docs.delete(key);
+  }
+
+  /** Later calls reject with CLOSED. Idempotent. */
+  async close(): Promise<void> {
+    this.#closed = true;
+  }
+
+  #kind(kind: string): Map<string, { version: number; text: string }> {
+    if (this.#closed) throw new MooringError('CLOSED', 'state store is closed');
+    checkKind(kind);
+    let docs = this.#docs.get(kind);
+    if (!docs) this.#docs.set(kind, (docs = new Map()));
+    return docs;
+  }
+}

@@ -1,0 +1,113 @@
+// `mooring data-engine` as a real process with the real addon: READY, a round trip through
+// RemoteDataEngine (replicas, an engine exported over NBD, data written and read back with
+// a real NBD client and nbdinfo), SIGTERM stopping it cleanly (engines drained, replicas
+// clean), and a restart that finds its replicas and data again.
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+
+import type { DataEngineReadyInfo } from '../../src/cli/data-engine.js';
+import { RemoteDataEngine } from '../../src/data-engine/grpc/remote-data-engine.js';
+import { NbdClient } from './helpers/nbd-client.js';
+import { MooringServer, cliPath, killAllServers } from './helpers/serve.js';
+import { TempDir, requireTool, run } from './helpers/tools.js';
+
+const MiB = 1024 * 1024;
+
+async function startDataEngine(args: string[]): Promise<{ proc: MooringServer; ready: DataEngineReadyInfo }> {
+  if (!existsSync(cliPath)) throw new Error(`${cliPath} is missing: run 'npm run build' first`);
+  const child = spawn(process.execPath, [cliPath, 'data-engine', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = new MooringServer(child, `mooring data-engine ${args.join(' ')}`);
+  const line = await new Promise<string>((res, rej) => {
+    const t = setTimeout(() => rej(new Error(`no READY line${proc.diagnostics()}`)), 30_000);
+    const onData = (): void => {
+      const m = /^READY (\{.*\})\s*$/m.exec(proc.stdout);
+      if (m) {
+        clearTimeout(t);
+        child.stdout!.off('data', onData);
+        res(m[1]!);
+      }
+    };
+    child.stdout!.on('data', onData);
+    void proc.exited.then(() => {
+      clearTimeout(t);
+      rej(new Error(`mooring data-engine exited before READY${proc.diagnostics()}`));
+    });
+  });
+  return { proc, ready: JSON.parse(line) as DataEngineReadyInfo };
+}
+
+describe('mooring data-engine (real process)', () => {
+  let tmp: TempDir;
+  beforeAll(() => {
+    requireTool('nbdinfo');
+    tmp = new TempDir('mooring-de-');
+  });
+  afterEach(async () => {
+    await killAllServers();
+  });
+  afterAll(() => {
+    tmp.cleanup();
+  });
+
+  it('serves over gRPC, exports an engine over NBD, stops cleanly on SIGTERM and finds its data after a restart', async () => {
+    const grpc = `unix:${tmp.join('de.sock')}`;
+    // The replica server (native) is not part of this test: it serves local replicas only.
+    const args = ['--dir', tmp.join('host-1'), '--host-id', 'host-1', '--listen', grpc, '--replica-listen', 'none'];
+    const first = await startDataEngine(args);
+    expect(first.ready).toMatchObject({ hostId: 'host-1', grpc, replicaAddress: null, tls: false });
+
+    const de = await RemoteDataEngine.connect({ address: first.ready.grpc });
+    expect(de.hostId).toBe('host-1');
+    await de.createReplica('disk-r0', 16 * MiB);
+    await de.createReplica('disk-r1', 16 * MiB);
+    const replicas = [
+      { id: 'r0', hostId: 'host-1', name: 'disk-r0', address: null },
+      { id: 'r1', hostId: 'host-1', name: 'disk-r1', address: null },
+    ];
+    const nbd = tmp.join('disk.sock');
+    const engine = await de.startEngine({ volume: 'disk', replicas, nbd: `unix:${nbd}` });
+    expect(engine.replicas.map((r) => r.mode)).toEqual(['RW', 'RW']);
+    expect(engine.nbd!.uri).toBe(`nbd+unix:///?socket=${nbd}`);
+
+    const size = await run('nbdinfo', ['--size', engine.nbd!.uri]);
+    expect(size.stdout.trim()).toBe(String(16 * MiB));
+    const data = Buffer.alloc(256 * 1024);
+    for (let i = 0; i < data.length; i++) data[i] = (i * 31 + 7) & 0xff;
+    const client = await NbdClient.connect({ socketPath: nbd });
+    await client.write(3 * MiB, data);
+    await client.flush();
+    await client.disconnect();
+    await de.close();
+
+    // SIGTERM with the engine still running: it is drained and flushed, replicas marked clean.
+    expect(await first.proc.stop('SIGTERM'), first.proc.diagnostics()).toBe(0);
+    expect(first.proc.stderr).toContain('volume disk: engine stopped');
+    expect(existsSync(tmp.join('de.sock'))).toBe(false);
+
+    const second = await startDataEngine(args);
+    const again = await RemoteDataEngine.connect({ address: second.ready.grpc });
+    const listed = await again.listReplicas();
+    expect(listed.map((r) => [r.name, r.sizeBytes, r.clean, r.inUse])).toEqual([
+      ['disk-r0', 16 * MiB, true, false],
+      ['disk-r1', 16 * MiB, true, false],
+    ]);
+    expect(await again.listEngines()).toEqual([]);
+    const restarted = await again.startEngine({ volume: 'disk', replicas, nbd: `unix:${nbd}` });
+    expect(restarted.epoch).toBeGreaterThan(engine.epoch);
+    const reader = await NbdClient.connect({ socketPath: nbd });
+    expect(Buffer.compare(await reader.read(3 * MiB, data.length), data)).toBe(0);
+    await reader.disconnect();
+    await again.close();
+    expect(await second.proc.stop('SIGINT'), second.proc.diagnostics()).toBe(0);
+  });
+
+  it('refuses a second data engine on the same directory (BUSY, exit 1)', async () => {
+    const dir = tmp.join('host-2');
+    const first = await startDataEngine(['--dir', dir, '--host-id', 'host-2', '--listen', `unix:${tmp.join('h2.sock')}`, '--replica-listen', 'none']);
+    const second = await run(process.execPath, [cliPath, 'data-engine', '--dir', dir, '--host-id', 'host-2', '--listen', `unix:${tmp.join('h2b.sock')}`, '--replica-listen', 'none'], { allowFailure: true });
+    expect(second.code).toBe(1);
+    expect(second.stderr).toMatch(/^mooring: BUSY: /m);
+    expect(await first.proc.stop(), first.proc.diagnostics()).toBe(0);
+  });
+});

@@ -1,0 +1,375 @@
+// LocalDataEngine against the fake addon: directory ownership, replicas, engines, remote
+// replicas through a second data engine's replica server, and self-repair.
+import { mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+
+import type { DataEngineEvent, EngineReplicaRef } from '../../../src/data-engine/data-engine.js';
+import { LocalDataEngine, type LocalDataEngineOptions } from '../../../src/data-engine/local-data-engine.js';
+import { MooringError } from '../../../src/errors.js';
+import { FakeAddon } from '../fakes/fake-addon.js';
+
+const MiB = 1024 * 1024;
+
+async function codeOf(p: Promise<unknown>): Promise<string> {
+  try {
+    await p;
+  } catch (err) {
+    expect(err).toBeInstanceOf(MooringError);
+    return (err as MooringError).code;
+  }
+  return 'resolved';
+}
+
+/** Collects events and waits for one that matches. */
+class EventLog {
+  readonly events: DataEngineEvent[] = [];
+  readonly #waiters: Array<{ match: (e: DataEngineEvent) => boolean; resolve: (e: DataEngineEvent) => void }> = [];
+  constructor(de: LocalDataEngine) {
+    de.watch((e) => {
+      this.events.push(e);
+      for (const w of [...this.#waiters]) {
+        if (w.match(e)) {
+          this.#waiters.splice(this.#waiters.indexOf(w), 1);
+          w.resolve(e);
+        }
+      }
+    });
+  }
+  /** The first event seen so far that matches, or the next one to arrive. */
+  next(match: (e: DataEngineEvent) => boolean): Promise<DataEngineEvent> {
+    const seen = this.events.find(match);
+    if (seen) return Promise.resolve(seen);
+    return new Promise((resolve) => this.#waiters.push({ match, resolve }));
+  }
+  of(type: DataEngineEvent['type']): DataEngineEvent[] {
+    return this.events.filter((e) => e.type === type);
+  }
+}
+
+describe('LocalDataEngine', () => {
+  let root: string;
+  let addon: FakeAddon;
+  const running: LocalDataEngine[] = [];
+
+  async function start(hostId: string, extra: Partial<LocalDataEngineOptions> = {}): Promise<LocalDataEngine> {
+    const de = await LocalDataEngine.start({ dir: join(root, hostId), hostId, addon, ...extra });
+    running.push(de);
+    return de;
+  }
+
+  beforeEach(async () => {
+    root = await mkdtemp(join(tmpdir(), 'mooring-de-'));
+    addon = new FakeAddon();
+  });
+  afterEach(async () => {
+    await Promise.allSettled(running.splice(0).map((d) => d.close()));
+    await rm(root, { recursive: true, force: true });
+  });
+
+  describe('its directory', () => {
+    it('records its host id, locks the directory, and serves replicas on loopback by default', async () => {
+      const de = await start('h1');
+      const info = await de.info();
+      expect(info).toMatchObject({ hostId: 'h1', dir: join(root, 'h1'), tls: false });
+      expect(info.replicaAddress).toMatch(/^tcp:127\.0\.0\.1:\d+$/);
+      const server = addon.replicaServers.get(Number(info.replicaAddress!.split(':')[2]));
+      expect(server?.options).toMatchObject({ root: join(root, 'h1', 'replicas'), host: '127.0.0.1', port: 0 });
+      expect((await readdir(join(root, 'h1'))).sort()).toEqual(['data-engine.json', 'data-engine.lock', 'replicas']);
+      expect(JSON.parse(await readFile(join(root, 'h1', 'data-engine.json'), 'utf8'))).toMatchObject({ hostId: 'h1' });
+      expect(await codeOf(LocalDataEngine.start({ dir: join(root, 'h1'), hostId: 'h1', addon }))).toBe('BUSY');
+      await de.close();
+      expect(server!.closed).toBe(true);
+      // Another host id for the same directory is refused: others know its replicas as h1's.
+      expect(await codeOf(LocalDataEngine.start({ dir: join(root, 'h1'), hostId: 'h2', addon }))).toBe('INVALID_ARGUMENT');
+      const again = await start('h1', { replicaListen: null });
+      expect((await again.info()).replicaAddress).toBeNull();
+    });
+
+    it('refuses a non-loopback replica server without TLS unless allowInsecureRemote', async () => {
+      const err = await LocalDataEngine.start({ dir: join(root, 'x'), hostId: 'x', addon, replicaListen: 'tcp:0.0.0.0:0' }).catch((e: unknown) => e);
+      expect((err as MooringError).code).toBe('INVALID_ARGUMENT');
+      expect((err as MooringError).message).toMatch(/loopback/);
+      const de = await start('x', { replicaListen: 'tcp:0.0.0.0:0', allowInsecureRemote: true });
+      expect((await de.info()).replicaAddress).toMatch(/^tcp:0\.0\.0\.0:\d+$/);
+    });
+
+    it('checks its options', async () => {
+      const bad: Array<Partial<LocalDataEngineOptions>> = [
+        { hostId: '../x' },
+        { replicaListen: 'unix:/tmp/x' },
+        { replicaListen: 'tcp:127.0.0.1:70000' },
+        { maxConcurrentRebuilds: 0 },
+        { maxConcurrentRebuilds: 65 },
+        { repair: { firstRetryMs: 5 } },
+        { repair: { firstRetryMs: 2000, maxRetryMs: 1000 } },
+        { tls: { cert: 'x', key: 'y', ca: 'z' } },
+      ];
+      for (const b of bad) {
+        expect(await codeOf(LocalDataEngine.start({ dir: join(root, 'o'), hostId: 'o', addon, ...b })), JSON.stringify(b)).toBe('INVALID_ARGUMENT');
+      }
+    });
+  });
+
+  describe('replicas', () => {
+    it('creates, lists and deletes replicas under DIR/replicas', async () => {
+      const de = await start('h1', { replicaListen: null });
+      const created = await de.createReplica('vol-a-r0', MiB);
+      expect(created).toEqual({ name: 'vol-a-r0', sizeBytes: MiB, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false });
+      await de.createReplica('vol-b-r0', 2 * MiB);
+      expect(await codeOf(de.createReplica('vol-a-r0', MiB))).toBe('ALREADY_EXISTS');
+      expect((await de.listReplicas()).map((r) => [r.name, r.sizeBytes])).toEqual([
+        ['vol-a-r0', MiB],
+        ['vol-b-r0', 2 * MiB],
+      ]);
+      await de.deleteReplica('vol-a-r0');
+      expect(await readdir(join(root, 'h1', 'replicas'))).toEqual(['vol-b-r0']);
+      expect(await codeOf(de.deleteReplica('vol-a-r0'))).toBe('NOT_FOUND');
+      for (const name of ['', '..', 'a/b', 'x'.repeat(64)]) expect(await codeOf(de.createReplica(name, MiB))).toBe('INVALID_ARGUMENT');
+      expect(await codeOf(de.createReplica('odd', 1000))).toBe('INVALID_ARGUMENT');
+    });
+
+    it('leaves nothing behind when creating fails', async () => {
+      const de = await start('h1', { replicaListen: null });
+      addon.failCreate = /full/;
+      expect(await codeOf(de.createReplica('full', MiB))).toBe('NO_SPACE');
+      expect(await readdir(join(root, 'h1', 'replicas'))).toEqual([]);
+    });
+
+    it('refuses to delete a replica in use: by an engine here, or served elsewhere', async () => {
+      const de = await start('h1', { replicaListen: null });
+      await de.createReplica('r0', MiB);
+      await de.createReplica('r1', MiB);
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }] });
+      expect(await codeOf(de.deleteReplica('r0'))).toBe('BUSY');
+      expect((await de.listReplicas()).find((r) => r.name === 'r0')!.inUse).toBe(true);
+      addon.extraUsers.set(join(root, 'h1', 'replicas', 'r1'), 1);
+      expect(await codeOf(de.deleteReplica('r1'))).toBe('BUSY');
+      await de.stopEngine('v');
+      await de.deleteReplica('r0');
+    });
+  });
+
+  describe('engines', () => {
+    it('starts an engine over local replicas with an NBD export, reports it, and stops it (drained, clean)', async () => {
+      const de = await start('h1', { replicaListen: null });
+      const log = new EventLog(de);
+      await de.createReplica('r0', MiB);
+      await de.createReplica('r1', MiB);
+      const refs: EngineReplicaRef[] = [
+        { id: 'r0', hostId: 'h1', name: 'r0', address: null },
+        { id: 'r1', hostId: 'h1', name: 'r1', address: null },
+      ];
+      const nbd = `unix:${join(root, 'v.sock')}`;
+      const info = await de.startEngine({ volume: 'v', replicas: refs, nbd });
+      expect(info).toMatchObject({ volume: 'v', sizeBytes: MiB, epoch: 1, nbd: { address: nbd } });
+      expect(info.replicas.map((r) => [r.id, r.mode, r.lastError])).toEqual([
+        ['r0', 'RW', 0],
+        ['r1', 'RW', 0],
+      ]);
+      expect(addon.engine.servers[0]!.options.unixPath).toBe(join(root, 'v.sock'));
+      expect(await codeOf(de.startEngine({ volume: 'v', replicas: refs }))).toBe('ALREADY_EXISTS');
+      expect(await codeOf(de.startEngine({ volume: 'w', replicas: [refs[0]!] }))).toBe('BUSY');
+      expect(await codeOf(de.startEngine({ volume: 'w', replicas: [{ id: 'r0', hostId: 'h1', name: 'nope', address: null }] }))).toBe('NOT_FOUND');
+      expect((await de.listEngines()).map((e) => e.volume)).toEqual(['v']);
+      await de.stopEngine('v');
+      expect(addon.engine.servers[0]!.closed).toBe(true);
+      expect(addon.engine.closed).toBe(true);
+      expect((await de.listReplicas()).every((r) => r.clean && !r.inUse)).toBe(true);
+      expect(log.of('engine-stopped')).toEqual([{ type: 'engine-stopped', volume: 'v' }]);
+      expect(log.of('epoch-claimed')).toEqual([{ type: 'epoch-claimed', volume: 'v', epoch: 1 }]);
+      expect(await codeOf(de.engineInfo('v'))).toBe('NOT_FOUND');
+      expect(await codeOf(de.stopEngine('v'))).toBe('NOT_FOUND');
+    });
+
+    it('checks start options', async () => {
+      const de = await start('h1', { replicaListen: null });
+      const ok = { id: 'r0', hostId: 'h1', name: 'r0', address: null };
+      const bad: unknown[] = [
+        { volume: '..', replicas: [ok] },
+        { volume: 'v', replicas: [] },
+        { volume: 'v', replicas: [ok, ok] },
+        { volume: 'v', replicas: [{ ...ok, id: 'r1', hostId: 'h2', address: null }] },
+        { volume: 'v', replicas: [{ ...ok, hostId: 'h2', address: 'tcp:127.0.0.1:0' }] },
+        { volume: 'v', replicas: [{ ...ok, hostId: 'h2', address: 12 }] },
+        { volume: 'v', replicas: [ok], ioTimeoutMs: 1 },
+        { volume: 'v', replicas: [ok], nbd: 7 },
+      ];
+      for (const b of bad) expect(await codeOf(de.startEngine(b as never)), JSON.stringify(b)).toBe('INVALID_ARGUMENT');
+    });
+
+    it('close() stops every engine, then refuses calls with CLOSED', async () => {
+      const de = await start('h1', { replicaListen: null });
+      const log = new EventLog(de);
+      await de.createReplica('r0', MiB);
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }] });
+      await de.close();
+      await de.close();
+      expect(addon.engine.closed).toBe(true);
+      expect(log.of('engine-stopped')).toHaveLength(1);
+      expect(await codeOf(de.listReplicas())).toBe('CLOSED');
+      // The directory is free again.
+      await start('h1', { replicaListen: null });
+    });
+  });
+
+  describe('remote replicas and self-repair', () => {
+    const repair = { firstRetryMs: 10, maxRetryMs: 40 };
+
+    async function twoHosts(): Promise<{ a: LocalDataEngine; b: LocalDataEngine; refs: EngineReplicaRef[]; bPort: number }> {
+      const a = await start('a', { repair });
+      const b = await start('b', { repair });
+      await a.createReplica('v-r0', MiB);
+      await b.createReplica('v-r1', MiB);
+      const bAddress = (await b.info()).replicaAddress!;
+      return {
+        a,
+        b,
+        bPort: Number(bAddress.split(':')[2]),
+        refs: [
+          { id: 'r0', hostId: 'a', name: 'v-r0', address: null },
+          { id: 'r1', hostId: 'b', name: 'v-r1', address: bAddress },
+        ],
+      };
+    }
+
+    it('reaches a replica on another data engine through its replica server', async () => {
+      const { a, refs, bPort } = await twoHosts();
+      const info = await a.startEngine({ volume: 'v', replicas: refs, ioTimeoutMs: 2000 });
+      expect(info.replicas.map((r) => r.mode)).toEqual(['RW', 'RW']);
+      expect(addon.engine.replicaDirs).toEqual([join(root, 'a', 'replicas', 'v-r0'), `127.0.0.1:${bPort}/v-r1`]);
+      await addon.engine.write(0, Buffer.from('hello'));
+      expect(addon.replica(join(root, 'b', 'replicas', 'v-r1')).data.subarray(0, 5).toString()).toBe('hello');
+    });
+
+    it('re-adds a replica that went ERR once its host is back, with growing back-off, without being asked', async () => {
+      const { a, b, refs, bPort } = await twoHosts();
+      const log = new EventLog(a);
+      await a.startEngine({ volume: 'v', replicas: refs });
+      // Host b goes away, and the engine's next I/O to its replica fails.
+      await b.close();
+      addon.engine.failReplica(`127.0.0.1:${bPort}/v-r1`, 107);
+      await addon.engine.write(4096, Buffer.from('written while b was down'));
+      // Attempts fail while b is down; the delays grow to the cap.
+      await log.next((e) => e.type === 'repair-scheduled' && e.attempt === 4);
+      const delays = log.of('repair-scheduled').map((e) => (e as { delayMs: number }).delayMs);
+      expect(delays.slice(0, 4)).toEqual([10, 20, 40, 40]);
+      expect(log.of('replica-error')).toHaveLength(1);
+      expect((await a.engineInfo('v')).replicas[1]!.mode).toBe('ERR');
+      // b comes back on the same address: the next attempt rebuilds the replica.
+      const completed = log.next((e) => e.type === 'rebuild-completed');
+      await start('b', { replicaListen: `tcp:127.0.0.1:${bPort}`, repair });
+      expect(await completed).toMatchObject({ type: 'rebuild-completed', volume: 'v', replicaId: 'r1' });
+      expect((await a.engineInfo('v')).replicas.map((r) => r.mode)).toEqual(['RW', 'RW']);
+      expect(addon.replica(join(root, 'b', 'replicas', 'v-r1')).data.subarray(4096, 4096 + 24).toString()).toBe('written while b was down');
+      expect(log.of('rebuild-started').length).toBeGreaterThanOrEqual(1);
+    });
+
+    it('starts with an unreachable replica as ERR and repairs it when its host starts', async () => {
+      const { a, b, refs, bPort } = await twoHosts();
+      await b.close();
+      const log = new EventLog(a);
+      const info = await a.startEngine({ volume: 'v', replicas: refs });
+      expect(info.replicas.map((r) => r.mode)).toEqual(['RW', 'ERR']);
+      await log.next((e) => e.type === 'repair-scheduled');
+      const completed = log.next((e) => e.type === 'rebuild-completed');
+      await start('b', { replicaListen: `tcp:127.0.0.1:${bPort}`, repair });
+      await completed;
+      expect((await a.engineInfo('v')).replicas.map((r) => r.mode)).toEqual(['RW', 'RW']);
+    });
+
+    it('does not repair when repair is disabled', async () => {
+      // Short delays, so that an enabled supervisor would have acted within the wait below.
+      const a = await start('a', { repair: { enabled: false, firstRetryMs: 10, maxRetryMs: 10 } });
+      const b = await start('b');
+      await a.createReplica('v-r0', MiB);
+      await b.createReplica('v-r1', MiB);
+      const address = (await b.info()).replicaAddress;
+      await b.close();
+      const log = new EventLog(a);
+      await a.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'a', name: 'v-r0', address: null }, { id: 'r1', hostId: 'b', name: 'v-r1', address }] });
+      await new Promise((r) => setTimeout(r, 100));
+      expect(log.of('repair-scheduled')).toEqual([]);
+      expect(addon.engine.rebuilds).toEqual([]);
+    });
+
+    it('bounds rebuilds across engines by maxConcurrentRebuilds; the others wait their turn', async () => {
+      const a = await start('a', { maxConcurrentRebuilds: 2, repair });
+      const log = new EventLog(a);
+      let open!: () => void;
+      addon.rebuildGate = new Promise((r) => (open = r));
+      const started: string[] = [];
+      a.watch((e) => {
+        if (e.type === 'rebuild-started') started.push(e.volume);
+      });
+      const adds: Array<Promise<unknown>> = [];
+      for (const v of ['v1', 'v2', 'v3']) {
+        await a.createReplica(`${v}-r0`, MiB);
+        await a.createReplica(`${v}-r1`, MiB);
+        await a.startEngine({ volume: v, replicas: [{ id: 'r0', hostId: 'a', name: `${v}-r0`, address: null }] });
+        const add = a.addReplica(v, { id: 'r1', hostId: 'a', name: `${v}-r1`, address: null });
+        add.catch(() => undefined);
+        adds.push(add);
+      }
+      await log.next(() => log.of('rebuild-started').length === 2);
+      // Every addReplica has registered its replica (the third is queued, not running)...
+      for (let i = 0; i < 1000; i++) {
+        const infos = await a.listEngines();
+        if (infos.every((e) => e.replicas.length === 2)) break;
+        await new Promise((r) => setImmediate(r));
+      }
+      // ...and any third rebuild that would wrongly start has had time to get there.
+      for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r));
+      expect(addon.rebuildsRunning).toBe(2);
+      expect(started).toHaveLength(2);
+      const waiting = (await a.engineInfo(['v1', 'v2', 'v3'].find((v) => !started.includes(v))!)).replicas[1]!;
+      expect(waiting.mode).toBe('ERR');
+      open();
+      const results = await Promise.all(adds);
+      expect(results).toHaveLength(3);
+      expect(addon.rebuildsRunningMax).toBe(2);
+      for (const v of ['v1', 'v2', 'v3']) expect((await a.engineInfo(v)).replicas.map((r) => r.mode)).toEqual(['RW', 'RW']);
+    });
+
+    it('addReplica rebuilds a new replica and reports what it did; removeReplica refuses RW and stops repairs', async () => {
+      const { a, b, refs } = await twoHosts();
+      const log = new EventLog(a);
+      await a.startEngine({ volume: 'v', replicas: [refs[0]!] });
+      await addon.engine.write(0, Buffer.alloc(8192, 7));
+      const result = await a.addReplica('v', refs[1]!);
+      expect(result).toMatchObject({ replicaId: 'r1', sentBytes: 8192, scannedBytes: MiB });
+      expect(log.of('rebuild-started')).toMatchObject([{ volume: 'v', replicaId: 'r1' }]);
+      expect(log.of('rebuild-completed')).toMatchObject([{ volume: 'v', replicaId: 'r1', sentBytes: 8192 }]);
+      expect((await a.engineInfo('v')).replicas.map((r) => [r.id, r.hostId, r.mode])).toEqual([
+        ['r0', 'a', 'RW'],
+        ['r1', 'b', 'RW'],
+      ]);
+      expect(await codeOf(a.removeReplica('v', 'r1'))).toBe('INVALID_STATE');
+      expect(await codeOf(a.removeReplica('v', 'r9'))).toBe('NOT_FOUND');
+      // b goes down; r1 fails; removing it ends the repairs.
+      await b.close();
+      addon.engine.failReplica(addon.engine.replicaDirs[1]!);
+      await log.next((e) => e.type === 'repair-scheduled');
+      await a.removeReplica('v', 'r1');
+      const attempts = addon.engine.rebuilds.length;
+      await new Promise((r) => setTimeout(r, 100));
+      expect(addon.engine.rebuilds.length).toBe(attempts);
+      expect((await a.engineInfo('v')).replicas.map((r) => r.id)).toEqual(['r0']);
+    });
+
+    it('stopEngine aborts a rebuild in flight instead of waiting for it', async () => {
+      const { a, refs } = await twoHosts();
+      addon.rebuildGate = new Promise(() => undefined);
+      await a.startEngine({ volume: 'v', replicas: [refs[0]!] });
+      const add = a.addReplica('v', refs[1]!);
+      const log = new EventLog(a);
+      await new Promise((r) => setTimeout(r, 10));
+      // The gate never opens: only the abort lets stop finish.
+      addon.rebuildGate = undefined;
+      await a.stopEngine('v');
+      expect(await codeOf(add)).not.toBe('resolved');
+      expect(log.of('engine-stopped')).toHaveLength(1);
+    });
+  });
+});
