@@ -697,10 +697,7 @@ export class LocalDataEngine implements DataEngine {
 
   async #inspect(name: string): Promise<NativeReplicaInfo> {
     const path = join(this.#replicasDir, name);
-    if (typeof this.#addon.inspectReplica === 'function') {
-      return callNative(() => this.#addon.inspectReplica(path), `inspecting replica ${name}`);
-    }
-    return inspectByOpening(this.#addon, path, name);
+    return callNative(() => this.#addon.inspectReplica(path), `inspecting replica ${name}`);
   }
 
   #hosted(name: string, info: NativeReplicaInfo): HostedReplicaInfo {
@@ -797,24 +794,4 @@ async function claimDirectory(dir: string, hostId: string): Promise<void> {
     return;
   }
   await writeFileAtomic(file, `${JSON.stringify({ format: DATA_ENGINE_FORMAT, formatVersion: 1, hostId, createdMs: Date.now() })}\n`);
-}
-
-// For addon builds without inspectReplica: open the replica directly (which holds its lock,
-// so a replica open elsewhere reports BUSY and counts as in use).
-async function inspectByOpening(addon: NativeAddon, path: string, name: string): Promise<NativeReplicaInfo> {
-  let replica;
-  try {
-    replica = await callNative(() => addon.openReplica(path), `inspecting replica ${name}`);
-  } catch (err) {
-    if (err instanceof MooringError && err.code === 'BUSY') {
-      return { sizeBytes: 0, epoch: 0, clean: false, rebuilding: false, allocatedBytes: 0, users: 1 };
-    }
-    throw err;
-  }
-  try {
-    const allocatedBytes = await callNative(() => replica.allocatedBytes(), `inspecting replica ${name}`);
-    return { sizeBytes: replica.sizeBytes, epoch: replica.epoch(), clean: replica.clean(), rebuilding: false, allocatedBytes, users: 0 };
-  } finally {
-    await replica.close().catch(() => undefined);
-  }
 }

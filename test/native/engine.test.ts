@@ -255,11 +255,16 @@ describe('engine over real replicas', () => {
         }
         expect(failure, 'a write that fits nowhere must fail').toBeDefined();
         expect(failure).toMatchObject({ name: 'MooringError', code: 'NO_SPACE' });
-        // Fan-out runs in replica order: r0 and r1 were dropped, the last RW replica keeps
-        // serving and its error is the caller's.
-        expect((await vol.status()).replicas.map((r) => r.mode)).toEqual(['ERR', 'ERR', 'RW']);
-        // What was acknowledged before is still there.
-        for (const i of acked) expectSame(await vol.read(i * MiB, MiB), pattern(100 + i, MiB), `acked write ${i}`);
+        // All full at once: none is dropped (they hold the same acknowledged data), the
+        // caller gets the error and the volume keeps its three copies.
+        expect((await vol.status()).replicas.map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
+        // What was acknowledged before is still there, on every replica (reads rotate).
+        for (let round = 0; round < 3; round++) {
+          for (const i of acked) expectSame(await vol.read(i * MiB, MiB), pattern(100 + i, MiB), `acked write ${i}, read ${round}`);
+        }
+        // Overwriting data already allocated needs no new space: the volume still writes.
+        await vol.write(0, pattern(200, 64 * 1024));
+        expectSame(await vol.read(0, 64 * 1024), pattern(200, 64 * 1024), 'overwrite after ENOSPC');
       } finally {
         // Closing a volume whose replicas are all full may itself report NO_SPACE (its
         // metadata cannot be written); it must not hang or crash.

@@ -35,6 +35,7 @@
 #include <shared_mutex>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 
 #include "engine/range-lock.h"
 #include "engine/rebuilder.h"
@@ -131,7 +132,7 @@ class ReplicatedEngine final : public Engine {
     if (!InRange(off, len, size_)) return -EINVAL;
     if (len == 0) return 0;
     // FUA is about the reply's durability, which only RW replicas carry.
-    return Mutate(off, len, [&](ReplicaBackend& b, uint64_t e, size_t, bool wo) { return b.Write(e, off, len, buf, fua && !wo); });
+    return Mutate(off, len, SplitWrite{off, len, buf, fua});
   }
   int Flush() override {
     return Mutate(0, 0, [](ReplicaBackend& b, uint64_t, size_t, bool) { return b.Flush(); }, Fanout::kParallel, false);
@@ -235,7 +236,25 @@ class ReplicatedEngine final : public Engine {
   // another on this thread (cheap page-cache writes); kParallel runs each extra RW replica
   // on its own short-lived thread (slow calls such as fdatasync, where waiting for N
   // replicas in series would add their latencies).
+  // With a SplitWrite op, kSerial starts the write on every RW replica before waiting for
+  // any (StartWrite/FinishWrite), so remote replicas have it in flight at once.
   enum class Fanout { kSerial, kParallel };
+  struct SplitWrite {
+    uint64_t off;
+    uint32_t len;
+    const uint8_t* buf;
+    bool fua;
+    // FUA is about the reply's durability, which only RW replicas carry.
+    void Start(ReplicaBackend& b, uint64_t e, bool wo, ReplicaBackend::PendingWrite* p) const {
+      b.StartWrite(e, off, len, buf, fua && !wo, p);
+    }
+    int Finish(ReplicaBackend& b, ReplicaBackend::PendingWrite* p) const { return b.FinishWrite(p); }
+    int operator()(ReplicaBackend& b, uint64_t e, size_t, bool wo) const {
+      ReplicaBackend::PendingWrite p;
+      Start(b, e, wo, &p);
+      return Finish(b, &p);
+    }
+  };
   template <typename Op>
   int Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout = Fanout::kSerial, bool with_wo = true);
   template <typename Op>
@@ -423,13 +442,23 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
       rcs[0] = op(*slots_[t.idx[0]]->backend, e, 0, false);
       for (size_t k = 1; k < t.n; ++k)
         if (helpers[k].joinable()) helpers[k].join();
+    } else if constexpr (std::is_same_v<Op, SplitWrite>) {
+      ReplicaBackend::PendingWrite pending[kMaxReplicas];
+      for (size_t k = 0; k < t.n; ++k) op.Start(*slots_[t.idx[k]]->backend, e, false, &pending[k]);
+      for (size_t k = 0; k < t.n; ++k) rcs[k] = op.Finish(*slots_[t.idx[k]]->backend, &pending[k]);
     } else {
       for (size_t k = 0; k < t.n; ++k) {
         rcs[k] = op(*slots_[t.idx[k]]->backend, e, k, false);
         if (k == 0 && IsRequestError(rcs[k])) return rcs[k];  // nothing changed anywhere
       }
     }
-    for (size_t k = 0; k < t.n; ++k) {
+    // Every RW replica full at once: they still hold the same acknowledged data (this
+    // request was not acknowledged, so any of it may have landed), so none is dropped and
+    // the client gets ENOSPC. Dropping all but one would leave a single copy for nothing.
+    bool all_full = true;
+    for (size_t k = 0; k < t.n; ++k) all_full = all_full && rcs[k] == -ENOSPC;
+    if (all_full) result = -ENOSPC;
+    for (size_t k = 0; k < t.n && !all_full; ++k) {
       const int rc = rcs[k];
       if (rc >= 0) continue;
       if (rc == -kErrStaleEpoch) {

@@ -1101,7 +1101,7 @@ Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t 
       !InRange(off, len, limit))
     return Status::Error(Code::kInvalidArgument,
                          "layer digest range [" + std::to_string(off) + ", +" + std::to_string(len) +
-                             ") must be whole 64 KiB units, at most 4 MiB, inside the volume");
+                             ") must be whole digest units (" + std::to_string(kDigestUnitBytes) + " bytes), at most " + std::to_string(kMaxDigestRangeBytes) + " bytes, inside the volume");
   out->clear();
   std::shared_lock<RwLock> io(io_mu_);
   Status s = CheckOpen();

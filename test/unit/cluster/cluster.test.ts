@@ -5,7 +5,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { Cluster } from '../../../src/cluster/cluster.js';
-import { MemoryStateStore } from '../fakes/memory-state-store.js';
+import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import { FakeDataEngine } from '../fakes/fake-data-engine.js';
 
 const SIZE = 64 * 4096;

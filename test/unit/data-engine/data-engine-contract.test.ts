@@ -37,7 +37,7 @@ interface Harness {
 async function localHarness(): Promise<Harness> {
   const root = await mkdtemp(join(tmpdir(), 'mooring-dec-'));
   // The replica server is native work landing separately; these cases use local replicas.
-  const de = await LocalDataEngine.start({ dir: join(root, 'de'), hostId: 'host-1', replicaListen: null, addon: loadAddon() });
+  const de = await LocalDataEngine.start({ dir: join(root, 'de'), hostId: 'host-1', addon: loadAddon() });
   const events: DataEngineEvent[] = [];
   de.watch((e) => events.push(e));
   return {
@@ -53,7 +53,7 @@ async function localHarness(): Promise<Harness> {
 
 async function grpcHarness(): Promise<Harness> {
   const root = await mkdtemp(join(tmpdir(), 'mooring-dec-'));
-  const local = await LocalDataEngine.start({ dir: join(root, 'de'), hostId: 'host-1', replicaListen: null, addon: loadAddon() });
+  const local = await LocalDataEngine.start({ dir: join(root, 'de'), hostId: 'host-1', addon: loadAddon() });
   const server = await DataEngineGrpcServer.start({ engine: local, listen: `unix:${join(root, 'grpc.sock')}` });
   const de = await RemoteDataEngine.connect({ address: server.address, timeoutMs: 20_000 });
   const events: DataEngineEvent[] = [];
