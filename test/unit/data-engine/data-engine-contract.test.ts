@@ -104,7 +104,9 @@ describe.each([
   it('knows its host', async () => {
     expect(h.de.hostId).toBe('host-1');
     const info = await h.de.info();
-    expect(info).toMatchObject({ hostId: 'host-1', dir: join(h.root, 'de'), replicaAddress: null, tls: false });
+    expect(info).toMatchObject({ hostId: 'host-1', dir: join(h.root, 'de'), tls: false });
+    // The replica server listens on loopback by default, on a port of its own.
+    expect(info.replicaAddress).toMatch(/^tcp:127\.0\.0\.1:[1-9][0-9]*$/);
     expect(info.version).toMatch(/^\d+\.\d+\.\d+/);
   });
 
