@@ -390,9 +390,15 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
    */
   async repairOnce(): Promise<void> {
     for (const d of await this.#store.list<unknown>(KIND.engine)) {
-      const eng = parseEngineRecord(d.value, d.key);
-      await this.#serial(eng.volume, () => this.#repairVolume(eng)).catch((err: unknown) => {
-        safeEmit(this, 'warning', toMooringError(err, `repairing ${eng.volume}`));
+      const volume = parseEngineRecord(d.value, d.key).volume;
+      // The record is read again inside the volume's turn: an attach queued before this
+      // pass may have moved the engine, and acting on the old record would take the new
+      // engine for a stray one.
+      await this.#serial(volume, async () => {
+        const eng = await this.#engineRecord(volume);
+        if (eng) await this.#repairVolume(eng);
+      }).catch((err: unknown) => {
+        safeEmit(this, 'warning', toMooringError(err, `repairing ${volume}`));
       });
     }
   }
