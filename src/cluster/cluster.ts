@@ -326,7 +326,9 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   }
 
   /**
-   * Detaches a volume: stops its engine (drain, flush, replicas marked clean).
+   * Detaches a volume: stops its engine (drain, flush, replicas marked clean). If the
+   * engine stops but reports a failure on the way (say, its replicas could not be marked
+   * clean on full disks), the volume is detached and the failure is emitted as `warning`.
    *
    * @throws MooringError NOT_FOUND, UNAVAILABLE (its host cannot be reached)
    */
@@ -338,10 +340,16 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
       if (!current) return;
       const h = this.#hosts.get(current.hostId);
       if (h) {
-        await h.engine.stopEngine(name).catch((err: unknown) => {
+        try {
+          await h.engine.stopEngine(name);
+        } catch (err) {
           const e = toMooringError(err);
-          if (e.code !== 'NOT_FOUND') throw e;
-        });
+          // The engine is gone but its close reported a failure (e.g. full disks: the
+          // replicas could not be marked clean, so the next attach reconciles them): the
+          // volume is detached, the failure is a warning.
+          if (e.code !== 'NOT_FOUND' && (await this.#probeEngine(current.hostId, name)) !== 'stopped') throw e;
+          if (e.code !== 'NOT_FOUND') safeEmit(this, 'warning', toMooringError(err, `detaching ${name} from ${current.hostId}`));
+        }
       } else {
         throw new MooringError('UNAVAILABLE', `volume ${name} is attached on ${current.hostId}, which is not a host of this cluster`);
       }
