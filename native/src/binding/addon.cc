@@ -13,6 +13,7 @@
 #include "binding/js-args.h"
 #include "binding/nbd-server-wrap.h"
 #include "binding/replica-wrap.h"
+#include "binding/sanlock-binding.h"
 #include "store/replica.h"
 
 #ifndef MOORING_VERSION
@@ -147,6 +148,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("createReplica", Napi::Function::New(env, CreateReplica, "createReplica"));
   exports.Set("openEngine", Napi::Function::New(env, OpenEngine, "openEngine"));
   exports.Set("openReplica", Napi::Function::New(env, OpenReplica, "openReplica"));
+  // sanlock (disk locks, host liveness): loaded with dlopen on first use, see sanlock-binding.h.
+  exports.Set("sanlock", CreateSanlockBinding(env));
   return exports;
 }
 

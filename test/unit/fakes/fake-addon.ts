@@ -20,6 +20,8 @@ import type {
   NativeWriteZeroesOptions,
 } from '../../../src/native/binding.js';
 
+import { fakeSanlock } from './fake-sanlock.js';
+
 export function nativeError(code: string, message: string, errno?: number): Error {
   return Object.assign(new Error(message), { code, ...(errno === undefined ? {} : { errno }) });
 }
@@ -219,6 +221,8 @@ export class FakeEngine implements NativeEngine {
 
 export class FakeAddon implements NativeAddon {
   readonly version = '0.1.0';
+  /** sanlock as on a host without the library (test/unit/fakes/fake-sanlock.ts). */
+  readonly sanlock = fakeSanlock();
   readonly engines: FakeEngine[] = [];
   readonly reverts: string[] = [];
   readonly events: string[] = [];
