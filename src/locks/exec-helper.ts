@@ -5,24 +5,23 @@
  * holder and the library can acquire and release locks on its behalf (sanlock_acquire with
  * its pid). Started by {@link LockedProcess.start}; usable by hand for other launchers.
  *
- *   mooring-lock-exec [--restrict sigkill|sigterm] [--killpath PATH [--killpath-args ARGS]] -- COMMAND ARGS...
+ *   mooring-lock-exec [--control-fd N] [--restrict sigkill|sigterm] [--killpath PATH [--killpath-args ARGS]] -- COMMAND ARGS...
  *
- * Protocol on fd 3 (a pipe or socket from the launcher; line-delimited JSON):
+ * Protocol on the control fd (a socket from the launcher; line-delimited JSON):
  *   helper -> launcher  {"type":"registered","pid":N}  after sanlock_register (+restrict, killpath)
  *   launcher -> helper  go | abort                      go: locks acquired, run the command
  *   helper -> launcher  {"type":"error","code":C,"message":M}  on any failure (then exit 127)
- * After "go" the helper execs COMMAND; fd 3 is close-on-exec, so the launcher sees EOF.
- * Without fd 3 (run by hand), it registers and execs at once: the caller acquires locks by
+ * After "go" the helper execs COMMAND; the control fd is close-on-exec, so the launcher sees
+ * EOF. Without --control-fd (run by hand), it registers and execs at once: the caller acquires locks by
  * pid after the start, which sanlock allows while the process runs.
  *
  * @packageDocumentation
  */
-import { fstatSync, writeSync } from 'node:fs';
+import { writeSync } from 'node:fs';
 import { Socket } from 'node:net';
 
 import { isMooringError, toMooringError } from '../errors.js';
 import { loadAddon } from '../native/load.js';
-import { CONTROL_FD } from './locked-process.js';
 import { SanlockClient } from './sanlock-client.js';
 
 /** SANLK_RESTRICT_SIGKILL / SIGTERM. */
@@ -31,6 +30,7 @@ const RESTRICT_FLAGS = { sigkill: 0x2, sigterm: 0x4 } as const;
 const EXIT_NOT_RUN = 127;
 
 interface HelperArgs {
+  controlFd?: number;
   restrict?: keyof typeof RESTRICT_FLAGS;
   killPath?: string;
   killPathArgs?: string;
@@ -48,7 +48,8 @@ function parse(argv: string[]): HelperArgs {
       break;
     }
     const v = argv[i + 1];
-    if (a === '--restrict' && (v === 'sigkill' || v === 'sigterm')) out.restrict = v;
+    if (a === '--control-fd' && v !== undefined && /^[0-9]{1,6}$/.test(v)) out.controlFd = Number(v);
+    else if (a === '--restrict' && (v === 'sigkill' || v === 'sigterm')) out.restrict = v;
     else if (a === '--killpath' && v) out.killPath = v;
     else if (a === '--killpath-args' && v !== undefined) out.killPathArgs = v;
     else throw new Error(`unknown or incomplete option ${a}`);
@@ -59,23 +60,19 @@ function parse(argv: string[]): HelperArgs {
   return { ...out, command, args: argv.slice(i + 1) } as HelperArgs;
 }
 
-function hasControl(): boolean {
-  try {
-    fstatSync(CONTROL_FD);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 async function main(): Promise<void> {
-  const control = hasControl() ? new Socket({ fd: CONTROL_FD, readable: true, writable: true }) : undefined;
+  let control: Socket | undefined;
+  let controlFd = -1;
   const report = (m: object) => {
     // Synchronous: the process may exec or exit right after.
-    if (control) writeSync(CONTROL_FD, `${JSON.stringify(m)}\n`);
+    if (control) writeSync(controlFd, `${JSON.stringify(m)}\n`);
   };
   try {
     const opts = parse(process.argv.slice(2));
+    if (opts.controlFd !== undefined) {
+      controlFd = opts.controlFd;
+      control = new Socket({ fd: controlFd, readable: true, writable: true });
+    }
     const addon = loadAddon();
     const client = new SanlockClient(addon);
     const reg = await client.call('register', 'with the sanlock daemon', (s) => s.register());
@@ -89,7 +86,7 @@ async function main(): Promise<void> {
       control.pause();
     }
     try {
-      addon.sanlock.execvp(opts.command, opts.args, control ? [CONTROL_FD] : []);
+      addon.sanlock.execvp(opts.command, opts.args, control ? [controlFd] : []);
     } catch (err) {
       const e = toMooringError(err);
       report({ type: 'error', code: e.code, message: e.message });

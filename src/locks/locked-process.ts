@@ -34,6 +34,14 @@ type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 export const REGISTER_TIMEOUT_MS = 30_000;
 /** How long it waits for the exec after the locks are acquired. */
 export const EXEC_TIMEOUT_MS = 30_000;
+/**
+ * After a holder died of a signal not sent through {@link LockedProcess.kill}: how long to
+ * watch for its lockspace turning lost. sanlock marks a failed lockspace only once all its
+ * holders are gone (about 0.5 s later here), so the check cannot be instant.
+ */
+export const KILL_REPORT_WAIT_MS = 3000;
+/** Poll interval of that watch. */
+const KILL_REPORT_POLL_MS = 200;
 /** Largest control message accepted from the helper. */
 const CONTROL_LINE_BYTES_MAX = 64 * 1024;
 /** The helper's control channel: fd 3 of the helper process. */
@@ -129,6 +137,7 @@ export class LockedProcess extends (EventEmitter as new () => TypedEmitter<Locke
   readonly #held = new Map<string, HeldLock>();
   readonly #lockspaces = new Map<string, Lockspace>();
   #exit: LockedProcessExit | undefined;
+  #killedByUs = false;
 
   private constructor(child: ChildProcess, client: SanlockClient, ownerName: string | undefined) {
     super();
@@ -168,7 +177,7 @@ export class LockedProcess extends (EventEmitter as new () => TypedEmitter<Locke
     client.ensureLoaded();
 
     const helper = opts.helperPath ?? join(findPackageRoot(), 'dist', 'lock-exec.js');
-    const helperArgs: string[] = [helper];
+    const helperArgs: string[] = [helper, '--control-fd', String(CONTROL_FD)];
     if (opts.killPath) helperArgs.push('--killpath', opts.killPath.path, '--killpath-args', opts.killPath.args ?? '');
     if (opts.restrict && opts.restrict !== 'none') helperArgs.push('--restrict', opts.restrict);
     helperArgs.push('--', opts.command, ...(opts.args ?? []));
@@ -295,22 +304,31 @@ export class LockedProcess extends (EventEmitter as new () => TypedEmitter<Locke
 
   /** Sends `signal` to the process. */
   kill(signal: NodeJS.Signals = 'SIGTERM'): void {
-    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill(signal);
+    if (this.child.exitCode === null && this.child.signalCode === null) {
+      this.#killedByUs = true;
+      this.child.kill(signal);
+    }
   }
 
   // After the process ended: did sanlock stop it? It did if it was signalled (or killed
   // through a kill path) while one of its lockspaces was lost on this host.
   async #sanlockReport(code: number | null, signal: NodeJS.Signals | null): Promise<LockedProcessExit['stoppedBySanlock']> {
-    if (this.#lockspaces.size === 0) return undefined;
+    if (this.#lockspaces.size === 0 || this.#killedByUs) return undefined;
     if (signal === null && code === 0) return undefined;
     const lost: string[] = [];
     let reason: HolderKilledEvent['reason'] | undefined;
-    for (const ls of this.#lockspaces.values()) {
-      const why = await ls.checkLost();
-      if (why) {
-        lost.push(ls.name);
-        reason ??= why;
+    const deadline = Date.now() + KILL_REPORT_WAIT_MS;
+    for (;;) {
+      for (const ls of this.#lockspaces.values()) {
+        if (lost.includes(ls.name)) continue;
+        const why = await ls.checkLost();
+        if (why) {
+          lost.push(ls.name);
+          reason ??= why;
+        }
       }
+      if (reason || Date.now() >= deadline) break;
+      await new Promise((r) => setTimeout(r, KILL_REPORT_POLL_MS));
     }
     if (!reason) return undefined;
     const locks = [...this.#held.values()].filter((h) => lost.includes(h.lock.lockspace.name)).map((h) => h.lock.name);

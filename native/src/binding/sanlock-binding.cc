@@ -968,9 +968,13 @@ Napi::Value Execvp(const Napi::CallbackInfo& info) {
       if (fl >= 0) fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
     }
 
+    // stdio is the program's: a Node child's stdio sockets arrive close-on-exec, and
+    // libuv may have made them non-blocking.
     for (int fd = 0; fd <= 2; ++fd) {
       const int fl = fcntl(fd, F_GETFL);
       if (fl >= 0 && (fl & O_NONBLOCK) != 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+      const int fdfl = fcntl(fd, F_GETFD);
+      if (fdfl >= 0 && (fdfl & FD_CLOEXEC) != 0) fcntl(fd, F_SETFD, fdfl & ~FD_CLOEXEC);
     }
     struct sigaction dfl;
     std::memset(&dfl, 0, sizeof(dfl));
