@@ -146,4 +146,6 @@ export async function killAllDaemons(): Promise<void> {
   for (const d of all) d.kill();
   await Promise.all(all.map((d) => d.exited));
   for (const d of all) rmSync(d.runDir, { recursive: true, force: true });
+  if (shimPath) rmSync(join(shimPath, '..'), { recursive: true, force: true });
+  shimPath = undefined;
 }
