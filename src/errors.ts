@@ -52,6 +52,19 @@ export const MooringErrorCode = {
   CONFLICT: 'CONFLICT',
   /** The native addon could not be loaded; the message lists what was tried and how to fix it. */
   NATIVE_LOAD_FAILED: 'NATIVE_LOAD_FAILED',
+  // --- TypeScript only: locks (sanlock), src/locks/sanlock-errors.ts ---
+  /** sanlock's client library is not installed; the message names the package. */
+  SANLOCK_UNAVAILABLE: 'SANLOCK_UNAVAILABLE',
+  /** The sanlock daemon is not running (or its socket is not where SANLOCK_RUN_DIR says). */
+  SANLOCK_DAEMON_UNAVAILABLE: 'SANLOCK_DAEMON_UNAVAILABLE',
+  /** A lock is held by another process or host. */
+  LOCK_HELD: 'LOCK_HELD',
+  /** A lock's version changed since it was handed over: another host took it in between. */
+  LOCK_VERSION_MISMATCH: 'LOCK_VERSION_MISMATCH',
+  /** The host id is held by another live host in this lockspace. */
+  HOST_ID_IN_USE: 'HOST_ID_IN_USE',
+  /** This host has not joined the lockspace (or lost it after a storage failure). */
+  LOCKSPACE_NOT_JOINED: 'LOCKSPACE_NOT_JOINED',
 } as const;
 
 /** The union of every {@link MooringErrorCode} value. */

@@ -104,3 +104,54 @@ export type {
   NativeReplicaEndpoint,
   NativeTlsOptions,
 } from './native/binding.js';
+
+// --- locks (sanlock, seed 001): src/locks/ ---
+export { Lockspace, LOCK_NAME_PATTERN, HOST_ID_MAX, MAX_LOCKS_MAX, DEFAULT_IO_TIMEOUT_SECONDS } from './locks/lockspace.js';
+export type {
+  HolderKilledEvent,
+  JoinOptions,
+  LockspaceCreateOptions,
+  LockspaceEvents,
+  LockspaceLostEvent,
+  LockspaceOptions,
+  LockspaceStatus,
+  Membership,
+} from './locks/lockspace.js';
+export { Lock, LOCKS_PER_PROCESS_MAX } from './locks/lock.js';
+export type { LockAcquireOptions, LockHolder, LockInfo } from './locks/lock.js';
+export { LockedProcess } from './locks/locked-process.js';
+export type {
+  HeldLease,
+  LockHandover,
+  LockRequest,
+  LockedProcessEvents,
+  LockedProcessExit,
+  LockedProcessOptions,
+  RestrictMode,
+} from './locks/locked-process.js';
+export { LivenessWatcher } from './locks/liveness-watcher.js';
+export type { HostEvent, LivenessEvents, LivenessWatcherOptions, WatchedLockspace } from './locks/liveness-watcher.js';
+export { diffHosts, hostStateFromFlags } from './locks/host-state.js';
+export type { HostState, HostStateChange, HostStatus } from './locks/host-state.js';
+export {
+  failureTimings,
+  hostDeadSeconds,
+  hostFailSeconds,
+  lockspaceSizeBytes,
+  renewalIntervalSeconds,
+  WATCHDOG_FIRE_TIMEOUT_SECONDS,
+} from './locks/timing.js';
+export type { FailureTimings, TimingWindow } from './locks/timing.js';
+export { sanlockError, sanlockErrorCode, sanlockRvName } from './locks/sanlock-errors.js';
+export type {
+  NativeDeltaLease,
+  NativeSanlock,
+  NativeSanlockDisk,
+  NativeSanlockHost,
+  NativeSanlockHostEvent,
+  NativeSanlockLockspace,
+  NativeSanlockResource,
+  NativeSanlockRindex,
+  NativeSanlockRv,
+  NativeSanlockTarget,
+} from './native/binding.js';

@@ -258,6 +258,8 @@ export interface NativeReplica {
 export interface NativeAddon {
   /** Addon build version (package version it was built for). */
   readonly version: string;
+  /** sanlock's client API (disk locks, host liveness); see {@link NativeSanlock}. */
+  readonly sanlock: NativeSanlock;
   /** Create an empty replica directory of the given size. */
   createReplica(dir: string, sizeBytes: number): Promise<void>;
   /** Open an engine over local replicas; claims a new epoch, reconciles if needed. */
@@ -268,4 +270,151 @@ export interface NativeAddon {
   inspectReplica(dir: string): Promise<NativeReplicaInfo>;
   /** Serve the replicas under `root` to engines on other hosts (replica protocol). */
   startReplicaServer(options: NativeReplicaServerOptions): Promise<NativeReplicaServer>;
+}
+
+// ---------------------------------------------------------------------------------------
+// sanlock (native/src/binding/sanlock-binding.cc): one function per sanlock client call.
+// Daemon calls resolve with `{ rv, ... }`: rv >= 0 is success, rv <= -200 a sanlock_rv.h
+// error, other negatives -errno; src/locks/sanlock-errors.ts maps rv to MooringError. They
+// reject only for bad arguments (INVALID_ARGUMENT) or a missing library (UNSUPPORTED).
+// ---------------------------------------------------------------------------------------
+
+/** Where a lease lives: a file or block device and a byte offset (struct sanlk_disk). */
+export interface NativeSanlockDisk {
+  path: string;
+  offset: number;
+}
+
+/** struct sanlk_lockspace: `hostId` 0 where the call does not need one. */
+export interface NativeSanlockLockspace {
+  name: string;
+  hostId?: number;
+  path: string;
+  offset: number;
+  /** SANLK_LSF_ALIGN* | SANLK_LSF_SECTOR* (write/read), 0 otherwise. */
+  flags?: number;
+}
+
+/** struct sanlk_resource (a paxos lease) with 1..4 disks. */
+export interface NativeSanlockResource {
+  lockspace: string;
+  name: string;
+  /** Lease version; used with the SANLK_RES_LVER flag. */
+  lver?: number;
+  /** SANLK_RES_* bits. */
+  flags?: number;
+  disks: NativeSanlockDisk[];
+}
+
+/** struct sanlk_host: one host's delta lease as the daemon sees it. */
+export interface NativeSanlockHost {
+  hostId: number;
+  generation: number;
+  timestamp: number;
+  ioTimeout: number;
+  /** `flags & 0xf` is the state: 1 unknown, 2 free, 3 live, 4 fail, 5 dead. */
+  flags: number;
+}
+
+/** struct sanlk_host_event. */
+export interface NativeSanlockHostEvent {
+  hostId: number;
+  generation: number;
+  event: number;
+  data: number;
+}
+
+/** struct sanlk_rindex: the resource index of a lockspace. */
+export interface NativeSanlockRindex {
+  lockspace: string;
+  path: string;
+  offset: number;
+  flags?: number;
+  maxResources?: number;
+}
+
+/** Who a resource call acts for: a registered connection of this process, or a registered pid. */
+export type NativeSanlockTarget = { fd: number; pid?: undefined } | { pid: number; fd?: undefined };
+
+/** A daemon call's result. */
+export interface NativeSanlockRv {
+  rv: number;
+}
+
+/** One host's delta lease read from storage (not through the daemon). */
+export interface NativeDeltaLease {
+  /** The sector holds a delta lease. */
+  valid: boolean;
+  ownerId: number;
+  generation: number;
+  /** Renewal time of its owner's clock; 0 = free. */
+  timestamp: number;
+  lockspace: string;
+  /** The owning daemon's host name (`-e`, or a UUID). */
+  hostName: string;
+}
+
+export interface NativeSanlock {
+  /** dlopen libsanlock_client.so.1 once; `error` names the package to install. */
+  load(): { loaded: boolean; library: string; error?: string };
+  strerror(rv: number): string;
+  version(): Promise<NativeSanlockRv & { version: number; proto: number }>;
+  writeLockspace(ls: NativeSanlockLockspace, maxHosts: number, ioTimeoutSeconds: number): Promise<NativeSanlockRv>;
+  readLockspace(
+    ls: NativeSanlockLockspace,
+  ): Promise<NativeSanlockRv & { lockspace: Required<NativeSanlockLockspace>; ioTimeoutSeconds: number }>;
+  writeResource(res: NativeSanlockResource, maxHosts: number, numHosts: number, clear?: boolean): Promise<NativeSanlockRv>;
+  readResource(
+    res: NativeSanlockResource,
+    withOwners?: boolean,
+  ): Promise<NativeSanlockRv & { resource: Required<NativeSanlockResource>; owners?: NativeSanlockHost[] }>;
+  align(disk: NativeSanlockDisk): Promise<NativeSanlockRv>;
+  addLockspace(ls: NativeSanlockLockspace, async: boolean, ioTimeoutSeconds: number): Promise<NativeSanlockRv>;
+  inqLockspace(ls: NativeSanlockLockspace, wait?: boolean): Promise<NativeSanlockRv>;
+  remLockspace(ls: NativeSanlockLockspace, options?: { async?: boolean; unused?: boolean }): Promise<NativeSanlockRv>;
+  getLockspaces(): Promise<NativeSanlockRv & { lockspaces: Array<Required<NativeSanlockLockspace>> }>;
+  getHosts(lockspaceName: string, hostId?: number): Promise<NativeSanlockRv & { hosts: NativeSanlockHost[] }>;
+  formatRindex(rx: NativeSanlockRindex): Promise<NativeSanlockRv>;
+  lookupRindex(
+    rx: NativeSanlockRindex,
+    entry?: { name?: string; offset?: number },
+  ): Promise<NativeSanlockRv & { entry: { name: string; offset: number } }>;
+  createResource(
+    rx: NativeSanlockRindex,
+    name: string,
+    maxHosts: number,
+    numHosts: number,
+  ): Promise<NativeSanlockRv & { entry: { name: string; offset: number } }>;
+  deleteResource(rx: NativeSanlockRindex, entry: { name?: string; offset?: number }): Promise<NativeSanlockRv>;
+  /** Registers this process; the fd (no CLOEXEC) survives exec. */
+  register(): Promise<NativeSanlockRv & { fd?: number }>;
+  unregister(fd: number): Promise<NativeSanlockRv>;
+  restrict(fd: number, flags: number): Promise<NativeSanlockRv>;
+  killpath(fd: number, path: string, args?: string, appendPid?: boolean): Promise<NativeSanlockRv>;
+  acquire(
+    target: NativeSanlockTarget,
+    flags: number,
+    resources: NativeSanlockResource[],
+    ownerName?: string,
+  ): Promise<NativeSanlockRv>;
+  release(target: NativeSanlockTarget, flags: number, resources?: NativeSanlockResource[]): Promise<NativeSanlockRv>;
+  inquire(target: NativeSanlockTarget): Promise<NativeSanlockRv & { count: number; state: string }>;
+  convert(target: NativeSanlockTarget, flags: number, resource: NativeSanlockResource): Promise<NativeSanlockRv>;
+  request(flags: number, forceMode: number, resource: NativeSanlockResource): Promise<NativeSanlockRv>;
+  regEvent(lockspaceName: string): Promise<NativeSanlockRv & { fd?: number }>;
+  getEvent(
+    fd: number,
+  ): Promise<NativeSanlockRv & { event: NativeSanlockHostEvent; fromHostId: number; fromGeneration: number }>;
+  endEvent(fd: number, lockspaceName: string): Promise<NativeSanlockRv>;
+  setEvent(lockspaceName: string, event: Partial<NativeSanlockHostEvent>, flags: number): Promise<NativeSanlockRv>;
+  readDeltaLease(path: string, offset: number, hostId: number, sectorSize: number): Promise<NativeDeltaLease>;
+  resToStr(res: NativeSanlockResource): NativeSanlockRv & { str?: string };
+  strToRes(str: string): NativeSanlockRv & { resource?: Required<NativeSanlockResource> };
+  argsToState(resources: NativeSanlockResource[]): NativeSanlockRv & { state?: string };
+  stateToArgs(state: string): NativeSanlockRv & { resources?: Array<Required<NativeSanlockResource>> };
+  /**
+   * Replaces this process (signals and stdio reset first); `closeOnExec` fds are closed by
+   * a successful exec only. Returns only by throwing.
+   */
+  execvp(file: string, args: string[], closeOnExec?: number[]): never;
 }

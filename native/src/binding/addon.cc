@@ -15,6 +15,7 @@
 #include "binding/replica-server-wrap.h"
 #include "binding/replica-wrap.h"
 #include "binding/js-values.h"
+#include "binding/sanlock-binding.h"
 #include "store/replica-registry.h"
 #include "store/replica.h"
 
@@ -184,6 +185,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("openReplica", Napi::Function::New(env, OpenReplica, "openReplica"));
   exports.Set("startReplicaServer", Napi::Function::New(env, ReplicaServerWrap::StartServer, "startReplicaServer"));
   exports.Set("inspectReplica", Napi::Function::New(env, InspectReplica, "inspectReplica"));
+  // sanlock (disk locks, host liveness): loaded with dlopen on first use, see sanlock-binding.h.
+  exports.Set("sanlock", CreateSanlockBinding(env));
   return exports;
 }
 

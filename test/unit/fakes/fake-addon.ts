@@ -30,6 +30,8 @@ import type {
   NativeWriteZeroesOptions,
 } from '../../../src/native/binding.js';
 
+import { fakeSanlock } from './fake-sanlock.js';
+
 export function nativeError(code: string, message: string, errno?: number): Error {
   return Object.assign(new Error(message), { code, ...(errno === undefined ? {} : { errno }) });
 }
@@ -369,6 +371,8 @@ export class FakeAddon implements NativeAddon {
   /** Extra users per directory (e.g. a replica served to an engine elsewhere). */
   readonly extraUsers = new Map<string, number>();
   #nextPort = 45_000;
+  /** sanlock as on a host without the library (test/unit/fakes/fake-sanlock.ts). */
+  readonly sanlock = fakeSanlock();
   readonly engines: FakeEngine[] = [];
   readonly reverts: string[] = [];
   readonly events: string[] = [];

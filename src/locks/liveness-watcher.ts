@@ -1,0 +1,160 @@
+/**
+ * LivenessWatcher: the seed's detector, per lockspace. It polls the host states the local
+ * daemon reports (sanlock_get_hosts) and emits one typed event per change: a host turned
+ * live, fail, dead, free or unknown. A host's state is per lockspace, so a host whose
+ * access to one storage failed is dead in that lockspace and still live in another; run
+ * one watcher per lockspace.
+ *
+ * When to act (seed 001, N = io_timeout): `fail` arrives between 6N and 12N after the
+ * failure (T3: stop scheduling VMs with locks there); `dead` between 6N + 60 s and
+ * 11N + 60 s (T4: the host's locks can be taken over, rebuild its HA VMs elsewhere).
+ *
+ * @packageDocumentation
+ */
+import { EventEmitter } from 'node:events';
+import type * as TE from 'typed-emitter';
+
+import { MooringError, isMooringError } from '../errors.js';
+import { safeEmit } from '../util/emit.js';
+import { diffHosts, type HostState, type HostStateChange, type HostStatus } from './host-state.js';
+import { renewalIntervalSeconds } from './timing.js';
+
+type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
+
+/** Shortest poll interval accepted. */
+export const POLL_INTERVAL_MS_MIN = 100;
+/** Longest poll interval accepted. */
+export const POLL_INTERVAL_MS_MAX = 600_000;
+
+/** What a watcher needs of a lockspace (a {@link Lockspace} satisfies it). */
+export interface WatchedLockspace {
+  readonly name: string;
+  readonly ioTimeoutSeconds: number;
+  hosts(): Promise<HostStatus[]>;
+  /** Reports (once) that this host lost the lockspace; see Lockspace. */
+  checkLost?(): Promise<string | undefined>;
+}
+
+/** Options of a {@link LivenessWatcher}. */
+export interface LivenessWatcherOptions {
+  /** The lockspace to watch (this host must have joined it). */
+  lockspace: WatchedLockspace;
+  /**
+   * Poll interval (default: the renewal interval 2 × io_timeout, as the seed's detector;
+   * states cannot change faster than renewals arrive, so polling faster only narrows the
+   * detection delay).
+   */
+  pollIntervalMs?: number;
+  /** Host ids to report; default all. */
+  hostIds?: number[];
+}
+
+/** A host changed state; `atMs` is when the watcher saw it (Date.now()). */
+export interface HostEvent extends HostStateChange {
+  atMs: number;
+}
+
+/** Events of a {@link LivenessWatcher}. */
+export type LivenessEvents = {
+  /** Any state change (also emitted as the per-state events below). */
+  change: (event: HostEvent) => void;
+  /** A host is renewing its lease. */
+  live: (event: HostEvent) => void;
+  /** A host stopped renewing more than 8N ago: its daemon is stopping its lock holders. */
+  fail: (event: HostEvent) => void;
+  /** A host stopped renewing more than 8N + 60 s ago: its locks can be taken over. */
+  dead: (event: HostEvent) => void;
+  /** A host released its lease (left cleanly) or never held it. */
+  free: (event: HostEvent) => void;
+  /** Just joined: no renewal of this host seen yet. */
+  unknown: (event: HostEvent) => void;
+  /** A poll failed (the watcher keeps polling). */
+  error: (err: MooringError) => void;
+};
+
+/** Polls one lockspace's host states and emits their changes. */
+export class LivenessWatcher extends (EventEmitter as new () => TypedEmitter<LivenessEvents>) {
+  readonly lockspace: WatchedLockspace;
+  readonly pollIntervalMs: number;
+  readonly #hostIds: Set<number> | undefined;
+  #hosts = new Map<number, HostStatus>();
+  #timer: NodeJS.Timeout | undefined;
+  #running = false;
+  #polling: Promise<void> | undefined;
+
+  constructor(options: LivenessWatcherOptions) {
+    super();
+    this.lockspace = options.lockspace;
+    const dflt = renewalIntervalSeconds(options.lockspace.ioTimeoutSeconds) * 1000;
+    const ms = options.pollIntervalMs ?? dflt;
+    if (!Number.isInteger(ms) || ms < POLL_INTERVAL_MS_MIN || ms > POLL_INTERVAL_MS_MAX)
+      throw new MooringError('INVALID_ARGUMENT', `pollIntervalMs must be an integer in [${POLL_INTERVAL_MS_MIN}, ${POLL_INTERVAL_MS_MAX}]`);
+    this.pollIntervalMs = ms;
+    this.#hostIds = options.hostIds ? new Set(options.hostIds) : undefined;
+  }
+
+  /** The states seen at the last poll. */
+  get hosts(): ReadonlyMap<number, HostStatus> {
+    return this.#hosts;
+  }
+
+  /** The state of `hostId` at the last poll (undefined if never seen). */
+  state(hostId: number): HostState | undefined {
+    return this.#hosts.get(hostId)?.state;
+  }
+
+  /** Starts polling (the first poll runs at once). Idempotent. */
+  start(): this {
+    if (this.#running) return this;
+    this.#running = true;
+    this.#schedule(0);
+    return this;
+  }
+
+  /** Stops polling and waits for a poll in flight. Idempotent. */
+  async stop(): Promise<void> {
+    this.#running = false;
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = undefined;
+    await this.#polling;
+  }
+
+  /** Polls once now and emits the changes; returns them. */
+  async poll(): Promise<HostEvent[]> {
+    let hosts: HostStatus[];
+    try {
+      hosts = await this.lockspace.hosts();
+    } catch (err) {
+      if (isMooringError(err, 'LOCKSPACE_NOT_JOINED')) await this.lockspace.checkLost?.().catch(() => undefined);
+      throw err;
+    }
+    if (this.#hostIds) hosts = hosts.filter((h) => this.#hostIds!.has(h.hostId));
+    const atMs = Date.now();
+    const changes = diffHosts(this.lockspace.name, this.#hosts, hosts).map((c) => ({ ...c, atMs }));
+    const next = new Map<number, HostStatus>();
+    for (const h of hosts) next.set(h.hostId, h);
+    this.#hosts = next;
+    for (const c of changes) {
+      safeEmit(this, 'change', c);
+      safeEmit(this, c.to, c);
+    }
+    return changes;
+  }
+
+  #schedule(delayMs: number): void {
+    this.#timer = setTimeout(() => {
+      this.#polling = this.poll()
+        .then(
+          () => undefined,
+          (err: unknown) => {
+            if (this.listenerCount('error') > 0) safeEmit(this, 'error', err);
+          },
+        )
+        .finally(() => {
+          this.#polling = undefined;
+          if (this.#running) this.#schedule(this.pollIntervalMs);
+        });
+    }, delayMs);
+    this.#timer.unref();
+  }
+}
