@@ -40,6 +40,12 @@ const statusOf: Record<MooringErrorCode, GrpcStatus> = {
   PROTOCOL_ERROR: GrpcStatus.INVALID_ARGUMENT,
   CONFLICT: GrpcStatus.ABORTED,
   NATIVE_LOAD_FAILED: GrpcStatus.INTERNAL,
+  SANLOCK_UNAVAILABLE: GrpcStatus.UNIMPLEMENTED,
+  SANLOCK_DAEMON_UNAVAILABLE: GrpcStatus.UNAVAILABLE,
+  LOCK_HELD: GrpcStatus.ABORTED,
+  LOCK_VERSION_MISMATCH: GrpcStatus.ABORTED,
+  HOST_ID_IN_USE: GrpcStatus.ALREADY_EXISTS,
+  LOCKSPACE_NOT_JOINED: GrpcStatus.FAILED_PRECONDITION,
 };
 
 /** A gRPC error status (for callback(err) and stream 'error') carrying a MooringError's code. */
