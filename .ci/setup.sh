@@ -19,7 +19,8 @@ cd "$(dirname "$0")/.."
 #   sanlock libsanlock-client1 gcc e2fsprogs   lock system tests: real daemons (sanlock), the client
 #                             library the addon dlopens, gcc for the daemon's setrlimit shim, mkfs.ext4
 #                             for the storage-failure test (fsfreeze is in util-linux)
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs)
+#   openssl                   openssl CLI: test certificates for the mutual TLS tests (replica protocol, gRPC)
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -46,7 +47,7 @@ if (( node_major < 20 )); then
   echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
   exit 1
 fi
-for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze; do
+for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl; do
   command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
 done
 
