@@ -56,7 +56,19 @@ export type { NbdExportEvents, NbdExportOptions, NbdExportStats } from './nbd/nb
 export { formatNbdAddress, nbdUri, parseNbdAddress } from './nbd/nbd-address.js';
 export type { NbdAddress } from './nbd/nbd-address.js';
 
-// --- many hosts: data engines, gRPC, state store ---
+// --- many hosts: cluster, data engines, gRPC, state store ---
+export { Cluster, DEFAULT_REPAIR_INTERVAL_MS, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS, HOST_PROBE_TIMEOUT_MS } from './cluster/cluster.js';
+export type {
+  ClusterAttachOptions,
+  ClusterEvents,
+  ClusterOptions,
+  ClusterReplicaStatus,
+  ClusterVolumeCreateOptions,
+  ClusterVolumeStatus,
+  ReplicaReplacedEvent,
+} from './cluster/cluster.js';
+export { CLUSTER_SCHEMA_VERSION } from './cluster/cluster-records.js';
+export type { EngineRecord, HostRecord, ReplicaRecord, VolumeRecord } from './cluster/cluster-records.js';
 export { LocalDataEngine, DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, DATA_ENGINE_FILE, DATA_ENGINE_LOCK_FILE, DATA_ENGINE_REPLICAS_SUBDIR } from './data-engine/local-data-engine.js';
 export type { LocalDataEngineOptions, DataEngineRepairOptions } from './data-engine/local-data-engine.js';
 export type {
