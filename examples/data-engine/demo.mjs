@@ -56,11 +56,7 @@ try {
   log(`after stop: ${(await a.listReplicas()).map((r) => `${r.name} clean=${r.clean}`).join(', ')}; ` + `${(await b.listReplicas()).map((r) => `${r.name} clean=${r.clean}`).join(', ')}`);
 } catch (err) {
   failed = true;
-  if (err instanceof MooringError && err.code === 'UNSUPPORTED') {
-    log(`this build of the native addon cannot do this yet: ${err.message}`);
-  } else {
-    log(`failed: ${err instanceof MooringError ? `${err.code}: ` : ''}${err.message}`);
-  }
+  log(`failed: ${err instanceof MooringError ? `${err.code}: ` : ''}${err.message}`);
 } finally {
   for (const step of cleanup) await step().catch(() => undefined);
   await rm(root, { recursive: true, force: true });

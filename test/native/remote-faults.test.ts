@@ -109,7 +109,7 @@ describe('remote replica faults', () => {
     expect((await engine.read(0, 12288)).equals(Buffer.concat([pattern(1, 4096), pattern(2, 8192)]))).toBe(true);
   });
 
-  it('finds a silent peer by keepalive while idle, so the next write fails over at once', async () => {
+  it('finds a silent peer by keepalive while idle and drops it at once, without any I/O', async () => {
     hosts = await startHosts(s, 2, SIZE);
     const proxy = new FrameProxy(hosts[1]!.server.port);
     const port = await proxy.start();
@@ -123,10 +123,15 @@ describe('remote replica faults', () => {
     proxy.mode = 'blackhole';
     // No I/O from here: only the client's ping can notice that the peer went silent.
     await waitFor('the client drops the silent connection', () => closedByClient, 15_000);
-    await engine.write(4096, pattern(2, 4096));
-    expect(engine.replicas()[1]!.mode).toBe('ERR');
-    expect(engine.replicas()[1]!.lastError).toBe(-ENOTCONN);
+    // The engine learns it from the replica itself (its failure listener), not at a write.
+    await waitFor('the engine marks the silent replica ERR', () => engine.replicas()[1]!.mode === 'ERR', 5_000);
+    expect(engine.replicas()[1]!.lastError).toBe(-ETIMEDOUT);
     expect(engine.replicas()[0]!.mode).toBe('RW');
+    const epochBefore = engine.epoch();
+    // The next write is answered after the dropped replica was fenced (a newer epoch).
+    await engine.write(4096, pattern(2, 4096));
+    expect(engine.epoch()).toBeGreaterThan(epochBefore);
+    expect(engine.replicas()[1]!.mode).toBe('ERR');
   });
 
   it('opens replicas that cannot be reached at start as ERR (refused, silent, unknown name)', async () => {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -130,6 +131,14 @@ class ReplicaBackend {
   virtual int UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) = 0;
   // Flushes and clears the rebuilding flag (durably). After this the replica is an equal.
   virtual Status FinishRebuild() = 0;
+
+  // Called (once, from an internal thread) when the backend learns without being asked
+  // that it can no longer serve: a remote replica's connection dropped or its keepalive
+  // went unanswered. Lets an engine mark it ERR while idle instead of at the next write.
+  // Not called for Close(). nullptr clears it; after Set returns, the old one is not
+  // running and will not run. Local replicas never call it.
+  using FailureListener = std::function<void(int neg_errno)>;
+  virtual void SetFailureListener(FailureListener) {}
 
   virtual uint64_t AllocatedBytes() = 0;  // sum over all layer files
   virtual Status Close() = 0;             // idempotent; later calls return -EBADF / kClosed

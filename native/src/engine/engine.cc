@@ -93,6 +93,7 @@ struct Slot {
   std::atomic<ReplicaMode> mode{ReplicaMode::kRW};
   int last_error = 0;            // guarded by state_mu_
   uint64_t closed_epoch = 0;     // guarded by state_mu_; Replicas() after Close
+  bool reported = false;         // guarded by state_mu_: its replica-error event went out already
   std::atomic<uint64_t> cached_allocated{0};
 };
 
@@ -118,6 +119,10 @@ class ReplicatedEngine final : public Engine {
 
   Status Open();
   void CloseReplicas();
+  // A backend that fails on its own (a remote replica's connection drops while idle) is
+  // made ERR at once, as an I/O failure would: see ReplicaBackend::SetFailureListener.
+  void WatchBackend(ReplicaBackend* b);
+  void OnBackendLost(const ReplicaBackend* b, int rc);
 
   uint64_t size() const override { return size_; }
   uint64_t epoch() const override { return epoch_.load(); }
@@ -399,6 +404,9 @@ int ReplicatedEngine::FenceLocked(Events* ev) {
       {
         std::lock_guard<std::mutex> lk(state_mu_);
         err = slots_[i]->last_error;
+        const bool reported = slots_[i]->reported;
+        slots_[i]->reported = false;
+        if (reported) continue;  // announced when its connection dropped (OnBackendLost)
       }
       ev->push_back({EngineEvent::Type::kReplicaError, slots_[i]->id, err, 0, 0,
                      "replica " + slots_[i]->id + " failed (errno " + std::to_string(-err) +
@@ -660,6 +668,7 @@ Status ReplicatedEngine::Open() {
     if (!ids.insert(s->id).second)
       return Status::Error(Code::kInvalidArgument, "replica " + s->id + " is listed twice");
   }
+  for (const auto& s : slots_) WatchBackend(s->backend.get());
   // A replica that could not be reached (MakeOfflineReplica) reports size 0: it takes no
   // part in the size check and opens as ERR.
   size_ = 0;
@@ -811,12 +820,14 @@ Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& tar
       Slot& s = *slots_[existing];
       old = std::move(s.backend);
       s.backend = target;
+      WatchBackend(target.get());
       s.last_error = 0;
       s.mode = ReplicaMode::kWO;
       *out = &s;
     } else {
       auto s = std::make_unique<Slot>();
       s->backend = target;
+      WatchBackend(target.get());
       s->id = id;
       s->mode = ReplicaMode::kWO;
       *out = s.get();
@@ -824,7 +835,10 @@ Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& tar
     }
   }
   // The ERR slot's old handle (for a local replica, another share of the same replica).
-  if (old) old->Close();
+  if (old) {
+    old->SetFailureListener(nullptr);
+    old->Close();
+  }
   return Status::Ok();
 }
 
@@ -1062,7 +1076,10 @@ Status ReplicatedEngine::RemoveReplica(const std::string& id) {
     fence_pending_ = !unfenced_.empty();
   }
   Emit(ev);
-  if (gone) gone->Close();
+  if (gone) {
+    gone->SetFailureListener(nullptr);
+    gone->Close();
+  }
   return Status::Ok();
 }
 
@@ -1104,7 +1121,38 @@ Status ReplicatedEngine::Shutdown() {
   return result;
 }
 
+void ReplicatedEngine::WatchBackend(ReplicaBackend* b) {
+  b->SetFailureListener([this, b](int rc) { OnBackendLost(b, rc); });
+}
+
+void ReplicatedEngine::OnBackendLost(const ReplicaBackend* b, int rc) {
+  if (closed_.load()) return;
+  std::string id;
+  {
+    // state_mu_ only (not the gate): Shutdown and RemoveReplica clear this listener while
+    // holding the gate, and clearing waits for a listener that is running.
+    std::lock_guard<std::mutex> lk(state_mu_);
+    size_t i = 0;
+    while (i < slots_.size() && slots_[i]->backend.get() != b) ++i;
+    if (i == slots_.size()) return;
+    Slot& sl = *slots_[i];
+    if (sl.mode.load() != ReplicaMode::kRW || RwCount() <= 1) return;
+    // As MarkFailed: ERR now, durably stale (fenced) before the next write is answered.
+    fence_pending_ = true;
+    sl.mode = ReplicaMode::kERR;
+    sl.last_error = rc;
+    sl.reported = true;
+    unfenced_.push_back(i);
+    id = sl.id;
+  }
+  Emit({{EngineEvent::Type::kReplicaError, id, rc, 0, 0,
+         "replica " + id + " lost its connection (errno " + std::to_string(-rc) +
+             ") and was dropped; it is fenced before the next write is answered"}});
+}
+
 void ReplicatedEngine::CloseReplicas() {
+  for (auto& s : slots_)
+    if (s->backend) s->backend->SetFailureListener(nullptr);
   std::lock_guard<std::mutex> lk(state_mu_);
   closed_ = true;
   for (auto& s : slots_) {

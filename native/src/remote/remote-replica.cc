@@ -199,9 +199,26 @@ void RemoteReplica::CompleteLocked(const CallPtr& c) {
   c->cv.notify_all();
 }
 
+void RemoteReplica::SetFailureListener(FailureListener l) {
+  std::lock_guard<std::mutex> lk(listener_mu_);
+  on_failure_ = std::move(l);
+}
+
 void RemoteReplica::Teardown(int err) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (dead_errno_ != 0) return;
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (dead_errno_ != 0) return;
+    notify = !closed_;
+    TeardownLocked(err);
+  }
+  if (notify) {
+    std::lock_guard<std::mutex> lk(listener_mu_);
+    if (on_failure_) on_failure_(-err);
+  }
+}
+
+void RemoteReplica::TeardownLocked(int err) {
   dead_errno_ = err;
   for (const CallPtr& c : queue_) {
     c->fail_errno = err;

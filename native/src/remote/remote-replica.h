@@ -77,6 +77,7 @@ class RemoteReplica final : public ReplicaBackend {
   int UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) override;
   Status FinishRebuild() override;
   uint64_t AllocatedBytes() override;
+  void SetFailureListener(FailureListener l) override;
   Status Close() override;
 
  private:
@@ -105,7 +106,10 @@ class RemoteReplica final : public ReplicaBackend {
   int Run(const CallPtr& c);
   Status RunStatus(const CallPtr& c, const char* what);
   void TakeState(const CallPtr& c);
+  // Fails every outstanding call with `err` and shuts the transport; then (unless it was
+  // Close) tells the failure listener.
   void Teardown(int err);
+  void TeardownLocked(int err);
   void CompleteLocked(const CallPtr& c);
   bool DeadlinePassedLocked(int64_t now) const;
 
@@ -135,6 +139,8 @@ class RemoteReplica final : public ReplicaBackend {
   bool closed_ = false;
   int64_t last_send_ms_ = 0;
   std::mutex close_mu_;
+  std::mutex listener_mu_;                   // held while the listener runs, and by Set
+  FailureListener on_failure_;
 
   RecvBuffer rbuf_;
   std::thread sender_;

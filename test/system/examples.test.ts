@@ -1,0 +1,29 @@
+// The examples run as users would run them (node examples/.../demo.mjs after a build) and
+// do what they say: exit 0 and print the states they walk through.
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+
+import { repoRoot, run } from './helpers/tools.js';
+
+async function runExample(path: string): Promise<string> {
+  const r = await run(process.execPath, [join(repoRoot, path)], { timeoutMs: 120_000, allowFailure: true });
+  expect(r.code, `${path} failed\n${r.stdout}\n${r.stderr}`).toBe(0);
+  return r.stdout;
+}
+
+describe('examples', () => {
+  it('data-engine: a volume across an in-process and a gRPC-reached data engine', async () => {
+    const out = await runExample('examples/data-engine/demo.mjs');
+    expect(out).toMatch(/replica r1 on host b \(disk0-r1\): RW/);
+    expect(out).toMatch(/after stop: disk0-r0 clean=true; disk0-r1 clean=true/);
+  });
+
+  it('cluster: degraded while a host is away, healthy again once it is back', async () => {
+    const out = await runExample('examples/cluster/demo.mjs');
+    expect(out).toMatch(/attached: healthy, attached on a/);
+    expect(out).toMatch(/host c down: degraded, .* r2@c=ERR/);
+    expect(out).toMatch(/rebuild-completed: replica r2/);
+    expect(out).toMatch(/host c back: healthy/);
+    expect(out).toMatch(/detached and deleted/);
+  });
+});
