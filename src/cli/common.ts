@@ -30,6 +30,57 @@ export interface SignalSource {
   off(event: 'SIGINT' | 'SIGTERM', listener: (signal: NodeJS.Signals) => void): unknown;
 }
 
+/**
+ * SIGINT/SIGTERM handling of a long-running command (serve, data-engine). Installed before
+ * anything is printed, so a signal sent right after READY always takes the orderly path;
+ * a second signal exits at once (status 1). Also keeps the event loop alive, which signal
+ * listeners do not, until {@link StopSignals.dispose}.
+ */
+export interface StopSignals {
+  /** The first signal, if one came already. */
+  readonly pending: string | undefined;
+  /** Resolves with the first signal (at once if it came already). */
+  wait(): Promise<string>;
+  /** Removes the listeners and the keep-alive timer. */
+  dispose(): void;
+}
+
+/** See {@link StopSignals}; `what` completes "exiting without waiting for ..." on a second signal. */
+export function installStopSignals(ctx: CliContext, what: string): StopSignals {
+  const signals = ctx.signals;
+  let stopRequested: ((signal: string) => void) | undefined;
+  let pending: string | undefined;
+  let count = 0;
+  const onSignal = (signal: NodeJS.Signals): void => {
+    count++;
+    if (count > 1) {
+      ctx.stderr(`mooring: ${signal} again: exiting without waiting for ${what}\n`);
+      (ctx.exit ?? ((code: number) => process.exit(code)))(1);
+      return;
+    }
+    if (stopRequested) stopRequested(signal);
+    else pending = signal;
+  };
+  signals?.on('SIGINT', onSignal);
+  signals?.on('SIGTERM', onSignal);
+  const keepAlive = setInterval(() => undefined, 1 << 30);
+  return {
+    get pending() {
+      return pending;
+    },
+    wait: () =>
+      new Promise<string>((res) => {
+        if (pending) res(pending);
+        else stopRequested = res;
+      }),
+    dispose: () => {
+      clearInterval(keepAlive);
+      signals?.off('SIGINT', onSignal);
+      signals?.off('SIGTERM', onSignal);
+    },
+  };
+}
+
 /** The context of the real CLI process. */
 export function processContext(): CliContext {
   return {

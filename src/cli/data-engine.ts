@@ -8,7 +8,7 @@ import { DataEngineGrpcServer } from '../data-engine/grpc/data-engine-grpc-serve
 import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, LocalDataEngine } from '../data-engine/local-data-engine.js';
 import { TLS_PEM_BYTES_MAX, type DataEngineTlsOptions } from '../data-engine/addresses.js';
 import { readFileLimited } from '../util/files.js';
-import { UsageError, addonOf, parseCommandArgs, requireDir, type CliContext } from './common.js';
+import { UsageError, addonOf, installStopSignals, parseCommandArgs, requireDir, type CliContext } from './common.js';
 
 /** The JSON that follows `READY ` on the data engine's stdout (the CLI contract). */
 export interface DataEngineReadyInfo {
@@ -125,25 +125,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
   const allowInsecureRemote = values['allow-insecure-remote'] === true;
   const addon = addonOf(ctx);
 
-  // Listen for signals first, so a signal right after READY takes the orderly path.
-  const signals = ctx.signals;
-  let stopRequested: ((signal: string) => void) | undefined;
-  let pendingSignal: string | undefined;
-  let signalCount = 0;
-  const onSignal = (signal: NodeJS.Signals): void => {
-    signalCount++;
-    if (signalCount > 1) {
-      ctx.stderr(`mooring: ${signal} again: exiting without waiting for engines to drain\n`);
-      (ctx.exit ?? ((code: number) => process.exit(code)))(1);
-      return;
-    }
-    if (stopRequested) stopRequested(signal);
-    else pendingSignal = signal;
-  };
-  signals?.on('SIGINT', onSignal);
-  signals?.on('SIGTERM', onSignal);
-  // Signal listeners do not keep Node's event loop alive; this does, until shutdown.
-  const keepAlive = setInterval(() => undefined, 1 << 30);
+  const stop = installStopSignals(ctx, 'engines to drain');
   let de: LocalDataEngine | undefined;
   let server: DataEngineGrpcServer | undefined;
   try {
@@ -163,20 +145,15 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
     ctx.stderr(`mooring: data engine ${hostId} serving ${dir} at ${server.address}${info.replicaAddress ? `, replicas at ${info.replicaAddress}` : ''}${tls ? ' (mutual TLS)' : ''}\n`);
 
-    const signal = await new Promise<string>((res) => {
-      if (pendingSignal) res(pendingSignal);
-      else stopRequested = res;
-    });
+    const signal = await stop.wait();
     ctx.stderr(`mooring: ${signal}: stopping the gRPC server and every engine (drain, flush)\n`);
     await server.close();
     await de.close();
     ctx.stderr('mooring: data engine stopped\n');
     return 0;
   } finally {
-    clearInterval(keepAlive);
     if (server) await server.close().catch(() => undefined);
     if (de) await de.close().catch(() => undefined);
-    signals?.off('SIGINT', onSignal);
-    signals?.off('SIGTERM', onSignal);
+    stop.dispose();
   }
 }

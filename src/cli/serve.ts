@@ -12,6 +12,7 @@ import {
   parseCommandArgs,
   parseReplicasOption,
   parseSizeOption,
+  installStopSignals,
   requireDir,
   type CliContext,
 } from './common.js';
@@ -80,26 +81,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     throw new UsageError('serve', `--nbd must be unix:PATH or tcp:HOST:PORT (got ${JSON.stringify(values.nbd)})`);
   }
 
-  // Listen for signals before anything can be printed, so a signal sent right after READY
-  // always takes the orderly path.
-  const signals = ctx.signals;
-  let stopRequested: ((signal: string) => void) | undefined;
-  let pendingSignal: string | undefined;
-  let signalCount = 0;
-  const onSignal = (signal: NodeJS.Signals): void => {
-    signalCount++;
-    if (signalCount > 1) {
-      ctx.stderr(`mooring: ${signal} again: exiting without waiting for the drain\n`);
-      (ctx.exit ?? ((code: number) => process.exit(code)))(1);
-      return;
-    }
-    if (stopRequested) stopRequested(signal);
-    else pendingSignal = signal;
-  };
-  signals?.on('SIGINT', onSignal);
-  signals?.on('SIGTERM', onSignal);
-  // Signal listeners do not keep Node's event loop alive; this does, until shutdown.
-  const keepAlive = setInterval(() => undefined, 1 << 30);
+  const stop = installStopSignals(ctx, 'the drain');
   let volume: Volume | undefined;
   try {
     const state = await directoryState(dir);
@@ -129,8 +111,8 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
       if (e.type === 'replica-error') ctx.stderr(`mooring: replica ${e.replicaId} is out of date or failed (${e.message}); serving from the others\n`);
     }
 
-    if (pendingSignal) {
-      ctx.stderr(`mooring: ${pendingSignal} before serving started: closing the volume\n`);
+    if (stop.pending) {
+      ctx.stderr(`mooring: ${stop.pending} before serving started: closing the volume\n`);
       await v.close();
       return 0;
     }
@@ -139,10 +121,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
     ctx.stderr(`mooring: serving ${v.name} (${formatBytes(v.sizeBytes)}, ${v.replicaCount} replicas, epoch ${ready.epoch}) at ${exp.uri}\n`);
 
-    const signal = await new Promise<string>((res) => {
-      if (pendingSignal) res(pendingSignal);
-      else stopRequested = res;
-    });
+    const signal = await stop.wait();
     ctx.stderr(`mooring: ${signal}: stopping the export (drain, flush) and closing the volume\n`);
     const stats = exp.closed ? undefined : exp.stats();
     await v.close();
@@ -151,9 +130,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     );
     return 0;
   } finally {
-    clearInterval(keepAlive);
     if (volume && volume.state !== 'closed') await volume.close().catch(() => undefined);
-    signals?.off('SIGINT', onSignal);
-    signals?.off('SIGTERM', onSignal);
+    stop.dispose();
   }
 }

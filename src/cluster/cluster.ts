@@ -19,7 +19,7 @@ import type { DataEngine, DataEngineEvent, EngineInfo, EngineReplicaRef, Rebuild
 import { MooringError, toMooringError } from '../errors.js';
 import type { StateStore } from '../state/state-store.js';
 import { safeEmit } from '../util/emit.js';
-import { checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
+import { checkIntIn, checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
 import {
   CLUSTER_SCHEMA_VERSION,
   KIND,
@@ -39,6 +39,8 @@ type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 export const DEFAULT_REPAIR_INTERVAL_MS = 2000;
 /** How long a replica may stay ERR before it is replaced on another host, by default (Longhorn: 600 s). */
 export const DEFAULT_REPLICA_REPLACEMENT_WAIT_MS = 600_000;
+/** Largest value of the millisecond settings (a week). */
+const MS_SETTING_MAX = 7 * 24 * 3600 * 1000;
 /** How long a call to a data engine may take before its host counts as unreachable for a decision. */
 export const HOST_PROBE_TIMEOUT_MS = 3000;
 
@@ -173,12 +175,8 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     if (typeof options !== 'object' || options === null || typeof options.store !== 'object' || options.store === null) {
       throw new MooringError('INVALID_ARGUMENT', `cluster options need a store (got ${describe(options)})`);
     }
-    for (const [k, v] of [
-      ['repairIntervalMs', options.repairIntervalMs],
-      ['replicaReplacementWaitMs', options.replicaReplacementWaitMs],
-    ] as const) {
-      if (v !== undefined && (!Number.isSafeInteger(v) || v < 0)) throw new MooringError('INVALID_ARGUMENT', `${k} must be a non-negative integer (got ${describe(v)})`);
-    }
+    checkIntIn('repairIntervalMs', options.repairIntervalMs, 0, MS_SETTING_MAX, DEFAULT_REPAIR_INTERVAL_MS);
+    checkIntIn('replicaReplacementWaitMs', options.replicaReplacementWaitMs, 0, MS_SETTING_MAX, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS);
     const c = new Cluster(options);
     for (const h of options.hosts ?? []) await c.addHost(h);
     if (c.#repairIntervalMs > 0) c.#schedule();

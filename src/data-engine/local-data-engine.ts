@@ -15,7 +15,7 @@ import { loadAddon, packageVersion } from '../native/load.js';
 import type { NbdExport } from '../nbd/nbd-export.js';
 import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
-import { checkName, checkVolumeSize, describe } from '../util/validate.js';
+import { checkIntIn, checkName, checkVolumeSize, describe } from '../util/validate.js';
 import { VolumeLock } from '../volume/volume-lock.js';
 import {
   checkLoopbackRule,
@@ -129,14 +129,6 @@ interface EngineSlot {
   stopping: boolean;
 }
 
-function intIn(what: string, value: unknown, min: number, max: number, fallback: number): number {
-  if (value === undefined) return fallback;
-  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
-    throw new MooringError('INVALID_ARGUMENT', `${what} must be an integer in ${min}..${max} (got ${describe(value)})`);
-  }
-  return value;
-}
-
 /** The {@link DataEngine} of this host, in this process; see the module comment. */
 export class LocalDataEngine implements DataEngine {
   /** Host id. */
@@ -201,7 +193,7 @@ export class LocalDataEngine implements DataEngine {
     const listen = options.replicaListen === undefined ? DATA_ENGINE_DEFAULTS.replicaListen : options.replicaListen;
     const listenAddress = listen === null ? null : parseTcpAddress(listen, 'replicaListen', true);
     if (listenAddress) checkLoopbackRule('replicaListen', listenAddress.host, tls !== undefined, allowInsecure);
-    const maxConcurrentRebuilds = intIn(
+    const maxConcurrentRebuilds = checkIntIn(
       'maxConcurrentRebuilds',
       options.maxConcurrentRebuilds,
       1,
@@ -213,8 +205,8 @@ export class LocalDataEngine implements DataEngine {
     const { repairRetryMsMin: lo, repairRetryMsMax: hi } = DATA_ENGINE_LIMITS;
     const repair: Required<DataEngineRepairOptions> = {
       enabled: r.enabled !== false,
-      firstRetryMs: intIn('repair.firstRetryMs', r.firstRetryMs, lo, hi, DATA_ENGINE_DEFAULTS.repairFirstRetryMs),
-      maxRetryMs: intIn('repair.maxRetryMs', r.maxRetryMs, lo, hi, DATA_ENGINE_DEFAULTS.repairMaxRetryMs),
+      firstRetryMs: checkIntIn('repair.firstRetryMs', r.firstRetryMs, lo, hi, DATA_ENGINE_DEFAULTS.repairFirstRetryMs),
+      maxRetryMs: checkIntIn('repair.maxRetryMs', r.maxRetryMs, lo, hi, DATA_ENGINE_DEFAULTS.repairMaxRetryMs),
     };
     if (repair.maxRetryMs < repair.firstRetryMs) {
       throw new MooringError('INVALID_ARGUMENT', `repair.maxRetryMs (${repair.maxRetryMs}) must be at least repair.firstRetryMs (${repair.firstRetryMs})`);
@@ -352,7 +344,7 @@ export class LocalDataEngine implements DataEngine {
     }
     const volume = checkName('volume', options.volume);
     const refs = checkRefs(options.replicas);
-    const ioTimeoutMs = intIn(
+    const ioTimeoutMs = checkIntIn(
       'ioTimeoutMs',
       options.ioTimeoutMs,
       DATA_ENGINE_LIMITS.ioTimeoutMsMin,

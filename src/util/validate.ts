@@ -25,6 +25,19 @@ export function describe(value: unknown): string {
 }
 
 /** A name of a volume, snapshot or replica: [A-Za-z0-9._-]{1,63}, not "." or "..". */
+/**
+ * An optional integer setting in [min, max]; `fallback` when undefined.
+ *
+ * @throws MooringError INVALID_ARGUMENT naming `what`
+ */
+export function checkIntIn(what: string, value: unknown, min: number, max: number, fallback: number): number {
+  if (value === undefined) return fallback;
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw new MooringError('INVALID_ARGUMENT', `${what} must be an integer in ${min}..${max} (got ${describe(value)})`);
+  }
+  return value;
+}
+
 export function checkName(what: string, value: unknown, code: MooringErrorCode = 'INVALID_ARGUMENT'): string {
   if (typeof value !== 'string' || !NAME_PATTERN.test(value) || value === '.' || value === '..') {
     throw new MooringError(code, `${what} must match [A-Za-z0-9._-]{1,63} and not be "." or ".." (got ${describe(value)})`, {

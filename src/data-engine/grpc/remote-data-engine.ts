@@ -16,7 +16,7 @@ import {
 
 import { MooringError } from '../../errors.js';
 import { parseNbdAddress } from '../../nbd/nbd-address.js';
-import { describe } from '../../util/validate.js';
+import { checkIntIn, describe } from '../../util/validate.js';
 import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
 import type {
   DataEngine,
@@ -75,14 +75,6 @@ export interface RemoteDataEngineOptions {
 type Callback = (err: ServiceError | null, reply?: Msg) => void;
 type UnaryMethod = (req: Msg, md: Metadata, opts: { deadline: number }, cb: Callback) => void;
 
-function timeoutIn(what: string, v: unknown, fallback: number): number {
-  if (v === undefined) return fallback;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < TIMEOUT_MS_MIN || v > TIMEOUT_MS_MAX) {
-    throw new MooringError('INVALID_ARGUMENT', `${what} must be an integer in ${TIMEOUT_MS_MIN}..${TIMEOUT_MS_MAX} (got ${describe(v)})`);
-  }
-  return v;
-}
-
 /** A data engine in another process, over gRPC; see the module comment. */
 export class RemoteDataEngine implements DataEngine {
   /** Host id of the data engine (fetched once at connect). */
@@ -116,8 +108,8 @@ export class RemoteDataEngine implements DataEngine {
       throw new MooringError('INVALID_ARGUMENT', `connect options must be {address, tls?, timeoutMs?} (got ${describe(options)})`);
     }
     const tls = checkTls(options.tls);
-    const timeoutMs = timeoutIn('timeoutMs', options.timeoutMs, REMOTE_DATA_ENGINE_DEFAULTS.timeoutMs);
-    const longTimeoutMs = timeoutIn('longCallTimeoutMs', options.longCallTimeoutMs, REMOTE_DATA_ENGINE_DEFAULTS.longCallTimeoutMs);
+    const timeoutMs = checkIntIn('timeoutMs', options.timeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.timeoutMs);
+    const longTimeoutMs = checkIntIn('longCallTimeoutMs', options.longCallTimeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.longCallTimeoutMs);
     const addr = parseNbdAddress(options.address);
     let target: string;
     let creds: ChannelCredentials;
