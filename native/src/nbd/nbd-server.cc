@@ -1,10 +1,5 @@
 #include "nbd/nbd-server.h"
 
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -22,6 +17,7 @@
 #include "nbd/nbd-connection.h"
 #include "nbd/nbd-server-context.h"
 #include "nbd/worker-pool.h"
+#include "net/acceptor.h"
 
 namespace mooring {
 
@@ -34,13 +30,6 @@ constexpr uint32_t kIoThreadsMax = 256;
 constexpr uint32_t kMaxConnectionsLimit = 4096;
 constexpr uint32_t kMaxInflightLimit = 4096;
 constexpr size_t kNameLimit = NbdConnection::kNameMax;
-constexpr int kListenBacklog = 128;
-constexpr int kAcceptBackoffMs = 100;  // after EMFILE and friends, instead of spinning
-
-Status ErrnoStatus(int err, const std::string& what) {
-  if (err == EADDRINUSE) return Status::Error(Code::kAddressInUse, what + ": address in use", err);
-  return Status::FromErrno(err, what + ": " + strerror(err));
-}
 
 class NbdServerImpl final : public NbdServer {
  public:
@@ -51,20 +40,22 @@ class NbdServerImpl final : public NbdServer {
 
   ~NbdServerImpl() override {
     Close();
-    if (listen_fd_ >= 0) close(listen_fd_);
-    if (wake_fd_ >= 0) close(wake_fd_);
+    if (listen_fd_ >= 0) close(listen_fd_);  // only if Init failed before the acceptor took it
   }
 
   Status Init() {
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) return ErrnoStatus(errno, "eventfd");
-    ctx_.server_wake_fd = wake_fd_;
-    Status s = ctx_.opts.unix_path.empty() ? ListenTcp() : ListenUnix();
+    Status s = acceptor_.Init();
+    if (!s.ok()) return s;
+    ctx_.server_wake_fd = acceptor_.wake_fd();
+    const bool tcp = ctx_.opts.unix_path.empty();
+    s = tcp ? ListenTcp(ctx_.opts.tcp_host, ctx_.opts.tcp_port, &listen_fd_, &port_) : ListenUnix();
     if (!s.ok()) return s;
     try {
       pool_.reset(new WorkerPool(ctx_.opts.io_threads));
       ctx_.pool = pool_.get();
-      accept_thread_ = std::thread([this] { AcceptLoop(); });
+      acceptor_.Start(listen_fd_, ctx_.opts.max_connections, tcp,
+                      [this](int fd) { return std::make_unique<NbdConnection>(&ctx_, fd); });
+      listen_fd_ = -1;  // the acceptor's now
     } catch (const std::exception& e) {
       return Status::Error(Code::kIoError, std::string("starting NBD server threads: ") + e.what());
     }
@@ -75,8 +66,8 @@ class NbdServerImpl final : public NbdServer {
 
   NbdServerStats stats() const override {
     NbdServerStats s;
-    s.connections_total = connections_total_.load();
-    s.connections_open = connections_open_.load();
+    s.connections_total = acceptor_.total();
+    s.connections_open = acceptor_.open();
     s.requests = ctx_.requests.load();
     s.bytes_read = ctx_.bytes_read.load();
     s.bytes_written = ctx_.bytes_written.load();
@@ -87,24 +78,11 @@ class NbdServerImpl final : public NbdServer {
   Status Close() override {
     std::lock_guard<std::mutex> lock(close_mu_);
     if (closed_) return close_status_;
-    closing_.store(true);
-    Wake();
-    if (accept_thread_.joinable()) accept_thread_.join();
-    if (listen_fd_ >= 0) {
-      close(listen_fd_);
-      listen_fd_ = -1;
-    }
+    std::list<std::unique_ptr<NbdConnection>> conns = acceptor_.Stop();
     RemoveSocketFile();
-
-    std::list<std::unique_ptr<NbdConnection>> conns;
-    {
-      std::lock_guard<std::mutex> l(conns_mu_);
-      conns.swap(conns_);
-    }
     for (auto& c : conns) c->RequestStop();
     for (auto& c : conns) c->Join();  // each answers what it has in flight, then closes
     conns.clear();
-    connections_open_.store(0);
 
     close_status_ = Status::Ok();
     if (pool_) {
@@ -143,64 +121,21 @@ class NbdServerImpl final : public NbdServer {
         close(probe);
         if (live) return Status::Error(Code::kAddressInUse, "a server is already listening on " + path, EADDRINUSE);
       }
-      if (unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "removing stale socket " + path);
+      if (unlink(path.c_str()) != 0 && errno != ENOENT) return SocketStatus(errno, "removing stale socket " + path);
     }
 
     listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listen_fd_ < 0) return ErrnoStatus(errno, "socket");
+    if (listen_fd_ < 0) return SocketStatus(errno, "socket");
     if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      return ErrnoStatus(errno, "binding " + path);
+      return SocketStatus(errno, "binding " + path);
     }
     if (lstat(path.c_str(), &st) == 0) {
       sock_dev_ = st.st_dev;
       sock_ino_ = st.st_ino;
       own_socket_file_ = true;
     }
-    if (listen(listen_fd_, kListenBacklog) != 0) return ErrnoStatus(errno, "listening on " + path);
+    if (listen(listen_fd_, kListenBacklog) != 0) return SocketStatus(errno, "listening on " + path);
     return Status::Ok();
-  }
-
-  Status ListenTcp() {
-    const NbdServerOptions& o = ctx_.opts;
-    if (o.tcp_port < 0 || o.tcp_port > 65535) {
-      return Status::Error(Code::kInvalidArgument, "tcp_port out of range: " + std::to_string(o.tcp_port));
-    }
-    std::string host = o.tcp_host.empty() ? "127.0.0.1" : o.tcp_host;
-    std::string port = std::to_string(o.tcp_port);
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    addrinfo* res = nullptr;
-    int g = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-    if (g != 0) return Status::Error(Code::kInvalidArgument, "cannot resolve " + host + ": " + gai_strerror(g));
-    Status last = Status::Error(Code::kInvalidArgument, "no address for " + host);
-    for (addrinfo* a = res; a; a = a->ai_next) {
-      int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) {
-        last = ErrnoStatus(errno, "socket");
-        continue;
-      }
-      int one = 1;
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, kListenBacklog) != 0) {
-        last = ErrnoStatus(errno, "binding " + host + ":" + port);
-        close(fd);
-        continue;
-      }
-      sockaddr_storage ss{};
-      socklen_t sl = sizeof ss;
-      if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) == 0) {
-        if (ss.ss_family == AF_INET) port_ = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-        if (ss.ss_family == AF_INET6) port_ = ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
-      }
-      listen_fd_ = fd;
-      tcp_ = true;
-      last = Status::Ok();
-      break;
-    }
-    freeaddrinfo(res);
-    return last;
   }
 
   void RemoveSocketFile() {
@@ -212,111 +147,15 @@ class NbdServerImpl final : public NbdServer {
     if (lstat(path.c_str(), &st) == 0 && st.st_dev == sock_dev_ && st.st_ino == sock_ino_) unlink(path.c_str());
   }
 
-  void Wake() {
-    uint64_t one = 1;
-    ssize_t n = write(wake_fd_, &one, sizeof one);
-    (void)n;
-  }
-
-  // Joins and frees connections whose thread has finished.
-  void Reap() {
-    std::list<std::unique_ptr<NbdConnection>> done;
-    {
-      std::lock_guard<std::mutex> l(conns_mu_);
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        if ((*it)->finished()) {
-          done.push_back(std::move(*it));
-          it = conns_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    connections_open_.fetch_sub(done.size());
-    done.clear();  // joins each thread, closes each socket
-  }
-
-  void AcceptLoop() {
-    bool backoff = false;
-    while (!closing_.load()) {
-      pollfd p[2] = {{backoff ? -1 : listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      int n = poll(p, 2, backoff ? kAcceptBackoffMs : -1);
-      backoff = false;
-      if (n < 0 && errno != EINTR) backoff = true;
-      if (p[1].revents) {
-        uint64_t v;
-        ssize_t r = read(wake_fd_, &v, sizeof v);
-        (void)r;
-        Reap();
-      }
-      if (closing_.load()) break;
-      if (!(p[0].revents & POLLIN)) continue;
-      for (;;) {
-        int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-          if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-          backoff = true;  // EMFILE, ENFILE, ENOBUFS, ENOMEM: let resources come back
-          break;
-        }
-        if (connections_open_.load() >= ctx_.opts.max_connections) {
-          Reap();
-          if (connections_open_.load() >= ctx_.opts.max_connections) {
-            close(fd);  // the client sees EOF before the greeting
-            continue;
-          }
-        }
-        if (tcp_) {
-          int one = 1;
-          setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        }
-        if (!Admit(fd)) continue;
-        connections_total_.fetch_add(1);
-        connections_open_.fetch_add(1);
-      }
-    }
-  }
-
-  // Takes ownership of fd: on failure it is closed.
-  bool Admit(int fd) {
-    NbdConnection* raw = nullptr;
-    try {
-      raw = new NbdConnection(&ctx_, fd);
-    } catch (const std::exception&) {
-      close(fd);
-      return false;
-    }
-    std::lock_guard<std::mutex> l(conns_mu_);
-    try {
-      conns_.emplace_back(raw);
-    } catch (const std::exception&) {
-      delete raw;
-      return false;
-    }
-    try {
-      raw->Start();
-    } catch (const std::exception&) {
-      conns_.pop_back();  // never started: the destructor only closes the socket
-      return false;
-    }
-    return true;
-  }
-
   NbdServerContext ctx_;
   std::unique_ptr<WorkerPool> pool_;
   int listen_fd_ = -1;
-  int wake_fd_ = -1;
   int port_ = 0;
-  bool tcp_ = false;
   bool own_socket_file_ = false;
   dev_t sock_dev_ = 0;
   ino_t sock_ino_ = 0;
-  std::thread accept_thread_;
-  std::atomic<bool> closing_{false};
-  std::mutex conns_mu_;
-  std::list<std::unique_ptr<NbdConnection>> conns_;
-  std::atomic<uint64_t> connections_total_{0};
-  std::atomic<uint64_t> connections_open_{0};
+  // Declared after ctx_ and pool_: destroyed first, so no connection outlives them.
+  Acceptor<NbdConnection> acceptor_;
   std::mutex close_mu_;
   bool closed_ = false;
   Status close_status_;

@@ -373,13 +373,16 @@ Status RemoteReplica::ClaimEpoch(uint64_t epoch) { return RunStatus(NewCall(kOpC
 
 Status RemoteReplica::MarkClean(uint64_t epoch) { return RunStatus(NewCall(kOpMarkClean, epoch, 0, 0), "MARK_CLEAN"); }
 
-int RemoteReplica::Read(uint64_t off, uint32_t len, uint8_t* buf) {
+int RemoteReplica::Read(uint64_t off, uint32_t len, uint8_t* buf) { return ReadData(kOpRead, nullptr, off, len, buf); }
+
+int RemoteReplica::ReadData(uint8_t op, const std::string* layer_id, uint64_t off, uint32_t len, uint8_t* buf) {
   // Split into frames, all in flight at once, then collected in order.
   std::vector<CallPtr> calls;
   int rc = 0;
   for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
-    CallPtr c = NewCall(kOpRead, 0, off + done, n);
+    CallPtr c = NewCall(op, 0, off + done, n);
+    if (layer_id) PayloadWriter(&c->payload).Str(*layer_id);
     c->max_reply = n;
     rc = Submit(c);
     if (rc < 0) break;
@@ -405,12 +408,19 @@ int RemoteReplica::Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8
 }
 
 void RemoteReplica::StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingWrite* p) {
+  SubmitData(kOpWrite, epoch, off, len, buf, fua ? kFlagFua : 0, nullptr, p);
+}
+
+void RemoteReplica::SubmitData(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf,
+                               uint16_t flags, const std::string* layer_id, PendingWrite* p) {
   p->rc = 0;
   p->calls.clear();
   for (uint64_t done = 0; done < len || (len == 0 && p->calls.empty()); done += max_io_) {
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
-    CallPtr c = NewCall(kOpWrite, epoch, off + done, n, fua ? kFlagFua : 0);
-    c->payload.assign(buf + done, buf + done + n);
+    CallPtr c = NewCall(op, epoch, off + done, n, flags);
+    PayloadWriter w(&c->payload);
+    if (layer_id) w.Str(*layer_id);
+    w.Bytes(buf + done, n);
     p->rc = Submit(c);
     if (p->rc < 0) break;
     p->calls.push_back(c);
@@ -503,28 +513,7 @@ Status RemoteReplica::LayerExtents(const std::string& layer_id, std::vector<Rang
 
 int RemoteReplica::ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) {
   if (layer_id.size() > kMaxWireStringBytes) return -EINVAL;
-  std::vector<CallPtr> calls;
-  int rc = 0;
-  for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
-    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
-    CallPtr c = NewCall(kOpReadLayer, 0, off + done, n);
-    PayloadWriter(&c->payload).Str(layer_id);
-    c->max_reply = n;
-    rc = Submit(c);
-    if (rc < 0) break;
-    calls.push_back(c);
-    if (len == 0) break;
-  }
-  uint64_t pos = 0;
-  for (const CallPtr& c : calls) {
-    Wait(c);
-    int r = c->fail_errno ? -c->fail_errno : -ErrnoOfReply(c->reply);
-    if (r == 0 && c->reply_payload.size() != c->h.length) r = -EPROTO;
-    if (r == 0) memcpy(buf + pos, c->reply_payload.data(), c->h.length);
-    if (rc == 0) rc = r;
-    pos += c->h.length;
-  }
-  return rc;
+  return ReadData(kOpReadLayer, &layer_id, off, len, buf);
 }
 
 Status RemoteReplica::Snapshot(const std::string& name, int64_t created_ms, const Labels& labels, bool user_created) {
@@ -585,25 +574,9 @@ Status RemoteReplica::LayerDigest(const std::string& layer_id, uint64_t off, uin
 
 int RemoteReplica::WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
   if (layer_id.size() > kMaxWireStringBytes) return -EINVAL;
-  std::vector<CallPtr> calls;
-  int rc = 0;
-  for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
-    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
-    CallPtr c = NewCall(kOpWriteLayer, epoch, off + done, n);
-    PayloadWriter w(&c->payload);
-    w.Str(layer_id);
-    w.Bytes(buf + done, n);
-    rc = Submit(c);
-    if (rc < 0) break;
-    calls.push_back(c);
-    if (len == 0) break;
-  }
-  for (const CallPtr& c : calls) {
-    Wait(c);
-    int r = c->fail_errno ? -c->fail_errno : -ErrnoOfReply(c->reply);
-    if (rc == 0) rc = r;
-  }
-  return rc;
+  PendingWrite p;
+  SubmitData(kOpWriteLayer, epoch, off, len, buf, 0, &layer_id, &p);
+  return FinishWrite(&p);
 }
 
 int RemoteReplica::UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) {

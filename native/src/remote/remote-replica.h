@@ -99,6 +99,12 @@ class RemoteReplica final : public ReplicaBackend {
   RemoteReplica(const ReplicaEndpoint& ep, std::unique_ptr<Transport> t);
 
   static CallPtr NewCall(uint8_t op, uint64_t epoch, uint64_t off, uint64_t len, uint16_t flags = 0);
+  // READ / READ_LAYER (with layer_id) in frames of at most max_io_ bytes, all in flight at once.
+  int ReadData(uint8_t op, const std::string* layer_id, uint64_t off, uint32_t len, uint8_t* buf);
+  // Queues a data-carrying op (WRITE, WRITE_LAYER) in calls of at most max_io_ bytes; the
+  // payload is the layer id (when given) then the data. FinishWrite collects the results.
+  void SubmitData(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, uint16_t flags,
+                  const std::string* layer_id, PendingWrite* p);
   // Queues c (blocking while `depth_` are outstanding); 0 or -errno.
   int Submit(const CallPtr& c, bool block = true);
   void Wait(const CallPtr& c);

@@ -1,0 +1,54 @@
+#include "net/acceptor.h"
+
+#include <netdb.h>
+
+#include <cstring>
+
+namespace mooring {
+
+Status SocketStatus(int err, const std::string& what) {
+  if (err == EADDRINUSE) return Status::Error(Code::kAddressInUse, what + ": address in use", err);
+  return Status::FromErrno(err, what + ": " + strerror(err));
+}
+
+Status ListenTcp(const std::string& host_in, int port_in, int* out_fd, int* bound_port) {
+  if (port_in < 0 || port_in > 65535) return Status::Error(Code::kInvalidArgument, "port out of range: " + std::to_string(port_in));
+  const std::string host = host_in.empty() ? "127.0.0.1" : host_in;
+  const std::string port = std::to_string(port_in);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int g = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+  if (g != 0) return Status::Error(Code::kInvalidArgument, "cannot resolve " + host + ": " + gai_strerror(g));
+  Status last = Status::Error(Code::kInvalidArgument, "no address for " + host);
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last = SocketStatus(errno, "socket");
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, kListenBacklog) != 0) {
+      last = SocketStatus(errno, "binding " + host + ":" + port);
+      close(fd);
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof ss;
+    *bound_port = port_in;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) == 0) {
+      if (ss.ss_family == AF_INET) *bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+      if (ss.ss_family == AF_INET6) *bound_port = ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+    }
+    *out_fd = fd;
+    last = Status::Ok();
+    break;
+  }
+  freeaddrinfo(res);
+  return last;
+}
+
+}  // namespace mooring

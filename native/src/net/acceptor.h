@@ -1,0 +1,209 @@
+// The listening side shared by the NBD server and the replica server: a TCP listening
+// socket, and Acceptor<Conn>, which accepts on its own thread, turns each socket into a
+// connection object, keeps the connections and reaps those that finished.
+//
+// Conn needs: a constructor the `make` callback calls, Start() (may throw), finished()
+// (thread-safe), and a destructor that joins its threads and closes its socket. A finished
+// connection writes to wake_fd() so that the accept thread reaps it.
+#pragma once
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "util/status.h"
+
+namespace mooring {
+
+// Backlog of every listening socket.
+constexpr int kListenBacklog = 128;
+// After EMFILE and friends the accept thread waits this long instead of spinning.
+constexpr int kAcceptBackoffMs = 100;
+
+// A Status for a failed socket call: kAddressInUse for EADDRINUSE, the errno's code otherwise.
+Status SocketStatus(int err, const std::string& what);
+
+// Binds and listens on host:port (host "" = 127.0.0.1; port 0 = any free port).
+// *bound_port is the port actually bound.
+Status ListenTcp(const std::string& host, int port, int* fd, int* bound_port);
+
+template <typename Conn>
+class Acceptor {
+ public:
+  // Builds a connection that owns fd (the acceptor closes fd if this throws).
+  using Make = std::function<std::unique_ptr<Conn>(int fd)>;
+
+  Acceptor() = default;
+  Acceptor(const Acceptor&) = delete;
+  Acceptor& operator=(const Acceptor&) = delete;
+  ~Acceptor() {
+    Stop();
+    if (wake_fd_ >= 0) close(wake_fd_);
+  }
+
+  // The eventfd a connection writes to when it has finished. Valid after Init().
+  int wake_fd() const { return wake_fd_; }
+
+  Status Init() {
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    return wake_fd_ < 0 ? SocketStatus(errno, "eventfd") : Status::Ok();
+  }
+
+  // Starts accepting on listen_fd (which the acceptor closes when it stops). Over
+  // max_connections open, a new socket is closed at once (its client sees EOF).
+  void Start(int listen_fd, uint32_t max_connections, bool tcp_nodelay, Make make) {
+    listen_fd_ = listen_fd;
+    max_connections_ = max_connections;
+    tcp_nodelay_ = tcp_nodelay;
+    make_ = std::move(make);
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  // Stops accepting (joins the accept thread, closes the listening socket) and hands over
+  // the connections still held, for the server to stop in its own order. Idempotent.
+  std::list<std::unique_ptr<Conn>> Stop() {
+    closing_.store(true);
+    Wake();
+    if (thread_.joinable()) thread_.join();
+    if (listen_fd_ >= 0) {
+      close(listen_fd_);
+      listen_fd_ = -1;
+    }
+    std::list<std::unique_ptr<Conn>> conns;
+    std::lock_guard<std::mutex> l(mu_);
+    conns.swap(conns_);
+    return conns;
+  }
+
+  uint64_t total() const { return total_.load(); }
+  // Connections not finished yet (counted now: reaping happens lazily on the accept thread).
+  uint64_t open() const {
+    std::lock_guard<std::mutex> l(mu_);
+    uint64_t n = 0;
+    for (const auto& c : conns_) n += c->finished() ? 0 : 1;
+    return n;
+  }
+
+ private:
+  void Wake() {
+    if (wake_fd_ < 0) return;
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd_, &one, sizeof one);
+    (void)n;
+  }
+
+  // Joins and frees connections that have finished (outside the lock: joining may wait).
+  void Reap() {
+    std::list<std::unique_ptr<Conn>> done;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto it = conns_.begin(); it != conns_.end();) {
+        if ((*it)->finished()) {
+          done.push_back(std::move(*it));
+          it = conns_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      held_ -= done.size();
+    }
+  }
+
+  void Loop() {
+    bool backoff = false;
+    while (!closing_.load()) {
+      pollfd p[2] = {{backoff ? -1 : listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      int n = poll(p, 2, backoff ? kAcceptBackoffMs : -1);
+      backoff = false;
+      if (n < 0 && errno != EINTR) backoff = true;
+      if (p[1].revents) {
+        uint64_t v;
+        ssize_t r = read(wake_fd_, &v, sizeof v);
+        (void)r;
+        Reap();
+      }
+      if (closing_.load()) break;
+      if (!(p[0].revents & POLLIN)) continue;
+      for (;;) {
+        int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+          if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+          backoff = true;  // EMFILE, ENFILE, ENOBUFS, ENOMEM: let resources come back
+          break;
+        }
+        if (Held() >= max_connections_) {
+          Reap();
+          if (Held() >= max_connections_) {
+            close(fd);
+            continue;
+          }
+        }
+        if (tcp_nodelay_) {
+          int one = 1;
+          setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        }
+        if (Admit(fd)) total_.fetch_add(1);
+      }
+    }
+  }
+
+  uint64_t Held() {
+    std::lock_guard<std::mutex> l(mu_);
+    return held_;
+  }
+
+  // Takes ownership of fd: on failure it is closed (by the connection once one exists).
+  bool Admit(int fd) {
+    std::unique_ptr<Conn> c;
+    try {
+      c = make_(fd);
+    } catch (const std::exception&) {
+      close(fd);
+      return false;
+    }
+    if (!c) return false;
+    Conn* raw = c.get();
+    std::lock_guard<std::mutex> l(mu_);
+    try {
+      conns_.push_back(std::move(c));
+    } catch (const std::exception&) {
+      return false;  // c (moved-from or not) is freed: the connection closes its socket
+    }
+    try {
+      raw->Start();
+    } catch (const std::exception&) {
+      conns_.pop_back();  // never started: its destructor only closes the socket
+      return false;
+    }
+    ++held_;
+    return true;
+  }
+
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  uint32_t max_connections_ = 0;
+  bool tcp_nodelay_ = false;
+  Make make_;
+  std::thread thread_;
+  std::atomic<bool> closing_{false};
+  mutable std::mutex mu_;
+  std::list<std::unique_ptr<Conn>> conns_;  // guarded by mu_
+  uint64_t held_ = 0;                       // conns_.size(), guarded by mu_
+  std::atomic<uint64_t> total_{0};
+};
+
+}  // namespace mooring
