@@ -51,6 +51,12 @@ export const DATA_ENGINE_DEFAULTS = {
   repairMaxRetryMs: 15_000,
   /** Engine-to-replica I/O timeout for remote replicas. */
   ioTimeoutMs: 8000,
+  /**
+   * NBD worker threads of an engine with remote replicas. A worker waits for its request's
+   * network round trips, so the default 4 would cap the requests in flight at 4; local
+   * replicas answer from the page cache and keep the NBD default.
+   */
+  nbdIoThreadsRemote: 32,
 } as const;
 
 /** Bounds of {@link LocalDataEngineOptions}. */
@@ -384,7 +390,8 @@ export class LocalDataEngine implements DataEngine {
       this.#wire(slot);
       if (nbd !== null) {
         try {
-          slot.nbd = await engine.exportNbd({ nbd });
+          const remote = refs.some((r) => r.hostId !== this.hostId);
+          slot.nbd = await engine.exportNbd({ nbd, ...(remote ? { ioThreads: DATA_ENGINE_DEFAULTS.nbdIoThreadsRemote } : {}) });
         } catch (err) {
           await engine.close().catch(() => undefined);
           throw err;

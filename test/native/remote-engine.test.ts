@@ -214,4 +214,31 @@ describe('engine over remote replicas', () => {
     expect((await second.read(4096, 4096)).equals(Buffer.alloc(4096))).toBe(true);
     expect(second.replicas().every((r) => r.mode === 'RW')).toBe(true);
   });
+
+  it('an engine cut off and fenced changes no replica, not even the local one the new engine could not reach', async () => {
+    hosts = await startHosts(s, 3, SIZE);
+    const ports = hosts.map((h) => h.server.port);
+    const local = join(hosts[0]!.root, 'vol');
+    // The old engine: its own host's replica opened locally, the other two over the wire.
+    const old = await addon().openEngine({ replicas: [local, endpoint(ports[1]!), endpoint(ports[2]!)] });
+    cleanups.push(() => old.close());
+    await old.write(0, pattern(1, 4096));
+    await old.flush();
+    // A partition: a new engine reaches only the two remote replicas and claims them.
+    const fresh = await openEngine([ports[1]!, ports[2]!]);
+    expect(fresh.epoch()).toBeGreaterThan(old.epoch());
+    // The old engine writes: the remote replicas refuse its epoch, so it must not have
+    // written its local replica either (that replica still has the old epoch).
+    expect(await codeOf(old.write(0, pattern(9, 4096)))).toBe('STALE_EPOCH');
+    expect(await codeOf(old.write(8192, pattern(9, 4096)))).toBe('STALE_EPOCH');
+    await old.close().catch(() => undefined);
+    const r = await addon().openReplica(local);
+    try {
+      expect((await r.read(0, 4096)).equals(pattern(1, 4096)), 'the fenced engine changed its local replica').toBe(true);
+      expect((await r.read(8192, 4096)).equals(Buffer.alloc(4096))).toBe(true);
+    } finally {
+      await r.close();
+    }
+    expect((await fresh.read(0, 4096)).equals(pattern(1, 4096))).toBe(true);
+  });
 });

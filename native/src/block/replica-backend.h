@@ -61,6 +61,8 @@ class ReplicaBackend {
   virtual ~ReplicaBackend() = default;
 
   virtual std::string id() const = 0;   // the replica's directory, or host:port/path when remote
+  // Reached over the network (its writes complete asynchronously, StartWrite only sends).
+  virtual bool remote() const { return false; }
   virtual uint64_t size() const = 0;
   virtual uint64_t epoch() const = 0;   // highest epoch claimed on this replica (durable)
   virtual bool clean() const = 0;       // last engine closed it cleanly (MarkClean after flush)

@@ -451,9 +451,28 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
       for (size_t k = 1; k < t.n; ++k)
         if (helpers[k].joinable()) helpers[k].join();
     } else if constexpr (std::is_same_v<Op, SplitWrite>) {
+      // Remote replicas first, all in flight at once; local ones (page-cache writes) only
+      // once the remote ones accepted: an engine cut off from the others and fenced
+      // meanwhile (they refuse its epoch) then changes no replica at all, not even the one
+      // on its own host that the new engine could not reach to fence.
       ReplicaBackend::PendingWrite pending[kMaxReplicas];
-      for (size_t k = 0; k < t.n; ++k) op.Start(*slots_[t.idx[k]]->backend, e, false, &pending[k]);
-      for (size_t k = 0; k < t.n; ++k) rcs[k] = op.Finish(*slots_[t.idx[k]]->backend, &pending[k]);
+      bool stale = false;
+      for (size_t k = 0; k < t.n; ++k)
+        if (slots_[t.idx[k]]->backend->remote()) op.Start(*slots_[t.idx[k]]->backend, e, false, &pending[k]);
+      for (size_t k = 0; k < t.n; ++k) {
+        if (!slots_[t.idx[k]]->backend->remote()) continue;
+        rcs[k] = op.Finish(*slots_[t.idx[k]]->backend, &pending[k]);
+        stale = stale || rcs[k] == -kErrStaleEpoch;
+      }
+      for (size_t k = 0; k < t.n; ++k) {
+        if (slots_[t.idx[k]]->backend->remote()) continue;
+        if (stale) {
+          rcs[k] = 0;  // not attempted; the request fails with STALE_EPOCH below
+          continue;
+        }
+        op.Start(*slots_[t.idx[k]]->backend, e, false, &pending[k]);
+        rcs[k] = op.Finish(*slots_[t.idx[k]]->backend, &pending[k]);
+      }
     } else {
       for (size_t k = 0; k < t.n; ++k) {
         rcs[k] = op(*slots_[t.idx[k]]->backend, e, k, false);

@@ -50,6 +50,7 @@ class RemoteReplica final : public ReplicaBackend {
   ~RemoteReplica() override;
 
   std::string id() const override { return id_; }
+  bool remote() const override { return true; }
   uint64_t size() const override { return size_; }
   uint64_t epoch() const override { return epoch_.load(); }
   bool clean() const override { return clean_.load(); }

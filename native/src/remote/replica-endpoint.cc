@@ -15,6 +15,7 @@ class OfflineReplica final : public ReplicaBackend {
  public:
   OfflineReplica(std::string id, Status why) : id_(std::move(id)), why_(std::move(why)) {}
 
+  bool remote() const override { return true; }
   std::string id() const override { return id_; }
   uint64_t size() const override { return 0; }
   uint64_t epoch() const override { return 0; }
