@@ -309,9 +309,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
       if (current) {
         const running = await this.#probeEngine(current.hostId, name);
         if (current.hostId === host && running === 'running') return this.status(name);
-        if (current.hostId !== host && running !== 'unreachable') {
-          if (running === 'running') throw new MooringError('BUSY', `volume ${name} is attached on ${current.hostId}; detach it first`);
-        }
+        if (current.hostId !== host && running === 'running') throw new MooringError('BUSY', `volume ${name} is attached on ${current.hostId}; detach it first`);
       }
       const refs = await this.#refs(name);
       const info = await de.startEngine({ volume: name, replicas: refs, nbd: options.nbd ?? null });
