@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 #   fio                       fio with the nbd engine (system tests, benchmark)
 #   util-linux iproute2 procps coreutils   mount/ss/ps/cp --sparse used by tests and tooling
 #   ca-certificates           npm over HTTPS
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates)
+#   openssl                   openssl CLI: test certificates for the replica protocol's mutual TLS tests
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates openssl)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
