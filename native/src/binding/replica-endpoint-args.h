@@ -13,21 +13,9 @@ namespace mooring {
 
 // Longest PEM bundle accepted for certificates, keys and CAs.
 constexpr size_t kMaxPemBytes = 64 * 1024;
-// Replica names on a replica server: [A-Za-z0-9._-]{1,63}, not "." or "..".
-constexpr size_t kMaxReplicaNameBytes = 63;
 // Bounds of the engine-to-replica I/O timeout (Longhorn allows 8..30 s; we allow more).
 constexpr uint32_t kMinReplicaIoTimeoutMs = 100;
 constexpr uint32_t kMaxReplicaIoTimeoutMs = 600000;
-
-inline bool ValidReplicaName(const std::string& s) {
-  if (s.empty() || s.size() > kMaxReplicaNameBytes || s == "." || s == "..") return false;
-  for (char c : s) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
 
 inline TlsConfig ParseTls(const Napi::Value& v, const std::string& name) {
   TlsConfig tls;
@@ -52,7 +40,7 @@ inline ReplicaEndpoint ParseReplicaEndpoint(const Napi::Value& v, const std::str
   if (port == 0) throw ArgError(name + ".port", "a port in 1..65535");
   ep.port = static_cast<uint16_t>(port);
   ep.name = ToStr(o.Get("name"), name + ".name", 1, kMaxReplicaNameBytes);
-  if (!ValidReplicaName(ep.name)) throw ArgError(name + ".name", "a replica name ([A-Za-z0-9._-]{1,63})");
+  if (!ValidReplicaName(ep.name.data(), ep.name.size())) throw ArgError(name + ".name", "a replica name ([A-Za-z0-9._-]{1,63})");
   ep.tls = ParseTls(o.Get("tls"), name + ".tls");
   if (!o.Get("ioTimeoutMs").IsUndefined()) {
     const uint64_t t = ToUint(o.Get("ioTimeoutMs"), name + ".ioTimeoutMs", kMaxReplicaIoTimeoutMs);

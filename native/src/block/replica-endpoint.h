@@ -22,6 +22,21 @@ struct TlsConfig {
   bool enabled() const { return !cert_pem.empty() && !key_pem.empty() && !ca_pem.empty(); }
 };
 
+// Replica names on a replica server (its subdirectories): [A-Za-z0-9._-]{1,63}, not "."
+// or "..". The one rule for JS arguments and for names arriving over the wire.
+constexpr size_t kMaxReplicaNameBytes = 63;
+inline bool ValidReplicaName(const char* s, size_t n) {
+  if (n == 0 || n > kMaxReplicaNameBytes) return false;
+  if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.')) return false;
+  for (size_t i = 0; i < n; ++i) {
+    const char c = s[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 // Default engine-to-replica I/O timeout (Longhorn's engine-replica-timeout default).
 constexpr uint32_t kDefaultReplicaIoTimeoutMs = 8000;
 

@@ -1155,13 +1155,9 @@ void ReplicatedEngine::OnBackendLost(const ReplicaBackend* b, int rc) {
     while (i < slots_.size() && slots_[i]->backend.get() != b) ++i;
     if (i == slots_.size()) return;
     Slot& sl = *slots_[i];
-    if (sl.mode.load() != ReplicaMode::kRW || RwCount() <= 1) return;
-    // As MarkFailed: ERR now, durably stale (fenced) before the next write is answered.
-    fence_pending_ = true;
-    sl.mode = ReplicaMode::kERR;
-    sl.last_error = rc;
+    // As an I/O failure: ERR now, durably stale (fenced) before the next write is answered.
+    if (sl.mode.load() != ReplicaMode::kRW || !MarkFailedLocked(i, rc)) return;
     sl.reported = true;
-    unfenced_.push_back(i);
     id = sl.id;
   }
   Emit({{EngineEvent::Type::kReplicaError, id, rc, 0, 0,

@@ -63,7 +63,7 @@ int ErrnoOfReply(const ReplyHeader& r) {
 
 Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<ReplicaBackend>* out) {
   const int64_t deadline = MonotonicMs() + ep.io_timeout_ms;
-  if (!ValidName(ep.name.data(), ep.name.size()))
+  if (!ValidReplicaName(ep.name.data(), ep.name.size()))
     return Status::Error(Code::kInvalidArgument, "replica name " + ep.name + " is not [A-Za-z0-9._-]{1,63}");
   int fd = -1;
   Status st = ConnectTcp(ep.host, ep.port, deadline, &fd);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "block/replica-backend.h"
+#include "block/replica-endpoint.h"
 #include "util/status.h"
 
 namespace mooring {
@@ -43,7 +44,6 @@ constexpr uint32_t kMaxIoBytes = 4u << 20;
 constexpr uint32_t kMaxPayloadBytes = 16u << 20;
 // Layer ids, names, file names, label keys and values, replica names.
 constexpr uint32_t kMaxWireStringBytes = 4096;
-constexpr uint32_t kMaxReplicaNameBytes = 63;
 constexpr uint32_t kMaxLayersPerList = 65536;
 constexpr uint32_t kMaxLabelsPerLayer = 64;
 // Ranges per LAYER_EXTENTS reply; the client asks again from where a page ends.
@@ -180,19 +180,6 @@ inline bool DecodeReply(const uint8_t* p, ReplyHeader* h) {
   h->payload_len = Get32(p + 20);
   h->epoch = Get64(p + 24);
   h->value = Get64(p + 32);
-  return true;
-}
-
-// A replica name as a server's subdirectory: [A-Za-z0-9._-]{1,63}, not "." or "..".
-inline bool ValidName(const char* s, size_t n) {
-  if (n == 0 || n > kMaxReplicaNameBytes) return false;
-  if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.')) return false;
-  for (size_t i = 0; i < n; ++i) {
-    const char c = s[i];
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '_' || c == '-';
-    if (!ok) return false;
-  }
   return true;
 }
 

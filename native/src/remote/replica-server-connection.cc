@@ -136,7 +136,7 @@ bool ReplicaServerConnection::Handshake() {
     Protocol("truncated HELLO");
     return false;
   }
-  if (!ValidName(name, h.payload_len))
+  if (!ValidReplicaName(name, h.payload_len))
     return refuse(Code::kInvalidArgument, "replica names are [A-Za-z0-9._-]{1,63}, not . or ..", true);
   name_.assign(name, h.payload_len);
 
