@@ -66,6 +66,23 @@ export interface EngineStartOptions {
   nbd?: string | null;
   /** Engine-to-replica I/O timeout for remote replicas (default 8000 ms). */
   ioTimeoutMs?: number;
+  /**
+   * Start as a migration standby (default false): open the replicas and the export but claim
+   * no epoch, reconcile nothing and serve no I/O (NBD requests fail with EPERM) until
+   * {@link DataEngine.activateEngine}. Another engine may be writing the same replicas meanwhile.
+   */
+  standby?: boolean;
+}
+
+/**
+ * What an engine hands to the next writer of its volume ({@link DataEngine.deactivateEngine}
+ * returns it, {@link DataEngine.activateEngine} takes it).
+ */
+export interface EngineHandOver {
+  /** The writer epoch the deactivated engine held. */
+  epoch: number;
+  /** Replicas that were RW when it drained: identical, holding every acknowledged write. */
+  rwReplicaIds: string[];
 }
 
 /** Rebuild figures of a replica being rebuilt. */
@@ -88,8 +105,10 @@ export interface EngineReplicaInfo extends EngineReplicaRef {
 export interface EngineInfo {
   volume: string;
   sizeBytes: number;
-  /** Writer epoch it holds. */
+  /** Writer epoch it holds (0 for a standby that was never active). */
   epoch: number;
+  /** active: serves I/O; standby: a migration standby, or an engine that handed over (serves none). */
+  role: 'active' | 'standby';
   replicas: EngineReplicaInfo[];
   /** The NBD export, or null. */
   nbd: { address: string; uri: string } | null;
@@ -114,7 +133,34 @@ export type DataEngineEvent =
   | ({ type: 'rebuild-failed'; volume: string; replicaId: string; code: string; message: string } & RebuildProgress)
   /** Self-repair: the replica is ERR (`code`/`message` say why, or why the last attempt failed); it is re-added after `delayMs`. */
   | { type: 'repair-scheduled'; volume: string; replicaId: string; attempt: number; delayMs: number; code: string; message: string }
-  | { type: 'engine-stopped'; volume: string };
+  | { type: 'engine-stopped'; volume: string }
+  /** A standby engine became the writer ({@link DataEngine.activateEngine}). */
+  | { type: 'engine-activated'; volume: string; epoch: number }
+  /** An active engine drained and became standby ({@link DataEngine.deactivateEngine}). */
+  | { type: 'engine-deactivated'; volume: string; epoch: number };
+
+/** A snapshot of a volume, as an engine lists it. */
+export interface EngineSnapshotInfo {
+  name: string;
+  /** Stable layer id. */
+  id: string;
+  /** Name of the snapshot below it, null for the first. */
+  parent: string | null;
+  createdMs: number;
+  labels: Record<string, string>;
+  sizeBytes: number;
+  allocatedBytes: number;
+  userCreated: boolean;
+}
+
+/** What {@link DataEngine.exportSnapshot} and {@link DataEngine.copySnapshot} did. */
+export interface SnapshotCopyResult {
+  /** Volume size (the length of the image written). */
+  sizeBytes: number;
+  /** Data bytes written (holes are not written). */
+  copiedBytes: number;
+  durationMs: number;
+}
 
 /** The per-host host of replicas and engines; see the module comment. */
 export interface DataEngine {
@@ -141,6 +187,41 @@ export interface DataEngine {
   addReplica(volume: string, replica: EngineReplicaRef): Promise<RebuildResult>;
   /** Removes a replica that is not RW from a running engine. */
   removeReplica(volume: string, replicaId: string): Promise<void>;
+
+  /**
+   * Migration hand-over, source side: the active engine stops taking requests, drains those
+   * in flight, stops a running rebuild (its target stays ERR: the next writer rebuilds it),
+   * flushes its RW replicas and becomes standby (every later request fails with EPERM).
+   * NOT_FOUND, INVALID_STATE (already standby), STALE_EPOCH (fenced meanwhile).
+   */
+  deactivateEngine(volume: string): Promise<EngineHandOver>;
+  /**
+   * Migration hand-over, target side (or rollback, source side): a standby engine claims an
+   * epoch above every replica's (from then on the engine that handed over cannot change any
+   * replica), uses the hand-over's RW replicas as RW and the others as ERR (self-repair
+   * rebuilds them), and serves I/O. NOT_FOUND, INVALID_STATE (already active), STALE_EPOCH
+   * (another engine claimed meanwhile), NO_HEALTHY_REPLICA.
+   */
+  activateEngine(volume: string, handOver: EngineHandOver): Promise<EngineInfo>;
+
+  /** Takes a snapshot through the volume's active engine. ALREADY_EXISTS, INVALID_ARGUMENT, INVALID_STATE (standby). */
+  createSnapshot(volume: string, name: string, options?: { labels?: Record<string, string> }): Promise<EngineSnapshotInfo>;
+  /** Snapshots of the volume (bottom first), from its engine's first RW replica. */
+  listSnapshots(volume: string): Promise<EngineSnapshotInfo[]>;
+  /** Deletes a snapshot through the active engine. NOT_FOUND, BUSY (a rebuild runs). */
+  deleteSnapshot(volume: string, name: string): Promise<void>;
+  /**
+   * Writes the volume's content as of `snapshot` into a new sparse raw file at `path` on this
+   * data engine's host (`path` must be absolute, its directory must exist, the file must not).
+   * ALREADY_EXISTS, NOT_FOUND, INVALID_ARGUMENT, NO_SPACE.
+   */
+  exportSnapshot(volume: string, snapshot: string, path: string): Promise<SnapshotCopyResult>;
+  /**
+   * Writes the content of `volume` as of `snapshot` into the volume `toVolume` (same size;
+   * both engines run on this data engine, the target active) through the target engine's
+   * normal write path: a clone. NOT_FOUND, INVALID_ARGUMENT (sizes differ).
+   */
+  copySnapshot(volume: string, snapshot: string, toVolume: string): Promise<SnapshotCopyResult>;
 
   /** Subscribes to events; returns the unsubscribe function. */
   watch(listener: (event: DataEngineEvent) => void): () => void;

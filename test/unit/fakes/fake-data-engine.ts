@@ -5,11 +5,14 @@ import type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineHandOver,
   EngineInfo,
   EngineReplicaRef,
+  EngineSnapshotInfo,
   EngineStartOptions,
   HostedReplicaInfo,
   RebuildResult,
+  SnapshotCopyResult,
 } from '../../../src/data-engine/data-engine.js';
 import { MooringError } from '../../../src/errors.js';
 
@@ -17,11 +20,14 @@ interface FakeEngineState {
   volume: string;
   epoch: number;
   nbd: string | null;
+  role: 'active' | 'standby';
   replicas: Array<EngineReplicaRef & { mode: 'RW' | 'WO' | 'ERR'; lastError: number }>;
 }
 
 /** Epochs are per volume and shared by all fake hosts, as replicas would make them. */
 const epochs = new Map<string, number>();
+/** Snapshots are per volume and shared by all fake hosts, as replicas would hold them. */
+const snapshots = new Map<string, EngineSnapshotInfo[]>();
 
 export class FakeDataEngine implements DataEngine {
   reachable = true;
@@ -74,12 +80,14 @@ export class FakeDataEngine implements DataEngine {
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
     this.#check(`startEngine ${options.volume}`);
     if (this.engines.has(options.volume)) throw new MooringError('ALREADY_EXISTS', `engine for ${options.volume} runs`);
-    const epoch = (epochs.get(options.volume) ?? 0) + 1;
-    epochs.set(options.volume, epoch);
+    const standby = options.standby === true;
+    const epoch = standby ? 0 : (epochs.get(options.volume) ?? 0) + 1;
+    if (!standby) epochs.set(options.volume, epoch);
     this.engines.set(options.volume, {
       volume: options.volume,
       epoch,
       nbd: options.nbd ?? null,
+      role: standby ? 'standby' : 'active',
       replicas: options.replicas.map((r) => ({ ...r, mode: 'RW', lastError: 0 })),
     });
     return this.engineInfo(options.volume);
@@ -99,6 +107,7 @@ export class FakeDataEngine implements DataEngine {
       volume,
       sizeBytes: 4096,
       epoch: e.epoch,
+      role: e.role,
       replicas: e.replicas.map((r) => ({ ...r })),
       nbd: e.nbd ? { address: e.nbd, uri: `nbd+unix:///?socket=${e.nbd.slice(5)}` } : null,
     };
@@ -126,6 +135,92 @@ export class FakeDataEngine implements DataEngine {
     if (i < 0) throw new MooringError('NOT_FOUND', `no replica ${replicaId}`);
     if (e.replicas[i]!.mode === 'RW') throw new MooringError('INVALID_STATE', `replica ${replicaId} is RW`);
     e.replicas.splice(i, 1);
+  }
+
+  /** The writer epoch replicas of `volume` last saw (any fake host). */
+  static epochOf(volume: string): number {
+    return epochs.get(volume) ?? 0;
+  }
+
+  async deactivateEngine(volume: string): Promise<EngineHandOver> {
+    this.#check(`deactivateEngine ${volume}`);
+    const e = this.#engine(volume);
+    if (e.role !== 'active') throw new MooringError('INVALID_STATE', `engine of ${volume} on ${this.hostId} is standby`);
+    if ((epochs.get(volume) ?? 0) > e.epoch) throw new MooringError('STALE_EPOCH', `engine of ${volume} on ${this.hostId} was fenced`);
+    e.role = 'standby';
+    this.emit({ type: 'engine-deactivated', volume, epoch: e.epoch });
+    return { epoch: e.epoch, rwReplicaIds: e.replicas.filter((r) => r.mode === 'RW').map((r) => r.id) };
+  }
+
+  async activateEngine(volume: string, handOver: EngineHandOver): Promise<EngineInfo> {
+    this.#check(`activateEngine ${volume}`);
+    const e = this.#engine(volume);
+    if (e.role !== 'standby') throw new MooringError('INVALID_STATE', `engine of ${volume} on ${this.hostId} is active`);
+    const rw = new Set(handOver.rwReplicaIds);
+    if (!e.replicas.some((r) => rw.has(r.id))) throw new MooringError('NO_HEALTHY_REPLICA', `no RW replica in the hand-over of ${volume}`);
+    for (const r of e.replicas) {
+      r.mode = rw.has(r.id) ? 'RW' : 'ERR';
+      r.lastError = rw.has(r.id) ? 0 : -5;
+    }
+    e.epoch = (epochs.get(volume) ?? 0) + 1;
+    epochs.set(volume, e.epoch);
+    e.role = 'active';
+    this.emit({ type: 'engine-activated', volume, epoch: e.epoch });
+    return this.engineInfo(volume);
+  }
+
+  #active(volume: string): FakeEngineState {
+    const e = this.#engine(volume);
+    if (e.role !== 'active') throw new MooringError('INVALID_STATE', `engine of ${volume} on ${this.hostId} is standby`);
+    return e;
+  }
+
+  async createSnapshot(volume: string, name: string, options: { labels?: Record<string, string> } = {}): Promise<EngineSnapshotInfo> {
+    this.#check(`createSnapshot ${volume} ${name}`);
+    this.#active(volume);
+    const list = snapshots.get(volume) ?? [];
+    if (list.some((x) => x.name === name)) throw new MooringError('ALREADY_EXISTS', `snapshot ${name} exists`);
+    const snap: EngineSnapshotInfo = {
+      name,
+      id: `L${String(list.length + 1).padStart(6, '0')}`,
+      parent: list.at(-1)?.name ?? null,
+      createdMs: Date.now(),
+      labels: { ...(options.labels ?? {}) },
+      sizeBytes: 4096,
+      allocatedBytes: 0,
+      userCreated: true,
+    };
+    snapshots.set(volume, [...list, snap]);
+    return snap;
+  }
+
+  async listSnapshots(volume: string): Promise<EngineSnapshotInfo[]> {
+    this.#check(`listSnapshots ${volume}`);
+    this.#engine(volume);
+    return (snapshots.get(volume) ?? []).map((x) => ({ ...x }));
+  }
+
+  async deleteSnapshot(volume: string, name: string): Promise<void> {
+    this.#check(`deleteSnapshot ${volume} ${name}`);
+    this.#active(volume);
+    const list = snapshots.get(volume) ?? [];
+    if (!list.some((x) => x.name === name)) throw new MooringError('NOT_FOUND', `no snapshot ${name}`);
+    snapshots.set(volume, list.filter((x) => x.name !== name));
+  }
+
+  async exportSnapshot(volume: string, snapshot: string, path: string): Promise<SnapshotCopyResult> {
+    this.#check(`exportSnapshot ${volume} ${snapshot} ${path}`);
+    this.#engine(volume);
+    if (!(snapshots.get(volume) ?? []).some((x) => x.name === snapshot)) throw new MooringError('NOT_FOUND', `no snapshot ${snapshot}`);
+    return { sizeBytes: 4096, copiedBytes: 0, durationMs: 0 };
+  }
+
+  async copySnapshot(volume: string, snapshot: string, toVolume: string): Promise<SnapshotCopyResult> {
+    this.#check(`copySnapshot ${volume} ${snapshot} ${toVolume}`);
+    this.#engine(volume);
+    this.#active(toVolume);
+    if (!(snapshots.get(volume) ?? []).some((x) => x.name === snapshot)) throw new MooringError('NOT_FOUND', `no snapshot ${snapshot}`);
+    return { sizeBytes: 4096, copiedBytes: 0, durationMs: 0 };
   }
 
   /** Test control: set a replica's mode in a running engine. */
