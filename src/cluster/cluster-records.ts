@@ -6,11 +6,17 @@
  *
  * @packageDocumentation
  */
+import type { AccessMode } from '../attachment/attachment-reconciler.js';
+import { checkParameters, checkTicketIdentity, type AttachmentTicket, type AttachmentTicketStatus, type Frontend } from '../attachment/attachment-ticket.js';
 import { MooringError } from '../errors.js';
 import { NAME_PATTERN, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN, VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 
-/** Schema version of the cluster documents. */
-export const CLUSTER_SCHEMA_VERSION = 1;
+/**
+ * Schema version of the cluster documents. 1: volumes, replicas, engines, hosts. 2: attachment
+ * tickets, access modes and migrations (a store of version 1 is upgraded when a cluster opens
+ * it; see `Cluster.open`).
+ */
+export const CLUSTER_SCHEMA_VERSION = 2;
 
 /** Store kinds used by a cluster. */
 export const KIND = {
@@ -18,6 +24,8 @@ export const KIND = {
   replica: 'replica',
   engine: 'engine',
   host: 'host',
+  attachment: 'attachment',
+  migration: 'migration',
 } as const;
 
 /** A volume: spec and the status last recorded. */
@@ -29,6 +37,42 @@ export interface VolumeRecord {
   /** Desired number of RW replicas. */
   replicaCount: number;
   createdMs: number;
+  /** rwo: one host at a time; migratable: may live-migrate (block only). Schema 1: rwo. */
+  accessMode: AccessMode;
+  /** Where the attachment reconciler wants it attached (null: detached). */
+  desiredHost: string | null;
+  /** Where it is migrating to (null: not migrating). */
+  migrationHost: string | null;
+  /** The frontend of the engine on desiredHost. */
+  frontend: Frontend;
+  /** The frontend of the migration target. */
+  migrationFrontend: Frontend;
+}
+
+/** A volume's tickets and their statuses (Longhorn's VolumeAttachment). Key: the volume name. */
+export interface AttachmentRecord {
+  schema: number;
+  volume: string;
+  tickets: AttachmentTicket[];
+  statuses: AttachmentTicketStatus[];
+}
+
+/** Steps of a migration, as recorded (docs/migration.md has the diagram). */
+export type MigrationPhase = 'starting' | 'target-ready' | 'handing-over' | 'handed-over' | 'confirming' | 'rolling-back';
+
+/** A migration in progress. Key: the volume name. */
+export interface MigrationRecord {
+  schema: number;
+  volume: string;
+  sourceHost: string;
+  targetHost: string;
+  phase: MigrationPhase;
+  /** The source engine's hand-over, recorded before the target activates (so a restart can finish it). */
+  handOver: { epoch: number; rwReplicaIds: string[] } | null;
+  /** Whether the target has claimed the volume (it may have written: a rollback then re-activates the source). */
+  targetActivated: boolean;
+  startedMs: number;
+  updatedMs: number;
 }
 
 /** Where a replica lives and how it was last seen. Key: its name (unique: volume prefix, id and a random part). */
@@ -52,7 +96,10 @@ export interface EngineRecord {
   schema: number;
   volume: string;
   hostId: string;
+  /** The export address (null: none); kept beside `frontend` for schema-1 readers. */
   nbd: string | null;
+  /** Whether the engine runs without export (schema 1: false). */
+  frontendDisabled: boolean;
   /** Epoch last seen. */
   epoch: number;
   startedMs: number;
@@ -102,8 +149,111 @@ export function parseVolumeRecord(v: unknown, key: string): VolumeRecord {
     sizeBytes: int(v, 'sizeBytes', KIND.volume, key, 4096, VOLUME_SIZE_MAX_BYTES),
     replicaCount: int(v, 'replicaCount', KIND.volume, key, REPLICA_COUNT_MIN, REPLICA_COUNT_MAX),
     createdMs: int(v, 'createdMs', KIND.volume, key, 0, Number.MAX_SAFE_INTEGER),
+    accessMode: 'rwo',
+    desiredHost: null,
+    migrationHost: null,
+    frontend: { ...NO_FRONTEND_CHOSEN },
+    migrationFrontend: { ...NO_FRONTEND_CHOSEN },
   };
   if (r.name !== key) fail(KIND.volume, key, `name ${r.name} does not match its key`);
+  if (r.schema >= 2) {
+    const mode = v['accessMode'];
+    if (mode !== 'rwo' && mode !== 'migratable') fail(KIND.volume, key, 'accessMode is not rwo or migratable');
+    r.accessMode = mode;
+    r.desiredHost = optName(v, 'desiredHost', KIND.volume, key);
+    r.migrationHost = optName(v, 'migrationHost', KIND.volume, key);
+    r.frontend = frontendField(v, 'frontend', KIND.volume, key);
+    r.migrationFrontend = frontendField(v, 'migrationFrontend', KIND.volume, key);
+  }
+  return r;
+}
+
+/** The frontend recorded before any ticket chose one. */
+export const NO_FRONTEND_CHOSEN: Readonly<Frontend> = Object.freeze({ disabled: false, nbd: null });
+
+function optName(o: Record<string, unknown>, k: string, kind: string, key: string): string | null {
+  const v = o[k];
+  if (v === null || v === undefined) return null;
+  return str(o, k, kind, key, NAME_PATTERN);
+}
+
+function frontendField(o: Record<string, unknown>, k: string, kind: string, key: string): Frontend {
+  const v = o[k];
+  if (!isObject(v) || typeof v['disabled'] !== 'boolean') fail(kind, key, `${k} is not a frontend`);
+  const nbd = v['nbd'];
+  if (nbd !== null && typeof nbd !== 'string') fail(kind, key, `${k}.nbd is not a string or null`);
+  return { disabled: v['disabled'], nbd };
+}
+
+/** @internal */
+export function parseAttachmentRecord(v: unknown, key: string): AttachmentRecord {
+  if (!isObject(v)) fail(KIND.attachment, key, 'not an object');
+  const tickets = v['tickets'];
+  const statuses = v['statuses'];
+  if (!Array.isArray(tickets) || tickets.length > ATTACHMENT_TICKETS_MAX) fail(KIND.attachment, key, `tickets is not a list of at most ${ATTACHMENT_TICKETS_MAX}`);
+  if (!Array.isArray(statuses) || statuses.length > ATTACHMENT_TICKETS_MAX) fail(KIND.attachment, key, 'statuses is not a list');
+  const r: AttachmentRecord = {
+    schema: schemaOf(v, KIND.attachment, key),
+    volume: str(v, 'volume', KIND.attachment, key, NAME_PATTERN),
+    tickets: tickets.map((t: unknown) => {
+      if (!isObject(t)) fail(KIND.attachment, key, 'a ticket is not an object');
+      try {
+        const { id, type } = checkTicketIdentity(t['id'], t['type']);
+        return {
+          id,
+          type,
+          hostId: str(t, 'hostId', KIND.attachment, key, NAME_PATTERN),
+          parameters: checkParameters(t['parameters']),
+          generation: int(t, 'generation', KIND.attachment, key, 1, Number.MAX_SAFE_INTEGER),
+        };
+      } catch (err) {
+        if (err instanceof MooringError && err.code === 'INVALID_ARGUMENT') fail(KIND.attachment, key, err.message);
+        throw err;
+      }
+    }),
+    // Statuses are recomputed on every pass; only their shape is checked here.
+    statuses: statuses.filter(isObject).map((s) => ({
+      id: String(s['id']),
+      satisfied: s['satisfied'] === true,
+      conditions: Array.isArray(s['conditions']) ? (s['conditions'] as AttachmentTicketStatus['conditions']).slice(0, 8) : [],
+      generation: typeof s['generation'] === 'number' ? s['generation'] : 0,
+    })),
+  };
+  if (r.volume !== key) fail(KIND.attachment, key, 'volume does not match its key');
+  if (new Set(r.tickets.map((t) => t.id)).size !== r.tickets.length) fail(KIND.attachment, key, 'two tickets share an id');
+  return r;
+}
+
+/** Tickets per volume. */
+export const ATTACHMENT_TICKETS_MAX = 64;
+
+const PHASES = new Set(['starting', 'target-ready', 'handing-over', 'handed-over', 'confirming', 'rolling-back']);
+
+/** @internal */
+export function parseMigrationRecord(v: unknown, key: string): MigrationRecord {
+  if (!isObject(v)) fail(KIND.migration, key, 'not an object');
+  const phase = v['phase'];
+  if (typeof phase !== 'string' || !PHASES.has(phase)) fail(KIND.migration, key, 'phase is not a migration phase');
+  const h = v['handOver'];
+  let handOver: MigrationRecord['handOver'] = null;
+  if (h !== null && h !== undefined) {
+    if (!isObject(h) || !Array.isArray(h['rwReplicaIds']) || h['rwReplicaIds'].length > REPLICA_COUNT_MAX) fail(KIND.migration, key, 'handOver is not a hand-over');
+    const ids = h['rwReplicaIds'] as unknown[];
+    if (!ids.every((x) => typeof x === 'string' && NAME_PATTERN.test(x))) fail(KIND.migration, key, 'handOver.rwReplicaIds holds a bad id');
+    handOver = { epoch: int(h, 'epoch', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER), rwReplicaIds: ids as string[] };
+  }
+  const r: MigrationRecord = {
+    schema: schemaOf(v, KIND.migration, key),
+    volume: str(v, 'volume', KIND.migration, key, NAME_PATTERN),
+    sourceHost: str(v, 'sourceHost', KIND.migration, key, NAME_PATTERN),
+    targetHost: str(v, 'targetHost', KIND.migration, key, NAME_PATTERN),
+    phase: phase as MigrationPhase,
+    handOver,
+    targetActivated: v['targetActivated'] === true,
+    startedMs: int(v, 'startedMs', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+    updatedMs: int(v, 'updatedMs', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+  };
+  if (r.volume !== key) fail(KIND.migration, key, 'volume does not match its key');
   return r;
 }
 
@@ -140,6 +290,7 @@ export function parseEngineRecord(v: unknown, key: string): EngineRecord {
     volume: str(v, 'volume', KIND.engine, key, NAME_PATTERN),
     hostId: str(v, 'hostId', KIND.engine, key, NAME_PATTERN),
     nbd,
+    frontendDisabled: v['frontendDisabled'] === true,
     epoch: int(v, 'epoch', KIND.engine, key, 0, Number.MAX_SAFE_INTEGER),
     startedMs: int(v, 'startedMs', KIND.engine, key, 0, Number.MAX_SAFE_INTEGER),
   };

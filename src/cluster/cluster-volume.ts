@@ -1,0 +1,306 @@
+/**
+ * ClusterVolume: one volume of a {@link Cluster}, as the VM manager uses it — attach and
+ * detach by attachment tickets, live migration with confirm and rollback, snapshots, and the
+ * operations that attach the volume by themselves. Get one with `cluster.volume(name)`; the
+ * same object is returned for the same name while the cluster is open.
+ *
+ * @packageDocumentation
+ */
+import { EventEmitter } from 'node:events';
+import type * as TE from 'typed-emitter';
+
+import type { AttacherType, AttachmentParameters, AttachmentTicket, AttachmentTicketStatus } from '../attachment/attachment-ticket.js';
+import type { EngineSnapshotInfo, SnapshotCopyResult } from '../data-engine/data-engine.js';
+import type { MooringError } from '../errors.js';
+import type { LockHandover } from '../locks/locked-process.js';
+import type { Lockspace } from '../locks/lockspace.js';
+import type { MigrationPhase } from './cluster-records.js';
+
+type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
+
+/** Options of {@link ClusterVolume.attach}. */
+export interface ClusterAttachOptions {
+  /** Host whose data engine runs the engine. */
+  host: string;
+  /** NBD address to export on (default: none). */
+  nbd?: string | null;
+  /** Attach without frontend (no export; default false). */
+  disableFrontend?: boolean;
+  /** Who attaches: `api` (default) or `workload` (a VM). Both may start a migration. */
+  attacher?: 'api' | 'workload';
+  /** Ticket id (default `<attacher>-<host>`); attaching again with the same id updates it. */
+  ticketId?: string;
+  /** Recorded in the ticket's parameters (who had it attached before). */
+  lastAttachedBy?: string | null;
+  /** How long to wait for the ticket to be satisfied (default: the cluster's ticketWaitTimeoutMs). */
+  timeoutMs?: number;
+}
+
+/** Options of {@link ClusterVolume.detach}. */
+export interface ClusterDetachOptions {
+  /** Host to detach from; omitted or '' detaches from every host. */
+  host?: string;
+  /** Only this ticket (of any attacher type); default: the `api` and `workload` tickets of `host`. */
+  ticketId?: string;
+}
+
+/** A ticket and its status. */
+export interface ClusterTicket extends AttachmentTicket {
+  status: AttachmentTicketStatus | null;
+}
+
+/** Options of {@link ClusterVolume.setTicket}: a raw ticket for an embedder's own attacher. */
+export interface TicketOptions {
+  id: string;
+  type: AttacherType;
+  host: string;
+  parameters?: Partial<AttachmentParameters>;
+}
+
+/**
+ * Moves the disk locks of a VM with its volume (issue 5's LockedProcess fits): at hand-over
+ * the source releases and reports its leases, the target acquires them at those versions.
+ */
+export interface MigrationLocks {
+  source: { handOver(): Promise<LockHandover>; takeOver(handover: LockHandover, lockspaces: Lockspace[]): Promise<void> };
+  target: { handOver(): Promise<LockHandover>; takeOver(handover: LockHandover, lockspaces: Lockspace[]): Promise<void> };
+  lockspaces: Lockspace[];
+}
+
+/**
+ * Embedder hooks of a migration; each may be async and runs inside the step (a throwing
+ * `beforeHandOver` aborts the hand-over; the others only produce a `failed` event).
+ */
+export interface MigrationHooks {
+  /** Before the source drains (e.g. wait for QEMU's `pre-switchover`). */
+  beforeHandOver?: (m: MigrationInfo) => void | Promise<void>;
+  /** After the target claimed the volume (e.g. `migrate-continue`). */
+  afterHandOver?: (m: MigrationInfo) => void | Promise<void>;
+  /** After the source engine is gone. */
+  afterConfirm?: (m: MigrationInfo) => void | Promise<void>;
+  /** After the volume is back on the source only. */
+  afterRollback?: (m: MigrationInfo) => void | Promise<void>;
+}
+
+/** Options of {@link ClusterVolume.migrate}. */
+export interface MigrateOptions {
+  /** The target's NBD export (QEMU's destination connects to it; default none). */
+  nbd?: string | null;
+  /** Ticket id of the target attachment (default `<attacher>-<target>`). */
+  ticketId?: string;
+  attacher?: 'api' | 'workload';
+  hooks?: MigrationHooks;
+  /** Disk locks to carry with the volume at hand-over. */
+  locks?: MigrationLocks;
+}
+
+/** A migration as reported. */
+export interface MigrationInfo {
+  volume: string;
+  sourceHost: string;
+  targetHost: string;
+  phase: MigrationPhase;
+  /** Writer epoch the target claimed (0 before hand-over). */
+  epoch: number;
+}
+
+/** Figures of a hand-over. */
+export interface HandOverResult extends MigrationInfo {
+  /** From the source's drain start to the target accepting writes. */
+  pauseMs: number;
+  /** Of which: the source draining and flushing. */
+  drainMs: number;
+  /** Replicas the target writes (the others are rebuilt). */
+  rwReplicaIds: string[];
+}
+
+/** Events of a volume's migrations. */
+export type ClusterVolumeEvents = {
+  'migration-started': (m: MigrationInfo) => void;
+  'migration-target-ready': (m: MigrationInfo) => void;
+  'migration-handed-over': (m: HandOverResult) => void;
+  'migration-confirmed': (m: MigrationInfo & { automatic: boolean }) => void;
+  'migration-rolled-back': (m: MigrationInfo & { automatic: boolean; reason: string }) => void;
+  'migration-failed': (m: MigrationInfo & { step: string; error: MooringError }) => void;
+};
+
+/** What a {@link ClusterVolume} asks of its cluster. @internal */
+export interface VolumeOps {
+  attach(name: string, options: ClusterAttachOptions): Promise<import('./cluster.js').ClusterVolumeStatus>;
+  detach(name: string, options: ClusterDetachOptions): Promise<void>;
+  status(name: string): Promise<import('./cluster.js').ClusterVolumeStatus>;
+  tickets(name: string): Promise<ClusterTicket[]>;
+  setTicket(name: string, t: TicketOptions): Promise<ClusterTicket>;
+  deleteTicket(name: string, id: string): Promise<void>;
+  migrate(name: string, target: string, options: MigrateOptions): Promise<MigrationInfo>;
+  migration(name: string): Promise<MigrationInfo | null>;
+  handOver(name: string): Promise<HandOverResult>;
+  confirm(name: string): Promise<void>;
+  rollback(name: string): Promise<void>;
+  setHooks(name: string, hooks: MigrationHooks | null, locks: MigrationLocks | null): void;
+  createSnapshot(name: string, snapshot: string, labels: Record<string, string> | undefined): Promise<EngineSnapshotInfo>;
+  listSnapshots(name: string): Promise<EngineSnapshotInfo[]>;
+  deleteSnapshot(name: string, snapshot: string): Promise<void>;
+  exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }>;
+  rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<import('./cluster.js').ClusterVolumeStatus>;
+}
+
+/**
+ * A migration in progress: hand over, then confirm (the source goes away) or roll back (the
+ * target goes away). Obtained from {@link ClusterVolume.migrate} or
+ * {@link ClusterVolume.migration}; every method also works after a restart of the embedding
+ * process, from the state store.
+ */
+export class Migration {
+  readonly #ops: VolumeOps;
+
+  /** @internal */
+  constructor(
+    readonly volume: string,
+    readonly sourceHost: string,
+    readonly targetHost: string,
+    ops: VolumeOps,
+  ) {
+    this.#ops = ops;
+  }
+
+  /** The recorded state (null once confirmed or rolled back). */
+  info(): Promise<MigrationInfo | null> {
+    return this.#ops.migration(this.volume);
+  }
+
+  /**
+   * Moves the writer: the source drains and flushes, locks move (if given), the target claims
+   * a new writer epoch and serves. From then on the source cannot change any replica. Call it
+   * at QEMU's `pre-switchover`. Idempotent after success.
+   *
+   * @throws MooringError INVALID_STATE (no migration), LOCK_VERSION_MISMATCH/LOCK_HELD (locks refused: rolled back to the source), UNAVAILABLE
+   */
+  handOver(): Promise<HandOverResult> {
+    return this.#ops.handOver(this.volume);
+  }
+
+  /** Ends the migration on the target: hands over first if that has not happened, then stops the source engine. */
+  confirm(): Promise<void> {
+    return this.#ops.confirm(this.volume);
+  }
+
+  /** Ends the migration on the source: before hand-over the standby stops; after it the target drains and the source claims a newer epoch. */
+  rollback(): Promise<void> {
+    return this.#ops.rollback(this.volume);
+  }
+}
+
+/** One volume of a cluster; see the module comment. */
+export class ClusterVolume extends (EventEmitter as new () => TypedEmitter<ClusterVolumeEvents>) {
+  readonly #ops: VolumeOps;
+
+  /** @internal */
+  constructor(
+    readonly name: string,
+    ops: VolumeOps,
+  ) {
+    super();
+    this.#ops = ops;
+  }
+
+  /**
+   * Asks for the volume on a host with a ticket and waits until the ticket is satisfied.
+   * Attached there already: returns the current state. RWO attached on another reachable
+   * host: BUSY. Migratable attached elsewhere: starts a migration and returns once the target
+   * engine serves (as a standby). Attached on a host that cannot be reached: takes the volume
+   * over (the new engine's epoch fences the old one).
+   *
+   * @throws MooringError NOT_FOUND, BUSY, UNAVAILABLE, INVALID_ARGUMENT, NO_HEALTHY_REPLICA
+   */
+  attach(options: ClusterAttachOptions): Promise<import('./cluster.js').ClusterVolumeStatus> {
+    return this.#ops.attach(this.name, options);
+  }
+
+  /**
+   * Withdraws tickets and detaches where none is left. During a migration, detaching the
+   * source confirms it and detaching the target rolls it back.
+   *
+   * @throws MooringError NOT_FOUND, UNAVAILABLE (the engine's host cannot be reached)
+   */
+  detach(options: ClusterDetachOptions = {}): Promise<void> {
+    return this.#ops.detach(this.name, options);
+  }
+
+  /** State, replicas, export, migration and tickets. */
+  status(): Promise<import('./cluster.js').ClusterVolumeStatus> {
+    return this.#ops.status(this.name);
+  }
+
+  /** Every ticket with its status. */
+  tickets(): Promise<ClusterTicket[]> {
+    return this.#ops.tickets(this.name);
+  }
+
+  /** Creates or updates a ticket of any attacher type (does not wait for it). */
+  setTicket(ticket: TicketOptions): Promise<ClusterTicket> {
+    return this.#ops.setTicket(this.name, ticket);
+  }
+
+  /** Deletes a ticket (no error if missing) and reconciles. */
+  deleteTicket(id: string): Promise<void> {
+    return this.#ops.deleteTicket(this.name, id);
+  }
+
+  /**
+   * Starts a live migration to `targetHost` (migratable volumes, attached with frontend):
+   * a standby engine starts there over the same replicas, exported at `options.nbd`.
+   * Resolves once it serves; then {@link Migration.handOver}, and {@link Migration.confirm} or
+   * {@link Migration.rollback}.
+   *
+   * @throws MooringError INVALID_STATE (not attached, RWO, frontend disabled, migrating elsewhere), NOT_FOUND, UNAVAILABLE
+   */
+  async migrate(targetHost: string, options: MigrateOptions = {}): Promise<Migration> {
+    const m = await this.#ops.migrate(this.name, targetHost, options);
+    return new Migration(this.name, m.sourceHost, m.targetHost, this.#ops);
+  }
+
+  /** The migration in progress (e.g. after a restart), or null. */
+  async migration(): Promise<Migration | null> {
+    const m = await this.#ops.migration(this.name);
+    return m ? new Migration(this.name, m.sourceHost, m.targetHost, this.#ops) : null;
+  }
+
+  /** Hooks (and locks) for migrations started by tickets rather than {@link migrate}; null clears them. Kept in memory only. */
+  setMigrationHooks(hooks: MigrationHooks | null, locks: MigrationLocks | null = null): void {
+    this.#ops.setHooks(this.name, hooks, locks);
+  }
+
+  /** Takes a snapshot; a detached volume attaches itself (frontend disabled) for it and detaches again. */
+  createSnapshot(name: string, options: { labels?: Record<string, string> } = {}): Promise<EngineSnapshotInfo> {
+    return this.#ops.createSnapshot(this.name, name, options.labels);
+  }
+
+  /** Snapshots, bottom first (a detached volume attaches itself to list them). */
+  listSnapshots(): Promise<EngineSnapshotInfo[]> {
+    return this.#ops.listSnapshots(this.name);
+  }
+
+  /** Deletes a snapshot (a detached volume attaches itself for it). */
+  deleteSnapshot(name: string): Promise<void> {
+    return this.#ops.deleteSnapshot(this.name, name);
+  }
+
+  /**
+   * Writes the volume as of a snapshot into a raw file on the host that runs its engine (the
+   * attached host; for a detached volume `host`, default the first replica's host, where it
+   * attaches itself without frontend).
+   */
+  exportSnapshot(snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }> {
+    return this.#ops.exportSnapshot(this.name, snapshot, options);
+  }
+
+  /**
+   * Brings every replica back to RW: a detached volume attaches itself (frontend disabled) on
+   * `host` (default: the first reachable replica host), waits until its engine has rebuilt or
+   * replaced the broken replicas, and detaches.
+   */
+  rebuild(options: { host?: string; timeoutMs?: number } = {}): Promise<import('./cluster.js').ClusterVolumeStatus> {
+    return this.#ops.rebuild(this.name, options);
+  }
+}
