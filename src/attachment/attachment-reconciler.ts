@@ -86,6 +86,8 @@ export function decideAttachment(input: AttachmentInput): AttachmentDecision {
     migrationHost = null;
   }
   if (migrationHost !== null && asked(migrationHost).length === 0) migrationHost = null;
+  // A migration needs an attached source on another host.
+  if (desiredHost === null || migrationHost === desiredHost) migrationHost = null;
 
   // 3: attach when fully detached.
   if (desiredHost === null && input.attachedHost === null && tickets.length > 0) {

@@ -19,6 +19,7 @@ import { decideAttachment, sameSpec, type AccessMode, type AttachmentDecision } 
 import {
   MIGRATING_ATTACHERS,
   checkParameters,
+  frontendCompatible,
   checkTicketIdentity,
   type AttacherType,
   type AttachmentTicket,
@@ -31,6 +32,7 @@ import type {
   EngineInfo,
   EngineReplicaRef,
   EngineSnapshotInfo,
+  EngineStartOptions,
   RebuildProgress,
   SnapshotCopyResult,
 } from '../data-engine/data-engine.js';
@@ -304,16 +306,26 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
    */
   async addHost(engine: DataEngine): Promise<void> {
     this.#checkOpen();
-    const info = await engine.info();
-    checkName('host id', info.hostId);
-    const old = this.#hosts.get(info.hostId);
+    const hostId = checkName('host id', engine?.hostId);
+    let info;
+    try {
+      info = await withTimeout(engine.info(), HOST_PROBE_TIMEOUT_MS, `host ${hostId}`);
+    } catch (err) {
+      // A host that is down while the VM manager starts is still a host of the cluster: its
+      // recorded address stays, and decisions treat it as unreachable until it answers.
+      info = null;
+      safeEmit(this, 'warning', toMooringError(err, `host ${hostId} did not answer when added; its last recorded address is kept`));
+    }
+    if (info && info.hostId !== hostId) throw new MooringError('INVALID_ARGUMENT', `data engine says it is host ${info.hostId}, its handle says ${hostId}`);
+    const old = this.#hosts.get(hostId);
     if (old && old.engine !== engine) old.unwatch();
     if (!old || old.engine !== engine) {
-      const unwatch = engine.watch((e) => safeEmit(this, 'data-engine-event', info.hostId, e));
-      this.#hosts.set(info.hostId, { engine, unwatch });
+      const unwatch = engine.watch((e) => safeEmit(this, 'data-engine-event', hostId, e));
+      this.#hosts.set(hostId, { engine, unwatch });
     }
-    const rec: HostRecord = { schema: CLUSTER_SCHEMA_VERSION, hostId: info.hostId, replicaAddress: info.replicaAddress, lastSeenMs: Date.now() };
-    await this.#store.put(KIND.host, info.hostId, rec);
+    if (!info) return;
+    const rec: HostRecord = { schema: CLUSTER_SCHEMA_VERSION, hostId, replicaAddress: info.replicaAddress, lastSeenMs: Date.now() };
+    await this.#store.put(KIND.host, hostId, rec);
   }
 
   /** Withdraws a host: no new replicas or engines go there. Its existing replicas stay until replaced. */
@@ -620,6 +632,15 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     const old = o.att.tickets.find((x) => x.id === t.id);
     const same = old && old.type === t.type && old.hostId === t.hostId && JSON.stringify(old.parameters) === JSON.stringify(t.parameters);
     if (same) return;
+    // Neither engine of a migration can change its frontend midway: a ticket for either host
+    // that the engine there could not serve waits until the migration ends, or is refused
+    // if it would replace the ticket the engine serves.
+    if (o.mig && old && (t.hostId === o.mig.sourceHost || t.hostId === o.mig.targetHost)) {
+      const fe = t.hostId === o.mig.targetHost ? o.vol.migrationFrontend : { disabled: o.eng?.frontendDisabled ?? false, nbd: o.eng?.nbd ?? null };
+      if (!frontendCompatible(t.parameters, fe)) {
+        throw new MooringError('BUSY', `volume ${o.vol.name} is migrating from ${o.mig.sourceHost} to ${o.mig.targetHost}; ticket ${t.id} cannot change the frontend of ${t.hostId} until the migration ends`);
+      }
+    }
     if (!old && o.att.tickets.length >= ATTACHMENT_TICKETS_MAX) throw new MooringError('OUT_OF_RANGE', `volume ${o.vol.name} has ${ATTACHMENT_TICKETS_MAX} tickets already`);
     const next = { ...t, generation: (old?.generation ?? 0) + 1 };
     await this.#putTickets(o, [...o.att.tickets.filter((x) => x.id !== t.id), next]);
@@ -700,13 +721,26 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
         o.vol = { ...o.vol, schema: CLUSTER_SCHEMA_VERSION, desiredHost: d.desiredHost, migrationHost: d.migrationHost, frontend: d.frontend, migrationFrontend: d.migrationFrontend };
         await this.#store.put(KIND.volume, name, o.vol);
       }
-      if (await this.#act(o, d)) continue;
-      if (JSON.stringify(o.att.statuses) !== JSON.stringify(d.statuses)) {
-        const rec: AttachmentRecord = { ...o.att, schema: CLUSTER_SCHEMA_VERSION, statuses: d.statuses };
-        await this.#store.put(KIND.attachment, name, rec, { expectedVersion: o.attVersion });
+      let acted: boolean;
+      try {
+        acted = await this.#act(o, d);
+      } catch (err) {
+        // The statuses still tell the truth about what runs (the step did not happen).
+        await this.#putStatuses(o, d).catch(() => undefined);
+        throw err;
       }
+      if (acted) continue;
+      await this.#putStatuses(o, d);
       return;
     }
+  }
+
+  async #putStatuses(o: Observed, d: AttachmentDecision): Promise<void> {
+    if (JSON.stringify(o.att.statuses) === JSON.stringify(d.statuses)) return;
+    const rec: AttachmentRecord = { ...o.att, schema: CLUSTER_SCHEMA_VERSION, statuses: d.statuses };
+    const put = await this.#store.put(KIND.attachment, o.vol.name, rec, { expectedVersion: o.attVersion });
+    o.att = rec;
+    o.attVersion = put.version;
   }
 
   // One step towards the decision; true if something changed (another pass follows).
@@ -736,10 +770,25 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   async #startEngine(name: string, host: string, frontend: Frontend): Promise<void> {
     const refs = await this.#refs(name);
     const nbd = frontend.disabled ? null : frontend.nbd;
-    const info = await this.#engineOf(host).startEngine({ volume: name, replicas: refs, nbd });
+    const info = await this.#startOn(host, { volume: name, replicas: refs, nbd });
     const rec: EngineRecord = { schema: CLUSTER_SCHEMA_VERSION, volume: name, hostId: host, nbd, frontendDisabled: frontend.disabled, epoch: info.epoch, startedMs: Date.now() };
     await this.#store.put(KIND.engine, name, rec);
     await this.#recordModes(name, info);
+  }
+
+  // Starts an engine (or a standby) on a host. An engine of the volume left there by an
+  // earlier attachment (its host was unreachable when the volume moved on, so a newer epoch
+  // fenced it, or a migration standby whose rollback could not reach it) is replaced.
+  async #startOn(host: string, options: EngineStartOptions): Promise<EngineInfo> {
+    const de = this.#engineOf(host);
+    try {
+      return await de.startEngine(options);
+    } catch (err) {
+      if (toMooringError(err).code !== 'ALREADY_EXISTS') throw err;
+      await de.stopEngine(options.volume).catch(() => undefined);
+      safeEmit(this, 'stray-engine-stopped', { volume: options.volume, hostId: host });
+      return de.startEngine(options);
+    }
   }
 
   // Stops the attached engine. If it stops but reports a failure on the way (say, its
@@ -871,7 +920,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     this.#emitVolume(name, 'migration-started', migrationInfo(rec));
     try {
       const refs = await this.#refs(name);
-      await this.#engineOf(target).startEngine({ volume: name, replicas: refs, nbd: d.migrationFrontend.disabled ? null : d.migrationFrontend.nbd, standby: true });
+      await this.#startOn(target, { volume: name, replicas: refs, nbd: d.migrationFrontend.disabled ? null : d.migrationFrontend.nbd, standby: true });
     } catch (err) {
       const e = toMooringError(err, `starting the migration target of ${name} on ${target}`);
       await this.#store.delete(KIND.migration, name);
