@@ -22,6 +22,7 @@ import {
 import { TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { startMooring, startTarget, type RunningTarget, type TargetContext } from './targets.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
+import { measureMigration, type MigrationResults } from './migration.js';
 import { measureRebuild, type RebuildResults } from './rebuild.js';
 
 export { parseBenchArgs, type BenchOptions } from './options.js';
@@ -236,11 +237,27 @@ async function measureRebuildStep(s: RunState): Promise<RebuildResults | undefin
   }
 }
 
+async function measureMigrationStep(s: RunState): Promise<MigrationResults | undefined> {
+  const dir = join(s.scratch, 'migration');
+  mkdirSync(dir);
+  s.log(`[migration] 3 data-engine processes on loopback, ${s.opts.migrations} migrations of a 3-replica volume`);
+  try {
+    return await measureMigration(targetContext(s, dir), s.opts.migrations);
+  } catch (err) {
+    if (s.abort.aborted) throw err;
+    s.failures.push({ what: 'migration', message: errorText(err) });
+    s.log(`  migration: FAILED: ${errorText(err)}`);
+    return undefined;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 /** Checks tools, the build and free space before minutes of work are spent. */
 async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
   const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
   const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-'));
-  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild;
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.migrations > 0;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
   const orUndefined = (err: unknown): undefined => {
@@ -360,6 +377,7 @@ export async function runBench(argv: string[]): Promise<number> {
     await benchAll(s);
     const rss = opts.rss ? await measureRss(s) : undefined;
     const rebuild = opts.rebuild ? await measureRebuildStep(s) : undefined;
+    const migration = opts.migrations > 0 ? await measureMigrationStep(s) : undefined;
 
     const results: BenchResults = {
       startedAt: started,
@@ -379,6 +397,7 @@ export async function runBench(argv: string[]): Promise<number> {
       serverPeaks: s.serverPeaks,
       rss,
       rebuild,
+      migration,
       failures: s.failures,
     };
     process.stdout.write(renderStdout(results));

@@ -3,6 +3,7 @@
  */
 import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
+import type { MigrationResults } from './migration.js';
 import type { RebuildResults } from './rebuild.js';
 import { LIMIT_TARGET, PEER_TARGET, TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
@@ -55,6 +56,8 @@ export interface BenchResults {
   rss: RssResult | undefined;
   /** Full and incremental rebuild over loopback; undefined when skipped or failed. */
   rebuild?: RebuildResults | undefined;
+  /** Live migrations over loopback; undefined when skipped or failed. */
+  migration?: MigrationResults | undefined;
   /** Targets or steps that failed; the rest of the run went on. */
   failures: Array<{ what: string; message: string }>;
 }
@@ -283,6 +286,16 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       detail: `${fmtMiB(rb.incremental.sentBytes)} sent for ${fmtMiB(rb.incremental.changedBytes)} of unique 4 KiB blocks changed = ${fmtRatio(inc)}`,
     });
   }
+  const mg = r.migration;
+  const migGoal = 'live-migration hand-over < 50 ms median on loopback';
+  if (!mg) verdicts.push({ goal: migGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  else {
+    verdicts.push({
+      goal: migGoal,
+      verdict: mg.handOverMs.median < 50 ? 'pass' : 'miss',
+      detail: `median ${mg.handOverMs.median.toFixed(1)} ms, p99 ${mg.handOverMs.p99.toFixed(1)} ms over ${mg.rounds} migrations; client pause ${fmtRatio(mg.clientPauseMs.median / mg.peer.clientPauseMs.median)} of qemu-nbd moved between sockets`,
+    });
+  }
   const rssGoal = `peak RSS ≤ 64 MiB for a 1 TiB sparse volume after 10,000 scattered 4 KiB writes`;
   if (!r.rss) verdicts.push({ goal: rssGoal, verdict: 'not measured', detail: 'skipped or failed' });
   else {
@@ -293,6 +306,16 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
     });
   }
   return verdicts;
+}
+
+function migrationText(m: MigrationResults): string {
+  const f = (x: MigrationResults['handOverMs']): string => `median ${x.median.toFixed(1)} ms, p99 ${x.p99.toFixed(1)} ms, max ${x.max.toFixed(1)} ms`;
+  return (
+    `Live migration (3 data-engine processes on loopback, a 3-replica volume migrated ${m.rounds} times between two hosts, ` +
+    `a client writing 4 KiB blocks one at a time): hand-over (source drain start → target accepting writes) ${f(m.handOverMs)}; ` +
+    `of which the source's drain and flush ${f(m.drainMs)}; client pause (last write acknowledged by the source → first by the target) ${f(m.clientPauseMs)}. ` +
+    `Peer: ${m.peer.name}, client pause ${f(m.peer.clientPauseMs)} over ${m.peer.rounds} moves; ratio of medians ${fmtRatio(m.clientPauseMs.median / m.peer.clientPauseMs.median)} (lower is better).`
+  );
 }
 
 function rebuildText(rb: RebuildResults): string {
@@ -352,6 +375,7 @@ export function renderStdout(r: BenchResults): string {
     );
   }
   if (r.rebuild) parts.push(rebuildText(r.rebuild), '');
+  if (r.migration) parts.push(migrationText(r.migration), '');
   if (r.serverPeaks.length > 0) {
     parts.push(`Server peak RSS during the runs: ${r.serverPeaks.map((p) => `${TARGET_SHORT[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads)`).join(', ')}`, '');
   }
@@ -436,6 +460,8 @@ export function renderMarkdownReport(r: BenchResults): string {
   }
   out.push('### Rebuild over loopback TCP', '');
   out.push(r.rebuild ? rebuildText(r.rebuild) : 'Not measured in this run.', '');
+  out.push('### Live migration over loopback', '');
+  out.push(r.migration ? migrationText(r.migration) : 'Not measured in this run.', '');
   out.push('### Memory: 1 TiB sparse volume', '');
   if (r.rss) {
     out.push(

@@ -33,6 +33,9 @@ describe('bench options', () => {
     expect(quick.areaBytes).toBe(64 * 1024 * 1024);
     expect(quick.targets).toEqual(['file-buffered', 'qemu-raw']);
     expect(quick.outPath).toBeUndefined();
+    expect(full.migrations).toBe(50);
+    expect(quick.migrations).toBe(10);
+    expect(parseBenchArgs(['--migrations', '0']).migrations).toBe(0);
   });
 
   it('rejects unknown targets and bad sizes with exit code 2', async () => {
@@ -40,6 +43,7 @@ describe('bench options', () => {
     try {
       expect(await runBench(['--targets', 'nope'])).toBe(2);
       expect(await runBench(['--size', '1000'])).toBe(2);
+      expect(await runBench(['--migrations', '2.5'])).toBe(2);
     } finally {
       err.mockRestore();
     }
@@ -64,7 +68,7 @@ describe('bench smoke run', () => {
       code = await runBench([
         '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work,
         '--targets', targets.join(','), '--workloads', 'randread-4k-qd16-j1,write-1m-qd8',
-        '--no-rss', '--out', out,
+        '--no-rss', '--migrations', '3', '--out', out,
       ]);
     } finally {
       outSpy.mockRestore();
@@ -83,6 +87,9 @@ describe('bench smoke run', () => {
     expect(stdout).toContain('Mooring 3 remote replicas');
     expect(md).toMatch(/full rebuild into an empty replica \S+ MiB in/);
     expect(md).toMatch(/3 remote replicas \(loopback TCP\) ≥ 0\.6× of 1 local replica on writes \| \*\*(pass|miss)\*\*/);
+    // The migration step migrated three times and compared the pause with qemu-nbd's.
+    expect(md).toMatch(/migrated 3 times between two hosts/);
+    expect(md).toMatch(/live-migration hand-over < 50 ms median on loopback \| \*\*(pass|miss)\*\*/);
     // The scratch directory and every child are gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
   });
