@@ -57,9 +57,11 @@ export { formatNbdAddress, nbdUri, parseNbdAddress } from './nbd/nbd-address.js'
 export type { NbdAddress } from './nbd/nbd-address.js';
 
 // --- many hosts: cluster, data engines, gRPC, state store ---
-export { Cluster, DEFAULT_REPAIR_INTERVAL_MS, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS, HOST_PROBE_TIMEOUT_MS } from './cluster/cluster.js';
+export { Cluster, DEFAULT_REPAIR_INTERVAL_MS, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS, DEFAULT_TICKET_WAIT_TIMEOUT_MS, HOST_PROBE_TIMEOUT_MS } from './cluster/cluster.js';
 export type {
   ClusterAttachOptions,
+  ClusterCloneOptions,
+  ClusterDetachOptions,
   ClusterEvents,
   ClusterOptions,
   ClusterReplicaStatus,
@@ -67,21 +69,49 @@ export type {
   ClusterVolumeStatus,
   ReplicaReplacedEvent,
 } from './cluster/cluster.js';
-export { CLUSTER_SCHEMA_VERSION } from './cluster/cluster-records.js';
-export type { EngineRecord, HostRecord, ReplicaRecord, VolumeRecord } from './cluster/cluster-records.js';
+export { CLUSTER_SCHEMA_VERSION, ATTACHMENT_TICKETS_MAX } from './cluster/cluster-records.js';
+export type { AttachmentRecord, EngineRecord, HostRecord, MigrationPhase, MigrationRecord, ReplicaRecord, VolumeRecord } from './cluster/cluster-records.js';
+export { ClusterVolume, Migration } from './cluster/cluster-volume.js';
+export type {
+  ClusterTicket,
+  ClusterVolumeEvents,
+  HandOverResult,
+  MigrateOptions,
+  MigrationHooks,
+  MigrationInfo,
+  MigrationLocks,
+  TicketOptions,
+} from './cluster/cluster-volume.js';
+// --- attachment tickets ---
+export { ATTACHER_PRIORITY, ATTACHER_TYPES, MIGRATING_ATTACHERS } from './attachment/attachment-ticket.js';
+export type {
+  AttacherType,
+  AttachmentCondition,
+  AttachmentConditionReason,
+  AttachmentParameters,
+  AttachmentTicket,
+  AttachmentTicketStatus,
+  FrontendRequirement,
+  Frontend,
+} from './attachment/attachment-ticket.js';
+export { decideAttachment } from './attachment/attachment-reconciler.js';
+export type { AccessMode, AttachmentDecision, AttachmentInput } from './attachment/attachment-reconciler.js';
 export { LocalDataEngine, DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, DATA_ENGINE_FILE, DATA_ENGINE_LOCK_FILE, DATA_ENGINE_REPLICAS_SUBDIR } from './data-engine/local-data-engine.js';
 export type { LocalDataEngineOptions, DataEngineRepairOptions } from './data-engine/local-data-engine.js';
 export type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineHandOver,
   EngineInfo,
   EngineReplicaInfo,
   EngineReplicaRef,
+  EngineSnapshotInfo,
   EngineStartOptions,
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult as DataEngineRebuildResult,
+  SnapshotCopyResult,
 } from './data-engine/data-engine.js';
 export type { DataEngineTlsOptions } from './data-engine/addresses.js';
 export { DataEngineGrpcServer, GRPC_LIMITS } from './data-engine/grpc/data-engine-grpc-server.js';
