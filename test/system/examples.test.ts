@@ -26,4 +26,15 @@ describe('examples', () => {
     expect(out).toMatch(/host c back: healthy/);
     expect(out).toMatch(/detached and deleted/);
   });
+
+  it('migration: a volume moves from a to b around a hand-over, a is refused afterwards', async () => {
+    const out = await runExample('examples/migration/demo.mjs');
+    expect(out).toMatch(/attached on a; the VM writes: wrote 1048576\/1048576 bytes/);
+    expect(out).toMatch(/standby on b before the hand-over: refused: .*Operation not permitted/);
+    expect(out).toMatch(/hook beforeHandOver[\s\S]*event migration-handed-over: epoch \d+[\s\S]*hook afterHandOver/);
+    expect(out).toMatch(/b reads what a wrote: read 1048576\/1048576 bytes/);
+    expect(out).toMatch(/a write sent to a after the hand-over: refused: .*Operation not permitted/);
+    expect(out).toMatch(/confirmed: attached on b, healthy/);
+    expect(out).toMatch(/detached and deleted/);
+  });
 });
