@@ -12,9 +12,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
+import { Cluster } from '../../../src/cluster/cluster.js';
+import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
+import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import { killAllDaemons, requireSanlock } from '../helpers/sanlock-daemon.js';
 import { AgentError, SimHost, VM_SCRIPT, stopAllHosts } from '../helpers/sanlock-host.js';
-import { repoRoot } from '../helpers/tools.js';
+import { qemuIo, repoRoot } from '../helpers/tools.js';
 
 /** io_timeout of every lockspace here, seconds. */
 const N = 1;
@@ -334,6 +337,93 @@ describe('Lockspace and Lock over real sanlock daemons', () => {
       { h: handover },
     );
     expect(rollback).toBe('LOCK_VERSION_MISMATCH');
+  });
+
+  it('migrate() moves the volume and the disk lock together; a lock taken in between keeps the volume on the source', async () => {
+    // Three data engines in this process stand for the hosts' data; the locks live in the
+    // hosts' agents (their own daemons). The embedder's adapter hands the cluster each
+    // side's LockedProcess calls.
+    const work = mkdtempSync(join(tmpdir(), 'mooring-lockmig-'));
+    const engines: LocalDataEngine[] = [];
+    let cluster: Cluster | null = null;
+    try {
+      for (const [i, id] of ['a', 'b', 'c'].entries()) {
+        engines.push(await LocalDataEngine.start({ dir: join(work, id), hostId: id, replicaListen: `tcp:127.0.0.1:${17951 + i}` }));
+      }
+      cluster = await Cluster.open({ store: new MemoryStateStore(), hosts: engines, repairIntervalMs: 0 });
+      await cluster.createVolume({ name: 'vm4-disk', sizeBytes: 16 * MIB, replicas: 3, accessMode: 'migratable' });
+      const vol = cluster.volume('vm4-disk');
+      const sock = (h: string): string => join(work, `vm4-${h}.sock`);
+      const uri = (h: string): string => `nbd+unix:///?socket=${sock(h)}`;
+      await vol.attach({ host: 'a', attacher: 'workload', nbd: `unix:${sock('a')}` });
+      await qemuIo(uri('a'), ['write -P 0x61 0 1M']);
+      // The source VM on A holds the disk's lock; the target on B is registered only.
+      await A.run(async (_m, s) => {
+        s.disk4 = await s.ls1.createLock('disk4');
+        s.src4 = await s.start({ command: 'sleep', args: ['300'], locks: [s.disk4], ownerName: 'vm4' });
+      });
+      await B.run(async (_m, s) => {
+        s.tgt4 = await s.start({ command: 'sleep', args: ['300'], ownerName: 'vm4' });
+      });
+      const side = (host: SimHost, proc: string) => ({
+        handOver: () => host.run(async (_m, s, a) => s[a.proc].handOver(), { proc }),
+        takeOver: (h: unknown) => host.run(async (_m, s, a) => s[a.proc].takeOver(a.h, [s.ls1]), { proc, h }),
+      });
+      const m = await vol.migrate('b', { nbd: `unix:${sock('b')}`, attacher: 'workload', locks: { source: side(A, 'src4'), target: side(B, 'tgt4'), lockspaces: [] } });
+      const ho = await m.handOver();
+      expect(await A.run(async (_m, s) => s.src4.inquire())).toEqual([]);
+      expect(await B.run(async (_m, s) => s.tgt4.inquire())).toMatchObject([{ name: 'disk4', version: 2 }]);
+      await qemuIo(uri('b'), ['read -P 0x61 0 1M', 'write -P 0x62 1M 1M']);
+      await m.confirm();
+      expect((await vol.status()).attachedHost).toBe('b');
+
+      // Back to A, but another VM takes and releases the lock between B's release and A's
+      // acquire: A's acquire is refused (version), the lock and the volume stay with B.
+      await A.run(async (_m, s) => {
+        s.back4 = await s.start({ command: 'sleep', args: ['300'], ownerName: 'vm4' });
+      });
+      const interloped = {
+        ...side(A, 'back4'),
+        takeOver: async (h: unknown) => {
+          await A.run(async (_m, s) => {
+            s.other4 = await s.start({ command: 'sleep', args: ['300'] });
+            await s.disk4.acquire(s.other4);
+            await s.disk4.release(s.other4);
+          });
+          return A.run(async (_m, s, a) => s.back4.takeOver(a.h, [s.ls1]), { h });
+        },
+      };
+      const failed: string[] = [];
+      const warnings: string[] = [];
+      vol.on('migration-failed', (e) => failed.push(`${e.step} ${e.error.code}`));
+      cluster.on('warning', (e) => warnings.push(e.message));
+      const back = await vol.migrate('a', { nbd: `unix:${sock('a')}`, attacher: 'workload', locks: { source: side(B, 'tgt4'), target: interloped, lockspaces: [] } });
+      const refused = await back.handOver().then(() => 'handed over', (e: { code: string }) => e.code);
+      expect(refused).toBe('LOCK_VERSION_MISMATCH');
+      expect(failed).toEqual(['locks LOCK_VERSION_MISMATCH']);
+      // Nobody holds the lock now: B's re-acquire is refused the same way (the interloper
+      // moved the version), and the cluster says so. The volume's writer is still B.
+      expect(await B.run(async (_m, s) => s.tgt4.inquire())).toEqual([]);
+      expect(await A.run(async (_m, s) => s.back4.inquire())).toEqual([]);
+      expect(warnings.join('\n')).toMatch(/re-acquiring the locks of vm4-disk on the source/);
+      const st = await vol.status();
+      expect(st.writerHost).toBe('b');
+      expect(st.epoch).toBeGreaterThan(ho.epoch);
+      await qemuIo(uri('b'), ['read -P 0x62 1M 1M', 'write -P 0x63 2M 1M']);
+      await back.rollback();
+      expect((await vol.status()).migration).toBeNull();
+      await vol.detach();
+    } finally {
+      await cluster?.close();
+      for (const e of engines) await e.close().catch(() => undefined);
+      await Promise.allSettled([
+        A.run(async (_m, s) => {
+          for (const p of [s.src4, s.back4, s.other4]) p?.kill('SIGKILL');
+        }),
+        B.run(async (_m, s) => s.tgt4?.kill('SIGKILL')),
+      ]);
+      rmSync(work, { recursive: true, force: true });
+    }
   });
 
   it('loads the addon where sanlock is absent; a lock call then fails with SANLOCK_UNAVAILABLE naming the package', () => {
