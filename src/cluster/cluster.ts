@@ -1106,24 +1106,30 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     const target = this.#hosts.get(m.targetHost);
     if (m.targetActivated) {
       // The target may have written: it drains and hands back; the source claims a newer epoch.
-      let ho: EngineHandOver | null = null;
-      if (target) ho = await target.engine.deactivateEngine(name).catch(() => null);
-      // A target that cannot be reached (or was fenced) hands nothing: the source takes every
-      // replica and the epochs sort out the stale ones.
-      ho ??= { epoch: m.handOver?.epoch ?? 0, rwReplicaIds: (await this.#replicas(name)).map((r) => r.id) };
-      const locks = this.#migrationHooks.get(name)?.locks ?? null;
-      if (locks) {
-        try {
-          await locks.source.takeOver(await locks.target.handOver(), locks.lockspaces);
-        } catch (err) {
-          const e = toMooringError(err, `moving the locks of ${name} back to the source`);
-          this.#emitVolume(name, 'migration-failed', { ...migrationInfo(m), step: 'locks', error: e });
-          throw e;
-        }
-      }
+      const ho = target ? await target.engine.deactivateEngine(name).catch(() => null) : null;
       const src = this.#engineOf(m.sourceHost);
-      const role = await src.engineInfo(name).then((i) => i.role, () => null);
-      if (role === 'standby') await src.activateEngine(name, ho);
+      if (ho) {
+        const locks = this.#migrationHooks.get(name)?.locks ?? null;
+        if (locks) {
+          try {
+            await locks.source.takeOver(await locks.target.handOver(), locks.lockspaces);
+          } catch (err) {
+            const e = toMooringError(err, `moving the locks of ${name} back to the source`);
+            this.#emitVolume(name, 'migration-failed', { ...migrationInfo(m), step: 'locks', error: e });
+            throw e;
+          }
+        }
+        const role = await src.engineInfo(name).then((i) => i.role, () => null);
+        if (role === 'standby') await src.activateEngine(name, ho);
+      } else {
+        // The target cannot hand back (its host is gone, or it was fenced): the source takes
+        // the volume over as after a crash. A fresh engine claims an epoch above every
+        // replica's; replicas the target fenced open ERR and are rebuilt.
+        const eng = await this.#engineRecord(name);
+        await src.stopEngine(name).catch(() => undefined);
+        const info = await this.#startOn(m.sourceHost, { volume: name, replicas: await this.#refs(name), nbd: eng?.nbd ?? null });
+        if (eng) await this.#store.put(KIND.engine, name, { ...eng, epoch: info.epoch, startedMs: Date.now() });
+      }
       m = await this.#putMigration({ ...m, targetActivated: false });
     }
     if (target) {
