@@ -174,7 +174,10 @@ export class RemoteDataEngine implements DataEngine {
   /** @inheritDoc DataEngine.startEngine */
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
     if (typeof options !== 'object' || options === null || !Array.isArray(options.replicas)) {
-      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, nbd?, ioTimeoutMs?} (got ${describe(options)})`);
+      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, nbd?, ioTimeoutMs?, standby?} (got ${describe(options)})`);
+    }
+    if (options.standby !== undefined && typeof options.standby !== 'boolean') {
+      throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }
     const req: Msg = {
       volume: options.volume,
