@@ -409,6 +409,20 @@ describe('hand-over between engines over the same replicas', () => {
     await assertDirsIdentical(dirs, model);
   });
 
+  it('refuses a hand-over when a replica outside it was claimed since: the epoch would not be above every replica', async () => {
+    const dirs = await replicas(3);
+    const src = await Run.open(dirs);
+    const tgt = await Run.open(dirs, true);
+    const h = await src.engine.deactivate();
+    // Another engine takes r2 alone, claiming above the hand-over on it only.
+    const rogue = await Run.open([dirs[2]!]);
+    const before = await recorded(dirs);
+    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, rwReplicaIds: [dirs[0]!, dirs[1]!] }))).toBe('STALE_EPOCH');
+    expect(tgt.engine.standby()).toBe(true);
+    expect(await recorded(dirs)).toEqual(before);
+    for (const r of [rogue, tgt, src]) await r.engine.close();
+  });
+
   it('refuses hand-overs that name no usable replica, and bad hand-over arguments, with coded errors', async () => {
     const dirs = await replicas(2);
     const src = await Run.open(dirs);

@@ -940,8 +940,12 @@ Status ReplicatedEngine::ActivateLocked(const HandOver& h, Events* ev) {
     return Status::Error(Code::kNoHealthyReplica, "none of the " + std::to_string(h.rw_ids.size()) +
                                                       " RW replica(s) of the hand-over can be used by this engine");
   // Checked before any claim, so a used hand-over changes nothing (a remote replica's epoch
-  // is as its last reply gave it; the claim below catches a newer one).
-  for (size_t i : candidates) {
+  // is as its last reply gave it; the claim below catches a newer one). Replicas outside
+  // the hand-over count too: the engine that handed over never left one above its own
+  // epoch, so one that is must have been claimed since, and the epoch claimed here would
+  // not be above it (the next start would take ours for the fenced ones).
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i]->backend->size() == 0) continue;
     const uint64_t e = slots_[i]->backend->epoch();
     if (e > h.epoch)
       return Status::Error(Code::kStaleEpoch, "replica " + slots_[i]->id + " is at epoch " + std::to_string(e) +

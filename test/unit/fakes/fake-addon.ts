@@ -184,7 +184,8 @@ export class FakeEngine implements NativeEngine {
     const ids = new Set(h.rwReplicaIds);
     const candidates = this.replicaDirs.filter((d) => ids.has(d) && this.modes.get(d) !== 'ERR' && this.dirOf.get(d) !== undefined);
     if (candidates.length === 0) throw nativeError('NO_HEALTHY_REPLICA', 'none of the hand-over replicas can be used');
-    if (candidates.some((d) => this.addon.replica(this.dirOf.get(d)!).epoch > h.epoch)) {
+    const reachable = this.replicaDirs.filter((d) => this.dirOf.get(d) !== undefined);
+    if (reachable.some((d) => this.addon.replica(this.dirOf.get(d)!).epoch > h.epoch)) {
       throw nativeError('STALE_EPOCH', 'a replica is past the hand-over epoch', 116);
     }
     this.#epoch = h.epoch + 1;
