@@ -50,6 +50,8 @@ export type {
   WriteOptions,
   WriteZeroesOptions,
 } from './engine/engine.js';
+// Hand-over (migration) of an Engine.
+export type { EngineRole, HandOver } from './engine/engine.js';
 
 export { NbdExport, NBD_LIMITS } from './nbd/nbd-export.js';
 export type { NbdExportEvents, NbdExportOptions, NbdExportStats } from './nbd/nbd-export.js';

@@ -69,6 +69,10 @@ function describeEvent(e: DataEngineEvent): string {
       return `volume ${e.volume}: replica ${e.replicaId} is ERR (${e.code}: ${e.message}); repair attempt ${e.attempt} in ${e.delayMs} ms`;
     case 'engine-stopped':
       return `volume ${e.volume}: engine stopped`;
+    case 'engine-activated':
+      return `volume ${e.volume}: engine activated (writer epoch ${e.epoch})`;
+    case 'engine-deactivated':
+      return `volume ${e.volume}: engine handed over at epoch ${e.epoch} (standby now)`;
   }
 }
 

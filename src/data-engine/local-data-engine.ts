@@ -4,6 +4,9 @@
  * replicas to engines elsewhere through the native replica server, runs engines (one per
  * volume, each optionally exported over NBD), and repairs them: a replica that is ERR is
  * re-added (rebuilt) with back-off until it is RW again, rebuilds bounded across engines.
+ * Engines may run as migration standbys (exported, serving nothing, repairing nothing)
+ * and hand a volume over between hosts (deactivateEngine on the source, activateEngine on
+ * the target); docs/data-engine.md, "Hand-over".
  */
 import { mkdir, readdir, rm } from 'node:fs/promises';
 import { isAbsolute, join, resolve } from 'node:path';
@@ -29,13 +32,16 @@ import type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineHandOver,
   EngineInfo,
   EngineReplicaInfo,
   EngineReplicaRef,
+  EngineSnapshotInfo,
   EngineStartOptions,
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult,
+  SnapshotCopyResult,
 } from './data-engine.js';
 import { Semaphore } from './semaphore.js';
 
@@ -133,6 +139,10 @@ interface EngineSlot {
   /** Rebuilds of one engine run one after another (the native engine allows one). */
   serial: Promise<unknown>;
   stopping: boolean;
+  /** standby: serves nothing and is not repaired (opened as a standby, or handed over). */
+  role: 'active' | 'standby';
+  /** A deactivate or activate in progress (one at a time; repairs wait for its outcome). */
+  handingOver: boolean;
 }
 
 /** The {@link DataEngine} of this host, in this process; see the module comment. */
@@ -359,6 +369,10 @@ export class LocalDataEngine implements DataEngine {
     );
     const nbd = options.nbd ?? null;
     if (nbd !== null && typeof nbd !== 'string') throw new MooringError('INVALID_ARGUMENT', `nbd must be unix:PATH or tcp:HOST:PORT (got ${describe(nbd)})`);
+    if (options.standby !== undefined && typeof options.standby !== 'boolean') {
+      throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
+    }
+    const standby = options.standby === true;
     if (this.#engines.has(volume) || this.#starting.has(volume)) {
       throw new MooringError('ALREADY_EXISTS', `an engine for volume ${volume} runs on ${this.hostId} already`, { details: { volume } });
     }
@@ -375,7 +389,10 @@ export class LocalDataEngine implements DataEngine {
         }
         specs.push(this.#spec(ref, ioTimeoutMs));
       }
-      const engine = await Engine.open({ replicas: specs, addon: this.#addon });
+      // A standby opens replicas another engine (on another host) is writing: a replica of
+      // this host that is served to that engine by our replica server is shared with it
+      // (native/src/store/replica-registry.h), not refused as in use.
+      const engine = await Engine.open({ replicas: specs, addon: this.#addon, ...(standby ? { standby } : {}) });
       const slot: EngineSlot = {
         volume,
         engine,
@@ -386,10 +403,14 @@ export class LocalDataEngine implements DataEngine {
         repairs: new Map(),
         serial: Promise.resolve(),
         stopping: false,
+        role: standby ? 'standby' : 'active',
+        handingOver: false,
       };
       this.#wire(slot);
       if (nbd !== null) {
         try {
+          // A standby is exported too, so a migrating VM's destination can connect before
+          // the hand-over; its requests fail with EPERM until activateEngine.
           const remote = refs.some((r) => r.hostId !== this.hostId);
           slot.nbd = await engine.exportNbd({ nbd, ...(remote ? { ioThreads: DATA_ENGINE_DEFAULTS.nbdIoThreadsRemote } : {}) });
         } catch (err) {
@@ -398,12 +419,7 @@ export class LocalDataEngine implements DataEngine {
         }
       }
       this.#engines.set(volume, slot);
-      for (const r of engine.replicas()) {
-        if (r.mode !== 'ERR') continue;
-        // Unreachable (an errno) or out of date (fenced by a newer epoch, no errno).
-        const code = r.lastErrno !== 0 ? codeFromErrno(r.lastErrno) : 'INVALID_STATE';
-        this.#scheduleRepair(slot, r.id, code, `replica ${r.id} is ERR at engine start${r.lastErrno !== 0 ? ` (errno ${r.lastErrno})` : ' (out of date)'}`);
-      }
+      this.#repairErr(slot, 'at engine start');
       return this.#engineInfo(slot);
     } finally {
       this.#starting.delete(volume);
@@ -436,6 +452,9 @@ export class LocalDataEngine implements DataEngine {
     this.#assertOpen();
     const slot = this.#slot(volume);
     const ref = checkRefs([replica])[0]!;
+    if (slot.role === 'standby' || slot.handingOver) {
+      throw new MooringError('INVALID_STATE', `the engine of ${volume} on ${this.hostId} is a standby (or handing over): it rebuilds nothing`, { details: { volume } });
+    }
     const current = slot.refs.find((r) => r.id === ref.id);
     const st = slot.repairs.get(ref.id);
     if (current && sameReplica(current, ref) && st?.phase === 'busy' && st.promise) return st.promise;
@@ -478,6 +497,53 @@ export class LocalDataEngine implements DataEngine {
     await slot.engine.removeReplica(replicaId).catch((err: unknown) => {
       if (!(err instanceof MooringError && err.code === 'NOT_FOUND')) throw err;
     });
+  }
+
+  /** @inheritDoc DataEngine.deactivateEngine */
+  async deactivateEngine(volume: string): Promise<EngineHandOver> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    if (slot.handingOver) throw new MooringError('BUSY', `the engine of ${volume} is being deactivated or activated`, { details: { volume } });
+    if (slot.role === 'standby') throw new MooringError('INVALID_STATE', `the engine of ${volume} on ${this.hostId} is a standby already`, { details: { volume } });
+    slot.handingOver = true;
+    // Pending repairs would rebuild into replicas the next writer owns; a rebuild already
+    // running is stopped by the engine itself (its replica is left for the next writer).
+    for (const id of [...slot.repairs.keys()]) this.#cancelRepair(slot, id);
+    let h: EngineHandOver;
+    try {
+      h = await slot.engine.deactivate();
+      slot.role = 'standby';
+      for (const id of [...slot.repairs.keys()]) this.#cancelRepair(slot, id);
+    } catch (err) {
+      // Still active (fenced, or its last replica failed to flush): repair as before.
+      slot.handingOver = false;
+      if (slot.engine.state === 'open' && !slot.stopping) this.#repairErr(slot, 'after a failed hand-over');
+      throw err;
+    }
+    slot.handingOver = false;
+    this.#emit({ type: 'engine-deactivated', volume, epoch: h.epoch });
+    return { epoch: h.epoch, rwReplicaIds: [...h.rwReplicaIds] };
+  }
+
+  /** @inheritDoc DataEngine.activateEngine */
+  async activateEngine(volume: string, handOver: EngineHandOver): Promise<EngineInfo> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    const h = checkHandOver(handOver);
+    if (slot.handingOver) throw new MooringError('BUSY', `the engine of ${volume} is being deactivated or activated`, { details: { volume } });
+    if (slot.role === 'active') throw new MooringError('INVALID_STATE', `the engine of ${volume} on ${this.hostId} is active already`, { details: { volume } });
+    slot.handingOver = true;
+    try {
+      await slot.engine.activate(h);
+      slot.role = 'active';
+    } finally {
+      slot.handingOver = false;
+    }
+    this.#emit({ type: 'engine-activated', volume, epoch: slot.engine.epoch });
+    // As after a start: every replica that is not RW now (not in the hand-over, lost while
+    // standby) is rebuilt by self-repair.
+    this.#repairErr(slot, 'at activation');
+    return this.#engineInfo(slot);
   }
 
   /** @inheritDoc DataEngine.watch */
@@ -573,6 +639,7 @@ export class LocalDataEngine implements DataEngine {
       volume: slot.volume,
       sizeBytes: slot.engine.sizeBytes,
       epoch: slot.engine.state === 'open' ? slot.engine.epoch : 0,
+      role: slot.role,
       replicas,
       nbd: slot.nbd && !slot.nbd.closed ? { address: slot.nbd.addressString, uri: slot.nbd.uri } : null,
     };
@@ -598,6 +665,8 @@ export class LocalDataEngine implements DataEngine {
 
   #scheduleRepair(slot: EngineSlot, replicaId: string, code: string, message: string): void {
     if (!this.#repair.enabled || slot.stopping || this.#closing) return;
+    // A standby's replicas belong to the active engine elsewhere; it repairs them.
+    if (slot.role === 'standby' || slot.handingOver) return;
     if (!slot.refs.some((r) => r.id === replicaId)) return;
     let st = slot.repairs.get(replicaId);
     if (st && st.phase !== 'idle') return;
@@ -615,6 +684,16 @@ export class LocalDataEngine implements DataEngine {
       this.#attempt(slot, replicaId).catch(() => undefined);
     }, st.delayMs);
     this.#emit({ type: 'repair-scheduled', volume: slot.volume, replicaId, attempt: st.attempt, delayMs: st.delayMs, code, message });
+  }
+
+  // Schedules a repair of every ERR replica of an engine that just became active.
+  #repairErr(slot: EngineSlot, when: string): void {
+    for (const r of slot.engine.replicas()) {
+      if (r.mode !== 'ERR') continue;
+      // Unreachable (an errno) or out of date (fenced by a newer epoch, no errno).
+      const code = r.lastErrno !== 0 ? codeFromErrno(r.lastErrno) : 'INVALID_STATE';
+      this.#scheduleRepair(slot, r.id, code, `replica ${r.id} is ERR ${when}${r.lastErrno !== 0 ? ` (errno ${r.lastErrno})` : ' (out of date)'}`);
+    }
   }
 
   #cancelRepair(slot: EngineSlot, replicaId: string): void {
@@ -641,6 +720,7 @@ export class LocalDataEngine implements DataEngine {
       try {
         const ref = slot.refs.find((r) => r.id === replicaId);
         if (slot.stopping || this.#closing) throw new MooringError('CLOSED', `the engine of ${slot.volume} is stopping`);
+        if (slot.role === 'standby') throw new MooringError('INVALID_STATE', `the engine of ${slot.volume} is a standby`);
         if (!ref) throw new MooringError('NOT_FOUND', `replica ${replicaId} was removed from ${slot.volume}`);
         const started = Date.now();
         const r = await slot.engine.addReplica(this.#spec(ref, slot.ioTimeoutMs));
@@ -728,6 +808,34 @@ export class LocalDataEngine implements DataEngine {
   #assertOpen(): void {
     if (this.#closing) throw new MooringError('CLOSED', `data engine ${this.hostId} is closed`);
   }
+
+  // --- snapshot operations: placeholders until they land (issue 4, H2 replaces this block) ---
+
+  /** @inheritDoc DataEngine.createSnapshot */
+  async createSnapshot(volume: string, _name: string, _options?: { labels?: Record<string, string> }): Promise<EngineSnapshotInfo> {
+    throw new MooringError('UNSUPPORTED', `createSnapshot (${describe(volume)}) is not implemented by this build`);
+  }
+
+  /** @inheritDoc DataEngine.listSnapshots */
+  async listSnapshots(volume: string): Promise<EngineSnapshotInfo[]> {
+    throw new MooringError('UNSUPPORTED', `listSnapshots (${describe(volume)}) is not implemented by this build`);
+  }
+
+  /** @inheritDoc DataEngine.deleteSnapshot */
+  async deleteSnapshot(volume: string, _name: string): Promise<void> {
+    throw new MooringError('UNSUPPORTED', `deleteSnapshot (${describe(volume)}) is not implemented by this build`);
+  }
+
+  /** @inheritDoc DataEngine.exportSnapshot */
+  async exportSnapshot(volume: string, _snapshot: string, _path: string): Promise<SnapshotCopyResult> {
+    throw new MooringError('UNSUPPORTED', `exportSnapshot (${describe(volume)}) is not implemented by this build`);
+  }
+
+  /** @inheritDoc DataEngine.copySnapshot */
+  async copySnapshot(volume: string, _snapshot: string, _toVolume: string): Promise<SnapshotCopyResult> {
+    throw new MooringError('UNSUPPORTED', `copySnapshot (${describe(volume)}) is not implemented by this build`);
+  }
+  // --- end of the snapshot placeholders ---
 }
 
 function sameReplica(a: EngineReplicaRef, b: EngineReplicaRef): boolean {
@@ -765,6 +873,22 @@ export function checkRefs(value: unknown): EngineReplicaRef[] {
     places.add(place);
     return ref;
   });
+}
+
+/**
+ * Checks a hand-over: a non-negative safe-integer epoch and 0..16 replica ids.
+ *
+ * @internal
+ */
+export function checkHandOver(value: unknown): EngineHandOver {
+  const h = value as Partial<EngineHandOver> | null;
+  if (typeof h !== 'object' || h === null || typeof h.epoch !== 'number' || !Number.isSafeInteger(h.epoch) || h.epoch < 0 || !Array.isArray(h.rwReplicaIds)) {
+    throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, rwReplicaIds} (got ${describe(value)})`);
+  }
+  if (h.rwReplicaIds.length > REPLICA_COUNT_MAX) {
+    throw new MooringError('INVALID_ARGUMENT', `handOver.rwReplicaIds lists ${h.rwReplicaIds.length} replicas, at most ${REPLICA_COUNT_MAX}`);
+  }
+  return { epoch: h.epoch, rwReplicaIds: h.rwReplicaIds.map((id: unknown, i) => checkName(`handOver.rwReplicaIds[${i}]`, id)) };
 }
 
 // Records (or checks) which host owns a data engine directory: replicas are known to other

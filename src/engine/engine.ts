@@ -31,6 +31,10 @@ import { checkLabels, checkName, checkRange, describe } from '../util/validate.j
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
+// Replica ids accepted in a hand-over (an engine has at most 16 replicas; the native side
+// accepts the same number).
+const HAND_OVER_IDS_MAX = 64;
+
 /** How the engine uses a replica: RW (read and written), WO (written only, being rebuilt), ERR (dropped). */
 export type ReplicaMode = NativeReplicaMode;
 
@@ -55,6 +59,27 @@ export interface EngineOptions {
   replicas: EngineReplicaSpec[];
   /** The native addon (default: the one shipped in this package). Tests inject a fake. */
   addon?: NativeAddon;
+  /**
+   * Open as a migration standby (default false): the replicas are opened (another engine
+   * may be writing them) but no epoch is claimed, nothing is reconciled or changed, and
+   * every read, write, flush and snapshot is refused with INVALID_STATE until
+   * {@link Engine.activate}. An NBD export of a standby answers its clients with EPERM.
+   */
+  standby?: boolean;
+}
+
+/** Whether an engine serves I/O (`active`) or is a standby (opened as one, or handed over). */
+export type EngineRole = 'active' | 'standby';
+
+/**
+ * What an engine hands to the next writer of its volume: {@link Engine.deactivate}
+ * returns it, {@link Engine.activate} takes it.
+ */
+export interface HandOver {
+  /** The writer epoch the deactivated engine held. */
+  epoch: number;
+  /** Ids ({@link EngineReplicaSpec.id}) of its RW replicas: identical, holding every acknowledged write, flushed. */
+  rwReplicaIds: string[];
 }
 
 /** State of one replica as the engine sees it. */
@@ -300,6 +325,7 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
   /**
    * Opens an engine over local replica directories: claims a new writer epoch on every
    * replica (fencing any older engine) and reconciles replicas that were not closed cleanly.
+   * With `standby` it does neither (see {@link EngineOptions.standby}).
    *
    * @throws MooringError INVALID_ARGUMENT, UNSUPPORTED (remote replicas), NO_HEALTHY_REPLICA,
    *   CORRUPT_METADATA, NATIVE_LOAD_FAILED, ...
@@ -309,6 +335,10 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
       throw new MooringError('INVALID_ARGUMENT', `engine options must be an object (got ${describe(options)})`);
     }
     const specs = checkReplicaSpecs(options.replicas);
+    if (options.standby !== undefined && typeof options.standby !== 'boolean') {
+      throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
+    }
+    const standby = options.standby === true;
     const addon = options.addon ?? loadAddon();
     // Events may arrive before openEngine resolves; hold them until the Engine exists.
     const early: EngineEvent[] = [];
@@ -322,8 +352,8 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
       }
     };
     const native = await callNative(
-      () => addon.openEngine({ replicas: specs.map((s) => s.endpoint), onEvents }),
-      `opening engine over ${specs.map((s) => s.id).join(', ')}`,
+      () => addon.openEngine({ replicas: specs.map((s) => s.endpoint), onEvents, ...(standby ? { standby } : {}) }),
+      `opening ${standby ? 'a standby engine' : 'engine'} over ${specs.map((s) => s.id).join(', ')}`,
     );
     engine = new Engine(native, specs, early);
     return engine;
@@ -334,10 +364,16 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
     return this.#state;
   }
 
-  /** The writer epoch this engine holds. */
+  /** The writer epoch this engine holds (a standby: the one it held before handing over, or 0). */
   get epoch(): number {
     this.#assertOpen();
     return callNativeSync(() => this.#native.epoch(), 'engine epoch');
+  }
+
+  /** `active`, or `standby` while it serves nothing (opened as a standby, or handed over). */
+  get role(): EngineRole {
+    this.#assertOpen();
+    return callNativeSync(() => this.#native.standby(), 'engine role') ? 'standby' : 'active';
   }
 
   /** The NBD exports currently serving this engine. */
@@ -479,6 +515,54 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
       if (!spec) throw new MooringError('NOT_FOUND', `replica ${id} is not in this engine`);
       await this.#native.removeReplica(spec.path);
       this.#specs = this.#specs.filter((s) => s !== spec);
+    });
+  }
+
+  /**
+   * Migration hand-over, source side: stops a running rebuild (its replica is left ERR,
+   * for the next writer to rebuild), waits for calls in flight, flushes every RW replica
+   * and becomes a standby: every later read, write or flush fails with INVALID_STATE
+   * (NBD clients get EPERM). The replicas are not marked clean (the next writer owns them).
+   *
+   * @throws MooringError INVALID_STATE (standby already), STALE_EPOCH (fenced: another
+   *   engine owns the volume), BUSY (a deactivate runs), IO_ERROR (the last RW replica
+   *   failed its flush; the engine stays active)
+   */
+  deactivate(): Promise<HandOver> {
+    return this.#call('deactivate', async () => {
+      const h = await this.#native.deactivate();
+      return { epoch: h.epoch, rwReplicaIds: h.rwReplicaIds.map((id) => matchSpec(id, -1, this.#specs)?.id ?? id) };
+    });
+  }
+
+  /**
+   * Migration hand-over, target side (or the source taking the volume back): claims epoch
+   * `handOver.epoch + 1` on the hand-over's RW replicas, makes every other replica ERR,
+   * and serves I/O from then on, like an engine that was opened active. A hand-over works
+   * once: when any of its replicas has moved past its epoch (another engine activated
+   * from it, or took the volume since) this fails with STALE_EPOCH and the engine stays
+   * standby. Nothing is reconciled: the deactivated engine left the replicas identical.
+   *
+   * @throws MooringError INVALID_STATE (active already), STALE_EPOCH, NO_HEALTHY_REPLICA
+   *   (none of the hand-over's replicas could be claimed), INVALID_ARGUMENT
+   */
+  activate(handOver: HandOver): Promise<void> {
+    return this.#call('activate', async () => {
+      const h = handOver as Partial<HandOver> | null;
+      if (typeof h !== 'object' || h === null || !Array.isArray(h.rwReplicaIds) || typeof h.epoch !== 'number' || !Number.isSafeInteger(h.epoch) || h.epoch < 0) {
+        throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, rwReplicaIds} (got ${describe(handOver)})`);
+      }
+      if (h.rwReplicaIds.length > HAND_OVER_IDS_MAX) {
+        throw new MooringError('INVALID_ARGUMENT', `handOver.rwReplicaIds lists ${h.rwReplicaIds.length} ids, at most ${HAND_OVER_IDS_MAX} are accepted`);
+      }
+      // Spec ids to the names the native engine knows its replicas by (slot order is kept
+      // on both sides, see matchSpec). Ids of replicas this engine lacks are dropped.
+      const nativeIds = callNativeSync(() => this.#native.replicas(), 'engine replicas').map((s, i) => ({
+        nativeId: s.id,
+        id: matchSpec(s.id, i, this.#specs)?.id ?? s.id,
+      }));
+      const wanted = new Set(h.rwReplicaIds.map((id, i) => checkName(`handOver.rwReplicaIds[${i}]`, id)));
+      await this.#native.activate({ epoch: h.epoch, rwReplicaIds: nativeIds.filter((x) => wanted.has(x.id)).map((x) => x.nativeId) });
     });
   }
 

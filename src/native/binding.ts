@@ -158,6 +158,19 @@ export interface NativeEngineOptions {
   replicas: NativeReplicaEndpoint[];
   /** Receives engine events in batches, on the JS thread. */
   onEvents?: (events: NativeEngineEvent[]) => void;
+  /**
+   * Open as a migration standby (default false): claims no epoch, changes no replica and
+   * serves nothing (data-path calls reject with INVALID_STATE, errno EPERM) until activate().
+   */
+  standby?: boolean;
+}
+
+/** What an engine hands to the next writer (deactivate() returns it, activate() takes it). */
+export interface NativeHandOver {
+  /** The writer epoch the deactivated engine held. */
+  epoch: number;
+  /** Native ids (directory, or host:port/name) of its RW replicas: identical and flushed. */
+  rwReplicaIds: string[];
 }
 
 export interface NativeNbdOptions {
@@ -208,7 +221,20 @@ export interface NativeWriteZeroesOptions {
 export interface NativeEngine {
   readonly sizeBytes: number;
   epoch(): number;
+  /** True while it serves nothing: opened as standby, or after deactivate(). */
+  standby(): boolean;
   replicas(): NativeReplicaState[];
+  /**
+   * Hand-over, source side: stop a rebuild, drain, flush the RW replicas, become standby.
+   * INVALID_STATE (standby already), STALE_EPOCH (fenced), BUSY (one runs already).
+   */
+  deactivate(): Promise<NativeHandOver>;
+  /**
+   * Hand-over, target side: claim hand-over epoch + 1 on its RW replicas (the others
+   * become ERR) and serve. INVALID_STATE (active already), STALE_EPOCH (a replica moved
+   * past the hand-over's epoch: it was used or overtaken), NO_HEALTHY_REPLICA.
+   */
+  activate(handOver: NativeHandOver): Promise<void>;
   read(offset: number, length: number): Promise<Buffer>;
   write(offset: number, data: Uint8Array, fua?: boolean): Promise<void>;
   flush(): Promise<void>;
@@ -262,7 +288,7 @@ export interface NativeAddon {
   readonly sanlock: NativeSanlock;
   /** Create an empty replica directory of the given size. */
   createReplica(dir: string, sizeBytes: number): Promise<void>;
-  /** Open an engine over local replicas; claims a new epoch, reconciles if needed. */
+  /** Open an engine over local replicas; claims a new epoch, reconciles if needed (a standby does neither). */
   openEngine(options: NativeEngineOptions): Promise<NativeEngine>;
   /** Open one replica directly (see NativeReplica). */
   openReplica(dir: string): Promise<NativeReplica>;

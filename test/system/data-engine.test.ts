@@ -1,16 +1,19 @@
 // `mooring data-engine` as a real process with the real addon: READY, a round trip through
 // RemoteDataEngine (replicas, an engine exported over NBD, data written and read back with
 // a real NBD client and nbdinfo), SIGTERM stopping it cleanly (engines drained, replicas
-// clean), and a restart that finds its replicas and data again.
+// clean), a restart that finds its replicas and data again, and a migration hand-over
+// between two such processes checked with qemu-io.
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import type { DataEngineReadyInfo } from '../../src/cli/data-engine.js';
 import { RemoteDataEngine } from '../../src/data-engine/grpc/remote-data-engine.js';
+import { MooringError } from '../../src/errors.js';
+import { makeHosts, type HostProcess } from './helpers/hosts.js';
 import { NbdClient } from './helpers/nbd-client.js';
 import { MooringServer, cliPath, killAllServers } from './helpers/serve.js';
-import { TempDir, requireTool, run } from './helpers/tools.js';
+import { TempDir, qemuIo, requireTool, run } from './helpers/tools.js';
 
 const MiB = 1024 * 1024;
 
@@ -100,6 +103,62 @@ describe('mooring data-engine (real process)', () => {
     await reader.disconnect();
     await again.close();
     expect(await second.proc.stop('SIGINT'), second.proc.diagnostics()).toBe(0);
+  });
+
+  it('hands a volume over between two data-engine processes: qemu-io gets EPERM from the standby, then reads and writes through it', async () => {
+    requireTool('qemu-io');
+    const hosts: HostProcess[] = makeHosts(tmp.join('ho'), 2, 17410);
+    try {
+      for (const host of hosts) await host.start();
+      const [a, b] = [hosts[0]!, hosts[1]!];
+      await a.engine.createReplica('mig-r0', 16 * MiB);
+      await b.engine.createReplica('mig-r1', 16 * MiB);
+      const replicas = [
+        { id: 'r0', hostId: a.hostId, name: 'mig-r0', address: a.ready!.replicaAddress },
+        { id: 'r1', hostId: b.hostId, name: 'mig-r1', address: b.ready!.replicaAddress },
+      ];
+      const src = await a.engine.startEngine({ volume: 'mig', replicas, nbd: `unix:${tmp.join('mig-a.sock')}` });
+      const dst = await b.engine.startEngine({ volume: 'mig', replicas, nbd: `unix:${tmp.join('mig-b.sock')}`, standby: true });
+      expect([src.role, dst.role, dst.epoch]).toEqual(['active', 'standby', 0]);
+      const qemuIoRaw = (uri: string, cmds: string[]) => run('qemu-io', ['-f', 'raw', uri, ...cmds.flatMap((c) => ['-c', c])], { allowFailure: true });
+
+      await qemuIo(src.nbd!.uri, ['write -P 0x5a 1M 256k', 'write -P 0xa5 9M 4k', 'flush']);
+      // The standby's export: connects, but every request is refused.
+      for (const cmd of ['read 1M 4k', 'write -P 1 0 4k']) {
+        const r = await qemuIoRaw(dst.nbd!.uri, [cmd]);
+        expect(r.stdout + r.stderr, cmd).toMatch(/Operation not permitted/);
+      }
+
+      const hand = await a.engine.deactivateEngine('mig');
+      expect(hand).toEqual({ epoch: src.epoch, rwReplicaIds: ['r0', 'r1'] });
+      const active = await b.engine.activateEngine('mig', hand);
+      expect([active.role, active.epoch]).toEqual(['active', src.epoch + 1]);
+
+      await qemuIo(dst.nbd!.uri, ['read -P 0x5a 1M 256k', 'read -P 0xa5 9M 4k', 'read -P 0 2M 1M', 'write -P 0x33 12M 64k', 'flush']);
+      // The source after the hand-over: refused, and it changed nothing.
+      const late = await qemuIoRaw(src.nbd!.uri, ['write -P 0x77 12M 4k']);
+      expect(late.stdout + late.stderr).toMatch(/Operation not permitted/);
+      await qemuIo(dst.nbd!.uri, ['read -P 0x33 12M 64k']);
+
+      // Coded errors from the process for wrong states and unknown volumes.
+      const codeOf = (p: Promise<unknown>) => p.then(() => 'resolved', (e: unknown) => (e instanceof MooringError ? e.code : String(e)));
+      expect(await codeOf(a.engine.deactivateEngine('mig'))).toBe('INVALID_STATE');
+      expect(await codeOf(b.engine.activateEngine('mig', hand))).toBe('INVALID_STATE');
+      expect(await codeOf(a.engine.activateEngine('mig', hand))).toBe('STALE_EPOCH');
+      expect(await codeOf(a.engine.deactivateEngine('nothing'))).toBe('NOT_FOUND');
+      expect(await codeOf(b.engine.activateEngine('nothing', hand))).toBe('NOT_FOUND');
+
+      await a.engine.stopEngine('mig');
+      await qemuIo(dst.nbd!.uri, ['read -P 0x5a 1M 256k']);
+      await b.engine.stopEngine('mig');
+      const listed = [...(await a.engine.listReplicas()), ...(await b.engine.listReplicas())];
+      expect(listed.map((r) => [r.name, r.epoch, r.clean])).toEqual([
+        ['mig-r0', src.epoch + 1, true],
+        ['mig-r1', src.epoch + 1, true],
+      ]);
+    } finally {
+      for (const host of hosts) await host.stop().catch(() => undefined);
+    }
   });
 
   it('refuses a second data engine on the same directory (BUSY, exit 1)', async () => {

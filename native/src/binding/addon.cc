@@ -53,14 +53,16 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
       endpoints.push_back(ParseReplicaEndpoint(arr.Get(i), "options.replicas[" + std::to_string(i) + "]"));
     Napi::Value cb = o.Get("onEvents");
     if (!cb.IsUndefined() && !cb.IsFunction()) throw ArgError("options.onEvents", "a function");
+    const bool standby = ToBool(o.Get("standby"), "options.standby", false);
 
     std::shared_ptr<EventQueue> events;
     if (cb.IsFunction()) events = EventQueue::Create(env, cb.As<Napi::Function>());
     auto opened = std::make_shared<std::shared_ptr<Engine>>();
     return new TaskWorker(
         env,
-        [endpoints, events, opened]() -> Status {
+        [endpoints, events, opened, standby]() -> Status {
           Engine::Options eo;
+          eo.standby = standby;
           for (const ReplicaEndpoint& ep : endpoints) {
             std::shared_ptr<ReplicaBackend> r;
             Status st = OpenReplicaEndpoint(ep, &r);

@@ -49,6 +49,14 @@ NbdServerOptions ParseNbdOptions(const Napi::Value& v) {
   return opts;
 }
 
+// A data-path result as a Status. -EPERM is what a standby engine answers (engine.h):
+// INVALID_STATE says what is wrong better than the IO_ERROR every other errno falls to.
+Status EngineStatusFromRc(const Engine& engine, int rc, const std::string& what) {
+  if (rc == -EPERM && engine.standby())
+    return Status::Error(Code::kInvalidState, what + ": the engine is a standby (it serves no I/O until activated)", EPERM);
+  return StatusFromRc(rc, what);
+}
+
 }  // namespace
 
 Napi::Function EngineWrap::Define(Napi::Env env) {
@@ -56,6 +64,9 @@ Napi::Function EngineWrap::Define(Napi::Env env) {
   return DefineWithMethods<W>(env,
                      {
                          Method<W, &W::Epoch>(env, "epoch"),
+                         Method<W, &W::Standby>(env, "standby"),
+                         Method<W, &W::Deactivate>(env, "deactivate"),
+                         Method<W, &W::Activate>(env, "activate"),
                          Method<W, &W::Replicas>(env, "replicas"),
                          Method<W, &W::Read>(env, "read"),
                          Method<W, &W::Write>(env, "write"),
@@ -98,6 +109,46 @@ void EngineWrap::CheckRange(uint64_t off, uint64_t len) const {
 
 Napi::Value EngineWrap::Epoch(const Napi::CallbackInfo& info) { return JsNum(info.Env(), engine_->epoch()); }
 
+Napi::Value EngineWrap::Standby(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), engine_->standby());
+}
+
+Napi::Value EngineWrap::Deactivate(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    auto engine = engine_;
+    auto out = std::make_shared<HandOver>();
+    return PinnedTask(
+        info, [engine, out]() { return engine->Deactivate(out.get()); },
+        [out](Napi::Env env) -> Napi::Value {
+          Napi::Object o = Napi::Object::New(env);
+          o.Set("epoch", JsNum(env, out->epoch));
+          Napi::Array ids = Napi::Array::New(env, out->rw_ids.size());
+          for (size_t i = 0; i < out->rw_ids.size(); ++i) ids.Set(static_cast<uint32_t>(i), out->rw_ids[i]);
+          o.Set("rwReplicaIds", ids);
+          return o;
+        });
+  });
+}
+
+Napi::Value EngineWrap::Activate(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    Napi::Object o = ToObject(Arg(info, 0), "handOver");
+    HandOver h;
+    h.epoch = ToUint(o.Get("epoch"), "handOver.epoch");
+    Napi::Value ids = o.Get("rwReplicaIds");
+    if (!ids.IsArray()) throw ArgError("handOver.rwReplicaIds", "an array of replica ids");
+    Napi::Array arr = ids.As<Napi::Array>();
+    if (arr.Length() > kMaxHandOverIds)
+      throw ArgError("handOver.rwReplicaIds", "at most " + std::to_string(kMaxHandOverIds) + " replica ids");
+    for (uint32_t i = 0; i < arr.Length(); ++i)
+      h.rw_ids.push_back(ToStr(arr.Get(i), "handOver.rwReplicaIds[" + std::to_string(i) + "]", 1, kMaxReplicaIdBytes));
+    auto engine = engine_;
+    return PinnedTask(info, [engine, h]() { return engine->Activate(h); });
+  });
+}
+
 Napi::Value EngineWrap::Replicas(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::vector<ReplicaState> states = engine_->Replicas();
@@ -123,7 +174,7 @@ Napi::Value EngineWrap::Read(const Napi::CallbackInfo& info) {
     CheckRange(off, len);
     auto engine = engine_;
     return PinnedReadTask(info, len, [engine, off, len](uint8_t* buf) {
-      return StatusFromRc(engine->Read(off, len, buf), "engine read of " + std::to_string(len) + " bytes at " + std::to_string(off));
+      return EngineStatusFromRc(*engine, engine->Read(off, len, buf), "engine read of " + std::to_string(len) + " bytes at " + std::to_string(off));
     });
   });
 }
@@ -152,7 +203,7 @@ Napi::Value EngineWrap::Write(const Napi::CallbackInfo& info) {
         std::memcpy(copy.get(), p, len);
         src = copy.get();
       }
-      return StatusFromRc(engine->Write(off, len, src, fua), "engine write of " + std::to_string(len) + " bytes at " + std::to_string(off));
+      return EngineStatusFromRc(*engine, engine->Write(off, len, src, fua), "engine write of " + std::to_string(len) + " bytes at " + std::to_string(off));
     });
     w->Pin(bytes);  // the bytes stay valid until the promise settles
     return w;
@@ -163,7 +214,7 @@ Napi::Value EngineWrap::Flush(const Napi::CallbackInfo& info) {
   return RunPromise(info.Env(), [&]() -> PromiseWorker* {
     CheckOpen();
     auto engine = engine_;
-    return PinnedTask(info, [engine]() { return StatusFromRc(engine->Flush(), "engine flush"); });
+    return PinnedTask(info, [engine]() { return EngineStatusFromRc(*engine, engine->Flush(), "engine flush"); });
   });
 }
 
@@ -178,7 +229,7 @@ Napi::Value EngineWrap::Trim(const Napi::CallbackInfo& info) {
       for (uint64_t done = 0; done < len;) {
         uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(len - done, kMaxRangeChunkBytes));
         int rc = engine->Trim(off + done, n, false);
-        if (rc < 0) return StatusFromRc(rc, "engine trim at " + std::to_string(off + done));
+        if (rc < 0) return EngineStatusFromRc(*engine, rc, "engine trim at " + std::to_string(off + done));
         done += n;
       }
       return Status::Ok();
@@ -204,7 +255,7 @@ Napi::Value EngineWrap::WriteZeroes(const Napi::CallbackInfo& info) {
       for (uint64_t done = 0; done < len;) {
         uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(len - done, kMaxRangeChunkBytes));
         int rc = engine->WriteZeroes(off + done, n, may_trim, fast_only, fua);
-        if (rc < 0) return StatusFromRc(rc, "engine write-zeroes at " + std::to_string(off + done));
+        if (rc < 0) return EngineStatusFromRc(*engine, rc, "engine write-zeroes at " + std::to_string(off + done));
         done += n;
       }
       return Status::Ok();
@@ -232,7 +283,7 @@ Napi::Value EngineWrap::BlockStatus(const Napi::CallbackInfo& info) {
             const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(len - covered, kMaxRangeChunkBytes));
             part.clear();
             int rc = engine->BlockStatus(off + covered, n, kMaxExtents - static_cast<uint32_t>(out->size()), &part);
-            if (rc < 0) return StatusFromRc(rc, "engine block status at " + std::to_string(off + covered));
+            if (rc < 0) return EngineStatusFromRc(*engine, rc, "engine block status at " + std::to_string(off + covered));
             uint64_t got = 0;
             for (const Extent& e : part) {
               if (e.length == 0) continue;

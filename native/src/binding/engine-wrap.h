@@ -7,8 +7,10 @@
 //   opening: servers must be closed first (they flush through the engine), and refusing
 //   is more predictable than closing someone else's server. revert() refuses with BUSY
 //   while exported for the same reason (reverting under a client corrupts its view).
-// - After close() every method except epoch()/replicas() rejects with CLOSED; those two
-//   return the last known state.
+// - After close() every method except epoch()/standby()/replicas() rejects with CLOSED;
+//   those return the last known state.
+// - A standby engine (openEngine({standby: true}), or after deactivate()) fails data-path
+//   calls with INVALID_STATE (errno EPERM) and control calls with INVALID_STATE.
 #pragma once
 
 #include <napi.h>
@@ -40,6 +42,11 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   static constexpr uint32_t kMaxExtents = 1u << 16;
   static constexpr size_t kMaxLabels = 64;
   static constexpr size_t kMaxNameBytes = 255;
+  // activate(): replica ids in a hand-over (an engine has at most 16 replicas; a few more
+  // are tolerated so a caller's list with stale entries is not refused for its length).
+  static constexpr uint32_t kMaxHandOverIds = 64;
+  // activate(): longest replica id (a directory path, or host:port/name).
+  static constexpr size_t kMaxReplicaIdBytes = 4096;
 
   static Napi::Function Define(Napi::Env env);
 
@@ -50,6 +57,9 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
  private:
   Napi::Value Epoch(const Napi::CallbackInfo& info);
+  Napi::Value Standby(const Napi::CallbackInfo& info);
+  Napi::Value Deactivate(const Napi::CallbackInfo& info);
+  Napi::Value Activate(const Napi::CallbackInfo& info);
   Napi::Value Replicas(const Napi::CallbackInfo& info);
   Napi::Value Read(const Napi::CallbackInfo& info);
   Napi::Value Write(const Napi::CallbackInfo& info);

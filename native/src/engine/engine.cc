@@ -19,6 +19,13 @@
 // and needs no fence: its rebuilding flag (durable since AdoptChain) already keeps any
 // later engine from reading it (invariant 3).
 //
+// Hand-over (Deactivate/Activate): standby_ changes only under gate_ exclusive and
+// state_mu_ together, so the data path (gate_ shared) and OnBackendLost (state_mu_) each
+// see it stable. While standby the data path returns -EPERM before touching a replica,
+// and nothing is claimed, fenced, flushed or marked clean: another engine may own the
+// replicas. A hand-over is checked by the replicas themselves: Activate claims
+// hand-over epoch + 1, which any replica already past the hand-over refuses.
+//
 // Fan-out is sequential for writes (local replicas complete in the page cache) and
 // parallel for flushes (Fanout::kParallel). A remote backend (later issue) makes writes
 // submit-all-then-wait too; the settlement logic after the loop does not change.
@@ -49,6 +56,9 @@ namespace {
 constexpr size_t kMaxReplicas = 16;
 // Fencing rounds: each round either succeeds or drops at least one more replica.
 constexpr size_t kMaxFenceRounds = kMaxReplicas + 1;
+// What the data path of a standby returns, and the stop reason of a rebuild that a
+// Deactivate ended (NBD sends it as NBD_EPERM: this server may not serve the request).
+constexpr int kErrStandby = EPERM;
 // Copy passes of one rebuild: a pass copies the layers not copied yet; another pass is
 // needed only when a snapshot was taken during the previous one, or the source failed.
 constexpr size_t kMaxRebuildPasses = 64;
@@ -106,7 +116,7 @@ struct Targets {
 
 class ReplicatedEngine final : public Engine {
  public:
-  explicit ReplicatedEngine(Options opts) : sink_(std::move(opts.on_event)) {
+  explicit ReplicatedEngine(Options opts) : sink_(std::move(opts.on_event)), standby_(opts.standby) {
     slots_.reserve(opts.replicas.size());
     for (auto& r : opts.replicas) {
       auto s = std::make_unique<Slot>();
@@ -118,6 +128,8 @@ class ReplicatedEngine final : public Engine {
   ~ReplicatedEngine() override { Shutdown(); }
 
   Status Open();
+  // Open() of a standby: sizes checked, unreachable replicas ERR, nothing claimed.
+  Status OpenStandby();
   void CloseReplicas();
   // A backend that fails on its own (a remote replica's connection drops while idle) is
   // made ERR at once, as an I/O failure would: see ReplicaBackend::SetFailureListener.
@@ -126,7 +138,10 @@ class ReplicatedEngine final : public Engine {
 
   uint64_t size() const override { return size_; }
   uint64_t epoch() const override { return epoch_.load(); }
+  bool standby() const override { return standby_.load(); }
   std::vector<ReplicaState> Replicas() const override;
+  Status Deactivate(HandOver* out) override;
+  Status Activate(const HandOver& h) override;
 
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override {
     if (!InRange(off, len, size_)) return -EINVAL;
@@ -170,7 +185,8 @@ class ReplicatedEngine final : public Engine {
   }
   int Cache(uint64_t off, uint32_t len) override {
     if (!InRange(off, len, size_)) return -EINVAL;
-    return closed_.load() ? -ESHUTDOWN : 0;
+    if (closed_.load()) return -ESHUTDOWN;
+    return standby_.load() ? -kErrStandby : 0;
   }
 
   // A snapshot during a rebuild is applied to the WO target too (the rebuild copies the new
@@ -271,6 +287,12 @@ class ReplicatedEngine final : public Engine {
 
   Status CheckLayers(Events* ev);
   Status Reconcile(Events* ev);
+  // Under the exclusive gate: the body of Activate once the states are checked.
+  Status ActivateLocked(const HandOver& h, Events* ev);
+  // Runs f(k) for every target t.idx[k] at once: the first on this thread, the others on
+  // short-lived threads (a flush is an fdatasync; N replicas in series add up).
+  template <typename F>
+  void ForEachParallel(const Targets& t, F f);
 
   // --- rebuild (AddReplica) ---
   // Under the exclusive gate: adopts the source's chain on `target` and installs it WO.
@@ -298,6 +320,8 @@ class ReplicatedEngine final : public Engine {
   std::atomic<bool> fenced_{false};  // another engine claimed a newer epoch
   std::atomic<bool> control_busy_{false};  // a control operation holds the replicas
   std::atomic<bool> fence_pending_{false};  // unfenced_ is not empty
+  // Serves nothing (opened as standby, or handed over). See the file comment.
+  std::atomic<bool> standby_{false};
   std::atomic<uint32_t> next_read_{0};
   // Writer-preferring, so a steady stream of requests cannot starve a snapshot.
   mutable RwLock gate_;
@@ -309,6 +333,7 @@ class ReplicatedEngine final : public Engine {
   std::condition_variable rebuild_cv_;
   bool rebuild_active_ = false;       // guarded by rebuild_mu_
   bool shutting_down_ = false;        // guarded by rebuild_mu_
+  bool handing_over_ = false;         // guarded by rebuild_mu_: a Deactivate runs
   std::string rebuild_target_;        // guarded by rebuild_mu_
   std::atomic<bool> rebuilding_{false};  // == rebuild_active_, readable without the mutex
   std::atomic<int> rebuild_stop_{0};     // negative errno once a stop was requested
@@ -358,6 +383,14 @@ void ReplicatedEngine::MarkErr(size_t i, int rc, const std::string& why, Events*
 }
 
 int ReplicatedEngine::FenceLocked(Events* ev) {
+  if (standby_.load()) {
+    // No epoch is held, so nothing can be fenced; Activate makes ERR slots stale by
+    // claiming above them.
+    std::lock_guard<std::mutex> lk(state_mu_);
+    unfenced_.clear();
+    fence_pending_ = false;
+    return 0;
+  }
   for (size_t round = 0; round < kMaxFenceRounds; ++round) {
     std::vector<size_t> pending;
     {
@@ -425,6 +458,7 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
   {
     std::shared_lock<RwLock> lk(gate_);
     if (closed_) return -ESHUTDOWN;
+    if (standby_) return -kErrStandby;
     if (fenced_) return -kErrStaleEpoch;
     const uint64_t e = epoch_.load();
     const Targets t = RwTargets();
@@ -523,6 +557,7 @@ int ReplicatedEngine::ReadFrom(Op op) {
   {
     std::shared_lock<RwLock> lk(gate_);
     if (closed_) return -ESHUTDOWN;
+    if (standby_) return -kErrStandby;
     if (fenced_) return -kErrStaleEpoch;
     const size_t n = slots_.size();
     for (size_t attempt = 0; attempt < n; ++attempt) {
@@ -553,6 +588,7 @@ Status ReplicatedEngine::Control(Op op, bool to_wo) {
   {
     std::unique_lock<RwLock> lk(gate_);
     if (closed_) return Status::Error(Code::kClosed, "engine is closed");
+    if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: it changes no replica until activated", EPERM);
     if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
     if (!to_wo && rebuilding_.load())
       return Status::Error(Code::kBusy, "a replica is being rebuilt: snapshot delete and revert wait until it is done",
@@ -699,6 +735,7 @@ Status ReplicatedEngine::Open() {
                                                        std::to_string(s->backend->size()) + ", " +
                                                        slots_[sized]->id + " has " + std::to_string(size_));
   }
+  if (standby_) return OpenStandby();
 
   Events ev;
   std::unique_lock<RwLock> lk(gate_);
@@ -764,6 +801,231 @@ Status ReplicatedEngine::Open() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Hand-over (docs/data-engine.md): standby engines, Deactivate, Activate
+
+Status ReplicatedEngine::OpenStandby() {
+  // Only what this engine can know without disturbing the active one: which replicas it
+  // can reach. Epochs, clean and rebuilding flags and layer lists belong to the engine
+  // writing now and are looked at when this one is activated.
+  Events ev;
+  size_t reachable = 0;
+  {
+    std::unique_lock<RwLock> lk(gate_);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i]->backend->size() == 0) {
+        MarkErr(i, -ENOTCONN, "replica " + slots_[i]->id + " is unreachable", &ev);
+      } else {
+        ++reachable;
+      }
+    }
+  }
+  Emit(ev);
+  if (reachable == 0) return Status::Error(Code::kNoHealthyReplica, "no replica of the standby engine can be reached");
+  return Status::Ok();
+}
+
+template <typename F>
+void ReplicatedEngine::ForEachParallel(const Targets& t, F f) {
+  std::thread helpers[kMaxReplicas];
+  for (size_t k = 1; k < t.n; ++k) {
+    try {
+      helpers[k] = std::thread([&, k] { f(k); });
+    } catch (const std::system_error&) {
+      f(k);  // no thread to be had: run it here
+    }
+  }
+  if (t.n > 0) f(0);
+  for (size_t k = 1; k < t.n; ++k)
+    if (helpers[k].joinable()) helpers[k].join();
+}
+
+Status ReplicatedEngine::Deactivate(HandOver* out) {
+  if (out == nullptr) return Status::Error(Code::kInvalidArgument, "no hand-over output");
+  {
+    std::lock_guard<std::mutex> lk(rebuild_mu_);
+    if (shutting_down_) return Status::Error(Code::kClosed, "engine is closed");
+    if (handing_over_) return Status::Error(Code::kBusy, "the engine is handing the volume over already", EBUSY);
+    handing_over_ = true;  // AddReplica refuses from now on
+  }
+  struct Done {
+    ReplicatedEngine* e;
+    ~Done() {
+      std::lock_guard<std::mutex> lk(e->rebuild_mu_);
+      e->handing_over_ = false;
+    }
+  } done{this};
+  // The target's rebuild cannot be finished by this engine any more, and the next writer
+  // cannot continue it: stop it. Its rebuilding flag is durable, so the target is ERR for
+  // the next writer too (it is not RW here, so not in the hand-over either), and that
+  // engine's self-repair rebuilds it again.
+  StopRebuild("", -kErrStandby);
+
+  Events ev;
+  Status result;
+  {
+    // Exclusive: waits for every request in flight; requests queued behind it find the
+    // engine standby and fail with -EPERM.
+    std::unique_lock<RwLock> lk(gate_);
+    BusyFlag busy(control_busy_);
+    if (closed_) {
+      result = Status::Error(Code::kClosed, "engine is closed");
+    } else if (standby_) {
+      result = Status::Error(Code::kInvalidState, "engine is a standby already: it has nothing to hand over", EPERM);
+    } else if (fenced_) {
+      result = Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch: another engine owns the volume", ESTALE);
+    } else if (int rc = FenceLocked(&ev); rc < 0) {
+      result = Status::FromErrno(rc, "fencing failed replicas before the hand-over");
+    } else {
+      const Targets t = RwTargets();
+      int rcs[kMaxReplicas] = {};
+      ForEachParallel(t, [&](size_t k) { rcs[k] = slots_[t.idx[k]]->backend->Flush(); });
+      for (size_t k = 0; k < t.n && result.ok(); ++k) {
+        if (rcs[k] >= 0) continue;
+        // The last RW replica failing its flush: acknowledged writes may not be durable,
+        // so nothing is handed over; the engine stays active and the caller decides.
+        if (!MarkFailed(t.idx[k], rcs[k]))
+          result = Status::FromErrno(rcs[k], "flushing " + slots_[t.idx[k]]->id + " for the hand-over");
+      }
+      if (result.ok()) {
+        if (int rc = FenceLocked(&ev); rc < 0) result = Status::FromErrno(rc, "fencing replicas that failed their flush");
+      }
+      if (result.ok()) {
+        // With state_mu_, so a connection lost from now on is handled as a standby's.
+        std::lock_guard<std::mutex> g(state_mu_);
+        standby_ = true;
+        out->epoch = epoch_.load();
+        out->rw_ids.clear();
+        for (const auto& s : slots_)
+          if (s->mode.load() == ReplicaMode::kRW) out->rw_ids.push_back(s->id);
+      }
+    }
+  }
+  Emit(ev);
+  return result;
+}
+
+Status ReplicatedEngine::Activate(const HandOver& h) {
+  {
+    std::lock_guard<std::mutex> lk(rebuild_mu_);
+    if (shutting_down_) return Status::Error(Code::kClosed, "engine is closed");
+  }
+  Events ev;
+  Status result;
+  {
+    std::unique_lock<RwLock> lk(gate_);
+    BusyFlag busy(control_busy_);
+    if (closed_) {
+      result = Status::Error(Code::kClosed, "engine is closed");
+    } else if (!standby_) {
+      result = Status::Error(Code::kInvalidState, "engine is active already");
+    } else if (h.epoch == UINT64_MAX) {
+      result = Status::Error(Code::kInvalidArgument, "hand-over epoch " + std::to_string(h.epoch) + " leaves no epoch above it");
+    } else {
+      result = ActivateLocked(h, &ev);
+    }
+  }
+  Emit(ev);
+  return result;
+}
+
+Status ReplicatedEngine::ActivateLocked(const HandOver& h, Events* ev) {
+  const std::set<std::string> handed(h.rw_ids.begin(), h.rw_ids.end());
+  const uint64_t next = h.epoch + 1;
+  std::vector<size_t> candidates;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = *slots_[i];
+    if (handed.count(s.id) && s.mode.load() != ReplicaMode::kERR && s.backend->size() != 0) candidates.push_back(i);
+  }
+  if (candidates.empty())
+    return Status::Error(Code::kNoHealthyReplica, "none of the " + std::to_string(h.rw_ids.size()) +
+                                                      " RW replica(s) of the hand-over can be used by this engine");
+  // Checked before any claim, so a used hand-over changes nothing (a remote replica's epoch
+  // is as its last reply gave it; the claim below catches a newer one). Replicas outside
+  // the hand-over count too: the engine that handed over never left one above its own
+  // epoch, so one that is must have been claimed since, and the epoch claimed here would
+  // not be above it (the next start would take ours for the fenced ones).
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i]->backend->size() == 0) continue;
+    const uint64_t e = slots_[i]->backend->epoch();
+    if (e > h.epoch)
+      return Status::Error(Code::kStaleEpoch, "replica " + slots_[i]->id + " is at epoch " + std::to_string(e) +
+                                                  ", past the hand-over's " + std::to_string(h.epoch) +
+                                                  ": another engine claimed the volume since", ESTALE);
+  }
+  std::vector<size_t> claimed;
+  std::vector<std::pair<size_t, Status>> failed;
+  for (size_t i : candidates) {
+    Status st = slots_[i]->backend->ClaimEpoch(next);
+    if (st.ok()) {
+      claimed.push_back(i);
+    } else if (st.code == Code::kStaleEpoch) {
+      // Another engine claims right now (a second standby activating from the same
+      // hand-over): it wins, this engine stays standby. Both in the same replica order
+      // means exactly one of them gets every claim.
+      return Status::Error(Code::kStaleEpoch, "replica " + slots_[i]->id + ": " + st.message, ESTALE);
+    } else {
+      failed.emplace_back(i, st);
+    }
+  }
+  for (const auto& f : failed)
+    MarkErr(f.first, ErrnoOf(f.second), "claiming epoch " + std::to_string(next) + " on replica " +
+                                            slots_[f.first]->id + " failed: " + f.second.message, ev);
+  if (claimed.empty()) return Status::Error(Code::kNoHealthyReplica, "no replica of the hand-over could be claimed");
+
+  // The writer from here on. Under state_mu_ with the mode changes, so a connection lost
+  // meanwhile was handled as a standby's (ERR, seen below) or is handled as an active
+  // engine's (ERR and fenced).
+  {
+    std::lock_guard<std::mutex> g(state_mu_);
+    standby_ = false;
+    fenced_ = false;
+    epoch_ = next;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = *slots_[i];
+      const bool got = std::find(claimed.begin(), claimed.end(), i) != claimed.end();
+      const bool claim_failed = std::any_of(failed.begin(), failed.end(), [i](const auto& f) { return f.first == i; });
+      if (got && s.mode.load() == ReplicaMode::kERR) {
+        // Lost while we claimed: it holds our epoch, so it must be fenced like a failure.
+        fence_pending_ = true;
+        unfenced_.push_back(i);
+        s.reported = true;  // its replica-error went out when it was lost
+      } else if (got && s.backend->rebuilding()) {
+        // (A remote replica's flag is fresh here: the claim's reply carried it.) Invariant
+        // 3; its durable flag already keeps every engine from reading it.
+        s.mode = ReplicaMode::kERR;
+        s.last_error = -EIO;
+        ev->push_back({EngineEvent::Type::kReplicaError, s.id, -EIO, 0, 0,
+                       "replica " + s.id + " was left in the middle of a rebuild: it must be rebuilt again"});
+      } else if (claim_failed) {
+        // The claim may have reached its disk before failing: fence it (FenceLocked below).
+        fence_pending_ = true;
+        unfenced_.push_back(i);
+        s.reported = true;  // announced above
+      } else if (!got && s.mode.load() != ReplicaMode::kERR) {
+        // Not RW when the volume was handed over: it missed writes, or its state is unknown.
+        // Its epoch is at most the hand-over's, so the claim above made it stale.
+        s.mode = ReplicaMode::kERR;
+        s.last_error = -EIO;
+        ev->push_back({EngineEvent::Type::kReplicaError, s.id, -EIO, 0, 0,
+                       "replica " + s.id + " was not RW when the volume was handed over (epoch " +
+                           std::to_string(h.epoch) + ")"});
+      }
+    }
+  }
+  ev->push_back({EngineEvent::Type::kEpochClaimed, "", 0, next, 0,
+                 "claimed epoch " + std::to_string(next) + ": activated from the hand-over of epoch " +
+                     std::to_string(h.epoch)});
+  FenceLocked(ev);
+  if (RwCount() == 0) {
+    // Every claimed replica turned out unusable: serve nothing, as before.
+    std::lock_guard<std::mutex> g(state_mu_);
+    standby_ = true;
+    return Status::Error(Code::kNoHealthyReplica, "no replica of the hand-over survived activation");
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------
 // Rebuild (docs/rebuild.md)
 
 bool ReplicatedEngine::PickSource(Slot** slot, std::shared_ptr<ReplicaBackend>* backend) const {
@@ -780,6 +1042,7 @@ bool ReplicatedEngine::PickSource(Slot** slot, std::shared_ptr<ReplicaBackend>* 
 int ReplicatedEngine::RebuildCheck(const Slot* slot) const {
   if (int stop = rebuild_stop_.load(); stop < 0) return stop;
   if (closed_.load()) return -ESHUTDOWN;
+  if (standby_.load()) return -kErrStandby;
   if (fenced_.load()) return -kErrStaleEpoch;
   if (slot->mode.load() != ReplicaMode::kWO) {
     std::lock_guard<std::mutex> lk(state_mu_);
@@ -808,6 +1071,7 @@ void ReplicatedEngine::StopRebuild(const std::string& id, int why) {
 Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& target, Slot** out, Events* ev) {
   std::unique_lock<RwLock> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed");
+  if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: it rebuilds nothing until activated", EPERM);
   if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
   BusyFlag busy(control_busy_);
   const std::string id = target->id();
@@ -933,6 +1197,9 @@ Status ReplicatedEngine::RunRebuild(Slot* slot, RebuildResult* res, uint64_t* to
       return Status::Error(Code::kClosed, "rebuild of " + slot->id + " was stopped: the engine is closing", ESHUTDOWN);
     if (rc == -kErrStaleEpoch)
       return Status::Error(Code::kStaleEpoch, "rebuild of " + slot->id + " was stopped: the engine was fenced", ESTALE);
+    if (rc == -kErrStandby)
+      return Status::Error(Code::kInvalidState,
+                           "rebuild of " + slot->id + " was stopped: the engine handed the volume over", kErrStandby);
     return Status::FromErrno(rc, "rebuild target " + slot->id + " failed: " + std::strerror(-rc));
   };
   // A failed source: mark it like a failed read, then continue from another RW replica
@@ -1011,6 +1278,8 @@ Status ReplicatedEngine::AddReplica(std::shared_ptr<ReplicaBackend> target, Rebu
     std::lock_guard<std::mutex> lk(rebuild_mu_);
     Status refuse;
     if (shutting_down_) refuse = Status::Error(Code::kClosed, "engine is closed");
+    else if (handing_over_)
+      refuse = Status::Error(Code::kInvalidState, "engine is handing the volume over", EPERM);
     else if (rebuild_active_)
       refuse = Status::Error(Code::kBusy, "replica " + rebuild_target_ + " is being rebuilt: one rebuild at a time per engine", EBUSY);
     if (!refuse.ok()) {
@@ -1116,7 +1385,9 @@ Status ReplicatedEngine::Shutdown() {
     if (closed_) return Status::Ok();
     BusyFlag busy(control_busy_);
     closed_ = true;  // calls queued behind us see it and return -ESHUTDOWN
-    if (!fenced_) {
+    // A standby wrote nothing since it flushed (or ever), and another engine may be
+    // writing the replicas now: no flush, no fence, no clean mark.
+    if (!fenced_ && !standby_) {
       FenceLocked(&ev);
       const Targets t = RwTargets();
       for (size_t k = 0; k < t.n; ++k) {
@@ -1147,6 +1418,7 @@ void ReplicatedEngine::WatchBackend(ReplicaBackend* b) {
 void ReplicatedEngine::OnBackendLost(const ReplicaBackend* b, int rc) {
   if (closed_.load()) return;
   std::string id;
+  bool standby = false;
   {
     // state_mu_ only (not the gate): Shutdown and RemoveReplica clear this listener while
     // holding the gate, and clearing waits for a listener that is running.
@@ -1155,14 +1427,22 @@ void ReplicatedEngine::OnBackendLost(const ReplicaBackend* b, int rc) {
     while (i < slots_.size() && slots_[i]->backend.get() != b) ++i;
     if (i == slots_.size()) return;
     Slot& sl = *slots_[i];
-    // As an I/O failure: ERR now, durably stale (fenced) before the next write is answered.
-    if (sl.mode.load() != ReplicaMode::kRW || !MarkFailedLocked(i, rc)) return;
-    sl.reported = true;
+    if (sl.mode.load() != ReplicaMode::kRW) return;
+    if (standby_.load()) {
+      // No epoch held, nothing to fence: it is simply not used when activated.
+      sl.mode = ReplicaMode::kERR;
+      sl.last_error = rc;
+      standby = true;
+    } else {
+      // As an I/O failure: ERR now, durably stale (fenced) before the next write is answered.
+      if (!MarkFailedLocked(i, rc)) return;
+      sl.reported = true;
+    }
     id = sl.id;
   }
   Emit({{EngineEvent::Type::kReplicaError, id, rc, 0, 0,
-         "replica " + id + " lost its connection (errno " + std::to_string(-rc) +
-             ") and was dropped; it is fenced before the next write is answered"}});
+         "replica " + id + " lost its connection (errno " + std::to_string(-rc) + ") and was dropped" +
+             (standby ? std::string("; the standby engine will not use it") : "; it is fenced before the next write is answered")}});
 }
 
 void ReplicatedEngine::CloseReplicas() {

@@ -24,6 +24,20 @@
 //   snapshot after the RW replicas, never a read, flush or FUA; its failure marks it ERR
 //   and fails its rebuild, never the request. Start opens a replica whose rebuild did not
 //   finish (rebuilding()) as ERR (invariant 3). docs/rebuild.md has the details.
+// - Hand-over (migration; docs/data-engine.md). Two engines may be open over the same
+//   replicas, at most one of them active. A standby (Options.standby) opens and checks
+//   its replicas but claims no epoch, reconciles and marks nothing, and serves nothing:
+//   every BlockDevice call returns -EPERM, Snapshot/DeleteSnapshot/Revert/AddReplica
+//   kInvalidState. Deactivate turns an active engine into a standby after stopping its
+//   rebuild, draining and flushing, and hands over {epoch, ids of its RW replicas};
+//   Activate(hand-over) on a standby claims hand-over epoch + 1 on those replicas and
+//   makes every other replica ERR. A hand-over is good once: if any of its replicas has
+//   moved past its epoch (another standby activated from it, or a third engine started)
+//   Activate fails with kStaleEpoch. Activate does not reconcile: the deactivated engine
+//   left its RW replicas identical, except where a write failed on every one of them
+//   (all full), which may have landed on some only; NBD lets an unacknowledged write
+//   read back as anything. A standby (never active, or handed over) closes its replicas
+//   without flushing or marking them clean: another engine may be writing them.
 #pragma once
 
 #include <atomic>
@@ -48,9 +62,10 @@ inline const char* ReplicaModeName(ReplicaMode m) {
   return "ERR";
 }
 
-// Emitted: kEpochClaimed by Start (the open epoch) and after each fence; kReplicaError for
-// every replica marked ERR (at Start: fenced by a lower epoch, a different layer list, a
-// failed claim; later: a failed I/O), after the fence that makes it stale; kReconciled
+// Emitted: kEpochClaimed by Start (the open epoch), by Activate and after each fence;
+// kReplicaError for every replica marked ERR (at Start: fenced by a lower epoch, a
+// different layer list, a failed claim; at Activate: not RW in the hand-over, a failed
+// claim; later: a failed I/O, a lost connection), after the fence that makes it stale; kReconciled
 // once by Start when heads were reconciled. Events raised by Start are delivered before
 // Start returns.
 // Rebuild events (AddReplica): kRebuildStarted once the target is WO; kRebuildProgress at
@@ -98,11 +113,20 @@ struct ReplicaState {
   int last_error;  // negative errno of the failure that made it ERR, else 0
 };
 
+// What an engine hands to the next writer of its volume (Deactivate -> Activate).
+struct HandOver {
+  uint64_t epoch = 0;               // the epoch the deactivated engine held
+  std::vector<std::string> rw_ids;  // its RW replicas (ReplicaBackend::id()), identical and flushed
+};
+
 class Engine : public BlockDevice {
  public:
   struct Options {
     std::vector<std::shared_ptr<ReplicaBackend>> replicas;
     EngineEventSink on_event;  // may be empty
+    // Open as a migration standby (see the file comment): replicas are opened and their
+    // sizes checked, an unreachable one is ERR; nothing is claimed or changed.
+    bool standby = false;
   };
 
   // Fails with kNoHealthyReplica if no replica can be used, kInvalidArgument for 0 or
@@ -113,8 +137,26 @@ class Engine : public BlockDevice {
   // BlockDevice: see block-device.h. After Shutdown every call returns -ESHUTDOWN.
   // (Implemented in engine.cc.)
 
+  // The writer epoch held (a handed-over engine keeps the last one; 0 if never active).
   virtual uint64_t epoch() const = 0;
+  // True while the engine serves nothing: opened as standby, or handed over.
+  virtual bool standby() const = 0;
   virtual std::vector<ReplicaState> Replicas() const = 0;
+
+  // Active -> standby, for a hand-over. Stops a running rebuild (its target stays
+  // rebuilding on disk, so ERR for the next writer too), waits for requests in flight
+  // (those queued behind it then fail with -EPERM), runs a pending fence, flushes every
+  // RW replica (one that fails is marked ERR and fenced; the last one failing fails the
+  // call and the engine stays active), then returns the epoch and the RW replicas. Does
+  // not mark replicas clean. kInvalidState if standby already, kStaleEpoch if fenced,
+  // kBusy if a Deactivate runs already. Blocks for the drain and flush: worker thread.
+  virtual Status Deactivate(HandOver* out) = 0;
+  // Standby -> active. Replicas not in h.rw_ids, unreachable, ERR here already, or left
+  // mid-rebuild become ERR; epoch h.epoch + 1 is claimed on the rest. kStaleEpoch (still
+  // standby) if a replica is past h.epoch (the hand-over was used or overtaken);
+  // kNoHealthyReplica (still standby) if no claim succeeded; kInvalidState if active.
+  // Afterwards the engine is like a started one. Blocks: worker thread.
+  virtual Status Activate(const HandOver& h) = 0;
 
   virtual Status Snapshot(const std::string& name, const Labels& labels, bool user_created) = 0;
   // Every layer (snapshots, removed-but-kept ones, and the head), bottom first, from the
@@ -139,7 +181,8 @@ class Engine : public BlockDevice {
   // kInvalidState for a RW replica; kNotFound for an unknown id.
   virtual Status RemoveReplica(const std::string& id) = 0;
 
-  // Waits for in-flight calls, flushes, marks replicas clean, closes them. Idempotent.
+  // Waits for in-flight calls, flushes, marks replicas clean, closes them (a standby only
+  // closes them). Idempotent.
   // Replicas() keeps answering afterwards with the last known state.
   virtual Status Shutdown() = 0;
 };

@@ -92,7 +92,9 @@ class NbdServerImpl final : public NbdServer {
       } catch (...) {
         rc = -EIO;
       }
-      if (rc < 0) close_status_ = Status::FromErrno(rc, "flushing the device while closing the NBD server");
+      // -EPERM: a device that serves nothing now (a migration standby, or an engine that
+      // handed over and flushed then) has nothing of ours to flush.
+      if (rc < 0 && rc != -EPERM) close_status_ = Status::FromErrno(rc, "flushing the device while closing the NBD server");
       pool_->Stop();
     }
     closed_ = true;

@@ -8,6 +8,7 @@ import { describe } from '../../util/validate.js';
 import type {
   DataEngineEvent,
   DataEngineInfo,
+  EngineHandOver,
   EngineInfo,
   EngineReplicaRef,
   HostedReplicaInfo,
@@ -142,6 +143,7 @@ export function engineToMsg(e: EngineInfo): Msg {
     volume: e.volume,
     sizeBytes: e.sizeBytes,
     epoch: e.epoch,
+    role: e.role,
     replicas: e.replicas.map((r) => ({
       ref: refToMsg(r),
       mode: r.mode,
@@ -157,6 +159,8 @@ export function engineFromMsg(m: Msg): EngineInfo {
     volume: str(m.volume),
     sizeBytes: num(m.sizeBytes),
     epoch: num(m.epoch),
+    // An older server sends no role: its engines are all active.
+    role: m.role === 'standby' ? 'standby' : 'active',
     replicas: (Array.isArray(m.replicas) ? (m.replicas as Msg[]) : []).map((r) => {
       const mode = r.mode === 'RW' || r.mode === 'WO' ? r.mode : 'ERR';
       return {
@@ -168,6 +172,15 @@ export function engineFromMsg(m: Msg): EngineInfo {
     }),
     nbd: nbd ? { address: str(nbd.address), uri: str(nbd.uri) } : null,
   };
+}
+
+export function handOverToMsg(h: EngineHandOver): Msg {
+  return { epoch: h.epoch, rwReplicaIds: [...h.rwReplicaIds] };
+}
+/** A hand-over as sent (shape only; the data engine validates the values). */
+export function handOverFromMsg(m: unknown): EngineHandOver {
+  const h = (typeof m === 'object' && m !== null ? m : {}) as Msg;
+  return { epoch: num(h.epoch), rwReplicaIds: Array.isArray(h.rwReplicaIds) ? h.rwReplicaIds.map(str) : [] };
 }
 
 export function rebuildResultToMsg(r: RebuildResult): Msg {
@@ -205,6 +218,10 @@ export function eventToMsg(e: DataEngineEvent): Msg {
       break;
     case 'engine-stopped':
       break;
+    case 'engine-activated':
+    case 'engine-deactivated':
+      m.epoch = e.epoch;
+      break;
   }
   return m;
 }
@@ -228,6 +245,9 @@ export function eventFromMsg(m: Msg): DataEngineEvent | undefined {
       return { type: 'repair-scheduled', volume, replicaId, attempt: num(m.attempt), delayMs: num(m.delayMs), code: str(m.code), message: str(m.message) };
     case 'engine-stopped':
       return { type: 'engine-stopped', volume };
+    case 'engine-activated':
+    case 'engine-deactivated':
+      return { type: m.type, volume, epoch: num(m.epoch) };
     default:
       return undefined;
   }

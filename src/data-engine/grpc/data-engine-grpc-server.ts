@@ -17,6 +17,8 @@ import type { DataEngine } from '../data-engine.js';
 import {
   engineToMsg,
   eventToMsg,
+  handOverFromMsg,
+  handOverToMsg,
   hostedToMsg,
   infoToMsg,
   rebuildResultToMsg,
@@ -166,6 +168,7 @@ export class DataEngineGrpcServer {
           replicas: (Array.isArray(r.replicas) ? r.replicas : []).map(refFromMsg),
           ...(nbd ? { nbd } : {}),
           ...(typeof io === 'number' && io !== 0 ? { ioTimeoutMs: io } : {}),
+          ...(r.standby === true ? { standby: true } : {}),
         });
         return engineToMsg(info);
       }),
@@ -182,6 +185,11 @@ export class DataEngineGrpcServer {
       RemoveReplica: unary(async (r) => {
         await de.removeReplica(requestString(r, 'volume'), requestString(r, 'replicaId'));
         return {};
+      }),
+      DeactivateEngine: unary(async (r) => handOverToMsg(await de.deactivateEngine(requestString(r, 'volume')))),
+      ActivateEngine: unary(async (r) => {
+        if (r.handOver === null || typeof r.handOver !== 'object') throw new MooringError('INVALID_ARGUMENT', 'handOver is required');
+        return engineToMsg(await de.activateEngine(requestString(r, 'volume'), handOverFromMsg(r.handOver)));
       }),
       Watch: (call: ServerWritableStream<Msg, Msg>) => this.#watch(de, call),
     };

@@ -29,6 +29,9 @@ service DataEngine {
   rpc ListEngines(Empty) returns (EngineList);
   rpc AddReplica(AddReplicaRequest) returns (RebuildResult);
   rpc RemoveReplica(RemoveReplicaRequest) returns (Empty);
+  // Migration hand-over (docs/data-engine.md).
+  rpc DeactivateEngine(VolumeName) returns (HandOver);
+  rpc ActivateEngine(ActivateEngineRequest) returns (EngineInfo);
   // Events of the engines this data engine runs, as they happen (none are replayed).
   rpc Watch(Empty) returns (stream Event);
 }
@@ -74,6 +77,7 @@ message StartEngineRequest {
   repeated ReplicaRef replicas = 2;
   string nbd = 3;            // "" = no NBD export
   uint32 io_timeout_ms = 4;  // 0 = default
+  bool standby = 5;          // a migration standby: serves nothing until ActivateEngine
 }
 
 message VolumeName { string volume = 1; }
@@ -102,6 +106,7 @@ message EngineInfo {
   uint64 epoch = 3;
   repeated EngineReplica replicas = 4;
   NbdExport nbd = 5;  // unset = not exported
+  string role = 6;    // active or standby
 }
 
 message EngineList { repeated EngineInfo engines = 1; }
@@ -114,6 +119,16 @@ message AddReplicaRequest {
 message RemoveReplicaRequest {
   string volume = 1;
   string replica_id = 2;
+}
+
+message HandOver {
+  uint64 epoch = 1;
+  repeated string rw_replica_ids = 2;
+}
+
+message ActivateEngineRequest {
+  string volume = 1;
+  HandOver hand_over = 2;
 }
 
 message RebuildResult {

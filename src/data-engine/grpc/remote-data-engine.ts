@@ -22,16 +22,21 @@ import type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineHandOver,
   EngineInfo,
   EngineReplicaRef,
+  EngineSnapshotInfo,
   EngineStartOptions,
   HostedReplicaInfo,
   RebuildResult,
+  SnapshotCopyResult,
 } from '../data-engine.js';
 import {
   engineFromMsg,
   eventFromMsg,
   fromGrpcError,
+  handOverFromMsg,
+  handOverToMsg,
   hostedFromMsg,
   infoFromMsg,
   rebuildResultFromMsg,
@@ -45,7 +50,7 @@ import { dataEnginePackageDefinition } from './data-engine-proto.js';
 export const REMOTE_DATA_ENGINE_DEFAULTS = {
   /** Deadline of an ordinary call. */
   timeoutMs: 30_000,
-  /** Deadline of addReplica (a whole rebuild) and stopEngine (a drain). */
+  /** Deadline of addReplica (a whole rebuild), stopEngine and deactivateEngine (a drain). */
   longCallTimeoutMs: 6 * 3600_000,
   /** First and largest delay before the watch stream reconnects. */
   watchRetryFirstMs: 250,
@@ -169,13 +174,17 @@ export class RemoteDataEngine implements DataEngine {
   /** @inheritDoc DataEngine.startEngine */
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
     if (typeof options !== 'object' || options === null || !Array.isArray(options.replicas)) {
-      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, nbd?, ioTimeoutMs?} (got ${describe(options)})`);
+      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, nbd?, ioTimeoutMs?, standby?} (got ${describe(options)})`);
+    }
+    if (options.standby !== undefined && typeof options.standby !== 'boolean') {
+      throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }
     const req: Msg = {
       volume: options.volume,
       replicas: options.replicas.map((r) => refToMsg(checkRefShape(r))),
       nbd: options.nbd ?? '',
       ioTimeoutMs: options.ioTimeoutMs ?? 0,
+      standby: options.standby === true,
     };
     return engineFromMsg(await this.#call('StartEngine', req, this.#longTimeoutMs));
   }
@@ -204,6 +213,21 @@ export class RemoteDataEngine implements DataEngine {
   /** @inheritDoc DataEngine.removeReplica */
   async removeReplica(volume: string, replicaId: string): Promise<void> {
     await this.#call('RemoveReplica', { volume, replicaId });
+  }
+
+  /** @inheritDoc DataEngine.deactivateEngine */
+  async deactivateEngine(volume: string): Promise<EngineHandOver> {
+    return handOverFromMsg(await this.#call('DeactivateEngine', { volume }, this.#longTimeoutMs));
+  }
+
+  /** @inheritDoc DataEngine.activateEngine */
+  async activateEngine(volume: string, handOver: EngineHandOver): Promise<EngineInfo> {
+    const h = handOver as Partial<EngineHandOver> | null;
+    // Shape only (what protobuf could not encode); the data engine validates the values.
+    if (typeof h !== 'object' || h === null || typeof h.epoch !== 'number' || !Number.isSafeInteger(h.epoch) || h.epoch < 0 || !Array.isArray(h.rwReplicaIds) || !h.rwReplicaIds.every((x) => typeof x === 'string')) {
+      throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, rwReplicaIds} (got ${describe(handOver)})`);
+    }
+    return engineFromMsg(await this.#call('ActivateEngine', { volume, handOver: handOverToMsg(h as EngineHandOver) }));
   }
 
   /**
@@ -285,6 +309,34 @@ export class RemoteDataEngine implements DataEngine {
       s.cancel();
     }
   }
+
+  // --- snapshot operations: placeholders until they land (issue 4, H2 replaces this block) ---
+
+  /** @inheritDoc DataEngine.createSnapshot */
+  async createSnapshot(volume: string, _name: string, _options?: { labels?: Record<string, string> }): Promise<EngineSnapshotInfo> {
+    throw new MooringError('UNSUPPORTED', `createSnapshot (${describe(volume)}) is not implemented by this build`);
+  }
+
+  /** @inheritDoc DataEngine.listSnapshots */
+  async listSnapshots(volume: string): Promise<EngineSnapshotInfo[]> {
+    throw new MooringError('UNSUPPORTED', `listSnapshots (${describe(volume)}) is not implemented by this build`);
+  }
+
+  /** @inheritDoc DataEngine.deleteSnapshot */
+  async deleteSnapshot(volume: string, _name: string): Promise<void> {
+    throw new MooringError('UNSUPPORTED', `deleteSnapshot (${describe(volume)}) is not implemented by this build`);
+  }
+
+  /** @inheritDoc DataEngine.exportSnapshot */
+  async exportSnapshot(volume: string, _snapshot: string, _path: string): Promise<SnapshotCopyResult> {
+    throw new MooringError('UNSUPPORTED', `exportSnapshot (${describe(volume)}) is not implemented by this build`);
+  }
+
+  /** @inheritDoc DataEngine.copySnapshot */
+  async copySnapshot(volume: string, _snapshot: string, _toVolume: string): Promise<SnapshotCopyResult> {
+    throw new MooringError('UNSUPPORTED', `copySnapshot (${describe(volume)}) is not implemented by this build`);
+  }
+  // --- end of the snapshot placeholders ---
 }
 
 function unaryCall(client: Client, method: string, req: Msg, timeoutMs: number, what: string): Promise<Msg> {

@@ -358,6 +358,45 @@ describe('LocalDataEngine', () => {
       expect((await a.engineInfo('v')).replicas.map((r) => r.id)).toEqual(['r0']);
     });
 
+    it('repairs nothing for a standby; deactivate stops a repair in flight for good; activation repairs what is ERR', async () => {
+      const { a, b, refs: own } = await twoHosts();
+      const refs: EngineReplicaRef[] = [{ ...own[0]!, address: (await a.info()).replicaAddress }, own[1]!];
+      const logA = new EventLog(a);
+      const logB = new EventLog(b);
+      // A third replica whose host never answers: ERR on every engine.
+      const gone: EngineReplicaRef = { id: 'r2', hostId: 'z', name: 'v-r2', address: 'tcp:127.0.0.1:1' };
+      await a.startEngine({ volume: 'v', replicas: [...refs, gone] });
+      const source = addon.engine;
+      const standby = await b.startEngine({ volume: 'v', replicas: [...refs, gone], standby: true });
+      expect(standby).toMatchObject({ role: 'standby', epoch: 0 });
+      expect(standby.replicas.map((r) => r.mode)).toEqual(['RW', 'RW', 'ERR']);
+      expect(await codeOf(b.addReplica('v', gone))).toBe('INVALID_STATE');
+      // r1 fails on the source and its repair holds in the middle of the rebuild.
+      addon.rebuildGate = new Promise(() => undefined);
+      source.failReplica(source.replicaDirs[1]!);
+      await logA.next((e) => e.type === 'rebuild-started' && e.replicaId === 'r1');
+      const hand = await a.deactivateEngine('v');
+      expect(hand.rwReplicaIds).toEqual(['r0']);
+      expect(await codeOf(a.addReplica('v', refs[1]!))).toBe('INVALID_STATE');
+      const scheduled = logA.of('repair-scheduled').length;
+      const attempts = source.rebuilds.length;
+      // Many back-off periods (10..40 ms): no attempt and no schedule on either host.
+      await new Promise((r) => setTimeout(r, 200));
+      expect(logA.of('repair-scheduled')).toHaveLength(scheduled);
+      expect(source.rebuilds).toHaveLength(attempts);
+      expect(logB.of('repair-scheduled')).toEqual([]);
+
+      // Rolled back onto the source: it repairs r1 and r2 again, as after a start.
+      addon.rebuildGate = undefined;
+      const back = await a.activateEngine('v', hand);
+      expect(back).toMatchObject({ role: 'active', epoch: hand.epoch + 1 });
+      await logA.next((e) => e.type === 'rebuild-completed' && e.replicaId === 'r1');
+      expect(logA.of('engine-activated')).toEqual([{ type: 'engine-activated', volume: 'v', epoch: hand.epoch + 1 }]);
+      expect(logA.events.filter((e) => e.type === 'repair-scheduled' && e.replicaId === 'r2').length).toBeGreaterThan(0);
+      expect(logB.of('repair-scheduled')).toEqual([]);
+      expect((await b.engineInfo('v')).role).toBe('standby');
+    });
+
     it('stopEngine aborts a rebuild in flight instead of waiting for it', async () => {
       const { a, refs } = await twoHosts();
       addon.rebuildGate = new Promise(() => undefined);

@@ -13,6 +13,7 @@ import type {
   NativeEngineEvent,
   NativeEngineOptions,
   NativeExtent,
+  NativeHandOver,
   NativeLayerInfo,
   NativeNbdOptions,
   NativeNbdServer,
@@ -83,11 +84,14 @@ export class FakeEngine implements NativeEngine {
   readonly rebuilds: string[] = [];
   #rebuilding: { id: string; aborted: boolean; abort: () => void } | undefined;
   #epoch: number;
+  /** Serves nothing: opened as a standby, or after deactivate() (engine.h). */
+  #standby: boolean;
 
   constructor(
     readonly addon: FakeAddon,
     endpoints: NativeReplicaEndpoint[],
     readonly onEvents: ((events: NativeEngineEvent[]) => void) | undefined,
+    standby = false,
   ) {
     this.replicaDirs = endpoints.map(endpointId);
     for (const ep of endpoints) this.dirOf.set(endpointId(ep), addon.resolve(ep));
@@ -95,6 +99,17 @@ export class FakeEngine implements NativeEngine {
     if (reachable.length === 0) throw nativeError('NO_HEALTHY_REPLICA', 'no replica can be reached');
     const reps = reachable.map((id) => addon.replica(this.dirOf.get(id)!));
     this.sizeBytes = reps[0]!.sizeBytes;
+    this.#standby = standby;
+    if (standby) {
+      // Claims nothing, marks nothing: only an unreachable replica is ERR.
+      this.#epoch = 0;
+      for (const id of this.replicaDirs) {
+        const reachableNow = this.dirOf.get(id) !== undefined;
+        this.modes.set(id, reachableNow ? 'RW' : 'ERR');
+        if (!reachableNow) this.lastErrors.set(id, -107);
+      }
+      return;
+    }
     const maxEpoch = Math.max(...reps.map((r) => r.epoch));
     this.#epoch = maxEpoch + 1;
     for (const id of this.replicaDirs) {
@@ -137,6 +152,60 @@ export class FakeEngine implements NativeEngine {
     return this.#epoch;
   }
 
+  standby(): boolean {
+    return this.#standby;
+  }
+
+  #refuseStandby(what: string): void {
+    if (this.#standby) throw nativeError('INVALID_STATE', `engine ${what}: the engine is a standby`, 1);
+  }
+
+  /** As engine.h Deactivate: a rebuild is stopped (its target ERR), the RW replicas handed over. */
+  async deactivate(): Promise<NativeHandOver> {
+    await this.addon.tick();
+    if (this.closed) throw nativeError('CLOSED', 'engine closed');
+    if (this.#standby) throw nativeError('INVALID_STATE', 'engine is a standby already', 1);
+    if (this.#rw().some((r) => r.epoch > this.#epoch)) throw nativeError('STALE_EPOCH', 'engine was fenced', 116);
+    if (this.#rebuilding) this.#rebuilding.abort();
+    for (const [id, mode] of this.modes) {
+      if (mode !== 'WO') continue;
+      this.modes.set(id, 'ERR');
+      this.lastErrors.set(id, -1);
+    }
+    this.#standby = true;
+    return { epoch: this.#epoch, rwReplicaIds: this.replicaDirs.filter((d) => this.modes.get(d) === 'RW') };
+  }
+
+  /** As engine.h Activate: claims epoch + 1 on the hand-over's replicas, the others ERR. */
+  async activate(h: NativeHandOver): Promise<void> {
+    await this.addon.tick();
+    if (this.closed) throw nativeError('CLOSED', 'engine closed');
+    if (!this.#standby) throw nativeError('INVALID_STATE', 'engine is active already');
+    const ids = new Set(h.rwReplicaIds);
+    const candidates = this.replicaDirs.filter((d) => ids.has(d) && this.modes.get(d) !== 'ERR' && this.dirOf.get(d) !== undefined);
+    if (candidates.length === 0) throw nativeError('NO_HEALTHY_REPLICA', 'none of the hand-over replicas can be used');
+    const reachable = this.replicaDirs.filter((d) => this.dirOf.get(d) !== undefined);
+    if (reachable.some((d) => this.addon.replica(this.dirOf.get(d)!).epoch > h.epoch)) {
+      throw nativeError('STALE_EPOCH', 'a replica is past the hand-over epoch', 116);
+    }
+    this.#epoch = h.epoch + 1;
+    const events: NativeEngineEvent[] = [];
+    for (const d of this.replicaDirs) {
+      if (candidates.includes(d)) {
+        const r = this.addon.replica(this.dirOf.get(d)!);
+        r.epoch = this.#epoch;
+        r.clean = false;
+      } else if (this.modes.get(d) !== 'ERR') {
+        this.modes.set(d, 'ERR');
+        this.lastErrors.set(d, -5);
+        events.push({ type: 'replica-error', replicaId: d, errno: -5, message: `${d} was not RW in the hand-over` });
+      }
+    }
+    this.#standby = false;
+    events.push({ type: 'epoch-claimed', epoch: this.#epoch });
+    this.onEvents?.(events);
+  }
+
   replicas(): NativeReplicaState[] {
     return this.replicaDirs.map((d) => {
       const dir = this.dirOf.get(d);
@@ -153,30 +222,36 @@ export class FakeEngine implements NativeEngine {
 
   async read(offset: number, length: number): Promise<Buffer> {
     await this.#enter();
+    this.#refuseStandby('read');
     return Buffer.from(this.#rw()[0]!.data.subarray(offset, offset + length));
   }
 
   async write(offset: number, data: Uint8Array, _fua?: boolean): Promise<void> {
     await this.#enter();
+    this.#refuseStandby('write');
     for (const r of this.#rw()) Buffer.from(data).copy(r.data, offset);
   }
 
   async flush(): Promise<void> {
     await this.#enter();
+    this.#refuseStandby('flush');
   }
 
   async trim(offset: number, length: number): Promise<void> {
     await this.#enter();
+    this.#refuseStandby('trim');
     for (const r of this.#rw()) r.data.fill(0, offset, offset + length);
   }
 
   async writeZeroes(offset: number, length: number, _options?: NativeWriteZeroesOptions): Promise<void> {
     await this.#enter();
+    this.#refuseStandby('writeZeroes');
     for (const r of this.#rw()) r.data.fill(0, offset, offset + length);
   }
 
   async blockStatus(offset: number, length: number): Promise<NativeExtent[]> {
     await this.#enter();
+    this.#refuseStandby('blockStatus');
     const data = this.#rw()[0]!.data;
     const out: NativeExtent[] = [];
     for (let at = offset; at < offset + length; ) {
@@ -193,6 +268,7 @@ export class FakeEngine implements NativeEngine {
 
   async snapshot(name: string, labels: Record<string, string>, userCreated: boolean): Promise<void> {
     await this.#enter();
+    this.#refuseStandby('snapshot');
     for (const r of this.#rw()) {
       if (r.layers.some((l) => l.name === name && !l.removed)) throw nativeError('ALREADY_EXISTS', `snapshot ${name} exists`);
       const head = r.layers.find((l) => l.head)!;
@@ -214,6 +290,7 @@ export class FakeEngine implements NativeEngine {
 
   async deleteSnapshot(name: string): Promise<void> {
     await this.#enter();
+    this.#refuseStandby('deleteSnapshot');
     for (const r of this.#rw()) {
       const l = r.layers.find((x) => x.name === name && !x.removed && !x.head);
       if (!l) throw nativeError('NOT_FOUND', `snapshot ${name} not found`);
@@ -223,6 +300,7 @@ export class FakeEngine implements NativeEngine {
 
   async revert(name: string): Promise<void> {
     await this.#enter();
+    this.#refuseStandby('revert');
     for (const r of this.#rw()) {
       if (!r.layers.some((x) => x.name === name && !x.removed && !x.head)) throw nativeError('NOT_FOUND', `snapshot ${name} not found`);
     }
@@ -245,7 +323,8 @@ export class FakeEngine implements NativeEngine {
     this.addon.events.push('engine-close');
     if (this.servers.some((s) => !s.closed)) throw new Error('fake: engine closed before its NBD servers');
     this.closed = true;
-    for (const r of this.#rw()) r.clean = true;
+    // A standby wrote nothing; another engine may own the replicas.
+    if (!this.#standby) for (const r of this.#rw()) r.clean = true;
   }
 
   /**
@@ -257,6 +336,7 @@ export class FakeEngine implements NativeEngine {
   async addReplica(endpoint: NativeReplicaEndpoint): Promise<NativeRebuildResult> {
     await this.addon.tick();
     if (this.closed) throw nativeError('CLOSED', 'engine closed');
+    this.#refuseStandby('addReplica');
     const id = endpointId(endpoint);
     this.rebuilds.push(id);
     if (this.#rebuilding) throw nativeError('BUSY', `a rebuild of ${this.#rebuilding.id} runs already`);
@@ -436,7 +516,7 @@ export class FakeAddon implements NativeAddon {
   async openEngine(options: NativeEngineOptions): Promise<NativeEngine> {
     await this.tick();
     for (const r of options.replicas) if (typeof r === 'string') this.replica(r);
-    const e = new FakeEngine(this, options.replicas, options.onEvents);
+    const e = new FakeEngine(this, options.replicas, options.onEvents, options.standby === true);
     this.engines.push(e);
     return e;
   }

@@ -1,0 +1,293 @@
+// The hand-over calls of the DataEngine interface (startEngine({standby}), deactivateEngine,
+// activateEngine, role, engine-activated/engine-deactivated), run against LocalDataEngine
+// directly and against RemoteDataEngine over gRPC, with the real addon: two data engines
+// ("hosts") in this process, each with its replica server, one replica on each. The source
+// engine runs on host 1, the standby on host 2, each reaching the other host's replica over
+// the replica protocol and its own replica directly (on host 2 that replica is also served
+// to host 1's engine by host 2's replica server). I/O goes through the engines' NBD exports
+// with a real NBD client.
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import type { DataEngine, DataEngineEvent, EngineReplicaRef } from '../../../src/data-engine/data-engine.js';
+import { DataEngineGrpcServer } from '../../../src/data-engine/grpc/data-engine-grpc-server.js';
+import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
+import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
+import { MooringError } from '../../../src/errors.js';
+import { loadAddon } from '../../../src/native/load.js';
+import { NbdClient, NbdReplyError } from '../../system/helpers/nbd-client.js';
+
+const MiB = 1024 * 1024;
+/** NBD_EPERM on the wire. */
+const NBD_EPERM = 1;
+
+async function codeOf(p: Promise<unknown>): Promise<string> {
+  try {
+    await p;
+  } catch (err) {
+    expect(err).toBeInstanceOf(MooringError);
+    return (err as MooringError).code;
+  }
+  return 'resolved';
+}
+
+async function nbdErrno(p: Promise<unknown>): Promise<number> {
+  try {
+    await p;
+  } catch (err) {
+    expect(err).toBeInstanceOf(NbdReplyError);
+    return (err as NbdReplyError).errno;
+  }
+  return 0;
+}
+
+function bytes(seed: number, n: number): Buffer {
+  const b = Buffer.alloc(n);
+  for (let i = 0; i < n; i++) b[i] = (i * 31 + seed * 7 + 1) & 0xff;
+  return b;
+}
+
+interface Host {
+  /** The DataEngine under test (local, or a gRPC client to it). */
+  de: DataEngine;
+  /** The in-process data engine behind it. */
+  local: LocalDataEngine;
+  replicaAddress: string;
+  events: DataEngineEvent[];
+}
+
+interface Harness {
+  root: string;
+  hosts: [Host, Host];
+  stop: () => Promise<void>;
+}
+
+async function until(check: () => boolean, what: string): Promise<void> {
+  for (let i = 0; i < 500; i++) {
+    if (check()) return;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+async function makeHarness(grpc: boolean): Promise<Harness> {
+  const root = await mkdtemp(join(tmpdir(), 'mooring-deho-'));
+  const closers: Array<() => Promise<void>> = [];
+  const hosts: Host[] = [];
+  for (const hostId of ['host-1', 'host-2']) {
+    const local = await LocalDataEngine.start({
+      dir: join(root, hostId),
+      hostId,
+      addon: loadAddon(),
+      // Fast retries, so a repair that is (or is not) scheduled shows within the test.
+      repair: { firstRetryMs: 50, maxRetryMs: 200 },
+    });
+    closers.push(() => local.close());
+    let de: DataEngine = local;
+    if (grpc) {
+      const server = await DataEngineGrpcServer.start({ engine: local, listen: `unix:${join(root, `${hostId}.sock`)}` });
+      const client = await RemoteDataEngine.connect({ address: server.address, timeoutMs: 20_000 });
+      closers.push(() => server.close(), () => client.close());
+      de = client;
+    }
+    const events: DataEngineEvent[] = [];
+    de.watch((e) => events.push(e));
+    if (grpc) {
+      // The stream is live once it delivers: run a throwaway engine until its stop arrives.
+      await local.createReplica('probe', MiB);
+      for (let i = 0; !events.some((e) => e.type === 'engine-stopped'); i++) {
+        if (i >= 100) throw new Error('the watch stream never delivered');
+        await local.startEngine({ volume: 'probe', replicas: [{ id: 'p', hostId, name: 'probe', address: null }] });
+        await local.stopEngine('probe');
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      await local.deleteReplica('probe');
+      events.length = 0;
+    }
+    hosts.push({ de, local, replicaAddress: (await local.info()).replicaAddress!, events });
+  }
+  return {
+    root,
+    hosts: hosts as [Host, Host],
+    stop: async () => {
+      for (const c of closers.reverse()) await c().catch(() => undefined);
+      await rm(root, { recursive: true, force: true });
+    },
+  };
+}
+
+describe.each([
+  ['LocalDataEngine', false],
+  ['RemoteDataEngine over gRPC', true],
+])('DataEngine hand-over: %s (real addon, two hosts)', (_name, grpc) => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await makeHarness(grpc);
+  });
+  afterAll(async () => {
+    await h?.stop();
+  });
+
+  function refs(volume: string): EngineReplicaRef[] {
+    const [a, b] = h.hosts;
+    return [
+      { id: 'r0', hostId: 'host-1', name: `${volume}-r0`, address: a.replicaAddress },
+      { id: 'r1', hostId: 'host-2', name: `${volume}-r1`, address: b.replicaAddress },
+    ];
+  }
+
+  async function createVolume(volume: string, size: number): Promise<EngineReplicaRef[]> {
+    const [a, b] = h.hosts;
+    await a.de.createReplica(`${volume}-r0`, size);
+    await b.de.createReplica(`${volume}-r1`, size);
+    return refs(volume);
+  }
+
+  it('hands a volume over between hosts: standby export refuses with EPERM, the target serves every write after activation, the source refuses', async () => {
+    const [a, b] = h.hosts;
+    const replicas = await createVolume('mig', 8 * MiB);
+    const srcSock = join(h.root, 'mig-a.sock');
+    const dstSock = join(h.root, 'mig-b.sock');
+    const src = await a.de.startEngine({ volume: 'mig', replicas, nbd: `unix:${srcSock}` });
+    expect(src).toMatchObject({ role: 'active', nbd: { address: `unix:${srcSock}` } });
+    expect(src.epoch).toBeGreaterThan(0);
+
+    // Host 2's replica is served to host 1's engine and opened by host 2's standby too.
+    const dst = await b.de.startEngine({ volume: 'mig', replicas, nbd: `unix:${dstSock}`, standby: true });
+    expect(dst).toMatchObject({ volume: 'mig', role: 'standby', epoch: 0, sizeBytes: 8 * MiB, nbd: { address: `unix:${dstSock}` } });
+    expect(dst.replicas.map((r) => [r.id, r.mode])).toEqual([['r0', 'RW'], ['r1', 'RW']]);
+    expect((await b.de.listReplicas()).find((r) => r.name === 'mig-r1')).toMatchObject({ inUse: true });
+    expect(await codeOf(b.de.deleteReplica('mig-r1'))).toBe('BUSY');
+    expect((await b.de.listEngines()).map((e) => [e.volume, e.role])).toEqual([['mig', 'standby']]);
+
+    const s = await NbdClient.connect({ socketPath: srcSock });
+    const first = bytes(1, 128 * 1024);
+    await s.write(MiB, first);
+    await s.flush();
+    // The standby's export accepts connections; its requests fail with NBD_EPERM.
+    const d = await NbdClient.connect({ socketPath: dstSock });
+    expect(d.sizeBytes).toBe(8 * MiB);
+    expect(await nbdErrno(d.read(MiB, 4096))).toBe(NBD_EPERM);
+    expect(await nbdErrno(d.write(0, bytes(2, 4096)))).toBe(NBD_EPERM);
+    expect(await nbdErrno(d.flush())).toBe(NBD_EPERM);
+
+    const hand = await a.de.deactivateEngine('mig');
+    expect(hand).toEqual({ epoch: src.epoch, rwReplicaIds: ['r0', 'r1'] });
+    expect((await a.de.engineInfo('mig')).role).toBe('standby');
+    await until(() => a.events.some((e) => e.type === 'engine-deactivated' && e.volume === 'mig' && e.epoch === src.epoch), 'engine-deactivated');
+    expect(await nbdErrno(s.write(2 * MiB, bytes(3, 4096)))).toBe(NBD_EPERM);
+
+    const active = await b.de.activateEngine('mig', hand);
+    expect(active).toMatchObject({ role: 'active', epoch: src.epoch + 1 });
+    expect(active.replicas.map((r) => [r.id, r.mode])).toEqual([['r0', 'RW'], ['r1', 'RW']]);
+    await until(() => b.events.some((e) => e.type === 'engine-activated' && e.volume === 'mig' && e.epoch === src.epoch + 1), 'engine-activated');
+    await until(() => b.events.some((e) => e.type === 'epoch-claimed' && e.volume === 'mig' && e.epoch === src.epoch + 1), 'epoch-claimed');
+    // The same connection, made while standby, now reads what host 1 wrote, and writes.
+    expect((await d.read(MiB, first.length)).equals(first)).toBe(true);
+    const second = bytes(4, 64 * 1024);
+    await d.write(4 * MiB, second);
+    await d.flush();
+    // The refused source write changed nothing.
+    expect((await d.read(2 * MiB, 4096)).equals(Buffer.alloc(4096))).toBe(true);
+    expect(await nbdErrno(s.read(4 * MiB, 4096))).toBe(NBD_EPERM);
+    await s.disconnect();
+
+    // Wrong states, coded.
+    expect(await codeOf(a.de.deactivateEngine('mig'))).toBe('INVALID_STATE');
+    expect(await codeOf(b.de.activateEngine('mig', hand))).toBe('INVALID_STATE');
+    expect(await codeOf(a.de.activateEngine('mig', hand))).toBe('STALE_EPOCH');
+    expect(await codeOf(a.de.addReplica('mig', replicas[0]!))).toBe('INVALID_STATE');
+
+    // The handed-over source stops without disturbing the target.
+    await a.de.stopEngine('mig');
+    await d.write(5 * MiB, second);
+    expect((await d.read(5 * MiB, second.length)).equals(second)).toBe(true);
+    await d.disconnect();
+    await b.de.stopEngine('mig');
+    const clean = [...(await a.de.listReplicas()), ...(await b.de.listReplicas())].filter((r) => r.name.startsWith('mig-'));
+    expect(clean.map((r) => [r.name, r.epoch, r.clean])).toEqual([
+      ['mig-r0', src.epoch + 1, true],
+      ['mig-r1', src.epoch + 1, true],
+    ]);
+  });
+
+  it('rolls back after the target wrote: the target hands back, the source reads its writes', async () => {
+    const [a, b] = h.hosts;
+    const replicas = await createVolume('rb', 4 * MiB);
+    const srcSock = join(h.root, 'rb-a.sock');
+    const dstSock = join(h.root, 'rb-b.sock');
+    await a.de.startEngine({ volume: 'rb', replicas, nbd: `unix:${srcSock}` });
+    await b.de.startEngine({ volume: 'rb', replicas, nbd: `unix:${dstSock}`, standby: true });
+    const h1 = await a.de.deactivateEngine('rb');
+    await b.de.activateEngine('rb', h1);
+    const d = await NbdClient.connect({ socketPath: dstSock });
+    const data = bytes(9, 32 * 1024);
+    await d.write(MiB, data);
+    await d.disconnect();
+    const h2 = await b.de.deactivateEngine('rb');
+    expect(h2.epoch).toBe(h1.epoch + 1);
+    const back = await a.de.activateEngine('rb', h2);
+    expect(back).toMatchObject({ role: 'active', epoch: h1.epoch + 2 });
+    const s = await NbdClient.connect({ socketPath: srcSock });
+    expect((await s.read(MiB, data.length)).equals(data)).toBe(true);
+    await s.disconnect();
+    await b.de.stopEngine('rb');
+    await a.de.stopEngine('rb');
+  });
+
+  it('repairs nothing while standby, stops repairing at deactivate, and repairs the ERR replicas of the hand-over after activation', async () => {
+    const [a, b] = h.hosts;
+    const replicas = await createVolume('rep', 4 * MiB);
+    // A third replica on a host that does not answer: ERR on both engines from the start.
+    const gone: EngineReplicaRef = { id: 'r2', hostId: 'host-9', name: 'rep-r2', address: 'tcp:127.0.0.1:1' };
+    const all = [...replicas, gone];
+    await a.de.startEngine({ volume: 'rep', replicas: all, ioTimeoutMs: 500 });
+    const dst = await b.de.startEngine({ volume: 'rep', replicas: all, standby: true, ioTimeoutMs: 500 });
+    expect(dst.replicas.map((r) => r.mode)).toEqual(['RW', 'RW', 'ERR']);
+    const repairs = (host: Host): number => host.events.filter((e) => e.type === 'repair-scheduled' && e.volume === 'rep').length;
+    await until(() => repairs(a) >= 2, 'repairs on the active source');
+    const hand = await a.de.deactivateEngine('rep');
+    expect(hand.rwReplicaIds).toEqual(['r0', 'r1']);
+    // Long enough for several retries at the 50..200 ms back-off: none come from either host.
+    const atHandOver = repairs(a);
+    await new Promise((r) => setTimeout(r, 600));
+    expect(repairs(a)).toBe(atHandOver);
+    expect(repairs(b)).toBe(0);
+
+    const active = await b.de.activateEngine('rep', hand);
+    expect(active.replicas.map((r) => r.mode)).toEqual(['RW', 'RW', 'ERR']);
+    await until(() => repairs(b) >= 1, 'repairs on the activated target');
+    expect(b.events.find((e) => e.type === 'repair-scheduled' && e.volume === 'rep')).toMatchObject({ replicaId: 'r2' });
+    expect(repairs(a)).toBe(atHandOver);
+    await a.de.stopEngine('rep');
+    await b.de.stopEngine('rep');
+  });
+
+  it('refuses hand-over calls in the wrong state or for unknown volumes with coded errors', async () => {
+    const [a, b] = h.hosts;
+    const replicas = await createVolume('err', 4 * MiB);
+    expect(await codeOf(a.de.deactivateEngine('none'))).toBe('NOT_FOUND');
+    expect(await codeOf(a.de.activateEngine('none', { epoch: 1, rwReplicaIds: ['r0'] }))).toBe('NOT_FOUND');
+    await a.de.startEngine({ volume: 'err', replicas });
+    await b.de.startEngine({ volume: 'err', replicas, standby: true });
+    expect(await codeOf(b.de.deactivateEngine('err'))).toBe('INVALID_STATE');
+    expect(await codeOf(a.de.activateEngine('err', { epoch: 1, rwReplicaIds: ['r0'] }))).toBe('INVALID_STATE');
+    expect(await codeOf(b.de.addReplica('err', replicas[0]!))).toBe('INVALID_STATE');
+    expect(await codeOf(b.de.activateEngine('err', { epoch: -1, rwReplicaIds: ['r0'] }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.activateEngine('err', { epoch: 1, rwReplicaIds: ['../r0'] }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.activateEngine('err', null as never))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.startEngine({ volume: 'other', replicas, standby: 'yes' as never }))).toBe('INVALID_ARGUMENT');
+    // A hand-over naming no replica of the engine, and one that is not the last writer's.
+    const hand = await a.de.deactivateEngine('err');
+    expect(await codeOf(b.de.activateEngine('err', { epoch: hand.epoch, rwReplicaIds: [] }))).toBe('NO_HEALTHY_REPLICA');
+    expect(await codeOf(b.de.activateEngine('err', { epoch: hand.epoch - 1, rwReplicaIds: hand.rwReplicaIds }))).toBe('STALE_EPOCH');
+    expect((await b.de.engineInfo('err')).role).toBe('standby');
+    await b.de.activateEngine('err', hand);
+    // A standby that is stopped instead of activated: rollback before the hand-over.
+    await a.de.stopEngine('err');
+    await b.de.stopEngine('err');
+    expect(await codeOf(b.de.deactivateEngine('err'))).toBe('NOT_FOUND');
+  });
+});
