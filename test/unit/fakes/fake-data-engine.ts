@@ -156,13 +156,15 @@ export class FakeDataEngine implements DataEngine {
     this.#check(`activateEngine ${volume}`);
     const e = this.#engine(volume);
     if (e.role !== 'standby') throw new MooringError('INVALID_STATE', `engine of ${volume} on ${this.hostId} is active`);
+    // As the real engine: a hand-over works once; one overtaken by another claim is refused.
+    if ((epochs.get(volume) ?? 0) > handOver.epoch) throw new MooringError('STALE_EPOCH', `hand-over of ${volume} at epoch ${handOver.epoch} was overtaken`);
     const rw = new Set(handOver.rwReplicaIds);
     if (!e.replicas.some((r) => rw.has(r.id))) throw new MooringError('NO_HEALTHY_REPLICA', `no RW replica in the hand-over of ${volume}`);
     for (const r of e.replicas) {
       r.mode = rw.has(r.id) ? 'RW' : 'ERR';
       r.lastError = rw.has(r.id) ? 0 : -5;
     }
-    e.epoch = (epochs.get(volume) ?? 0) + 1;
+    e.epoch = handOver.epoch + 1;
     epochs.set(volume, e.epoch);
     e.role = 'active';
     this.emit({ type: 'engine-activated', volume, epoch: e.epoch });
