@@ -5,7 +5,8 @@
 //   replicas on all hosts are identical to what b serves;
 // - rollback before hand-over (b's standby goes) and after it (b wrote: a claims a newer
 //   epoch and serves b's writes);
-// - crashes: b killed mid-migration → rolled back by the cluster; a killed after hand-over →
+// - crashes: b killed mid-migration, before or after the hand-over → rolled back by the
+//   cluster (after it, a keeps what b wrote); a killed after hand-over →
 //   the volume stays on b; the embedding process restarts mid-migration → a new Cluster over
 //   the same state store finds the migration and finishes it.
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -159,18 +160,41 @@ describe('three data-engine hosts, live migration', () => {
     await expectReplicasEqual('a');
   });
 
+  it('rolls back by itself when the target host dies after the hand-over, keeping what it wrote', async () => {
+    await attachOnA();
+    const vol = cluster.volume(VOLUME);
+    const rolled: Array<{ automatic: boolean; reason: string }> = [];
+    vol.on('migration-rolled-back', (e) => rolled.push(e));
+    const m = await vol.migrate('b', { nbd: `unix:${sock('b')}` });
+    const ho = await m.handOver();
+    await write('b', [20, 1, 0x7c]);
+    await hosts[1]!.crash();
+    await cluster.repairOnce();
+    expect(rolled, diag()).toEqual([expect.objectContaining({ automatic: true })]);
+    const st = await vol.status();
+    expect(st).toMatchObject({ attachedHost: 'a', writerHost: 'a', migration: null });
+    expect(st.epoch).toBeGreaterThan(ho.epoch);
+    // a's new engine serves b's acknowledged write (it reached a's and c's replicas).
+    for (const p of [...BEFORE, [20, 1, 0x7c] as [number, number, number]]) await readsBack('a', p);
+    await write('a', [21, 1, 0x7d]);
+    await hosts[1]!.start();
+    await cluster.addHost(hosts[1]!.engine);
+    expect(await waitFor(async () => (await vol.status()).state === 'healthy', 60_000, 300), diag()).toBe(true);
+    await expectReplicasEqual('a');
+  });
+
   it('stays on the target when the source host dies after the hand-over', async () => {
     await attachOnA();
     const vol = cluster.volume(VOLUME);
     const m = await vol.migrate('b', { nbd: `unix:${sock('b')}` });
     await m.handOver();
-    await write('b', [6, 1, 0x7a]);
+    await write('b', [16, 1, 0x7a]);
     await hosts[0]!.crash();
     await cluster.repairOnce();
     const st = await vol.status();
     expect(st, diag()).toMatchObject({ attachedHost: 'b', writerHost: 'b', migration: null });
-    for (const p of [...BEFORE, [6, 1, 0x7a] as [number, number, number]]) await readsBack('b', p);
-    await write('b', [7, 1, 0x7b]);
+    for (const p of [...BEFORE, [16, 1, 0x7a] as [number, number, number]]) await readsBack('b', p);
+    await write('b', [17, 1, 0x7b]);
     await hosts[0]!.start();
     await cluster.addHost(hosts[0]!.engine);
     expect(await waitFor(async () => (await vol.status()).state === 'healthy', 60_000, 300), diag()).toBe(true);
