@@ -69,6 +69,12 @@ function describeEvent(e: DataEngineEvent): string {
       return `volume ${e.volume}: replica ${e.replicaId} is ERR (${e.code}: ${e.message}); repair attempt ${e.attempt} in ${e.delayMs} ms`;
     case 'engine-stopped':
       return `volume ${e.volume}: engine stopped`;
+    case 'engine-activated':
+      return `volume ${e.volume}: engine activated (epoch ${e.epoch})`;
+    case 'engine-deactivated':
+      return `volume ${e.volume}: engine deactivated (epoch ${e.epoch})`;
+    case 'snapshot-copy-progress':
+      return `volume ${e.volume}: snapshot ${e.snapshot}: ${e.copiedBytes}/${e.totalBytes} bytes copied`;
   }
 }
 

@@ -15,7 +15,8 @@ import { loadAddon, packageVersion } from '../native/load.js';
 import type { NbdExport } from '../nbd/nbd-export.js';
 import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
-import { checkIntIn, checkName, checkVolumeSize, describe } from '../util/validate.js';
+import { checkIntIn, checkLabels, checkName, checkVolumeSize, describe } from '../util/validate.js';
+import { visibleSnapshots } from '../volume/volume.js';
 import { VolumeLock } from '../volume/volume-lock.js';
 import {
   checkLoopbackRule,
@@ -29,13 +30,16 @@ import type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineHandOver,
   EngineInfo,
   EngineReplicaInfo,
   EngineReplicaRef,
+  EngineSnapshotInfo,
   EngineStartOptions,
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult,
+  SnapshotCopyResult,
 } from './data-engine.js';
 import { Semaphore } from './semaphore.js';
 
@@ -480,6 +484,68 @@ export class LocalDataEngine implements DataEngine {
     });
   }
 
+  // --- snapshots ---------------------------------------------------------------
+
+  /** @inheritDoc DataEngine.createSnapshot */
+  async createSnapshot(volume: string, name: string, options: { labels?: Record<string, string> } = {}): Promise<EngineSnapshotInfo> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkName('snapshot name', name);
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `snapshot options must be an object (got ${describe(options)})`);
+    const labels = checkLabels(options.labels);
+    await slot.engine.createSnapshot(name, { labels });
+    const found = visibleSnapshots(await slot.engine.listLayers()).find((x) => x.name === name);
+    if (!found) throw new MooringError('IO_ERROR', `snapshot ${name} of ${volume} was created but is not listed`);
+    return found;
+  }
+
+  /** @inheritDoc DataEngine.listSnapshots */
+  async listSnapshots(volume: string): Promise<EngineSnapshotInfo[]> {
+    this.#assertOpen();
+    return visibleSnapshots(await this.#slot(volume).engine.listLayers());
+  }
+
+  /** @inheritDoc DataEngine.deleteSnapshot */
+  async deleteSnapshot(volume: string, name: string): Promise<void> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkName('snapshot name', name);
+    await slot.engine.deleteSnapshot(name);
+  }
+
+  /**
+   * @inheritDoc DataEngine.exportSnapshot
+   *
+   * While it runs, deleteSnapshot of the volume fails with BUSY; stopping the engine cuts
+   * it short (CLOSED) and removes the partial file.
+   */
+  async exportSnapshot(volume: string, snapshot: string, path: string): Promise<SnapshotCopyResult> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkName('snapshot name', snapshot);
+    return slot.engine.exportSnapshot(snapshot, path);
+  }
+
+  /**
+   * @inheritDoc DataEngine.copySnapshot
+   *
+   * The target's old content is replaced everywhere (ranges the snapshot does not hold are
+   * zeroed); if the copy fails it holds part of the snapshot.
+   */
+  async copySnapshot(volume: string, snapshot: string, toVolume: string): Promise<SnapshotCopyResult> {
+    this.#assertOpen();
+    const from = this.#slot(volume);
+    checkName('snapshot name', snapshot);
+    const to = this.#slot(toVolume);
+    if (to === from) throw new MooringError('INVALID_ARGUMENT', `a snapshot of ${volume} cannot be copied into ${volume} itself`);
+    if (to.engine.sizeBytes !== from.engine.sizeBytes) {
+      throw new MooringError('INVALID_ARGUMENT', `volume ${toVolume} has ${to.engine.sizeBytes} bytes, ${volume} ${from.engine.sizeBytes}: a copy needs equal sizes`, {
+        details: { volume, toVolume },
+      });
+    }
+    return from.engine.copySnapshotTo(snapshot, to.engine);
+  }
+
   /** @inheritDoc DataEngine.watch */
   watch(listener: (event: DataEngineEvent) => void): () => void {
     if (typeof listener !== 'function') throw new MooringError('INVALID_ARGUMENT', 'watch needs a function');
@@ -547,6 +613,9 @@ export class LocalDataEngine implements DataEngine {
       });
     });
     engine.on('epoch-claimed', (e) => this.#emit({ type: 'epoch-claimed', volume, epoch: e.epoch }));
+    engine.on('snapshot-copy-progress', (e) =>
+      this.#emit({ type: 'snapshot-copy-progress', volume, snapshot: e.snapshot, copiedBytes: e.copiedBytes, totalBytes: e.totalBytes }),
+    );
     engine.on('replica-error', (e) => {
       this.#emit({ type: 'replica-error', volume, replicaId: e.replicaId, errno: e.errno, message: e.message });
       this.#scheduleRepair(slot, e.replicaId, e.code, e.message);
@@ -573,6 +642,7 @@ export class LocalDataEngine implements DataEngine {
       volume: slot.volume,
       sizeBytes: slot.engine.sizeBytes,
       epoch: slot.engine.state === 'open' ? slot.engine.epoch : 0,
+      role: 'active', // H2 stub: H1 (hand-over) decides the role
       replicas,
       nbd: slot.nbd && !slot.nbd.closed ? { address: slot.nbd.addressString, uri: slot.nbd.uri } : null,
     };
@@ -727,6 +797,18 @@ export class LocalDataEngine implements DataEngine {
 
   #assertOpen(): void {
     if (this.#closing) throw new MooringError('CLOSED', `data engine ${this.hostId} is closed`);
+  }
+
+  // --- H2 stubs: migration hand-over belongs to H1's branch; only here so the interface compiles.
+
+  /** @inheritDoc DataEngine.deactivateEngine */
+  async deactivateEngine(volume: string): Promise<EngineHandOver> {
+    throw new MooringError('UNSUPPORTED', `deactivateEngine (${volume}) is not built in this branch`);
+  }
+
+  /** @inheritDoc DataEngine.activateEngine */
+  async activateEngine(volume: string, _handOver: EngineHandOver): Promise<EngineInfo> {
+    throw new MooringError('UNSUPPORTED', `activateEngine (${volume}) is not built in this branch`);
   }
 }
 
