@@ -49,6 +49,8 @@ export const DATA_ENGINE_DEFAULTS = {
   replicaListen: 'tcp:127.0.0.1:0',
   /** Rebuilds running at once across all engines of one data engine. */
   maxConcurrentRebuilds: 2,
+  /** Snapshot exports and copies at once across all engines (each holds a libuv pool thread throughout). */
+  maxConcurrentSnapshotCopies: 2,
   /** Self-repair: first re-add of an ERR replica after this long. */
   repairFirstRetryMs: 1000,
   /** Self-repair: the back-off doubles up to this interval, then retries at it until the replica is RW or removed. */
@@ -68,6 +70,9 @@ export const DATA_ENGINE_LIMITS = {
   maxConcurrentRebuildsMax: 64,
   /** Rebuilds waiting for a permit (all engines); more is refused with BUSY. */
   rebuildWaitersMax: 4096,
+  maxConcurrentSnapshotCopiesMax: 16,
+  /** Snapshot exports and copies waiting for a permit; more is refused with BUSY. */
+  snapshotCopyWaitersMax: 1024,
   repairRetryMsMin: 10,
   repairRetryMsMax: 3_600_000,
   ioTimeoutMsMin: 100,
@@ -111,6 +116,8 @@ export interface LocalDataEngineOptions {
   allowInsecureRemote?: boolean;
   /** Rebuilds at once across all engines (default 2, at most 64). */
   maxConcurrentRebuilds?: number;
+  /** Snapshot exports and copies at once across all engines (default 2, at most 16); later ones wait their turn. */
+  maxConcurrentSnapshotCopies?: number;
   /** Self-repair settings. */
   repair?: DataEngineRepairOptions;
   /** The native addon (default: this package's). Tests inject a fake. */
@@ -152,6 +159,7 @@ export class LocalDataEngine implements DataEngine {
   readonly #server: NativeReplicaServer | null;
   readonly #replicaAddress: TcpAddress | null;
   readonly #rebuilds: Semaphore;
+  readonly #snapshotCopies: Semaphore;
   readonly #repair: Required<DataEngineRepairOptions>;
   readonly #engines = new Map<string, EngineSlot>();
   readonly #starting = new Set<string>();
@@ -168,6 +176,7 @@ export class LocalDataEngine implements DataEngine {
     server: NativeReplicaServer | null;
     replicaAddress: TcpAddress | null;
     maxConcurrentRebuilds: number;
+    maxConcurrentSnapshotCopies: number;
     repair: Required<DataEngineRepairOptions>;
   }) {
     this.hostId = init.hostId;
@@ -179,6 +188,7 @@ export class LocalDataEngine implements DataEngine {
     this.#server = init.server;
     this.#replicaAddress = init.replicaAddress;
     this.#rebuilds = new Semaphore(init.maxConcurrentRebuilds, DATA_ENGINE_LIMITS.rebuildWaitersMax);
+    this.#snapshotCopies = new Semaphore(init.maxConcurrentSnapshotCopies, DATA_ENGINE_LIMITS.snapshotCopyWaitersMax);
     this.#repair = init.repair;
   }
 
@@ -209,6 +219,13 @@ export class LocalDataEngine implements DataEngine {
       1,
       DATA_ENGINE_LIMITS.maxConcurrentRebuildsMax,
       DATA_ENGINE_DEFAULTS.maxConcurrentRebuilds,
+    );
+    const maxConcurrentSnapshotCopies = checkIntIn(
+      'maxConcurrentSnapshotCopies',
+      options.maxConcurrentSnapshotCopies,
+      1,
+      DATA_ENGINE_LIMITS.maxConcurrentSnapshotCopiesMax,
+      DATA_ENGINE_DEFAULTS.maxConcurrentSnapshotCopies,
     );
     const r = options.repair ?? {};
     if (typeof r !== 'object' || r === null) throw new MooringError('INVALID_ARGUMENT', `repair must be an object (got ${describe(r)})`);
@@ -251,7 +268,7 @@ export class LocalDataEngine implements DataEngine {
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      return new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, repair });
+      return new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair });
     } catch (err) {
       if (server) await server.close().catch(() => undefined);
       await lock.release();
@@ -516,6 +533,7 @@ export class LocalDataEngine implements DataEngine {
   /**
    * @inheritDoc DataEngine.exportSnapshot
    *
+   * At most `maxConcurrentSnapshotCopies` exports and copies run at once; later ones wait.
    * While it runs, deleteSnapshot of the volume fails with BUSY; stopping the engine cuts
    * it short (CLOSED) and removes the partial file.
    */
@@ -523,7 +541,7 @@ export class LocalDataEngine implements DataEngine {
     this.#assertOpen();
     const slot = this.#slot(volume);
     checkName('snapshot name', snapshot);
-    return slot.engine.exportSnapshot(snapshot, path);
+    return this.#withCopyPermit(() => slot.engine.exportSnapshot(snapshot, path));
   }
 
   /**
@@ -543,7 +561,17 @@ export class LocalDataEngine implements DataEngine {
         details: { volume, toVolume },
       });
     }
-    return from.engine.copySnapshotTo(snapshot, to.engine);
+    return this.#withCopyPermit(() => from.engine.copySnapshotTo(snapshot, to.engine));
+  }
+
+  // Bounds exports and copies across engines: each holds a libuv pool thread to the end.
+  async #withCopyPermit<T>(body: () => Promise<T>): Promise<T> {
+    const release = await this.#snapshotCopies.acquire();
+    try {
+      return await body();
+    } finally {
+      release();
+    }
   }
 
   /** @inheritDoc DataEngine.watch */

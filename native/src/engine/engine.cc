@@ -52,6 +52,8 @@ constexpr size_t kMaxFenceRounds = kMaxReplicas + 1;
 // Copy passes of one rebuild: a pass copies the layers not copied yet; another pass is
 // needed only when a snapshot was taken during the previous one, or the source failed.
 constexpr size_t kMaxRebuildPasses = 64;
+// Snapshot reads (exports, copies) open at once on one engine; each holds a pool thread.
+constexpr uint32_t kMaxSnapshotReads = 16;
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -1284,6 +1286,8 @@ Status ReplicatedEngine::OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) {
   std::shared_lock<RwLock> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed", ESHUTDOWN);
   if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
+  if (snapshot_reads_.load() >= kMaxSnapshotReads)
+    return Status::Error(Code::kBusy, std::to_string(kMaxSnapshotReads) + " snapshot reads run on this engine already", EBUSY);
   Slot* slot = nullptr;
   std::shared_ptr<ReplicaBackend> backend;
   if (!PickSource(&slot, &backend)) return Status::Error(Code::kNoHealthyReplica, "no RW replica to read a snapshot from");

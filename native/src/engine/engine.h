@@ -169,7 +169,7 @@ class Engine : public BlockDevice {
     // kNoHealthyReplica when there is none.
     virtual Status Failover(int neg_errno) = 0;
   };
-  // Opens a read (kClosed, kStaleEpoch, kNoHealthyReplica).
+  // Opens a read (kClosed, kStaleEpoch, kNoHealthyReplica; kBusy beyond 16 at once).
   virtual Status OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) = 0;
 };
 
