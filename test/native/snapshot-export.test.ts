@@ -240,6 +240,21 @@ describe('snapshot export and copy (real addon)', () => {
     await big.close();
   });
 
+  it('an engine whose replica another engine claimed reads no snapshot from it (STALE_EPOCH)', async () => {
+    const { engine: first, dirs } = await newEngine('fenced', 1);
+    await first.write(0, pattern(16, MiB));
+    await first.createSnapshot('x');
+    // A second engine over the same directory (shared in this process) takes the volume over.
+    const second = await Engine.open({ replicas: [{ id: 'r0', path: dirs[0]! }] });
+    expect(second.epoch).toBeGreaterThan(first.epoch);
+    expect(await codeOf(first.exportSnapshot('x', s.path('fenced.raw')))).toBe('STALE_EPOCH');
+    expect(existsSync(s.path('fenced.raw'))).toBe(false);
+    await second.exportSnapshot('x', s.path('fenced.raw'));
+    expect(readFileSync(s.path('fenced.raw')).subarray(0, MiB).equals(pattern(16, MiB))).toBe(true);
+    await second.close();
+    await first.close().catch(() => undefined);
+  });
+
   describe('a snapshot read in flight (a replica reached through a proxy that holds replies)', () => {
     let host: { root: string; server: { port: number; close: () => Promise<void> } };
     let proxy: FrameProxy;

@@ -1274,6 +1274,12 @@ class ReplicatedEngine::SnapshotReadImpl final : public Engine::SnapshotRead {
     for (const auto& s : e_->slots_)
       if (s->backend == b) rw = s->mode.load() == ReplicaMode::kRW;
     if (!rw) return Status::Error(Code::kIoError, "replica " + b->id() + " is no longer RW", EIO);
+    // Under the shared gate our own claims are complete, so a higher epoch on the replica is
+    // another engine's: it may delete snapshots, which our pin cannot stop. (A remote
+    // backend's epoch() is the last one it was told of, so this sees local claims only.)
+    if (b->epoch() > e_->epoch_.load())
+      return Status::Error(Code::kStaleEpoch, "replica " + b->id() + " was claimed by another engine (epoch " +
+                                                  std::to_string(b->epoch()) + ")", ESTALE);
     return op(*b);
   }
 
