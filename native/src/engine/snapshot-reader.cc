@@ -49,13 +49,15 @@ Status SnapshotReader::Open(Engine* engine, const std::string& name, std::unique
   if (!st.ok()) return st;
   std::unique_ptr<SnapshotReader> r(new SnapshotReader(std::move(read), name, engine->size()));
   size_t failovers = 0;
+  std::vector<std::string> chain;
   for (;;) {
-    st = r->ResolveChain(&r->chain_);
+    st = r->ResolveChain(&chain);
     if (st.ok() || IsFinal(st.code)) break;
-    st = r->Recover(st, &failovers);
+    st = r->Recover(st, &failovers);  // chain_ is empty: it only switches replicas
     if (!st.ok()) return st;
   }
   if (!st.ok()) return st;
+  r->chain_ = std::move(chain);
   *out = std::move(r);
   return Status::Ok();
 }
