@@ -120,6 +120,8 @@ export { DataEngineGrpcServer, GRPC_LIMITS } from './data-engine/grpc/data-engin
 export type { DataEngineGrpcServerOptions } from './data-engine/grpc/data-engine-grpc-server.js';
 export { RemoteDataEngine, REMOTE_DATA_ENGINE_DEFAULTS } from './data-engine/grpc/remote-data-engine.js';
 export type { RemoteDataEngineOptions } from './data-engine/grpc/remote-data-engine.js';
+// Snapshot export and copy (Engine.exportSnapshot/copySnapshotTo, DataEngine snapshot calls).
+export type { SnapshotCopyProgressEvent } from './engine/engine.js';
 export { DATA_ENGINE_PROTO, DATA_ENGINE_SERVICE } from './data-engine/grpc/data-engine-proto.js';
 export type { StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
 export { FileStateStore, STATE_LOCK_FILE } from './state/file-state-store.js';

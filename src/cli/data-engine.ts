@@ -73,6 +73,8 @@ function describeEvent(e: DataEngineEvent): string {
       return `volume ${e.volume}: engine activated (writer epoch ${e.epoch})`;
     case 'engine-deactivated':
       return `volume ${e.volume}: engine handed over at epoch ${e.epoch} (standby now)`;
+    case 'snapshot-copy-progress':
+      return `volume ${e.volume}: snapshot ${e.snapshot}: ${e.copiedBytes}/${e.totalBytes} bytes copied`;
   }
 }
 

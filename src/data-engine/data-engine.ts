@@ -137,7 +137,9 @@ export type DataEngineEvent =
   /** A standby engine became the writer ({@link DataEngine.activateEngine}). */
   | { type: 'engine-activated'; volume: string; epoch: number }
   /** An active engine drained and became standby ({@link DataEngine.deactivateEngine}). */
-  | { type: 'engine-deactivated'; volume: string; epoch: number };
+  | { type: 'engine-deactivated'; volume: string; epoch: number }
+  /** A snapshot export or copy advanced: data bytes of the snapshot handled so far, of `totalBytes` (at least 64 MiB apart). */
+  | { type: 'snapshot-copy-progress'; volume: string; snapshot: string; copiedBytes: number; totalBytes: number };
 
 /** A snapshot of a volume, as an engine lists it. */
 export interface EngineSnapshotInfo {

@@ -18,7 +18,8 @@ import { loadAddon, packageVersion } from '../native/load.js';
 import type { NbdExport } from '../nbd/nbd-export.js';
 import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
-import { checkIntIn, checkName, checkVolumeSize, describe } from '../util/validate.js';
+import { checkIntIn, checkLabels, checkName, checkVolumeSize, describe } from '../util/validate.js';
+import { visibleSnapshots } from '../volume/volume.js';
 import { VolumeLock } from '../volume/volume-lock.js';
 import {
   checkLoopbackRule,
@@ -51,6 +52,8 @@ export const DATA_ENGINE_DEFAULTS = {
   replicaListen: 'tcp:127.0.0.1:0',
   /** Rebuilds running at once across all engines of one data engine. */
   maxConcurrentRebuilds: 2,
+  /** Snapshot exports and copies at once across all engines (each holds a libuv pool thread throughout). */
+  maxConcurrentSnapshotCopies: 2,
   /** Self-repair: first re-add of an ERR replica after this long. */
   repairFirstRetryMs: 1000,
   /** Self-repair: the back-off doubles up to this interval, then retries at it until the replica is RW or removed. */
@@ -70,6 +73,9 @@ export const DATA_ENGINE_LIMITS = {
   maxConcurrentRebuildsMax: 64,
   /** Rebuilds waiting for a permit (all engines); more is refused with BUSY. */
   rebuildWaitersMax: 4096,
+  maxConcurrentSnapshotCopiesMax: 16,
+  /** Snapshot exports and copies waiting for a permit; more is refused with BUSY. */
+  snapshotCopyWaitersMax: 1024,
   repairRetryMsMin: 10,
   repairRetryMsMax: 3_600_000,
   ioTimeoutMsMin: 100,
@@ -113,6 +119,8 @@ export interface LocalDataEngineOptions {
   allowInsecureRemote?: boolean;
   /** Rebuilds at once across all engines (default 2, at most 64). */
   maxConcurrentRebuilds?: number;
+  /** Snapshot exports and copies at once across all engines (default 2, at most 16); later ones wait their turn. */
+  maxConcurrentSnapshotCopies?: number;
   /** Self-repair settings. */
   repair?: DataEngineRepairOptions;
   /** The native addon (default: this package's). Tests inject a fake. */
@@ -158,6 +166,7 @@ export class LocalDataEngine implements DataEngine {
   readonly #server: NativeReplicaServer | null;
   readonly #replicaAddress: TcpAddress | null;
   readonly #rebuilds: Semaphore;
+  readonly #snapshotCopies: Semaphore;
   readonly #repair: Required<DataEngineRepairOptions>;
   readonly #engines = new Map<string, EngineSlot>();
   readonly #starting = new Set<string>();
@@ -174,6 +183,7 @@ export class LocalDataEngine implements DataEngine {
     server: NativeReplicaServer | null;
     replicaAddress: TcpAddress | null;
     maxConcurrentRebuilds: number;
+    maxConcurrentSnapshotCopies: number;
     repair: Required<DataEngineRepairOptions>;
   }) {
     this.hostId = init.hostId;
@@ -185,6 +195,7 @@ export class LocalDataEngine implements DataEngine {
     this.#server = init.server;
     this.#replicaAddress = init.replicaAddress;
     this.#rebuilds = new Semaphore(init.maxConcurrentRebuilds, DATA_ENGINE_LIMITS.rebuildWaitersMax);
+    this.#snapshotCopies = new Semaphore(init.maxConcurrentSnapshotCopies, DATA_ENGINE_LIMITS.snapshotCopyWaitersMax);
     this.#repair = init.repair;
   }
 
@@ -215,6 +226,13 @@ export class LocalDataEngine implements DataEngine {
       1,
       DATA_ENGINE_LIMITS.maxConcurrentRebuildsMax,
       DATA_ENGINE_DEFAULTS.maxConcurrentRebuilds,
+    );
+    const maxConcurrentSnapshotCopies = checkIntIn(
+      'maxConcurrentSnapshotCopies',
+      options.maxConcurrentSnapshotCopies,
+      1,
+      DATA_ENGINE_LIMITS.maxConcurrentSnapshotCopiesMax,
+      DATA_ENGINE_DEFAULTS.maxConcurrentSnapshotCopies,
     );
     const r = options.repair ?? {};
     if (typeof r !== 'object' || r === null) throw new MooringError('INVALID_ARGUMENT', `repair must be an object (got ${describe(r)})`);
@@ -257,7 +275,7 @@ export class LocalDataEngine implements DataEngine {
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      return new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, repair });
+      return new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair });
     } catch (err) {
       if (server) await server.close().catch(() => undefined);
       await lock.release();
@@ -546,6 +564,79 @@ export class LocalDataEngine implements DataEngine {
     return this.#engineInfo(slot);
   }
 
+  // --- snapshots ---------------------------------------------------------------
+
+  /** @inheritDoc DataEngine.createSnapshot */
+  async createSnapshot(volume: string, name: string, options: { labels?: Record<string, string> } = {}): Promise<EngineSnapshotInfo> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkName('snapshot name', name);
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `snapshot options must be an object (got ${describe(options)})`);
+    const labels = checkLabels(options.labels);
+    await slot.engine.createSnapshot(name, { labels });
+    const found = visibleSnapshots(await slot.engine.listLayers()).find((x) => x.name === name);
+    if (!found) throw new MooringError('IO_ERROR', `snapshot ${name} of ${volume} was created but is not listed`);
+    return found;
+  }
+
+  /** @inheritDoc DataEngine.listSnapshots */
+  async listSnapshots(volume: string): Promise<EngineSnapshotInfo[]> {
+    this.#assertOpen();
+    return visibleSnapshots(await this.#slot(volume).engine.listLayers());
+  }
+
+  /** @inheritDoc DataEngine.deleteSnapshot */
+  async deleteSnapshot(volume: string, name: string): Promise<void> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkName('snapshot name', name);
+    await slot.engine.deleteSnapshot(name);
+  }
+
+  /**
+   * @inheritDoc DataEngine.exportSnapshot
+   *
+   * At most `maxConcurrentSnapshotCopies` exports and copies run at once; later ones wait.
+   * While it runs, deleteSnapshot of the volume fails with BUSY; stopping the engine cuts
+   * it short (CLOSED) and removes the partial file.
+   */
+  async exportSnapshot(volume: string, snapshot: string, path: string): Promise<SnapshotCopyResult> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkName('snapshot name', snapshot);
+    return this.#withCopyPermit(() => slot.engine.exportSnapshot(snapshot, path));
+  }
+
+  /**
+   * @inheritDoc DataEngine.copySnapshot
+   *
+   * The target's old content is replaced everywhere (ranges the snapshot does not hold are
+   * zeroed); if the copy fails it holds part of the snapshot.
+   */
+  async copySnapshot(volume: string, snapshot: string, toVolume: string): Promise<SnapshotCopyResult> {
+    this.#assertOpen();
+    const from = this.#slot(volume);
+    checkName('snapshot name', snapshot);
+    const to = this.#slot(toVolume);
+    if (to === from) throw new MooringError('INVALID_ARGUMENT', `a snapshot of ${volume} cannot be copied into ${volume} itself`);
+    if (to.engine.sizeBytes !== from.engine.sizeBytes) {
+      throw new MooringError('INVALID_ARGUMENT', `volume ${toVolume} has ${to.engine.sizeBytes} bytes, ${volume} ${from.engine.sizeBytes}: a copy needs equal sizes`, {
+        details: { volume, toVolume },
+      });
+    }
+    return this.#withCopyPermit(() => from.engine.copySnapshotTo(snapshot, to.engine));
+  }
+
+  // Bounds exports and copies across engines: each holds a libuv pool thread to the end.
+  async #withCopyPermit<T>(body: () => Promise<T>): Promise<T> {
+    const release = await this.#snapshotCopies.acquire();
+    try {
+      return await body();
+    } finally {
+      release();
+    }
+  }
+
   /** @inheritDoc DataEngine.watch */
   watch(listener: (event: DataEngineEvent) => void): () => void {
     if (typeof listener !== 'function') throw new MooringError('INVALID_ARGUMENT', 'watch needs a function');
@@ -613,6 +704,9 @@ export class LocalDataEngine implements DataEngine {
       });
     });
     engine.on('epoch-claimed', (e) => this.#emit({ type: 'epoch-claimed', volume, epoch: e.epoch }));
+    engine.on('snapshot-copy-progress', (e) =>
+      this.#emit({ type: 'snapshot-copy-progress', volume, snapshot: e.snapshot, copiedBytes: e.copiedBytes, totalBytes: e.totalBytes }),
+    );
     engine.on('replica-error', (e) => {
       this.#emit({ type: 'replica-error', volume, replicaId: e.replicaId, errno: e.errno, message: e.message });
       this.#scheduleRepair(slot, e.replicaId, e.code, e.message);
@@ -808,34 +902,6 @@ export class LocalDataEngine implements DataEngine {
   #assertOpen(): void {
     if (this.#closing) throw new MooringError('CLOSED', `data engine ${this.hostId} is closed`);
   }
-
-  // --- snapshot operations: placeholders until they land (issue 4, H2 replaces this block) ---
-
-  /** @inheritDoc DataEngine.createSnapshot */
-  async createSnapshot(volume: string, _name: string, _options?: { labels?: Record<string, string> }): Promise<EngineSnapshotInfo> {
-    throw new MooringError('UNSUPPORTED', `createSnapshot (${describe(volume)}) is not implemented by this build`);
-  }
-
-  /** @inheritDoc DataEngine.listSnapshots */
-  async listSnapshots(volume: string): Promise<EngineSnapshotInfo[]> {
-    throw new MooringError('UNSUPPORTED', `listSnapshots (${describe(volume)}) is not implemented by this build`);
-  }
-
-  /** @inheritDoc DataEngine.deleteSnapshot */
-  async deleteSnapshot(volume: string, _name: string): Promise<void> {
-    throw new MooringError('UNSUPPORTED', `deleteSnapshot (${describe(volume)}) is not implemented by this build`);
-  }
-
-  /** @inheritDoc DataEngine.exportSnapshot */
-  async exportSnapshot(volume: string, _snapshot: string, _path: string): Promise<SnapshotCopyResult> {
-    throw new MooringError('UNSUPPORTED', `exportSnapshot (${describe(volume)}) is not implemented by this build`);
-  }
-
-  /** @inheritDoc DataEngine.copySnapshot */
-  async copySnapshot(volume: string, _snapshot: string, _toVolume: string): Promise<SnapshotCopyResult> {
-    throw new MooringError('UNSUPPORTED', `copySnapshot (${describe(volume)}) is not implemented by this build`);
-  }
-  // --- end of the snapshot placeholders ---
 }
 
 function sameReplica(a: EngineReplicaRef, b: EngineReplicaRef): boolean {

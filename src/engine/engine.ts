@@ -21,6 +21,7 @@ import type {
   NativeReplicaEndpoint,
   NativeReplicaMode,
   NativeReplicaState,
+  NativeSnapshotCopyResult,
   NativeWriteZeroesOptions,
 } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
@@ -151,6 +152,19 @@ export interface RebuildFailedEvent extends RebuildEvent {
 /** What {@link Engine.addReplica} did. */
 export type RebuildResult = NativeRebuildResult;
 
+/** What {@link Engine.exportSnapshot} and {@link Engine.copySnapshotTo} did. */
+export type SnapshotCopyResult = NativeSnapshotCopyResult;
+
+/** Progress of {@link Engine.exportSnapshot} or {@link Engine.copySnapshotTo}, at least 64 MiB apart. */
+export interface SnapshotCopyProgressEvent {
+  /** The snapshot being read. */
+  snapshot: string;
+  /** Data bytes of the snapshot handled so far (read, then written, or found to be zeros). */
+  copiedBytes: number;
+  /** Data bytes the snapshot's layers hold in all. */
+  totalBytes: number;
+}
+
 /**
  * Events of an {@link Engine}. Events the native engine raises while it opens are collected
  * in {@link Engine.openEvents} when they arrive before `Engine.open` resolves; the native
@@ -171,6 +185,8 @@ export type EngineEvents = {
   'rebuild-completed': (event: RebuildEvent) => void;
   /** A rebuild failed or was aborted: the replica is ERR or gone. */
   'rebuild-failed': (event: RebuildFailedEvent) => void;
+  /** A snapshot export or copy advanced. */
+  'snapshot-copy-progress': (event: SnapshotCopyProgressEvent) => void;
   /** The engine closed; every call after this rejects with CLOSED. */
   closed: () => void;
 };
@@ -181,7 +197,8 @@ export type EngineEvent =
   | ({ type: 'epoch-claimed' } & EpochClaimedEvent)
   | ({ type: 'reconciled' } & ReconciledEvent)
   | ({ type: 'rebuild-started' | 'rebuild-progress' | 'rebuild-completed' } & RebuildEvent)
-  | ({ type: 'rebuild-failed' } & RebuildFailedEvent);
+  | ({ type: 'rebuild-failed' } & RebuildFailedEvent)
+  | ({ type: 'snapshot-copy-progress' } & SnapshotCopyProgressEvent);
 
 /** One run of the allocation map (NBD base:allocation). */
 export interface Extent {
@@ -579,9 +596,54 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
   }
 
   /**
+   * Writes the content of snapshot `name` — the volume as it read when the snapshot was
+   * taken — into a new sparse raw image at `path` (absolute; its directory must exist, the
+   * file must not). Only data is written; holes and blocks of zeros stay holes. The file is
+   * fsynced before the promise resolves, and removed if the export fails. While it runs,
+   * deleting or reverting snapshots of this engine fails with BUSY. Progress arrives as
+   * snapshot-copy-progress events. {@link Engine.close} cuts it short (CLOSED).
+   *
+   * @throws MooringError ALREADY_EXISTS, INVALID_ARGUMENT (relative path, missing directory),
+   *   NOT_FOUND (no such snapshot), NO_SPACE, IO_ERROR, CLOSED
+   */
+  exportSnapshot(name: string, path: string): Promise<SnapshotCopyResult> {
+    return this.#copy('exportSnapshot', () => {
+      checkName('snapshot name', name);
+      if (typeof path !== 'string' || !isAbsolute(path) || path.includes('\0')) {
+        throw new MooringError('INVALID_ARGUMENT', `export path must be an absolute path (got ${describe(path)})`);
+      }
+      return this.#native.exportSnapshot(name, path);
+    });
+  }
+
+  /**
+   * Writes the content of snapshot `name` into `target`, another open engine of the same
+   * size, through the target's replicated write path (every replica of the target gets it),
+   * zeroing whatever the snapshot does not hold, and flushes the target: a clone. If it
+   * fails, the target holds part of the content. As {@link Engine.exportSnapshot}, it keeps
+   * snapshots of this engine from being deleted or reverted while it runs.
+   *
+   * @throws MooringError INVALID_ARGUMENT (the same engine, sizes differ), NOT_FOUND, CLOSED, NO_SPACE, IO_ERROR
+   */
+  copySnapshotTo(name: string, target: Engine): Promise<SnapshotCopyResult> {
+    return this.#copy('copySnapshotTo', () => {
+      checkName('snapshot name', name);
+      if (!(target instanceof Engine)) throw new MooringError('INVALID_ARGUMENT', `target must be an Engine (got ${describe(target)})`);
+      if (target === this) throw new MooringError('INVALID_ARGUMENT', 'a snapshot cannot be copied into its own engine');
+      if (target.#state !== 'open') throw new MooringError('CLOSED', `the target engine is ${target.#state}`);
+      if (target.sizeBytes !== this.sizeBytes) {
+        throw new MooringError('INVALID_ARGUMENT', `the target engine's size ${target.sizeBytes} differs from ${this.sizeBytes}`);
+      }
+      return this.#native.copySnapshotTo(name, target.#native);
+    });
+  }
+
+  /**
    * Closes the engine: refuses new calls (CLOSED), closes its NBD exports (which drain and
    * flush) while waiting for calls in flight, then flushes, marks the replicas clean and
-   * closes them. Idempotent: later calls return the same promise.
+   * closes them. Snapshot exports and copies in flight are not waited for: once close()
+   * has resolved they read none of this engine's replicas any more, and they fail with CLOSED
+   * (a partial export file is removed). Idempotent: later calls return the same promise.
    */
   close(): Promise<void> {
     this.#closing ??= this.#doClose();
@@ -623,6 +685,13 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
       this.#inFlight--;
       if (this.#inFlight === 0 && this.#drained) this.#drained();
     });
+  }
+
+  // A snapshot export or copy: refused once closing, but not counted in #inFlight, so
+  // close() does not wait for a copy of hours (see close()).
+  #copy<T>(what: string, body: () => Promise<T>): Promise<T> {
+    if (this.#state !== 'open') return Promise.reject(new MooringError('CLOSED', `engine is ${this.#state} (${what})`));
+    return callNative(body, what);
   }
 
   #dispatch(event: EngineEvent): void {
@@ -691,6 +760,8 @@ function normalizeEvent(raw: NativeEngineEvent, specs: readonly ResolvedReplica[
         message: raw.message,
       };
     }
+    case 'snapshot-copy-progress':
+      return { type: 'snapshot-copy-progress', snapshot: raw.snapshot, copiedBytes: raw.copiedBytes, totalBytes: raw.totalBytes };
     default:
       return undefined;
   }

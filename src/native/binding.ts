@@ -74,7 +74,9 @@ export type NativeEngineEvent =
   | ({ type: 'rebuild-started' } & NativeRebuildFigures)
   | ({ type: 'rebuild-progress' } & NativeRebuildFigures)
   | ({ type: 'rebuild-completed' } & NativeRebuildFigures)
-  | ({ type: 'rebuild-failed'; errno: number; message: string } & NativeRebuildFigures);
+  | ({ type: 'rebuild-failed'; errno: number; message: string } & NativeRebuildFigures)
+  /** exportSnapshot/copySnapshotTo: data bytes of the snapshot handled so far, of totalBytes (every 64 MiB). */
+  | { type: 'snapshot-copy-progress'; snapshot: string; copiedBytes: number; totalBytes: number };
 
 /** Mutual TLS material, PEM text. Enabled when all three are given. */
 export interface NativeTlsOptions {
@@ -107,6 +109,15 @@ export interface NativeRebuildResult {
   scannedBytes: number;
   sentBytes: number;
   unmappedBytes: number;
+  durationMs: number;
+}
+
+/** What exportSnapshot/copySnapshotTo did. */
+export interface NativeSnapshotCopyResult {
+  /** Volume size: the length of the image written. */
+  sizeBytes: number;
+  /** Bytes written as data (holes and blocks of zeros are not written). */
+  copiedBytes: number;
   durationMs: number;
 }
 
@@ -256,6 +267,20 @@ export interface NativeEngine {
   exportNbd(options: NativeNbdOptions): Promise<NativeNbdServer>;
   /** Drain, flush, mark replicas clean, close. Idempotent. Close NBD servers first. */
   close(): Promise<void>;
+  /**
+   * Writes the content of snapshot `name` (the volume as it read when the snapshot was
+   * taken) into a new sparse raw file at the absolute `path`, whose directory must exist
+   * and which must not: ALREADY_EXISTS, INVALID_ARGUMENT, NOT_FOUND (no such snapshot),
+   * NO_SPACE / IO_ERROR (the partial file is removed), CLOSED (the engine closed meanwhile).
+   * Snapshot delete and revert on this engine fail with BUSY while it runs.
+   */
+  exportSnapshot(name: string, path: string): Promise<NativeSnapshotCopyResult>;
+  /**
+   * Writes the content of snapshot `name` into `target` (another open engine of the same
+   * size) through its replicated write path, zeroing what the snapshot does not hold, then
+   * flushes it: a clone. INVALID_ARGUMENT (same engine, sizes differ), NOT_FOUND, CLOSED.
+   */
+  copySnapshotTo(name: string, target: NativeEngine): Promise<NativeSnapshotCopyResult>;
 }
 
 /**

@@ -8,6 +8,9 @@
 #include "binding/js-values.h"
 #include "binding/nbd-server-wrap.h"
 #include "binding/replica-endpoint-args.h"
+#include "engine/engine-snapshot-sink.h"
+#include "engine/file-snapshot-sink.h"
+#include "engine/snapshot-reader.h"
 
 namespace mooring {
 namespace {
@@ -82,6 +85,8 @@ Napi::Function EngineWrap::Define(Napi::Env env) {
                          Method<W, &W::RemoveReplica>(env, "removeReplica"),
                          Method<W, &W::ExportNbd>(env, "exportNbd"),
                          Method<W, &W::Close>(env, "close"),
+                         Method<W, &W::ExportSnapshot>(env, "exportSnapshot"),
+                         Method<W, &W::CopySnapshotTo>(env, "copySnapshotTo"),
                      });
 }
 
@@ -435,6 +440,88 @@ Napi::Value EngineWrap::Close(const Napi::CallbackInfo& info) {
           addon_->engines.erase(engine_.get());
           Unref();
         });
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Snapshot export and copy
+
+namespace {
+
+SnapshotReader::Progress ProgressEvents(const std::shared_ptr<EventQueue>& events, const std::string& name) {
+  if (!events) return nullptr;
+  return [events, name](uint64_t done, uint64_t total) {
+    EngineEvent e{EngineEvent::Type::kSnapshotCopyProgress, "", 0, 0, done, ""};
+    e.total_bytes = total;
+    e.snapshot = name;
+    events->Push(e);
+  };
+}
+
+Napi::Value CopyResultToJs(Napi::Env env, const SnapshotCopyResult& r) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("sizeBytes", JsNum(env, r.size_bytes));
+  o.Set("copiedBytes", JsNum(env, r.copied_bytes));
+  o.Set("durationMs", JsNum(env, r.duration_ms));
+  return o;
+}
+
+}  // namespace
+
+Napi::Value EngineWrap::ExportSnapshot(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    const std::string name = ToStr(Arg(info, 0), "name", 1, kMaxNameBytes);
+    const std::string path = ToStr(Arg(info, 1), "path", 1);
+    if (path[0] != '/') throw ArgError("path", "an absolute path");
+    auto engine = engine_;
+    auto progress = ProgressEvents(events_, name);
+    auto res = std::make_shared<SnapshotCopyResult>();
+    return PinnedTask(
+        info,
+        [engine, name, path, progress, res]() -> Status {
+          // The snapshot is looked up first, so an unknown one creates no file.
+          std::unique_ptr<SnapshotReader> reader;
+          Status st = SnapshotReader::Open(engine.get(), name, &reader);
+          if (!st.ok()) return st;
+          std::unique_ptr<FileSnapshotSink> sink;
+          st = FileSnapshotSink::Create(path, reader->size(), &sink);
+          if (!st.ok()) return st;
+          return reader->CopyTo(sink.get(), progress, res.get());
+        },
+        [res](Napi::Env env) -> Napi::Value { return CopyResultToJs(env, *res); });
+  });
+}
+
+Napi::Value EngineWrap::CopySnapshotTo(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    const std::string name = ToStr(Arg(info, 0), "name", 1, kMaxNameBytes);
+    Napi::Value tv = Arg(info, 1);
+    if (!tv.IsObject() || !tv.As<Napi::Object>().CheckTypeTag(&kTypeTag)) throw ArgError("target", "a NativeEngine");
+    EngineWrap* target = EngineWrap::Unwrap(tv.As<Napi::Object>());
+    if (target == this || target->engine_ == engine_)
+      throw JsError(Code::kInvalidArgument, "a snapshot cannot be copied into the engine it belongs to");
+    if (target->closing_) throw JsError(Code::kClosed, "the target engine is closed");
+    if (target->engine_->size() != engine_->size())
+      throw JsError(Code::kInvalidArgument, "the target engine's size " + std::to_string(target->engine_->size()) +
+                                                " differs from this engine's " + std::to_string(engine_->size()));
+    auto engine = engine_;
+    auto dest = target->engine_;
+    auto progress = ProgressEvents(events_, name);
+    auto res = std::make_shared<SnapshotCopyResult>();
+    auto* w = PinnedTask(
+        info,
+        [engine, dest, name, progress, res]() -> Status {
+          std::unique_ptr<SnapshotReader> reader;
+          Status st = SnapshotReader::Open(engine.get(), name, &reader);
+          if (!st.ok()) return st;
+          EngineSnapshotSink sink(dest.get());
+          return reader->CopyTo(&sink, progress, res.get());
+        },
+        [res](Napi::Env env) -> Napi::Value { return CopyResultToJs(env, *res); });
+    w->Pin(tv);  // the target's handle stays alive until the copy settles
+    return w;
   });
 }
 

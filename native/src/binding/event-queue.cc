@@ -97,6 +97,12 @@ void EventQueue::Deliver(Napi::Env env, Napi::Function cb, const std::vector<Eng
           o.Set("message", e.message);
         }
         break;
+      case EngineEvent::Type::kSnapshotCopyProgress:
+        o.Set("type", "snapshot-copy-progress");
+        o.Set("snapshot", e.snapshot);
+        o.Set("copiedBytes", Napi::Number::New(env, static_cast<double>(e.bytes)));
+        o.Set("totalBytes", Napi::Number::New(env, static_cast<double>(e.total_bytes)));
+        break;
     }
     if (e.type == EngineEvent::Type::kReplicaError) o.Set("message", e.message);
     arr.Set(static_cast<uint32_t>(i), o);

@@ -62,6 +62,8 @@ constexpr int kErrStandby = EPERM;
 // Copy passes of one rebuild: a pass copies the layers not copied yet; another pass is
 // needed only when a snapshot was taken during the previous one, or the source failed.
 constexpr size_t kMaxRebuildPasses = 64;
+// Snapshot reads (exports, copies) open at once on one engine; each holds a pool thread.
+constexpr uint32_t kMaxSnapshotReads = 16;
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -206,6 +208,7 @@ class ReplicatedEngine final : public Engine {
   Status AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) override;
   Status RemoveReplica(const std::string& id) override;
   Status Shutdown() override;
+  Status OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) override;
 
  private:
   Targets TargetsIn(ReplicaMode m) const {
@@ -337,6 +340,12 @@ class ReplicatedEngine final : public Engine {
   std::string rebuild_target_;        // guarded by rebuild_mu_
   std::atomic<bool> rebuilding_{false};  // == rebuild_active_, readable without the mutex
   std::atomic<int> rebuild_stop_{0};     // negative errno once a stop was requested
+
+  // --- snapshot reads (OpenSnapshotRead) ---
+  class SnapshotReadImpl;
+  // Open SnapshotReads. Changed under gate_ (shared), read by Control under gate_
+  // (exclusive), so a delete either sees the read or ran before it listed the layers.
+  std::atomic<uint32_t> snapshot_reads_{0};
 };
 
 bool ReplicatedEngine::MarkFailed(size_t i, int rc) {
@@ -583,6 +592,11 @@ int ReplicatedEngine::ReadFrom(Op op) {
 
 template <typename Op>
 Status ReplicatedEngine::Control(Op op, bool to_wo) {
+  // Checked once more under the gate below; this first look answers at once instead of
+  // waiting for the gate behind a snapshot read's replica call.
+  if (!to_wo && snapshot_reads_.load() > 0)
+    return Status::Error(Code::kBusy, "a snapshot is being read (export or copy): snapshot delete and revert wait until it is done",
+                         EBUSY);
   Events ev;
   Status result;
   {
@@ -592,6 +606,9 @@ Status ReplicatedEngine::Control(Op op, bool to_wo) {
     if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
     if (!to_wo && rebuilding_.load())
       return Status::Error(Code::kBusy, "a replica is being rebuilt: snapshot delete and revert wait until it is done",
+                           EBUSY);
+    if (!to_wo && snapshot_reads_.load() > 0)
+      return Status::Error(Code::kBusy, "a snapshot is being read (export or copy): snapshot delete and revert wait until it is done",
                            EBUSY);
     BusyFlag busy(control_busy_);
     const Targets t = RwTargets();
@@ -1456,6 +1473,113 @@ void ReplicatedEngine::CloseReplicas() {
     s->cached_allocated = s->backend->AllocatedBytes();
     s->backend->Close();
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Snapshot reads (engine/snapshot-reader.h drives them)
+//
+// The read holds its replica by backend pointer, never by Slot*: RemoveReplica may erase a
+// slot. Every call looks the backend up under the shared gate, so the slot list is stable
+// for the call and Shutdown/RemoveReplica cannot close the backend under it.
+
+class ReplicatedEngine::SnapshotReadImpl final : public Engine::SnapshotRead {
+ public:
+  SnapshotReadImpl(ReplicatedEngine* e, std::shared_ptr<ReplicaBackend> b) : e_(e), backend_(std::move(b)) {}
+  // A delete that still sees the count refuses with kBusy: harmless, the read was ending.
+  ~SnapshotReadImpl() override { e_->snapshot_reads_.fetch_sub(1); }
+
+  std::string replica_id() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return backend_->id();
+  }
+  Status ListLayers(std::vector<LayerInfo>* out) override {
+    return Call([&](ReplicaBackend& b) { return b.ListLayers(out); });
+  }
+  Status LayerExtents(const std::string& layer_id, std::vector<Range>* out) override {
+    return Call([&](ReplicaBackend& b) { return b.LayerExtents(layer_id, out); });
+  }
+  int ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) override {
+    Status st = Call([&](ReplicaBackend& b) {
+      int rc = b.ReadLayer(layer_id, off, len, buf);
+      return rc < 0 ? Status::FromErrno(rc, "") : Status::Ok();
+    });
+    if (st.ok()) return 0;
+    return st.sys_errno > 0 ? -st.sys_errno : -EIO;
+  }
+
+  Status Failover(int neg_errno) override {
+    std::shared_ptr<ReplicaBackend> failed;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      failed = backend_;
+    }
+    bool marked = false;
+    {
+      std::lock_guard<std::mutex> lk(e_->state_mu_);
+      for (size_t i = 0; i < e_->slots_.size(); ++i) {
+        if (e_->slots_[i]->backend != failed || e_->slots_[i]->mode.load() != ReplicaMode::kRW) continue;
+        if (!e_->MarkFailedLocked(i, neg_errno))
+          return Status::Error(Code::kNoHealthyReplica, "replica " + failed->id() + " failed (errno " +
+                                                            std::to_string(-neg_errno) + ") and is the last RW replica",
+                               -neg_errno);
+        marked = true;
+      }
+    }
+    if (marked) e_->Fence();
+    std::shared_ptr<ReplicaBackend> next;
+    {
+      std::shared_lock<RwLock> g(e_->gate_);
+      Slot* slot = nullptr;
+      if (!e_->PickSource(&slot, &next))
+        return Status::Error(Code::kNoHealthyReplica, "no RW replica left to read the snapshot from");
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    backend_ = std::move(next);
+    return Status::Ok();
+  }
+
+ private:
+  // Runs op on the replica under the shared gate, if the engine and the replica can still serve.
+  template <typename Op>
+  Status Call(Op op) {
+    std::shared_ptr<ReplicaBackend> b;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      b = backend_;
+    }
+    std::shared_lock<RwLock> g(e_->gate_);
+    if (e_->closed_) return Status::Error(Code::kClosed, "engine is closed", ESHUTDOWN);
+    if (e_->fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
+    bool rw = false;
+    for (const auto& s : e_->slots_)
+      if (s->backend == b) rw = s->mode.load() == ReplicaMode::kRW;
+    if (!rw) return Status::Error(Code::kIoError, "replica " + b->id() + " is no longer RW", EIO);
+    // Under the shared gate our own claims are complete, so a higher epoch on the replica is
+    // another engine's: it may delete snapshots, which our pin cannot stop. (A remote
+    // backend's epoch() is the last one it was told of, so this sees local claims only.)
+    if (b->epoch() > e_->epoch_.load())
+      return Status::Error(Code::kStaleEpoch, "replica " + b->id() + " was claimed by another engine (epoch " +
+                                                  std::to_string(b->epoch()) + ")", ESTALE);
+    return op(*b);
+  }
+
+  ReplicatedEngine* e_;
+  mutable std::mutex mu_;  // guards backend_ (Failover swaps it)
+  std::shared_ptr<ReplicaBackend> backend_;
+};
+
+Status ReplicatedEngine::OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) {
+  std::shared_lock<RwLock> lk(gate_);
+  if (closed_) return Status::Error(Code::kClosed, "engine is closed", ESHUTDOWN);
+  if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
+  if (snapshot_reads_.load() >= kMaxSnapshotReads)
+    return Status::Error(Code::kBusy, std::to_string(kMaxSnapshotReads) + " snapshot reads run on this engine already", EBUSY);
+  Slot* slot = nullptr;
+  std::shared_ptr<ReplicaBackend> backend;
+  if (!PickSource(&slot, &backend)) return Status::Error(Code::kNoHealthyReplica, "no RW replica to read a snapshot from");
+  snapshot_reads_.fetch_add(1);
+  out->reset(new SnapshotReadImpl(this, std::move(backend)));
+  return Status::Ok();
 }
 
 }  // namespace

@@ -80,6 +80,9 @@ struct EngineEvent {
     kRebuildProgress,
     kRebuildCompleted,
     kRebuildFailed,
+    // Raised by the binding (not the engine) while a snapshot is exported or copied
+    // (engine/snapshot-reader.h): bytes = data bytes read so far, total_bytes = all of them.
+    kSnapshotCopyProgress,
   };
   Type type;
   std::string replica_id;  // kReplicaError, kRebuild*
@@ -88,7 +91,8 @@ struct EngineEvent {
   uint64_t bytes = 0;      // kReconciled: bytes copied; kRebuild*: bytes sent to the target so far
   std::string message;
   uint64_t scanned_bytes = 0;  // kRebuild*: allocated bytes compared so far (source or target)
-  uint64_t total_bytes = 0;    // kRebuild*: allocated bytes to compare in all
+  uint64_t total_bytes = 0;    // kRebuild*, kSnapshotCopyProgress: bytes to handle in all
+  std::string snapshot = {};   // kSnapshotCopyProgress: the snapshot being read
 };
 
 // Progress events of a rebuild are at least this far apart (plus one at the end).
@@ -185,6 +189,31 @@ class Engine : public BlockDevice {
   // closes them). Idempotent.
   // Replicas() keeps answering afterwards with the last known state.
   virtual Status Shutdown() = 0;
+
+  // --- Snapshot reads (SnapshotReader, engine/snapshot-reader.h, drives these) ---------
+  // One read of snapshot layers, from one RW replica at a time. While any read is open,
+  // DeleteSnapshot and Revert fail with kBusy, so no layer is merged, pruned or dropped
+  // under it; writes, trims and Snapshot go on (they change only the head, or turn the
+  // head into a new layer). Calls are thread-safe; the object must not outlive its engine.
+  class SnapshotRead {
+   public:
+    virtual ~SnapshotRead() = default;  // ends the read
+    // The replica read from (its ReplicaBackend id).
+    virtual std::string replica_id() const = 0;
+    // As the ReplicaBackend calls of that replica. Besides the replica's own errors they
+    // fail with -ESHUTDOWN / kClosed once the engine is shut down, -ESTALE / kStaleEpoch
+    // once it is fenced, and -EIO / kIoError once the replica is no longer RW.
+    virtual Status ListLayers(std::vector<LayerInfo>* out) = 0;
+    virtual Status LayerExtents(const std::string& layer_id, std::vector<Range>* out) = 0;
+    virtual int ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) = 0;
+    // After the replica failed with `neg_errno`: marks it ERR as a failed read would
+    // (fenced before the next write is answered), unless it is the last RW replica, and
+    // goes on with another RW replica (whose layer list is the same). Fails with
+    // kNoHealthyReplica when there is none.
+    virtual Status Failover(int neg_errno) = 0;
+  };
+  // Opens a read (kClosed, kStaleEpoch, kNoHealthyReplica; kBusy beyond 16 at once).
+  virtual Status OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) = 0;
 };
 
 }  // namespace mooring

@@ -11,9 +11,11 @@ import type {
   EngineHandOver,
   EngineInfo,
   EngineReplicaRef,
+  EngineSnapshotInfo,
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult,
+  SnapshotCopyResult,
 } from '../data-engine.js';
 
 /** Metadata keys carrying the MooringError across gRPC. */
@@ -222,6 +224,9 @@ export function eventToMsg(e: DataEngineEvent): Msg {
     case 'engine-deactivated':
       m.epoch = e.epoch;
       break;
+    case 'snapshot-copy-progress':
+      Object.assign(m, { snapshot: e.snapshot, copiedBytes: e.copiedBytes, totalBytes: e.totalBytes });
+      break;
   }
   return m;
 }
@@ -248,9 +253,44 @@ export function eventFromMsg(m: Msg): DataEngineEvent | undefined {
     case 'engine-activated':
     case 'engine-deactivated':
       return { type: m.type, volume, epoch: num(m.epoch) };
+    case 'snapshot-copy-progress':
+      return { type: 'snapshot-copy-progress', volume, snapshot: str(m.snapshot), copiedBytes: num(m.copiedBytes), totalBytes: num(m.totalBytes) };
     default:
       return undefined;
   }
+}
+
+// --- snapshots ---------------------------------------------------------------
+
+export function snapshotToMsg(x: EngineSnapshotInfo): Msg {
+  return { ...x, parent: x.parent ?? '', labels: { ...x.labels } };
+}
+export function snapshotFromMsg(m: Msg): EngineSnapshotInfo {
+  return {
+    name: str(m.name),
+    id: str(m.id),
+    parent: str(m.parent) || null,
+    createdMs: num(m.createdMs),
+    labels: labelsFromMsg(m.labels),
+    sizeBytes: num(m.sizeBytes),
+    allocatedBytes: num(m.allocatedBytes),
+    userCreated: m.userCreated === true,
+  };
+}
+
+/** A labels map as decoded (an object of strings; anything else is dropped). */
+export function labelsFromMsg(v: unknown): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (typeof v !== 'object' || v === null) return out;
+  for (const [k, x] of Object.entries(v as Record<string, unknown>)) if (typeof x === 'string') out[k] = x;
+  return out;
+}
+
+export function copyResultToMsg(r: SnapshotCopyResult): Msg {
+  return { sizeBytes: r.sizeBytes, copiedBytes: r.copiedBytes, durationMs: r.durationMs };
+}
+export function copyResultFromMsg(m: Msg): SnapshotCopyResult {
+  return { sizeBytes: num(m.sizeBytes), copiedBytes: num(m.copiedBytes), durationMs: num(m.durationMs) };
 }
 
 /** A request field that must be a string (proto3 gives '' when absent). */

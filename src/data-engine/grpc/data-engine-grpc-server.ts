@@ -15,10 +15,13 @@ import { describe } from '../../util/validate.js';
 import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
 import type { DataEngine } from '../data-engine.js';
 import {
+  copyResultToMsg,
   engineToMsg,
   eventToMsg,
   handOverFromMsg,
   handOverToMsg,
+  labelsFromMsg,
+  snapshotToMsg,
   hostedToMsg,
   infoToMsg,
   rebuildResultToMsg,
@@ -192,6 +195,20 @@ export class DataEngineGrpcServer {
         return engineToMsg(await de.activateEngine(requestString(r, 'volume'), handOverFromMsg(r.handOver)));
       }),
       Watch: (call: ServerWritableStream<Msg, Msg>) => this.#watch(de, call),
+      CreateSnapshot: unary(async (r) =>
+        snapshotToMsg(await de.createSnapshot(requestString(r, 'volume'), requestString(r, 'name'), { labels: labelsFromMsg(r.labels) })),
+      ),
+      ListSnapshots: unary(async (r) => ({ snapshots: (await de.listSnapshots(requestString(r, 'volume'))).map(snapshotToMsg) })),
+      DeleteSnapshot: unary(async (r) => {
+        await de.deleteSnapshot(requestString(r, 'volume'), requestString(r, 'name'));
+        return {};
+      }),
+      ExportSnapshot: unary(async (r) =>
+        copyResultToMsg(await de.exportSnapshot(requestString(r, 'volume'), requestString(r, 'snapshot'), requestString(r, 'path'))),
+      ),
+      CopySnapshot: unary(async (r) =>
+        copyResultToMsg(await de.copySnapshot(requestString(r, 'volume'), requestString(r, 'snapshot'), requestString(r, 'toVolume'))),
+      ),
     };
   }
 

@@ -34,6 +34,13 @@ service DataEngine {
   rpc ActivateEngine(ActivateEngineRequest) returns (EngineInfo);
   // Events of the engines this data engine runs, as they happen (none are replayed).
   rpc Watch(Empty) returns (stream Event);
+  // Snapshots, through the volume's engine on this data engine. Export and Copy return
+  // when the whole copy is done (progress: snapshot-copy-progress events).
+  rpc CreateSnapshot(CreateSnapshotRequest) returns (Snapshot);
+  rpc ListSnapshots(VolumeName) returns (SnapshotList);
+  rpc DeleteSnapshot(SnapshotRef) returns (Empty);
+  rpc ExportSnapshot(ExportSnapshotRequest) returns (SnapshotCopyResult);
+  rpc CopySnapshot(CopySnapshotRequest) returns (SnapshotCopyResult);
 }
 
 message Empty {}
@@ -139,6 +146,48 @@ message RebuildResult {
   uint64 duration_ms = 5;
 }
 
+message Snapshot {
+  string name = 1;
+  string id = 2;
+  string parent = 3;  // "" = none (the first snapshot)
+  uint64 created_ms = 4;
+  map<string, string> labels = 5;
+  uint64 size_bytes = 6;
+  uint64 allocated_bytes = 7;
+  bool user_created = 8;
+}
+
+message SnapshotList { repeated Snapshot snapshots = 1; }
+
+message CreateSnapshotRequest {
+  string volume = 1;
+  string name = 2;
+  map<string, string> labels = 3;
+}
+
+message SnapshotRef {
+  string volume = 1;
+  string name = 2;
+}
+
+message ExportSnapshotRequest {
+  string volume = 1;
+  string snapshot = 2;
+  string path = 3;  // absolute, on the data engine's host
+}
+
+message CopySnapshotRequest {
+  string volume = 1;
+  string snapshot = 2;
+  string to_volume = 3;
+}
+
+message SnapshotCopyResult {
+  uint64 size_bytes = 1;
+  uint64 copied_bytes = 2;
+  uint64 duration_ms = 3;
+}
+
 // One DataEngineEvent; which fields are set depends on type.
 message Event {
   string type = 1;
@@ -151,6 +200,10 @@ message Event {
   string code = 8;
   uint32 attempt = 9;
   uint64 delay_ms = 10;
+  // snapshot-copy-progress
+  string snapshot = 11;
+  uint64 copied_bytes = 12;
+  uint64 total_bytes = 13;
 }
 `;
 

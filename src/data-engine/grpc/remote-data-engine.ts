@@ -32,6 +32,7 @@ import type {
   SnapshotCopyResult,
 } from '../data-engine.js';
 import {
+  copyResultFromMsg,
   engineFromMsg,
   eventFromMsg,
   fromGrpcError,
@@ -41,6 +42,7 @@ import {
   infoFromMsg,
   rebuildResultFromMsg,
   refToMsg,
+  snapshotFromMsg,
   type Msg,
 } from './codec.js';
 import { GRPC_LIMITS } from './data-engine-grpc-server.js';
@@ -50,7 +52,7 @@ import { dataEnginePackageDefinition } from './data-engine-proto.js';
 export const REMOTE_DATA_ENGINE_DEFAULTS = {
   /** Deadline of an ordinary call. */
   timeoutMs: 30_000,
-  /** Deadline of addReplica (a whole rebuild), stopEngine and deactivateEngine (a drain). */
+  /** Deadline of addReplica (a whole rebuild), stopEngine and deactivateEngine (a drain), exportSnapshot and copySnapshot (a whole copy). */
   longCallTimeoutMs: 6 * 3600_000,
   /** First and largest delay before the watch stream reconnects. */
   watchRetryFirstMs: 250,
@@ -73,7 +75,7 @@ export interface RemoteDataEngineOptions {
   allowInsecureRemote?: boolean;
   /** Deadline per call (default 30 s). */
   timeoutMs?: number;
-  /** Deadline of addReplica and stopEngine (default 6 h). */
+  /** Deadline of addReplica, stopEngine, exportSnapshot and copySnapshot (default 6 h). */
   longCallTimeoutMs?: number;
 }
 
@@ -230,6 +232,36 @@ export class RemoteDataEngine implements DataEngine {
     return engineFromMsg(await this.#call('ActivateEngine', { volume, handOver: handOverToMsg(h as EngineHandOver) }));
   }
 
+  /** @inheritDoc DataEngine.createSnapshot */
+  async createSnapshot(volume: string, name: string, options: { labels?: Record<string, string> } = {}): Promise<EngineSnapshotInfo> {
+    const labels = options?.labels ?? {};
+    if (typeof labels !== 'object' || labels === null || Object.values(labels).some((v) => typeof v !== 'string')) {
+      throw new MooringError('INVALID_ARGUMENT', `labels must be an object of string values (got ${describe(labels)})`);
+    }
+    return snapshotFromMsg(await this.#call('CreateSnapshot', { volume, name, labels }));
+  }
+
+  /** @inheritDoc DataEngine.listSnapshots */
+  async listSnapshots(volume: string): Promise<EngineSnapshotInfo[]> {
+    const reply = await this.#call('ListSnapshots', { volume });
+    return (Array.isArray(reply.snapshots) ? (reply.snapshots as Msg[]) : []).map(snapshotFromMsg);
+  }
+
+  /** @inheritDoc DataEngine.deleteSnapshot */
+  async deleteSnapshot(volume: string, name: string): Promise<void> {
+    await this.#call('DeleteSnapshot', { volume, name });
+  }
+
+  /** @inheritDoc DataEngine.exportSnapshot */
+  async exportSnapshot(volume: string, snapshot: string, path: string): Promise<SnapshotCopyResult> {
+    return copyResultFromMsg(await this.#call('ExportSnapshot', { volume, snapshot, path }, this.#longTimeoutMs));
+  }
+
+  /** @inheritDoc DataEngine.copySnapshot */
+  async copySnapshot(volume: string, snapshot: string, toVolume: string): Promise<SnapshotCopyResult> {
+    return copyResultFromMsg(await this.#call('CopySnapshot', { volume, snapshot, toVolume }, this.#longTimeoutMs));
+  }
+
   /**
    * Subscribes to the data engine's events. One stream serves all listeners; when it
    * breaks (the data engine restarted, the network failed) it is reopened with back-off.
@@ -309,34 +341,6 @@ export class RemoteDataEngine implements DataEngine {
       s.cancel();
     }
   }
-
-  // --- snapshot operations: placeholders until they land (issue 4, H2 replaces this block) ---
-
-  /** @inheritDoc DataEngine.createSnapshot */
-  async createSnapshot(volume: string, _name: string, _options?: { labels?: Record<string, string> }): Promise<EngineSnapshotInfo> {
-    throw new MooringError('UNSUPPORTED', `createSnapshot (${describe(volume)}) is not implemented by this build`);
-  }
-
-  /** @inheritDoc DataEngine.listSnapshots */
-  async listSnapshots(volume: string): Promise<EngineSnapshotInfo[]> {
-    throw new MooringError('UNSUPPORTED', `listSnapshots (${describe(volume)}) is not implemented by this build`);
-  }
-
-  /** @inheritDoc DataEngine.deleteSnapshot */
-  async deleteSnapshot(volume: string, _name: string): Promise<void> {
-    throw new MooringError('UNSUPPORTED', `deleteSnapshot (${describe(volume)}) is not implemented by this build`);
-  }
-
-  /** @inheritDoc DataEngine.exportSnapshot */
-  async exportSnapshot(volume: string, _snapshot: string, _path: string): Promise<SnapshotCopyResult> {
-    throw new MooringError('UNSUPPORTED', `exportSnapshot (${describe(volume)}) is not implemented by this build`);
-  }
-
-  /** @inheritDoc DataEngine.copySnapshot */
-  async copySnapshot(volume: string, _snapshot: string, _toVolume: string): Promise<SnapshotCopyResult> {
-    throw new MooringError('UNSUPPORTED', `copySnapshot (${describe(volume)}) is not implemented by this build`);
-  }
-  // --- end of the snapshot placeholders ---
 }
 
 function unaryCall(client: Client, method: string, req: Msg, timeoutMs: number, what: string): Promise<Msg> {

@@ -102,6 +102,8 @@ describe('LocalDataEngine', () => {
         { replicaListen: 'tcp:127.0.0.1:70000' },
         { maxConcurrentRebuilds: 0 },
         { maxConcurrentRebuilds: 65 },
+        { maxConcurrentSnapshotCopies: 0 },
+        { maxConcurrentSnapshotCopies: 17 },
         { repair: { firstRetryMs: 5 } },
         { repair: { firstRetryMs: 2000, maxRetryMs: 1000 } },
         { tls: { cert: 'x', key: 'y', ca: 'z' } },
@@ -409,6 +411,57 @@ describe('LocalDataEngine', () => {
       await a.stopEngine('v');
       expect(await codeOf(add)).not.toBe('resolved');
       expect(log.of('engine-stopped')).toHaveLength(1);
+    });
+  });
+
+  describe('snapshots', () => {
+    it('creates, lists and deletes through the engine, as users see snapshots', async () => {
+      const de = await start('h1', { replicaListen: null });
+      await de.createReplica('v-r0', MiB);
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }] });
+      const s1 = await de.createSnapshot('v', 's1', { labels: { a: 'b' } });
+      expect(s1).toMatchObject({ name: 's1', parent: null, labels: { a: 'b' }, userCreated: true });
+      await de.createSnapshot('v', 's2');
+      expect((await de.listSnapshots('v')).map((x) => [x.name, x.parent])).toEqual([
+        ['s1', null],
+        ['s2', 's1'],
+      ]);
+      await de.deleteSnapshot('v', 's1');
+      // The deleted layer is kept (the fake marks it removed) but no longer listed, and s2's
+      // parent is the nearest visible one.
+      expect((await de.listSnapshots('v')).map((x) => [x.name, x.parent])).toEqual([['s2', null]]);
+      expect(await codeOf(de.createSnapshot('v', 's2'))).toBe('ALREADY_EXISTS');
+      expect(await codeOf(de.createSnapshot('v', 's3', { labels: { 'no spaces': 'x' } }))).toBe('INVALID_ARGUMENT');
+      expect(await codeOf(de.deleteSnapshot('v', 's1'))).toBe('NOT_FOUND');
+      expect(await codeOf(de.listSnapshots('w'))).toBe('NOT_FOUND');
+    });
+
+    it('runs at most maxConcurrentSnapshotCopies exports and copies at once; the others wait their turn', async () => {
+      const de = await start('h1', { replicaListen: null, maxConcurrentSnapshotCopies: 1 });
+      for (const n of ['v-r0', 'w-r0']) await de.createReplica(n, MiB);
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }] });
+      const source = addon.engine;
+      await de.startEngine({ volume: 'w', replicas: [{ id: 'r0', hostId: 'h1', name: 'w-r0', address: null }] });
+      await source.write(0, Buffer.from('hello'));
+      await de.createSnapshot('v', 's');
+      const started: string[] = [];
+      const exportSnapshot = source.exportSnapshot.bind(source);
+      const copySnapshotTo = source.copySnapshotTo.bind(source);
+      source.exportSnapshot = (name, path) => (started.push('export'), exportSnapshot(name, path));
+      source.copySnapshotTo = (name, target) => (started.push('copy'), copySnapshotTo(name, target));
+      let open!: () => void;
+      source.gate = new Promise<void>((r) => (open = r));
+      const first = de.exportSnapshot('v', 's', join(root, 's.raw'));
+      const second = de.copySnapshot('v', 's', 'w');
+      for (let i = 0; i < 20; i++) await addon.tick();
+      expect(started).toEqual(['export']);
+      open();
+      source.gate = undefined;
+      await first;
+      expect((await second).sizeBytes).toBe(MiB);
+      expect(started).toEqual(['export', 'copy']);
+      expect((await readFile(join(root, 's.raw'))).subarray(0, 5).toString()).toBe('hello');
+      expect(await codeOf(de.copySnapshot('v', 's', 'v'))).toBe('INVALID_ARGUMENT');
     });
   });
 });

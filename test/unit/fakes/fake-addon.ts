@@ -5,7 +5,7 @@
 // replica `name` under the root of the (running) fake replica server on its port, so two
 // fake data engines in one test share replicas the way real hosts do over TCP.
 import { mkdirSync, readdirSync, writeFileSync, existsSync } from 'node:fs';
-import { join } from 'node:path';
+import { isAbsolute, join } from 'node:path';
 
 import type {
   NativeAddon,
@@ -28,6 +28,7 @@ import type {
   NativeReplicaServerOptions,
   NativeReplicaServerStats,
   NativeReplicaState,
+  NativeSnapshotCopyResult,
   NativeWriteZeroesOptions,
 } from '../../../src/native/binding.js';
 
@@ -45,6 +46,8 @@ interface FakeReplica {
   clean: boolean;
   layers: NativeLayerInfo[];
   nextLayer: number;
+  /** The volume's content when each snapshot was taken, by layer id (exportSnapshot, copySnapshotTo). */
+  frozen?: Map<string, Buffer>;
 }
 
 export class FakeNbdServer implements NativeNbdServer {
@@ -279,6 +282,7 @@ export class FakeEngine implements NativeEngine {
       head.labels = { ...labels };
       head.userCreated = userCreated;
       head.createdMs = Date.now();
+      (r.frozen ??= new Map()).set(head.id, Buffer.from(r.data));
       r.layers.push({ ...head, id, parent: head.id, name: '', head: true, labels: {}, file: `layer-${id}.img`, allocatedBytes: 0 });
     }
   }
@@ -305,6 +309,42 @@ export class FakeEngine implements NativeEngine {
       if (!r.layers.some((x) => x.name === name && !x.removed && !x.head)) throw nativeError('NOT_FOUND', `snapshot ${name} not found`);
     }
     this.addon.reverts.push(name);
+  }
+
+  /** The content of a live snapshot, as frozen when it was taken (NOT_FOUND otherwise). */
+  #frozen(name: string): Buffer {
+    const r = this.#rw()[0]!;
+    const l = r.layers.find((x) => x.name === name && !x.removed && !x.head);
+    const data = l ? r.frozen?.get(l.id) : undefined;
+    if (!data) throw nativeError('NOT_FOUND', `no snapshot '${name}'`);
+    return data;
+  }
+
+  /** Writes the frozen content to a new file (flag wx: ALREADY_EXISTS if it exists). */
+  async exportSnapshot(name: string, path: string): Promise<NativeSnapshotCopyResult> {
+    await this.#enter();
+    if (!isAbsolute(path)) throw nativeError('INVALID_ARGUMENT', 'path must be an absolute path');
+    const data = this.#frozen(name);
+    try {
+      writeFileSync(path, data, { flag: 'wx', mode: 0o600 });
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'EEXIST') throw nativeError('ALREADY_EXISTS', `${path} exists already`, 17);
+      if (code === 'ENOENT') throw nativeError('INVALID_ARGUMENT', `the directory of ${path} does not exist`, 2);
+      throw err;
+    }
+    return { sizeBytes: this.sizeBytes, copiedBytes: data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0), durationMs: 0 };
+  }
+
+  /** Copies the frozen content into every RW replica of another fake engine. */
+  async copySnapshotTo(name: string, target: NativeEngine): Promise<NativeSnapshotCopyResult> {
+    await this.#enter();
+    if (!(target instanceof FakeEngine) || target === this) throw nativeError('INVALID_ARGUMENT', 'target must be another engine');
+    if (target.closed) throw nativeError('CLOSED', 'the target engine is closed');
+    if (target.sizeBytes !== this.sizeBytes) throw nativeError('INVALID_ARGUMENT', 'sizes differ');
+    const data = this.#frozen(name);
+    await target.write(0, data);
+    return { sizeBytes: this.sizeBytes, copiedBytes: data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0), durationMs: 0 };
   }
 
   async exportNbd(options: NativeNbdOptions): Promise<NativeNbdServer> {
