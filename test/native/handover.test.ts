@@ -3,6 +3,8 @@
 // two engines through the replica registry) and replicas behind real replica servers.
 // Each scenario checks what the replicas hold afterwards: byte for byte against a model of
 // every acknowledged write, and their epochs and clean flags as the replicas record them.
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Engine } from '../../src/engine/engine.js';
@@ -124,6 +126,9 @@ describe('hand-over between engines over the same replicas', () => {
     expect(await codeOf(e.snapshot('s1', {}, true))).toBe('INVALID_STATE');
     expect(await codeOf(e.deleteSnapshot('s1'))).toBe('INVALID_STATE');
     expect(await codeOf(e.revert('s1'))).toBe('INVALID_STATE');
+    // Only the writer reads snapshots (its pin keeps them from being deleted meanwhile).
+    await src.engine.snapshot('s0', {}, true);
+    expect(await codeOf(e.exportSnapshot('s0', join(tmpdir(), `mooring-standby-export-${process.pid}.raw`)))).toBe('INVALID_STATE');
     const spare = (await replicas(1))[0]!;
     expect(await codeOf(e.addReplica(spare))).toBe('INVALID_STATE');
     expect(await codeOf(e.activate({ epoch: 0, rwReplicaIds: 'x' as unknown as string[] }))).toBe('INVALID_ARGUMENT');

@@ -292,6 +292,9 @@ describe('snapshot export and copy (real addon)', () => {
       expect(await codeOf(held.deleteSnapshot('a'))).toBe('BUSY');
       expect(await codeOf(held.deleteSnapshot('b'))).toBe('BUSY');
       expect(await codeOf(held.revert('a'))).toBe('BUSY');
+      // No hand-over either: the next writer could delete the layers being read.
+      expect(await codeOf(held.deactivate())).toBe('BUSY');
+      expect(held.role).toBe('active');
       proxy.release();
       const res = await exporting;
       expect(res.copiedBytes).toBe(6 * MiB);

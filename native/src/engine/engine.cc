@@ -875,6 +875,9 @@ Status ReplicatedEngine::Deactivate(HandOver* out) {
   // cannot continue it: stop it. Its rebuilding flag is durable, so the target is ERR for
   // the next writer too (it is not RW here, so not in the hand-over either), and that
   // engine's self-repair rebuilds it again.
+  // Checked again under the gate; here so a refused hand-over does not stop a rebuild.
+  if (snapshot_reads_.load() > 0)
+    return Status::Error(Code::kBusy, "an export or copy of a snapshot reads from this engine: hand over when it has finished", EBUSY);
   StopRebuild("", -kErrStandby);
 
   Events ev;
@@ -890,6 +893,10 @@ Status ReplicatedEngine::Deactivate(HandOver* out) {
       result = Status::Error(Code::kInvalidState, "engine is a standby already: it has nothing to hand over", EPERM);
     } else if (fenced_) {
       result = Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch: another engine owns the volume", ESTALE);
+    } else if (snapshot_reads_.load() > 0) {
+      // An export or copy pins the snapshot's layers only on this engine; the next writer
+      // could delete them under it (a remote replica would not tell the reader in time).
+      result = Status::Error(Code::kBusy, "an export or copy of a snapshot reads from this engine: hand over when it has finished", EBUSY);
     } else if (int rc = FenceLocked(&ev); rc < 0) {
       result = Status::FromErrno(rc, "fencing failed replicas before the hand-over");
     } else {
@@ -1572,6 +1579,7 @@ Status ReplicatedEngine::OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) {
   std::shared_lock<RwLock> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed", ESHUTDOWN);
   if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
+  if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: only the writer reads snapshots", EPERM);
   if (snapshot_reads_.load() >= kMaxSnapshotReads)
     return Status::Error(Code::kBusy, std::to_string(kMaxSnapshotReads) + " snapshot reads run on this engine already", EBUSY);
   Slot* slot = nullptr;

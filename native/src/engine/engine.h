@@ -153,7 +153,8 @@ class Engine : public BlockDevice {
   // RW replica (one that fails is marked ERR and fenced; the last one failing fails the
   // call and the engine stays active), then returns the epoch and the RW replicas. Does
   // not mark replicas clean. kInvalidState if standby already, kStaleEpoch if fenced,
-  // kBusy if a Deactivate runs already. Blocks for the drain and flush: worker thread.
+  // kBusy if a Deactivate runs already or a snapshot read (export, copy) is open: its pin
+  // holds only on this engine. Blocks for the drain and flush: worker thread.
   virtual Status Deactivate(HandOver* out) = 0;
   // Standby -> active. Replicas not in h.rw_ids, unreachable, ERR here already, or left
   // mid-rebuild become ERR; epoch h.epoch + 1 is claimed on the rest. kStaleEpoch (still
