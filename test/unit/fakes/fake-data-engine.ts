@@ -212,14 +212,14 @@ export class FakeDataEngine implements DataEngine {
 
   async exportSnapshot(volume: string, snapshot: string, path: string): Promise<SnapshotCopyResult> {
     this.#check(`exportSnapshot ${volume} ${snapshot} ${path}`);
-    this.#engine(volume);
+    this.#active(volume);
     if (!(snapshots.get(volume) ?? []).some((x) => x.name === snapshot)) throw new MooringError('NOT_FOUND', `no snapshot ${snapshot}`);
     return { sizeBytes: 4096, copiedBytes: 0, durationMs: 0 };
   }
 
   async copySnapshot(volume: string, snapshot: string, toVolume: string): Promise<SnapshotCopyResult> {
     this.#check(`copySnapshot ${volume} ${snapshot} ${toVolume}`);
-    this.#engine(volume);
+    this.#active(volume);
     this.#active(toVolume);
     if (!(snapshots.get(volume) ?? []).some((x) => x.name === snapshot)) throw new MooringError('NOT_FOUND', `no snapshot ${snapshot}`);
     return { sizeBytes: 4096, copiedBytes: 0, durationMs: 0 };
