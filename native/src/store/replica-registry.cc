@@ -87,7 +87,12 @@ Status ReplicaRegistry::Acquire(const std::string& dir, std::shared_ptr<ReplicaB
     return Status::FromErrno(err, "resolving " + dir);
   }
   const std::string key(buf);
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
+  // A close in progress still holds the directory lock: opening now would fail BUSY.
+  closed_cv_.wait(lk, [&] {
+    auto it = open_.find(key);
+    return it == open_.end() || !it->second.closing;
+  });
   Entry& e = open_[key];
   if (!e.replica) {
     std::unique_ptr<Replica> r;
@@ -118,10 +123,15 @@ void ReplicaRegistry::Release(const std::string& key) {
     auto it = open_.find(key);
     if (it == open_.end()) return;
     if (--it->second.users > 0) return;
-    last = std::move(it->second.replica);
-    open_.erase(it);
+    it->second.closing = true;
+    last = it->second.replica;
   }
   last->Close();  // outside mu_: closing flushes
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    open_.erase(key);
+  }
+  closed_cv_.notify_all();
 }
 
 }  // namespace mooring

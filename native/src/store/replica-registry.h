@@ -8,6 +8,7 @@
 // destroyed. One registry per process (Global()): flock is per process anyway.
 #pragma once
 
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,7 +23,9 @@ class ReplicaRegistry {
   static ReplicaRegistry& Global();
 
   // Opens (or shares) the replica in `dir` (absolute; normalised by realpath, so two
-  // spellings of one directory share). Errors as Replica::Open.
+  // spellings of one directory share). Errors as Replica::Open. If the last handle of
+  // that replica is being closed right now, waits for the close (it holds the directory
+  // lock until then) and opens it again.
   Status Acquire(const std::string& dir, std::shared_ptr<ReplicaBackend>* out);
   // Number of handles open on `dir` (0 if not open here).
   size_t Users(const std::string& dir);
@@ -31,11 +34,13 @@ class ReplicaRegistry {
   struct Entry {
     std::shared_ptr<Replica> replica;
     size_t users = 0;
+    bool closing = false;  // the last handle went; Close() runs outside mu_
   };
   class Handle;
   void Release(const std::string& key);
 
   std::mutex mu_;
+  std::condition_variable closed_cv_;  // an entry that was closing is gone
   std::map<std::string, Entry> open_;
 };
 
