@@ -5,6 +5,7 @@
 //   replicas on all hosts are identical to what b serves;
 // - rollback before hand-over (b's standby goes) and after it (b wrote: a claims a newer
 //   epoch and serves b's writes);
+// - a degraded volume (host c down) migrates; c's replica is rebuilt by b's engine later;
 // - crashes: b killed mid-migration, before or after the hand-over → rolled back by the
 //   cluster (after it, a keeps what b wrote); a killed after hand-over →
 //   the volume stays on b; the embedding process restarts mid-migration → a new Cluster over
@@ -139,6 +140,25 @@ describe('three data-engine hosts, live migration', () => {
     await write('a', [4, 1, 0x78]);
     expect((await hosts[1]!.engine.listEngines()).map((e) => e.volume)).not.toContain(VOLUME);
     await expectReplicasEqual('a');
+  });
+
+  it('migrates a degraded volume (a replica host down); the target rebuilds that replica when it returns', async () => {
+    await attachOnA();
+    const vol = cluster.volume(VOLUME);
+    await hosts[2]!.crash();
+    await write('a', [14, 1, 0x5c]); // the engine finds c gone and goes on with a and b
+    expect(await waitFor(async () => (await vol.status()).state === 'degraded', 30_000, 200), diag()).toBe(true);
+    const m = await vol.migrate('b', { nbd: `unix:${sock('b')}` });
+    const ho = await m.handOver();
+    expect(ho.rwReplicaIds).toHaveLength(2);
+    for (const p of [...BEFORE, [14, 1, 0x5c] as [number, number, number]]) await readsBack('b', p);
+    await write('b', [15, 1, 0x5d]);
+    await m.confirm();
+    expect((await vol.status()).replicas.find((r) => r.hostId === 'c')?.mode).toBe('ERR');
+    await hosts[2]!.start();
+    await cluster.addHost(hosts[2]!.engine);
+    expect(await waitFor(async () => (await vol.status()).state === 'healthy', 60_000, 300), diag()).toBe(true);
+    await expectReplicasEqual('b');
   });
 
   it('rolls back by itself when the target host dies mid-migration', async () => {
