@@ -69,7 +69,8 @@ class ImageReader {
  public:
   virtual ~ImageReader() = default;
 
-  // Virtual size in bytes: a multiple of 512 (see docs/image-reader.md, "Sizes").
+  // Virtual size in bytes, a multiple of 512 as QEMU reports it: raw rounds the file size
+  // up (the tail reads as zeros), qcow2 rounds the header's size down (docs/image-reader.md).
   virtual uint64_t size() const = 0;
   virtual ImageFormat format() const = 0;
   virtual const std::string& path() const = 0;

@@ -58,7 +58,7 @@ Status CheckPrefix(const uint8_t* head, size_t avail, const std::string& path, u
 }  // namespace
 
 uint64_t Qcow2Header::l1_entries_needed() const {
-  const uint64_t served = (size + 511) & ~uint64_t{511};
+  const uint64_t served = size & ~uint64_t{511};
   const uint64_t clusters = (served + cluster_size() - 1) >> cluster_bits;
   return (clusters + l2_entries() - 1) / l2_entries();
 }

@@ -59,7 +59,7 @@ struct Qcow2Header {
   // Bytes per L2 entry and entries per L2 table.
   uint64_t l2_entry_bytes() const { return extended_l2() ? 16 : 8; }
   uint64_t l2_entries() const { return cluster_size() / l2_entry_bytes(); }
-  // L1 entries needed to map `size` (rounded up to 512 bytes, as it is served).
+  // L1 entries needed to map `size` as it is served (rounded down to 512 bytes, as QEMU does).
   uint64_t l1_entries_needed() const;
 
   // Reads the cluster size from the first kProbeBytes bytes (after the magic and version

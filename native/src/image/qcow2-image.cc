@@ -37,7 +37,7 @@ Qcow2Image::Qcow2Image(Parts parts)
       backing_(std::move(parts.backing)),
       l2_cache_(std::move(parts.l2_cache)),
       cluster_cache_(std::move(parts.cluster_cache)) {
-  size_ = (header_.size + 511) & ~uint64_t{511};
+  size_ = header_.size & ~uint64_t{511};  // QEMU drops a partial last sector of a qcow2 image
   cluster_bits_ = header_.cluster_bits;
   cluster_size_ = header_.cluster_size();
   l2_entry_bytes_ = header_.l2_entry_bytes();
