@@ -56,7 +56,7 @@ export async function openImage(path: string, options: OpenImageOptions = {}): P
     throw new MooringError('INVALID_ARGUMENT', `image format must be 'auto', 'raw' or 'qcow2' (got ${describe(format)})`);
   }
   const addon = options.addon ?? loadAddon();
-  const native = await callNative(() => addon.openImage(path, { format }), `opening image ${path}`);
+  const native = await callNative(() => addon.openImage(path, { format }));
   return new ImageReader(native);
 }
 
@@ -102,7 +102,8 @@ export class ImageReader {
   async read(offset: number, length: number): Promise<Buffer> {
     this.#checkOpen();
     checkRange(offset, length, this.sizeBytes, IMAGE_READ_MAX_BYTES);
-    return callNative(() => this.#native.read(offset, length), `reading image ${this.path}`);
+    // Native messages name the image and the structure at fault: no context prefix needed.
+    return callNative(() => this.#native.read(offset, length));
   }
 
   /**
@@ -116,13 +117,13 @@ export class ImageReader {
   async blockStatus(offset: number, length: number): Promise<Extent[]> {
     this.#checkOpen();
     checkRange(offset, length, this.sizeBytes, Number.MAX_SAFE_INTEGER);
-    const native = await callNative(() => this.#native.blockStatus(offset, length), `block status of image ${this.path}`);
+    const native = await callNative(() => this.#native.blockStatus(offset, length));
     return toExtents(offset, native);
   }
 
   /** Waits for calls in flight and closes every file of the chain. Idempotent. */
   close(): Promise<void> {
-    this.#closing ??= callNative(() => this.#native.close(), `closing image ${this.path}`);
+    this.#closing ??= callNative(() => this.#native.close());
     return this.#closing;
   }
 

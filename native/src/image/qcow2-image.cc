@@ -73,7 +73,10 @@ Status Qcow2Image::Open(Parts parts, uint64_t* l1_budget_bytes, std::unique_ptr<
     if (rc < 0) return Status::FromErrno(rc, path + ": reading the L1 table");
     for (uint64_t j = 0; j < n; ++j) img->l1_[i + j] = LoadBe64(chunk.data() + j * 8);
   }
+  // Every L2 table must be aligned, inside the file and clear of the header, L1 and
+  // refcount tables; and no two L1 entries may share one.
   const uint64_t cs = img->cluster_size_;
+  std::vector<uint64_t> l2s;
   for (uint64_t i = 0; i < needed; ++i) {
     const uint64_t l2 = img->l1_[i] & kOffsetMask;
     if (l2 == 0) continue;
@@ -81,12 +84,12 @@ Status Qcow2Image::Open(Parts parts, uint64_t* l1_budget_bytes, std::unique_ptr<
     if (l2 % cs != 0) return Status::Error(Code::kCorrupt, where + " is not cluster-aligned");
     if (!img->file_->Contains(l2, cs)) return Status::Error(Code::kCorrupt, where + " lies beyond the end of the file");
     if (img->OverlapsMetadata(l2, cs)) return Status::Error(Code::kCorrupt, where + " overlaps the header, L1 or refcount table");
-    img->l2_offsets_.push_back(l2);
+    l2s.push_back(l2);
   }
-  std::sort(img->l2_offsets_.begin(), img->l2_offsets_.end());
-  auto dup = std::adjacent_find(img->l2_offsets_.begin(), img->l2_offsets_.end());
-  if (dup != img->l2_offsets_.end())
-    return Status::Error(Code::kCorrupt, path + ": two L1 entries point to the same L2 table at " + Num(*dup));
+  std::sort(l2s.begin(), l2s.end());
+  auto dup = std::adjacent_find(l2s.begin(), l2s.end());
+  if (dup != l2s.end()) return Status::Error(Code::kCorrupt, path + ": two L1 entries point to the same L2 table at " + Num(*dup));
+  img->l2_offsets_ = std::move(l2s);  // from here on OverlapsMetadata covers the L2 tables too
   img->l1_bytes_charged_ = (img->l1_.size() + img->l2_offsets_.size()) * 8;
   if (img->l1_bytes_charged_ > *l1_budget_bytes)
     return Status::Error(Code::kUnsupported, path + ": the L1 tables of the backing chain exceed " +
