@@ -7,6 +7,7 @@
 #                                        -max_total_time=600); one worker, niced
 #   native/fuzz/fuzz.sh replay           run every corpus file once (regression check)
 #   native/fuzz/fuzz.sh merge            minimise build/fuzz/work into native/fuzz/corpus
+#   native/fuzz/fuzz.sh coverage         line/branch coverage of native/src/image by the corpus
 #
 # Needs clang with libFuzzer (Debian 12: clang-14 libclang-rt-14-dev) and zlib1g-dev.
 # CI does not build this: test/native/image-corpus.test.ts replays the corpus through the
@@ -54,8 +55,18 @@ case "${1:-}" in
     "$BIN" -merge=1 -max_len="$MAX_LEN" "$OUT/merged" "$FUZZ_DIR/corpus" "$OUT/work"
     echo "fuzz.sh: minimised corpus in $OUT/merged; review and copy into $FUZZ_DIR/corpus" >&2
     ;;
+  coverage)
+    # Source coverage of the reader by the committed corpus (llvm-cov, no sanitizers).
+    mkdir -p "$OUT/cov"
+    "$CXX" -std=c++17 -O1 -fprofile-instr-generate -fcoverage-mapping -fsanitize=fuzzer \
+      -I"$ROOT/native/src" "$FUZZ_DIR/image-reader-fuzzer.cc" "$ROOT"/native/src/image/*.cc \
+      -lz -ldl -lpthread -o "$OUT/cov/image-reader-cov"
+    LLVM_PROFILE_FILE="$OUT/cov/corpus.profraw" "$OUT/cov/image-reader-cov" -runs=0 "$FUZZ_DIR/corpus" >/dev/null 2>&1
+    llvm-profdata-14 merge -sparse "$OUT/cov/corpus.profraw" -o "$OUT/cov/corpus.profdata"
+    llvm-cov-14 report "$OUT/cov/image-reader-cov" -instr-profile="$OUT/cov/corpus.profdata" "$ROOT"/native/src/image/*.cc
+    ;;
   *)
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
     ;;
 esac
