@@ -6,7 +6,7 @@
 // `qemu-img convert -O raw` to a file, and 4 KiB random reads at queue depth 16. The image
 // is in the page cache for every run after the first (a warm-up pass reads it first).
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -19,6 +19,7 @@ const MiB = 1024 ** 2;
 const RANDOM_READS = 200_000;
 
 const dir = process.argv[2] ?? mkdtempSync(join(tmpdir(), 'mooring-image-bench-'));
+mkdirSync(dir, { recursive: true });
 const sh = (cmd, args) => execFileSync(cmd, args, { cwd: dir, stdio: ['ignore', 'pipe', 'inherit'] });
 const seconds = (t0) => Number(process.hrtime.bigint() - t0) / 1e9;
 
