@@ -20,7 +20,8 @@ cd "$(dirname "$0")/.."
 #                             library the addon dlopens, gcc for the daemon's setrlimit shim, mkfs.ext4
 #                             for the storage-failure test (fsfreeze is in util-linux)
 #   openssl                   openssl CLI: test certificates for the mutual TLS tests (replica protocol, gRPC)
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl)
+#   libzstd1                  zstd decoder the addon dlopens for zstd-compressed qcow2 images (image tests)
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -321,6 +321,53 @@ export interface NativeAddon {
   inspectReplica(dir: string): Promise<NativeReplicaInfo>;
   /** Serve the replicas under `root` to engines on other hosts (replica protocol). */
   startReplicaServer(options: NativeReplicaServerOptions): Promise<NativeReplicaServer>;
+  /** Open a raw or qcow2 image (and its backing chain) read-only; see {@link NativeImage}. */
+  openImage(path: string, options?: NativeImageOpenOptions): Promise<NativeImage>;
+}
+
+// ---------------------------------------------------------------------------------------
+// Images (native/src/image, native/src/binding/image-wrap.cc): raw and qcow2 files read
+// natively, as the bottom layer of a volume. Rejections carry CORRUPT_METADATA for damaged
+// or hostile metadata, UNSUPPORTED for features not read (encryption, unknown incompatible
+// features, libzstd missing), NOT_FOUND for a missing file of the chain.
+// ---------------------------------------------------------------------------------------
+
+/** How the top image is read: probed by its magic ('auto', the default) or forced. */
+export type NativeImageFormat = 'raw' | 'qcow2';
+
+export interface NativeImageOpenOptions {
+  format?: NativeImageFormat | 'auto';
+}
+
+/** One file of an opened image chain. */
+export interface NativeImageLayer {
+  path: string;
+  format: NativeImageFormat;
+  /** Virtual size of this layer (a multiple of 512). */
+  sizeBytes: number;
+  /** qcow2 external data file, '' if none. */
+  dataFile: string;
+  /** qcow2 dirty bit set (refcounts may be stale; reads are unaffected). */
+  dirty: boolean;
+}
+
+export interface NativeImage {
+  readonly path: string;
+  readonly format: NativeImageFormat;
+  /** Virtual size, as QEMU reports it: a raw file's size rounded up to 512, a qcow2 header's size rounded down. */
+  readonly sizeBytes: number;
+  /** The chain, this image first, then its backing images. */
+  readonly chain: NativeImageLayer[];
+  /** At most 32 MiB per call; the range must lie inside sizeBytes. */
+  read(offset: number, length: number): Promise<Buffer>;
+  /**
+   * Allocation as NBD base:allocation extents: flags 0 data, 2 zeros recorded in the image
+   * (zero clusters), 3 nothing recorded in any layer. May cover less than `length` (at most
+   * 65,536 extents, or a scan limit): continue from where it ends.
+   */
+  blockStatus(offset: number, length: number): Promise<NativeExtent[]>;
+  /** Waits for calls in flight, closes every file of the chain. Idempotent. */
+  close(): Promise<void>;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "binding/event-queue.h"
 #include "binding/wrap-init.h"
 #include "engine/engine.h"
+#include "image/image-reader.h"
 #include "nbd/nbd-server.h"
 #include "remote/replica-server.h"
 #include "store/replica.h"
@@ -18,6 +19,7 @@
 namespace mooring {
 
 struct EngineInit;
+struct ImageInit;
 struct NbdServerInit;
 struct ReplicaInit;
 struct ReplicaServerInit;
@@ -29,6 +31,7 @@ struct AddonData {
   NativeClass<NbdServerInit> nbd_server_class;
   NativeClass<ReplicaInit> replica_class;
   NativeClass<ReplicaServerInit> replica_server_class;
+  NativeClass<ImageInit> image_class;  // images (native/src/image): openImage
 
   // Everything still open, so the env cleanup hook can close it when the process or
   // worker exits without close(). JS thread only.
@@ -40,6 +43,7 @@ struct AddonData {
   std::map<const NbdServer*, std::shared_ptr<NbdServer>> nbd_servers;
   std::map<const Replica*, std::shared_ptr<Replica>> replicas;  // opened by openReplica
   std::map<const ReplicaServer*, std::shared_ptr<ReplicaServer>> replica_servers;
+  std::map<const ImageReader*, std::shared_ptr<ImageReader>> images;  // opened by openImage
 
   // Env teardown: servers first (they use engines), then engines (drain, flush, mark
   // clean), then replicas opened directly. Blocks, which is acceptable only here: nothing
@@ -63,6 +67,10 @@ struct AddonData {
     auto direct = std::move(replicas);
     replicas.clear();
     for (auto& kv : direct) kv.second->Close();
+    // Images (read-only): close their files.
+    auto imgs = std::move(images);
+    images.clear();
+    for (auto& kv : imgs) kv.second->Close();
   }
 
   static AddonData* Get(Napi::Env env) { return env.GetInstanceData<AddonData>(); }

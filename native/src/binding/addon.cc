@@ -9,6 +9,7 @@
 #include "binding/async-worker.h"
 #include "binding/engine-wrap.h"
 #include "binding/event-queue.h"
+#include "binding/image-wrap.h"
 #include "binding/js-args.h"
 #include "binding/nbd-server-wrap.h"
 #include "binding/replica-endpoint-args.h"
@@ -170,6 +171,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   data->nbd_server_class.ctor = Napi::Persistent(NbdServerWrap::Define(env));
   data->replica_class.ctor = Napi::Persistent(ReplicaWrap::Define(env));
   data->replica_server_class.ctor = Napi::Persistent(ReplicaServerWrap::Define(env));
+  data->image_class.ctor = Napi::Persistent(ImageWrap::Define(env));
   env.SetInstanceData<AddonData>(data);  // deleted by Node after the cleanup hook ran
   napi_add_env_cleanup_hook(env, CleanupHook, data);
   {
@@ -189,6 +191,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("inspectReplica", Napi::Function::New(env, InspectReplica, "inspectReplica"));
   // sanlock (disk locks, host liveness): loaded with dlopen on first use, see sanlock-binding.h.
   exports.Set("sanlock", CreateSanlockBinding(env));
+  // --- images (raw, qcow2 and their chains), see image-wrap.h ---
+  exports.Set("openImage", Napi::Function::New(env, ImageWrap::OpenImageJs, "openImage"));
   return exports;
 }
 

@@ -14,6 +14,7 @@ import type {
   NativeEngineOptions,
   NativeExtent,
   NativeHandOver,
+  NativeImage,
   NativeLayerInfo,
   NativeNbdOptions,
   NativeNbdServer,
@@ -572,6 +573,11 @@ export class FakeAddon implements NativeAddon {
     const r = this.replica(dir);
     const users = this.engines.reduce((n, e) => n + e.openDirs().filter((d) => d === dir).length, 0) + (this.extraUsers.get(dir) ?? 0);
     return { sizeBytes: r.sizeBytes, epoch: r.epoch, clean: r.clean, rebuilding: false, allocatedBytes: r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0), users };
+  }
+
+  async openImage(path: string): Promise<NativeImage> {
+    await this.tick();
+    throw nativeError('UNSUPPORTED', `fake addon: images are not modelled (${path})`);
   }
 
   async startReplicaServer(options: NativeReplicaServerOptions): Promise<NativeReplicaServer> {
