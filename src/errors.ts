@@ -52,6 +52,13 @@ export const MooringErrorCode = {
   CONFLICT: 'CONFLICT',
   /** The native addon could not be loaded; the message lists what was tried and how to fix it. */
   NATIVE_LOAD_FAILED: 'NATIVE_LOAD_FAILED',
+  /** A long operation (a download, a copy) was stopped on request. */
+  CANCELLED: 'CANCELLED',
+  // --- TypeScript only: backing images ---
+  /** A file's SHA-512 is not the one expected; the message gives both. */
+  CHECKSUM_MISMATCH: 'CHECKSUM_MISMATCH',
+  /** A download could not be completed (HTTP status, a server that stalled or broke off, after the retries). */
+  DOWNLOAD_FAILED: 'DOWNLOAD_FAILED',
   // --- TypeScript only: locks (sanlock), src/locks/sanlock-errors.ts ---
   /** sanlock's client library is not installed; the message names the package. */
   SANLOCK_UNAVAILABLE: 'SANLOCK_UNAVAILABLE',

@@ -114,7 +114,7 @@ function rebuildCompleted(engine: DataEngine, volume: string, replicaId: string)
       reject(new BenchError('BENCH_TARGET_FAILED', `no rebuild of ${replicaId} completed within ${REBUILD_WAIT_MS / 1000} s`));
     }, REBUILD_WAIT_MS);
     const unwatch = engine.watch((e) => {
-      if (e.volume !== volume || !('replicaId' in e) || e.replicaId !== replicaId) return;
+      if (!('replicaId' in e) || e.volume !== volume || e.replicaId !== replicaId) return;
       if (e.type === 'rebuild-completed') {
         clearTimeout(timer);
         unwatch();

@@ -75,6 +75,8 @@ function describeEvent(e: DataEngineEvent): string {
       return `volume ${e.volume}: engine handed over at epoch ${e.epoch} (standby now)`;
     case 'snapshot-copy-progress':
       return `volume ${e.volume}: snapshot ${e.snapshot}: ${e.copiedBytes}/${e.totalBytes} bytes copied`;
+    case 'backing-image-file':
+      return `backing image ${e.name} (${e.uuid}): ${e.state} ${e.progress}%${e.message ? `: ${e.message}` : ''}`;
   }
 }
 

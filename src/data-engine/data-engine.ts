@@ -28,6 +28,82 @@ export interface HostedReplicaInfo {
   allocatedBytes: number;
   /** Open in an engine here or served to an engine elsewhere. */
   inUse: boolean;
+  /** The backing image file its chain reads beneath its bottom layer, or null. */
+  backingImage: ReplicaBackingImage | null;
+}
+
+/**
+ * The backing image beneath a replica's chain (seed 003): the bottom, read-only layer that
+ * every replica of a volume shares with the other replicas on its disk. The file is
+ * `DISK/backing-images/<dir>/image`, where DISK is the directory two levels above the
+ * replica's (a data engine's `DIR`, whose replicas are `DIR/replicas/<name>`).
+ */
+export interface ReplicaBackingImage {
+  /** The image's directory on the disk: `<image name>-<image uuid>` ([A-Za-z0-9._-]{1,127}). */
+  dir: string;
+  /** How the file is read. */
+  format: 'raw' | 'qcow2';
+  /** Virtual size of the image in bytes, at most the replica's size; above it the volume reads zeros. */
+  virtualSizeBytes: number;
+}
+
+/** Options of {@link DataEngine.createReplica}. */
+export interface ReplicaCreateOptions {
+  /** A backing image beneath the new replica's chain; its file must be ready on this disk. */
+  backingImage?: ReplicaBackingImage;
+}
+
+/** Names one backing image file on a data engine's disk (`DIR/backing-images/<name>-<uuid>/`). */
+export interface BackingImageFileRef {
+  /** Backing image name ([A-Za-z0-9._-]{1,63}). */
+  name: string;
+  /** The image's UUID, generated when the image was created: a new image with an old name never meets the old files. */
+  uuid: string;
+}
+
+/** State of one backing image file on one disk (seed 003). */
+export type BackingImageFileState = 'pending' | 'starting' | 'in-progress' | 'ready' | 'failed' | 'unknown';
+
+/** One backing image file on a data engine's disk. */
+export interface BackingImageFileInfo extends BackingImageFileRef {
+  state: BackingImageFileState;
+  /** Percent done (0..100) while in progress; 100 when ready. */
+  progress: number;
+  /** Why it failed, or what it is doing; '' if nothing to say. */
+  message: string;
+  /** Size of the file in bytes (0 while unknown, e.g. a download without Content-Length). */
+  sizeBytes: number;
+  /** Bytes of it on disk so far: a preparation that stopped resumes from here. */
+  receivedBytes: number;
+  /** SHA-512 of the file's bytes (hex), '' until ready. */
+  checksum: string;
+  /** Format and virtual size as the native reader sees them, known once ready. */
+  format: 'raw' | 'qcow2' | null;
+  virtualSizeBytes: number;
+  /** Replicas on this disk whose chain reads it (it is never deleted while any does). */
+  usedBy: string[];
+}
+
+/** Options of {@link DataEngine.downloadBackingImageFile}. */
+export interface BackingImageDownloadOptions {
+  /** http:// or https:// URL, fetched from this data engine's host. */
+  url: string;
+  /** SHA-512 (hex) the file must have; a mismatch fails the file with both checksums in the message. */
+  expectedChecksum?: string;
+  /** The server must start sending within this time (default 30,000 ms), per attempt. */
+  startTimeoutMs?: number;
+  /** Attempts after a failed one (default 5), with back-off; resumed with Range where the server supports it. */
+  retries?: number;
+}
+
+/** Options of {@link DataEngine.writeBackingImageFile}. */
+export interface BackingImageWriteOptions {
+  /** The whole file's size in bytes (declared up front). */
+  sizeBytes: number;
+  /** Where `data` starts: 0, or the file's `receivedBytes` to resume a partial file. */
+  offset?: number;
+  /** SHA-512 (hex) the whole file must have. */
+  expectedChecksum?: string;
 }
 
 /** Who this data engine is and how other hosts reach its replicas. */
@@ -139,7 +215,9 @@ export type DataEngineEvent =
   /** An active engine drained and became standby ({@link DataEngine.deactivateEngine}). */
   | { type: 'engine-deactivated'; volume: string; epoch: number }
   /** A snapshot export or copy advanced: data bytes of the snapshot handled so far, of `totalBytes` (at least 64 MiB apart). */
-  | { type: 'snapshot-copy-progress'; volume: string; snapshot: string; copiedBytes: number; totalBytes: number };
+  | { type: 'snapshot-copy-progress'; volume: string; snapshot: string; copiedBytes: number; totalBytes: number }
+  /** A backing image file changed state or advanced (progress at most every 1 % or 250 ms). */
+  | ({ type: 'backing-image-file' } & Omit<BackingImageFileInfo, 'usedBy'>);
 
 /** A snapshot of a volume, as an engine lists it. */
 export interface EngineSnapshotInfo {
@@ -170,8 +248,12 @@ export interface DataEngine {
   readonly hostId: string;
   info(): Promise<DataEngineInfo>;
 
-  /** Creates an empty replica. ALREADY_EXISTS, INVALID_ARGUMENT, NO_SPACE. */
-  createReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo>;
+  /**
+   * Creates an empty replica, optionally over a backing image whose file is ready on this
+   * disk. ALREADY_EXISTS, INVALID_ARGUMENT, NO_SPACE, NOT_FOUND (no such image file),
+   * INVALID_STATE (the file is not ready).
+   */
+  createReplica(name: string, sizeBytes: number, options?: ReplicaCreateOptions): Promise<HostedReplicaInfo>;
   /** Deletes a replica and its data. BUSY while it is in use, NOT_FOUND. */
   deleteReplica(name: string): Promise<void>;
   listReplicas(): Promise<HostedReplicaInfo[]>;
@@ -224,6 +306,37 @@ export interface DataEngine {
    * normal write path: a clone. NOT_FOUND, INVALID_ARGUMENT (sizes differ).
    */
   copySnapshot(volume: string, snapshot: string, toVolume: string): Promise<SnapshotCopyResult>;
+
+  // --- Backing image files on this data engine's disk (seed 003's BackingImageManager and
+  // data source): one file per image per disk, shared by the replicas on it.
+
+  /** The files on this disk, as last known (a ready file found after a restart is verified before it is ready again). */
+  listBackingImageFiles(): Promise<BackingImageFileInfo[]>;
+  /** One file, or null if this disk has none for `ref`. */
+  backingImageFile(ref: BackingImageFileRef): Promise<BackingImageFileInfo | null>;
+  /**
+   * Prepares the file by downloading it on this host; resolves when it is ready (verified),
+   * rejects when it failed (the file stays `failed` with the reason) or was cancelled.
+   * A ready file with the same ref is reused as it is. BUSY if a preparation of it runs.
+   */
+  downloadBackingImageFile(ref: BackingImageFileRef, options: BackingImageDownloadOptions): Promise<BackingImageFileInfo>;
+  /**
+   * Prepares the file from a stream of its bytes (an upload, or a copy from another data
+   * engine); resolves when all `sizeBytes` arrived and the file is verified. A stream that
+   * ends early leaves the partial file for a resume (`offset` = its `receivedBytes`).
+   */
+  writeBackingImageFile(ref: BackingImageFileRef, options: BackingImageWriteOptions, data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo>;
+  /** Reads a ready file from `offset` (default 0) to its end. NOT_FOUND, INVALID_STATE (not ready). */
+  readBackingImageFile(ref: BackingImageFileRef, options?: { offset?: number }): AsyncIterable<Uint8Array>;
+  /**
+   * Prepares the file from a snapshot of a volume whose active engine runs here (a raw
+   * image of the volume's content as of the snapshot).
+   */
+  exportSnapshotToBackingImageFile(volume: string, snapshot: string, ref: BackingImageFileRef, options?: { expectedChecksum?: string }): Promise<BackingImageFileInfo>;
+  /** Stops a preparation in progress (it fails with CANCELLED; a partial file is kept for a resume). No-op otherwise. */
+  cancelBackingImageFile(ref: BackingImageFileRef): Promise<void>;
+  /** Deletes the file (cancelling a preparation). BUSY while a replica on this disk uses it; no-op if absent. */
+  deleteBackingImageFile(ref: BackingImageFileRef): Promise<void>;
 
   /** Subscribes to events; returns the unsubscribe function. */
   watch(listener: (event: DataEngineEvent) => void): () => void;

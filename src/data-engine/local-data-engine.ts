@@ -30,6 +30,10 @@ import {
   type TcpAddress,
 } from './addresses.js';
 import type {
+  BackingImageDownloadOptions,
+  BackingImageFileInfo,
+  BackingImageFileRef,
+  BackingImageWriteOptions,
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
@@ -638,6 +642,33 @@ export class LocalDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.watch */
+  // --- backing image files: STUB (issue 6 in progress; replaced by the implementation) ---
+  listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
+    return Promise.resolve([]);
+  }
+  backingImageFile(_ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
+    return Promise.resolve(null);
+  }
+  downloadBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  writeBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageWriteOptions, _data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  // eslint-disable-next-line require-yield
+  async *readBackingImageFile(_ref: BackingImageFileRef, _options?: { offset?: number }): AsyncIterable<Uint8Array> {
+    throw new MooringError('UNSUPPORTED', 'backing image files: not yet');
+  }
+  exportSnapshotToBackingImageFile(_volume: string, _snapshot: string, _ref: BackingImageFileRef, _options?: { expectedChecksum?: string }): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  cancelBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
+    return Promise.resolve();
+  }
+  deleteBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
+    return Promise.resolve();
+  }
+
   watch(listener: (event: DataEngineEvent) => void): () => void {
     if (typeof listener !== 'function') throw new MooringError('INVALID_ARGUMENT', 'watch needs a function');
     if (this.#listeners.size >= DATA_ENGINE_LIMITS.watchersMax) {
@@ -882,6 +913,7 @@ export class LocalDataEngine implements DataEngine {
       rebuilding: info.rebuilding,
       allocatedBytes: info.allocatedBytes,
       inUse: info.users > 0 || this.#engineUsing(name) !== undefined,
+      backingImage: null,
     };
   }
 

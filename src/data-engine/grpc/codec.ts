@@ -49,6 +49,9 @@ const statusOf: Record<MooringErrorCode, GrpcStatus> = {
   LOCK_VERSION_MISMATCH: GrpcStatus.ABORTED,
   HOST_ID_IN_USE: GrpcStatus.ALREADY_EXISTS,
   LOCKSPACE_NOT_JOINED: GrpcStatus.FAILED_PRECONDITION,
+  CANCELLED: GrpcStatus.CANCELLED,
+  CHECKSUM_MISMATCH: GrpcStatus.DATA_LOSS,
+  DOWNLOAD_FAILED: GrpcStatus.UNAVAILABLE,
 };
 
 /** A gRPC error status (for callback(err) and stream 'error') carrying a MooringError's code. */
@@ -121,6 +124,7 @@ export function hostedFromMsg(m: Msg): HostedReplicaInfo {
     rebuilding: m.rebuilding === true,
     allocatedBytes: num(m.allocatedBytes),
     inUse: m.inUse === true,
+    backingImage: null,
   };
 }
 
@@ -199,6 +203,7 @@ export function rebuildResultFromMsg(m: Msg): RebuildResult {
 }
 
 export function eventToMsg(e: DataEngineEvent): Msg {
+  if (e.type === 'backing-image-file') return { ...e };
   const m: Msg = { type: e.type, volume: e.volume };
   switch (e.type) {
     case 'replica-error':

@@ -19,6 +19,10 @@ import { parseNbdAddress } from '../../nbd/nbd-address.js';
 import { checkIntIn, describe } from '../../util/validate.js';
 import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
 import type {
+  BackingImageDownloadOptions,
+  BackingImageFileInfo,
+  BackingImageFileRef,
+  BackingImageWriteOptions,
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
@@ -267,6 +271,33 @@ export class RemoteDataEngine implements DataEngine {
    * breaks (the data engine restarted, the network failed) it is reopened with back-off.
    * Events raised while it was broken are not replayed: read engineInfo() after a gap.
    */
+  // --- backing image files: STUB (issue 6 in progress; replaced by the implementation) ---
+  listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
+    return Promise.resolve([]);
+  }
+  backingImageFile(_ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
+    return Promise.resolve(null);
+  }
+  downloadBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  writeBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageWriteOptions, _data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  // eslint-disable-next-line require-yield
+  async *readBackingImageFile(_ref: BackingImageFileRef, _options?: { offset?: number }): AsyncIterable<Uint8Array> {
+    throw new MooringError('UNSUPPORTED', 'backing image files: not yet');
+  }
+  exportSnapshotToBackingImageFile(_volume: string, _snapshot: string, _ref: BackingImageFileRef, _options?: { expectedChecksum?: string }): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  cancelBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
+    return Promise.resolve();
+  }
+  deleteBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
+    return Promise.resolve();
+  }
+
   watch(listener: (event: DataEngineEvent) => void): () => void {
     if (typeof listener !== 'function') throw new MooringError('INVALID_ARGUMENT', 'watch needs a function');
     if (this.#closed) throw new MooringError('CLOSED', `connection to data engine ${this.hostId} is closed`);

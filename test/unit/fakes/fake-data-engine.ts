@@ -2,6 +2,10 @@
 // records, a host can be made unreachable (every call rejects UNAVAILABLE), and replica
 // modes can be set to drive repair decisions. It does no I/O.
 import type {
+  BackingImageDownloadOptions,
+  BackingImageFileInfo,
+  BackingImageFileRef,
+  BackingImageWriteOptions,
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
@@ -63,7 +67,7 @@ export class FakeDataEngine implements DataEngine {
     this.#check(`createReplica ${name}`);
     if (this.replicas.has(name)) throw new MooringError('ALREADY_EXISTS', `replica ${name} exists`);
     this.replicas.set(name, { sizeBytes, inUse: false });
-    return { name, sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false };
+    return { name, sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false, backingImage: null };
   }
 
   async deleteReplica(name: string): Promise<void> {
@@ -74,7 +78,7 @@ export class FakeDataEngine implements DataEngine {
 
   async listReplicas(): Promise<HostedReplicaInfo[]> {
     this.#check('listReplicas');
-    return [...this.replicas].map(([name, r]) => ({ name, sizeBytes: r.sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: r.inUse }));
+    return [...this.replicas].map(([name, r]) => ({ name, sizeBytes: r.sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: r.inUse, backingImage: null }));
   }
 
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
@@ -231,6 +235,33 @@ export class FakeDataEngine implements DataEngine {
     if (!r) throw new Error(`fake: no replica ${replicaId} in ${volume}`);
     r.mode = mode;
     r.lastError = mode === 'ERR' ? -5 : 0;
+  }
+
+  // --- backing image files: STUB (issue 6 in progress; replaced by the implementation) ---
+  listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
+    return Promise.resolve([]);
+  }
+  backingImageFile(_ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
+    return Promise.resolve(null);
+  }
+  downloadBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  writeBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageWriteOptions, _data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  // eslint-disable-next-line require-yield
+  async *readBackingImageFile(_ref: BackingImageFileRef, _options?: { offset?: number }): AsyncIterable<Uint8Array> {
+    throw new MooringError('UNSUPPORTED', 'backing image files: not yet');
+  }
+  exportSnapshotToBackingImageFile(_volume: string, _snapshot: string, _ref: BackingImageFileRef, _options?: { expectedChecksum?: string }): Promise<BackingImageFileInfo> {
+    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+  }
+  cancelBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
+    return Promise.resolve();
+  }
+  deleteBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
+    return Promise.resolve();
   }
 
   watch(listener: (event: DataEngineEvent) => void): () => void {
