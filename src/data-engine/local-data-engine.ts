@@ -30,7 +30,7 @@ import {
   type DataEngineTlsOptions,
   type TcpAddress,
 } from './addresses.js';
-import { BackingImageFiles } from './backing-image-files.js';
+import { BackingImageFiles, checkReplicaBackingImage } from './backing-image-files.js';
 import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
@@ -326,12 +326,14 @@ export class LocalDataEngine implements DataEngine {
     checkVolumeSize(sizeBytes);
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `replica options must be an object (got ${describe(options)})`);
     if (options.backingImage !== undefined) {
-      const b = options.backingImage as Partial<ReplicaCreateOptions['backingImage']> | null;
-      if (typeof b !== 'object' || b === null || typeof b.dir !== 'string') throw new MooringError('INVALID_ARGUMENT', `backingImage must be {dir, format, virtualSizeBytes} (got ${describe(b)})`);
+      const b = checkReplicaBackingImage(options.backingImage, sizeBytes);
       const file = this.#files.readyFile(b.dir);
       if (!file) {
         if (this.#files.has(b.dir)) throw new MooringError('INVALID_STATE', `backing image file ${b.dir} is not ready on ${this.hostId}`, { details: { dir: b.dir } });
-        throw new MooringError('NOT_FOUND', `no backing image file ${describe(b.dir)} on ${this.hostId}`, { details: { dir: b.dir } });
+        throw new MooringError('NOT_FOUND', `no backing image file ${b.dir} on ${this.hostId}`, { details: { dir: b.dir } });
+      }
+      if (file.format !== b.format || file.virtualSizeBytes !== b.virtualSizeBytes) {
+        throw new MooringError('INVALID_ARGUMENT', `backing image file ${b.dir} is ${file.format} of ${file.virtualSizeBytes} bytes, not ${b.format} of ${b.virtualSizeBytes}`);
       }
       // The native store of this build creates replicas without a backing image; the
       // replica half of issue 6 adds it.
