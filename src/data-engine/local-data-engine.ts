@@ -703,9 +703,9 @@ export class LocalDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.readBackingImageFile */
-  readBackingImageFile(ref: BackingImageFileRef, options?: { offset?: number }): AsyncIterable<Uint8Array> {
+  async *readBackingImageFile(ref: BackingImageFileRef, options?: { offset?: number }): AsyncGenerator<Uint8Array> {
     this.#assertOpen();
-    return this.#files.read(ref, options);
+    yield* this.#files.read(ref, options);
   }
 
   /** @inheritDoc DataEngine.exportSnapshotToBackingImageFile */

@@ -273,9 +273,9 @@ describe('LocalDataEngine backing image files (real addon)', () => {
     const readers = [0, 1, 2].map(() => de.readBackingImageFile(ref)[Symbol.asyncIterator]());
     for (const r of readers) expect((await r.next()).done).toBe(false);
     expect((await errorOf(collect(de.readBackingImageFile(ref)))).code).toBe('BUSY');
-    await readers[0]!.return!();
+    await readers[0]!.return!(undefined);
     expect((await collect(de.readBackingImageFile(ref))).equals(body)).toBe(true);
-    for (const r of readers.slice(1)) await r.return!();
+    for (const r of readers.slice(1)) await r.return!(undefined);
     expect((await errorOf(collect(de.readBackingImageFile({ name: 'none', uuid: randomUUID() })))).code).toBe('NOT_FOUND');
     const partial = { name: 'partial', uuid: randomUUID() };
     await errorOf(de.writeBackingImageFile(partial, { sizeBytes: MiB }, chunks(Buffer.alloc(10))));
