@@ -308,7 +308,10 @@ async function receiveBody(res: IncomingMessage, a: AttemptInput, total: number)
       if (a.st.received + chunk.length > DOWNLOAD_LIMITS.sizeBytesMax) {
         throw new AttemptError(false, `${a.options.url}: sent more than ${DOWNLOAD_LIMITS.sizeBytesMax} bytes`, 'DOWNLOAD_FAILED', true);
       }
+      // A slow disk is not a stalled server: the clock stops while we write.
+      if (timer) clearTimeout(timer);
       await writeFull(a.fh, chunk);
+      arm();
       a.st.hash.update(chunk);
       a.st.received += chunk.length;
       a.options.onProgress?.(a.st.received, total);

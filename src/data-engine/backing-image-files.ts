@@ -126,6 +126,8 @@ export class BackingImageFiles {
   readonly root: string;
   readonly #o: BackingImageFilesOptions;
   readonly #files = new Map<string, FileRecord>();
+  /** Refs with a preparation being set up or running. */
+  readonly #claimed = new Set<string>();
   /** Ready files found at open, verified one at a time in the background. */
   #verifying: Promise<void> = Promise.resolve();
   #closed = false;
@@ -336,6 +338,8 @@ export class BackingImageFiles {
       return;
     }
     if (r.deleting) throw new MooringError('BUSY', `backing image file ${key} is being deleted`);
+    // A preparation between its checks and its start cannot be cancelled yet.
+    if (this.#claimed.has(key) && !r.job) throw new MooringError('BUSY', `backing image file ${key} is being set up for a preparation; try again`);
     const users = (await this.#o.usedBy()).get(key) ?? [];
     if (users.length > 0) {
       throw new MooringError('BUSY', `backing image file ${key} is used by replica${users.length > 1 ? 's' : ''} ${users.join(', ')}`, { details: { usedBy: users } });
@@ -376,10 +380,29 @@ export class BackingImageFiles {
     write: { sizeBytes: number; offset: number } | undefined,
     body: (r: FileRecord, signal: AbortSignal) => Promise<{ sizeBytes: number; checksum: string }>,
   ): Promise<BackingImageFileInfo> {
+    const found = this.#files.get(key);
+    // A ready file found at open is being verified: its outcome decides reuse.
+    if (found?.job && found.state === 'pending' && found.checksum !== '' && !found.deleting) await found.job.done.catch(() => undefined);
+    // Claimed synchronously, so two calls for one ref never both pass the checks below
+    // (they await the disk between checking and starting).
+    if (this.#claimed.has(key)) throw new MooringError('BUSY', `backing image file ${key} is being prepared already`);
+    this.#claimed.add(key);
+    try {
+      return await this.#prepareClaimed(ref, key, expected, write, body);
+    } finally {
+      this.#claimed.delete(key);
+    }
+  }
+
+  async #prepareClaimed(
+    ref: BackingImageFileRef,
+    key: string,
+    expected: string | undefined,
+    write: { sizeBytes: number; offset: number } | undefined,
+    body: (r: FileRecord, signal: AbortSignal) => Promise<{ sizeBytes: number; checksum: string }>,
+  ): Promise<BackingImageFileInfo> {
     let r = this.#files.get(key);
     if (r?.deleting) throw new MooringError('BUSY', `backing image file ${key} is being deleted`);
-    // A ready file found at open is being verified: its outcome decides reuse.
-    if (r?.job && r.state === 'pending' && r.checksum !== '') await r.job.done.catch(() => undefined);
     if (r?.job) throw new MooringError('BUSY', `backing image file ${key} is being prepared already`, { details: { state: r.state } });
     if (r?.state === 'ready') return this.#info(r, (await this.#o.usedBy()).get(key) ?? []);
     if (r && expected && r.expectedChecksum && expected !== r.expectedChecksum && r.receivedBytes > 0) {

@@ -251,6 +251,13 @@ describe('LocalDataEngine backing image files (real addon)', () => {
     }
     expect((await errorOf(de.writeBackingImageFile(ref, { sizeBytes: MiB }, broken()))).code).toBe('UNAVAILABLE');
     expect(await de.backingImageFile(ref)).toMatchObject({ state: 'failed', receivedBytes: 4096 });
+    // Two preparations of one ref at once: the second is BUSY.
+    const twice = { name: 'twice', uuid: randomUUID() };
+    const both = await Promise.allSettled([
+      de.writeBackingImageFile(twice, { sizeBytes: MiB }, chunks(rawImage(MiB))),
+      de.writeBackingImageFile(twice, { sizeBytes: MiB }, chunks(rawImage(MiB))),
+    ]);
+    expect(both.map((x) => (x.status === 'fulfilled' ? x.value.state : (x.reason as MooringError).code)).sort()).toEqual(['BUSY', 'ready']);
     for (const sizeBytes of [0, -1, 1.5, 2 ** 60, '1']) {
       expect((await errorOf(de.writeBackingImageFile(ref, { sizeBytes: sizeBytes as number }, chunks(Buffer.alloc(1))))).code).toBe('INVALID_ARGUMENT');
     }
