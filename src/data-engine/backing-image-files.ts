@@ -421,6 +421,7 @@ export class BackingImageFiles {
         throw new MooringError('INVALID_ARGUMENT', `sizeBytes ${write.sizeBytes} differs from the ${r.sizeBytes} of the partial file being resumed`);
       }
     }
+    const isNew = !r;
     if (!r) {
       r = {
         name: ref.name,
@@ -447,6 +448,8 @@ export class BackingImageFiles {
     const run = async (): Promise<BackingImageFileInfo> => {
       try {
         await mkdir(rec.dir, { recursive: true });
+        // A new file is recorded (and announced) before anything else happens to it.
+        if (isNew) await this.#setState(rec, 'pending', '');
         // A complete file that failed verification is not reused: remove it (no replica
         // uses it, or the ready check above would not have been reached by a user of it).
         const users = (await this.#o.usedBy()).get(key) ?? [];
