@@ -101,6 +101,8 @@ interface FileRecord {
   readers: number;
   deleting: boolean;
   lastProgressMs: number;
+  /** The last file.json write: writes are chained so the last state set is the one on disk. */
+  persisted: Promise<void>;
 }
 
 /** The stored form of {@link FileRecord} (file.json). */
@@ -126,8 +128,8 @@ export class BackingImageFiles {
   readonly root: string;
   readonly #o: BackingImageFilesOptions;
   readonly #files = new Map<string, FileRecord>();
-  /** Refs with a preparation being set up or running. */
-  readonly #claimed = new Set<string>();
+  /** Refs with a preparation being set up or running, each with its claim's token. */
+  readonly #claimed = new Map<string, object>();
   /** Ready files found at open, verified one at a time in the background. */
   #verifying: Promise<void> = Promise.resolve();
   #closed = false;
@@ -350,6 +352,7 @@ export class BackingImageFiles {
         r.job.abort.abort();
         await r.job.done.catch(() => undefined);
       }
+      await r.persisted;
       await rm(r.dir, { recursive: true, force: true });
       await syncDirectory(this.root);
       this.#files.delete(key);
@@ -386,11 +389,15 @@ export class BackingImageFiles {
     // Claimed synchronously, so two calls for one ref never both pass the checks below
     // (they await the disk between checking and starting).
     if (this.#claimed.has(key)) throw new MooringError('BUSY', `backing image file ${key} is being prepared already`);
-    this.#claimed.add(key);
+    const claim = {};
+    this.#claimed.set(key, claim);
+    const release = (): void => {
+      if (this.#claimed.get(key) === claim) this.#claimed.delete(key);
+    };
     try {
-      return await this.#prepareClaimed(ref, key, expected, write, body);
+      return await this.#prepareClaimed(ref, key, expected, write, body, release);
     } finally {
-      this.#claimed.delete(key);
+      release();
     }
   }
 
@@ -400,6 +407,7 @@ export class BackingImageFiles {
     expected: string | undefined,
     write: { sizeBytes: number; offset: number } | undefined,
     body: (r: FileRecord, signal: AbortSignal) => Promise<{ sizeBytes: number; checksum: string }>,
+    releaseClaim: () => void,
   ): Promise<BackingImageFileInfo> {
     let r = this.#files.get(key);
     if (r?.deleting) throw new MooringError('BUSY', `backing image file ${key} is being deleted`);
@@ -440,11 +448,18 @@ export class BackingImageFiles {
         readers: 0,
         deleting: false,
         lastProgressMs: 0,
+        persisted: Promise.resolve(),
       };
       this.#files.set(key, r);
     }
     const rec = r;
     const abort = new AbortController();
+    // Released before the final state is announced: whoever sees ready or failed may start
+    // the next preparation at once (file.json writes stay in order, see #setState).
+    const finish = (): void => {
+      if (rec.job?.abort === abort) rec.job = undefined;
+      releaseClaim();
+    };
     const run = async (): Promise<BackingImageFileInfo> => {
       try {
         await mkdir(rec.dir, { recursive: true });
@@ -465,25 +480,29 @@ export class BackingImageFiles {
         rec.receivedBytes = await partialSize(join(rec.dir, BACKING_IMAGE_PART_FILE));
         await this.#setState(rec, 'starting', '');
         const got = await body(rec, abort.signal);
-        return await this.#adopt(rec, got, abort.signal);
+        await this.#adopt(rec, got, abort.signal);
       } catch (err) {
         const e = toMooringError(err);
         rec.receivedBytes = await partialSize(join(rec.dir, BACKING_IMAGE_PART_FILE));
+        finish();
         if (!rec.deleting) await this.#setState(rec, 'failed', `${e.code}: ${e.message}`).catch(() => undefined);
         throw e;
       }
+      finish();
+      await this.#setState(rec, 'ready', '');
+      return this.#info(rec, (await this.#o.usedBy()).get(key) ?? []);
     };
     const done = run();
     rec.job = { abort, done };
     try {
       return await done;
     } finally {
-      if (rec.job?.done === done) rec.job = undefined;
+      finish();
     }
   }
 
-  // Checks what a source wrote into image.part and makes it the image.
-  async #adopt(r: FileRecord, got: { sizeBytes: number; checksum: string }, signal: AbortSignal): Promise<BackingImageFileInfo> {
+  // Checks what a source wrote into image.part and makes it the image (the caller records it ready).
+  async #adopt(r: FileRecord, got: { sizeBytes: number; checksum: string }, signal: AbortSignal): Promise<void> {
     const part = join(r.dir, BACKING_IMAGE_PART_FILE);
     if (signal.aborted) throw new MooringError('CANCELLED', `preparation of ${r.key} was cancelled`);
     if (r.expectedChecksum !== '' && got.checksum !== r.expectedChecksum) {
@@ -513,8 +532,6 @@ export class BackingImageFiles {
     r.checksum = got.checksum;
     r.format = format;
     r.virtualSizeBytes = virtualSizeBytes;
-    await this.#setState(r, 'ready', '');
-    return this.#info(r, (await this.#o.usedBy()).get(r.key) ?? []);
   }
 
   // --- records, events ----------------------------------------------------------
@@ -539,7 +556,9 @@ export class BackingImageFiles {
       state: r.state,
       message: r.message,
     };
-    await writeFileAtomic(join(r.dir, BACKING_IMAGE_RECORD_FILE), `${JSON.stringify(stored)}\n`);
+    const write = r.persisted.then(() => writeFileAtomic(join(r.dir, BACKING_IMAGE_RECORD_FILE), `${JSON.stringify(stored)}\n`));
+    r.persisted = write.catch(() => undefined);
+    await write;
   }
 
   // Bytes arrived: an event when the percentage moved a step or the interval passed.
@@ -605,6 +624,7 @@ export class BackingImageFiles {
         readers: 0,
         deleting: false,
         lastProgressMs: 0,
+        persisted: Promise.resolve(),
       };
       this.#files.set(key, r);
       let stored: StoredRecord;

@@ -157,6 +157,38 @@ describe('backing image files over gRPC', () => {
     expect(progress.length).toBeLessThanOrEqual(102);
   });
 
+  it('copies a file from one data engine to another (read there, write here), resuming a broken copy', async () => {
+    await setup();
+    const body = rawImage(20 * MiB);
+    const ref = { name: 'src', uuid: randomUUID() };
+    await remote.writeBackingImageFile(ref, { sizeBytes: body.length, expectedChecksum: sha(body) }, chunks(body));
+    const other = await LocalDataEngine.start({ dir: join(dir, 'de2'), hostId: 'h2', addon: loadAddon(), replicaListen: null });
+    try {
+      // The copy breaks after 7 MiB (the receiving side stops reading the sender's stream).
+      async function* firstPart(): AsyncGenerator<Uint8Array> {
+        let n = 0;
+        for await (const c of remote.readBackingImageFile(ref)) {
+          yield c;
+          n += c.length;
+          if (n >= 7 * MiB) throw new MooringError('UNAVAILABLE', 'link to h1 lost');
+        }
+      }
+      expect((await errorOf(other.writeBackingImageFile(ref, { sizeBytes: body.length, expectedChecksum: sha(body) }, firstPart()))).code).toBe('UNAVAILABLE');
+      const partial = (await other.backingImageFile(ref))!;
+      expect(partial).toMatchObject({ state: 'failed', receivedBytes: 7 * MiB });
+      const info = await other.writeBackingImageFile(
+        ref,
+        { sizeBytes: body.length, offset: partial.receivedBytes, expectedChecksum: sha(body) },
+        remote.readBackingImageFile(ref, { offset: partial.receivedBytes }),
+      );
+      expect(info).toMatchObject({ state: 'ready', checksum: sha(body), format: 'raw' });
+      // The sender's places are all free again.
+      expect((await collect(remote.readBackingImageFile(ref))).length).toBe(body.length);
+    } finally {
+      await other.close();
+    }
+  });
+
   it('HostedReplicaInfo.backingImage and the event cross the codec intact', () => {
     const hosted = { name: 'r', sizeBytes: MiB, epoch: 1, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false, backingImage: { dir: `a-${randomUUID()}`, format: 'qcow2' as const, virtualSizeBytes: 512 } };
     const wire = (type: string, m: object): Record<string, unknown> => root.lookupType(`mooring.dataengine.v1.${type}`).toObject(root.lookupType(`mooring.dataengine.v1.${type}`).decode(encode(type, m)), { longs: Number, defaults: true });
@@ -172,7 +204,8 @@ describe('backing image files over gRPC', () => {
     const ref = { name: 'up', uuid: randomUUID() };
     async function* breaks(): AsyncGenerator<Uint8Array> {
       yield body.subarray(0, 3 * MiB);
-      await new Promise((r) => setTimeout(r, 100));
+      // Once those bytes are on the data engine's disk, the source breaks.
+      for (let i = 0; i < 500 && (await local.backingImageFile(ref))?.receivedBytes !== 3 * MiB; i++) await new Promise((r) => setTimeout(r, 10));
       throw new MooringError('UNAVAILABLE', 'the source data engine went away');
     }
     const e = await errorOf(remote.writeBackingImageFile(ref, { sizeBytes: body.length }, breaks()));
