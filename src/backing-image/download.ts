@@ -265,6 +265,13 @@ async function runAttempt(a: AttemptInput): Promise<number> {
     total = len !== undefined && /^\d+$/.test(len) ? Number(len) : 0;
   } else if (status === 416 && a.st.received > 0) {
     res.destroy();
+    // `bytes */N` with N = what we hold: the partial file is the whole file already (e.g. a
+    // crash between the last byte and the rename).
+    const m = /^bytes \*\/(\d+)$/.exec(String(res.headers['content-range'] ?? ''));
+    if (m && Number(m[1]) === a.st.received) {
+      a.options.onProgress?.(a.st.received, a.st.received);
+      return a.st.received;
+    }
     throw new AttemptError(true, `${a.options.url}: range ${a.st.received}- not satisfiable; starting over`, 'DOWNLOAD_FAILED', true);
   } else {
     res.destroy();

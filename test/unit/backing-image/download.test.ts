@@ -124,6 +124,25 @@ describe('download', () => {
     expect(bytes.equals(BODY)).toBe(true);
   });
 
+  it('takes a 416 naming the size held as complete, and starts over on another 416', async () => {
+    await writeFile(join(dir, 'image.part'), BODY);
+    const url = await serve((req, res) => {
+      const from = Number(/^bytes=(\d+)-$/.exec(req.headers.range ?? '')?.[1] ?? 0);
+      if (from >= BODY.length) {
+        res.writeHead(416, { 'content-range': `bytes */${BODY.length}` });
+        res.end();
+        return;
+      }
+      rangeServe(req, res);
+    });
+    expect((await get(url)).res).toEqual({ sizeBytes: BODY.length, checksum: SUM, attempts: 1 });
+    // A partial file longer than the server's file: not satisfiable, start over from 0.
+    await writeFile(join(dir, 'image.part'), Buffer.concat([BODY, Buffer.alloc(10)]));
+    const { res, bytes } = await get(url);
+    expect(res).toEqual({ sizeBytes: BODY.length, checksum: SUM, attempts: 2 });
+    expect(bytes.equals(BODY)).toBe(true);
+  });
+
   it('starts over when the server ignores Range and answers 200', async () => {
     await writeFile(join(dir, 'image.part'), Buffer.alloc(MiB, 0xee)); // not even the right prefix
     const url = await serve((_req, res) => {
