@@ -331,6 +331,9 @@ export class RemoteDataEngine implements DataEngine {
       call = fn.call(this.#client, new Metadata(), { deadline: Date.now() + this.#longTimeoutMs }, (err, r) => (err ? rej(fromGrpcError(err, what)) : res(r ?? {})));
     });
     reply.catch(() => undefined);
+    // The outcome arrives through the callback; a write racing the server's early answer must
+    // not surface as an unhandled stream error.
+    call.on('error', () => undefined);
     let finished = false;
     reply.then(
       () => (finished = true),
