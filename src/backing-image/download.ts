@@ -36,9 +36,13 @@ export const DOWNLOAD_DEFAULTS = {
 
 /** Bounds of {@link DownloadOptions}. */
 export const DOWNLOAD_LIMITS = {
+  /** Shortest start or stall timeout. */
   timeoutMsMin: 10,
+  /** Longest start or stall timeout, and longest back-off delay. */
   timeoutMsMax: 3_600_000,
+  /** Most retries one download may ask for. */
   retriesMax: 100,
+  /** Most redirects one download may allow per attempt. */
   redirectsMax: 20,
   /** Longest URL accepted. */
   urlLengthMax: 8192,
