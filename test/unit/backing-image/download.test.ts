@@ -4,7 +4,7 @@
 // connection midway, one that sends more than it declared, HTTP errors, redirects, cancel,
 // and https with a self-signed CA given as `ca`.
 import { execFileSync } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
@@ -14,38 +14,16 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
 import { download, type DownloadOptions } from '../../../src/backing-image/download.js';
-import { MooringError } from '../../../src/errors.js';
+import { MiB, errorOf, rangeServe as serveRange, sha } from './helpers.js';
 
-const MiB = 1024 * 1024;
 const BODY = randomBytes(3 * MiB + 123);
-const SUM = createHash('sha512').update(BODY).digest('hex');
+const SUM = sha(BODY);
 // Quick retries, short timeouts: the behaviour under test, not the defaults.
 const FAST = { retryFirstDelayMs: 10, retryMaxDelayMs: 50, startTimeoutMs: 2000, stallTimeoutMs: 2000 };
 
-async function errorOf(p: Promise<unknown>): Promise<MooringError> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return err as MooringError;
-  }
-  throw new Error('resolved');
-}
-
 type Handler = (req: IncomingMessage, res: ServerResponse, n: number) => void;
 
-/** Serves BODY (or what the handler does), honouring Range the standard way. */
-function rangeServe(req: IncomingMessage, res: ServerResponse, body: Buffer = BODY): void {
-  const m = /^bytes=(\d+)-$/.exec(req.headers.range ?? '');
-  if (m) {
-    const from = Number(m[1]);
-    res.writeHead(206, { 'content-length': body.length - from, 'content-range': `bytes ${from}-${body.length - 1}/${body.length}` });
-    res.end(body.subarray(from));
-    return;
-  }
-  res.writeHead(200, { 'content-length': body.length });
-  res.end(body);
-}
+const rangeServe = (req: IncomingMessage, res: ServerResponse): void => serveRange(req, res, BODY);
 
 describe('download', () => {
   let dir: string;

@@ -4,7 +4,7 @@
 // while a replica uses the file), verification after a restart (an altered file fails), a
 // partial file after a restart, export from a snapshot, and hostile refs.
 import { execFileSync } from 'node:child_process';
-import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { mkdtemp, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
@@ -18,36 +18,9 @@ import { MooringError } from '../../../src/errors.js';
 import type { NativeAddon } from '../../../src/native/binding.js';
 import { loadAddon } from '../../../src/native/load.js';
 import { NbdClient } from '../../system/helpers/nbd-client.js';
+import { MiB, chunks, collect, errorOf, rangeServe, rawImage, sha } from '../backing-image/helpers.js';
 
-const MiB = 1024 * 1024;
 const FAST = { retryFirstDelayMs: 10, retryMaxDelayMs: 50, startTimeoutMs: 2000, stallTimeoutMs: 2000 };
-
-function rawImage(size: number): Buffer {
-  const b = randomBytes(size);
-  b.fill(0, 0, 512); // no accidental foreign-format magic at the start
-  return b;
-}
-const sha = (b: Uint8Array): string => createHash('sha512').update(b).digest('hex');
-
-async function errorOf(p: Promise<unknown>): Promise<MooringError> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return err as MooringError;
-  }
-  throw new Error('resolved');
-}
-
-async function* chunks(b: Buffer, size = 256 * 1024): AsyncGenerator<Uint8Array> {
-  for (let o = 0; o < b.length; o += size) yield b.subarray(o, Math.min(b.length, o + size));
-}
-
-async function collect(it: AsyncIterable<Uint8Array>): Promise<Buffer> {
-  const parts: Buffer[] = [];
-  for await (const c of it) parts.push(Buffer.from(c));
-  return Buffer.concat(parts);
-}
 
 describe('LocalDataEngine backing image files (real addon)', () => {
   let root: string;
@@ -80,13 +53,7 @@ describe('LocalDataEngine backing image files (real addon)', () => {
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     return `http://127.0.0.1:${(server.address() as AddressInfo).port}/image`;
   }
-  const serveBytes = (body: Buffer): Promise<string> =>
-    serve((req, res) => {
-      const m = /^bytes=(\d+)-$/.exec(req.headers.range ?? '');
-      const from = m ? Number(m[1]) : 0;
-      res.writeHead(m ? 206 : 200, { 'content-length': body.length - from, ...(m ? { 'content-range': `bytes ${from}-${body.length - 1}/${body.length}` } : {}) });
-      res.end(body.subarray(from));
-    });
+  const serveBytes = (body: Buffer): Promise<string> => serve((req, res) => rangeServe(req, res, body));
 
   const fileEvents = (name: string): Array<Extract<DataEngineEvent, { type: 'backing-image-file' }>> =>
     events.filter((e): e is Extract<DataEngineEvent, { type: 'backing-image-file' }> => e.type === 'backing-image-file' && e.name === name);

@@ -3,7 +3,7 @@
 // them), the backing-image-file events on the watch stream, createReplica's backingImage and
 // HostedReplicaInfo.backingImage across the wire, resume after a broken upload, the reader
 // limit, and hostile input (garbage, lying sizes, oversized messages) answered with codes.
-import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -22,38 +22,13 @@ import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
 import { MooringError } from '../../../src/errors.js';
 import type { NativeAddon } from '../../../src/native/binding.js';
 import { loadAddon } from '../../../src/native/load.js';
+import { MiB, chunks as chunksOf, collect, errorOf, rawImage, sha } from '../backing-image/helpers.js';
 
-const MiB = 1024 * 1024;
 const SERVICE = '/mooring.dataengine.v1.DataEngine';
-const sha = (b: Uint8Array): string => createHash('sha512').update(b).digest('hex');
 const root = protobuf.parse(DATA_ENGINE_PROTO, { keepCase: false }).root;
 const encode = (type: string, v: object): Buffer => Buffer.from(root.lookupType(`mooring.dataengine.v1.${type}`).encode(v).finish());
-
-function rawImage(size: number): Buffer {
-  const b = randomBytes(size);
-  b.fill(0, 0, 512);
-  return b;
-}
-
-async function errorOf(p: Promise<unknown>): Promise<MooringError> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return err as MooringError;
-  }
-  throw new Error('resolved');
-}
-
-async function* chunks(b: Buffer, size = 4 * MiB): AsyncGenerator<Uint8Array> {
-  for (let o = 0; o < b.length; o += size) yield b.subarray(o, Math.min(b.length, o + size));
-}
-
-async function collect(it: AsyncIterable<Uint8Array>): Promise<Buffer> {
-  const parts: Buffer[] = [];
-  for await (const c of it) parts.push(Buffer.from(c));
-  return Buffer.concat(parts);
-}
+/** 4 MiB chunks: larger than a gRPC message, so the client splits them. */
+const chunks = (b: Buffer, size = 4 * MiB): AsyncGenerator<Uint8Array> => chunksOf(b, size);
 
 const codeOfError = (e: ServiceError): string | undefined => e.metadata?.get('mooring-code')[0] as string | undefined;
 
