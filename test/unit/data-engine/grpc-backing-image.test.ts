@@ -4,7 +4,7 @@
 // HostedReplicaInfo.backingImage across the wire, resume after a broken upload, the reader
 // limit, and hostile input (garbage, lying sizes, oversized messages) answered with codes.
 import { createHash, randomUUID } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -166,6 +166,11 @@ describe('backing image files over gRPC', () => {
     } finally {
       await other.close();
     }
+  });
+
+  it('docs/data-engine.md shows the service exactly as the code defines it', async () => {
+    const doc = await readFile(join(__dirname, '../../../docs/data-engine.md'), 'utf8');
+    expect(doc).toContain('```proto\n' + DATA_ENGINE_PROTO + '```');
   });
 
   it('HostedReplicaInfo.backingImage and the event cross the codec intact', () => {
