@@ -116,6 +116,9 @@ export type {
   SnapshotCopyResult,
 } from './data-engine/data-engine.js';
 export type { DataEngineTlsOptions } from './data-engine/addresses.js';
+export { BACKING_IMAGE_FILE_LIMITS, BACKING_IMAGES_SUBDIR } from './data-engine/backing-image-files.js';
+export { DOWNLOAD_DEFAULTS, DOWNLOAD_LIMITS } from './backing-image/download.js';
+export type { DownloadSettings as BackingImageDownloadSettings } from './backing-image/download.js';
 export { DataEngineGrpcServer, GRPC_LIMITS } from './data-engine/grpc/data-engine-grpc-server.js';
 export type { DataEngineGrpcServerOptions } from './data-engine/grpc/data-engine-grpc-server.js';
 export { RemoteDataEngine, REMOTE_DATA_ENGINE_DEFAULTS } from './data-engine/grpc/remote-data-engine.js';

@@ -15,6 +15,7 @@ import { MooringError, callNative, codeFromErrno, toMooringError } from '../erro
 import { Engine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent } from '../engine/engine.js';
 import type { NativeAddon, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
 import { loadAddon, packageVersion } from '../native/load.js';
+import type { DownloadSettings } from '../backing-image/download.js';
 import type { NbdExport } from '../nbd/nbd-export.js';
 import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
@@ -29,6 +30,7 @@ import {
   type DataEngineTlsOptions,
   type TcpAddress,
 } from './addresses.js';
+import { BackingImageFiles, checkReplicaBackingImage } from './backing-image-files.js';
 import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
@@ -46,6 +48,7 @@ import type {
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult,
+  ReplicaCreateOptions,
   SnapshotCopyResult,
 } from './data-engine.js';
 import { Semaphore } from './semaphore.js';
@@ -127,6 +130,12 @@ export interface LocalDataEngineOptions {
   maxConcurrentSnapshotCopies?: number;
   /** Self-repair settings. */
   repair?: DataEngineRepairOptions;
+  /**
+   * Timing of backing image downloads on this disk (start and stall timeouts, retries and
+   * back-off, redirects, extra CA certificates); defaults in DOWNLOAD_DEFAULTS. A call's own
+   * startTimeoutMs and retries take precedence.
+   */
+  backingImageDownload?: DownloadSettings;
   /** The native addon (default: this package's). Tests inject a fake. */
   addon?: NativeAddon;
 }
@@ -176,6 +185,8 @@ export class LocalDataEngine implements DataEngine {
   readonly #starting = new Set<string>();
   readonly #replicaOps = new Set<string>();
   readonly #listeners = new Set<(event: DataEngineEvent) => void>();
+  /** Backing image files on this disk (set by start(), right after construction). */
+  #files!: BackingImageFiles;
   #closing: Promise<void> | undefined;
 
   private constructor(init: {
@@ -279,7 +290,16 @@ export class LocalDataEngine implements DataEngine {
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      return new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair });
+      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair });
+      de.#files = await BackingImageFiles.open({
+        dir,
+        addon,
+        emit: (e) => de.#emit(e),
+        usedBy: () => de.#backingImageUsers(),
+        exportSnapshot: (volume, snapshot, path) => de.exportSnapshot(volume, snapshot, path),
+        ...(options.backingImageDownload !== undefined ? { download: options.backingImageDownload } : {}),
+      });
+      return de;
     } catch (err) {
       if (server) await server.close().catch(() => undefined);
       await lock.release();
@@ -300,10 +320,25 @@ export class LocalDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.createReplica */
-  async createReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
+  async createReplica(name: string, sizeBytes: number, options: ReplicaCreateOptions = {}): Promise<HostedReplicaInfo> {
     this.#assertOpen();
     checkName('replica name', name);
     checkVolumeSize(sizeBytes);
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `replica options must be an object (got ${describe(options)})`);
+    if (options.backingImage !== undefined) {
+      const b = checkReplicaBackingImage(options.backingImage, sizeBytes);
+      const file = this.#files.readyFile(b.dir);
+      if (!file) {
+        if (this.#files.has(b.dir)) throw new MooringError('INVALID_STATE', `backing image file ${b.dir} is not ready on ${this.hostId}`, { details: { dir: b.dir } });
+        throw new MooringError('NOT_FOUND', `no backing image file ${b.dir} on ${this.hostId}`, { details: { dir: b.dir } });
+      }
+      if (file.format !== b.format || file.virtualSizeBytes !== b.virtualSizeBytes) {
+        throw new MooringError('INVALID_ARGUMENT', `backing image file ${b.dir} is ${file.format} of ${file.virtualSizeBytes} bytes, not ${b.format} of ${b.virtualSizeBytes}`);
+      }
+      // The native store of this build creates replicas without a backing image; the
+      // replica half of issue 6 adds it.
+      throw new MooringError('UNSUPPORTED', 'this build of the native addon cannot create a replica over a backing image yet');
+    }
     return this.#withReplicaOp(name, async () => {
       const path = join(this.#replicasDir, name);
       if (await pathExists(path)) throw new MooringError('ALREADY_EXISTS', `replica ${name} exists on ${this.hostId} (${path})`, { details: { name } });
@@ -641,34 +676,69 @@ export class LocalDataEngine implements DataEngine {
     }
   }
 
-  /** @inheritDoc DataEngine.watch */
-  // --- backing image files: STUB (issue 6 in progress; replaced by the implementation) ---
-  listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
-    return Promise.resolve([]);
-  }
-  backingImageFile(_ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
-    return Promise.resolve(null);
-  }
-  downloadBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
-  }
-  writeBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageWriteOptions, _data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
-  }
-  // eslint-disable-next-line require-yield
-  async *readBackingImageFile(_ref: BackingImageFileRef, _options?: { offset?: number }): AsyncIterable<Uint8Array> {
-    throw new MooringError('UNSUPPORTED', 'backing image files: not yet');
-  }
-  exportSnapshotToBackingImageFile(_volume: string, _snapshot: string, _ref: BackingImageFileRef, _options?: { expectedChecksum?: string }): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
-  }
-  cancelBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
-    return Promise.resolve();
-  }
-  deleteBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
-    return Promise.resolve();
+  // --- backing image files (docs/data-engine.md, "Backing image files") ------------
+
+  /** @inheritDoc DataEngine.listBackingImageFiles */
+  async listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
+    this.#assertOpen();
+    return this.#files.list();
   }
 
+  /** @inheritDoc DataEngine.backingImageFile */
+  async backingImageFile(ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
+    this.#assertOpen();
+    return this.#files.get(ref);
+  }
+
+  /** @inheritDoc DataEngine.downloadBackingImageFile */
+  async downloadBackingImageFile(ref: BackingImageFileRef, options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
+    this.#assertOpen();
+    return this.#files.download(ref, options);
+  }
+
+  /** @inheritDoc DataEngine.writeBackingImageFile */
+  async writeBackingImageFile(ref: BackingImageFileRef, options: BackingImageWriteOptions, data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
+    this.#assertOpen();
+    return this.#files.write(ref, options, data);
+  }
+
+  /** @inheritDoc DataEngine.readBackingImageFile */
+  async *readBackingImageFile(ref: BackingImageFileRef, options?: { offset?: number }): AsyncGenerator<Uint8Array> {
+    this.#assertOpen();
+    yield* this.#files.read(ref, options);
+  }
+
+  /** @inheritDoc DataEngine.exportSnapshotToBackingImageFile */
+  async exportSnapshotToBackingImageFile(volume: string, snapshot: string, ref: BackingImageFileRef, options?: { expectedChecksum?: string }): Promise<BackingImageFileInfo> {
+    this.#assertOpen();
+    return this.#files.exportSnapshot(volume, snapshot, ref, options);
+  }
+
+  /** @inheritDoc DataEngine.cancelBackingImageFile */
+  async cancelBackingImageFile(ref: BackingImageFileRef): Promise<void> {
+    this.#assertOpen();
+    return this.#files.cancel(ref);
+  }
+
+  /** @inheritDoc DataEngine.deleteBackingImageFile */
+  async deleteBackingImageFile(ref: BackingImageFileRef): Promise<void> {
+    this.#assertOpen();
+    return this.#files.delete(ref);
+  }
+
+  // Replicas on this disk by the backing image directory their chain reads.
+  async #backingImageUsers(): Promise<Map<string, string[]>> {
+    const out = new Map<string, string[]>();
+    for (const r of await this.listReplicas()) {
+      if (!r.backingImage) continue;
+      const list = out.get(r.backingImage.dir) ?? [];
+      list.push(r.name);
+      out.set(r.backingImage.dir, list);
+    }
+    return out;
+  }
+
+  /** @inheritDoc DataEngine.watch */
   watch(listener: (event: DataEngineEvent) => void): () => void {
     if (typeof listener !== 'function') throw new MooringError('INVALID_ARGUMENT', 'watch needs a function');
     if (this.#listeners.size >= DATA_ENGINE_LIMITS.watchersMax) {
@@ -683,6 +753,8 @@ export class LocalDataEngine implements DataEngine {
   /** Stops every engine (drain, flush, replicas clean), the replica server, and unlocks the directory. Idempotent. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
+      // Preparations stop first (an export holds an engine); partial files stay for a resume.
+      await this.#files.close();
       const results = await Promise.allSettled([...this.#engines.values()].map((s) => this.#stop(s)));
       if (this.#server) await this.#server.close().catch((err: unknown) => results.push({ status: 'rejected', reason: err }));
       await this.#lock.release();
@@ -913,7 +985,8 @@ export class LocalDataEngine implements DataEngine {
       rebuilding: info.rebuilding,
       allocatedBytes: info.allocatedBytes,
       inUse: info.users > 0 || this.#engineUsing(name) !== undefined,
-      backingImage: null,
+      // An addon without backing image support reports no such field.
+      backingImage: info.backingImage ? { dir: info.backingImage.dir, format: info.backingImage.format, virtualSizeBytes: info.backingImage.virtualSizeBytes } : null,
     };
   }
 

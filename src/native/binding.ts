@@ -162,6 +162,16 @@ export interface NativeReplicaInfo {
   allocatedBytes: number;
   /** Handles open on it in this process (engines, replica server connections). */
   users: number;
+  /** The backing image beneath its chain, or null. */
+  backingImage: NativeReplicaBackingImage | null;
+}
+
+/** A replica's backing image as the native store records it. */
+export interface NativeReplicaBackingImage {
+  /** `<image name>-<image uuid>`, under the disk's `backing-images/`. */
+  dir: string;
+  format: 'raw' | 'qcow2';
+  virtualSizeBytes: number;
 }
 
 export interface NativeEngineOptions {

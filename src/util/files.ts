@@ -23,15 +23,20 @@ export async function writeFileAtomic(path: string, data: string | Uint8Array): 
       await fh.close();
     }
     await rename(tmp, path);
-    const dh = await open(dir, 'r');
-    try {
-      await dh.sync();
-    } finally {
-      await dh.close();
-    }
+    await syncDirectory(dir);
   } catch (err) {
     await unlink(tmp).catch(() => undefined);
     throw toMooringError(err, `writing ${path}`);
+  }
+}
+
+/** fsyncs a directory, so a rename or unlink in it survives a crash. */
+export async function syncDirectory(dir: string): Promise<void> {
+  const dh = await open(dir, 'r');
+  try {
+    await dh.sync();
+  } finally {
+    await dh.close();
   }
 }
 

@@ -40,3 +40,6 @@ export const UNIX_SOCKET_PATH_BYTES_MAX = 107;
 
 /** NBD export names (the protocol allows 4096 bytes; we keep them short and printable). */
 export const EXPORT_NAME_LENGTH_MAX = 255;
+
+/** UUIDs the library generates and accepts (volumes, backing images): lowercase, 8-4-4-4-12 hex. */
+export const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;

@@ -10,6 +10,7 @@ import {
   NAME_PATTERN,
   REPLICA_COUNT_MAX,
   REPLICA_COUNT_MIN,
+  UUID_PATTERN,
   VOLUME_SIZE_MAX_BYTES,
 } from './limits.js';
 
@@ -126,4 +127,12 @@ export function checkRange(offset: unknown, length: unknown, sizeBytes: number, 
       details: { offset, length, sizeBytes },
     });
   }
+}
+
+/** A UUID as the library generates them: lowercase 8-4-4-4-12 hex. */
+export function checkUuid(what: string, value: unknown, code: MooringErrorCode = 'INVALID_ARGUMENT'): string {
+  if (typeof value !== 'string' || !UUID_PATTERN.test(value)) {
+    throw new MooringError(code, `${what} must be a lowercase UUID (8-4-4-4-12 hex digits; got ${describe(value)})`, { details: { what, value } });
+  }
+  return value;
 }

@@ -13,7 +13,7 @@ import { join, relative, resolve, sep } from 'node:path';
 import type { ReplicaMode } from '../engine/engine.js';
 import { MooringError, type MooringErrorCode } from '../errors.js';
 import { writeFileAtomic, readFileLimited } from '../util/files.js';
-import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN, VOLUME_SPEC_BYTES_MAX } from '../util/limits.js';
+import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN, UUID_PATTERN, VOLUME_SPEC_BYTES_MAX } from '../util/limits.js';
 import { checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
 
 /** The `format` value of every volume.json. */
@@ -69,7 +69,6 @@ export interface VolumeSpec {
   createdMs: number;
 }
 
-const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 const PATH_SEGMENT_PATTERN = /^[A-Za-z0-9._-]{1,63}$/;
 const RELATIVE_PATH_LENGTH_MAX = 255;
 const MESSAGE_LENGTH_MAX = 4096;

@@ -6,6 +6,9 @@ import { Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js
 import { MooringError, isMooringErrorCode, toMooringError, type MooringErrorCode } from '../../errors.js';
 import { describe } from '../../util/validate.js';
 import type {
+  BackingImageFileInfo,
+  BackingImageFileRef,
+  BackingImageFileState,
   DataEngineEvent,
   DataEngineInfo,
   EngineHandOver,
@@ -15,6 +18,7 @@ import type {
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult,
+  ReplicaBackingImage,
   SnapshotCopyResult,
 } from '../data-engine.js';
 
@@ -113,7 +117,7 @@ export function infoFromMsg(m: Msg): DataEngineInfo {
 }
 
 export function hostedToMsg(r: HostedReplicaInfo): Msg {
-  return { ...r };
+  return { ...r, backingImage: r.backingImage ? replicaBackingImageToMsg(r.backingImage) : null };
 }
 export function hostedFromMsg(m: Msg): HostedReplicaInfo {
   return {
@@ -124,7 +128,51 @@ export function hostedFromMsg(m: Msg): HostedReplicaInfo {
     rebuilding: m.rebuilding === true,
     allocatedBytes: num(m.allocatedBytes),
     inUse: m.inUse === true,
-    backingImage: null,
+    backingImage: replicaBackingImageFromMsg(m.backingImage) ?? null,
+  };
+}
+
+export function replicaBackingImageToMsg(b: ReplicaBackingImage): Msg {
+  return { dir: b.dir, format: b.format, virtualSizeBytes: b.virtualSizeBytes };
+}
+/** A replica's backing image as sent, or undefined when unset (shape only; the data engine validates values). */
+export function replicaBackingImageFromMsg(m: unknown): ReplicaBackingImage | undefined {
+  if (typeof m !== 'object' || m === null) return undefined;
+  const b = m as Msg;
+  return { dir: str(b.dir), format: str(b.format) as ReplicaBackingImage['format'], virtualSizeBytes: num(b.virtualSizeBytes) };
+}
+
+// --- backing image files ---------------------------------------------------------
+
+const FILE_STATES: ReadonlySet<string> = new Set(['pending', 'starting', 'in-progress', 'ready', 'failed', 'unknown']);
+
+export function fileRefToMsg(r: BackingImageFileRef): Msg {
+  return { name: r.name, uuid: r.uuid };
+}
+/** A ref as sent (shape only; the data engine validates it). */
+export function fileRefFromMsg(m: unknown): BackingImageFileRef {
+  const r = (typeof m === 'object' && m !== null ? m : {}) as Msg;
+  return { name: str(r.name), uuid: str(r.uuid) };
+}
+
+export function fileToMsg(f: BackingImageFileInfo): Msg {
+  return { ...f, format: f.format ?? '', usedBy: [...f.usedBy] };
+}
+export function fileFromMsg(m: Msg): BackingImageFileInfo {
+  // A state this client does not know (a newer server) reads as unknown.
+  const state = (typeof m.state === 'string' && FILE_STATES.has(m.state) ? m.state : 'unknown') as BackingImageFileState;
+  return {
+    name: str(m.name),
+    uuid: str(m.uuid),
+    state,
+    progress: num(m.progress),
+    message: str(m.message),
+    sizeBytes: num(m.sizeBytes),
+    receivedBytes: num(m.receivedBytes),
+    checksum: str(m.checksum),
+    format: m.format === 'raw' || m.format === 'qcow2' ? m.format : null,
+    virtualSizeBytes: num(m.virtualSizeBytes),
+    usedBy: Array.isArray(m.usedBy) ? m.usedBy.map(str) : [],
   };
 }
 
@@ -203,7 +251,10 @@ export function rebuildResultFromMsg(m: Msg): RebuildResult {
 }
 
 export function eventToMsg(e: DataEngineEvent): Msg {
-  if (e.type === 'backing-image-file') return { ...e };
+  if (e.type === 'backing-image-file') {
+    const { type, ...info } = e;
+    return { type, file: fileToMsg({ ...info, usedBy: [] }) };
+  }
   const m: Msg = { type: e.type, volume: e.volume };
   switch (e.type) {
     case 'replica-error':
@@ -260,6 +311,11 @@ export function eventFromMsg(m: Msg): DataEngineEvent | undefined {
       return { type: m.type, volume, epoch: num(m.epoch) };
     case 'snapshot-copy-progress':
       return { type: 'snapshot-copy-progress', volume, snapshot: str(m.snapshot), copiedBytes: num(m.copiedBytes), totalBytes: num(m.totalBytes) };
+    case 'backing-image-file': {
+      if (typeof m.file !== 'object' || m.file === null) return undefined;
+      const { usedBy: _unused, ...info } = fileFromMsg(m.file as Msg);
+      return { type: 'backing-image-file', ...info };
+    }
     default:
       return undefined;
   }

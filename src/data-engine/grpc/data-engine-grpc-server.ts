@@ -7,15 +7,19 @@
 import { connect } from 'node:net';
 import { lstat, unlink } from 'node:fs/promises';
 
-import { Server, ServerCredentials, type ServerUnaryCall, type ServerWritableStream, type sendUnaryData, type UntypedServiceImplementation, type ServiceDefinition, type MethodDefinition } from '@grpc/grpc-js';
+import { Server, ServerCredentials, type ServerReadableStream, type ServerUnaryCall, type ServerWritableStream, type sendUnaryData, type UntypedServiceImplementation, type ServiceDefinition, type MethodDefinition } from '@grpc/grpc-js';
 
 import { MooringError, toMooringError } from '../../errors.js';
 import { parseNbdAddress } from '../../nbd/nbd-address.js';
 import { describe } from '../../util/validate.js';
 import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
 import type { DataEngine } from '../data-engine.js';
+import { BACKING_IMAGE_FILE_LIMITS } from '../backing-image-files.js';
 import {
   copyResultToMsg,
+  fileRefFromMsg,
+  fileToMsg,
+  replicaBackingImageFromMsg,
   engineToMsg,
   eventToMsg,
   handOverFromMsg,
@@ -44,6 +48,8 @@ export const GRPC_LIMITS = {
   watchQueuedEventsMax: 10_000,
   /** How long close() waits for calls in flight before cutting them. */
   shutdownGraceMs: 5000,
+  /** Data bytes in one WriteBackingImageFile / ReadBackingImageFile message. */
+  fileDataBytesMax: BACKING_IMAGE_FILE_LIMITS.readChunkBytes,
 } as const;
 
 /** Options of {@link DataEngineGrpcServer.start}. */
@@ -157,7 +163,10 @@ export class DataEngineGrpcServer {
       };
     return {
       Info: unary(async () => infoToMsg(await de.info())),
-      CreateReplica: unary(async (r) => hostedToMsg(await de.createReplica(requestString(r, 'name'), r.sizeBytes as number))),
+      CreateReplica: unary(async (r) => {
+        const backingImage = replicaBackingImageFromMsg(r.backingImage);
+        return hostedToMsg(await de.createReplica(requestString(r, 'name'), r.sizeBytes as number, backingImage ? { backingImage } : {}));
+      }),
       DeleteReplica: unary(async (r) => {
         await de.deleteReplica(requestString(r, 'name'));
         return {};
@@ -209,7 +218,127 @@ export class DataEngineGrpcServer {
       CopySnapshot: unary(async (r) =>
         copyResultToMsg(await de.copySnapshot(requestString(r, 'volume'), requestString(r, 'snapshot'), requestString(r, 'toVolume'))),
       ),
+      ListBackingImageFiles: unary(async () => ({ files: (await de.listBackingImageFiles()).map(fileToMsg) })),
+      GetBackingImageFile: unary(async (r) => {
+        const f = await de.backingImageFile(fileRefFromMsg(r));
+        return f ? { file: fileToMsg(f) } : {};
+      }),
+      DownloadBackingImageFile: unary(async (r) => {
+        const expected = requestString(r, 'expectedChecksum');
+        const start = r.startTimeoutMs;
+        const info = await de.downloadBackingImageFile(fileRefFromMsg(requestRef(r)), {
+          url: requestString(r, 'url'),
+          ...(expected ? { expectedChecksum: expected } : {}),
+          ...(typeof start === 'number' && start !== 0 ? { startTimeoutMs: start } : {}),
+          ...(r.hasRetries === true ? { retries: r.retries as number } : {}),
+        });
+        return fileToMsg(info);
+      }),
+      WriteBackingImageFile: (call: ServerReadableStream<Msg, Msg>, callback: sendUnaryData<Msg>) => this.#writeFile(de, call, callback),
+      ReadBackingImageFile: (call: ServerWritableStream<Msg, Msg>) => this.#readFile(de, call),
+      ExportSnapshotToBackingImageFile: unary(async (r) => {
+        const expected = requestString(r, 'expectedChecksum');
+        const info = await de.exportSnapshotToBackingImageFile(requestString(r, 'volume'), requestString(r, 'snapshot'), fileRefFromMsg(requestRef(r)), expected ? { expectedChecksum: expected } : {});
+        return fileToMsg(info);
+      }),
+      CancelBackingImageFile: unary(async (r) => {
+        await de.cancelBackingImageFile(fileRefFromMsg(r));
+        return {};
+      }),
+      DeleteBackingImageFile: unary(async (r) => {
+        await de.deleteBackingImageFile(fileRefFromMsg(r));
+        return {};
+      }),
     };
+  }
+
+  // Client streaming: the first message names the file and its size, every message carries
+  // at most fileDataBytesMax bytes. A client that goes away mid-stream leaves the partial
+  // file for a resume.
+  #writeFile(de: DataEngine, call: ServerReadableStream<Msg, Msg>, callback: sendUnaryData<Msg>): void {
+    let answered = false;
+    const answer = (err: unknown, reply?: Msg): void => {
+      if (answered) return;
+      answered = true;
+      if (err) callback(toGrpcError(err) as never);
+      else callback(null, reply);
+    };
+    call.on('cancelled', () => call.destroy(new MooringError('UNAVAILABLE', 'the client cancelled the upload')));
+    const messages = call[Symbol.asyncIterator]() as AsyncIterator<Msg & { [BAD_REQUEST]?: string }>;
+    const checked = (m: Msg & { [BAD_REQUEST]?: string }): Uint8Array => {
+      if (m[BAD_REQUEST] !== undefined) throw new MooringError('PROTOCOL_ERROR', `malformed write message: ${m[BAD_REQUEST]}`);
+      const data = m.data;
+      if (!(data instanceof Uint8Array)) throw new MooringError('PROTOCOL_ERROR', 'write message without data bytes');
+      if (data.length > GRPC_LIMITS.fileDataBytesMax) {
+        throw new MooringError('INVALID_ARGUMENT', `a write message carries ${data.length} bytes, at most ${GRPC_LIMITS.fileDataBytesMax}`);
+      }
+      return data;
+    };
+    (async () => {
+      const first = await messages.next();
+      if (first.done) throw new MooringError('INVALID_ARGUMENT', 'an upload needs a first message with the ref and size');
+      const head = first.value;
+      const firstData = checked(head);
+      const expected = requestString(head, 'expectedChecksum');
+      async function* data(): AsyncGenerator<Uint8Array> {
+        if (firstData.length > 0) yield firstData;
+        for (;;) {
+          const n = await messages.next();
+          if (n.done) return;
+          const d = checked(n.value);
+          if (d.length > 0) yield d;
+        }
+      }
+      const info = await de.writeBackingImageFile(
+        fileRefFromMsg(requestRef(head)),
+        { sizeBytes: head.sizeBytes as number, offset: head.offset as number, ...(expected ? { expectedChecksum: expected } : {}) },
+        data(),
+      );
+      return fileToMsg(info);
+    })().then(
+      (reply) => answer(undefined, reply),
+      (err: unknown) => answer(err),
+    );
+  }
+
+  // Server streaming of a ready file; a client that goes away stops the read (freeing its
+  // place among the file's readers).
+  #readFile(de: DataEngine, call: ServerWritableStream<Msg, Msg>): void {
+    const req = call.request as Msg & { [BAD_REQUEST]?: string };
+    const fail = (err: unknown): void => void call.emit('error', toGrpcError(err));
+    if (req[BAD_REQUEST] !== undefined) {
+      fail(new MooringError('PROTOCOL_ERROR', `malformed request: ${req[BAD_REQUEST]}`));
+      return;
+    }
+    let cancelled = false;
+    let wake: (() => void) | undefined;
+    call.on('cancelled', () => {
+      cancelled = true;
+      wake?.();
+    });
+    call.on('drain', () => wake?.());
+    (async () => {
+      const it = de.readBackingImageFile(fileRefFromMsg(requestRef(req)), { offset: req.offset as number })[Symbol.asyncIterator]();
+      try {
+        for (;;) {
+          if (cancelled) return;
+          const n = await it.next();
+          if (n.done) break;
+          if (!call.write({ data: n.value })) {
+            // Bounded memory: wait for the client to take what was sent.
+            await new Promise<void>((res) => {
+              wake = res;
+            });
+            wake = undefined;
+          }
+        }
+        call.end();
+      } finally {
+        await it.return?.();
+      }
+    })().catch((err: unknown) => {
+      if (!cancelled) fail(err);
+    });
   }
 
   #watch(de: DataEngine, call: ServerWritableStream<Msg, Msg>): void {
@@ -261,6 +390,12 @@ export class DataEngineGrpcServer {
     call.on('close', stop);
     call.on('error', stop);
   }
+}
+
+// A request's `ref` message (proto3 leaves an unset message null).
+function requestRef(m: Msg): Msg {
+  if (typeof m.ref !== 'object' || m.ref === null) throw new MooringError('INVALID_ARGUMENT', 'ref {name, uuid} is required');
+  return m.ref as Msg;
 }
 
 // The service with request decoding that never throws: a request that does not decode is

@@ -41,6 +41,19 @@ service DataEngine {
   rpc DeleteSnapshot(SnapshotRef) returns (Empty);
   rpc ExportSnapshot(ExportSnapshotRequest) returns (SnapshotCopyResult);
   rpc CopySnapshot(CopySnapshotRequest) returns (SnapshotCopyResult);
+  // Backing image files on this data engine's disk (docs/data-engine.md, "Backing image
+  // files"). Download, Write and Export return when the file is ready (progress:
+  // backing-image-file events). Write streams the file: the first message carries the ref
+  // and options, every message at most 1 MiB of data. Read streams a ready file in 1 MiB
+  // messages.
+  rpc ListBackingImageFiles(Empty) returns (BackingImageFileList);
+  rpc GetBackingImageFile(BackingImageFileRef) returns (BackingImageFileReply);
+  rpc DownloadBackingImageFile(DownloadBackingImageFileRequest) returns (BackingImageFile);
+  rpc WriteBackingImageFile(stream WriteBackingImageFileMessage) returns (BackingImageFile);
+  rpc ReadBackingImageFile(ReadBackingImageFileRequest) returns (stream DataChunk);
+  rpc ExportSnapshotToBackingImageFile(ExportSnapshotToBackingImageFileRequest) returns (BackingImageFile);
+  rpc CancelBackingImageFile(BackingImageFileRef) returns (Empty);
+  rpc DeleteBackingImageFile(BackingImageFileRef) returns (Empty);
 }
 
 message Empty {}
@@ -61,11 +74,19 @@ message HostedReplica {
   bool rebuilding = 5;
   uint64 allocated_bytes = 6;
   bool in_use = 7;
+  ReplicaBackingImage backing_image = 8;  // unset = none
+}
+
+message ReplicaBackingImage {
+  string dir = 1;     // <image name>-<image uuid>
+  string format = 2;  // raw or qcow2
+  uint64 virtual_size_bytes = 3;
 }
 
 message CreateReplicaRequest {
   string name = 1;
   uint64 size_bytes = 2;
+  ReplicaBackingImage backing_image = 3;  // unset = none
 }
 
 message ReplicaName { string name = 1; }
@@ -204,6 +225,64 @@ message Event {
   string snapshot = 11;
   uint64 copied_bytes = 12;
   uint64 total_bytes = 13;
+  // backing-image-file (used_by is not sent)
+  BackingImageFile file = 14;
+}
+
+message BackingImageFileRef {
+  string name = 1;
+  string uuid = 2;
+}
+
+message BackingImageFile {
+  string name = 1;
+  string uuid = 2;
+  string state = 3;  // pending, starting, in-progress, ready, failed, unknown
+  uint32 progress = 4;
+  string message = 5;
+  uint64 size_bytes = 6;
+  uint64 received_bytes = 7;
+  string checksum = 8;  // SHA-512 hex, "" until ready
+  string format = 9;    // raw, qcow2, "" = not known yet
+  uint64 virtual_size_bytes = 10;
+  repeated string used_by = 11;
+}
+
+message BackingImageFileList { repeated BackingImageFile files = 1; }
+
+message BackingImageFileReply { BackingImageFile file = 1; }  // unset = no such file
+
+message DownloadBackingImageFileRequest {
+  BackingImageFileRef ref = 1;
+  string url = 2;
+  string expected_checksum = 3;  // "" = none
+  uint32 start_timeout_ms = 4;   // 0 = default
+  uint32 retries = 5;
+  bool has_retries = 6;          // false = default retries
+}
+
+message WriteBackingImageFileMessage {
+  // First message only:
+  BackingImageFileRef ref = 1;
+  uint64 size_bytes = 2;
+  uint64 offset = 3;
+  string expected_checksum = 4;
+  // Every message (the first may carry none):
+  bytes data = 5;
+}
+
+message ReadBackingImageFileRequest {
+  BackingImageFileRef ref = 1;
+  uint64 offset = 2;
+}
+
+message DataChunk { bytes data = 1; }
+
+message ExportSnapshotToBackingImageFileRequest {
+  string volume = 1;
+  string snapshot = 2;
+  BackingImageFileRef ref = 3;
+  string expected_checksum = 4;
 }
 `;
 

@@ -11,6 +11,7 @@ import {
   loadPackageDefinition,
   type Client,
   type ClientReadableStream,
+  type ClientWritableStream,
   type ServiceError,
 } from '@grpc/grpc-js';
 
@@ -33,10 +34,14 @@ import type {
   EngineStartOptions,
   HostedReplicaInfo,
   RebuildResult,
+  ReplicaCreateOptions,
   SnapshotCopyResult,
 } from '../data-engine.js';
 import {
   copyResultFromMsg,
+  fileFromMsg,
+  fileRefToMsg,
+  replicaBackingImageToMsg,
   engineFromMsg,
   eventFromMsg,
   fromGrpcError,
@@ -159,11 +164,16 @@ export class RemoteDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.createReplica */
-  async createReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
+  async createReplica(name: string, sizeBytes: number, options: ReplicaCreateOptions = {}): Promise<HostedReplicaInfo> {
     if (typeof sizeBytes !== 'number' || !Number.isSafeInteger(sizeBytes) || sizeBytes < 0) {
       throw new MooringError('INVALID_ARGUMENT', `sizeBytes must be a non-negative integer (got ${describe(sizeBytes)})`);
     }
-    return hostedFromMsg(await this.#call('CreateReplica', { name, sizeBytes }));
+    const b = (options ?? {}).backingImage as Partial<ReplicaCreateOptions['backingImage']> | undefined;
+    if (b !== undefined && (typeof b !== 'object' || b === null || typeof b.dir !== 'string' || typeof b.format !== 'string' || !isCount(b.virtualSizeBytes))) {
+      throw new MooringError('INVALID_ARGUMENT', `backingImage must be {dir, format, virtualSizeBytes} (got ${describe(b)})`);
+    }
+    const req: Msg = { name, sizeBytes, ...(b ? { backingImage: replicaBackingImageToMsg(b as NonNullable<ReplicaCreateOptions['backingImage']>) } : {}) };
+    return hostedFromMsg(await this.#call('CreateReplica', req));
   }
 
   /** @inheritDoc DataEngine.deleteReplica */
@@ -266,38 +276,148 @@ export class RemoteDataEngine implements DataEngine {
     return copyResultFromMsg(await this.#call('CopySnapshot', { volume, snapshot, toVolume }, this.#longTimeoutMs));
   }
 
+  // --- backing image files ------------------------------------------------------
+
+  /** @inheritDoc DataEngine.listBackingImageFiles */
+  async listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
+    const reply = await this.#call('ListBackingImageFiles', {});
+    return (Array.isArray(reply.files) ? (reply.files as Msg[]) : []).map(fileFromMsg);
+  }
+
+  /** @inheritDoc DataEngine.backingImageFile */
+  async backingImageFile(ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
+    const reply = await this.#call('GetBackingImageFile', fileRefToMsg(checkFileRefShape(ref)));
+    return typeof reply.file === 'object' && reply.file !== null ? fileFromMsg(reply.file as Msg) : null;
+  }
+
+  /** @inheritDoc DataEngine.downloadBackingImageFile */
+  async downloadBackingImageFile(ref: BackingImageFileRef, options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
+    const o = checkObject('download options', options);
+    if (typeof o.url !== 'string') throw new MooringError('INVALID_ARGUMENT', `url must be a string (got ${describe(o.url)})`);
+    optionalString('expectedChecksum', o.expectedChecksum);
+    if (o.startTimeoutMs !== undefined && !isCount(o.startTimeoutMs, 2 ** 32 - 1)) throw new MooringError('INVALID_ARGUMENT', `startTimeoutMs must be a non-negative integer (got ${describe(o.startTimeoutMs)})`);
+    if (o.retries !== undefined && !isCount(o.retries, 2 ** 32 - 1)) throw new MooringError('INVALID_ARGUMENT', `retries must be a non-negative integer (got ${describe(o.retries)})`);
+    const req: Msg = {
+      ref: fileRefToMsg(checkFileRefShape(ref)),
+      url: o.url,
+      expectedChecksum: o.expectedChecksum ?? '',
+      startTimeoutMs: o.startTimeoutMs ?? 0,
+      retries: o.retries ?? 0,
+      hasRetries: o.retries !== undefined,
+    };
+    return fileFromMsg(await this.#call('DownloadBackingImageFile', req, this.#longTimeoutMs));
+  }
+
+  /**
+   * @inheritDoc DataEngine.writeBackingImageFile
+   *
+   * The bytes travel in messages of at most 1 MiB, as fast as the data engine takes them
+   * (flow control). If `data` throws, the call is cancelled (the data engine keeps the
+   * partial file) and this rejects with that error.
+   */
+  async writeBackingImageFile(ref: BackingImageFileRef, options: BackingImageWriteOptions, data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
+    if (this.#closed) throw new MooringError('CLOSED', `connection to data engine ${this.hostId} is closed`);
+    const o = checkObject('write options', options);
+    if (!isCount(o.sizeBytes)) throw new MooringError('INVALID_ARGUMENT', `sizeBytes must be a non-negative integer (got ${describe(o.sizeBytes)})`);
+    if (o.offset !== undefined && !isCount(o.offset)) throw new MooringError('INVALID_ARGUMENT', `offset must be a non-negative integer (got ${describe(o.offset)})`);
+    optionalString('expectedChecksum', o.expectedChecksum);
+    if (data === null || typeof data !== 'object' || typeof (data as AsyncIterable<Uint8Array>)[Symbol.asyncIterator] !== 'function') {
+      throw new MooringError('INVALID_ARGUMENT', 'data must be an async iterable of Uint8Array chunks');
+    }
+    const what = `data engine ${this.hostId}: WriteBackingImageFile`;
+    let call!: ClientWritableStream<Msg>;
+    const reply = new Promise<Msg>((res, rej) => {
+      const fn = (this.#client as unknown as Record<string, (md: Metadata, opts: { deadline: number }, cb: Callback) => ClientWritableStream<Msg>>).WriteBackingImageFile!;
+      call = fn.call(this.#client, new Metadata(), { deadline: Date.now() + this.#longTimeoutMs }, (err, r) => (err ? rej(fromGrpcError(err, what)) : res(r ?? {})));
+    });
+    reply.catch(() => undefined);
+    // The outcome arrives through the callback; a write racing the server's early answer must
+    // not surface as an unhandled stream error.
+    call.on('error', () => undefined);
+    let finished = false;
+    reply.then(
+      () => (finished = true),
+      () => (finished = true),
+    );
+    const send = async (m: Msg): Promise<void> => {
+      if (!call.write(m)) {
+        await new Promise<void>((res) => {
+          const done = (): void => {
+            call.off('drain', done);
+            res();
+          };
+          call.on('drain', done);
+          // The server may answer (e.g. reuse, BUSY) without reading further.
+          void reply.then(done, done);
+        });
+      }
+    };
+    try {
+      const head: Msg = { ref: fileRefToMsg(checkFileRefShape(ref)), sizeBytes: o.sizeBytes, offset: o.offset ?? 0, expectedChecksum: o.expectedChecksum ?? '', data: Buffer.alloc(0) };
+      await send(head);
+      for await (const chunk of data) {
+        if (finished) break;
+        if (!(chunk instanceof Uint8Array)) throw new MooringError('INVALID_ARGUMENT', `data chunks must be Uint8Array (got ${describe(chunk)})`);
+        const max = GRPC_LIMITS.fileDataBytesMax;
+        for (let off = 0; off < chunk.length && !finished; off += max) await send({ data: chunk.subarray(off, Math.min(chunk.length, off + max)) });
+      }
+      call.end();
+    } catch (err) {
+      call.cancel();
+      await reply.catch(() => undefined);
+      throw err;
+    }
+    return fileFromMsg(await reply);
+  }
+
+  /** @inheritDoc DataEngine.readBackingImageFile */
+  async *readBackingImageFile(ref: BackingImageFileRef, options: { offset?: number } = {}): AsyncGenerator<Uint8Array> {
+    if (this.#closed) throw new MooringError('CLOSED', `connection to data engine ${this.hostId} is closed`);
+    const o = checkObject('read options', options);
+    if (o.offset !== undefined && !isCount(o.offset)) throw new MooringError('INVALID_ARGUMENT', `offset must be a non-negative integer (got ${describe(o.offset)})`);
+    const fn = (this.#client as unknown as Record<string, (req: Msg, md: Metadata, opts: { deadline: number }) => ClientReadableStream<Msg>>).ReadBackingImageFile!;
+    const call = fn.call(this.#client, { ref: fileRefToMsg(checkFileRefShape(ref)), offset: o.offset ?? 0 }, new Metadata(), { deadline: Date.now() + this.#longTimeoutMs });
+    let ended = false;
+    try {
+      for await (const m of call as AsyncIterable<Msg>) {
+        if (m.data instanceof Uint8Array) yield m.data;
+      }
+      ended = true;
+    } catch (err) {
+      ended = true;
+      throw fromGrpcError(err, `data engine ${this.hostId}: ReadBackingImageFile`);
+    } finally {
+      if (!ended) {
+        // The consumer stopped early: tell the data engine, so it frees the read.
+        call.on('error', () => undefined);
+        call.cancel();
+      }
+    }
+  }
+
+  /** @inheritDoc DataEngine.exportSnapshotToBackingImageFile */
+  async exportSnapshotToBackingImageFile(volume: string, snapshot: string, ref: BackingImageFileRef, options: { expectedChecksum?: string } = {}): Promise<BackingImageFileInfo> {
+    const o = checkObject('options', options);
+    optionalString('expectedChecksum', o.expectedChecksum);
+    const req: Msg = { volume, snapshot, ref: fileRefToMsg(checkFileRefShape(ref)), expectedChecksum: o.expectedChecksum ?? '' };
+    return fileFromMsg(await this.#call('ExportSnapshotToBackingImageFile', req, this.#longTimeoutMs));
+  }
+
+  /** @inheritDoc DataEngine.cancelBackingImageFile */
+  async cancelBackingImageFile(ref: BackingImageFileRef): Promise<void> {
+    await this.#call('CancelBackingImageFile', fileRefToMsg(checkFileRefShape(ref)));
+  }
+
+  /** @inheritDoc DataEngine.deleteBackingImageFile */
+  async deleteBackingImageFile(ref: BackingImageFileRef): Promise<void> {
+    await this.#call('DeleteBackingImageFile', fileRefToMsg(checkFileRefShape(ref)), this.#longTimeoutMs);
+  }
+
   /**
    * Subscribes to the data engine's events. One stream serves all listeners; when it
    * breaks (the data engine restarted, the network failed) it is reopened with back-off.
    * Events raised while it was broken are not replayed: read engineInfo() after a gap.
    */
-  // --- backing image files: STUB (issue 6 in progress; replaced by the implementation) ---
-  listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
-    return Promise.resolve([]);
-  }
-  backingImageFile(_ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
-    return Promise.resolve(null);
-  }
-  downloadBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
-  }
-  writeBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageWriteOptions, _data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
-  }
-  // eslint-disable-next-line require-yield
-  async *readBackingImageFile(_ref: BackingImageFileRef, _options?: { offset?: number }): AsyncIterable<Uint8Array> {
-    throw new MooringError('UNSUPPORTED', 'backing image files: not yet');
-  }
-  exportSnapshotToBackingImageFile(_volume: string, _snapshot: string, _ref: BackingImageFileRef, _options?: { expectedChecksum?: string }): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
-  }
-  cancelBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
-    return Promise.resolve();
-  }
-  deleteBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
-    return Promise.resolve();
-  }
-
   watch(listener: (event: DataEngineEvent) => void): () => void {
     if (typeof listener !== 'function') throw new MooringError('INVALID_ARGUMENT', 'watch needs a function');
     if (this.#closed) throw new MooringError('CLOSED', `connection to data engine ${this.hostId} is closed`);
@@ -395,4 +515,25 @@ function checkRefShape(r: unknown): EngineReplicaRef {
     throw new MooringError('INVALID_ARGUMENT', `replica address must be tcp:HOST:PORT or null (got ${describe(x.address)})`);
   }
   return r as EngineReplicaRef;
+}
+
+// Shape only: what protobuf could not encode. The data engine validates names and uuids.
+function checkFileRefShape(r: unknown): BackingImageFileRef {
+  if (typeof r !== 'object' || r === null || typeof (r as BackingImageFileRef).name !== 'string' || typeof (r as BackingImageFileRef).uuid !== 'string') {
+    throw new MooringError('INVALID_ARGUMENT', `a backing image file ref must be {name, uuid} strings (got ${describe(r)})`);
+  }
+  return r as BackingImageFileRef;
+}
+
+function checkObject<T>(what: string, v: T): T {
+  if (typeof v !== 'object' || v === null) throw new MooringError('INVALID_ARGUMENT', `${what} must be an object (got ${describe(v)})`);
+  return v;
+}
+
+function optionalString(what: string, v: unknown): void {
+  if (v !== undefined && typeof v !== 'string') throw new MooringError('INVALID_ARGUMENT', `${what} must be a string (got ${describe(v)})`);
+}
+
+function isCount(v: unknown, max = Number.MAX_SAFE_INTEGER): v is number {
+  return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= max;
 }

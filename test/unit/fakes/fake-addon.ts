@@ -572,7 +572,7 @@ export class FakeAddon implements NativeAddon {
     await this.tick();
     const r = this.replica(dir);
     const users = this.engines.reduce((n, e) => n + e.openDirs().filter((d) => d === dir).length, 0) + (this.extraUsers.get(dir) ?? 0);
-    return { sizeBytes: r.sizeBytes, epoch: r.epoch, clean: r.clean, rebuilding: false, allocatedBytes: r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0), users };
+    return { sizeBytes: r.sizeBytes, epoch: r.epoch, clean: r.clean, rebuilding: false, allocatedBytes: r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0), users, backingImage: null };
   }
 
   async openImage(path: string): Promise<NativeImage> {
