@@ -46,8 +46,10 @@ import type {
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult,
+  ReplicaCreateOptions,
   SnapshotCopyResult,
 } from './data-engine.js';
+import { checkReplicaBackingImage } from './replica-backing-image.js';
 import { Semaphore } from './semaphore.js';
 
 /** Defaults of {@link LocalDataEngineOptions}. */
@@ -300,15 +302,16 @@ export class LocalDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.createReplica */
-  async createReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
+  async createReplica(name: string, sizeBytes: number, options: ReplicaCreateOptions = {}): Promise<HostedReplicaInfo> {
     this.#assertOpen();
     checkName('replica name', name);
     checkVolumeSize(sizeBytes);
+    const backingImage = options.backingImage === undefined ? undefined : checkReplicaBackingImage(options.backingImage, sizeBytes);
     return this.#withReplicaOp(name, async () => {
       const path = join(this.#replicasDir, name);
       if (await pathExists(path)) throw new MooringError('ALREADY_EXISTS', `replica ${name} exists on ${this.hostId} (${path})`, { details: { name } });
       try {
-        await callNative(() => this.#addon.createReplica(path, sizeBytes), `creating replica ${name}`);
+        await callNative(() => this.#addon.createReplica(path, sizeBytes, backingImage ? { backingImage } : undefined), `creating replica ${name}`);
       } catch (err) {
         // Leave no half-made replica behind to be mistaken for one.
         await rm(path, { recursive: true, force: true }).catch(() => undefined);
@@ -913,7 +916,7 @@ export class LocalDataEngine implements DataEngine {
       rebuilding: info.rebuilding,
       allocatedBytes: info.allocatedBytes,
       inUse: info.users > 0 || this.#engineUsing(name) !== undefined,
-      backingImage: null,
+      backingImage: info.backingImage ? { ...info.backingImage } : null,
     };
   }
 
