@@ -118,7 +118,7 @@ describe('LocalDataEngine', () => {
     it('creates, lists and deletes replicas under DIR/replicas', async () => {
       const de = await start('h1', { replicaListen: null });
       const created = await de.createReplica('vol-a-r0', MiB);
-      expect(created).toEqual({ name: 'vol-a-r0', sizeBytes: MiB, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false });
+      expect(created).toEqual({ name: 'vol-a-r0', sizeBytes: MiB, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false, backingImage: null });
       await de.createReplica('vol-b-r0', 2 * MiB);
       expect(await codeOf(de.createReplica('vol-a-r0', MiB))).toBe('ALREADY_EXISTS');
       expect((await de.listReplicas()).map((r) => [r.name, r.sizeBytes])).toEqual([
