@@ -10,7 +10,8 @@
 // a rebuild that sends only what was written, refusals (missing file, wrong size, a rebuild
 // target without the image, hostile replica.json values), and the image file unchanged.
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
@@ -376,6 +377,48 @@ describe('writing, zeroing, snapshots and rebuilds over a backing image', () => 
   });
 });
 
+describe('a replica over a backing image on a replica server (replica protocol)', () => {
+  it('serves the image, exports a snapshot with it, and rebuilds a local replica with only the written data', async () => {
+    const img = await makeImage('remote', 'qcow2', (d) => {
+      writeSource(join(d, 'src.raw'), 4 * MiB, 13);
+      qemuImg(d, 'convert', '-f', 'raw', '-O', 'qcow2', '-o', 'cluster_size=4k', 'src.raw', 'image');
+      qemuIo(join(d, 'image'), 'qcow2', 'write -z 1M 64k');
+    });
+    const size = sizeOver(img);
+    const name = `r${seq++}`;
+    await addon().createReplica(join(disk, 'replicas', name), size, { backingImage: img.ref });
+    const server = await addon().startReplicaServer({ root: join(disk, 'replicas') });
+    try {
+      const engine = await Engine.open({ replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: server.port, name } }] });
+      try {
+        const model = Buffer.alloc(size);
+        img.want.copy(model);
+        const data = pattern(14, 10000);
+        await engine.write(2 * MiB + 777, data);
+        data.copy(model, 2 * MiB + 777);
+        const got = Buffer.alloc(size);
+        for (let off = 0; off < size; off += MiB) (await engine.read(off, Math.min(MiB, size - off))).copy(got, off);
+        expectSameBytes(got, model, 'remote replica over the image');
+        // Block status crosses the protocol too: the image's zero cluster is not data.
+        const ext = await engine.blockStatus(MiB, 64 * KiB);
+        expect(ext.every((e) => e.zero)).toBe(true);
+        await engine.createSnapshot('s1');
+        const out = scratch.path('remote-s1.raw');
+        await engine.exportSnapshot('s1', out);
+        expectSameBytes(readFileSync(out), model, 'snapshot exported from the remote replica');
+        const local = await newReplica(img, size);
+        const res = await engine.addReplica({ id: 'r1', path: local });
+        // One 10,000-byte write touches 3 blocks; the image is never sent.
+        expect(res.sentBytes).toBe(3 * BLOCK);
+      } finally {
+        await engine.close();
+      }
+    } finally {
+      await server.close();
+    }
+  });
+});
+
 describe('refusals', () => {
   let img: Image;
   beforeAll(async () => {
@@ -417,6 +460,26 @@ describe('refusals', () => {
     const meta = JSON.parse(readFileSync(join(r, 'replica.json'), 'utf8')) as Record<string, unknown>;
     writeFileSync(join(r, 'replica.json'), JSON.stringify({ ...meta, backingImage: { ...img.ref, virtualSizeBytes: MiB - 512 } }));
     expect(await codeOf(addon().openReplica(r))).toBe('CORRUPT_METADATA');
+  });
+
+  it("the reader's own refusals keep their codes: a qcow2 marked corrupt, a FIFO in the image's place", async () => {
+    const q = await makeImage('refuse-q', 'qcow2', (d) => qemuImg(d, 'create', '-f', 'qcow2', 'image', '1M'));
+    const r = await newReplica(q, MiB);
+    // The copy in madeHashes must stay intact: damage a copy swapped in, then swap back.
+    const saved = readFileSync(q.path);
+    const damaged = Buffer.from(saved);
+    damaged.writeBigUInt64BE(damaged.readBigUInt64BE(72) | 2n, 72); // incompatible feature bit 1: corrupt
+    try {
+      writeFileSync(q.path, damaged);
+      expect(await codeOf(addon().openReplica(r))).toBe('CORRUPT_METADATA');
+      rmSync(q.path);
+      execFileSync('mkfifo', [q.path]);
+      expect(await codeOf(addon().openReplica(r))).toBe('UNSUPPORTED');
+    } finally {
+      rmSync(q.path, { force: true });
+      writeFileSync(q.path, saved);
+    }
+    await withReplica(r, async (rep) => expect(rep.sizeBytes).toBe(MiB));
   });
 
   it('hostile backingImage values in replica.json are CORRUPT_METADATA at open and inspect', async () => {
