@@ -2,7 +2,7 @@
  * Backing image reads (seed 003): a Mooring volume (1 replica) whose chain sits on a qcow2
  * backing image, against `qemu-nbd -r` serving the same qcow2 file, read by fio over NBD.
  *
- * The image is `BACKING_IMAGE_BYTES` of random data written into a fresh qcow2 by qemu-io
+ * The image is `BACKING_IMAGE_BYTES_MAX` (or the test area, if smaller) of random data written into a fresh qcow2 by qemu-io
  * (so every read hits a real, allocated cluster); the replica above it is empty, so every
  * Mooring read goes through the native qcow2 reader. Both servers read the one file through
  * the page cache (qemu-nbd with its default writeback cache, as the qemu targets run). The
@@ -20,8 +20,8 @@ import { BenchError } from './processes.js';
 import { serveQemuNbd, type TargetContext } from './targets.js';
 import { workloadById, type Workload } from './workloads.js';
 
-/** Size of the qcow2 image (and of the volume over it). */
-export const BACKING_IMAGE_BYTES = 384 * 1024 ** 2;
+/** Largest qcow2 image (and volume over it); a smaller --size makes it that size instead. */
+export const BACKING_IMAGE_BYTES_MAX = 384 * 1024 ** 2;
 /** qemu-io writes the random data in pieces of this size, from PATTERN_FILES different files. */
 const PIECE_BYTES = 16 * 1024 ** 2;
 const PATTERN_FILES = 4;
@@ -64,8 +64,8 @@ function medianRun(runs: FioFigures[], family: Workload['family']): FioFigures {
 }
 
 /** Builds the qcow2 image: random data in every cluster, written by qemu-io. */
-async function makeImage(ctx: TargetContext, path: string): Promise<void> {
-  const r = await ctx.tracker.run('qemu-img', ['create', '-q', '-f', 'qcow2', path, String(BACKING_IMAGE_BYTES)], ctx.abort, { timeoutMs: TOOL_TIMEOUT_MS });
+async function makeImage(ctx: TargetContext, path: string, imageBytes: number): Promise<void> {
+  const r = await ctx.tracker.run('qemu-img', ['create', '-q', '-f', 'qcow2', path, String(imageBytes)], ctx.abort, { timeoutMs: TOOL_TIMEOUT_MS });
   if (r.code !== 0) throw new BenchError('BENCH_TARGET_FAILED', `qemu-img create failed (${r.code}): ${r.stderr}`);
   const patterns: string[] = [];
   for (let i = 0; i < PATTERN_FILES; i++) {
@@ -74,8 +74,8 @@ async function makeImage(ctx: TargetContext, path: string): Promise<void> {
     patterns.push(p);
   }
   const args = ['-f', 'qcow2'];
-  for (let off = 0, i = 0; off < BACKING_IMAGE_BYTES; off += PIECE_BYTES, i++) {
-    args.push('-c', `write -q -s ${patterns[i % PATTERN_FILES]!} ${off} ${PIECE_BYTES}`);
+  for (let off = 0, i = 0; off < imageBytes; off += PIECE_BYTES, i++) {
+    args.push('-c', `write -q -s ${patterns[i % PATTERN_FILES]!} ${off} ${Math.min(PIECE_BYTES, imageBytes - off)}`);
   }
   args.push(path);
   const w = await ctx.tracker.run('qemu-io', args, ctx.abort, { timeoutMs: TOOL_TIMEOUT_MS });
@@ -85,11 +85,11 @@ async function makeImage(ctx: TargetContext, path: string): Promise<void> {
 }
 
 /** Reads the whole volume once, so both servers start from a warm page cache. */
-function warmJob(uri: string): FioJob {
+function warmJob(uri: string, imageBytes: number): FioJob {
   return {
     name: 'warm',
     endpoint: { kind: 'nbd', uri },
-    options: ['rw=read', 'bs=1M', 'iodepth=8', 'numjobs=1', `size=${BACKING_IMAGE_BYTES}`],
+    options: ['rw=read', 'bs=1M', 'iodepth=8', 'numjobs=1', `size=${imageBytes}`],
     expectedSec: 600,
   };
 }
@@ -99,17 +99,18 @@ function warmJob(uri: string): FioJob {
  * qemu-nbd. Everything it started is stopped when it returns or throws.
  */
 export async function measureBackingImage(ctx: TargetContext, runtimeSec: number, rampSec: number, rounds: number): Promise<BackingImageResults> {
+  const imageBytes = Math.min(BACKING_IMAGE_BYTES_MAX, ctx.areaBytes);
   const diskDir = join(ctx.dir, 'disk');
   const imageDir = join(diskDir, 'backing-images', 'bench-image');
   mkdirSync(imageDir, { recursive: true });
   mkdirSync(join(diskDir, 'replicas'));
   const image = join(imageDir, 'image');
-  await makeImage(ctx, image);
-  ctx.log(`  image: ${BACKING_IMAGE_BYTES / 1024 ** 2} MiB qcow2 (64 KiB clusters) of random data, written by qemu-io`);
+  await makeImage(ctx, image, imageBytes);
+  ctx.log(`  image: ${imageBytes / 1024 ** 2} MiB qcow2 (64 KiB clusters) of random data, written by qemu-io`);
 
   const replica = join(diskDir, 'replicas', 'r0');
-  await loadAddon().createReplica(replica, BACKING_IMAGE_BYTES, {
-    backingImage: { dir: 'bench-image', format: 'qcow2', virtualSizeBytes: BACKING_IMAGE_BYTES },
+  await loadAddon().createReplica(replica, imageBytes, {
+    backingImage: { dir: 'bench-image', format: 'qcow2', virtualSizeBytes: imageBytes },
   });
   let engine: Engine | undefined;
   let qemu: Awaited<ReturnType<typeof serveQemuNbd>> | undefined;
@@ -120,7 +121,7 @@ export async function measureBackingImage(ctx: TargetContext, runtimeSec: number
     mkdirSync(qemuDir);
     qemu = await serveQemuNbd('qemu-nbd backing image', image, 'qcow2', ['-r'], { ...ctx, dir: qemuDir });
     const endpoints = { mooring: exp.uri, qemu: (qemu.endpoint as { uri: string }).uri };
-    for (const uri of Object.values(endpoints)) await runFio(warmJob(uri), 'read', ctx.tracker, ctx.abort);
+    for (const uri of Object.values(endpoints)) await runFio(warmJob(uri, imageBytes), 'read', ctx.tracker, ctx.abort);
 
     const runs = new Map<string, { mooring: FioFigures[]; qemu: FioFigures[] }>();
     for (let round = 0; round < rounds; round++) {
@@ -129,7 +130,7 @@ export async function measureBackingImage(ctx: TargetContext, runtimeSec: number
         const entry = runs.get(id) ?? { mooring: [], qemu: [] };
         runs.set(id, entry);
         for (const who of ['mooring', 'qemu'] as const) {
-          const f = await runFio(workloadJob(w, { kind: 'nbd', uri: endpoints[who] }, BACKING_IMAGE_BYTES, runtimeSec, rampSec), 'read', ctx.tracker, ctx.abort);
+          const f = await runFio(workloadJob(w, { kind: 'nbd', uri: endpoints[who] }, imageBytes, runtimeSec, rampSec), 'read', ctx.tracker, ctx.abort);
           entry[who].push(f);
           ctx.log(`  ${w.label.padEnd(20)} ${who.padEnd(8)} ${f.iops.toFixed(0).padStart(7)} IOPS ${f.mibPerSec.toFixed(1).padStart(7)} MiB/s  clat p50 ${f.clatP50Us.toFixed(0)} µs p99 ${f.clatP99Us.toFixed(0)} µs`);
         }
@@ -151,7 +152,7 @@ export async function measureBackingImage(ctx: TargetContext, runtimeSec: number
         rounds: e.mooring.map((f, i): [number, number] => [key(f), key(e.qemu[i]!)]),
       };
     });
-    return { imageBytes: BACKING_IMAGE_BYTES, clusterBytes: 64 * 1024, rounds, rows };
+    return { imageBytes, clusterBytes: 64 * 1024, rounds, rows };
   } finally {
     await qemu?.stop().catch((err: unknown) => ctx.log(`  warning: stopping qemu-nbd: ${String(err)}`));
     await engine?.close().catch((err: unknown) => ctx.log(`  warning: closing the engine: ${String(err)}`));
