@@ -305,6 +305,13 @@ describe('writing, zeroing, snapshots and rebuilds over a backing image', () => 
       const r = await run('qemu-io', [...reads, uri]);
       expect(r.stdout).not.toMatch(/Pattern verification failed|error/i);
       expectSameBytes(await convertNbd(uri, 'ops-write'), model, 'volume after writes and write-zeroes');
+      // Write-zeroes over image data next to data a snapshot (a lower layer) holds: neither
+      // may be punched back to the image.
+      await engine.write(6 * MiB + 512 * KiB, pattern(15, 64 * KiB));
+      await engine.createSnapshot('below');
+      await engine.writeZeroes(6 * MiB + 128 * KiB, 512 * KiB, { mayTrim: true });
+      model.fill(0, 6 * MiB + 128 * KiB, 6 * MiB + 640 * KiB);
+      expectSameBytes(await engine.read(6 * MiB, MiB), model.subarray(6 * MiB, 7 * MiB), 'zeroed around a lower layer');
       // Fast-only write-zeroes cannot zero image data without writing.
       expect(await codeOf(engine.writeZeroes(2 * MiB + 64 * KiB, 64 * KiB, { fastOnly: true }))).toBe('UNSUPPORTED');
       expectSameBytes(await engine.read(2 * MiB + 64 * KiB, 64 * KiB), model.subarray(2 * MiB + 64 * KiB, 2 * MiB + 128 * KiB), 'unchanged by a refused fast zero');

@@ -517,8 +517,11 @@ int Replica::BelowBlocks(uint64_t b0, uint64_t b1, std::vector<std::pair<uint64_
     base_.ForEach(b0, b1, [&](const ExtentMap::Interval& iv) { runs.emplace_back(iv.start, iv.end); });
   }
   // The image is asked outside map_mu_ (its block status may read L2 tables from disk).
-  int rc = ImageDataBlocks(b0, b1, &runs);
+  // Into a list of its own: ImageDataBlocks merges with the last run it finds in *out.
+  std::vector<std::pair<uint64_t, uint64_t>> image_runs;
+  int rc = ImageDataBlocks(b0, b1, &image_runs);
   if (rc != 0) return rc;
+  runs.insert(runs.end(), image_runs.begin(), image_runs.end());
   std::sort(runs.begin(), runs.end());
   out->clear();
   for (const auto& r : runs) {

@@ -127,7 +127,8 @@ class Replica : public ReplicaBackend {
   // Reads [off, off+len) of the backing image; zeros above its virtual size.
   int ReadImage(uint64_t off, uint64_t len, uint8_t* buf);
   // Block runs in [b0, b1) where the backing image holds data (rounded out to whole
-  // blocks), appended to *out in address order. 0 or -errno. Takes no replica lock.
+  // blocks), appended to *out in address order (merged with its last run when they touch,
+  // so *out must not hold runs beyond b0). 0 or -errno. Takes no replica lock.
   int ImageDataBlocks(uint64_t b0, uint64_t b1, std::vector<std::pair<uint64_t, uint64_t>>* out);
   // Image allocation of [off, end) as extents appended to *out (coalescing with its last),
   // at most `limit` extents in *out; *stopped = true when the limit cut it short.
