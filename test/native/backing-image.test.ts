@@ -340,6 +340,20 @@ describe('writing, zeroing, snapshots and rebuilds over a backing image', () => 
       expectSameBytes(readFileSync(out), atSnapshot, 'exported snapshot');
       // Image data counts as copied data: the export does not leave it out.
       expect(res.copiedBytes).toBeGreaterThan(4 * MiB);
+      // A clone into an engine over no image, and into one over the same image (where the
+      // zero runs must be written as zeros over the image's data), reads the same.
+      for (const over of [undefined, img]) {
+        const dir = await newReplica(over, sizeOver(img));
+        const clone = await Engine.open({ replicas: [{ id: 'c0', path: dir }] });
+        try {
+          await engine.copySnapshotTo('s1', clone);
+          const got = Buffer.alloc(clone.sizeBytes);
+          for (let off = 0; off < got.length; off += MiB) (await clone.read(off, Math.min(MiB, got.length - off))).copy(got, off);
+          expectSameBytes(got, atSnapshot, `clone of s1 ${over ? 'over the same image' : 'over no image'}`);
+        } finally {
+          await clone.close();
+        }
+      }
     } finally {
       await engine.close();
     }
