@@ -503,6 +503,30 @@ describe('refusals', () => {
     await withReplica(r, async (rep) => expect(rep.sizeBytes).toBe(MiB));
   });
 
+  it('a damaged cluster of the image fails that read with CORRUPT_METADATA and drops no replica', async () => {
+    const img = await makeImage('refuse-l2', 'qcow2', (d) => {
+      qemuImg(d, 'create', '-f', 'qcow2', '-o', 'cluster_size=64k', 'image', '1M');
+      qemuIo(join(d, 'image'), 'qcow2', 'write -P 0x11 0 128k');
+      // Point the L2 entry of cluster 1 far past the end of the file (the image opens: L2
+      // entries are checked where they are used).
+      const buf = readFileSync(join(d, 'image'));
+      const l1 = Number(buf.readBigUInt64BE(40));
+      const l2 = Number(buf.readBigUInt64BE(l1) & 0x00fffffffffffe00n);
+      buf.writeBigUInt64BE((1n << 63n) | BigInt(1024 * MiB), l2 + 8);
+      writeFileSync(join(d, 'image'), buf);
+    });
+    const dirs = [await newReplica(img, MiB), await newReplica(img, MiB)];
+    const engine = await Engine.open({ replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
+    try {
+      expect((await engine.read(0, 4096)).every((b) => b === 0x11)).toBe(true);
+      for (let i = 0; i < 3; i++) expect(await codeOf(engine.read(64 * KiB, 4096))).toBe('CORRUPT_METADATA');
+      expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW']);
+      expect((await engine.read(128 * KiB, 4096)).every((b) => b === 0)).toBe(true);
+    } finally {
+      await engine.close();
+    }
+  });
+
   it('hostile backingImage values in replica.json are CORRUPT_METADATA at open and inspect', async () => {
     const r = await newReplica(img, 2 * MiB);
     const meta = JSON.parse(readFileSync(join(r, 'replica.json'), 'utf8')) as Record<string, unknown>;

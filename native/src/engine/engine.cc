@@ -47,6 +47,7 @@
 #include "engine/range-lock.h"
 #include "engine/rebuilder.h"
 #include "engine/reconciler.h"
+#include "image/image-reader.h"
 #include "util/rw-lock.h"
 
 namespace mooring {
@@ -578,7 +579,9 @@ int ReplicatedEngine::ReadFrom(Op op) {
       }
       if (pick == n) break;
       rc = op(*slots_[pick]->backend);
-      if (rc >= 0 || IsRequestError(rc)) break;
+      // A damaged backing image fails the same read on every replica (each disk holds a
+      // copy with the same checksum): the client gets the error, no replica is dropped.
+      if (rc >= 0 || IsRequestError(rc) || rc == -kErrCorruptImage) break;
       if (!MarkFailed(pick, rc)) break;  // the last RW replica: its error is the answer
       marked = true;
     }
