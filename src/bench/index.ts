@@ -24,6 +24,7 @@ import { startMooring, startTarget, type RunningTarget, type TargetContext } fro
 import { isWrite, workloadById, type Workload } from './workloads.js';
 import { measureMigration, type MigrationResults } from './migration.js';
 import { measureRebuild, type RebuildResults } from './rebuild.js';
+import { measureBackingImage, type BackingImageResults } from './backing-image.js';
 
 export { parseBenchArgs, type BenchOptions } from './options.js';
 
@@ -237,6 +238,22 @@ async function measureRebuildStep(s: RunState): Promise<RebuildResults | undefin
   }
 }
 
+async function measureBackingImageStep(s: RunState): Promise<BackingImageResults | undefined> {
+  const dir = join(s.scratch, 'backing-image');
+  mkdirSync(dir);
+  s.log('[backing-image] 1-replica volume over a qcow2 backing image vs qemu-nbd -r on the same file');
+  try {
+    return await measureBackingImage(targetContext(s, dir), s.opts.runtimeSec, s.opts.rampSec, s.opts.repeat);
+  } catch (err) {
+    if (s.abort.aborted) throw err;
+    s.failures.push({ what: 'backing-image', message: errorText(err) });
+    s.log(`  backing-image: FAILED: ${errorText(err)}`);
+    return undefined;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 async function measureMigrationStep(s: RunState): Promise<MigrationResults | undefined> {
   const dir = join(s.scratch, 'migration');
   mkdirSync(dir);
@@ -256,7 +273,7 @@ async function measureMigrationStep(s: RunState): Promise<MigrationResults | und
 /** Checks tools, the build and free space before minutes of work are spent. */
 async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
   const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
-  const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-'));
+  const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-')) || s.opts.backingImage;
   const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.migrations > 0;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
@@ -271,7 +288,7 @@ async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: str
     if (eng.code !== 0) throw new BenchError('BENCH_TOOL_MISSING', `this fio has no nbd engine (${fio.stdout.trim()}); Debian's fio has it`);
   }
   if (needQemu) {
-    for (const tool of ['qemu-nbd', 'qemu-img']) {
+    for (const tool of ['qemu-nbd', 'qemu-img', ...(s.opts.backingImage ? ['qemu-io'] : [])]) {
       const r = await s.tracker.run(tool, ['--version'], s.abort).catch(orUndefined);
       if (!r || r.code !== 0) {
         throw new BenchError('BENCH_TOOL_MISSING', `${tool} is not installed (apt-get install qemu-utils), or leave the qemu targets out with --targets`);
@@ -378,6 +395,7 @@ export async function runBench(argv: string[]): Promise<number> {
     const rss = opts.rss ? await measureRss(s) : undefined;
     const rebuild = opts.rebuild ? await measureRebuildStep(s) : undefined;
     const migration = opts.migrations > 0 ? await measureMigrationStep(s) : undefined;
+    const backingImage = opts.backingImage ? await measureBackingImageStep(s) : undefined;
 
     const results: BenchResults = {
       startedAt: started,
@@ -398,6 +416,7 @@ export async function runBench(argv: string[]): Promise<number> {
       rss,
       rebuild,
       migration,
+      backingImage,
       failures: s.failures,
     };
     process.stdout.write(renderStdout(results));

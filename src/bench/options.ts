@@ -34,6 +34,8 @@ export interface BenchOptions {
   rebuild: boolean;
   /** Migrations to measure (issue 4); 0 skips them. */
   migrations: number;
+  /** Compare reads over a qcow2 backing image with qemu-nbd -r (seed 003). */
+  backingImage: boolean;
   /** Explicit path of the Mooring CLI script; undefined = this package's dist/cli.js. */
   mooringCli: string | undefined;
   help: boolean;
@@ -105,6 +107,8 @@ Options:
                       available: ${ALL_WORKLOADS.map((w) => w.id).join(', ')}
   --no-rss            skip the 1 TiB sparse volume peak-RSS measurement
   --no-rebuild        skip the rebuild measurements (3 data-engine processes)
+  --no-backing-image  skip the qcow2 backing image read comparison with qemu-nbd -r
+  --backing-image-only  run only that comparison (no report written unless --out is given)
   --migrations N      live migrations to measure (default ${DEFAULT_MIGRATIONS}, --quick ${QUICK_MIGRATIONS}; 0 skips them)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
@@ -131,6 +135,8 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let rss = true;
   let rebuild = true;
   let migrations: number | undefined;
+  let backingImage = true;
+  let backingImageOnly = false;
   let runtimeSec: number | undefined;
   let repeat = 1;
   let rampSec: number | undefined;
@@ -162,6 +168,8 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '--help': help = true; break;
       case '--no-rss': rss = false; break;
       case '--no-rebuild': rebuild = false; break;
+      case '--no-backing-image': backingImage = false; break;
+      case '--backing-image-only': backingImageOnly = true; break;
       case '--migrations': {
         migrations = parsePositiveNumber(value(), arg, MIGRATIONS_MAX, true);
         if (!Number.isInteger(migrations)) throw new BenchUsageError('--migrations must be a whole number');
@@ -210,11 +218,24 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     }
   }
 
+  if (backingImageOnly) {
+    if (!backingImage) throw new BenchUsageError('--backing-image-only and --no-backing-image contradict each other');
+    return {
+      ...parseBenchArgs(argv.filter((a) => a !== '--backing-image-only')),
+      targets: [],
+      rss: false,
+      rebuild: false,
+      migrations: 0,
+      outPath: outPath === null ? undefined : outPath,
+      outPathIsDefault: false,
+    };
+  }
   return {
     quick,
     help,
     rss,
     rebuild,
+    backingImage,
     migrations: migrations ?? (quick ? QUICK_MIGRATIONS : DEFAULT_MIGRATIONS),
     runtimeSec: runtimeSec ?? (quick ? QUICK_RUNTIME_SEC : DEFAULT_RUNTIME_SEC),
     repeat,

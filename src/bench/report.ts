@@ -4,6 +4,7 @@
 import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
 import type { MigrationResults } from './migration.js';
+import type { BackingImageResults, BackingImageRow } from './backing-image.js';
 import type { RebuildResults } from './rebuild.js';
 import { LIMIT_TARGET, PEER_TARGET, TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
@@ -58,6 +59,8 @@ export interface BenchResults {
   rebuild?: RebuildResults | undefined;
   /** Live migrations over loopback; undefined when skipped or failed. */
   migration?: MigrationResults | undefined;
+  /** Reads over a qcow2 backing image against qemu-nbd; undefined when skipped or failed. */
+  backingImage?: BackingImageResults | undefined;
   /** Targets or steps that failed; the rest of the run went on. */
   failures: Array<{ what: string; message: string }>;
 }
@@ -296,6 +299,16 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       detail: `median ${mg.handOverMs.median.toFixed(1)} ms, p99 ${mg.handOverMs.p99.toFixed(1)} ms over ${mg.rounds} migrations; client pause ${fmtRatio(mg.clientPauseMs.median / mg.peer.clientPauseMs.median)} of qemu-nbd moved between sockets`,
     });
   }
+  const bi = r.backingImage;
+  const biGoal = 'reads over a qcow2 backing image ≥ 1.0× qemu-nbd -r on the same image';
+  if (!bi) verdicts.push({ goal: biGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  else {
+    verdicts.push({
+      goal: biGoal,
+      verdict: bi.rows.every((x) => x.ratio >= 1) ? 'pass' : 'miss',
+      detail: bi.rows.map((x) => `${x.label} ${fmtRatio(x.ratio)}`).join(', '),
+    });
+  }
   const rssGoal = `peak RSS ≤ 64 MiB for a 1 TiB sparse volume after 10,000 scattered 4 KiB writes`;
   if (!r.rss) verdicts.push({ goal: rssGoal, verdict: 'not measured', detail: 'skipped or failed' });
   else {
@@ -325,6 +338,27 @@ function rebuildText(rb: RebuildResults): string {
     `(disk sequential write with fsync: ${rb.diskSeqWriteMibPerSec.toFixed(0)} MiB/s); incremental after ` +
     `${fmtMiB(rb.incremental.changedBytes)} of unique 4 KiB blocks changed while the replica's host was down: ` +
     `${fmtMiB(rb.incremental.sentBytes)} sent in ${(rb.incremental.durationMs / 1000).toFixed(2)} s.`
+  );
+}
+
+function backingImageTable(b: BackingImageResults): Table {
+  return {
+    headers: ['workload', 'Mooring', 'qemu-nbd -r', 'ratio', 'Mooring clat p50/p99 µs', 'qemu clat p50/p99 µs', 'ratio per round'],
+    align: ['l', 'r', 'r', 'r', 'r', 'r', 'l'],
+    rows: b.rows.map((x) => {
+      const fig = (f: BackingImageRow['mooring']): string => (x.family === 'random-4k' ? `${f.iops.toFixed(0)} IOPS` : `${f.mibPerSec.toFixed(0)} MiB/s`);
+      const lat = (f: BackingImageRow['mooring']): string => `${f.clatP50Us.toFixed(0)} / ${f.clatP99Us.toFixed(0)}`;
+      return [x.label, fig(x.mooring), fig(x.qemu), fmtRatio(x.ratio), lat(x.mooring), lat(x.qemu), x.rounds.map(([m, q]) => fmtRatio(m / q)).join(' ')];
+    }),
+  };
+}
+
+function backingImageIntro(b: BackingImageResults): string {
+  return (
+    `Backing image (seed 003): a ${fmtMiB(b.imageBytes)} qcow2 (${b.clusterBytes / 1024} KiB clusters, random data written by qemu-io, every cluster allocated) ` +
+    `beneath an empty 1-replica Mooring volume, against \`qemu-nbd -r -f qcow2 -t -e 8\` (default writeback cache) on the same file; ` +
+    `both warmed by one sequential read, then each workload on Mooring and qemu-nbd in turn` +
+    `${b.rounds > 1 ? `, median of ${b.rounds} rounds` : ''}. Ratio = Mooring / qemu-nbd (target ≥ 1.0×).`
   );
 }
 
@@ -360,13 +394,17 @@ export function renderStdout(r: BenchResults): string {
       `${r.repeat > 1 ? `, median of ${r.repeat} rounds` : ''})`,
     ...machineLines(r),
     '',
-    'Summary (4k: IOPS; 1M: MiB/s; ratios on the same figure):',
-    renderText(summaryTable(r)),
-    '',
-    'Detail (clat percentiles; server CPU in % of one core):',
-    renderText(detailTable(r)),
-    '',
   ];
+  if (r.targets.length > 0) {
+    parts.push(
+      'Summary (4k: IOPS; 1M: MiB/s; ratios on the same figure):',
+      renderText(summaryTable(r)),
+      '',
+      'Detail (clat percentiles; server CPU in % of one core):',
+      renderText(detailTable(r)),
+      '',
+    );
+  }
   if (r.rss) {
     parts.push(
       `RSS: 1 TiB sparse 1-replica volume after ${r.rss.writes} scattered 4 KiB writes: ` +
@@ -376,6 +414,7 @@ export function renderStdout(r: BenchResults): string {
   }
   if (r.rebuild) parts.push(rebuildText(r.rebuild), '');
   if (r.migration) parts.push(migrationText(r.migration), '');
+  if (r.backingImage) parts.push(backingImageIntro(r.backingImage), renderText(backingImageTable(r.backingImage)), '');
   if (r.serverPeaks.length > 0) {
     parts.push(`Server peak RSS during the runs: ${r.serverPeaks.map((p) => `${TARGET_SHORT[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads)`).join(', ')}`, '');
   }
@@ -462,6 +501,9 @@ export function renderMarkdownReport(r: BenchResults): string {
   out.push(r.rebuild ? rebuildText(r.rebuild) : 'Not measured in this run.', '');
   out.push('### Live migration over loopback', '');
   out.push(r.migration ? migrationText(r.migration) : 'Not measured in this run.', '');
+  out.push('### Backing images', '');
+  if (r.backingImage) out.push(backingImageIntro(r.backingImage), '', renderMarkdown(backingImageTable(r.backingImage)), '');
+  else out.push('Not measured in this run.', '');
   out.push('### Memory: 1 TiB sparse volume', '');
   if (r.rss) {
     out.push(

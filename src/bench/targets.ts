@@ -286,18 +286,32 @@ async function startQemuNbd(
   ctx: TargetContext,
 ): Promise<RunningTarget> {
   const image = join(ctx.dir, `disk.${format}`);
-  const socket = join(ctx.dir, 'nbd.sock');
-  checkSocketPath(socket);
   if (format === 'raw') {
     createSparse(image, ctx.areaBytes);
   } else {
     const r = await ctx.tracker.run('qemu-img', ['create', '-q', '-f', 'qcow2', image, String(ctx.areaBytes)], ctx.abort);
     if (r.code !== 0) throw new BenchError('BENCH_TARGET_FAILED', `qemu-img create failed (${r.code}): ${r.stderr}`);
   }
+  return { id, ...(await serveQemuNbd(id, image, format, noCache ? ['--cache=none', '--aio=native'] : [], ctx)) };
+}
+
+/**
+ * Serves an existing image with qemu-nbd on `ctx.dir/nbd.sock` (writeback cache unless
+ * `extraArgs` say otherwise) and waits until it accepts NBD connections. `label` names it
+ * in messages. Used by the qemu targets and by the backing-image comparison (`-r`).
+ */
+export async function serveQemuNbd(
+  label: string,
+  image: string,
+  format: 'raw' | 'qcow2',
+  extraArgs: string[],
+  ctx: TargetContext,
+): Promise<Omit<RunningTarget, 'id'>> {
+  const id = label;
+  const socket = join(ctx.dir, 'nbd.sock');
+  checkSocketPath(socket);
   // -t: keep serving after a client disconnects; -e 8: fio numjobs=4 opens 4 connections.
-  const args = ['-f', format, '-t', '-e', '8', '-k', socket];
-  if (noCache) args.push('--cache=none', '--aio=native');
-  args.push(image);
+  const args = ['-f', format, '-t', '-e', '8', '-k', socket, ...extraArgs, image];
   ctx.log(`  start: qemu-nbd ${args.join(' ')}`);
   const child = ctx.tracker.spawn('qemu-nbd', args);
   const stderr = new TailBuffer(STDERR_TAIL_CHARS);
@@ -333,7 +347,6 @@ async function startQemuNbd(
   const uri = `nbd+unix:///?socket=${socket}`;
   ctx.log(`  ready: ${uri}`);
   return {
-    id,
     endpoint: { kind: 'nbd', uri },
     pid: child.pid,
     stop: async (graceMs = STOP_GRACE_MS) => {

@@ -32,7 +32,6 @@ import type {
   BackingImageFileState,
   BackingImageWriteOptions,
   DataEngineEvent,
-  ReplicaBackingImage,
   SnapshotCopyResult,
 } from './data-engine.js';
 
@@ -701,24 +700,6 @@ export function checkRef(ref: unknown, code: MooringErrorCode = 'INVALID_ARGUMEN
   if (typeof ref !== 'object' || ref === null) throw new MooringError(code, `a backing image file ref must be {name, uuid} (got ${describe(ref)})`);
   const r = ref as Partial<BackingImageFileRef>;
   return `${checkName('backing image name', r.name, code)}-${checkUuid('backing image uuid', r.uuid, code)}`;
-}
-
-/**
- * Checks a replica's backing image reference against a replica of `replicaSizeBytes`: dir
- * `<name>-<uuid>`, format raw or qcow2, virtual size 1..replicaSizeBytes.
- */
-export function checkReplicaBackingImage(value: unknown, replicaSizeBytes: number): ReplicaBackingImage {
-  const b = value as Partial<ReplicaBackingImage> | null;
-  if (typeof b !== 'object' || b === null) throw new MooringError('INVALID_ARGUMENT', `backingImage must be {dir, format, virtualSizeBytes} (got ${describe(value)})`);
-  if (typeof b.dir !== 'string' || !parseKey(b.dir)) {
-    throw new MooringError('INVALID_ARGUMENT', `backingImage.dir must be <name>-<uuid> (got ${describe(b.dir)})`);
-  }
-  if (b.format !== 'raw' && b.format !== 'qcow2') throw new MooringError('INVALID_ARGUMENT', `backingImage.format must be raw or qcow2 (got ${describe(b.format)})`);
-  const v = b.virtualSizeBytes;
-  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v <= 0 || v > replicaSizeBytes) {
-    throw new MooringError('INVALID_ARGUMENT', `backingImage.virtualSizeBytes must be an integer in 1..${replicaSizeBytes} (the replica's size; got ${describe(v)})`);
-  }
-  return { dir: b.dir, format: b.format, virtualSizeBytes: v };
 }
 
 // `<name>-<uuid>` back into its parts (a UUID is 36 characters at the end).

@@ -30,7 +30,7 @@ import {
   type DataEngineTlsOptions,
   type TcpAddress,
 } from './addresses.js';
-import { BackingImageFiles, checkReplicaBackingImage } from './backing-image-files.js';
+import { BackingImageFiles } from './backing-image-files.js';
 import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
@@ -51,6 +51,7 @@ import type {
   ReplicaCreateOptions,
   SnapshotCopyResult,
 } from './data-engine.js';
+import { checkReplicaBackingImage } from './replica-backing-image.js';
 import { Semaphore } from './semaphore.js';
 
 /** Defaults of {@link LocalDataEngineOptions}. */
@@ -325,8 +326,9 @@ export class LocalDataEngine implements DataEngine {
     checkName('replica name', name);
     checkVolumeSize(sizeBytes);
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `replica options must be an object (got ${describe(options)})`);
-    if (options.backingImage !== undefined) {
-      const b = checkReplicaBackingImage(options.backingImage, sizeBytes);
+    const backingImage = options.backingImage === undefined ? undefined : checkReplicaBackingImage(options.backingImage, sizeBytes);
+    if (backingImage) {
+      const b = backingImage;
       const file = this.#files.readyFile(b.dir);
       if (!file) {
         if (this.#files.has(b.dir)) throw new MooringError('INVALID_STATE', `backing image file ${b.dir} is not ready on ${this.hostId}`, { details: { dir: b.dir } });
@@ -335,15 +337,12 @@ export class LocalDataEngine implements DataEngine {
       if (file.format !== b.format || file.virtualSizeBytes !== b.virtualSizeBytes) {
         throw new MooringError('INVALID_ARGUMENT', `backing image file ${b.dir} is ${file.format} of ${file.virtualSizeBytes} bytes, not ${b.format} of ${b.virtualSizeBytes}`);
       }
-      // The native store of this build creates replicas without a backing image; the
-      // replica half of issue 6 adds it.
-      throw new MooringError('UNSUPPORTED', 'this build of the native addon cannot create a replica over a backing image yet');
     }
     return this.#withReplicaOp(name, async () => {
       const path = join(this.#replicasDir, name);
       if (await pathExists(path)) throw new MooringError('ALREADY_EXISTS', `replica ${name} exists on ${this.hostId} (${path})`, { details: { name } });
       try {
-        await callNative(() => this.#addon.createReplica(path, sizeBytes), `creating replica ${name}`);
+        await callNative(() => this.#addon.createReplica(path, sizeBytes, backingImage ? { backingImage } : undefined), `creating replica ${name}`);
       } catch (err) {
         // Leave no half-made replica behind to be mistaken for one.
         await rm(path, { recursive: true, force: true }).catch(() => undefined);
@@ -985,8 +984,7 @@ export class LocalDataEngine implements DataEngine {
       rebuilding: info.rebuilding,
       allocatedBytes: info.allocatedBytes,
       inUse: info.users > 0 || this.#engineUsing(name) !== undefined,
-      // An addon without backing image support reports no such field.
-      backingImage: info.backingImage ? { dir: info.backingImage.dir, format: info.backingImage.format, virtualSizeBytes: info.backingImage.virtualSizeBytes } : null,
+      backingImage: info.backingImage ? { ...info.backingImage } : null,
     };
   }
 

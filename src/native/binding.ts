@@ -153,6 +153,25 @@ export interface NativeReplicaServer {
   close(): Promise<void>;
 }
 
+/**
+ * The backing image beneath a replica's chain: the file `DISK/backing-images/<dir>/image`,
+ * DISK being the directory two levels above the replica's (docs/replica-format.md).
+ */
+export interface NativeReplicaBackingImage {
+  /** [A-Za-z0-9._-]{1,127}, not `.` or `..`. */
+  dir: string;
+  /** Read with this format (never probed). */
+  format: 'raw' | 'qcow2';
+  /** The image's virtual size: a positive multiple of 512, at most the replica's size. */
+  virtualSizeBytes: number;
+}
+
+/** Options of {@link NativeAddon.createReplica}. */
+export interface NativeReplicaCreateOptions {
+  /** Read this image beneath the new replica's bottom layer; it must open with that format and size. */
+  backingImage?: NativeReplicaBackingImage;
+}
+
 /** A replica's metadata, read without opening it for I/O. */
 export interface NativeReplicaInfo {
   sizeBytes: number;
@@ -160,18 +179,10 @@ export interface NativeReplicaInfo {
   clean: boolean;
   rebuilding: boolean;
   allocatedBytes: number;
+  /** The backing image its chain reads beneath the bottom layer, or null. */
+  backingImage: NativeReplicaBackingImage | null;
   /** Handles open on it in this process (engines, replica server connections). */
   users: number;
-  /** The backing image beneath its chain, or null. */
-  backingImage: NativeReplicaBackingImage | null;
-}
-
-/** A replica's backing image as the native store records it. */
-export interface NativeReplicaBackingImage {
-  /** `<image name>-<image uuid>`, under the disk's `backing-images/`. */
-  dir: string;
-  format: 'raw' | 'qcow2';
-  virtualSizeBytes: number;
 }
 
 export interface NativeEngineOptions {
@@ -321,8 +332,8 @@ export interface NativeAddon {
   readonly version: string;
   /** sanlock's client API (disk locks, host liveness); see {@link NativeSanlock}. */
   readonly sanlock: NativeSanlock;
-  /** Create an empty replica directory of the given size. */
-  createReplica(dir: string, sizeBytes: number): Promise<void>;
+  /** Create an empty replica directory of the given size, optionally over a backing image. */
+  createReplica(dir: string, sizeBytes: number, options?: NativeReplicaCreateOptions): Promise<void>;
   /** Open an engine over local replicas; claims a new epoch, reconciles if needed (a standby does neither). */
   openEngine(options: NativeEngineOptions): Promise<NativeEngine>;
   /** Open one replica directly (see NativeReplica). */

@@ -36,6 +36,9 @@ describe('bench options', () => {
     expect(full.migrations).toBe(50);
     expect(quick.migrations).toBe(10);
     expect(parseBenchArgs(['--migrations', '0']).migrations).toBe(0);
+    const bi = parseBenchArgs(['--backing-image-only', '--runtime', '2']);
+    expect(bi).toMatchObject({ backingImage: true, targets: [], rss: false, rebuild: false, migrations: 0, outPath: undefined, runtimeSec: 2 });
+    expect(parseBenchArgs(['--no-backing-image']).backingImage).toBe(false);
   });
 
   it('rejects unknown targets and bad sizes with exit code 2', async () => {
@@ -90,6 +93,9 @@ describe('bench smoke run', () => {
     // The migration step migrated three times and compared the pause with qemu-nbd's.
     expect(md).toMatch(/migrated 3 times between two hosts/);
     expect(md).toMatch(/live-migration hand-over < 50 ms median on loopback \| \*\*(pass|miss)\*\*/);
+    // The backing image step compared reads over a qcow2 image with qemu-nbd -r.
+    expect(md).toContain('### Backing images');
+    expect(md).toMatch(/reads over a qcow2 backing image ≥ 1\.0× qemu-nbd -r on the same image \| \*\*(pass|miss)\*\*/);
     // The scratch directory and every child are gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
   });

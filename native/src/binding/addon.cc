@@ -35,7 +35,24 @@ Napi::Value CreateReplica(const Napi::CallbackInfo& info) {
   return RunPromise(env, [&]() -> PromiseWorker* {
     const std::string dir = ToStr(Arg(info, 0), "dir");
     const uint64_t size = ToUint(Arg(info, 1), "sizeBytes");
-    return new TaskWorker(env, [dir, size]() { return Replica::Create(dir, size); });
+    // Optional third argument: { backingImage?: { dir, format, virtualSizeBytes } }. The
+    // store validates the values (INVALID_ARGUMENT); here only the types are checked.
+    auto backing = std::make_shared<std::optional<BackingImageRef>>();
+    Napi::Value opts = Arg(info, 2);
+    if (!opts.IsUndefined()) {
+      Napi::Value bi = ToObject(opts, "options").Get("backingImage");
+      if (!bi.IsUndefined() && !bi.IsNull()) {
+        Napi::Object o = ToObject(bi, "options.backingImage");
+        BackingImageRef ref;
+        ref.dir = ToStr(o.Get("dir"), "options.backingImage.dir", 1, ReplicaMetadata::kMaxBackingImageDirLength);
+        ref.format = ToStr(o.Get("format"), "options.backingImage.format", 1, 16);
+        ref.virtual_size_bytes = ToUint(o.Get("virtualSizeBytes"), "options.backingImage.virtualSizeBytes");
+        *backing = std::move(ref);
+      }
+    }
+    return new TaskWorker(env, [dir, size, backing]() {
+      return Replica::Create(dir, size, backing->has_value() ? &backing->value() : nullptr);
+    });
   });
 }
 
@@ -139,6 +156,15 @@ Napi::Value InspectReplica(const Napi::CallbackInfo& info) {
           o.Set("clean", out->clean);
           o.Set("rebuilding", out->rebuilding);
           o.Set("allocatedBytes", JsNum(env, out->allocated_bytes));
+          if (out->backing_image) {
+            Napi::Object bi = Napi::Object::New(env);
+            bi.Set("dir", out->backing_image->dir);
+            bi.Set("format", out->backing_image->format);
+            bi.Set("virtualSizeBytes", JsNum(env, out->backing_image->virtual_size_bytes));
+            o.Set("backingImage", bi);
+          } else {
+            o.Set("backingImage", env.Null());
+          }
           o.Set("users", JsNum(env, *users));
           return o;
         });

@@ -53,6 +53,15 @@ struct LayerInfo {
   uint64_t allocated_bytes = 0;  // real disk usage (st_blocks * 512)
 };
 
+// The pseudo layer id under which LayerExtents and ReadLayer expose the backing image, so
+// that a snapshot's content (engine/snapshot-reader.h) can read it like the bottom of the
+// chain, also from a remote replica. It is not a valid layer id: ListLayers never lists it,
+// so reconcile and rebuild never copy image data, and WriteLayer/UnmapLayer/LayerDigest
+// answer it as an unknown layer.
+constexpr const char* kBackingImageLayerId = "backing-image";
+// LayerExtents lists the blocks where the image holds data (kNotFound: no backing image);
+// ReadLayer reads it, zeros above its virtual size.
+
 // Largest range one LayerDigest call covers (bounds the reply: 1024 units of 4 KiB).
 constexpr uint64_t kMaxDigestRangeBytes = 4ull << 20;
 

@@ -47,6 +47,7 @@
 #include "engine/range-lock.h"
 #include "engine/rebuilder.h"
 #include "engine/reconciler.h"
+#include "image/image-reader.h"
 #include "util/rw-lock.h"
 
 namespace mooring {
@@ -578,7 +579,9 @@ int ReplicatedEngine::ReadFrom(Op op) {
       }
       if (pick == n) break;
       rc = op(*slots_[pick]->backend);
-      if (rc >= 0 || IsRequestError(rc)) break;
+      // A damaged backing image fails the same read on every replica (each disk holds a
+      // copy with the same checksum): the client gets the error, no replica is dropped.
+      if (rc >= 0 || IsRequestError(rc) || rc == -kErrCorruptImage) break;
       if (!MarkFailed(pick, rc)) break;  // the last RW replica: its error is the answer
       marked = true;
     }
@@ -1118,6 +1121,31 @@ Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& tar
   std::vector<LayerInfo> layers;
   Status st = slots_[t.idx[0]]->backend->ListLayers(&layers);
   if (!st.ok()) return Status::Error(st.code, "listing the layers of " + slots_[t.idx[0]]->id + ": " + st.message, st.sys_errno);
+  // A rebuild copies layers only, never the backing image (every replica reads its own copy
+  // on its disk), so the target must sit on the same image. The control plane creates it so;
+  // this cheap check (where each side's image holds data) catches a target made without
+  // one, or over another image, before it could serve other bytes.
+  {
+    std::vector<Range> want, have;
+    Status ws = slots_[t.idx[0]]->backend->LayerExtents(kBackingImageLayerId, &want);
+    Status hs = target->LayerExtents(kBackingImageLayerId, &have);
+    if (!ws.ok() && ws.code != Code::kNotFound)
+      return Status::Error(ws.code, "backing image of " + slots_[t.idx[0]]->id + ": " + ws.message, ws.sys_errno);
+    if (!hs.ok() && hs.code != Code::kNotFound)
+      return Status::Error(hs.code, "backing image of rebuild target " + id + ": " + hs.message, hs.sys_errno);
+    auto same = [](const std::vector<Range>& a, const std::vector<Range>& b) {
+      if (a.size() != b.size()) return false;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (a[i].off != b[i].off || a[i].len != b[i].len) return false;
+      return true;
+    };
+    if (ws.ok() != hs.ok() || (ws.ok() && !same(want, have)))
+      return Status::Error(Code::kInvalidArgument,
+                           "rebuild target " + id + (hs.ok() ? " has a backing image" : " has no backing image") +
+                               (ws.ok() ? (hs.ok() ? " that differs from the one of " : " but ")
+                                        : " but ") +
+                               slots_[t.idx[0]]->id + (ws.ok() ? (hs.ok() ? "" : " has one") : " has none"));
+  }
   st = target->AdoptChain(layers, epoch_.load());
   if (!st.ok()) return Status::Error(st.code, "rebuild target " + id + ": " + st.message, st.sys_errno);
   std::shared_ptr<ReplicaBackend> old;

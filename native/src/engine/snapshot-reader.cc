@@ -86,6 +86,14 @@ Status SnapshotReader::ResolveChain(std::vector<std::string>* chain) {
       return Status::Error(Code::kCorrupt, "replica " + read_->replica_id() + ": layer " + l->id + " names a missing parent " + l->parent);
     l = it->second;
   }
+  // The backing image is the bottom of every chain: blocks no layer owns read from it.
+  std::vector<Range> probe;
+  st = read_->LayerExtents(kBackingImageLayerId, &probe);
+  if (st.ok()) {
+    chain->push_back(kBackingImageLayerId);
+  } else if (st.code != Code::kNotFound) {
+    return Status::Error(st.code, "backing image of " + read_->replica_id() + ": " + st.message, st.sys_errno);
+  }
   return Status::Ok();
 }
 

@@ -8,6 +8,10 @@
 // stored real zeros in the head; both are captured by per-layer ownership. Layers above S
 // (later snapshots, the head) are never read, so writes after S do not show.
 //
+// Over a backing image the chain ends in the image: a replica that has one answers for the
+// pseudo layer kBackingImageLayerId (block/replica-backend.h) in LayerExtents/ReadLayer, so
+// the reader appends it below S's bottom layer and blocks no layer owns read from the image.
+//
 // How: the reader opens an Engine::SnapshotRead (one RW replica; snapshot delete and revert
 // are refused with kBusy until it ends), resolves S's chain from that replica's layer list,
 // loads each chain layer's extent list, and walks the volume in windows of at most

@@ -91,7 +91,57 @@ Status ParseLayer(const Json& j, size_t index, LayerRecord* rec) {
   return Status::Ok();
 }
 
+Status ParseBackingImage(const Json& j, BackingImageRef* out) {
+  const std::string where = "backingImage: ";
+  if (!j.is_object()) return Corrupt(where + "must be an object");
+  RETURN_IF_ERROR(GetString(j, "dir", where, &out->dir));
+  RETURN_IF_ERROR(GetString(j, "format", where, &out->format));
+  RETURN_IF_ERROR(GetU64(j, "virtualSizeBytes", where, &out->virtual_size_bytes));
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status ReplicaMetadata::ValidateBackingImage(const BackingImageRef& ref, uint64_t replica_size_bytes, Code code) {
+  const std::string where = "backing image: ";
+  // The directory name becomes a path component: only a plain name can never leave
+  // DISK/backing-images.
+  bool name_ok = !ref.dir.empty() && ref.dir.size() <= kMaxBackingImageDirLength && ref.dir != "." && ref.dir != "..";
+  for (char c : ref.dir) {
+    if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+          c == '-'))
+      name_ok = false;
+  }
+  if (!name_ok)
+    return Status::Error(code, where + "dir '" + ref.dir.substr(0, 128) + "' must be 1.." +
+                                   std::to_string(kMaxBackingImageDirLength) +
+                                   " characters of [A-Za-z0-9._-], not '.' or '..'");
+  if (ref.format != "raw" && ref.format != "qcow2")
+    return Status::Error(code, where + "format '" + ref.format.substr(0, 32) + "' is not 'raw' or 'qcow2'");
+  if (ref.virtual_size_bytes == 0 || ref.virtual_size_bytes % 512 != 0 ||
+      ref.virtual_size_bytes > replica_size_bytes)
+    return Status::Error(code, where + "virtualSizeBytes " + std::to_string(ref.virtual_size_bytes) +
+                                   " must be a positive multiple of 512 at most the replica's size " +
+                                   std::to_string(replica_size_bytes));
+  return Status::Ok();
+}
+
+std::string ReplicaMetadata::BackingImagePath(const std::string& replica_dir, const std::string& image_dir) {
+  // DISK is two levels above the replica directory. Lexically when the path has those
+  // levels (so messages name a plain path), through ".." otherwise.
+  std::string disk = replica_dir;
+  for (int up = 0; up < 2; ++up) {
+    while (disk.size() > 1 && disk.back() == '/') disk.pop_back();
+    const size_t slash = disk.rfind('/');
+    const std::string last = slash == std::string::npos ? disk : disk.substr(slash + 1);
+    if (slash == std::string::npos || last == "." || last == ".." || last.empty()) {
+      disk = fsutil::JoinPath(disk, "..");
+    } else {
+      disk = slash == 0 ? "/" : disk.substr(0, slash);
+    }
+  }
+  return fsutil::JoinPath(fsutil::JoinPath(fsutil::JoinPath(disk, "backing-images"), image_dir), "image");
+}
 
 std::string ReplicaMetadata::LayerId(uint32_t num) {
   char buf[32];
@@ -156,6 +206,11 @@ Status ReplicaMetadata::Parse(const std::string& text, ReplicaMetadata* out) {
   RETURN_IF_ERROR(GetU64(j, "epoch", "", &m.epoch));
   RETURN_IF_ERROR(GetBool(j, "clean", "", &m.clean));
   if (j.contains("rebuilding")) RETURN_IF_ERROR(GetBool(j, "rebuilding", "", &m.rebuilding));
+  if (j.contains("backingImage")) {
+    BackingImageRef ref;
+    RETURN_IF_ERROR(ParseBackingImage(j["backingImage"], &ref));
+    m.backing_image = std::move(ref);
+  }
   RETURN_IF_ERROR(GetString(j, "head", "", &m.head));
   RETURN_IF_ERROR(GetU64(j, "nextLayerId", "", &v));
   if (v == 0 || v >= std::numeric_limits<uint32_t>::max())
@@ -181,6 +236,10 @@ Status ReplicaMetadata::Validate() const {
   if (size_bytes == 0 || size_bytes % 4096 != 0 || size_bytes > kMaxSizeBytes)
     return Corrupt("sizeBytes " + std::to_string(size_bytes) +
                    " is not a positive multiple of 4096 within limits");
+  if (backing_image) {
+    Status bs = ValidateBackingImage(*backing_image, size_bytes, Code::kCorrupt);
+    if (!bs.ok()) return Corrupt(bs.message);
+  }
   if (layers.empty()) return Corrupt("no layers");
   if (!Find(head)) return Corrupt("head '" + head.substr(0, 64) + "' is not a layer");
   std::set<std::string> ids;
@@ -252,6 +311,11 @@ std::string ReplicaMetadata::Serialize() const {
          {"clean", clean}};
   // Written only while set, so a replica that never rebuilt keeps the original key set.
   if (rebuilding) j["rebuilding"] = true;
+  // Written only when there is one, for the same reason.
+  if (backing_image)
+    j["backingImage"] = OJson{{"dir", backing_image->dir},
+                              {"format", backing_image->format},
+                              {"virtualSizeBytes", backing_image->virtual_size_bytes}};
   j["head"] = head;
   j["nextLayerId"] = next_layer_num;
   j["layers"] = layers_json;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,20 @@ struct LayerRecord {
   int64_t created_ms = 0;
   Labels labels;
   uint64_t size_bytes = 0;
+};
+
+// The backing image beneath a replica's chain (seed 003): the bottom, read-only layer. The
+// file is DISK/backing-images/<dir>/image, DISK being the directory two levels above the
+// replica's (a data engine's DIR holds its replicas at DIR/replicas/<name>).
+struct BackingImageRef {
+  std::string dir;                  // [A-Za-z0-9._-]{1,127}, not "." or ".."
+  std::string format;               // "raw" or "qcow2": forced, never probed
+  uint64_t virtual_size_bytes = 0;  // > 0, a multiple of 512, at most the replica's size
+
+  bool operator==(const BackingImageRef& o) const {
+    return dir == o.dir && format == o.format && virtual_size_bytes == o.virtual_size_bytes;
+  }
+  bool operator!=(const BackingImageRef& o) const { return !(*this == o); }
 };
 
 struct ReplicaMetadata {
@@ -47,6 +62,9 @@ struct ReplicaMetadata {
   // its data may be incomplete. Optional in the file ("rebuilding": true), absent = false,
   // so replicas written before the field existed open unchanged.
   bool rebuilding = false;
+  // Optional in the file ("backingImage": {...}); absent = none, so the format stays 1 and
+  // replicas written before the field existed open unchanged.
+  std::optional<BackingImageRef> backing_image;
   std::string head;
   uint32_t next_layer_num = 1;
   std::vector<LayerRecord> layers;  // ordered by num (bottom first)
@@ -73,6 +91,12 @@ struct ReplicaMetadata {
   static bool ParseLayerId(const std::string& id, uint32_t* num);
   static bool ValidSnapshotName(const std::string& name);
   static Status ValidateLabels(const Labels& labels, Code code);
+  // Checks a backing image reference against a replica of replica_size_bytes; `code` is the
+  // code of the error (kCorrupt from Parse, kInvalidArgument from Create).
+  static Status ValidateBackingImage(const BackingImageRef& ref, uint64_t replica_size_bytes, Code code);
+  static constexpr size_t kMaxBackingImageDirLength = 127;
+  // Where the backing image file of the replica at replica_dir lives.
+  static std::string BackingImagePath(const std::string& replica_dir, const std::string& image_dir);
 };
 
 }  // namespace mooring

@@ -99,6 +99,32 @@ bool IsLayerFileName(const std::string& name, std::string* id) {
   return ReplicaMetadata::ParseLayerId(*id, &num);
 }
 
+// Opens the backing image `ref` of the replica at `dir` with its recorded format, and
+// checks its virtual size against the record (`size_code`: the code of a mismatch).
+Status OpenBackingImage(const std::string& dir, const BackingImageRef& ref, Code size_code,
+                        std::unique_ptr<ImageReader>* out) {
+  const std::string path = ReplicaMetadata::BackingImagePath(dir, ref.dir);
+  const ImageFormatRequest format = ref.format == "qcow2" ? ImageFormatRequest::kQcow2 : ImageFormatRequest::kRaw;
+  std::unique_ptr<ImageReader> image;
+  Status s = OpenImage(path, format, &image);
+  if (!s.ok()) {
+    if (s.code == Code::kNotFound)
+      return Status::Error(Code::kNotFound, "replica " + dir + ": backing image file " + path + " does not exist (" +
+                                                s.message + ")",
+                           s.sys_errno);
+    s.message = "replica " + dir + ": backing image " + path + ": " + s.message;
+    return s;
+  }
+  if (image->size() != ref.virtual_size_bytes) {
+    image->Close();
+    return Status::Error(size_code, "replica " + dir + ": backing image " + path + " has virtual size " +
+                                        std::to_string(image->size()) + ", but " +
+                                        std::to_string(ref.virtual_size_bytes) + " is recorded");
+  }
+  *out = std::move(image);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Replica::Replica(std::string dir) : dir_(std::move(dir)) {}
@@ -108,12 +134,22 @@ Replica::~Replica() { Close(); }
 // ---------------------------------------------------------------------------------------
 // Create / Open / Close
 
-Status Replica::Create(const std::string& dir, uint64_t size_bytes) {
+Status Replica::Create(const std::string& dir, uint64_t size_bytes, const BackingImageRef* backing) {
   if (dir.empty()) return Status::Error(Code::kInvalidArgument, "replica directory is empty");
   if (size_bytes == 0 || size_bytes % kBlock != 0 || size_bytes > ReplicaMetadata::kMaxSizeBytes)
     return Status::Error(Code::kInvalidArgument,
                          "replica size " + std::to_string(size_bytes) +
                              " must be a positive multiple of 4096 up to 2^60");
+  if (backing) {
+    Status bs = ReplicaMetadata::ValidateBackingImage(*backing, size_bytes, Code::kInvalidArgument);
+    if (!bs.ok()) return bs;
+    // Checked before anything is created: a replica whose image cannot be read would only
+    // fail later, at every open.
+    std::unique_ptr<ImageReader> image;
+    bs = OpenBackingImage(dir, *backing, Code::kInvalidArgument, &image);
+    if (!bs.ok()) return bs;
+    image->Close();
+  }
   if (::mkdir(dir.c_str(), 0755) != 0) {
     int err = errno;
     if (err != EEXIST) return Status::FromErrno(err, "create directory " + dir + ": " + ErrText(err));
@@ -141,6 +177,7 @@ Status Replica::Create(const std::string& dir, uint64_t size_bytes) {
   m.size_bytes = size_bytes;
   m.epoch = 0;
   m.clean = true;
+  if (backing) m.backing_image = *backing;
   LayerRecord head = m.NewLayer("", 0);
   m.head = head.id;
   m.layers.push_back(head);
@@ -172,6 +209,11 @@ Status Replica::Open(const std::string& dir, std::unique_ptr<Replica>* out) {
     r->epoch_ = r->meta_.epoch;
     r->clean_ = r->meta_.clean;
     r->rebuilding_ = r->meta_.rebuilding;
+    if (r->meta_.backing_image) {
+      s = OpenBackingImage(dir, *r->meta_.backing_image, Code::kCorrupt, &r->image_);
+      if (!s.ok()) return s;
+      r->image_size_ = r->image_->size();
+    }
     for (const LayerRecord& rec : r->meta_.layers) {
       auto layer = std::make_unique<Layer>(rec.num, rec.id, fsutil::JoinPath(dir, rec.file));
       s = layer->Open(r->size_);
@@ -222,6 +264,8 @@ Status Replica::Close() {
     layers_.clear();  // closes every layer fd
     base_.Clear();
   }
+  // Nothing reads it any more: the data path holds io_mu_ shared, which we hold exclusively.
+  if (image_) image_->Close();
   if (lock_fd_ >= 0) ::close(lock_fd_);
   lock_fd_ = -1;
   return s;
@@ -350,7 +394,7 @@ void Replica::CollectSegments(uint64_t off, uint64_t len, bool include_head,
                 [&](uint64_t bs, uint64_t be, uint32_t num) {
                   uint64_t s = std::max(bs * kBlock, off);
                   uint64_t e = std::min(be * kBlock, end);
-                  int fd = -1;
+                  int fd = image_ ? kImageFd : -1;
                   if (num != 0) {
                     auto it = by_num_.find(num);
                     fd = it == by_num_.end() ? -1 : it->second->fd();
@@ -371,13 +415,86 @@ int Replica::ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include
   // and fds stay open while io_mu_ is held, so reading without the lock is safe.
   for (const Segment& s : segs) {
     uint8_t* dst = buf + (s.off - off);
-    if (s.fd < 0) {
+    if (s.fd == kImageFd) {
+      int rc = ReadImage(s.off, s.len, dst);
+      if (rc != 0) return rc;
+    } else if (s.fd < 0) {
       std::memset(dst, 0, s.len);
     } else {
       int rc = fsutil::PreadFull(s.fd, dst, s.len, s.off);
       if (rc != 0) return rc;
     }
   }
+  return 0;
+}
+
+int Replica::ReadImage(uint64_t off, uint64_t len, uint8_t* buf) {
+  const uint64_t end = off + len;
+  // The image's virtual size is a multiple of 512, not necessarily of the block: a block
+  // may be partly image, partly zeros.
+  const uint64_t in_end = std::min(end, std::max(off, image_size_));
+  for (uint64_t p = off; p < in_end;) {
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(in_end - p, kCopyChunkBytes * 32));
+    int rc = image_->Read(p, n, buf + (p - off));
+    if (rc != 0) return rc;
+    p += n;
+  }
+  if (in_end < end) std::memset(buf + (in_end - off), 0, end - in_end);
+  return 0;
+}
+
+int Replica::ImageDataBlocks(uint64_t b0, uint64_t b1, std::vector<std::pair<uint64_t, uint64_t>>* out) {
+  if (!image_) return 0;
+  const uint64_t end = std::min(b1 * kBlock, image_size_);
+  std::vector<Extent> ext;
+  for (uint64_t p = b0 * kBlock; p < end;) {
+    int rc = image_->BlockStatus(p, end - p, kMaxBlockStatusExtents, &ext);
+    if (rc != 0) return rc;
+    uint64_t q = p;
+    for (const Extent& e : ext) {
+      // Only data counts: zeros recorded in the image read as zeros, like nothing at all.
+      if ((e.flags & kExtentZero) == 0) {
+        const uint64_t s = q / kBlock, t = std::min(b1, (q + e.length + kBlock - 1) / kBlock);
+        if (!out->empty() && out->back().second >= s)
+          out->back().second = std::max(out->back().second, t);
+        else
+          out->emplace_back(s, t);
+      }
+      q += e.length;
+    }
+    if (q == p) return -EIO;  // the reader promises progress; never spin if it breaks that
+    p = q;
+  }
+  return 0;
+}
+
+int Replica::AppendImageStatus(uint64_t off, uint64_t end, uint32_t limit, std::vector<Extent>* out, bool* stopped) {
+  auto add = [&](uint64_t len, uint32_t flags) {
+    if (!out->empty() && out->back().flags == flags) {
+      out->back().length += len;
+      return true;
+    }
+    if (out->size() >= limit) return false;
+    out->push_back(Extent{len, flags});
+    return true;
+  };
+  const uint64_t in_end = std::min(end, std::max(off, image_size_));
+  std::vector<Extent> ext;
+  for (uint64_t p = off; p < in_end;) {
+    int rc = image_->BlockStatus(p, in_end - p, limit, &ext);
+    if (rc != 0) return rc;
+    uint64_t q = p;
+    for (const Extent& e : ext) {
+      if (!add(e.length, e.flags)) {
+        *stopped = true;
+        return 0;
+      }
+      q += e.length;
+    }
+    if (q == p) return -EIO;
+    p = q;
+  }
+  if (in_end < end && !add(end - in_end, kExtentHole | kExtentZero)) *stopped = true;
   return 0;
 }
 
@@ -392,6 +509,29 @@ int Replica::Read(uint64_t off, uint32_t len, uint8_t* buf) {
 
 // ---------------------------------------------------------------------------------------
 // Writes
+
+int Replica::BelowBlocks(uint64_t b0, uint64_t b1, std::vector<std::pair<uint64_t, uint64_t>>* out) {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  {
+    std::shared_lock<RwLock> maps(map_mu_);
+    base_.ForEach(b0, b1, [&](const ExtentMap::Interval& iv) { runs.emplace_back(iv.start, iv.end); });
+  }
+  // The image is asked outside map_mu_ (its block status may read L2 tables from disk).
+  // Into a list of its own: ImageDataBlocks merges with the last run it finds in *out.
+  std::vector<std::pair<uint64_t, uint64_t>> image_runs;
+  int rc = ImageDataBlocks(b0, b1, &image_runs);
+  if (rc != 0) return rc;
+  runs.insert(runs.end(), image_runs.begin(), image_runs.end());
+  std::sort(runs.begin(), runs.end());
+  out->clear();
+  for (const auto& r : runs) {
+    if (!out->empty() && out->back().second >= r.first)
+      out->back().second = std::max(out->back().second, r.second);
+    else
+      out->push_back(r);
+  }
+  return 0;
+}
 
 int Replica::WriteEdge(uint64_t block, uint32_t in_off, uint32_t n, const uint8_t* src,
                        bool only_if_owned) {
@@ -409,6 +549,12 @@ int Replica::WriteEdge(uint64_t block, uint32_t in_off, uint32_t n, const uint8_
     return fsutil::PwriteFull(head_->fd(), src ? src : ZeroChunk(), n, boff + in_off);
   }
   if (only_if_owned) return 0;
+  if (!src && !below && image_) {
+    std::vector<std::pair<uint64_t, uint64_t>> data;
+    int rc = ImageDataBlocks(block, block + 1, &data);
+    if (rc != 0) return rc;
+    below = !data.empty();
+  }
   if (!src && !below) return 0;  // the whole block already reads as zeros
   // The head must own whole blocks (a partial block would expose holes as zeros over the
   // lower layers' data), so copy the block up from the chain and patch it.
@@ -520,32 +666,36 @@ int Replica::WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_tr
   } else {
     if (fast_only) {
       // Fast = punch holes in the head and zero partial blocks the head already holds.
-      // Data in a lower layer would need real zeros written over it.
-      std::shared_lock<RwLock> maps(map_mu_);
+      // Data in a lower layer, or in the backing image, would need real zeros written over it.
       rc = ForEachPiece(
-          off, len, [&](uint64_t b0, uint64_t b1) { return base_.Intersects(b0, b1) ? -ENOTSUP : 0; },
+          off, len,
+          [&](uint64_t b0, uint64_t b1) {
+            std::vector<std::pair<uint64_t, uint64_t>> below;
+            int err = BelowBlocks(b0, b1, &below);
+            return err != 0 ? err : below.empty() ? 0 : -ENOTSUP;
+          },
           [&](uint64_t block, uint32_t, uint32_t) {
-            return !head_->extents().Lookup(block, nullptr) && base_.Lookup(block, nullptr) ? -ENOTSUP : 0;
+            {
+              std::shared_lock<RwLock> maps(map_mu_);
+              if (head_->extents().Lookup(block, nullptr)) return 0;
+            }
+            std::vector<std::pair<uint64_t, uint64_t>> below;
+            int err = BelowBlocks(block, block + 1, &below);
+            return err != 0 ? err : below.empty() ? 0 : -ENOTSUP;
           });
       if (rc != 0) return rc;
     }
     rc = ForEachPiece(
         off, len,
         [&](uint64_t b0, uint64_t b1) {
-          // Punch where nothing below holds data; write zeros over what lower layers hold.
+          // Punch where nothing below holds data; write zeros over what lower layers or the
+          // backing image hold (a hole there would re-expose their bytes).
           std::vector<std::pair<uint64_t, uint64_t>> below;
-          {
-            std::shared_lock<RwLock> maps(map_mu_);
-            base_.ForEach(b0, b1, [&](const ExtentMap::Interval& iv) {
-              if (!below.empty() && below.back().second == iv.start)
-                below.back().second = iv.end;
-              else
-                below.emplace_back(iv.start, iv.end);
-            });
-          }
+          int err = BelowBlocks(b0, b1, &below);
+          if (err != 0) return err;
           uint64_t b = b0;
           for (const auto& r : below) {
-            int err = r.first > b ? PunchHead(b, r.first) : 0;
+            err = r.first > b ? PunchHead(b, r.first) : 0;
             if (err == 0) err = WriteBlocks(r.first, r.second, nullptr);
             if (err != 0) return err;
             b = r.second;
@@ -575,22 +725,59 @@ int Replica::BlockStatus(uint64_t off, uint64_t len, uint32_t max_extents, std::
   out->clear();
   uint32_t limit = max_extents == 0 ? kMaxBlockStatusExtents : std::min(max_extents, kMaxBlockStatusExtents);
   const uint64_t end = off + len;
-  std::shared_lock<RwLock> maps(map_mu_);
-  // Stops at the first run that does not fit, so the cost is bounded by the extents
-  // returned, not by how fragmented the rest of the range is.
-  ResolveLocked(off / kBlock, (end + kBlock - 1) / kBlock, true,
-                [&](uint64_t bs, uint64_t be, uint32_t num) {
-                  uint64_t s = std::max(bs * kBlock, off);
-                  uint64_t e = std::min(be * kBlock, end);
-                  uint32_t flags = num == 0 ? (kExtentHole | kExtentZero) : 0;
-                  if (!out->empty() && out->back().flags == flags) {
-                    out->back().length += e - s;
-                    return true;
-                  }
-                  if (out->size() >= limit) return false;
-                  out->push_back(Extent{e - s, flags});
-                  return true;
-                });
+  if (!image_) {
+    std::shared_lock<RwLock> maps(map_mu_);
+    // Stops at the first run that does not fit, so the cost is bounded by the extents
+    // returned, not by how fragmented the rest of the range is.
+    ResolveLocked(off / kBlock, (end + kBlock - 1) / kBlock, true, [&](uint64_t bs, uint64_t be, uint32_t num) {
+      uint64_t s = std::max(bs * kBlock, off);
+      uint64_t e = std::min(be * kBlock, end);
+      uint32_t flags = num == 0 ? (kExtentHole | kExtentZero) : 0;
+      if (!out->empty() && out->back().flags == flags) {
+        out->back().length += e - s;
+        return true;
+      }
+      if (out->size() >= limit) return false;
+      out->push_back(Extent{e - s, flags});
+      return true;
+    });
+    return 0;
+  }
+  // Over a backing image, runs no layer owns take the image's allocation. The runs are
+  // collected first (owned and not owned alternate, so `limit` runs are enough) and the
+  // image is asked after map_mu_ is released.
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // byte ranges
+  std::vector<bool> owned;                          // per run: some layer owns it
+  {
+    std::shared_lock<RwLock> maps(map_mu_);
+    ResolveLocked(off / kBlock, (end + kBlock - 1) / kBlock, true, [&](uint64_t bs, uint64_t be, uint32_t num) {
+      uint64_t s = std::max(bs * kBlock, off);
+      uint64_t e = std::min(be * kBlock, end);
+      if (!runs.empty() && owned.back() == (num != 0)) {
+        runs.back().second = e;
+        return true;
+      }
+      if (runs.size() >= limit) return false;
+      runs.emplace_back(s, e);
+      owned.push_back(num != 0);
+      return true;
+    });
+  }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (owned[i]) {
+      if (!out->empty() && out->back().flags == 0) {
+        out->back().length += runs[i].second - runs[i].first;
+        continue;
+      }
+      if (out->size() >= limit) break;
+      out->push_back(Extent{runs[i].second - runs[i].first, 0});
+      continue;
+    }
+    bool stopped = false;
+    int rc = AppendImageStatus(runs[i].first, runs[i].second, limit, out, &stopped);
+    if (rc != 0) return rc;
+    if (stopped) break;
+  }
   return 0;
 }
 
@@ -633,6 +820,16 @@ Status Replica::LayerExtents(const std::string& layer_id, std::vector<Range>* ou
   std::shared_lock<RwLock> io(io_mu_);
   Status s = CheckOpen();
   if (!s.ok()) return s;
+  if (image_ && layer_id == kBackingImageLayerId) {
+    // The blocks where the image holds data (zeros it records read as zeros anyway).
+    std::vector<std::pair<uint64_t, uint64_t>> runs;
+    int rc = ImageDataBlocks(0, size_ / kBlock, &runs);
+    if (rc != 0)
+      return Status::FromErrno(rc, "replica " + dir_ + ": block status of the backing image: " + ErrText(rc));
+    out->clear();
+    for (const auto& r : runs) out->push_back(Range{r.first * kBlock, (r.second - r.first) * kBlock});
+    return Status::Ok();
+  }
   Layer* l = FindLayer(layer_id);
   if (!l) return Status::Error(Code::kNotFound, "replica " + dir_ + ": no layer '" + layer_id.substr(0, 64) + "'");
   std::shared_lock<RwLock> maps(map_mu_);
@@ -648,6 +845,7 @@ int Replica::ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, 
   if (len > 0 && !buf) return -EINVAL;
   std::shared_lock<RwLock> io(io_mu_);
   if (closed_.load()) return -EBADF;
+  if (image_ && layer_id == kBackingImageLayerId) return len == 0 ? 0 : ReadImage(off, len, buf);
   Layer* l = FindLayer(layer_id);
   if (!l) return -ENOENT;
   if (len == 0) return 0;
@@ -952,6 +1150,7 @@ Status Replica::Inspect(const std::string& dir, ReplicaInfo* out) {
   info.epoch = m.epoch;
   info.clean = m.clean;
   info.rebuilding = m.rebuilding;
+  info.backing_image = m.backing_image;
   for (const LayerRecord& l : m.layers) {
     struct stat st;
     // lstat: a planted symlink is not followed (Open would refuse it anyway).

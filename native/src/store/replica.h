@@ -18,12 +18,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "block/replica-backend.h"
+#include "image/image-reader.h"
 #include "store/extent-map.h"
 #include "store/layer.h"
 #include "store/replica-metadata.h"
@@ -38,14 +40,18 @@ struct ReplicaInfo {
   bool clean = false;
   bool rebuilding = false;
   uint64_t allocated_bytes = 0;  // sum of st_blocks * 512 over the layer files
+  std::optional<BackingImageRef> backing_image;
 };
+
 
 class Replica : public ReplicaBackend {
  public:
   static constexpr uint32_t kBlockSize = 4096;
 
-  // Creates <dir> (must not exist or be empty) with an empty head layer and epoch 0.
-  static Status Create(const std::string& dir, uint64_t size_bytes);
+  // Creates <dir> (must not exist or be empty) with an empty head layer and epoch 0. With
+  // `backing`, the chain reads that image beneath its bottom layer: the image must open
+  // with the given format and have exactly the given virtual size.
+  static Status Create(const std::string& dir, uint64_t size_bytes, const BackingImageRef* backing = nullptr);
   // Opens an existing replica. Damaged or hostile metadata -> Code::kCorrupt, never a crash.
   static Status Open(const std::string& dir, std::unique_ptr<Replica>* out);
   // Reads a replica's metadata and layer file sizes without taking its lock, so it works
@@ -102,8 +108,9 @@ class Replica : public ReplicaBackend {
   struct Segment {
     uint64_t off;
     uint64_t len;
-    int fd;  // -1: reads as zeros
+    int fd;  // -1: reads as zeros; kImageFd: reads from the backing image
   };
+  static constexpr int kImageFd = -2;
   static constexpr size_t kEdgeLockStripes = 256;
 
   explicit Replica(std::string dir);
@@ -117,6 +124,18 @@ class Replica : public ReplicaBackend {
   void ResolveLocked(uint64_t b0, uint64_t b1, bool include_head, Fn&& fn) const;
   void CollectSegments(uint64_t off, uint64_t len, bool include_head, std::vector<Segment>* out) const;
   int ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include_head);
+  // Reads [off, off+len) of the backing image; zeros above its virtual size.
+  int ReadImage(uint64_t off, uint64_t len, uint8_t* buf);
+  // Block runs in [b0, b1) where the backing image holds data (rounded out to whole
+  // blocks), appended to *out in address order (merged with its last run when they touch,
+  // so *out must not hold runs beyond b0). 0 or -errno. Takes no replica lock.
+  int ImageDataBlocks(uint64_t b0, uint64_t b1, std::vector<std::pair<uint64_t, uint64_t>>* out);
+  // Image allocation of [off, end) as extents appended to *out (coalescing with its last),
+  // at most `limit` extents in *out; *stopped = true when the limit cut it short.
+  // Block runs in [b0, b1) that some layer below the head or the backing image holds data
+  // for, merged, in address order. 0 or -errno.
+  int BelowBlocks(uint64_t b0, uint64_t b1, std::vector<std::pair<uint64_t, uint64_t>>* out);
+  int AppendImageStatus(uint64_t off, uint64_t end, uint32_t limit, std::vector<Extent>* out, bool* stopped);
   // Writes [off, off+len) into the head; src == nullptr writes zeros.
   int WriteHead(uint64_t off, uint64_t len, const uint8_t* src);
   // Writes part of one block under its edge lock, copying the block up into the head first
@@ -178,6 +197,10 @@ class Replica : public ReplicaBackend {
   Layer* head_ = nullptr;
   // For each block, the layer below the head that the head's chain reads it from.
   ExtentMap base_;
+  // The backing image beneath the bottom layer (null: none). Set by Open, closed by Close;
+  // its Read/BlockStatus are thread-safe, so the data path calls it under io_mu_ shared.
+  std::unique_ptr<ImageReader> image_;
+  uint64_t image_size_ = 0;
 };
 
 }  // namespace mooring

@@ -78,6 +78,9 @@ inline Code CodeFromErrno(int neg_errno) {
     case ETIMEDOUT:
     case EHOSTUNREACH: return Code::kUnavailable;
     case EPROTO: return Code::kProtocolError;
+    // Damaged metadata: the image reader's kErrCorruptImage (and a file system's
+    // EFSCORRUPTED, which is the same number).
+    case EUCLEAN: return Code::kCorrupt;
     default: return Code::kIoError;
   }
 }

@@ -8,6 +8,8 @@ import { mkdirSync, readdirSync, writeFileSync, existsSync } from 'node:fs';
 import { isAbsolute, join } from 'node:path';
 
 import type {
+  NativeReplicaBackingImage,
+  NativeReplicaCreateOptions,
   NativeAddon,
   NativeEngine,
   NativeEngineEvent,
@@ -49,6 +51,8 @@ interface FakeReplica {
   nextLayer: number;
   /** The volume's content when each snapshot was taken, by layer id (exportSnapshot, copySnapshotTo). */
   frozen?: Map<string, Buffer>;
+  /** Recorded only (its data is not modelled). */
+  backingImage?: NativeReplicaBackingImage;
 }
 
 export class FakeNbdServer implements NativeNbdServer {
@@ -522,7 +526,7 @@ export class FakeAddon implements NativeAddon {
     return new Promise((res) => setImmediate(res));
   }
 
-  async createReplica(dir: string, sizeBytes: number): Promise<void> {
+  async createReplica(dir: string, sizeBytes: number, options?: NativeReplicaCreateOptions): Promise<void> {
     await this.tick();
     if (this.failCreate?.test(dir)) throw nativeError('NO_SPACE', `no space for ${dir}`, 28);
     if (existsSync(dir) && readdirSync(dir).length > 0) throw nativeError('ALREADY_EXISTS', `${dir} not empty`, 17);
@@ -536,6 +540,7 @@ export class FakeAddon implements NativeAddon {
       epoch: 0,
       clean: true,
       nextLayer: 1,
+      ...(options?.backingImage ? { backingImage: { ...options.backingImage } } : {}),
       layers: [
         {
           id: 'L000000',
@@ -572,7 +577,7 @@ export class FakeAddon implements NativeAddon {
     await this.tick();
     const r = this.replica(dir);
     const users = this.engines.reduce((n, e) => n + e.openDirs().filter((d) => d === dir).length, 0) + (this.extraUsers.get(dir) ?? 0);
-    return { sizeBytes: r.sizeBytes, epoch: r.epoch, clean: r.clean, rebuilding: false, allocatedBytes: r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0), users, backingImage: null };
+    return { sizeBytes: r.sizeBytes, epoch: r.epoch, clean: r.clean, rebuilding: false, allocatedBytes: r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0), backingImage: r.backingImage ?? null, users };
   }
 
   async openImage(path: string): Promise<NativeImage> {
