@@ -38,6 +38,7 @@ import type {
 } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
 import type { StateStore } from '../state/state-store.js';
+import { KeyedSerial, sleep, withTimeout } from '../util/async.js';
 import { safeEmit } from '../util/emit.js';
 import { checkIntIn, checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
 import {
@@ -193,29 +194,8 @@ interface Observed {
   mig: MigrationRecord | null;
 }
 
-function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms).unref());
-}
-
 function migrationInfo(m: MigrationRecord, epoch = 0): MigrationInfo {
   return { volume: m.volume, sourceHost: m.sourceHost, targetHost: m.targetHost, phase: m.phase, epoch };
-}
-
-function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  return new Promise<T>((resolve, reject) => {
-    const t = setTimeout(() => reject(new MooringError('UNAVAILABLE', `${what}: no answer within ${ms} ms`)), ms);
-    t.unref();
-    p.then(
-      (v) => {
-        clearTimeout(t);
-        resolve(v);
-      },
-      (e: unknown) => {
-        clearTimeout(t);
-        reject(e);
-      },
-    );
-  });
 }
 
 function replicaName(volume: string, id: string): string {
@@ -236,7 +216,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   readonly #ticketWaitMs: number;
   #closed = false;
   // Serialises the decisions about one volume (attach, detach, repair, migration steps).
-  readonly #volumeChains = new Map<string, Promise<unknown>>();
+  readonly #volumeChains = new KeyedSerial();
   readonly #handles = new Map<string, ClusterVolume>();
   readonly #migrationHooks = new Map<string, { hooks: MigrationHooks; locks: MigrationLocks | null }>();
   // Volumes whose attach is taking them over from an unreachable host (for the event).
@@ -1253,14 +1233,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   }
 
   #serial<T>(volume: string, fn: () => Promise<T>): Promise<T> {
-    const prev = this.#volumeChains.get(volume) ?? Promise.resolve();
-    const next = prev.catch(() => undefined).then(fn);
-    const tail = next.catch(() => undefined);
-    this.#volumeChains.set(volume, tail);
-    void tail.then(() => {
-      if (this.#volumeChains.get(volume) === tail) this.#volumeChains.delete(volume);
-    });
-    return next;
+    return this.#volumeChains.run(volume, fn);
   }
 
   #engineOf(hostId: string): DataEngine {
