@@ -385,7 +385,7 @@ export class BackingImageController {
       minCopies: rec.minCopies,
       firstHost: rec.firstHost,
       firstFileKnown: rec.currentChecksum !== '' && rec.sizeBytes > 0,
-      sourceRetryable: this.#sourceRetryable(rec, now),
+      sourceRetry: this.#sourceRetry(rec, now),
       sendsBySource: [...runs.receiving.values()].reduce<Record<string, number>>((m, src) => ({ ...m, [src]: (m[src] ?? 0) + 1 }), {}),
       disks,
     });
@@ -433,17 +433,22 @@ export class BackingImageController {
     return { rec, decision, usedBy: [...(usage?.volumes ?? [])].sort() };
   }
 
-  #sourceRetryable(rec: BackingImageRecord, nowMs: number): boolean {
-    if (rec.cancelled || this.#closed) return false;
-    if ((this.#retries.get(`${rec.name}/*`)?.notBeforeMs ?? 0) > nowMs) return false;
+  #sourceRetry(rec: BackingImageRecord, nowMs: number): 'now' | 'later' | 'never' {
+    if (rec.cancelled || this.#closed) return 'never';
+    let can: boolean;
     switch (rec.source.type) {
       case 'download':
-        return rec.sourceAttempts < FIRST_FILE_ATTEMPTS_MAX;
+        can = rec.sourceAttempts < FIRST_FILE_ATTEMPTS_MAX;
+        break;
       case 'volume-snapshot':
-        return rec.sourceAttempts === 0;
+        can = rec.sourceAttempts === 0;
+        break;
       case 'upload':
-        return false; // only the embedder's stream can fill it
+        can = false; // only the embedder's stream can fill it
+        break;
     }
+    if (!can) return 'never';
+    return (this.#retries.get(`${rec.name}/*`)?.notBeforeMs ?? 0) > nowMs ? 'later' : 'now';
   }
 
   #emitChanges(old: BackingImageRecord, rec: BackingImageRecord): void {
@@ -660,7 +665,7 @@ export class BackingImageController {
       minCopies: rec.minCopies,
       firstHost: rec.firstHost,
       firstFileKnown: rec.currentChecksum !== '',
-      sourceRetryable: this.#sourceRetryable(rec, 0),
+      sourceRetry: this.#sourceRetry(rec, 0),
       sendsBySource: {},
       disks: Object.entries(rec.files).map(([hostId, f]) => ({
         hostId,

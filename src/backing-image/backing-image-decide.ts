@@ -55,8 +55,12 @@ export interface BackingImageDecisionInput {
   firstHost: string;
   /** A first file was ready once (currentChecksum is known): copies can be made. */
   firstFileKnown: boolean;
-  /** Whether the source may be prepared again now without the embedder (a download not cancelled and within its attempts, or a snapshot export never tried). */
-  sourceRetryable: boolean;
+  /**
+   * Whether the first file may be prepared again without the embedder: `now`; `later` (a
+   * download backing off between attempts); `never` (an upload, a cancelled image, attempts
+   * used up, or a snapshot export tried once).
+   */
+  sourceRetry: 'now' | 'later' | 'never';
   /** Copies running per source host. */
   sendsBySource: Record<string, number>;
   disks: DiskObservation[];
@@ -85,9 +89,10 @@ export interface BackingImageDecision {
   state: 'pending' | 'in-progress' | 'ready' | 'failed';
 }
 
-// Lower is better for availability.
+// Lower is better for availability. A ready file a replica uses counts first: it stays anyway.
 function rank(d: DiskObservation): number {
   if (!d.file) return d.reachable ? 5 : 6;
+  if (d.reachable && d.file.state === 'ready' && (d.used || d.requested)) return -1;
   if (!d.reachable) return d.file.state === 'failed' ? 4 : 2;
   switch (d.file.state) {
     case 'ready':
@@ -156,7 +161,7 @@ export function decideBackingImage(input: BackingImageDecisionInput): BackingIma
   const running = disks.some((d) => d.preparing || d.receiving);
   const maybeGood = disks.some((d) => d.file !== null && d.file.state !== 'failed');
   let prepareFirstOn: string | null = null;
-  if (!anyReady && !running && !maybeGood && input.sourceRetryable) {
+  if (!anyReady && !running && !maybeGood && input.sourceRetry === 'now') {
     const first = disks.find((d) => d.hostId === input.firstHost);
     prepareFirstOn = first?.reachable ? first.hostId : (disks.find((d) => d.reachable)?.hostId ?? null);
   }
@@ -165,7 +170,7 @@ export function decideBackingImage(input: BackingImageDecisionInput): BackingIma
   if (anyReady) state = 'ready';
   else if (running || maybeGood || prepareFirstOn !== null) state = 'in-progress';
   // Every file failed: final unless the source can be tried again (once a host is back).
-  else if (disks.some((d) => d.file?.state === 'failed')) state = input.sourceRetryable ? 'pending' : 'failed';
+  else if (disks.some((d) => d.file?.state === 'failed')) state = input.sourceRetry === 'never' ? 'failed' : 'pending';
   else state = 'pending';
   return { spec, lastRefAtMs, prepareFirstOn, deliveries, deletions, state };
 }

@@ -274,7 +274,10 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
       engineOf: (h) => this.#engineOf(h),
       usage: () => this.#imageUsage(),
       pickHost: async () => (await this.#pickHosts(1, new Set()))[0]!,
-      operationHost: (v) => this.#operationHost(v, undefined),
+      operationHost: async (v) => {
+        await this.#volume(v);
+        return this.#operationHost(v, undefined);
+      },
       withExportTicket: async (v, _host, fn) => this.#withTicket(v, 'backing-image-export', await this.#operationHost(v, undefined), fn),
       warn: (e) => safeEmit(this, 'warning', e),
       cleanupWaitMs: options.backingImageCleanupWaitMs ?? DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS,
