@@ -408,7 +408,7 @@ export class BackingImageController {
       if (!s.info && !inSpec && !(was && !s.reachable)) continue;
       const lastRefAtMs = decision.lastRefAtMs[s.hostId] ?? null;
       if (!s.reachable) {
-        files[s.hostId] = { state: was ? 'unknown' : 'pending', progress: was?.progress ?? 0, message: `host ${s.hostId} cannot be reached`, receivedBytes: was?.receivedBytes ?? 0, lastRefAtMs: was?.lastRefAtMs ?? null };
+        files[s.hostId] = { state: 'unknown', progress: was?.progress ?? 0, message: `host ${s.hostId} cannot be reached`, receivedBytes: was?.receivedBytes ?? 0, lastRefAtMs: was?.lastRefAtMs ?? null };
       } else if (s.info) {
         files[s.hostId] = { state: s.info.state, progress: s.info.progress, message: s.info.message.slice(0, BACKING_IMAGE_MESSAGE_LENGTH_MAX), receivedBytes: s.info.receivedBytes, lastRefAtMs };
       } else {
