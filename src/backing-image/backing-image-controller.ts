@@ -386,6 +386,7 @@ export class BackingImageController {
       firstHost: rec.firstHost,
       firstFileKnown: rec.currentChecksum !== '' && rec.sizeBytes > 0,
       sourceRetry: this.#sourceRetry(rec, now),
+      sourceAttempted: rec.sourceAttempts > 0,
       sendsBySource: [...runs.receiving.values()].reduce<Record<string, number>>((m, src) => ({ ...m, [src]: (m[src] ?? 0) + 1 }), {}),
       disks,
     });
@@ -666,6 +667,7 @@ export class BackingImageController {
       firstHost: rec.firstHost,
       firstFileKnown: rec.currentChecksum !== '',
       sourceRetry: this.#sourceRetry(rec, 0),
+      sourceAttempted: rec.sourceAttempts > 0,
       sendsBySource: {},
       disks: Object.entries(rec.files).map(([hostId, f]) => ({
         hostId,

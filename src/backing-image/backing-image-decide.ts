@@ -61,6 +61,8 @@ export interface BackingImageDecisionInput {
    * used up, or a snapshot export tried once).
    */
   sourceRetry: 'now' | 'later' | 'never';
+  /** The first file was prepared (or an upload tried) at least once: with nothing left to try, the image failed even if no failed file remains on a disk. */
+  sourceAttempted: boolean;
   /** Copies running per source host. */
   sendsBySource: Record<string, number>;
   disks: DiskObservation[];
@@ -169,8 +171,8 @@ export function decideBackingImage(input: BackingImageDecisionInput): BackingIma
   let state: BackingImageDecision['state'];
   if (anyReady) state = 'ready';
   else if (running || maybeGood || prepareFirstOn !== null) state = 'in-progress';
-  // Every file failed: final unless the source can be tried again (once a host is back).
-  else if (disks.some((d) => d.file?.state === 'failed')) state = input.sourceRetry === 'never' ? 'failed' : 'pending';
+  // Every file failed (or the attempts left none): final unless the source can be tried again.
+  else if (disks.some((d) => d.file?.state === 'failed') || input.sourceAttempted) state = input.sourceRetry === 'never' ? 'failed' : 'pending';
   else state = 'pending';
   return { spec, lastRefAtMs, prepareFirstOn, deliveries, deletions, state };
 }

@@ -16,7 +16,7 @@ function disk(hostId: string, over: Partial<DiskObservation> = {}): DiskObservat
 }
 
 function input(disks: DiskObservation[], over: Partial<BackingImageDecisionInput> = {}): BackingImageDecisionInput {
-  return { nowMs: NOW, cleanupWaitMs: WAIT, minCopies: 1, firstHost: 'a', firstFileKnown: true, sourceRetry: 'never', sendsBySource: {}, disks, ...over };
+  return { nowMs: NOW, cleanupWaitMs: WAIT, minCopies: 1, firstHost: 'a', firstFileKnown: true, sourceRetry: 'never', sourceAttempted: true, sendsBySource: {}, disks, ...over };
 }
 
 const READY = { state: 'ready' as const, receivedBytes: 100 };
@@ -85,6 +85,7 @@ describe('decideBackingImage', () => {
         firstHost: fc.constantFrom(...disks.map((d) => d.hostId)),
         firstFileKnown: fc.boolean(),
         sourceRetry: fc.constantFrom('now' as const, 'later' as const, 'never' as const),
+        sourceAttempted: fc.boolean(),
         sendsBySource: fc.dictionary(fc.constantFrom(...disks.map((d) => d.hostId)), fc.integer({ min: 0, max: SENDS_PER_SOURCE_MAX })),
         disks: fc.constant(disks),
       }),

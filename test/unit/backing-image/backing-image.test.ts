@@ -352,6 +352,14 @@ describe('backing images', () => {
     expect(a.files.has(`same-${oldUuid}`)).toBe(false);
   });
 
+  it('fails an image whose data engine cannot prepare the file at all (no failed file left behind)', async () => {
+    const { hosts, cluster } = await setup(1);
+    hosts[0]!.downloadBackingImageFile = () => Promise.reject(Object.assign(new Error('not here'), { code: 'UNSUPPORTED' }));
+    const bi = await cluster.createBackingImage({ name: 'nofile', source: { type: 'download', url: 'http://x/i' } });
+    await expect(bi.waitReady({ timeoutMs: 20_000 })).rejects.toMatchObject({ code: 'UNSUPPORTED' });
+    expect((await bi.status()).state).toBe('failed');
+  });
+
   it('cancels a download: CANCELLED, and no retry by itself', async () => {
     const { hosts, cluster } = await setup(1);
     let release!: () => void;
