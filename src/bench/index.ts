@@ -24,6 +24,7 @@ import { startMooring, startTarget, type RunningTarget, type TargetContext } fro
 import { isWrite, workloadById, type Workload } from './workloads.js';
 import { measureMigration, type MigrationResults } from './migration.js';
 import { measureRebuild, type RebuildResults } from './rebuild.js';
+import { measureBackingImageDelivery, type BackingImageDeliveryResults } from './backing-image.js';
 
 export { parseBenchArgs, type BenchOptions } from './options.js';
 
@@ -221,43 +222,40 @@ async function measureRss(s: RunState): Promise<RssResult | undefined> {
   }
 }
 
-async function measureRebuildStep(s: RunState): Promise<RebuildResults | undefined> {
-  const dir = join(s.scratch, 'rebuild');
+/** One measurement over data-engine processes in its own scratch directory; a failure is recorded, not fatal. */
+async function hostStep<T>(s: RunState, what: string, description: string, fn: (ctx: TargetContext) => Promise<T>): Promise<T | undefined> {
+  const dir = join(s.scratch, what);
   mkdirSync(dir);
-  s.log(`[rebuild] 3 data-engine processes on loopback, ${s.opts.areaBytes / 1024 ** 2} MiB volume`);
+  s.log(`[${what}] ${description}`);
   try {
-    return await measureRebuild(targetContext(s, dir));
+    return await fn(targetContext(s, dir));
   } catch (err) {
     if (s.abort.aborted) throw err;
-    s.failures.push({ what: 'rebuild', message: errorText(err) });
-    s.log(`  rebuild: FAILED: ${errorText(err)}`);
+    s.failures.push({ what, message: errorText(err) });
+    s.log(`  ${what}: FAILED: ${errorText(err)}`);
     return undefined;
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
 }
 
-async function measureMigrationStep(s: RunState): Promise<MigrationResults | undefined> {
-  const dir = join(s.scratch, 'migration');
-  mkdirSync(dir);
-  s.log(`[migration] 3 data-engine processes on loopback, ${s.opts.migrations} migrations of a 3-replica volume`);
-  try {
-    return await measureMigration(targetContext(s, dir), s.opts.migrations);
-  } catch (err) {
-    if (s.abort.aborted) throw err;
-    s.failures.push({ what: 'migration', message: errorText(err) });
-    s.log(`  migration: FAILED: ${errorText(err)}`);
-    return undefined;
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+function measureRebuildStep(s: RunState): Promise<RebuildResults | undefined> {
+  return hostStep(s, 'rebuild', `3 data-engine processes on loopback, ${s.opts.areaBytes / 1024 ** 2} MiB volume`, measureRebuild);
+}
+
+function measureMigrationStep(s: RunState): Promise<MigrationResults | undefined> {
+  return hostStep(s, 'migration', `3 data-engine processes on loopback, ${s.opts.migrations} migrations of a 3-replica volume`, (ctx) => measureMigration(ctx, s.opts.migrations));
+}
+
+function measureBackingImageStep(s: RunState): Promise<BackingImageDeliveryResults | undefined> {
+  return hostStep(s, 'backing-image', '2 data-engine processes on loopback, one image uploaded and copied between them', measureBackingImageDelivery);
 }
 
 /** Checks tools, the build and free space before minutes of work are spent. */
 async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
   const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
   const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-'));
-  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.migrations > 0;
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
   const orUndefined = (err: unknown): undefined => {
@@ -378,6 +376,7 @@ export async function runBench(argv: string[]): Promise<number> {
     const rss = opts.rss ? await measureRss(s) : undefined;
     const rebuild = opts.rebuild ? await measureRebuildStep(s) : undefined;
     const migration = opts.migrations > 0 ? await measureMigrationStep(s) : undefined;
+    const backingImage = opts.backingImage ? await measureBackingImageStep(s) : undefined;
 
     const results: BenchResults = {
       startedAt: started,
@@ -398,6 +397,7 @@ export async function runBench(argv: string[]): Promise<number> {
       rss,
       rebuild,
       migration,
+      backingImage,
       failures: s.failures,
     };
     process.stdout.write(renderStdout(results));

@@ -32,6 +32,8 @@ export interface BenchOptions {
   rss: boolean;
   /** Measure full and incremental rebuilds over loopback (issue 3). */
   rebuild: boolean;
+  /** Measure backing image upload and delivery between two hosts over loopback (issue 6). */
+  backingImage: boolean;
   /** Migrations to measure (issue 4); 0 skips them. */
   migrations: number;
   /** Explicit path of the Mooring CLI script; undefined = this package's dist/cli.js. */
@@ -105,6 +107,7 @@ Options:
                       available: ${ALL_WORKLOADS.map((w) => w.id).join(', ')}
   --no-rss            skip the 1 TiB sparse volume peak-RSS measurement
   --no-rebuild        skip the rebuild measurements (3 data-engine processes)
+  --no-backing-image  skip the backing image delivery measurement (2 data-engine processes)
   --migrations N      live migrations to measure (default ${DEFAULT_MIGRATIONS}, --quick ${QUICK_MIGRATIONS}; 0 skips them)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
@@ -130,6 +133,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let help = false;
   let rss = true;
   let rebuild = true;
+  let backingImage = true;
   let migrations: number | undefined;
   let runtimeSec: number | undefined;
   let repeat = 1;
@@ -162,6 +166,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '--help': help = true; break;
       case '--no-rss': rss = false; break;
       case '--no-rebuild': rebuild = false; break;
+      case '--no-backing-image': backingImage = false; break;
       case '--migrations': {
         migrations = parsePositiveNumber(value(), arg, MIGRATIONS_MAX, true);
         if (!Number.isInteger(migrations)) throw new BenchUsageError('--migrations must be a whole number');
@@ -215,6 +220,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     help,
     rss,
     rebuild,
+    backingImage,
     migrations: migrations ?? (quick ? QUICK_MIGRATIONS : DEFAULT_MIGRATIONS),
     runtimeSec: runtimeSec ?? (quick ? QUICK_RUNTIME_SEC : DEFAULT_RUNTIME_SEC),
     repeat,

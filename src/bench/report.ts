@@ -5,6 +5,7 @@ import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
 import type { MigrationResults } from './migration.js';
 import type { RebuildResults } from './rebuild.js';
+import type { BackingImageDeliveryResults } from './backing-image.js';
 import { LIMIT_TARGET, PEER_TARGET, TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
 
@@ -58,6 +59,8 @@ export interface BenchResults {
   rebuild?: RebuildResults | undefined;
   /** Live migrations over loopback; undefined when skipped or failed. */
   migration?: MigrationResults | undefined;
+  /** Backing image upload and copy between two hosts over loopback; undefined when skipped or failed. */
+  backingImage?: BackingImageDeliveryResults | undefined;
   /** Targets or steps that failed; the rest of the run went on. */
   failures: Array<{ what: string; message: string }>;
 }
@@ -296,6 +299,13 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       detail: `median ${mg.handOverMs.median.toFixed(1)} ms, p99 ${mg.handOverMs.p99.toFixed(1)} ms over ${mg.rounds} migrations; client pause ${fmtRatio(mg.clientPauseMs.median / mg.peer.clientPauseMs.median)} of qemu-nbd moved between sockets`,
     });
   }
+  const bi = r.backingImage;
+  const biGoal = 'backing image copy between hosts ≥ 0.8× the disk\'s sequential write rate';
+  if (!bi) verdicts.push({ goal: biGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  else {
+    const ratio = bi.delivery.mibPerSec / bi.diskSeqWriteMibPerSec;
+    verdicts.push({ goal: biGoal, verdict: ratio >= 0.8 ? 'pass' : 'miss', detail: `${bi.delivery.mibPerSec.toFixed(0)} MiB/s vs ${bi.diskSeqWriteMibPerSec.toFixed(0)} MiB/s = ${fmtRatio(ratio)} (${fmtMiB(bi.fileBytes)} in ${(bi.delivery.durationMs / 1000).toFixed(2)} s)` });
+  }
   const rssGoal = `peak RSS ≤ 64 MiB for a 1 TiB sparse volume after 10,000 scattered 4 KiB writes`;
   if (!r.rss) verdicts.push({ goal: rssGoal, verdict: 'not measured', detail: 'skipped or failed' });
   else {
@@ -315,6 +325,15 @@ function migrationText(m: MigrationResults): string {
     `a client writing 4 KiB blocks one at a time): hand-over (source drain start → target accepting writes) ${f(m.handOverMs)}; ` +
     `of which the source's drain and flush ${f(m.drainMs)}; client pause (last write acknowledged by the source → first by the target) ${f(m.clientPauseMs)}. ` +
     `Peer: ${m.peer.name}, client pause ${f(m.peer.clientPauseMs)} over ${m.peer.rounds} moves; ratio of medians ${fmtRatio(m.clientPauseMs.median / m.peer.clientPauseMs.median)} (lower is better).`
+  );
+}
+
+function backingImageText(b: BackingImageDeliveryResults): string {
+  return (
+    `Backing image (2 data-engine processes on loopback, a ${fmtMiB(b.fileBytes)} file of random bytes): upload into the first host ` +
+    `${(b.upload.durationMs / 1000).toFixed(2)} s = ${b.upload.mibPerSec.toFixed(0)} MiB/s; copy to the second host (read stream relayed into a write, ` +
+    `SHA-512 verified on arrival) ${(b.delivery.durationMs / 1000).toFixed(2)} s = ${b.delivery.mibPerSec.toFixed(0)} MiB/s ` +
+    `(disk sequential write with fsync: ${b.diskSeqWriteMibPerSec.toFixed(0)} MiB/s).`
   );
 }
 
@@ -376,6 +395,7 @@ export function renderStdout(r: BenchResults): string {
   }
   if (r.rebuild) parts.push(rebuildText(r.rebuild), '');
   if (r.migration) parts.push(migrationText(r.migration), '');
+  if (r.backingImage) parts.push(backingImageText(r.backingImage), '');
   if (r.serverPeaks.length > 0) {
     parts.push(`Server peak RSS during the runs: ${r.serverPeaks.map((p) => `${TARGET_SHORT[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads)`).join(', ')}`, '');
   }
@@ -462,6 +482,8 @@ export function renderMarkdownReport(r: BenchResults): string {
   out.push(r.rebuild ? rebuildText(r.rebuild) : 'Not measured in this run.', '');
   out.push('### Live migration over loopback', '');
   out.push(r.migration ? migrationText(r.migration) : 'Not measured in this run.', '');
+  out.push('### Backing image delivery over loopback', '');
+  out.push(r.backingImage ? backingImageText(r.backingImage) : 'Not measured in this run.', '');
   out.push('### Memory: 1 TiB sparse volume', '');
   if (r.rss) {
     out.push(

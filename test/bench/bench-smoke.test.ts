@@ -36,6 +36,8 @@ describe('bench options', () => {
     expect(full.migrations).toBe(50);
     expect(quick.migrations).toBe(10);
     expect(parseBenchArgs(['--migrations', '0']).migrations).toBe(0);
+    expect(full.backingImage).toBe(true);
+    expect(parseBenchArgs(['--no-backing-image']).backingImage).toBe(false);
   });
 
   it('rejects unknown targets and bad sizes with exit code 2', async () => {
@@ -90,6 +92,9 @@ describe('bench smoke run', () => {
     // The migration step migrated three times and compared the pause with qemu-nbd's.
     expect(md).toMatch(/migrated 3 times between two hosts/);
     expect(md).toMatch(/live-migration hand-over < 50 ms median on loopback \| \*\*(pass|miss)\*\*/);
+    // The backing image step uploaded a file into one host and copied it to another.
+    expect(md).toMatch(/copy to the second host \(read stream relayed into a write, SHA-512 verified on arrival\) [\d.]+ s = \d+ MiB\/s/);
+    expect(md).toMatch(/backing image copy between hosts ≥ 0\.8× the disk's sequential write rate \| \*\*(pass|miss)\*\*/);
     // The scratch directory and every child are gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
   });
