@@ -535,8 +535,15 @@ export class BackingImageController {
       if (r.currentChecksum !== '') throw new MooringError('INVALID_STATE', `backing image ${name} is uploaded already`);
       const rs = this.#runsOf(r);
       if (rs.preparing !== null) throw new MooringError('BUSY', `an upload of backing image ${name} runs`);
-      rs.preparing = r.firstHost;
-      const next = { ...r, sourceAttempts: r.sourceAttempts + 1, cancelled: false };
+      // The first host is away: the upload goes to another reachable host instead of failing.
+      let firstHost = r.firstHost;
+      const here = await withTimeout(this.#ctx.engineOf(firstHost).backingImageFile(refOf(r)), this.#ctx.probeTimeoutMs, `host ${firstHost}`).then(
+        () => true,
+        () => false,
+      );
+      if (!here) firstHost = await this.#ctx.pickHost();
+      rs.preparing = firstHost;
+      const next = { ...r, firstHost, sourceAttempts: r.sourceAttempts + 1, cancelled: false };
       await this.#ctx.store.put(BACKING_IMAGE_KIND, name, next);
       return { rec: next, runs: rs };
     });

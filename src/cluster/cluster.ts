@@ -592,7 +592,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
    *
    * @throws MooringError INVALID_ARGUMENT, ALREADY_EXISTS, NOT_FOUND (host or source volume), UNAVAILABLE (no reachable host)
    */
-  createBackingImage(options: BackingImageCreateOptions): Promise<BackingImage> {
+  async createBackingImage(options: BackingImageCreateOptions): Promise<BackingImage> {
     this.#checkOpen();
     return this.#images.create(options);
   }

@@ -125,7 +125,7 @@ describe('backing images', () => {
 
   it('uploads from a stream; refuses a short stream, non-bytes and a second upload', async () => {
     const img = qcow2Like(3);
-    const { cluster } = await setup(2);
+    const { hosts, cluster } = await setup(2);
     const bi = await cluster.createBackingImage({ name: 'up', source: { type: 'upload', sizeBytes: img.length }, host: 'a', expectedChecksum: sha512(img) });
     expect((await bi.status()).state).toBe('pending');
     await expect(bi.upload(chunks(img.subarray(0, 5000)))).rejects.toMatchObject({ code: 'IO_ERROR' });
@@ -141,6 +141,11 @@ describe('backing images', () => {
     const st = await bi.upload(chunks(img));
     expect(st).toMatchObject({ state: 'ready', currentChecksum: sha512(img), format: 'qcow2' });
     await expect(bi.upload(chunks(img))).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    // The first host is away: the upload goes to another one.
+    const other = await cluster.createBackingImage({ name: 'up2', source: { type: 'upload', sizeBytes: img.length }, host: 'a' });
+    hosts[0]!.reachable = false;
+    expect(await other.upload(chunks(img))).toMatchObject({ state: 'ready', firstHost: 'b' });
+    hosts[0]!.reachable = true;
     const dl = await cluster.createBackingImage({ name: 'dl', source: { type: 'download', url: 'http://x/none' } });
     await expect(dl.upload(chunks(img))).rejects.toMatchObject({ code: 'INVALID_STATE' });
   });
@@ -413,6 +418,25 @@ describe('backing images', () => {
     const c = await cluster.cloneVolume({ name: vname(), from: v, snapshot: 's', replicas: 1, hosts: ['d'] });
     expect(c.backingImage).toBe('cl');
     expect([...hosts[3]!.replicas.values()][0]!.backingImage?.dir).toMatch(/^cl-/);
+  });
+
+  it('is found again by a restarted VM manager (a new Cluster over the same store)', async () => {
+    const img = qcow2Like(15);
+    const { hosts, cluster, store } = await setup(2, {}, { 'http://x/i': img });
+    const bi = await cluster.createBackingImage({ name: 'again', source: { type: 'download', url: 'http://x/i' }, host: 'a' });
+    const before = await bi.waitReady();
+    await cluster.close();
+    const next = await Cluster.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 5000 });
+    open.push(next);
+    const st = await next.backingImage('again').status();
+    expect(st).toMatchObject({ uuid: before.uuid, state: 'ready', currentChecksum: sha512(img) });
+    expect((await next.listBackingImages()).map((x) => x.name)).toEqual(['again']);
+    const v = await next.createVolume({ name: vname(), replicas: 1, hosts: ['b'], backingImage: 'again' });
+    expect(v.backingImage).toBe('again');
+    // The image's record survives a repair pass of the new cluster, its files are not leftovers.
+    await next.repairOnce();
+    expect(hosts.every((h) => h.files.has(`again-${before.uuid}`))).toBe(true);
+    await expect(cluster.createBackingImage({ name: 'x', source: { type: 'upload', sizeBytes: 1 } })).rejects.toMatchObject({ code: 'CLOSED' });
   });
 
   it('reports a file on an unreachable host as unknown', async () => {
