@@ -497,7 +497,10 @@ export class BackingImageController {
       const source = this.#ctx.engineOf(dl.source);
       const target = this.#ctx.engineOf(dl.target);
       // The target verifies the whole file against the image's checksum on arrival.
-      return target.writeBackingImageFile(ref, { sizeBytes: rec.sizeBytes, offset: dl.offsetBytes, expectedChecksum: rec.currentChecksum }, source.readBackingImageFile(ref, { offset: dl.offsetBytes }));
+      const info = await target.writeBackingImageFile(ref, { sizeBytes: rec.sizeBytes, offset: dl.offsetBytes, expectedChecksum: rec.currentChecksum }, source.readBackingImageFile(ref, { offset: dl.offsetBytes }));
+      // A write that resolves without a ready file would be retried at once, forever: count it as a failure (it backs off).
+      if (info.state !== 'ready') throw new MooringError('INVALID_STATE', `copy of backing image ${rec.name} to ${dl.target} ended ${info.state}: ${info.message}`);
+      return info;
     };
     void this.#track(rec.name, dl.target, runs, run, () => {
       if (runs.receiving.get(dl.target) === dl.source) runs.receiving.delete(dl.target);
