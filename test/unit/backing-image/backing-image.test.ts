@@ -439,6 +439,26 @@ describe('backing images', () => {
     await expect(cluster.createBackingImage({ name: 'x', source: { type: 'upload', sizeBytes: 1 } })).rejects.toMatchObject({ code: 'CLOSED' });
   });
 
+  it('keeps minCopies from the periodic repair loop, and makes a new copy when cleanup takes one', async () => {
+    const img = qcow2Like(16);
+    const { hosts, cluster } = await setup(3, { repairIntervalMs: 20 }, { 'http://x/i': img });
+    const bi = await cluster.createBackingImage({ name: 'loop', source: { type: 'download', url: 'http://x/i' }, host: 'a', minCopies: 2 });
+    await bi.waitReady();
+    const ready = async (): Promise<string[]> => (await bi.status()).files.filter((f) => f.state === 'ready').map((f) => f.hostId);
+    await until('two copies by the loop alone', async () => (await ready()).length === 2);
+    const [, second] = await ready();
+    await bi.cleanup([second!]);
+    await until('two copies again', async () => (await ready()).length === 2);
+    expect(hosts.filter((h) => [...h.files.values()].some((f) => f.state === 'ready')).length).toBe(2);
+  });
+
+  it('an upload image waits in pending; waitReady times out with UNAVAILABLE', async () => {
+    const { cluster } = await setup(1);
+    const bi = await cluster.createBackingImage({ name: 'later', source: { type: 'upload', sizeBytes: 4096 } });
+    await expect(bi.waitReady({ timeoutMs: 150 })).rejects.toMatchObject({ code: 'UNAVAILABLE', details: { state: 'pending' } });
+    expect((await bi.status()).files).toEqual([{ hostId: 'a', state: 'pending', progress: 0, message: '', lastRefAtMs: null }]);
+  });
+
   it('reports a file on an unreachable host as unknown', async () => {
     const img = qcow2Like(14);
     const { hosts, cluster } = await setup(2, {}, { 'http://x/i': img });
