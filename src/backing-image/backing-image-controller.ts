@@ -42,6 +42,8 @@ export const RETRY_DELAY_MS = 500;
 export const RETRY_DELAY_MAX_MS = 30_000;
 /** How often a waiter (waitReady, a volume waiting for its file) reconciles again. */
 export const BACKING_IMAGE_POLL_MS = 100;
+/** Longest wait a caller may ask of waitReady (a week, as the cluster's other settings). */
+const WAIT_TIMEOUT_MAX_MS = 7 * 24 * 3600 * 1000;
 /** Hosts one cleanup call may name. */
 export const CLEANUP_HOSTS_MAX = 1024;
 
@@ -58,8 +60,8 @@ export interface BackingImageContext {
   pickHost(): Promise<string>;
   /** The host an operation on `volume` runs on (attached host, else a reachable replica host). NOT_FOUND for no such volume. */
   operationHost(volume: string): Promise<string>;
-  /** Runs `fn` on the host whose engine writes `volume`, holding a `backing-image-export` ticket there. */
-  withExportTicket<T>(volume: string, host: string, fn: (writer: string) => Promise<T>): Promise<T>;
+  /** Runs `fn` on the host whose engine writes `volume` (attached host, else a reachable replica host), holding a `backing-image-export` ticket there. */
+  withExportTicket<T>(volume: string, fn: (writer: string) => Promise<T>): Promise<T>;
   warn(error: MooringError): void;
   cleanupWaitMs: number;
   probeTimeoutMs: number;
@@ -96,8 +98,13 @@ function checkSource(v: unknown): BackingImageSource {
     case 'download':
       if (!isDownloadUrl(s['url'])) throw new MooringError('INVALID_ARGUMENT', `source.url must be an http:// or https:// URL of at most 2048 characters (got ${describe(s['url'])})`);
       return { type: 'download', url: s['url'] };
-    case 'upload':
-      return { type: 'upload', sizeBytes: checkIntIn('source.sizeBytes', s['sizeBytes'] ?? null, 1, UPLOAD_SIZE_MAX_BYTES, 0) };
+    case 'upload': {
+      const size = s['sizeBytes'];
+      if (typeof size !== 'number' || !Number.isSafeInteger(size) || size < 1 || size > UPLOAD_SIZE_MAX_BYTES) {
+        throw new MooringError('INVALID_ARGUMENT', `source.sizeBytes must be an integer in 1..${UPLOAD_SIZE_MAX_BYTES} (got ${describe(size)})`);
+      }
+      return { type: 'upload', sizeBytes: size };
+    }
     case 'volume-snapshot':
       return { type: 'volume-snapshot', volume: checkName('source.volume', s['volume']), snapshot: checkName('source.snapshot', s['snapshot']) };
     default:
@@ -226,7 +233,7 @@ export class BackingImageController {
   /** Waits until a ready copy exists; see {@link BackingImage.waitReady}. */
   async waitReady(name: string, timeoutMs: number | undefined): Promise<BackingImageStatus> {
     this.#checkOpen();
-    const waitMs = checkIntIn('timeoutMs', timeoutMs, 0, 7 * 24 * 3600 * 1000, this.#ctx.waitTimeoutMs);
+    const waitMs = checkIntIn('timeoutMs', timeoutMs, 0, WAIT_TIMEOUT_MAX_MS, this.#ctx.waitTimeoutMs);
     const deadline = Date.now() + waitMs;
     for (;;) {
       const pass = await this.reconcile(name);
@@ -480,7 +487,7 @@ export class BackingImageController {
         case 'download':
           return this.#ctx.engineOf(hostId).downloadBackingImageFile(ref, { url: src.url, ...expected });
         case 'volume-snapshot':
-          return this.#ctx.withExportTicket(src.volume, hostId, (writer) => this.#ctx.engineOf(writer).exportSnapshotToBackingImageFile(src.volume, src.snapshot, ref, expected));
+          return this.#ctx.withExportTicket(src.volume, (writer) => this.#ctx.engineOf(writer).exportSnapshotToBackingImageFile(src.volume, src.snapshot, ref, expected));
         case 'upload':
           throw new MooringError('INVALID_STATE', `backing image ${rec.name} waits for an upload`);
       }

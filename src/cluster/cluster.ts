@@ -278,7 +278,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
         await this.#volume(v);
         return this.#operationHost(v, undefined);
       },
-      withExportTicket: async (v, _host, fn) => this.#withTicket(v, 'backing-image-export', await this.#operationHost(v, undefined), fn),
+      withExportTicket: async (v, fn) => this.#withTicket(v, 'backing-image-export', await this.#operationHost(v, undefined), fn),
       warn: (e) => safeEmit(this, 'warning', e),
       cleanupWaitMs: options.backingImageCleanupWaitMs ?? DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS,
       probeTimeoutMs: HOST_PROBE_TIMEOUT_MS,
