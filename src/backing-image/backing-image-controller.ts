@@ -308,9 +308,16 @@ export class BackingImageController {
       for (const f of files) {
         if (f.usedBy.length > 0) continue;
         // Read again now: an image created after the list above has its record before any file.
-        const d = await this.#ctx.store.get<unknown>(BACKING_IMAGE_KIND, f.name).catch(() => null);
-        const uuid = d ? (d.value as { uuid?: unknown }).uuid : null;
-        if (uuid === f.uuid) continue;
+        // Delete only when sure: no record, or a record naming another UUID; a store that
+        // fails or a record without a readable UUID keeps the file.
+        let uuid: unknown;
+        try {
+          const d = await this.#ctx.store.get<unknown>(BACKING_IMAGE_KIND, f.name);
+          uuid = d ? (d.value as { uuid?: unknown } | null)?.uuid : null;
+        } catch {
+          continue;
+        }
+        if (uuid === f.uuid || (uuid !== null && typeof uuid !== 'string')) continue;
         await this.#ctx
           .engineOf(hostId)
           .deleteBackingImageFile({ name: f.name, uuid: f.uuid })
