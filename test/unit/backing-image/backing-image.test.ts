@@ -365,6 +365,21 @@ describe('backing images', () => {
     expect((await bi.status()).state).toBe('failed');
   });
 
+  it('keeps files whose image it cannot look up (a failing store), deletes them once sure', async () => {
+    const { hosts, cluster, store } = await setup(1);
+    hosts[0]!.putReadyFile({ name: 'orphan', uuid: '11111111-2222-4333-8444-555555555555' }, Buffer.alloc(4096, 1));
+    const get = store.get.bind(store);
+    store.get = (async (kind: string, key: string) => {
+      if (kind === BACKING_IMAGE_KIND) throw new Error('store away');
+      return get(kind, key);
+    }) as typeof store.get;
+    await cluster.repairOnce();
+    expect(hosts[0]!.files.size).toBe(1);
+    store.get = get as typeof store.get;
+    await cluster.repairOnce();
+    expect(hosts[0]!.files.size).toBe(0);
+  });
+
   it('cancels a download: CANCELLED, and no retry by itself', async () => {
     const { hosts, cluster } = await setup(1);
     let release!: () => void;
