@@ -380,6 +380,18 @@ describe('backing images', () => {
     expect(hosts[0]!.files.size).toBe(0);
   });
 
+  it('reads volume records written before backing images as having none; refuses a bad image name in one', async () => {
+    const { cluster, store } = await setup(1);
+    const v = vname();
+    await cluster.createVolume({ name: v, sizeBytes: 64 * 4096, replicas: 1 });
+    const d = await store.get<Record<string, unknown>>('volume', v);
+    const { backingImage: _b, ...older } = d!.value;
+    await store.put('volume', v, older);
+    expect((await cluster.status(v)).backingImage).toBeNull();
+    await store.put('volume', v, { ...older, backingImage: '../etc' });
+    await expect(cluster.status(v)).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
+  });
+
   it('cancels a download: CANCELLED, and no retry by itself', async () => {
     const { hosts, cluster } = await setup(1);
     let release!: () => void;
