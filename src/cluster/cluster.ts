@@ -91,6 +91,12 @@ export const HOST_PROBE_TIMEOUT_MS = 3000;
 export const DEFAULT_TICKET_WAIT_TIMEOUT_MS = 60_000;
 /** How often a waiting ticket is reconciled again. */
 const TICKET_POLL_MS = 100;
+/**
+ * How long a replacement waits in the repair pass for its backing image file on the new host.
+ * The copy goes on after that; a later pass finds it ready (other volumes' repairs do not
+ * wait behind a long copy).
+ */
+const REPLACEMENT_IMAGE_WAIT_MS = 5000;
 /** Passes of one reconcile before it stops to let others run (each pass takes one step). */
 const CONVERGE_PASSES_MAX = 8;
 
@@ -1508,7 +1514,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     const rec = this.#newReplicaRecord(vol.name, `r${n}`, targetHost);
     if (vol.backingImage) {
       // The new host gets the image's file first (delivered from a ready copy).
-      const lease = await this.#images.acquire(vol.backingImage, [targetHost]);
+      const lease = await this.#images.acquire(vol.backingImage, [targetHost], Math.min(REPLACEMENT_IMAGE_WAIT_MS, this.#ticketWaitMs));
       try {
         await this.#engineOf(targetHost).createReplica(rec.name, vol.sizeBytes, { backingImage: lease.backingImage });
         await this.#store.put(KIND.replica, rec.name, rec, { expectedVersion: 0 });

@@ -435,6 +435,30 @@ describe('backing images', () => {
     expect([...d.replicas.values()][0]!.backingImage?.dir).toBe(dir);
   });
 
+  it('a replacement whose copy is slow does not hold the repair pass: a later pass creates the replica', async () => {
+    const img = qcow2Like(17);
+    const { hosts, cluster } = await setup(3, { replicaReplacementWaitMs: 10, ticketWaitTimeoutMs: 300 }, { 'http://x/i': img });
+    const bi = await cluster.createBackingImage({ name: 'slow', source: { type: 'download', url: 'http://x/i' }, host: 'a' });
+    await bi.waitReady();
+    const v = vname();
+    await cluster.createVolume({ name: v, replicas: 2, hosts: ['a', 'b'], backingImage: 'slow' });
+    await cluster.attach(v, { host: 'a' });
+    hosts[1]!.reachable = false;
+    hosts[0]!.setMode(v, 'r1', 'ERR');
+    await cluster.repairOnce();
+    await sleep(20);
+    // Copies now take about 16 × 40 ms, longer than the 300 ms the pass waits.
+    hosts[0]!.beforeReadChunk = () => sleep(40);
+    const warnings: string[] = [];
+    cluster.on('warning', (e) => warnings.push(e.code));
+    await cluster.repairOnce();
+    expect(warnings).toContain('UNAVAILABLE');
+    expect((await cluster.status(v)).replicas.map((r) => r.hostId)).toEqual(['a', 'b']);
+    await until('the copy to c is ready', async () => hosts[2]!.files.get(`slow-${(await bi.status()).uuid}`)?.state === 'ready');
+    await cluster.repairOnce();
+    expect((await cluster.status(v)).replicas.map((r) => `${r.id}@${r.hostId}`)).toEqual(['r0@a', 'r2@c']);
+  });
+
   it('clones a volume on an image onto hosts that get the file first', async () => {
     const img = qcow2Like(13);
     const { hosts, cluster } = await setup(4, {}, { 'http://x/i': img });
