@@ -6,8 +6,9 @@
  *
  * Rules:
  * 1. Protected disks: those whose replicas use the file, those a volume waits for, and the
- *    best `minCopies` disks for availability (ready files first, then ones being prepared,
- *    then unknown, then failed; then any reachable disk, once a first file exists).
+ *    best `minCopies` disks for availability (ready files a replica uses or waits for first,
+ *    as they stay anyway; then other ready files, ones being prepared, unknown, failed; then
+ *    any reachable disk, once a first file exists).
  * 2. A disk with a file that is not protected gets `lastRefAtMs` (kept if set); a protected
  *    one loses it. A file whose `lastRefAtMs` is older than the cleanup wait is deleted
  *    (never a file in use or one being prepared: those are protected or running).
