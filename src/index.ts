@@ -59,7 +59,7 @@ export { formatNbdAddress, nbdUri, parseNbdAddress } from './nbd/nbd-address.js'
 export type { NbdAddress } from './nbd/nbd-address.js';
 
 // --- many hosts: cluster, data engines, gRPC, state store ---
-export { Cluster, DEFAULT_REPAIR_INTERVAL_MS, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS, DEFAULT_TICKET_WAIT_TIMEOUT_MS, HOST_PROBE_TIMEOUT_MS } from './cluster/cluster.js';
+export { Cluster, DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS, DEFAULT_REPAIR_INTERVAL_MS, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS, DEFAULT_TICKET_WAIT_TIMEOUT_MS, HOST_PROBE_TIMEOUT_MS } from './cluster/cluster.js';
 export type {
   ClusterAttachOptions,
   ClusterCloneOptions,
@@ -84,6 +84,14 @@ export type {
   MigrationLocks,
   TicketOptions,
 } from './cluster/cluster-volume.js';
+// --- backing images (seed 003) ---
+export { BackingImage } from './backing-image/backing-image.js';
+export type { BackingImageCreateOptions, BackingImageEvents, BackingImageFileStatus, BackingImageStatus } from './backing-image/backing-image.js';
+export type { BackingImageSource, BackingImageRecord, BackingImageDiskStatus } from './backing-image/backing-image-records.js';
+export { BACKING_IMAGE_KIND, BACKING_IMAGE_SCHEMA_VERSION } from './backing-image/backing-image-records.js';
+export { SENDS_PER_SOURCE_MAX, decideBackingImage } from './backing-image/backing-image-decide.js';
+export type { BackingImageDecision, BackingImageDecisionInput, Delivery, DiskObservation } from './backing-image/backing-image-decide.js';
+export { FIRST_FILE_ATTEMPTS_MAX } from './backing-image/backing-image-controller.js';
 // --- attachment tickets ---
 export { ATTACHER_PRIORITY, ATTACHER_TYPES, MIGRATING_ATTACHERS } from './attachment/attachment-ticket.js';
 export type {

@@ -24,7 +24,8 @@ import { startMooring, startTarget, type RunningTarget, type TargetContext } fro
 import { isWrite, workloadById, type Workload } from './workloads.js';
 import { measureMigration, type MigrationResults } from './migration.js';
 import { measureRebuild, type RebuildResults } from './rebuild.js';
-import { measureBackingImage, type BackingImageResults } from './backing-image.js';
+import { measureBackingImageDelivery, type BackingImageDeliveryResults } from './backing-image-delivery.js';
+import { measureBackingImageRead, type BackingImageReadResults } from './backing-image-read.js';
 
 export { parseBenchArgs, type BenchOptions } from './options.js';
 
@@ -222,59 +223,46 @@ async function measureRss(s: RunState): Promise<RssResult | undefined> {
   }
 }
 
-async function measureRebuildStep(s: RunState): Promise<RebuildResults | undefined> {
-  const dir = join(s.scratch, 'rebuild');
+/** One measurement over data-engine processes in its own scratch directory; a failure is recorded, not fatal. */
+async function hostStep<T>(s: RunState, what: string, description: string, fn: (ctx: TargetContext) => Promise<T>): Promise<T | undefined> {
+  const dir = join(s.scratch, what);
   mkdirSync(dir);
-  s.log(`[rebuild] 3 data-engine processes on loopback, ${s.opts.areaBytes / 1024 ** 2} MiB volume`);
+  s.log(`[${what}] ${description}`);
   try {
-    return await measureRebuild(targetContext(s, dir));
+    return await fn(targetContext(s, dir));
   } catch (err) {
     if (s.abort.aborted) throw err;
-    s.failures.push({ what: 'rebuild', message: errorText(err) });
-    s.log(`  rebuild: FAILED: ${errorText(err)}`);
+    s.failures.push({ what, message: errorText(err) });
+    s.log(`  ${what}: FAILED: ${errorText(err)}`);
     return undefined;
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
 }
 
-async function measureBackingImageStep(s: RunState): Promise<BackingImageResults | undefined> {
-  const dir = join(s.scratch, 'backing-image');
-  mkdirSync(dir);
-  s.log('[backing-image] 1-replica volume over a qcow2 backing image vs qemu-nbd -r on the same file');
-  try {
-    return await measureBackingImage(targetContext(s, dir), s.opts.runtimeSec, s.opts.rampSec, s.opts.repeat);
-  } catch (err) {
-    if (s.abort.aborted) throw err;
-    s.failures.push({ what: 'backing-image', message: errorText(err) });
-    s.log(`  backing-image: FAILED: ${errorText(err)}`);
-    return undefined;
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+function measureRebuildStep(s: RunState): Promise<RebuildResults | undefined> {
+  return hostStep(s, 'rebuild', `3 data-engine processes on loopback, ${s.opts.areaBytes / 1024 ** 2} MiB volume`, measureRebuild);
 }
 
-async function measureMigrationStep(s: RunState): Promise<MigrationResults | undefined> {
-  const dir = join(s.scratch, 'migration');
-  mkdirSync(dir);
-  s.log(`[migration] 3 data-engine processes on loopback, ${s.opts.migrations} migrations of a 3-replica volume`);
-  try {
-    return await measureMigration(targetContext(s, dir), s.opts.migrations);
-  } catch (err) {
-    if (s.abort.aborted) throw err;
-    s.failures.push({ what: 'migration', message: errorText(err) });
-    s.log(`  migration: FAILED: ${errorText(err)}`);
-    return undefined;
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+function measureMigrationStep(s: RunState): Promise<MigrationResults | undefined> {
+  return hostStep(s, 'migration', `3 data-engine processes on loopback, ${s.opts.migrations} migrations of a 3-replica volume`, (ctx) => measureMigration(ctx, s.opts.migrations));
+}
+
+function measureBackingImageReadStep(s: RunState): Promise<BackingImageReadResults | undefined> {
+  return hostStep(s, 'backing-image-read', '1-replica volume over a qcow2 backing image vs qemu-nbd -r on the same file', (ctx) =>
+    measureBackingImageRead(ctx, s.opts.runtimeSec, s.opts.rampSec, s.opts.repeat),
+  );
+}
+
+function measureBackingImageDeliveryStep(s: RunState): Promise<BackingImageDeliveryResults | undefined> {
+  return hostStep(s, 'backing-image-delivery', '2 data-engine processes on loopback, one image uploaded and copied between them', measureBackingImageDelivery);
 }
 
 /** Checks tools, the build and free space before minutes of work are spent. */
 async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
   const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
   const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-')) || s.opts.backingImage;
-  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.migrations > 0;
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
   const orUndefined = (err: unknown): undefined => {
@@ -395,7 +383,8 @@ export async function runBench(argv: string[]): Promise<number> {
     const rss = opts.rss ? await measureRss(s) : undefined;
     const rebuild = opts.rebuild ? await measureRebuildStep(s) : undefined;
     const migration = opts.migrations > 0 ? await measureMigrationStep(s) : undefined;
-    const backingImage = opts.backingImage ? await measureBackingImageStep(s) : undefined;
+    const backingImageRead = opts.backingImage ? await measureBackingImageReadStep(s) : undefined;
+    const backingImageDelivery = opts.backingImage ? await measureBackingImageDeliveryStep(s) : undefined;
 
     const results: BenchResults = {
       startedAt: started,
@@ -416,7 +405,8 @@ export async function runBench(argv: string[]): Promise<number> {
       rss,
       rebuild,
       migration,
-      backingImage,
+      backingImageRead,
+      backingImageDelivery,
       failures: s.failures,
     };
     process.stdout.write(renderStdout(results));

@@ -34,7 +34,10 @@ export interface BenchOptions {
   rebuild: boolean;
   /** Migrations to measure (issue 4); 0 skips them. */
   migrations: number;
-  /** Compare reads over a qcow2 backing image with qemu-nbd -r (seed 003). */
+  /**
+   * Backing images (issue 6): compare reads over a qcow2 backing image with qemu-nbd -r, and
+   * measure upload and delivery of an image between two hosts over loopback.
+   */
   backingImage: boolean;
   /** Explicit path of the Mooring CLI script; undefined = this package's dist/cli.js. */
   mooringCli: string | undefined;
@@ -107,8 +110,9 @@ Options:
                       available: ${ALL_WORKLOADS.map((w) => w.id).join(', ')}
   --no-rss            skip the 1 TiB sparse volume peak-RSS measurement
   --no-rebuild        skip the rebuild measurements (3 data-engine processes)
-  --no-backing-image  skip the qcow2 backing image read comparison with qemu-nbd -r
-  --backing-image-only  run only that comparison (no report written unless --out is given)
+  --no-backing-image  skip the backing image measurements: reads over a qcow2 backing image vs
+                      qemu-nbd -r, and delivery of an image between 2 data-engine processes
+  --backing-image-only  run only those (no report written unless --out is given)
   --migrations N      live migrations to measure (default ${DEFAULT_MIGRATIONS}, --quick ${QUICK_MIGRATIONS}; 0 skips them)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help

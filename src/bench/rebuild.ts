@@ -9,6 +9,7 @@
  *   written while it is down, h2 restarts and its replica is re-added: bytes sent against
  *   bytes changed.
  */
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 
 import type { DataEngine } from '../data-engine/data-engine.js';
@@ -57,14 +58,7 @@ export async function measureRebuild(ctx: TargetContext): Promise<RebuildResults
     ctx.log(`  full rebuild: ${(full.sentBytes / 1024 ** 2).toFixed(0)} MiB in ${(full.durationMs / 1000).toFixed(2)} s = ${mibPerSec.toFixed(0)} MiB/s`);
 
     // The disk's own sequential write rate, for comparison.
-    const file = join(ctx.dir, 'seq.raw');
-    createSparse(file, size);
-    const seq = await runFio(
-      { name: 'disk-seq-write', endpoint: { kind: 'file', path: file, direct: false }, options: ['rw=write', 'bs=1M', 'iodepth=8', 'numjobs=1', `size=${size}`, 'end_fsync=1'], expectedSec: 600 },
-      'write',
-      ctx.tracker,
-      ctx.abort,
-    );
+    const seq = { mibPerSec: await diskSeqWriteMibPerSec(ctx, size) };
     ctx.log(`  disk sequential write: ${seq.mibPerSec.toFixed(0)} MiB/s`);
 
     // Incremental: h2 dies, unique blocks change, h2 comes back.
@@ -100,6 +94,20 @@ export async function measureRebuild(ctx: TargetContext): Promise<RebuildResults
   } finally {
     for (const h of hosts.reverse()) await h.stop().catch(() => undefined);
   }
+}
+
+/** fio sequential 1 MiB writes of `sizeBytes` to a file in the scratch directory, fsync at the end (a rebuild or a copy ends with one too). */
+export async function diskSeqWriteMibPerSec(ctx: TargetContext, sizeBytes: number): Promise<number> {
+  const file = join(ctx.dir, 'seq.raw');
+  createSparse(file, sizeBytes);
+  const seq = await runFio(
+    { name: 'disk-seq-write', endpoint: { kind: 'file', path: file, direct: false }, options: ['rw=write', 'bs=1M', 'iodepth=8', 'numjobs=1', `size=${sizeBytes}`, 'end_fsync=1'], expectedSec: 600 },
+    'write',
+    ctx.tracker,
+    ctx.abort,
+  );
+  rmSync(file, { force: true });
+  return seq.mibPerSec;
 }
 
 /** Longest wait for the incremental rebuild to finish. */

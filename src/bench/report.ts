@@ -4,7 +4,8 @@
 import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
 import type { MigrationResults } from './migration.js';
-import type { BackingImageResults, BackingImageRow } from './backing-image.js';
+import type { BackingImageDeliveryResults } from './backing-image-delivery.js';
+import type { BackingImageReadResults, BackingImageRow } from './backing-image-read.js';
 import type { RebuildResults } from './rebuild.js';
 import { LIMIT_TARGET, PEER_TARGET, TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
@@ -60,7 +61,9 @@ export interface BenchResults {
   /** Live migrations over loopback; undefined when skipped or failed. */
   migration?: MigrationResults | undefined;
   /** Reads over a qcow2 backing image against qemu-nbd; undefined when skipped or failed. */
-  backingImage?: BackingImageResults | undefined;
+  backingImageRead?: BackingImageReadResults | undefined;
+  /** Backing image upload and copy between two hosts over loopback; undefined when skipped or failed. */
+  backingImageDelivery?: BackingImageDeliveryResults | undefined;
   /** Targets or steps that failed; the rest of the run went on. */
   failures: Array<{ what: string; message: string }>;
 }
@@ -299,15 +302,22 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       detail: `median ${mg.handOverMs.median.toFixed(1)} ms, p99 ${mg.handOverMs.p99.toFixed(1)} ms over ${mg.rounds} migrations; client pause ${fmtRatio(mg.clientPauseMs.median / mg.peer.clientPauseMs.median)} of qemu-nbd moved between sockets`,
     });
   }
-  const bi = r.backingImage;
-  const biGoal = 'reads over a qcow2 backing image ≥ 1.0× qemu-nbd -r on the same image';
-  if (!bi) verdicts.push({ goal: biGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  const bi = r.backingImageRead;
+  const biReadGoal = 'reads over a qcow2 backing image ≥ 1.0× qemu-nbd -r on the same image';
+  if (!bi) verdicts.push({ goal: biReadGoal, verdict: 'not measured', detail: 'skipped or failed' });
   else {
     verdicts.push({
-      goal: biGoal,
+      goal: biReadGoal,
       verdict: bi.rows.every((x) => x.ratio >= 1) ? 'pass' : 'miss',
       detail: bi.rows.map((x) => `${x.label} ${fmtRatio(x.ratio)}`).join(', '),
     });
+  }
+  const bd = r.backingImageDelivery;
+  const biDeliveryGoal = 'backing image copy between hosts ≥ 0.8× the disk\'s sequential write rate';
+  if (!bd) verdicts.push({ goal: biDeliveryGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  else {
+    const ratio = bd.delivery.mibPerSec / bd.diskSeqWriteMibPerSec;
+    verdicts.push({ goal: biDeliveryGoal, verdict: ratio >= 0.8 ? 'pass' : 'miss', detail: `${bd.delivery.mibPerSec.toFixed(0)} MiB/s vs ${bd.diskSeqWriteMibPerSec.toFixed(0)} MiB/s = ${fmtRatio(ratio)} (${fmtMiB(bd.fileBytes)} in ${(bd.delivery.durationMs / 1000).toFixed(2)} s)` });
   }
   const rssGoal = `peak RSS ≤ 64 MiB for a 1 TiB sparse volume after 10,000 scattered 4 KiB writes`;
   if (!r.rss) verdicts.push({ goal: rssGoal, verdict: 'not measured', detail: 'skipped or failed' });
@@ -331,6 +341,15 @@ function migrationText(m: MigrationResults): string {
   );
 }
 
+function backingImageText(b: BackingImageDeliveryResults): string {
+  return (
+    `Backing image (2 data-engine processes on loopback, a ${fmtMiB(b.fileBytes)} file of random bytes): upload into the first host ` +
+    `${(b.upload.durationMs / 1000).toFixed(2)} s = ${b.upload.mibPerSec.toFixed(0)} MiB/s; copy to the second host (read stream relayed into a write, ` +
+    `SHA-512 verified on arrival) ${(b.delivery.durationMs / 1000).toFixed(2)} s = ${b.delivery.mibPerSec.toFixed(0)} MiB/s ` +
+    `(disk sequential write with fsync: ${b.diskSeqWriteMibPerSec.toFixed(0)} MiB/s).`
+  );
+}
+
 function rebuildText(rb: RebuildResults): string {
   return (
     `Rebuild (3 data-engine processes on loopback, ${fmtMiB(rb.volumeBytes)} volume): full rebuild into an empty replica ` +
@@ -341,7 +360,7 @@ function rebuildText(rb: RebuildResults): string {
   );
 }
 
-function backingImageTable(b: BackingImageResults): Table {
+function backingImageTable(b: BackingImageReadResults): Table {
   return {
     headers: ['workload', 'Mooring', 'qemu-nbd -r', 'ratio', 'Mooring clat p50/p99 µs', 'qemu clat p50/p99 µs', 'ratio per round'],
     align: ['l', 'r', 'r', 'r', 'r', 'r', 'l'],
@@ -353,7 +372,7 @@ function backingImageTable(b: BackingImageResults): Table {
   };
 }
 
-function backingImageIntro(b: BackingImageResults): string {
+function backingImageIntro(b: BackingImageReadResults): string {
   return (
     `Backing image (seed 003): a ${fmtMiB(b.imageBytes)} qcow2 (${b.clusterBytes / 1024} KiB clusters, random data written by qemu-io, every cluster allocated) ` +
     `beneath an empty 1-replica Mooring volume, against \`qemu-nbd -r -f qcow2 -t -e 8\` (default writeback cache) on the same file; ` +
@@ -414,7 +433,8 @@ export function renderStdout(r: BenchResults): string {
   }
   if (r.rebuild) parts.push(rebuildText(r.rebuild), '');
   if (r.migration) parts.push(migrationText(r.migration), '');
-  if (r.backingImage) parts.push(backingImageIntro(r.backingImage), renderText(backingImageTable(r.backingImage)), '');
+  if (r.backingImageRead) parts.push(backingImageIntro(r.backingImageRead), renderText(backingImageTable(r.backingImageRead)), '');
+  if (r.backingImageDelivery) parts.push(backingImageText(r.backingImageDelivery), '');
   if (r.serverPeaks.length > 0) {
     parts.push(`Server peak RSS during the runs: ${r.serverPeaks.map((p) => `${TARGET_SHORT[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads)`).join(', ')}`, '');
   }
@@ -501,9 +521,11 @@ export function renderMarkdownReport(r: BenchResults): string {
   out.push(r.rebuild ? rebuildText(r.rebuild) : 'Not measured in this run.', '');
   out.push('### Live migration over loopback', '');
   out.push(r.migration ? migrationText(r.migration) : 'Not measured in this run.', '');
-  out.push('### Backing images', '');
-  if (r.backingImage) out.push(backingImageIntro(r.backingImage), '', renderMarkdown(backingImageTable(r.backingImage)), '');
+  out.push('### Reads over a qcow2 backing image', '');
+  if (r.backingImageRead) out.push(backingImageIntro(r.backingImageRead), '', renderMarkdown(backingImageTable(r.backingImageRead)), '');
   else out.push('Not measured in this run.', '');
+  out.push('### Backing image delivery over loopback', '');
+  out.push(r.backingImageDelivery ? backingImageText(r.backingImageDelivery) : 'Not measured in this run.', '');
   out.push('### Memory: 1 TiB sparse volume', '');
   if (r.rss) {
     out.push(

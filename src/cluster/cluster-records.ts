@@ -47,6 +47,8 @@ export interface VolumeRecord {
   frontend: Frontend;
   /** The frontend of the migration target. */
   migrationFrontend: Frontend;
+  /** The backing image beneath its replicas (src/backing-image/); absent in records written before backing images: none. */
+  backingImage?: string | null;
 }
 
 /** A volume's tickets and their statuses (Longhorn's VolumeAttachment). Key: the volume name. */
@@ -154,6 +156,7 @@ export function parseVolumeRecord(v: unknown, key: string): VolumeRecord {
     migrationHost: null,
     frontend: { ...NO_FRONTEND_CHOSEN },
     migrationFrontend: { ...NO_FRONTEND_CHOSEN },
+    backingImage: optName(v, 'backingImage', KIND.volume, key),
   };
   if (r.name !== key) fail(KIND.volume, key, `name ${r.name} does not match its key`);
   if (r.schema >= 2) {

@@ -15,6 +15,8 @@ import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import type * as TE from 'typed-emitter';
 
+import { BackingImageController } from '../backing-image/backing-image-controller.js';
+import type { BackingImage, BackingImageCreateOptions, BackingImageStatus } from '../backing-image/backing-image.js';
 import { decideAttachment, sameSpec, type AccessMode, type AttachmentDecision } from '../attachment/attachment-reconciler.js';
 import {
   MIGRATING_ATTACHERS,
@@ -34,11 +36,14 @@ import type {
   EngineSnapshotInfo,
   EngineStartOptions,
   RebuildProgress,
+  ReplicaBackingImage,
   SnapshotCopyResult,
 } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
 import type { StateStore } from '../state/state-store.js';
+import { KeyedSerial, sleep, withTimeout } from '../util/async.js';
 import { safeEmit } from '../util/emit.js';
+import { BLOCK_SIZE_BYTES } from '../util/limits.js';
 import { checkIntIn, checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
 import {
   ATTACHMENT_TICKETS_MAX,
@@ -86,8 +91,17 @@ export const HOST_PROBE_TIMEOUT_MS = 3000;
 export const DEFAULT_TICKET_WAIT_TIMEOUT_MS = 60_000;
 /** How often a waiting ticket is reconciled again. */
 const TICKET_POLL_MS = 100;
+/**
+ * How long a replacement waits in the repair pass for its backing image file on the new host.
+ * The copy goes on after that; a later pass finds it ready (other volumes' repairs do not
+ * wait behind a long copy).
+ */
+const REPLACEMENT_IMAGE_WAIT_MS = 5000;
 /** Passes of one reconcile before it stops to let others run (each pass takes one step). */
 const CONVERGE_PASSES_MAX = 8;
+
+/** How long a backing image file no replica uses stays on its disk, by default (Longhorn: 60 min). */
+export const DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS = 3_600_000;
 
 /** Options of {@link Cluster.open}. */
 export interface ClusterOptions {
@@ -99,26 +113,30 @@ export interface ClusterOptions {
   repairIntervalMs?: number;
   /** ERR time after which a replica is replaced on another host (default 600,000 ms). */
   replicaReplacementWaitMs?: number;
-  /** Default wait of an attach for its ticket (default 60,000 ms). */
+  /** Default wait of an attach for its ticket (default 60,000 ms); also how long a volume waits for its backing image file on a host. */
   ticketWaitTimeoutMs?: number;
+  /** How long a backing image file that no replica uses stays on its disk before it is deleted (default 3,600,000 ms; minCopies ready copies always stay). */
+  backingImageCleanupWaitMs?: number;
 }
 
 /** Options of {@link Cluster.createVolume}. */
 export interface ClusterVolumeCreateOptions {
   /** Volume name ([A-Za-z0-9._-]{1,63}), unique in the store. */
   name: string;
-  /** Size in bytes: a positive multiple of 4096. */
-  sizeBytes: number;
+  /** Size in bytes: a positive multiple of 4096 (default with a backing image: its virtual size rounded up to 4096; never less than it). */
+  sizeBytes?: number;
   /** Number of replicas (default 3), each on a different host. */
   replicas?: number;
   /** Hosts to place the replicas on (default: the hosts with the fewest replicas). */
   hosts?: string[];
   /** `rwo` (default): one host at a time; `migratable`: may live-migrate between hosts (block only). */
   accessMode?: AccessMode;
+  /** A backing image (by name) beneath every replica: its file is delivered to each replica's host first (the volume waits for it). */
+  backingImage?: string;
 }
 
-/** Options of {@link Cluster.cloneVolume}. */
-export interface ClusterCloneOptions extends Omit<ClusterVolumeCreateOptions, 'sizeBytes'> {
+/** Options of {@link Cluster.cloneVolume} (the clone has the source's size and backing image). */
+export interface ClusterCloneOptions extends Omit<ClusterVolumeCreateOptions, 'sizeBytes' | 'backingImage'> {
   /** Source volume. */
   from: string;
   /** Snapshot of the source to copy. */
@@ -143,6 +161,8 @@ export interface ClusterVolumeStatus {
   sizeBytes: number;
   replicaCount: number;
   accessMode: AccessMode;
+  /** The backing image beneath its replicas, or null. */
+  backingImage: string | null;
   /** detached; healthy (all RW); degraded (some RW, fewer than wanted); faulted (no RW); unknown (engine host unreachable). */
   state: 'detached' | 'healthy' | 'degraded' | 'faulted' | 'unknown';
   /** Where it is attached (during a migration: the source, until confirmed). */
@@ -193,29 +213,8 @@ interface Observed {
   mig: MigrationRecord | null;
 }
 
-function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms).unref());
-}
-
 function migrationInfo(m: MigrationRecord, epoch = 0): MigrationInfo {
   return { volume: m.volume, sourceHost: m.sourceHost, targetHost: m.targetHost, phase: m.phase, epoch };
-}
-
-function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  return new Promise<T>((resolve, reject) => {
-    const t = setTimeout(() => reject(new MooringError('UNAVAILABLE', `${what}: no answer within ${ms} ms`)), ms);
-    t.unref();
-    p.then(
-      (v) => {
-        clearTimeout(t);
-        resolve(v);
-      },
-      (e: unknown) => {
-        clearTimeout(t);
-        reject(e);
-      },
-    );
-  });
 }
 
 function replicaName(volume: string, id: string): string {
@@ -235,8 +234,9 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   #repairing: Promise<void> | null = null;
   readonly #ticketWaitMs: number;
   #closed = false;
+  readonly #images: BackingImageController;
   // Serialises the decisions about one volume (attach, detach, repair, migration steps).
-  readonly #volumeChains = new Map<string, Promise<unknown>>();
+  readonly #volumeChains = new KeyedSerial();
   readonly #handles = new Map<string, ClusterVolume>();
   readonly #migrationHooks = new Map<string, { hooks: MigrationHooks; locks: MigrationLocks | null }>();
   // Volumes whose attach is taking them over from an unreachable host (for the event).
@@ -274,6 +274,22 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     this.#repairIntervalMs = options.repairIntervalMs ?? DEFAULT_REPAIR_INTERVAL_MS;
     this.#replacementWaitMs = options.replicaReplacementWaitMs ?? DEFAULT_REPLICA_REPLACEMENT_WAIT_MS;
     this.#ticketWaitMs = options.ticketWaitTimeoutMs ?? DEFAULT_TICKET_WAIT_TIMEOUT_MS;
+    this.#images = new BackingImageController({
+      store: this.#store,
+      hostIds: () => this.hostIds,
+      engineOf: (h) => this.#engineOf(h),
+      usage: () => this.#imageUsage(),
+      pickHost: async () => (await this.#pickHosts(1, new Set()))[0]!,
+      operationHost: async (v) => {
+        await this.#volume(v);
+        return this.#operationHost(v, undefined);
+      },
+      withExportTicket: async (v, fn) => this.#withTicket(v, 'backing-image-export', await this.#operationHost(v, undefined), fn),
+      warn: (e) => safeEmit(this, 'warning', e),
+      cleanupWaitMs: options.backingImageCleanupWaitMs ?? DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS,
+      probeTimeoutMs: HOST_PROBE_TIMEOUT_MS,
+      waitTimeoutMs: this.#ticketWaitMs,
+    });
   }
 
   /**
@@ -288,6 +304,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     checkIntIn('repairIntervalMs', options.repairIntervalMs, 0, MS_SETTING_MAX, DEFAULT_REPAIR_INTERVAL_MS);
     checkIntIn('replicaReplacementWaitMs', options.replicaReplacementWaitMs, 0, MS_SETTING_MAX, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS);
     checkIntIn('ticketWaitTimeoutMs', options.ticketWaitTimeoutMs, 0, MS_SETTING_MAX, DEFAULT_TICKET_WAIT_TIMEOUT_MS);
+    checkIntIn('backingImageCleanupWaitMs', options.backingImageCleanupWaitMs, 0, MS_SETTING_MAX, DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS);
     const c = new Cluster(options);
     await c.#upgradeStore();
     for (const h of options.hosts ?? []) await c.addHost(h);
@@ -320,7 +337,10 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     const old = this.#hosts.get(hostId);
     if (old && old.engine !== engine) old.unwatch();
     if (!old || old.engine !== engine) {
-      const unwatch = engine.watch((e) => safeEmit(this, 'data-engine-event', hostId, e));
+      const unwatch = engine.watch((e) => {
+        this.#images.onDataEngineEvent(hostId, e);
+        safeEmit(this, 'data-engine-event', hostId, e);
+      });
       this.#hosts.set(hostId, { engine, unwatch });
     }
     if (!info) return;
@@ -338,14 +358,24 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
 
   /**
    * Creates a volume: one empty replica on each of `replicas` distinct hosts, recorded in
-   * the store. Detached until {@link Cluster.attach}.
+   * the store. Detached until {@link Cluster.attach}. With a backing image, it waits for the
+   * image's first file, then for a copy on each replica host, then creates the replicas over it.
    *
-   * @throws MooringError INVALID_ARGUMENT, ALREADY_EXISTS, UNAVAILABLE (too few reachable hosts), NO_SPACE
+   * @throws MooringError INVALID_ARGUMENT, ALREADY_EXISTS, UNAVAILABLE (too few reachable hosts, or the image's file did not reach a host in time), NO_SPACE, NOT_FOUND (no such backing image)
    */
   async createVolume(options: ClusterVolumeCreateOptions): Promise<ClusterVolumeStatus> {
     this.#checkOpen();
     const name = checkName('volume name', options.name);
-    const sizeBytes = checkVolumeSize(options.sizeBytes);
+    const imageName = options.backingImage === undefined ? null : checkName('backing image name', options.backingImage);
+    let sizeBytes: number;
+    if (imageName !== null) {
+      const img = await this.#images.waitReady(imageName, undefined);
+      const minBytes = Math.ceil(img.virtualSizeBytes / BLOCK_SIZE_BYTES) * BLOCK_SIZE_BYTES;
+      sizeBytes = options.sizeBytes === undefined ? minBytes : checkVolumeSize(options.sizeBytes);
+      if (sizeBytes < img.virtualSizeBytes) throw new MooringError('INVALID_ARGUMENT', `volume ${name} (${sizeBytes} bytes) is smaller than its backing image ${imageName} (${img.virtualSizeBytes} bytes)`, { details: { sizeBytes, virtualSizeBytes: img.virtualSizeBytes } });
+    } else {
+      sizeBytes = checkVolumeSize(options.sizeBytes);
+    }
     const count = checkReplicaCount(options.replicas ?? 3);
     const accessMode = options.accessMode ?? 'rwo';
     if (accessMode !== 'rwo' && accessMode !== 'migratable') throw new MooringError('INVALID_ARGUMENT', `accessMode must be 'rwo' or 'migratable' (got ${describe(accessMode)})`);
@@ -367,19 +397,26 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
       migrationHost: null,
       frontend: { ...NO_FRONTEND_CHOSEN },
       migrationFrontend: { ...NO_FRONTEND_CHOSEN },
+      backingImage: imageName,
     };
     // Reserve the name first (compare-and-set), so two creators cannot both proceed.
     await this.#store.put(KIND.volume, name, vol, { expectedVersion: 0 });
     await this.#store.put(KIND.attachment, name, { schema: CLUSTER_SCHEMA_VERSION, volume: name, tickets: [], statuses: [] } satisfies AttachmentRecord);
     const made: ReplicaRecord[] = [];
+    let lease: { backingImage: ReplicaBackingImage; release: () => void } | null = null;
     try {
+      // The volume's record names the image already, so the image cannot be deleted meanwhile.
+      if (imageName !== null) lease = await this.#images.acquire(imageName, hosts);
       for (let i = 0; i < count; i++) {
         const rec = this.#newReplicaRecord(name, `r${i}`, hosts[i]!);
-        await this.#engineOf(rec.hostId).createReplica(rec.name, sizeBytes);
+        if (lease) await this.#engineOf(rec.hostId).createReplica(rec.name, sizeBytes, { backingImage: lease.backingImage });
+        else await this.#engineOf(rec.hostId).createReplica(rec.name, sizeBytes);
         made.push(rec);
         await this.#store.put(KIND.replica, rec.name, rec, { expectedVersion: 0 });
       }
+      lease?.release();
     } catch (err) {
+      lease?.release();
       for (const r of made) {
         await this.#engineOf(r.hostId).deleteReplica(r.name).catch(() => undefined);
         await this.#store.delete(KIND.replica, r.name).catch(() => undefined);
@@ -467,7 +504,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     const src = await this.#volume(options.from);
     checkName('snapshot name', options.snapshot);
     const host = await this.#operationHost(src.name, undefined);
-    const created = await this.createVolume({ ...options, sizeBytes: src.sizeBytes, ...(options.hosts ? {} : {}) });
+    const created = await this.createVolume({ ...options, sizeBytes: src.sizeBytes, ...(src.backingImage ? { backingImage: src.backingImage } : {}) });
     try {
       const res = await this.#withTicket(src.name, 'volume-clone', host, async () =>
         this.#withTicket(created.name, 'volume-clone', host, async (writer) => this.#engineOf(writer).copySnapshot(src.name, options.snapshot, created.name)),
@@ -492,6 +529,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
       sizeBytes: vol.sizeBytes,
       replicaCount: vol.replicaCount,
       accessMode: vol.accessMode,
+      backingImage: vol.backingImage ?? null,
       state: 'detached',
       attachedHost: eng?.hostId ?? null,
       writerHost,
@@ -547,12 +585,54 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
         safeEmit(this, 'warning', toMooringError(err, `repairing ${volume}`));
       });
     }
+    // Backing images last: copies for replacements made above, cleanup of unused files.
+    if (!this.#closed) await this.#images.reconcileAll().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'reconciling backing images')));
+  }
+
+  // --- backing images (src/backing-image/) ---
+
+  /**
+   * Creates a backing image: records it (with a new UUID) and starts preparing its first
+   * file on a host from its source (download, upload, or a snapshot of a volume). Await
+   * `waitReady()` on the handle; an upload source waits for `upload(stream)`.
+   *
+   * @throws MooringError INVALID_ARGUMENT, ALREADY_EXISTS, NOT_FOUND (host or source volume), UNAVAILABLE (no reachable host)
+   */
+  async createBackingImage(options: BackingImageCreateOptions): Promise<BackingImage> {
+    this.#checkOpen();
+    return this.#images.create(options);
+  }
+
+  /** The handle of a backing image (status, waitReady, upload, cancel, delete, cleanup, events); one object per name. */
+  backingImage(name: string): BackingImage {
+    return this.#images.handle(name);
+  }
+
+  /** Every backing image with its status. */
+  listBackingImages(): Promise<BackingImageStatus[]> {
+    return this.#images.list();
+  }
+
+  // Volumes on each backing image and the hosts of their replicas.
+  async #imageUsage(): Promise<Map<string, { volumes: Set<string>; hosts: Set<string> }>> {
+    const out = new Map<string, { volumes: Set<string>; hosts: Set<string> }>();
+    const vols = (await this.#store.list<unknown>(KIND.volume)).map((d) => parseVolumeRecord(d.value, d.key)).filter((v) => v.backingImage);
+    if (vols.length === 0) return out;
+    const replicas = (await this.#store.list<unknown>(KIND.replica)).map((d) => parseReplicaRecord(d.value, d.key));
+    for (const v of vols) {
+      const e = out.get(v.backingImage!) ?? { volumes: new Set<string>(), hosts: new Set<string>() };
+      out.set(v.backingImage!, e);
+      e.volumes.add(v.name);
+      for (const r of replicas) if (r.volume === v.name) e.hosts.add(r.hostId);
+    }
+    return out;
   }
 
   /** Stops the repair loop and stops watching data engines. Engines keep running on their hosts. Idempotent. */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    this.#images.close();
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = null;
     await this.#repairing?.catch(() => undefined);
@@ -1253,14 +1333,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   }
 
   #serial<T>(volume: string, fn: () => Promise<T>): Promise<T> {
-    const prev = this.#volumeChains.get(volume) ?? Promise.resolve();
-    const next = prev.catch(() => undefined).then(fn);
-    const tail = next.catch(() => undefined);
-    this.#volumeChains.set(volume, tail);
-    void tail.then(() => {
-      if (this.#volumeChains.get(volume) === tail) this.#volumeChains.delete(volume);
-    });
-    return next;
+    return this.#volumeChains.run(volume, fn);
   }
 
   #engineOf(hostId: string): DataEngine {
@@ -1439,8 +1512,19 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     let n = 0;
     while (ids.has(`r${n}`)) n++;
     const rec = this.#newReplicaRecord(vol.name, `r${n}`, targetHost);
-    await this.#engineOf(targetHost).createReplica(rec.name, vol.sizeBytes);
-    await this.#store.put(KIND.replica, rec.name, rec, { expectedVersion: 0 });
+    if (vol.backingImage) {
+      // The new host gets the image's file first (delivered from a ready copy).
+      const lease = await this.#images.acquire(vol.backingImage, [targetHost], Math.min(REPLACEMENT_IMAGE_WAIT_MS, this.#ticketWaitMs));
+      try {
+        await this.#engineOf(targetHost).createReplica(rec.name, vol.sizeBytes, { backingImage: lease.backingImage });
+        await this.#store.put(KIND.replica, rec.name, rec, { expectedVersion: 0 });
+      } finally {
+        lease.release();
+      }
+    } else {
+      await this.#engineOf(targetHost).createReplica(rec.name, vol.sizeBytes);
+      await this.#store.put(KIND.replica, rec.name, rec, { expectedVersion: 0 });
+    }
     let result;
     try {
       result = await engineHost.addReplica(vol.name, await this.#refOf(rec));

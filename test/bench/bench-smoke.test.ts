@@ -38,6 +38,7 @@ describe('bench options', () => {
     expect(parseBenchArgs(['--migrations', '0']).migrations).toBe(0);
     const bi = parseBenchArgs(['--backing-image-only', '--runtime', '2']);
     expect(bi).toMatchObject({ backingImage: true, targets: [], rss: false, rebuild: false, migrations: 0, outPath: undefined, runtimeSec: 2 });
+    expect(full.backingImage).toBe(true);
     expect(parseBenchArgs(['--no-backing-image']).backingImage).toBe(false);
   });
 
@@ -94,8 +95,11 @@ describe('bench smoke run', () => {
     expect(md).toMatch(/migrated 3 times between two hosts/);
     expect(md).toMatch(/live-migration hand-over < 50 ms median on loopback \| \*\*(pass|miss)\*\*/);
     // The backing image step compared reads over a qcow2 image with qemu-nbd -r.
-    expect(md).toContain('### Backing images');
+    expect(md).toContain('### Reads over a qcow2 backing image');
     expect(md).toMatch(/reads over a qcow2 backing image ≥ 1\.0× qemu-nbd -r on the same image \| \*\*(pass|miss)\*\*/);
+    // The backing image step uploaded a file into one host and copied it to another.
+    expect(md).toMatch(/copy to the second host \(read stream relayed into a write, SHA-512 verified on arrival\) [\d.]+ s = \d+ MiB\/s/);
+    expect(md).toMatch(/backing image copy between hosts ≥ 0\.8× the disk's sequential write rate \| \*\*(pass|miss)\*\*/);
     // The scratch directory and every child are gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
   });

@@ -37,4 +37,16 @@ describe('examples', () => {
     expect(out).toMatch(/confirmed: attached on b, healthy/);
     expect(out).toMatch(/detached and deleted/);
   });
+
+  it('backing-image: a volume over a downloaded image reads its bytes, writes land above it', async () => {
+    const out = await runExample('examples/backing-image/demo.mjs');
+    expect(out).toMatch(/image debian-base: ready, raw, 8388608 bytes/);
+    expect(out).toMatch(/volume vm1-disk: 8388608 bytes over debian-base/);
+    expect(out).toMatch(/files: a=ready b=ready/);
+    expect(out).toMatch(/the image's bytes: read 1048576\/1048576 bytes/);
+    expect(out).toMatch(/reads back: read 65536\/65536 bytes/);
+    expect(out).toMatch(/the rest still from the image: read 983040\/983040 bytes/);
+    expect(out).toMatch(/delete while used: BUSY/);
+    expect(out).toMatch(/volume and image deleted/);
+  });
 });

@@ -1,6 +1,7 @@
 // An in-memory DataEngine for control-plane unit tests (Cluster): replicas and engines are
 // records, a host can be made unreachable (every call rejects UNAVAILABLE), and replica
-// modes can be set to drive repair decisions. It does no I/O.
+// modes can be set to drive repair decisions. It does no disk I/O; backing image files are
+// Buffers with the real rules (states, SHA-512, 3 reads per file, resume offsets, BUSY deletes).
 import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
@@ -15,10 +16,35 @@ import type {
   EngineSnapshotInfo,
   EngineStartOptions,
   HostedReplicaInfo,
+  ReplicaBackingImage,
+  ReplicaCreateOptions,
   RebuildResult,
   SnapshotCopyResult,
 } from '../../../src/data-engine/data-engine.js';
+import { createHash } from 'node:crypto';
+
 import { MooringError } from '../../../src/errors.js';
+
+/** Reads open at once on one file, as the real data engine allows (more: BUSY). */
+export const FAKE_READS_PER_FILE_MAX = 3;
+/** Bytes per chunk of a fake read. */
+export const FAKE_READ_CHUNK_BYTES = 4096;
+
+/** One backing image file on a fake disk. */
+export interface FakeImageFile {
+  ref: BackingImageFileRef;
+  state: BackingImageFileInfo['state'];
+  message: string;
+  sizeBytes: number;
+  receivedBytes: number;
+  chunks: Buffer[];
+  checksum: string;
+  format: 'raw' | 'qcow2' | null;
+  virtualSizeBytes: number;
+  running: boolean;
+  cancelled: boolean;
+  readers: number;
+}
 
 interface FakeEngineState {
   volume: string;
@@ -35,7 +61,7 @@ const snapshots = new Map<string, EngineSnapshotInfo[]>();
 
 export class FakeDataEngine implements DataEngine {
   reachable = true;
-  readonly replicas = new Map<string, { sizeBytes: number; inUse: boolean }>();
+  readonly replicas = new Map<string, { sizeBytes: number; inUse: boolean; backingImage?: ReplicaBackingImage | null }>();
   readonly engines = new Map<string, FakeEngineState>();
   readonly calls: string[] = [];
   /** When set, addReplica rejects with this code. */
@@ -63,11 +89,18 @@ export class FakeDataEngine implements DataEngine {
     return { hostId: this.hostId, version: 'fake', dir: `/fake/${this.hostId}`, replicaAddress: this.replicaAddress, tls: false };
   }
 
-  async createReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
-    this.#check(`createReplica ${name}`);
+  async createReplica(name: string, sizeBytes: number, options: ReplicaCreateOptions = {}): Promise<HostedReplicaInfo> {
+    this.#check(`createReplica ${name}${options.backingImage ? ` over ${options.backingImage.dir}` : ''}`);
     if (this.replicas.has(name)) throw new MooringError('ALREADY_EXISTS', `replica ${name} exists`);
-    this.replicas.set(name, { sizeBytes, inUse: false });
-    return { name, sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false, backingImage: null };
+    const bi = options.backingImage ?? null;
+    if (bi) {
+      const f = this.files.get(bi.dir);
+      if (!f) throw new MooringError('NOT_FOUND', `no backing image file ${bi.dir} on ${this.hostId}`);
+      if (f.state !== 'ready') throw new MooringError('INVALID_STATE', `backing image file ${bi.dir} on ${this.hostId} is ${f.state}`);
+      if (bi.virtualSizeBytes > sizeBytes) throw new MooringError('INVALID_ARGUMENT', `backing image ${bi.dir} is larger than replica ${name}`);
+    }
+    this.replicas.set(name, { sizeBytes, inUse: false, backingImage: bi ? { ...bi } : null });
+    return { name, sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false, backingImage: bi ? { ...bi } : null };
   }
 
   async deleteReplica(name: string): Promise<void> {
@@ -78,7 +111,7 @@ export class FakeDataEngine implements DataEngine {
 
   async listReplicas(): Promise<HostedReplicaInfo[]> {
     this.#check('listReplicas');
-    return [...this.replicas].map(([name, r]) => ({ name, sizeBytes: r.sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: r.inUse, backingImage: null }));
+    return [...this.replicas].map(([name, r]) => ({ name, sizeBytes: r.sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: r.inUse, backingImage: r.backingImage ? { ...r.backingImage } : null }));
   }
 
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
@@ -237,31 +270,201 @@ export class FakeDataEngine implements DataEngine {
     r.lastError = mode === 'ERR' ? -5 : 0;
   }
 
-  // --- backing image files: STUB (issue 6 in progress; replaced by the implementation) ---
-  listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
-    return Promise.resolve([]);
+  // --- backing image files: a model of the real calls (files as Buffers per host) ---
+
+  /** Test control: how a download of `url` gets its bytes (default: DOWNLOAD_FAILED). */
+  fetchUrl: ((url: string) => AsyncIterable<Uint8Array>) | null = null;
+  /** Test control: awaited before each chunk a read yields (throttles sends). */
+  beforeReadChunk: (() => Promise<void>) | null = null;
+  /** Largest number of reads open at once on one file, per `<name>-<uuid>` (for the 3-sends rule). */
+  readonly maxReadsSeen = new Map<string, number>();
+  /** Every write call: `<dir> offset=<n>`. */
+  readonly writes: string[] = [];
+  readonly files = new Map<string, FakeImageFile>();
+
+  #file(ref: BackingImageFileRef): FakeImageFile | undefined {
+    return this.files.get(`${ref.name}-${ref.uuid}`);
   }
-  backingImageFile(_ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
-    return Promise.resolve(null);
+
+  #infoOf(f: FakeImageFile): BackingImageFileInfo {
+    const dir = `${f.ref.name}-${f.ref.uuid}`;
+    const usedBy = [...this.replicas].filter(([, r]) => r.backingImage?.dir === dir).map(([n]) => n);
+    return {
+      name: f.ref.name,
+      uuid: f.ref.uuid,
+      state: f.state,
+      progress: f.state === 'ready' ? 100 : f.sizeBytes > 0 ? Math.floor((f.receivedBytes * 100) / f.sizeBytes) : 0,
+      message: f.message,
+      sizeBytes: f.sizeBytes,
+      receivedBytes: f.receivedBytes,
+      checksum: f.state === 'ready' ? f.checksum : '',
+      format: f.state === 'ready' ? f.format : null,
+      virtualSizeBytes: f.state === 'ready' ? f.virtualSizeBytes : 0,
+      usedBy,
+    };
   }
-  downloadBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+
+  #emitFile(f: FakeImageFile): void {
+    const { usedBy: _u, ...rest } = this.#infoOf(f);
+    this.emit({ type: 'backing-image-file', ...rest });
   }
-  writeBackingImageFile(_ref: BackingImageFileRef, _options: BackingImageWriteOptions, _data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+
+  async listBackingImageFiles(): Promise<BackingImageFileInfo[]> {
+    this.#check('listBackingImageFiles');
+    return [...this.files.values()].map((f) => this.#infoOf(f));
   }
-  // eslint-disable-next-line require-yield
-  async *readBackingImageFile(_ref: BackingImageFileRef, _options?: { offset?: number }): AsyncIterable<Uint8Array> {
-    throw new MooringError('UNSUPPORTED', 'backing image files: not yet');
+
+  async backingImageFile(ref: BackingImageFileRef): Promise<BackingImageFileInfo | null> {
+    this.#check(`backingImageFile ${ref.name}`);
+    const f = this.#file(ref);
+    return f ? this.#infoOf(f) : null;
   }
-  exportSnapshotToBackingImageFile(_volume: string, _snapshot: string, _ref: BackingImageFileRef, _options?: { expectedChecksum?: string }): Promise<BackingImageFileInfo> {
-    return Promise.reject(new MooringError('UNSUPPORTED', 'backing image files: not yet'));
+
+  // Runs one preparation of a file from `data` starting at `offset`: the shared core of
+  // download, write (upload or copy) and export, as the real data engine does it.
+  async #prepare(ref: BackingImageFileRef, sizeBytes: number, offset: number, expectedChecksum: string | undefined, data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
+    const dir = `${ref.name}-${ref.uuid}`;
+    let f = this.files.get(dir);
+    if (f?.state === 'ready') return this.#infoOf(f);
+    if (f?.running) throw new MooringError('BUSY', `a preparation of ${dir} runs on ${this.hostId}`);
+    if (offset !== 0 && (!f || f.receivedBytes !== offset)) {
+      throw new MooringError('INVALID_ARGUMENT', `offset ${offset} of ${dir} must be 0 or the partial's ${f?.receivedBytes ?? 0} bytes`);
+    }
+    if (!f) {
+      f = { ref: { ...ref }, state: 'pending', message: '', sizeBytes, receivedBytes: 0, chunks: [], checksum: '', format: null, virtualSizeBytes: 0, running: false, cancelled: false, readers: 0 };
+      this.files.set(dir, f);
+    }
+    if (offset === 0) {
+      f.chunks = [];
+      f.receivedBytes = 0;
+    }
+    f.sizeBytes = sizeBytes;
+    f.running = true;
+    f.cancelled = false;
+    f.state = 'starting';
+    f.message = '';
+    this.#emitFile(f);
+    const file = f;
+    try {
+      for await (const chunk of data) {
+        if (file.cancelled) throw new MooringError('CANCELLED', `preparation of ${dir} was cancelled`);
+        if (!this.reachable) throw new MooringError('UNAVAILABLE', `host ${this.hostId} went away`);
+        if (this.files.get(dir) !== file) throw new MooringError('CANCELLED', `${dir} was deleted`);
+        if (sizeBytes > 0 && file.receivedBytes + chunk.byteLength > sizeBytes) throw new MooringError('INVALID_ARGUMENT', `${dir}: more than the declared ${sizeBytes} bytes`);
+        file.chunks.push(Buffer.from(chunk));
+        file.receivedBytes += chunk.byteLength;
+        file.state = 'in-progress';
+        this.#emitFile(file);
+      }
+      if (file.cancelled) throw new MooringError('CANCELLED', `preparation of ${dir} was cancelled`);
+      if (sizeBytes > 0 && file.receivedBytes < sizeBytes) throw new MooringError('IO_ERROR', `${dir}: the stream ended at ${file.receivedBytes} of ${sizeBytes} bytes`);
+      const bytes = Buffer.concat(file.chunks);
+      const sum = createHash('sha512').update(bytes).digest('hex');
+      if (expectedChecksum !== undefined && expectedChecksum !== '' && expectedChecksum !== sum) {
+        // A wrong file cannot be resumed: its bytes go.
+        file.chunks = [];
+        file.receivedBytes = 0;
+        throw new MooringError('CHECKSUM_MISMATCH', `${dir}: SHA-512 ${sum} is not the expected ${expectedChecksum}`);
+      }
+      file.chunks = [bytes];
+      file.sizeBytes = bytes.length;
+      file.checksum = sum;
+      const qcow2 = bytes.length >= 32 && bytes.readUInt32BE(0) === 0x514649fb;
+      file.format = qcow2 ? 'qcow2' : 'raw';
+      file.virtualSizeBytes = qcow2 ? Number(bytes.readBigUInt64BE(24)) : bytes.length;
+      file.state = 'ready';
+      file.message = '';
+      this.#emitFile(file);
+      return this.#infoOf(file);
+    } catch (err) {
+      const e = err instanceof MooringError ? err : new MooringError('IO_ERROR', `${dir}: ${String(err)}`, { cause: err });
+      // A partial file stays for a resume (offset = receivedBytes).
+      file.state = 'failed';
+      file.message = e.message;
+      if (this.files.get(dir) === file) this.#emitFile(file);
+      throw e;
+    } finally {
+      file.running = false;
+    }
   }
-  cancelBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
-    return Promise.resolve();
+
+  async downloadBackingImageFile(ref: BackingImageFileRef, options: BackingImageDownloadOptions): Promise<BackingImageFileInfo> {
+    this.#check(`downloadBackingImageFile ${ref.name} ${options.url}`);
+    const fetchUrl = this.fetchUrl;
+    const source: AsyncIterable<Uint8Array> = fetchUrl
+      ? fetchUrl(options.url)
+      : (async function* () {
+          yield* [];
+          throw new MooringError('DOWNLOAD_FAILED', `fake: no server for ${options.url}`);
+        })();
+    try {
+      return await this.#prepare(ref, 0, 0, options.expectedChecksum, source);
+    } catch (err) {
+      if (err instanceof MooringError && (err.code === 'CHECKSUM_MISMATCH' || err.code === 'CANCELLED' || err.code === 'BUSY')) throw err;
+      throw new MooringError('DOWNLOAD_FAILED', `download of ${options.url} failed: ${(err as Error).message}`, { cause: err });
+    }
   }
-  deleteBackingImageFile(_ref: BackingImageFileRef): Promise<void> {
-    return Promise.resolve();
+
+  async writeBackingImageFile(ref: BackingImageFileRef, options: BackingImageWriteOptions, data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo> {
+    this.#check(`writeBackingImageFile ${ref.name} offset=${options.offset ?? 0}`);
+    this.writes.push(`${ref.name}-${ref.uuid} offset=${options.offset ?? 0}`);
+    if (!Number.isSafeInteger(options.sizeBytes) || options.sizeBytes <= 0) throw new MooringError('INVALID_ARGUMENT', `sizeBytes must be a positive integer (got ${options.sizeBytes})`);
+    return this.#prepare(ref, options.sizeBytes, options.offset ?? 0, options.expectedChecksum, data);
+  }
+
+  async *readBackingImageFile(ref: BackingImageFileRef, options: { offset?: number } = {}): AsyncIterable<Uint8Array> {
+    this.#check(`readBackingImageFile ${ref.name}`);
+    const dir = `${ref.name}-${ref.uuid}`;
+    const f = this.#file(ref);
+    if (!f) throw new MooringError('NOT_FOUND', `no backing image file ${dir} on ${this.hostId}`);
+    if (f.state !== 'ready') throw new MooringError('INVALID_STATE', `${dir} on ${this.hostId} is ${f.state}`);
+    if (f.readers >= FAKE_READS_PER_FILE_MAX) throw new MooringError('BUSY', `${dir} on ${this.hostId} has ${f.readers} reads open`);
+    f.readers++;
+    this.maxReadsSeen.set(dir, Math.max(this.maxReadsSeen.get(dir) ?? 0, f.readers));
+    try {
+      const bytes = f.chunks[0]!;
+      for (let at = options.offset ?? 0; at < bytes.length; at += FAKE_READ_CHUNK_BYTES) {
+        if (this.beforeReadChunk) await this.beforeReadChunk();
+        if (!this.reachable) throw new MooringError('UNAVAILABLE', `host ${this.hostId} went away`);
+        yield bytes.subarray(at, Math.min(bytes.length, at + FAKE_READ_CHUNK_BYTES));
+      }
+    } finally {
+      f.readers--;
+    }
+  }
+
+  async exportSnapshotToBackingImageFile(volume: string, snapshot: string, ref: BackingImageFileRef, options: { expectedChecksum?: string } = {}): Promise<BackingImageFileInfo> {
+    this.#check(`exportSnapshotToBackingImageFile ${volume} ${snapshot} ${ref.name}`);
+    this.#active(volume);
+    if (!(snapshots.get(volume) ?? []).some((x) => x.name === snapshot)) throw new MooringError('NOT_FOUND', `no snapshot ${snapshot}`);
+    // The fake's volume content: a pattern named after the volume and snapshot.
+    const bytes = Buffer.alloc(8192, `${volume}@${snapshot}`);
+    return this.#prepare(ref, bytes.length, 0, options.expectedChecksum, (async function* () {
+      yield bytes;
+    })());
+  }
+
+  async cancelBackingImageFile(ref: BackingImageFileRef): Promise<void> {
+    this.#check(`cancelBackingImageFile ${ref.name}`);
+    const f = this.#file(ref);
+    if (f?.running) f.cancelled = true;
+  }
+
+  async deleteBackingImageFile(ref: BackingImageFileRef): Promise<void> {
+    this.#check(`deleteBackingImageFile ${ref.name}`);
+    const dir = `${ref.name}-${ref.uuid}`;
+    const f = this.files.get(dir);
+    if (!f) return;
+    const users = [...this.replicas].filter(([, r]) => r.backingImage?.dir === dir).map(([n]) => n);
+    if (users.length > 0) throw new MooringError('BUSY', `${dir} on ${this.hostId} is used by ${users.join(', ')}`);
+    f.cancelled = true;
+    this.files.delete(dir);
+  }
+
+  /** Test control: a file made ready directly (as if prepared earlier). */
+  putReadyFile(ref: BackingImageFileRef, bytes: Buffer): void {
+    const sum = createHash('sha512').update(bytes).digest('hex');
+    this.files.set(`${ref.name}-${ref.uuid}`, { ref: { ...ref }, state: 'ready', message: '', sizeBytes: bytes.length, receivedBytes: bytes.length, chunks: [bytes], checksum: sum, format: 'raw', virtualSizeBytes: bytes.length, running: false, cancelled: false, readers: 0 });
   }
 
   watch(listener: (event: DataEngineEvent) => void): () => void {

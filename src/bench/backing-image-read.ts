@@ -43,7 +43,7 @@ export interface BackingImageRow {
   rounds: Array<[number, number]>;
 }
 
-export interface BackingImageResults {
+export interface BackingImageReadResults {
   imageBytes: number;
   clusterBytes: number;
   rounds: number;
@@ -98,7 +98,7 @@ function warmJob(uri: string, imageBytes: number): FioJob {
  * Runs the comparison: `rounds` passes, each running every workload on Mooring then on
  * qemu-nbd. Everything it started is stopped when it returns or throws.
  */
-export async function measureBackingImage(ctx: TargetContext, runtimeSec: number, rampSec: number, rounds: number): Promise<BackingImageResults> {
+export async function measureBackingImageRead(ctx: TargetContext, runtimeSec: number, rampSec: number, rounds: number): Promise<BackingImageReadResults> {
   const imageBytes = Math.min(BACKING_IMAGE_BYTES_MAX, ctx.areaBytes);
   const diskDir = join(ctx.dir, 'disk');
   const imageDir = join(diskDir, 'backing-images', 'bench-image');

@@ -1,0 +1,178 @@
+/**
+ * The document a cluster keeps per backing image (seed 003's BackingImage object) in its
+ * {@link StateStore}: spec (source, expected checksum, minCopies, which disks should hold a
+ * file) and status (current checksum, size, format, per-disk file states). One disk per
+ * host: a data engine's directory is its disk. Validated on read, like the cluster records:
+ * a store may be shared and is treated as untrusted.
+ *
+ * @packageDocumentation
+ */
+import type { BackingImageFileState } from '../data-engine/data-engine.js';
+import { MooringError } from '../errors.js';
+import { NAME_PATTERN, REPLICA_COUNT_MAX, VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
+
+/** Schema of backing image documents (their own kind: volumes and replicas keep schema 2). */
+export const BACKING_IMAGE_SCHEMA_VERSION = 1;
+/** Store kind of backing image documents. Key: the image name. */
+export const BACKING_IMAGE_KIND = 'backing-image';
+/** Longest download URL accepted. */
+export const BACKING_IMAGE_URL_LENGTH_MAX = 2048;
+/** Longest per-disk message kept (a data engine's error text). */
+export const BACKING_IMAGE_MESSAGE_LENGTH_MAX = 1024;
+/** Copies an image may be asked to keep ready (the most hosts a volume spans). */
+export const BACKING_IMAGE_MIN_COPIES_MAX = REPLICA_COUNT_MAX;
+/** Disks recorded per image (a bound for hostile documents). */
+export const BACKING_IMAGE_DISKS_MAX = 1024;
+/** A SHA-512 in hex. */
+export const SHA512_PATTERN = /^[0-9a-f]{128}$/;
+const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
+/** Where the first file of an image comes from. */
+export type BackingImageSource =
+  /** Downloaded over http(s) by the data engine of the first host. */
+  | { type: 'download'; url: string }
+  /** Streamed in by the embedder ({@link BackingImage.upload}); `sizeBytes` declared up front. */
+  | { type: 'upload'; sizeBytes: number }
+  /** Exported from a snapshot of a volume of the cluster, on the host whose engine writes it. */
+  | { type: 'volume-snapshot'; volume: string; snapshot: string };
+
+/** One disk's file as last seen. */
+export interface BackingImageDiskStatus {
+  /** pending/starting/in-progress/ready/failed as the data engine reports; unknown when its host cannot be reached. */
+  state: BackingImageFileState;
+  /** Percent done (0..100). */
+  progress: number;
+  message: string;
+  /** Bytes on the disk so far: a copy resumes from here. */
+  receivedBytes: number;
+  /** Since when no replica on this disk uses the file (ms since the epoch), or null while one does (or never checked). */
+  lastRefAtMs: number | null;
+}
+
+/** A backing image: spec and status. Key: its name. */
+export interface BackingImageRecord {
+  schema: number;
+  name: string;
+  /** Generated at creation and stored before anything else: its files live in `<name>-<uuid>`. */
+  uuid: string;
+  createdMs: number;
+  source: BackingImageSource;
+  /** SHA-512 the file must have (hex), or null to take what the source gives. */
+  expectedChecksum: string | null;
+  /** Ready copies to keep across disks (cleanup never goes below it). */
+  minCopies: number;
+  /** Host that prepares the first file. */
+  firstHost: string;
+  /** Spec: hosts whose disk should hold a file. */
+  disks: string[];
+  /** Preparations of the first file so far (a download is retried while every file failed). */
+  sourceAttempts: number;
+  /** The embedder cancelled: no automatic retry of the first file. */
+  cancelled: boolean;
+  /** Status: SHA-512 of the first ready file ('' until one is ready). Copies must match it. */
+  currentChecksum: string;
+  sizeBytes: number;
+  virtualSizeBytes: number;
+  format: 'raw' | 'qcow2' | null;
+  /** Status: the file on each host's disk. */
+  files: Record<string, BackingImageDiskStatus>;
+}
+
+function fail(key: string, why: string): never {
+  throw new MooringError('CORRUPT_METADATA', `state store: ${BACKING_IMAGE_KIND} ${key}: ${why}`, { details: { kind: BACKING_IMAGE_KIND, key } });
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function str(o: Record<string, unknown>, k: string, key: string, pattern?: RegExp, maxLength = 4096): string {
+  const v = o[k];
+  if (typeof v !== 'string' || v.length > maxLength || (pattern && !pattern.test(v))) fail(key, `${k} is not a valid string`);
+  return v;
+}
+
+function int(o: Record<string, unknown>, k: string, key: string, min: number, max: number): number {
+  const v = o[k];
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) fail(key, `${k} is not an integer in [${min}, ${max}]`);
+  return v;
+}
+
+const FILE_STATES = new Set<string>(['pending', 'starting', 'in-progress', 'ready', 'failed', 'unknown']);
+
+/** Checks a download URL: http or https, bounded, parseable. */
+export function isDownloadUrl(url: unknown): url is string {
+  if (typeof url !== 'string' || url.length > BACKING_IMAGE_URL_LENGTH_MAX) return false;
+  try {
+    const u = new URL(url);
+    return u.protocol === 'http:' || u.protocol === 'https:';
+  } catch {
+    return false;
+  }
+}
+
+function parseSource(v: unknown, key: string): BackingImageSource {
+  if (!isObject(v)) fail(key, 'source is not an object');
+  switch (v['type']) {
+    case 'download':
+      if (!isDownloadUrl(v['url'])) fail(key, 'source.url is not an http(s) URL');
+      return { type: 'download', url: v['url'] };
+    case 'upload':
+      return { type: 'upload', sizeBytes: int(v, 'sizeBytes', key, 1, VOLUME_SIZE_MAX_BYTES) };
+    case 'volume-snapshot':
+      return { type: 'volume-snapshot', volume: str(v, 'volume', key, NAME_PATTERN), snapshot: str(v, 'snapshot', key, NAME_PATTERN) };
+    default:
+      return fail(key, 'source.type is not download, upload or volume-snapshot');
+  }
+}
+
+/** @internal */
+export function parseBackingImageRecord(v: unknown, key: string): BackingImageRecord {
+  if (!isObject(v)) fail(key, 'not an object');
+  const schema = int(v, 'schema', key, 1, Number.MAX_SAFE_INTEGER);
+  if (schema > BACKING_IMAGE_SCHEMA_VERSION) fail(key, `schema ${schema} is newer than this release understands (${BACKING_IMAGE_SCHEMA_VERSION})`);
+  const disks = v['disks'];
+  if (!Array.isArray(disks) || disks.length > BACKING_IMAGE_DISKS_MAX || !disks.every((d) => typeof d === 'string' && NAME_PATTERN.test(d))) fail(key, 'disks is not a list of host ids');
+  const filesRaw = v['files'];
+  if (!isObject(filesRaw) || Object.keys(filesRaw).length > BACKING_IMAGE_DISKS_MAX) fail(key, 'files is not a map of disks');
+  const files: Record<string, BackingImageDiskStatus> = {};
+  for (const [host, f] of Object.entries(filesRaw)) {
+    if (!NAME_PATTERN.test(host) || !isObject(f)) fail(key, `files.${host.slice(0, 64)} is not a disk status`);
+    const state = f['state'];
+    if (typeof state !== 'string' || !FILE_STATES.has(state)) fail(key, `files.${host}.state is not a file state`);
+    const lastRef = f['lastRefAtMs'];
+    files[host] = {
+      state: state as BackingImageFileState,
+      progress: int(f, 'progress', key, 0, 100),
+      message: typeof f['message'] === 'string' ? f['message'].slice(0, BACKING_IMAGE_MESSAGE_LENGTH_MAX) : '',
+      receivedBytes: int(f, 'receivedBytes', key, 0, Number.MAX_SAFE_INTEGER),
+      lastRefAtMs: lastRef === null || lastRef === undefined ? null : int(f, 'lastRefAtMs', key, 0, Number.MAX_SAFE_INTEGER),
+    };
+  }
+  const expected = v['expectedChecksum'];
+  if (expected !== null && (typeof expected !== 'string' || !SHA512_PATTERN.test(expected))) fail(key, 'expectedChecksum is not a SHA-512 or null');
+  const current = v['currentChecksum'];
+  if (current !== '' && (typeof current !== 'string' || !SHA512_PATTERN.test(current))) fail(key, 'currentChecksum is not a SHA-512 or empty');
+  const format = v['format'];
+  if (format !== null && format !== 'raw' && format !== 'qcow2') fail(key, 'format is not raw, qcow2 or null');
+  const r: BackingImageRecord = {
+    schema,
+    name: str(v, 'name', key, NAME_PATTERN),
+    uuid: str(v, 'uuid', key, UUID_PATTERN),
+    createdMs: int(v, 'createdMs', key, 0, Number.MAX_SAFE_INTEGER),
+    source: parseSource(v['source'], key),
+    expectedChecksum: expected,
+    minCopies: int(v, 'minCopies', key, 1, BACKING_IMAGE_MIN_COPIES_MAX),
+    firstHost: str(v, 'firstHost', key, NAME_PATTERN),
+    disks: [...new Set(disks as string[])],
+    sourceAttempts: int(v, 'sourceAttempts', key, 0, Number.MAX_SAFE_INTEGER),
+    cancelled: v['cancelled'] === true,
+    currentChecksum: current,
+    sizeBytes: int(v, 'sizeBytes', key, 0, Number.MAX_SAFE_INTEGER),
+    virtualSizeBytes: int(v, 'virtualSizeBytes', key, 0, Number.MAX_SAFE_INTEGER),
+    format,
+    files,
+  };
+  if (r.name !== key) fail(key, `name ${r.name} does not match its key`);
+  return r;
+}

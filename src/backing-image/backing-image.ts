@@ -1,0 +1,159 @@
+/**
+ * BackingImage: one backing image of a {@link Cluster}, as the embedder uses it — status,
+ * waiting for the first ready file, uploading its bytes, cancel, delete, cleanup of copies,
+ * and events. Get one with `cluster.createBackingImage(...)` or `cluster.backingImage(name)`;
+ * the same object is returned for the same name while the cluster is open.
+ *
+ * @packageDocumentation
+ */
+import { EventEmitter } from 'node:events';
+import type * as TE from 'typed-emitter';
+
+import type { BackingImageFileState } from '../data-engine/data-engine.js';
+import type { MooringError } from '../errors.js';
+import type { BackingImageSource } from './backing-image-records.js';
+
+type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
+
+/** Options of `Cluster.createBackingImage`. */
+export interface BackingImageCreateOptions {
+  /** Image name ([A-Za-z0-9._-]{1,63}), unique in the cluster. */
+  name: string;
+  /** Where the first file comes from. */
+  source: BackingImageSource;
+  /** SHA-512 (128 hex digits) the file must have; a file that differs fails with CHECKSUM_MISMATCH. */
+  expectedChecksum?: string;
+  /** Ready copies to keep across disks (default 1); cleanup never goes below it. */
+  minCopies?: number;
+  /** Host that prepares the first file (default: for a snapshot, the host whose engine writes the volume; otherwise the reachable host holding the fewest replicas). */
+  host?: string;
+}
+
+/** One disk's file of an image, as reported. */
+export interface BackingImageFileStatus {
+  hostId: string;
+  /** unknown: its host cannot be reached. */
+  state: BackingImageFileState;
+  /** Percent done (0..100). */
+  progress: number;
+  message: string;
+  /** Since when no replica on this disk uses it (ms since the epoch), or null. */
+  lastRefAtMs: number | null;
+}
+
+/** A backing image as reported: spec and status. */
+export interface BackingImageStatus {
+  name: string;
+  uuid: string;
+  /** ready: a ready copy exists; in-progress: a file is being prepared or copied; pending: waits for its source (an upload); failed: every file failed and nothing is tried again. */
+  state: 'pending' | 'in-progress' | 'ready' | 'failed';
+  source: BackingImageSource;
+  expectedChecksum: string | null;
+  /** SHA-512 of the file ('' until the first file is ready). */
+  currentChecksum: string;
+  sizeBytes: number;
+  /** The size a volume over it sees (qcow2: its virtual size), 0 until ready. */
+  virtualSizeBytes: number;
+  format: 'raw' | 'qcow2' | null;
+  minCopies: number;
+  createdMs: number;
+  /** Host that prepares the first file. */
+  firstHost: string;
+  /** Spec: hosts whose disk should hold a file. */
+  disks: string[];
+  /** Status: the file on each disk that holds (or should hold) one. */
+  files: BackingImageFileStatus[];
+  /** Volumes whose replicas read it. */
+  usedBy: string[];
+}
+
+/** Events of a {@link BackingImage}. */
+export type BackingImageEvents = {
+  /** A disk's file changed state or advanced (progress at most as often as its data engine reports). */
+  'file-state': (file: BackingImageFileStatus) => void;
+  /** A disk's file became ready. */
+  ready: (file: BackingImageFileStatus) => void;
+  /** A disk's file failed (a copy is retried; a first file of a download source is downloaded again). */
+  failed: (file: BackingImageFileStatus & { error: MooringError | null }) => void;
+};
+
+/** What a {@link BackingImage} asks of its controller. @internal */
+export interface BackingImageOps {
+  status(name: string): Promise<BackingImageStatus>;
+  waitReady(name: string, timeoutMs: number | undefined): Promise<BackingImageStatus>;
+  upload(name: string, data: AsyncIterable<Uint8Array | string>): Promise<BackingImageStatus>;
+  cancel(name: string): Promise<void>;
+  delete(name: string): Promise<void>;
+  cleanup(name: string, hostIds: string[]): Promise<BackingImageStatus>;
+}
+
+/** One backing image; see the module comment. */
+export class BackingImage extends (EventEmitter as new () => TypedEmitter<BackingImageEvents>) {
+  readonly #ops: BackingImageOps;
+
+  /** @internal */
+  constructor(
+    readonly name: string,
+    ops: BackingImageOps,
+  ) {
+    super();
+    this.#ops = ops;
+  }
+
+  /**
+   * Spec and status, as last recorded by the controller.
+   *
+   * @throws MooringError NOT_FOUND
+   */
+  status(): Promise<BackingImageStatus> {
+    return this.#ops.status(this.name);
+  }
+
+  /**
+   * Resolves once a ready copy exists (reconciling while it waits).
+   *
+   * @param options.timeoutMs - how long to wait (default: the cluster's ticketWaitTimeoutMs)
+   * @throws MooringError NOT_FOUND; the file's own code (CHECKSUM_MISMATCH, DOWNLOAD_FAILED, CANCELLED, ...) or INVALID_STATE when it failed for good; UNAVAILABLE on timeout
+   */
+  waitReady(options: { timeoutMs?: number } = {}): Promise<BackingImageStatus> {
+    return this.#ops.waitReady(this.name, options?.timeoutMs);
+  }
+
+  /**
+   * Streams the bytes of an `upload` image into its first host (exactly the declared
+   * `sizeBytes`); resolves when the file is verified and ready. A stream that ends early or
+   * breaks leaves the file failed; upload again.
+   *
+   * @param data - an AsyncIterable of Uint8Array chunks (a Node Readable without encoding fits)
+   * @throws MooringError INVALID_STATE (not an upload source, or ready already), BUSY (an upload runs), INVALID_ARGUMENT (a chunk that is not bytes), the data engine's code
+   */
+  upload(data: AsyncIterable<Uint8Array>): Promise<BackingImageStatus> {
+    return this.#ops.upload(this.name, data);
+  }
+
+  /** Stops the preparation of the first file (it fails with CANCELLED and is not retried by itself). */
+  cancel(): Promise<void> {
+    return this.#ops.cancel(this.name);
+  }
+
+  /**
+   * Deletes the image and its files. Files on hosts that cannot be reached are deleted when
+   * they are back (their directory's UUID belongs to no image any more).
+   *
+   * @throws MooringError NOT_FOUND, BUSY (a volume uses it)
+   */
+  delete(): Promise<void> {
+    return this.#ops.delete(this.name);
+  }
+
+  /**
+   * Deletes the copies on the given hosts now instead of after the cleanup wait (seed 003's
+   * CleanupDiskImages). If fewer than minCopies ready copies remain, the controller makes new
+   * ones where it sees fit.
+   *
+   * @throws MooringError NOT_FOUND, BUSY (a replica on one of them uses it; nothing is deleted), UNAVAILABLE (a host cannot be reached)
+   */
+  cleanup(hostIds: string[]): Promise<BackingImageStatus> {
+    return this.#ops.cleanup(this.name, hostIds);
+  }
+}
