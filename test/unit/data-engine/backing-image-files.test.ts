@@ -314,15 +314,20 @@ describe('LocalDataEngine backing image files (real addon)', () => {
     expect(await de.listBackingImageFiles()).toEqual([]);
   });
 
-  it('createReplica over a backing image: NOT_FOUND / INVALID_STATE checked, then UNSUPPORTED by this native build', async () => {
+  it('createReplica over a backing image: NOT_FOUND / INVALID_STATE checked, then a replica over the ready file, which it uses', async () => {
     const b = { dir: `nope-${randomUUID()}`, format: 'raw' as const, virtualSizeBytes: MiB };
     expect((await errorOf(de.createReplica('r', 4 * MiB, { backingImage: b }))).code).toBe('NOT_FOUND');
     const ref = { name: 'half', uuid: randomUUID() };
     await errorOf(de.writeBackingImageFile(ref, { sizeBytes: MiB }, chunks(Buffer.alloc(10))));
     expect((await errorOf(de.createReplica('r', 4 * MiB, { backingImage: { ...b, dir: `half-${ref.uuid}` } }))).code).toBe('INVALID_STATE');
     await de.writeBackingImageFile(ref, { sizeBytes: MiB }, chunks(rawImage(MiB)));
-    expect((await errorOf(de.createReplica('r', 4 * MiB, { backingImage: { ...b, dir: `half-${ref.uuid}` } }))).code).toBe('UNSUPPORTED');
-    expect(await de.listReplicas()).toEqual([]);
+    const made = await de.createReplica('r', 4 * MiB, { backingImage: { ...b, dir: `half-${ref.uuid}` } });
+    expect(made.backingImage).toEqual({ ...b, dir: `half-${ref.uuid}` });
+    expect((await de.backingImageFile(ref))?.usedBy).toEqual(['r']);
+    expect((await errorOf(de.deleteBackingImageFile(ref))).code).toBe('BUSY');
+    await de.deleteReplica('r');
+    await de.deleteBackingImageFile(ref);
+    expect(await de.backingImageFile(ref)).toBeNull();
   });
 
   it('after a restart verifies ready files again (an altered file fails) and reports partial files for a resume', async () => {

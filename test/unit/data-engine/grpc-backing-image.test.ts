@@ -114,9 +114,10 @@ describe('backing image files over gRPC', () => {
     const eref = { name: 'exp', uuid: randomUUID() };
     expect(await remote.exportSnapshotToBackingImageFile('v', 's1', eref, { expectedChecksum: sha(Buffer.alloc(4 * MiB)) })).toMatchObject({ state: 'ready', sizeBytes: 4 * MiB, format: 'raw' });
 
-    // createReplica's backingImage crosses the wire (this native build refuses it after the checks).
+    // createReplica's backingImage crosses the wire, and comes back in the replica's info.
     const bi = { dir: `exp-${eref.uuid}`, format: 'raw' as const, virtualSizeBytes: 4 * MiB };
-    expect((await errorOf(remote.createReplica('r-bi', 4 * MiB, { backingImage: bi }))).code).toBe('UNSUPPORTED');
+    expect((await remote.createReplica('r-bi', 4 * MiB, { backingImage: bi })).backingImage).toEqual(bi);
+    expect((await remote.listReplicas()).find((r) => r.name === 'r-bi')?.backingImage).toEqual(bi);
     expect((await errorOf(remote.createReplica('r-bi', 4 * MiB, { backingImage: { ...bi, dir: `nope-${randomUUID()}` } }))).code).toBe('NOT_FOUND');
     expect((await errorOf(remote.createReplica('r-bi', 4 * MiB, { backingImage: { ...bi, format: 'vmdk' as 'raw' } }))).code).toBe('INVALID_ARGUMENT');
     expect((await errorOf(remote.createReplica('r-bi', 4 * MiB, { backingImage: { ...bi, virtualSizeBytes: 8 * MiB } }))).code).toBe('INVALID_ARGUMENT');

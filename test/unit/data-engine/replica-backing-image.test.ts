@@ -1,5 +1,6 @@
 // LocalDataEngine.createReplica with a backing image: the reference is validated before the
 // addon is called, passed through, and reported back by the replica listing (from inspect).
+import { randomUUID } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -36,7 +37,14 @@ describe('LocalDataEngine replicas over a backing image', () => {
   });
 
   it('passes the reference through and reports it back', async () => {
-    const backingImage = { dir: 'ubuntu-0b5f7c2e', format: 'qcow2' as const, virtualSizeBytes: MiB + 512 };
+    // The file must be ready on this disk first. The fake addon models no image reader:
+    // stand one in that calls whatever it is given a qcow2 of MiB + 512 bytes.
+    addon.openImage = async (path: string) => ({ path, format: 'qcow2', sizeBytes: MiB + 512, chain: [], read: async () => Buffer.alloc(0), blockStatus: async () => [], close: async () => undefined });
+    const ref = { name: 'ubuntu', uuid: randomUUID() };
+    await de.writeBackingImageFile(ref, { sizeBytes: 4096 }, (async function* () {
+      yield Buffer.alloc(4096, 1);
+    })());
+    const backingImage = { dir: `ubuntu-${ref.uuid}`, format: 'qcow2' as const, virtualSizeBytes: MiB + 512 };
     const created = await de.createReplica('vol-a-r0', 2 * MiB, { backingImage });
     expect(created.backingImage).toEqual(backingImage);
     expect((await de.listReplicas()).find((r) => r.name === 'vol-a-r0')?.backingImage).toEqual(backingImage);
