@@ -104,6 +104,29 @@ interface FileRecord {
   persisted: Promise<void>;
 }
 
+/** A record of a file nothing is known of yet but its state and the bytes on disk. */
+function newFileRecord(ref: BackingImageFileRef, key: string, dir: string, state: BackingImageFileState, receivedBytes: number): FileRecord {
+  return {
+    name: ref.name,
+    uuid: ref.uuid,
+    key,
+    dir,
+    state,
+    message: '',
+    sizeBytes: 0,
+    receivedBytes,
+    checksum: '',
+    expectedChecksum: '',
+    format: null,
+    virtualSizeBytes: 0,
+    progress: 0,
+    readers: 0,
+    deleting: false,
+    lastProgressMs: 0,
+    persisted: Promise.resolve(),
+  };
+}
+
 /** The stored form of {@link FileRecord} (file.json). */
 interface StoredRecord {
   schema: typeof RECORD_SCHEMA;
@@ -430,25 +453,7 @@ export class BackingImageFiles {
     }
     const isNew = !r;
     if (!r) {
-      r = {
-        name: ref.name,
-        uuid: ref.uuid,
-        key,
-        dir: join(this.root, key),
-        state: 'pending',
-        message: '',
-        sizeBytes: 0,
-        receivedBytes: 0,
-        checksum: '',
-        expectedChecksum: '',
-        format: null,
-        virtualSizeBytes: 0,
-        progress: 0,
-        readers: 0,
-        deleting: false,
-        lastProgressMs: 0,
-        persisted: Promise.resolve(),
-      };
+      r = newFileRecord(ref, key, join(this.root, key), 'pending', 0);
       this.#files.set(key, r);
     }
     const rec = r;
@@ -607,24 +612,7 @@ export class BackingImageFiles {
       // Not a directory this class made: leave it alone.
       if (!ref) continue;
       const dir = join(this.root, key);
-      const r: FileRecord = {
-        ...ref,
-        key,
-        dir,
-        state: 'failed',
-        message: '',
-        sizeBytes: 0,
-        receivedBytes: await partialSize(join(dir, BACKING_IMAGE_PART_FILE)),
-        checksum: '',
-        expectedChecksum: '',
-        format: null,
-        virtualSizeBytes: 0,
-        progress: 0,
-        readers: 0,
-        deleting: false,
-        lastProgressMs: 0,
-        persisted: Promise.resolve(),
-      };
+      const r = newFileRecord(ref, key, dir, 'failed', await partialSize(join(dir, BACKING_IMAGE_PART_FILE)));
       this.#files.set(key, r);
       let stored: StoredRecord;
       try {
