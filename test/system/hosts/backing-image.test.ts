@@ -20,6 +20,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { BackingImage } from '../../../src/backing-image/backing-image.js';
 import { Cluster } from '../../../src/cluster/cluster.js';
+import { BACKING_IMAGE_PART_FILE } from '../../../src/data-engine/backing-image-files.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { killAllServers } from '../helpers/serve.js';
@@ -27,6 +28,8 @@ import { qemuIo, requireTool, run, TempDir } from '../helpers/tools.js';
 
 const MiB = 1 << 20;
 const CLEANUP_WAIT_MS = 2000;
+/** Progress of the copy to b at which b is killed. */
+const KILL_AT_PERCENT = 20;
 
 /** Serves files of `dir` with Range support (a download may resume). */
 function serveDir(dir: string): Promise<{ server: Server; url: (name: string) => string }> {
@@ -129,19 +132,33 @@ describe('backing images across three data-engine hosts', () => {
     const st = await big.waitReady({ timeoutMs: 120_000 });
     const b = hosts[1]!;
     let killed = false;
+    // Killed once a good part is on b, so a copy that started over could not hide behind
+    // a few bytes.
     big.on('file-state', (f) => {
-      if (!killed && f.hostId === 'b' && f.state === 'in-progress') {
+      if (!killed && f.hostId === 'b' && f.state === 'in-progress' && f.progress >= KILL_AT_PERCENT) {
         killed = true;
         void b.crash();
       }
     });
     const creating = cluster.createVolume({ name: 'big-disk', replicas: 1, hosts: ['b'], backingImage: 'big' });
-    expect(await waitFor(async () => killed, 60_000, 20), 'the copy to b never started').toBe(true);
+    expect(await waitFor(async () => killed, 60_000, 20), 'the copy to b never got far').toBe(true);
     await new Promise((r) => setTimeout(r, 1000));
     expect((await big.status()).files.find((f) => f.hostId === 'b')?.state).toMatch(/unknown|failed|in-progress/);
+    // What b kept through SIGKILL, read from its disk while it is down.
+    const part = join(b.opts.dir, 'backing-images', `big-${st.uuid}`, BACKING_IMAGE_PART_FILE);
+    const keptBytes = statSync(part).size;
+    expect(keptBytes).toBeGreaterThan(0);
     await b.start();
+    // Every report of the copy after the restart starts from what was kept: it resumed.
+    const after: number[] = [];
+    const unwatch = b.engine.watch((e) => {
+      if (e.type === 'backing-image-file' && e.name === 'big' && (e.state === 'starting' || e.state === 'in-progress')) after.push(e.receivedBytes);
+    });
     await cluster.addHost(b.engine);
     const vol = await creating;
+    unwatch();
+    expect(after.length, 'no progress of the resumed copy was seen').toBeGreaterThan(0);
+    expect(Math.min(...after), `resumed from ${keptBytes} bytes kept`).toBeGreaterThanOrEqual(keptBytes);
     expect(vol.replicas.map((r) => r.hostId)).toEqual(['b']);
     const file = await b.engine.backingImageFile({ name: 'big', uuid: st.uuid });
     expect(file, diag()).toMatchObject({ state: 'ready', checksum: await sha512File(tmp.join('big.raw')) });
