@@ -6,15 +6,15 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
-import { createServer as createTcpServer, type AddressInfo, type Socket } from 'node:net';
+import { createServer as createTcpServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
 import { download, type DownloadOptions } from '../../../src/backing-image/download.js';
-import { MiB, errorOf, rangeServe as serveRange, sha } from './helpers.js';
+import { MiB, TestHttpServers, errorOf, rangeServe as serveRange, sha } from './helpers.js';
 
 const BODY = randomBytes(3 * MiB + 123);
 const SUM = sha(BODY);
@@ -27,24 +27,9 @@ const rangeServe = (req: IncomingMessage, res: ServerResponse): void => serveRan
 
 describe('download', () => {
   let dir: string;
-  const servers: Server[] = [];
-  const sockets = new Set<Socket>();
-  const requests: IncomingMessage[] = [];
-
-  async function serve(handler: Handler, server: Server = createServer()): Promise<string> {
-    let n = 0;
-    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-      requests.push(req);
-      handler(req, res, n++);
-    });
-    server.on('connection', (s: Socket) => {
-      sockets.add(s);
-      s.on('close', () => sockets.delete(s));
-    });
-    servers.push(server);
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    return `http://127.0.0.1:${(server.address() as AddressInfo).port}/image.qcow2`;
-  }
+  const http = new TestHttpServers();
+  const requests = http.requests;
+  const serve = (handler: Handler, server?: Server): Promise<string> => http.serve(handler, '/image.qcow2', server);
 
   async function get(url: string, extra: Partial<DownloadOptions> = {}): Promise<{ res: Awaited<ReturnType<typeof download>>; bytes: Buffer }> {
     const path = join(dir, 'image.part');
@@ -57,8 +42,7 @@ describe('download', () => {
     requests.length = 0;
   });
   afterEach(async () => {
-    for (const s of sockets) s.destroy();
-    await Promise.all(servers.splice(0).map((s) => new Promise((r) => s.close(r))));
+    await http.closeAll();
     await rm(dir, { recursive: true, force: true });
   });
 
@@ -198,14 +182,12 @@ describe('download', () => {
     await writeFile(join(dir, 'image.part'), BODY.subarray(0, 10));
     // node's http would not send a body longer than its headers say: a raw TCP server does.
     const tcp = createTcpServer((s) => {
-      sockets.add(s);
       s.once('data', () => {
         s.end(Buffer.concat([Buffer.from('HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 10-19/20\r\nContent-Length: 40\r\nConnection: close\r\n\r\n'), randomBytes(40)]));
       });
     });
-    await new Promise<void>((r) => tcp.listen(0, '127.0.0.1', r));
-    servers.push(tcp as unknown as Server);
-    const e = await errorOf(get(`http://127.0.0.1:${(tcp.address() as AddressInfo).port}/x`));
+    const port = await http.listen(tcp);
+    const e = await errorOf(get(`http://127.0.0.1:${port}/x`));
     expect(e.code).toBe('DOWNLOAD_FAILED');
     expect(e.message).toMatch(/more than the 20 bytes it declared/);
     // Which bytes were wrong is unknown: nothing is kept.

@@ -1,7 +1,8 @@
 // Helpers shared by the backing image tests: image bytes, their SHA-512, streams of chunks,
-// and an HTTP handler that honours Range the standard way.
+// an HTTP handler that honours Range the standard way, and local HTTP servers to serve them.
 import { createHash, randomBytes } from 'node:crypto';
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo, Server, Socket } from 'node:net';
 import { expect } from 'vitest';
 
 import { MooringError } from '../../../src/errors.js';
@@ -52,4 +53,45 @@ export function rangeServe(req: IncomingMessage, res: ServerResponse, body: Buff
   }
   res.writeHead(200, { 'content-length': body.length });
   res.end(body);
+}
+
+/** A request handler of {@link TestHttpServers.serve}; `n` counts the requests of that server from 0. */
+export type TestHttpHandler = (req: IncomingMessage, res: ServerResponse, n: number) => void;
+
+/**
+ * Local servers of one test file on 127.0.0.1: every HTTP request is recorded in
+ * `requests`, and {@link TestHttpServers.closeAll} ends the servers and their connections
+ * (a stalled response would otherwise keep a server open).
+ */
+export class TestHttpServers {
+  readonly requests: IncomingMessage[] = [];
+  readonly #servers: Server[] = [];
+  readonly #sockets = new Set<Socket>();
+
+  /** Serves `handler` on `server` (default: a new http server); resolves to the URL of `path` on it. */
+  async serve(handler: TestHttpHandler, path: string, server: Server = createServer()): Promise<string> {
+    let n = 0;
+    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+      this.requests.push(req);
+      handler(req, res, n++);
+    });
+    await this.listen(server);
+    return `http://127.0.0.1:${(server.address() as AddressInfo).port}${path}`;
+  }
+
+  /** Listens on a free loopback port with any server (a raw TCP one too), tracked for closeAll. */
+  async listen(server: Server): Promise<number> {
+    server.on('connection', (s: Socket) => {
+      this.#sockets.add(s);
+      s.on('close', () => this.#sockets.delete(s));
+    });
+    this.#servers.push(server);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    return (server.address() as AddressInfo).port;
+  }
+
+  async closeAll(): Promise<void> {
+    for (const s of this.#sockets) s.destroy();
+    await Promise.all(this.#servers.splice(0).map((s) => new Promise((r) => s.close(r))));
+  }
 }

@@ -6,8 +6,6 @@
 import { execFileSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdtemp, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -18,7 +16,7 @@ import { MooringError } from '../../../src/errors.js';
 import type { NativeAddon } from '../../../src/native/binding.js';
 import { loadAddon } from '../../../src/native/load.js';
 import { NbdClient } from '../../system/helpers/nbd-client.js';
-import { MiB, chunks, collect, errorOf, rangeServe, rawImage, sha } from '../backing-image/helpers.js';
+import { MiB, TestHttpServers, chunks, collect, errorOf, rangeServe, rawImage, sha, type TestHttpHandler } from '../backing-image/helpers.js';
 
 const FAST = { retryFirstDelayMs: 10, retryMaxDelayMs: 50, startTimeoutMs: 2000, stallTimeoutMs: 2000 };
 
@@ -26,9 +24,8 @@ describe('LocalDataEngine backing image files (real addon)', () => {
   let root: string;
   let de: LocalDataEngine;
   let events: DataEngineEvent[];
-  const servers: Server[] = [];
-  const sockets = new Set<Socket>();
-  let requests: IncomingMessage[];
+  const http = new TestHttpServers();
+  const requests = http.requests;
   let addon: NativeAddon;
 
   async function startDe(extra: { addon?: NativeAddon } = {}): Promise<LocalDataEngine> {
@@ -38,21 +35,7 @@ describe('LocalDataEngine backing image files (real addon)', () => {
     return d;
   }
 
-  async function serve(handler: (req: IncomingMessage, res: ServerResponse, n: number) => void): Promise<string> {
-    const server = createServer();
-    let n = 0;
-    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-      requests.push(req);
-      handler(req, res, n++);
-    });
-    server.on('connection', (s: Socket) => {
-      sockets.add(s);
-      s.on('close', () => sockets.delete(s));
-    });
-    servers.push(server);
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    return `http://127.0.0.1:${(server.address() as AddressInfo).port}/image`;
-  }
+  const serve = (handler: TestHttpHandler): Promise<string> => http.serve(handler, '/image');
   const serveBytes = (body: Buffer): Promise<string> => serve((req, res) => rangeServe(req, res, body));
 
   const fileEvents = (name: string): Array<Extract<DataEngineEvent, { type: 'backing-image-file' }>> =>
@@ -60,14 +43,13 @@ describe('LocalDataEngine backing image files (real addon)', () => {
 
   beforeEach(async () => {
     root = await mkdtemp(join(tmpdir(), 'mooring-bif-'));
-    requests = [];
+    requests.length = 0;
     addon = loadAddon();
     de = await startDe();
   });
   afterEach(async () => {
     await de.close().catch(() => undefined);
-    for (const s of sockets) s.destroy();
-    await Promise.all(servers.splice(0).map((s) => new Promise((r) => s.close(r))));
+    await http.closeAll();
     await rm(root, { recursive: true, force: true });
   });
 
