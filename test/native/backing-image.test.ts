@@ -503,7 +503,7 @@ describe('refusals', () => {
     await withReplica(r, async (rep) => expect(rep.sizeBytes).toBe(MiB));
   });
 
-  it('a damaged cluster of the image fails that read with CORRUPT_METADATA and drops no replica', async () => {
+  it('a damaged cluster of the image fails reads and copy-up writes there with CORRUPT_METADATA and drops no replica', async () => {
     const img = await makeImage('refuse-l2', 'qcow2', (d) => {
       qemuImg(d, 'create', '-f', 'qcow2', '-o', 'cluster_size=64k', 'image', '1M');
       qemuIo(join(d, 'image'), 'qcow2', 'write -P 0x11 0 128k');
@@ -520,6 +520,14 @@ describe('refusals', () => {
     try {
       expect((await engine.read(0, 4096)).every((b) => b === 0x11)).toBe(true);
       for (let i = 0; i < 3; i++) expect(await codeOf(engine.read(64 * KiB, 4096))).toBe('CORRUPT_METADATA');
+      expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW']);
+      // A partial-block write there must copy the block up through the image: it fails alike
+      // on both replicas, which stay RW (equal: both stopped at the same block).
+      expect(await codeOf(engine.write(64 * KiB + 100, Buffer.alloc(512, 0x22)))).toBe('CORRUPT_METADATA');
+      expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW']);
+      // A whole-block write needs no copy-up: it lands, and reads back, above the bad cluster.
+      await engine.write(64 * KiB, Buffer.alloc(4096, 0x33));
+      expect((await engine.read(64 * KiB, 4096)).every((b) => b === 0x33)).toBe(true);
       expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW']);
       expect((await engine.read(128 * KiB, 4096)).every((b) => b === 0)).toBe(true);
     } finally {

@@ -523,13 +523,16 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
         if (k == 0 && IsRequestError(rcs[k])) return rcs[k];  // nothing changed anywhere
       }
     }
-    // Every RW replica full at once: they still hold the same acknowledged data (this
-    // request was not acknowledged, so any of it may have landed), so none is dropped and
-    // the client gets ENOSPC. Dropping all but one would leave a single copy for nothing.
-    bool all_full = true;
-    for (size_t k = 0; k < t.n; ++k) all_full = all_full && rcs[k] == -ENOSPC;
-    if (all_full) result = -ENOSPC;
-    for (size_t k = 0; k < t.n && !all_full; ++k) {
+    // Every RW replica failed alike for a reason that is not its own: all full at once
+    // (ENOSPC), or a copy-up that met a damaged cluster of the backing image (each disk holds
+    // an equal copy of it). The replicas were equal, applied the same request in the same
+    // order and stopped at the same block, so they still are equal (this request was not
+    // acknowledged, so any of it may have landed): none is dropped and the client gets the
+    // error. Dropping all but one would leave a single copy for nothing.
+    const bool all_alike = t.n > 0 && (rcs[0] == -ENOSPC || rcs[0] == -kErrCorruptImage) &&
+                           std::all_of(rcs, rcs + t.n, [&](int rc) { return rc == rcs[0]; });
+    if (all_alike) result = rcs[0];
+    for (size_t k = 0; k < t.n && !all_alike; ++k) {
       const int rc = rcs[k];
       if (rc >= 0) continue;
       if (rc == -kErrStaleEpoch) {
