@@ -14,6 +14,7 @@ import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 
 import { MooringError, toMooringError } from '../errors.js';
+import { sleepUnlessAborted } from '../util/async.js';
 import { VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 import { checkIntIn, describe } from '../util/validate.js';
 import { hashFileInto, newSha512 } from './sha512.js';
@@ -190,7 +191,7 @@ export async function download(options: DownloadOptions): Promise<DownloadResult
             details: { url: options.url, attempts: attempt, receivedBytes: st.received },
           });
         }
-        await sleep(delayMs, signal, options.url);
+        await sleepUnlessAborted(delayMs, signal ?? NEVER_ABORTED).catch(() => Promise.reject(cancelled(options.url)));
         delayMs = Math.min(delayMs * 2, s.retryMaxDelayMs);
       }
     }
@@ -397,23 +398,8 @@ function requestHeaders(url: URL, from: number, s: AttemptInput['s'], signal: Ab
   });
 }
 
-function sleep(ms: number, signal: AbortSignal | undefined, url: string): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) {
-      reject(cancelled(url));
-      return;
-    }
-    const onAbort = (): void => {
-      clearTimeout(timer);
-      reject(cancelled(url));
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener('abort', onAbort, { once: true });
-  });
-}
+/** The signal of a download nobody can cancel. */
+const NEVER_ABORTED = new AbortController().signal;
 
 function cancelled(url: string): MooringError {
   return new MooringError('CANCELLED', `download of ${url} was cancelled`);

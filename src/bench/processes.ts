@@ -5,6 +5,8 @@
 import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 
+import { sleepUnlessAborted } from '../util/async.js';
+
 /** Raised when the run is interrupted (SIGINT/SIGTERM); the CLI exits 130. */
 export class BenchInterrupted extends Error {
   override readonly name = 'BenchInterrupted';
@@ -162,23 +164,7 @@ export async function stopChild(child: ChildProcess, graceMs: number): Promise<v
 }
 
 /** Resolves after `ms`, or rejects with the abort reason. */
-export function sleep(ms: number, abort: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (abort.aborted) {
-      reject(abort.reason);
-      return;
-    }
-    const onAbort = (): void => {
-      clearTimeout(timer);
-      reject(abort.reason);
-    };
-    const timer = setTimeout(() => {
-      abort.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    abort.addEventListener('abort', onAbort, { once: true });
-  });
-}
+export const sleep = sleepUnlessAborted;
 
 /** Memory and CPU counters of a live process, from /proc. */
 export interface ProcStats {

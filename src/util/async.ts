@@ -1,11 +1,34 @@
 // Small async helpers shared by the control plane (the cluster and the backing image
-// controller): a timer that never keeps the process alive, a deadline on a promise, and a
-// per-key chain that runs decisions about one object one at a time.
+// controller, the downloader, the bench): a timer that never keeps the process alive, one
+// that an AbortSignal ends, a deadline on a promise, and a per-key chain that runs decisions about one object one at a time.
 import { MooringError } from '../errors.js';
 
 /** Resolves after `ms`; the timer does not keep the process alive. */
 export function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms).unref());
+}
+
+/**
+ * Resolves after `ms`, or rejects with `signal.reason` as soon as `signal` aborts (at once
+ * if it already has). Unlike {@link sleep} its timer keeps the process alive: the caller is
+ * waiting on it.
+ */
+export function sleepUnlessAborted(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
 }
 
 /** `p`, or UNAVAILABLE naming `what` if it does not settle within `ms`. */
