@@ -47,6 +47,11 @@ export const MooringErrorCode = {
   UNAVAILABLE: 'UNAVAILABLE',
   /** A peer (replica server, data engine, RPC client) sent something the protocol does not allow. */
   PROTOCOL_ERROR: 'PROTOCOL_ERROR',
+  /**
+   * A majority of the volume's replicas could not be reached, so the engine cannot know
+   * whether another engine serves it: it does not serve (docs/single-writer.md).
+   */
+  NO_QUORUM: 'NO_QUORUM',
   // --- TypeScript only ---
   /** A compare-and-set write to the state store found another version. */
   CONFLICT: 'CONFLICT',

@@ -27,7 +27,7 @@ import type {
 import { loadAddon } from '../native/load.js';
 import { NbdExport, toNativeNbdOptions, type NbdExportOptions } from '../nbd/nbd-export.js';
 import { safeEmit } from '../util/emit.js';
-import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
+import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
 import { checkLabels, checkName, checkRange, describe } from '../util/validate.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
@@ -67,6 +67,19 @@ export interface EngineOptions {
    * {@link Engine.activate}. An NBD export of a standby answers its clients with EPERM.
    */
   standby?: boolean;
+  /**
+   * The writer epoch this engine claims (required unless `standby`). It must be allocated
+   * by the caller so that no other engine ever holds it (the cluster allocates it in its
+   * store; see docs/single-writer.md), and be above every epoch the replicas promised, else
+   * the open fails with STALE_EPOCH. The engine never raises it on its own.
+   */
+  epoch?: number;
+  /**
+   * How long a request waits when a change of the replica set (a failed replica dropped)
+   * cannot reach a majority of the volume's replicas, before it fails with IO_ERROR
+   * (default 15000 ms, 0 to 600000). It is never acknowledged meanwhile.
+   */
+  quorumHoldMs?: number;
 }
 
 /** Whether an engine serves I/O (`active`) or is a standby (opened as one, or handed over). */
@@ -79,6 +92,8 @@ export type EngineRole = 'active' | 'standby';
 export interface HandOver {
   /** The writer epoch the deactivated engine held. */
   epoch: number;
+  /** The generation of its last committed replica set (docs/single-writer.md). */
+  generation: number;
   /** Ids ({@link EngineReplicaSpec.id}) of its RW replicas: identical, holding every acknowledged write, flushed. */
   rwReplicaIds: string[];
 }
@@ -113,10 +128,24 @@ export interface ReplicaErrorEvent {
   message: string;
 }
 
-/** The engine claimed a new writer epoch on its replicas (at open, or after dropping a replica). */
+/** The engine claimed its writer epoch on its replicas (at open, or when activated). */
 export interface EpochClaimedEvent {
-  /** The new epoch. */
+  /** The epoch claimed. */
   epoch: number;
+}
+
+/**
+ * The engine committed a new replica set to a majority of the volume's replicas (at open,
+ * when activated, after dropping a failed replica, when a rebuilt one became RW or one was
+ * removed): see docs/single-writer.md.
+ */
+export interface ReplicaSetChangedEvent {
+  /** The engine's epoch. */
+  epoch: number;
+  /** The replica set's generation within that epoch (1 at open or activation). */
+  generation: number;
+  /** Ids of the RW replicas in it. */
+  rwReplicaIds: string[];
 }
 
 /** Replicas that were not closed cleanly were brought back in step at open. */
@@ -175,6 +204,8 @@ export type EngineEvents = {
   'replica-error': (event: ReplicaErrorEvent) => void;
   /** A new writer epoch was claimed. */
   'epoch-claimed': (event: EpochClaimedEvent) => void;
+  /** A new replica set was committed. */
+  'replica-set-changed': (event: ReplicaSetChangedEvent) => void;
   /** Replicas were reconciled. */
   reconciled: (event: ReconciledEvent) => void;
   /** A rebuild began: the replica is WO (written, not read). */
@@ -195,6 +226,7 @@ export type EngineEvents = {
 export type EngineEvent =
   | ({ type: 'replica-error' } & ReplicaErrorEvent)
   | ({ type: 'epoch-claimed' } & EpochClaimedEvent)
+  | ({ type: 'replica-set-changed' } & ReplicaSetChangedEvent)
   | ({ type: 'reconciled' } & ReconciledEvent)
   | ({ type: 'rebuild-started' | 'rebuild-progress' | 'rebuild-completed' } & RebuildEvent)
   | ({ type: 'rebuild-failed' } & RebuildFailedEvent)
@@ -356,6 +388,14 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
       throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }
     const standby = options.standby === true;
+    const epoch = checkEpoch('epoch', options.epoch, !standby);
+    let quorumHoldMs: number | undefined;
+    if (options.quorumHoldMs !== undefined) {
+      if (typeof options.quorumHoldMs !== 'number' || !Number.isSafeInteger(options.quorumHoldMs) || options.quorumHoldMs < 0 || options.quorumHoldMs > QUORUM_HOLD_MS_MAX) {
+        throw new MooringError('INVALID_ARGUMENT', `quorumHoldMs must be an integer from 0 to ${QUORUM_HOLD_MS_MAX} (got ${describe(options.quorumHoldMs)})`);
+      }
+      quorumHoldMs = options.quorumHoldMs;
+    }
     const addon = options.addon ?? loadAddon();
     // Events may arrive before openEngine resolves; hold them until the Engine exists.
     const early: EngineEvent[] = [];
@@ -369,7 +409,15 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
       }
     };
     const native = await callNative(
-      () => addon.openEngine({ replicas: specs.map((s) => s.endpoint), onEvents, ...(standby ? { standby } : {}) }),
+      () =>
+        addon.openEngine({
+          replicas: specs.map((s) => s.endpoint),
+          members: specs.map((s) => s.id),
+          onEvents,
+          ...(standby ? { standby } : {}),
+          ...(epoch !== undefined ? { epoch } : {}),
+          ...(quorumHoldMs !== undefined ? { quorumHoldMs } : {}),
+        }),
       `opening ${standby ? 'a standby engine' : 'engine'} over ${specs.map((s) => s.id).join(', ')}`,
     );
     engine = new Engine(native, specs, early);
@@ -548,27 +596,35 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
   deactivate(): Promise<HandOver> {
     return this.#call('deactivate', async () => {
       const h = await this.#native.deactivate();
-      return { epoch: h.epoch, rwReplicaIds: h.rwReplicaIds.map((id) => matchSpec(id, -1, this.#specs)?.id ?? id) };
+      return { epoch: h.epoch, generation: h.generation, rwReplicaIds: h.rwReplicaIds.map((id) => matchSpec(id, -1, this.#specs)?.id ?? id) };
     });
   }
 
   /**
-   * Migration hand-over, target side (or the source taking the volume back): claims epoch
-   * `handOver.epoch + 1` on the hand-over's RW replicas, makes every other replica ERR,
-   * and serves I/O from then on, like an engine that was opened active. A hand-over works
-   * once: when any of its replicas has moved past its epoch (another engine activated
-   * from it, or took the volume since) this fails with STALE_EPOCH and the engine stays
-   * standby. Nothing is reconciled: the deactivated engine left the replicas identical.
+   * Migration hand-over, target side (or the source taking the volume back): claims
+   * `options.epoch` (allocated by the caller, as for {@link EngineOptions.epoch}) on the
+   * replicas, checks that the volume's latest replica set is the hand-over's, commits a new
+   * one with the hand-over's RW replicas (every other replica is ERR) and serves I/O from
+   * then on, like an engine that was opened active. A hand-over works once: when another
+   * engine activated from it, or took the volume since, this fails with STALE_EPOCH and the
+   * engine stays standby. Nothing is reconciled: the deactivated engine left the replicas
+   * identical.
    *
-   * @throws MooringError INVALID_STATE (active already), STALE_EPOCH, NO_HEALTHY_REPLICA
-   *   (none of the hand-over's replicas could be claimed), INVALID_ARGUMENT
+   * @throws MooringError INVALID_STATE (active already), STALE_EPOCH, NO_QUORUM (a
+   *   majority of the replicas cannot be reached), NO_HEALTHY_REPLICA (none of the
+   *   hand-over's replicas could be claimed), INVALID_ARGUMENT
    */
-  activate(handOver: HandOver): Promise<void> {
+  activate(handOver: HandOver, options: { epoch: number }): Promise<void> {
     return this.#call('activate', async () => {
       const h = handOver as Partial<HandOver> | null;
-      if (typeof h !== 'object' || h === null || !Array.isArray(h.rwReplicaIds) || typeof h.epoch !== 'number' || !Number.isSafeInteger(h.epoch) || h.epoch < 0) {
-        throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, rwReplicaIds} (got ${describe(handOver)})`);
+      if (
+        typeof h !== 'object' || h === null || !Array.isArray(h.rwReplicaIds) ||
+        typeof h.epoch !== 'number' || !Number.isSafeInteger(h.epoch) || h.epoch < 0 ||
+        typeof h.generation !== 'number' || !Number.isSafeInteger(h.generation) || h.generation < 0
+      ) {
+        throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, generation, rwReplicaIds} (got ${describe(handOver)})`);
       }
+      const epoch = checkEpoch('epoch', (options as { epoch?: unknown } | undefined)?.epoch, true) as number;
       if (h.rwReplicaIds.length > HAND_OVER_IDS_MAX) {
         throw new MooringError('INVALID_ARGUMENT', `handOver.rwReplicaIds lists ${h.rwReplicaIds.length} ids, at most ${HAND_OVER_IDS_MAX} are accepted`);
       }
@@ -579,7 +635,7 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
         id: matchSpec(s.id, i, this.#specs)?.id ?? s.id,
       }));
       const wanted = new Set(h.rwReplicaIds.map((id, i) => checkName(`handOver.rwReplicaIds[${i}]`, id)));
-      await this.#native.activate({ epoch: h.epoch, rwReplicaIds: nativeIds.filter((x) => wanted.has(x.id)).map((x) => x.nativeId) });
+      await this.#native.activate({ epoch: h.epoch, generation: h.generation, rwReplicaIds: nativeIds.filter((x) => wanted.has(x.id)).map((x) => x.nativeId) }, epoch);
     });
   }
 
@@ -712,6 +768,15 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
   }
 }
 
+// An epoch handed to the engine: a positive safe integer (required), or absent when not.
+function checkEpoch(what: string, value: unknown, required: boolean): number | undefined {
+  if (value === undefined && !required) return undefined;
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
+    throw new MooringError('INVALID_ARGUMENT', `${what} must be a positive integer allocated for this engine (got ${describe(value)}); see docs/single-writer.md`);
+  }
+  return value;
+}
+
 // The native side names a replica by its directory; map that back to the spec (exact path,
 // then resolved path, then position, which the native side keeps).
 function matchSpec(nativeId: string, index: number, specs: readonly ResolvedReplica[]): ResolvedReplica | undefined {
@@ -739,6 +804,8 @@ function normalizeEvent(raw: NativeEngineEvent, specs: readonly ResolvedReplica[
     }
     case 'epoch-claimed':
       return { type: 'epoch-claimed', epoch: raw.epoch };
+    case 'replica-set-changed':
+      return { type: 'replica-set-changed', epoch: raw.epoch, generation: raw.generation, rwReplicaIds: [...raw.rwMembers] };
     case 'reconciled':
       return { type: 'reconciled', bytes: raw.bytes, message: raw.message };
     case 'rebuild-started':

@@ -70,6 +70,8 @@ export interface NativeRebuildFigures {
 export type NativeEngineEvent =
   | { type: 'replica-error'; replicaId: string; errno: number; message: string }
   | { type: 'epoch-claimed'; epoch: number }
+  /** A replica set was committed (docs/single-writer.md); `rwMembers` are member names. */
+  | { type: 'replica-set-changed'; epoch: number; generation: number; rwMembers: string[] }
   | { type: 'reconciled'; bytes: number; message: string }
   | ({ type: 'rebuild-started' } & NativeRebuildFigures)
   | ({ type: 'rebuild-progress' } & NativeRebuildFigures)
@@ -195,12 +197,23 @@ export interface NativeEngineOptions {
    * serves nothing (data-path calls reject with INVALID_STATE, errno EPERM) until activate().
    */
   standby?: boolean;
+  /**
+   * The writer epoch to claim (required unless standby): allocated by the caller, unique to
+   * this engine, above every epoch a replica promised (else STALE_EPOCH). docs/single-writer.md.
+   */
+  epoch?: number;
+  /** The members' names (control-plane replica ids), one per replica, in the same order. */
+  members?: string[];
+  /** How long a request waits for a replica-set commit that lacks a majority (default 15000). */
+  quorumHoldMs?: number;
 }
 
 /** What an engine hands to the next writer (deactivate() returns it, activate() takes it). */
 export interface NativeHandOver {
   /** The writer epoch the deactivated engine held. */
   epoch: number;
+  /** The generation of its last committed replica set. */
+  generation: number;
   /** Native ids (directory, or host:port/name) of its RW replicas: identical and flushed. */
   rwReplicaIds: string[];
 }
@@ -262,11 +275,12 @@ export interface NativeEngine {
    */
   deactivate(): Promise<NativeHandOver>;
   /**
-   * Hand-over, target side: claim hand-over epoch + 1 on its RW replicas (the others
-   * become ERR) and serve. INVALID_STATE (active already), STALE_EPOCH (a replica moved
-   * past the hand-over's epoch: it was used or overtaken), NO_HEALTHY_REPLICA.
+   * Hand-over, target side: claim `epoch` (allocated by the caller) on the replicas, check
+   * that the latest replica set is the hand-over's, commit a new one and serve. INVALID_STATE
+   * (active already), STALE_EPOCH (the hand-over was used or overtaken, or `epoch` is not
+   * above a replica's), NO_QUORUM, NO_HEALTHY_REPLICA.
    */
-  activate(handOver: NativeHandOver): Promise<void>;
+  activate(handOver: NativeHandOver, epoch: number): Promise<void>;
   read(offset: number, length: number): Promise<Buffer>;
   write(offset: number, data: Uint8Array, fua?: boolean): Promise<void>;
   flush(): Promise<void>;

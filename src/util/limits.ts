@@ -17,6 +17,14 @@ export const REPLICA_COUNT_MIN = 1;
 /** Replica count bounds of one volume. */
 export const REPLICA_COUNT_MAX = 16;
 
+/**
+ * How long a request may wait for a replica-set change that lacks a majority
+ * (`quorumHoldMs`): default and largest setting (docs/single-writer.md).
+ */
+export const QUORUM_HOLD_MS_DEFAULT = 15_000;
+/** Largest `quorumHoldMs`. */
+export const QUORUM_HOLD_MS_MAX = 600_000;
+
 /** Largest single read or write through the library (32 MiB, the native cap); trim, writeZeroes and blockStatus take any length. */
 export const IO_LENGTH_MAX_BYTES = 32 * 1024 * 1024;
 

@@ -33,6 +33,7 @@ enum class Code {
   kAddressInUse,      // ADDRESS_IN_USE
   kUnavailable,       // UNAVAILABLE
   kProtocolError,     // PROTOCOL_ERROR
+  kNoQuorum,          // NO_QUORUM: a majority of the volume's replicas cannot be reached
 };
 
 // The string each Code crosses into JavaScript as (error.code).
@@ -55,6 +56,7 @@ inline const char* CodeName(Code c) {
     case Code::kAddressInUse: return "ADDRESS_IN_USE";
     case Code::kUnavailable: return "UNAVAILABLE";
     case Code::kProtocolError: return "PROTOCOL_ERROR";
+    case Code::kNoQuorum: return "NO_QUORUM";
   }
   return "IO_ERROR";
 }
