@@ -564,7 +564,7 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
       const at = this.#specs.findIndex((s) => s.id === resolved.id);
       if (at >= 0) this.#specs[at] = resolved;
       else this.#specs.push(resolved);
-      return this.#native.addReplica(resolved.endpoint);
+      return this.#native.addReplica(resolved.endpoint, resolved.id);
     });
   }
 

@@ -295,7 +295,7 @@ export interface NativeEngine {
    * Rebuild: add a replica write-only, copy what it lacks, make it RW (see engine.h
    * AddReplica). Progress arrives as rebuild-* events. Resolves when it is RW.
    */
-  addReplica(endpoint: NativeReplicaEndpoint): Promise<NativeRebuildResult>;
+  addReplica(endpoint: NativeReplicaEndpoint, member: string): Promise<NativeRebuildResult>;
   /** Remove a replica that is not RW (aborting its rebuild if WO) and close it. */
   removeReplica(id: string): Promise<void>;
   /** Serve this engine over NBD. The engine must stay open while the server runs. */
@@ -318,6 +318,16 @@ export interface NativeEngine {
   copySnapshotTo(name: string, target: NativeEngine): Promise<NativeSnapshotCopyResult>;
 }
 
+/** A volume's replica set as stored on a replica (docs/single-writer.md). */
+export interface NativeReplicaSet {
+  epoch: number;
+  generation: number;
+  /** Member names (control-plane replica ids). */
+  members: string[];
+  /** The members that hold every write acknowledged under this set. */
+  rw: string[];
+}
+
 /**
  * A single replica opened directly, without an engine: for inspection, verification
  * (are all replicas identical?), and, later, the replica server. Holds the replica's
@@ -328,9 +338,12 @@ export interface NativeReplica {
   readonly sizeBytes: number;
   epoch(): number;
   clean(): boolean;
-  claimEpoch(epoch: number): Promise<void>;
+  /** Promise `epoch` (above epoch(), else STALE_EPOCH); resolves to the replica set stored here, or null. */
+  claimEpoch(epoch: number): Promise<NativeReplicaSet | null>;
+  /** Store a replica set (its epoch must be epoch() and it must be newer than the stored one, else STALE_EPOCH). */
+  setReplicaSet(set: NativeReplicaSet): Promise<void>;
   read(offset: number, length: number): Promise<Buffer>;
-  /** Write as the writer of `epoch`; rejects with STALE_EPOCH if older than epoch(). */
+  /** Write as the writer of `epoch`; rejects with STALE_EPOCH unless it is epoch(). */
   write(epoch: number, offset: number, data: Uint8Array): Promise<void>;
   flush(): Promise<void>;
   blockStatus(offset: number, length: number): Promise<NativeExtent[]>;

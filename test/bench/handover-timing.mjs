@@ -21,6 +21,10 @@ import { DataEngineGrpcServer, Engine, LocalDataEngine, RemoteDataEngine } from 
 const loadAddon = () => createRequire(import.meta.url)('node-gyp-build')(fileURLToPath(new URL('../..', import.meta.url)));
 
 const ROUNDS = Number(process.argv[2] ?? 50);
+// Epochs are allocated by whoever starts engines (docs/single-writer.md); this script is
+// the only one here, so a counter above the clock in microseconds will do.
+let lastEpoch = 0;
+const nextEpoch = () => (lastEpoch = Math.max(lastEpoch + 1, Date.now() * 1000));
 const MiB = 1024 * 1024;
 const root = mkdtempSync(join(tmpdir(), 'mooring-handover-timing-'));
 
@@ -38,7 +42,7 @@ async function pingPong(name, a, b, dirty) {
     const t0 = performance.now();
     const h = await src.deactivate();
     const t1 = performance.now();
-    await dst.activate(h);
+    await dst.activate(h, { epoch: nextEpoch() });
     const t2 = performance.now();
     deact.push(t1 - t0); act.push(t2 - t1); total.push(t2 - t0);
     [src, dst] = [dst, src];
@@ -62,8 +66,8 @@ try {
     mkdirSync(join(root, 'local'));
     for (const d of dirs) await addon.createReplica(d, 64 * MiB);
     const specs = dirs.map((path, i) => ({ id: `r${i}`, path }));
-    const a = await Engine.open({ replicas: specs });
-    const b = await Engine.open({ replicas: specs, standby: true });
+    const a = await Engine.open({ epoch: nextEpoch(), replicas: specs });
+    const b = await Engine.open({ epoch: nextEpoch(), replicas: specs, standby: true });
     await pingPong('engines, 3 local replicas', a, b, dirty);
     await a.close(); await b.close();
   }
@@ -77,8 +81,8 @@ try {
     const servers = await Promise.all(hostDirs.map((r) => addon.startReplicaServer({ root: r })));
     const remote = (i) => ({ id: `r${i}`, remote: { host: '127.0.0.1', port: servers[i].port, name: 'vol' } });
     const local = (i) => ({ id: `r${i}`, path: join(hostDirs[i], 'vol') });
-    const a = await Engine.open({ replicas: [local(0), remote(1)] });
-    const b = await Engine.open({ replicas: [remote(0), local(1)], standby: true });
+    const a = await Engine.open({ epoch: nextEpoch(), replicas: [local(0), remote(1)] });
+    const b = await Engine.open({ epoch: nextEpoch(), replicas: [remote(0), local(1)], standby: true });
     await pingPong('engines as on two hosts (1 local + 1 remote replica each)', a, b, dirty);
     await a.close(); await b.close();
     for (const s of servers) await s.close();
@@ -99,9 +103,9 @@ try {
       des.push({ de, address: (await local.info()).replicaAddress });
     }
     const replicas = des.map((d, i) => ({ id: `r${i}`, hostId: `h${i + 1}`, name: 'vol-r', address: d.address }));
-    await des[0].de.startEngine({ volume: 'vol', replicas });
+    await des[0].de.startEngine({ volume: 'vol', replicas, epoch: nextEpoch() });
     await des[1].de.startEngine({ volume: 'vol', replicas, standby: true });
-    const wrap = (de) => ({ deactivate: () => de.deactivateEngine('vol'), activate: (h) => de.activateEngine('vol', h) });
+    const wrap = (de) => ({ deactivate: () => de.deactivateEngine('vol'), activate: (h, o) => de.activateEngine('vol', h, o) });
     await pingPong(`DataEngine calls, ${grpc ? 'RemoteDataEngine over gRPC (unix socket)' : 'LocalDataEngine'}`, wrap(des[0].de), wrap(des[1].de));
     for (const d of des) await d.de.stopEngine('vol');
     for (const c of closers.reverse()) await c();

@@ -19,7 +19,7 @@ import { Engine } from '../../src/engine/engine.js';
 import { openImage } from '../../src/image/image-reader.js';
 import type { NativeReplicaBackingImage } from '../../src/native/binding.js';
 import { run } from '../system/helpers/tools.js';
-import { BLOCK, KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, pattern, withReplica } from './helpers.js';
+import { BLOCK, KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, pattern, withReplica, nextEpoch } from './helpers.js';
 import { expectSameBytes, qcow2Check, qcow2Variant, qemuImg, qemuIo, writeSource } from './image-helpers.js';
 
 let scratch: Scratch;
@@ -142,7 +142,7 @@ async function qemuMap(args: string[], cwd?: string): Promise<MapEntry[]> {
 async function serve(img: Image, name: string): Promise<{ engine: Engine; uri: string; dir: string; size: number }> {
   const size = sizeOver(img);
   const dir = await newReplica(img, size);
-  const engine = await Engine.open({ replicas: [{ id: 'r0', path: dir }] });
+  const engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
   const exp = await engine.exportNbd({ nbd: `unix:${scratch.path(`${name}-${seq++}.sock`)}` });
   return { engine, uri: exp.uri, dir, size };
 }
@@ -344,7 +344,7 @@ describe('writing, zeroing, snapshots and rebuilds over a backing image', () => 
       // zero runs must be written as zeros over the image's data), reads the same.
       for (const over of [undefined, img]) {
         const dir = await newReplica(over, sizeOver(img));
-        const clone = await Engine.open({ replicas: [{ id: 'c0', path: dir }] });
+        const clone = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'c0', path: dir }] });
         try {
           await engine.copySnapshotTo('s1', clone);
           const got = Buffer.alloc(clone.sizeBytes);
@@ -362,7 +362,7 @@ describe('writing, zeroing, snapshots and rebuilds over a backing image', () => 
   it('a rebuild over the same image sends only what was written, never image data', async () => {
     const size = sizeOver(img);
     const r0 = await newReplica(img, size);
-    const engine = await Engine.open({ replicas: [{ id: 'r0', path: r0 }] });
+    const engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: r0 }] });
     let model: Buffer;
     try {
       const written = 3 * 64 * KiB;
@@ -379,7 +379,7 @@ describe('writing, zeroing, snapshots and rebuilds over a backing image', () => 
       for (let off = 0; off < size; off += MiB) (await engine.read(off, Math.min(MiB, size - off))).copy(model, off);
       await engine.close();
       // The rebuilt replica alone serves the whole volume, image data included.
-      const alone = await Engine.open({ replicas: [{ id: 'r1', path: r1 }] });
+      const alone = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r1', path: r1 }] });
       try {
         const got = Buffer.alloc(size);
         for (let off = 0; off < size; off += MiB) (await alone.read(off, Math.min(MiB, size - off))).copy(got, off);
@@ -410,7 +410,7 @@ describe('a replica over a backing image on a replica server (replica protocol)'
     await addon().createReplica(join(disk, 'replicas', name), size, { backingImage: img.ref });
     const server = await addon().startReplicaServer({ root: join(disk, 'replicas') });
     try {
-      const engine = await Engine.open({ replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: server.port, name } }] });
+      const engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: server.port, name } }] });
       try {
         const model = Buffer.alloc(size);
         img.want.copy(model);
@@ -465,7 +465,7 @@ describe('refusals', () => {
       );
       expect(e2?.code).toBe('NOT_FOUND');
       expect(e2?.message).toContain(img.path);
-      expect(await codeOf(Engine.open({ replicas: [{ id: 'r0', path: r }] }))).toBe('NOT_FOUND');
+      expect(await codeOf(Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: r }] }))).toBe('NOT_FOUND');
     } finally {
       renameSync(`${img.path}.away`, img.path);
     }
@@ -516,7 +516,7 @@ describe('refusals', () => {
       writeFileSync(join(d, 'image'), buf);
     });
     const dirs = [await newReplica(img, MiB), await newReplica(img, MiB)];
-    const engine = await Engine.open({ replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
+    const engine = await Engine.open({ epoch: nextEpoch(), replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
     try {
       expect((await engine.read(0, 4096)).every((b) => b === 0x11)).toBe(true);
       for (let i = 0; i < 3; i++) expect(await codeOf(engine.read(64 * KiB, 4096))).toBe('CORRUPT_METADATA');

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Engine } from '../../src/engine/engine.js';
 import type { NativeEngine, NativeEngineEvent, NativeHandOver, NativeReplicaEndpoint } from '../../src/native/binding.js';
-import { KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, pattern, waitFor } from './helpers.js';
+import { KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, pattern, waitFor, nextEpoch, engineOptions } from './helpers.js';
 import { closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
 
 /** An engine (active or standby) recording its events. */
@@ -20,11 +20,11 @@ class Run {
   static async open(replicas: NativeReplicaEndpoint[], standby = false): Promise<Run> {
     let run: Run | null = null;
     const early: NativeEngineEvent[] = [];
-    const engine = await addon().openEngine({
+    const engine = await addon().openEngine(engineOptions({
       replicas,
       standby,
       onEvents: (evs) => (run ? run.events.push(...evs) : early.push(...evs)),
-    });
+    }));
     run = new Run(engine);
     run.events.push(...early);
     return run;
@@ -452,8 +452,8 @@ describe('hand-over between engines over the same replicas', () => {
   it('through the TypeScript Engine: role, and hand-overs named by replica ids', async () => {
     const dirs = await replicas(3);
     const specs = dirs.map((path, i) => ({ id: `r${i}`, path }));
-    const src = await Engine.open({ replicas: specs });
-    const tgt = await Engine.open({ replicas: specs, standby: true });
+    const src = await Engine.open({ epoch: nextEpoch(), replicas: specs });
+    const tgt = await Engine.open({ epoch: nextEpoch(), replicas: specs, standby: true });
     expect([src.role, tgt.role]).toEqual(['active', 'standby']);
     await src.write(0, pattern(70, 8192));
     const h = await src.deactivate();

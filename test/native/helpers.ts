@@ -6,7 +6,7 @@ import { mkdtempSync, mkdirSync, readFileSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os';
 import { isAbsolute, join } from 'node:path';
 
-import type { NativeAddon, NativeReplica } from '../../src/native/binding.js';
+import type { NativeAddon, NativeEngineOptions, NativeReplica, NativeReplicaEndpoint } from '../../src/native/binding.js';
 import { loadAddon } from '../../src/native/load.js';
 
 export const KiB = 1024;
@@ -17,6 +17,32 @@ export const BLOCK = 4 * KiB;
 /** The addon exactly as the library loads it. Throws NATIVE_LOAD_FAILED if it is missing. */
 export function addon(): NativeAddon {
   return loadAddon();
+}
+
+let lastEpoch = 0;
+/**
+ * A writer epoch no engine on this machine was given before, as the control plane would
+ * allocate one (docs/single-writer.md): above the wall clock in microseconds, so processes
+ * started one after another never reuse one.
+ */
+export function nextEpoch(): number {
+  lastEpoch = Math.max(lastEpoch + 1, Date.now() * 1000);
+  return lastEpoch;
+}
+
+/**
+ * The member name tests give a replica endpoint (the Engine class passes the spec's id):
+ * from the last two components of a path, or port and name of a remote replica, so the
+ * same replica has the same name in every engine of a test.
+ */
+export function memberOf(endpoint: NativeReplicaEndpoint): string {
+  const raw = typeof endpoint === 'string' ? endpoint.split('/').slice(-2).join('-') : `${endpoint.port}-${endpoint.name}`;
+  return raw.replace(/[^A-Za-z0-9._-]/g, '_').slice(-63);
+}
+
+/** Raw native engine options completed as the Engine class completes them: member names (memberOf) and, unless standby, a fresh epoch. */
+export function engineOptions(o: NativeEngineOptions): NativeEngineOptions {
+  return { members: o.replicas.map(memberOf), ...(o.standby ? {} : { epoch: nextEpoch() }), ...o };
 }
 
 /** A scratch directory under the OS temp dir, removed by cleanup(). */

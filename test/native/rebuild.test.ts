@@ -25,6 +25,9 @@ import {
   pattern,
   unmount,
   withReplica,
+  engineOptions,
+  memberOf,
+  nextEpoch,
 } from './helpers.js';
 
 type RebuildEvent = Extract<NativeEngineEvent, { replicaId: string; sentBytes: number }>;
@@ -38,13 +41,13 @@ class EngineRun {
   static async open(dirs: string[]): Promise<EngineRun> {
     let run: EngineRun | null = null;
     const pending: NativeEngineEvent[] = [];
-    const engine = await addon().openEngine({
+    const engine = await addon().openEngine(engineOptions({
       replicas: dirs,
       onEvents: (evs) => {
         if (run) for (const e of evs) run.deliver(e);
         else pending.push(...evs);
       },
-    });
+    }));
     run = new EngineRun(engine);
     for (const e of pending) run.deliver(e);
     return run;
@@ -204,7 +207,7 @@ describe('rebuild (addReplica) over real replicas', () => {
     // new head that the next pass copies.
     const midSnapshot = run.next('rebuild-started').then(() => e.snapshot('mid', {}, true));
     result = await e
-      .addReplica(r2!)
+      .addReplica(r2!, memberOf(r2!))
       .catch((err: unknown) => {
         stop = true; // let the writers end, then report the failure
         throw err;
@@ -260,7 +263,7 @@ describe('rebuild (addReplica) over real replicas', () => {
     // r2 comes back: it opens ERR (it missed writes: lower epoch) and is rebuilt into its slot.
     run = await EngineRun.open(dirs);
     expect(run.mode(r2)).toBe('ERR');
-    const res = await run.engine.addReplica(r2);
+    const res = await run.engine.addReplica(r2, memberOf(r2));
     expect(run.engine.replicas().map((x) => [x.id, x.mode])).toEqual(dirs.map((d) => [d, 'RW']));
     console.log(
       `incremental rebuild: changed ${changed} bytes written + ${MiB} trimmed; sent ${res.sentBytes}, ` +
@@ -309,20 +312,22 @@ describe('rebuild (addReplica) over real replicas', () => {
       ['', false, true],
     ]);
 
-    await e.addReplica(r2!);
+    await e.addReplica(r2!, memberOf(r2!));
     await expectEngineReads(e, model, 'after rebuilding the chain');
     await e.close();
     const chain = await expectSameChains([r0!, r1!, r2!]);
     expect(chain.length).toBe(4);
     await assertDirsIdentical([r0!, r1!, r2!], model);
 
-    // The snapshots' own data came across: the rebuilt replica alone serves each of them.
-    const alone = await EngineRun.open([r2!]);
-    await alone.engine.revert('s1');
-    await expectEngineReads(alone.engine, atS1, 'r2 reverted to s1');
-    await alone.engine.revert('s3');
-    await expectEngineReads(alone.engine, atS3, 'r2 reverted to s3');
-    await alone.engine.close();
+    // The snapshots' own data came across: exported from the rebuilt replica (a snapshot
+    // read uses the first RW replica; an engine never opens a minority of the replicas).
+    const again = await EngineRun.open([r2!, r0!, r1!]);
+    for (const [snap, want] of [['s1', atS1], ['s3', atS3]] as const) {
+      const out = s.path('chain', `${snap}.raw`);
+      await again.engine.exportSnapshot(snap, out);
+      expect(readFileSync(out).equals(want), `${snap} exported from r2`).toBe(true);
+    }
+    await again.engine.close();
   });
 
   it('rebuilds a returning replica whose chain is out of date: dropped layers go, new ones are created, kept ones are compared', async () => {
@@ -353,7 +358,7 @@ describe('rebuild (addReplica) over real replicas', () => {
 
     run = await EngineRun.open(dirs);
     expect(run.mode(r2)).toBe('ERR');
-    const res = await run.engine.addReplica(r2);
+    const res = await run.engine.addReplica(r2, memberOf(r2));
     // L000001 ('a') is kept and matches: not sent again. New: b's 3 MiB and the head's unit.
     expect(res.sentBytes).toBe(3 * MiB + 64 * KiB);
     expect(res.unmappedBytes).toBe(0);
@@ -361,12 +366,14 @@ describe('rebuild (addReplica) over real replicas', () => {
     expect(readFileSync(`${r2}/replica.json`, 'utf8')).not.toContain('"rebuilding"');
     await expectSameChains(dirs);
     await assertDirsIdentical(dirs, model);
-    const alone = await EngineRun.open([r2]);
-    await alone.engine.revert('a');
-    await expectEngineReads(alone.engine, atA, 'r2 reverted to a');
-    await alone.engine.revert('b');
-    await expectEngineReads(alone.engine, atB, 'r2 reverted to b');
-    await alone.engine.close();
+    // Exported from the rebuilt replica (the first RW one; see the chain test above).
+    const again = await EngineRun.open([r2, r0, r1]);
+    for (const [snap, want] of [['a', atA], ['b', atB]] as const) {
+      const out = s.path('stale-chain', `${snap}.raw`);
+      await again.engine.exportSnapshot(snap, out);
+      expect(readFileSync(out).equals(want), `${snap} exported from r2`).toBe(true);
+    }
+    await again.engine.close();
   });
 
   it('repairs blocks the target holds wrongly in a kept layer (same allocation, other bytes) and unmaps blocks it should not hold', async () => {
@@ -392,7 +399,7 @@ describe('rebuild (addReplica) over real replicas', () => {
     await run.engine.close();
 
     run = await EngineRun.open(dirs);
-    const res = await run.engine.addReplica(r2);
+    const res = await run.engine.addReplica(r2, memberOf(r2));
     // The damaged 4 KiB block of the snapshot and the new head block; the extra blocks are unmapped.
     expect(res.sentBytes).toBe(4 * KiB + 4 * KiB);
     expect(res.unmappedBytes).toBe(8 * KiB);
@@ -411,7 +418,7 @@ describe('rebuild (addReplica) over real replicas', () => {
     await e.snapshot('s1', {}, true);
     await fill(e, model, 256 * MiB, 2000);
     const started = run.next('rebuild-started');
-    const rebuild = e.addReplica(r1!);
+    const rebuild = e.addReplica(r1!, memberOf(r1!));
     let settled = false;
     void rebuild.finally(() => {
       settled = true;
@@ -420,7 +427,7 @@ describe('rebuild (addReplica) over real replicas', () => {
     const during = await Promise.all([
       codeOf(e.deleteSnapshot('s1')),
       codeOf(e.revert('s1')),
-      codeOf(e.addReplica(r2!)),
+      codeOf(e.addReplica(r2!, memberOf(r2!))),
       e.snapshot('during', {}, true).then(() => 'OK'),
     ]);
     // Taken while the copy still ran, or the BUSY answers above would prove nothing.
@@ -463,7 +470,7 @@ describe('rebuild (addReplica) over real replicas', () => {
     await fill(e, model, 256 * MiB, 4000);
     const started = run.next('rebuild-started');
     const failed = run.next('rebuild-failed');
-    const outcome = codeOf(e.addReplica(r1!));
+    const outcome = codeOf(e.addReplica(r1!, memberOf(r1!)));
     await started;
     expect(run.mode(r1!)).toBe('WO');
     expect(await codeOf(e.removeReplica(r0!))).toBe('INVALID_STATE');
@@ -480,7 +487,7 @@ describe('rebuild (addReplica) over real replicas', () => {
     expect(await codeOf(e.removeReplica(r1!))).toBe('NOT_FOUND');
     // The engine keeps serving, and the replica can be added again from scratch.
     await put(e, model, 100 * MiB, MiB, 4500);
-    const res = await e.addReplica(r1!);
+    const res = await e.addReplica(r1!, memberOf(r1!));
     expect(res.sentBytes).toBeGreaterThan(0);
     await e.close();
     await assertDirsIdentical([r0!, r1!], model);
@@ -503,6 +510,8 @@ describe('rebuild (addReplica) over real replicas', () => {
 (async () => {
   const e = await addon.openEngine({
     replicas: ${JSON.stringify([r0, r1])},
+    members: ${JSON.stringify([r0!, r1!].map(memberOf))},
+    epoch: ${nextEpoch()},
     onEvents: (evs) => {
       for (const ev of evs) {
         if (ev.type === 'rebuild-progress') {
@@ -512,7 +521,7 @@ describe('rebuild (addReplica) over real replicas', () => {
       }
     },
   });
-  await e.addReplica(${JSON.stringify(r2)});
+  await e.addReplica(${JSON.stringify(r2)}, ${JSON.stringify(memberOf(r2!))});
   process.stdout.write('COMPLETED\\n');
 })().catch((err) => { process.stdout.write('ERROR ' + err.message + '\\n'); process.exit(3); });
 `,
@@ -531,7 +540,7 @@ describe('rebuild (addReplica) over real replicas', () => {
     expect(err.message).toMatch(/middle of a rebuild/);
     // Round-robin reads over RW replicas only: r2's uncopied part would read as zeros.
     for (let round = 0; round < 3; round++) await expectEngineReads(run.engine, model, `read round ${round} with r2 ERR`);
-    const res = await run.engine.addReplica(r2);
+    const res = await run.engine.addReplica(r2, memberOf(r2));
     expect(res.scannedBytes).toBeGreaterThanOrEqual(256 * MiB);
     // What the killed rebuild already copied is not sent again.
     expect(res.sentBytes).toBeLessThan(256 * MiB);
@@ -562,7 +571,7 @@ describe('rebuild (addReplica) over real replicas', () => {
       }
     })();
     const failed = run.next('rebuild-failed');
-    expect(await codeOf(e.addReplica(r2))).toBe('NO_SPACE');
+    expect(await codeOf(e.addReplica(r2, memberOf(r2)))).toBe('NO_SPACE');
     stop = true;
     await writer;
     const ev = (await failed) as RebuildEvent & { errno: number };
@@ -583,11 +592,11 @@ describe('rebuild (addReplica) over real replicas', () => {
     await addon().createReplica(other, 2 * SIZE);
     const run = await EngineRun.open([r0!]);
     const e = run.engine;
-    expect(await codeOf(e.addReplica(s.path('bad', 'missing')))).toBe('NOT_FOUND');
-    expect(await codeOf(e.addReplica(other))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(e.addReplica(r0!))).toBe('INVALID_STATE');
-    expect(await codeOf(e.addReplica(42 as unknown as string))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(e.addReplica({ host: '', port: 1, name: 'x' }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(e.addReplica(s.path('bad', 'missing'), memberOf(s.path('bad', 'missing'))))).toBe('NOT_FOUND');
+    expect(await codeOf(e.addReplica(other, memberOf(other)))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(e.addReplica(r0!, memberOf(r0!)))).toBe('INVALID_STATE');
+    expect(await codeOf(e.addReplica(42 as unknown as string, 'x'))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(e.addReplica({ host: '', port: 1, name: 'x' }, 'x'))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(e.removeReplica(r0!))).toBe('INVALID_STATE');
     expect(await codeOf(e.removeReplica('nope'))).toBe('NOT_FOUND');
     expect(await codeOf(e.removeReplica(''))).toBe('INVALID_ARGUMENT');
@@ -595,9 +604,9 @@ describe('rebuild (addReplica) over real replicas', () => {
     // The refused targets were released: they open directly.
     await withReplica(other, async () => undefined);
     expect(e.replicas().map((r) => r.id)).toEqual([r0]);
-    await e.addReplica(r1!);
+    await e.addReplica(r1!, memberOf(r1!));
     await e.close();
-    expect(await codeOf(e.addReplica(r1!))).toBe('CLOSED');
+    expect(await codeOf(e.addReplica(r1!, memberOf(r1!)))).toBe('CLOSED');
     await assertDirsIdentical([r0!, r1!]);
   });
 });

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Rng } from '../system/helpers/pattern.js';
-import { addon, MiB, pattern, Scratch } from './helpers.js';
+import { addon, MiB, pattern, Scratch, engineOptions } from './helpers.js';
 import { CodeNum, endpoint, Op, RawClient, type Request, wireStr } from './remote-helpers.js';
 
 const SIZE = 16 * MiB;
@@ -224,7 +224,7 @@ describe('bad input on the replica protocol', () => {
     symlinkSync(s.path('outside', 'r'), join(root, 'escape'));
     const server = await addon().startReplicaServer({ root });
     const port = server.port;
-    const engine = await addon().openEngine({ replicas: [endpoint(port, 'good')] });
+    const engine = await addon().openEngine(engineOptions({ replicas: [endpoint(port, 'good')] }));
 
     let fuzzing = true;
     let goodRounds = 0;

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NativeEngine } from '../../src/native/binding.js';
-import { addon, codeOf, MiB, pattern, replicaImage, Scratch, waitFor } from './helpers.js';
+import { addon, codeOf, MiB, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
 import { NbdClient } from '../system/helpers/nbd-client.js';
 import { closeAll, CodeNum, endpoint, FrameProxy, type Host, Op, RawClient, startHosts } from './remote-helpers.js';
 
@@ -29,7 +29,7 @@ describe('engine over remote replicas', () => {
   afterAll(() => s.cleanup());
 
   async function openEngine(ports: number[], ioTimeoutMs?: number): Promise<NativeEngine> {
-    const e = await addon().openEngine({ replicas: ports.map((p) => endpoint(p, 'vol', ioTimeoutMs ? { ioTimeoutMs } : {})) });
+    const e = await addon().openEngine(engineOptions({ replicas: ports.map((p) => endpoint(p, 'vol', ioTimeoutMs ? { ioTimeoutMs } : {})) }));
     cleanups.push(() => e.close());
     return e;
   }
@@ -220,7 +220,7 @@ describe('engine over remote replicas', () => {
     const ports = hosts.map((h) => h.server.port);
     const local = join(hosts[0]!.root, 'vol');
     // The old engine: its own host's replica opened locally, the other two over the wire.
-    const old = await addon().openEngine({ replicas: [local, endpoint(ports[1]!), endpoint(ports[2]!)] });
+    const old = await addon().openEngine(engineOptions({ replicas: [local, endpoint(ports[1]!), endpoint(ports[2]!)] }));
     cleanups.push(() => old.close());
     await old.write(0, pattern(1, 4096));
     await old.flush();

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NativeEngine, NativeRemoteReplica } from '../../src/native/binding.js';
-import { addon, MiB, pattern, replicaImage, Scratch, waitFor } from './helpers.js';
+import { addon, MiB, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
 import { closeAll, collectEvents, endpoint, FrameProxy, type Host, silentServer, startHosts } from './remote-helpers.js';
 
 const SIZE = 8 * MiB;
@@ -39,7 +39,7 @@ describe('remote replica faults', () => {
   afterAll(() => s.cleanup());
 
   async function open(eps: NativeRemoteReplica[], onEvents?: (e: unknown[]) => void): Promise<NativeEngine> {
-    const e = await addon().openEngine({ replicas: eps, onEvents });
+    const e = await addon().openEngine(engineOptions({ replicas: eps, onEvents }));
     cleanups.push(() => e.close());
     return e;
   }

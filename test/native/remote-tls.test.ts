@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NativeEngine, NativeRemoteReplica, NativeTlsOptions } from '../../src/native/binding.js';
-import { addon, codeOf, MiB, pattern, Scratch } from './helpers.js';
+import { addon, codeOf, MiB, pattern, Scratch, engineOptions } from './helpers.js';
 import { closeAll, endpoint, type Host, makePki, RawClient, startHosts, type TestPki } from './remote-helpers.js';
 
 const SIZE = 4 * MiB;
@@ -34,7 +34,7 @@ describe('replica protocol over mutual TLS', () => {
   afterAll(() => s.cleanup());
 
   async function open(eps: NativeRemoteReplica[]): Promise<NativeEngine> {
-    const e = await addon().openEngine({ replicas: eps });
+    const e = await addon().openEngine(engineOptions({ replicas: eps }));
     engines.push(e);
     return e;
   }

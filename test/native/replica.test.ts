@@ -23,6 +23,8 @@ import {
   pattern,
   replicaImage,
   withReplica,
+  nextEpoch,
+  engineOptions,
 } from './helpers.js';
 
 /** Throws naming the first differing byte (a 4 MiB toEqual diff is useless). */
@@ -49,7 +51,7 @@ function touchedBlocks(writes: Array<[number, number]>): Array<[number, number]>
 }
 
 async function openEngine1(dir: string): Promise<Engine> {
-  return Engine.open({ replicas: [{ id: 'r0', path: dir }] });
+  return Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
 }
 
 describe('native replica store (real addon)', () => {
@@ -185,7 +187,7 @@ describe('native replica store (real addon)', () => {
       expect(r.sizeBytes).toBe(MiB);
       expect(await codeOf(addon().openReplica(dir))).toBe('BUSY');
       // The engine takes the same directory lock.
-      expect(await codeOf(addon().openEngine({ replicas: [dir] }))).toBe('BUSY');
+      expect(await codeOf(addon().openEngine(engineOptions({ replicas: [dir] })))).toBe('BUSY');
       await r.close();
       const again = await addon().openReplica(dir);
       await again.close();
@@ -282,6 +284,40 @@ describe('native replica store (real addon)', () => {
   });
 
   describe('epoch fencing on a replica (invariant 2)', () => {
+    it('stores a replica set only for the promised epoch and only a newer one; a claim answers with the stored set', async () => {
+      const dir = s.path('replica-set');
+      await addon().createReplica(dir, MiB);
+      const set = { epoch: 5, generation: 1, members: ['a', 'b', 'c'], rw: ['a', 'b'] };
+      await withReplica(dir, async (r) => {
+        expect(await r.claimEpoch(5)).toBeNull(); // a new replica holds none
+        expect(await codeOf(r.setReplicaSet({ ...set, epoch: 4 }))).toBe('STALE_EPOCH');
+        expect(await codeOf(r.setReplicaSet({ ...set, epoch: 6 }))).toBe('STALE_EPOCH'); // never claimed here
+        await r.setReplicaSet(set);
+        await r.setReplicaSet(set); // the same set again: a retry
+        expect(await codeOf(r.setReplicaSet({ ...set, rw: ['a'] }))).toBe('STALE_EPOCH'); // same generation, other content
+        await r.setReplicaSet({ ...set, generation: 2, rw: ['a'] });
+        expect(await codeOf(r.setReplicaSet(set))).toBe('STALE_EPOCH'); // older
+        for (const bad of [
+          { ...set, generation: 3, rw: ['d'] },
+          { ...set, generation: 0 },
+          { ...set, generation: 3, members: ['a', 'a'] },
+          { ...set, generation: 3, members: ['../etc'] },
+          { ...set, generation: 3, members: [] },
+        ]) {
+          expect(await codeOf(r.setReplicaSet(bad)), JSON.stringify(bad)).toBe('INVALID_ARGUMENT');
+        }
+      });
+      // Durable, and handed to the next claimant, who alone may store the next one.
+      await withReplica(dir, async (r) => {
+        expect(await r.claimEpoch(9)).toEqual({ ...set, generation: 2, rw: ['a'] });
+        expect(await codeOf(r.setReplicaSet({ ...set, generation: 3 }))).toBe('STALE_EPOCH');
+        await r.setReplicaSet({ epoch: 9, generation: 1, members: ['a', 'b'], rw: ['b'] });
+      });
+      await withReplica(dir, async (r) => {
+        expect(await r.claimEpoch(10)).toEqual({ epoch: 9, generation: 1, members: ['a', 'b'], rw: ['b'] });
+      });
+    });
+
     it('refuses writes from an older epoch and changes nothing', async () => {
       const dir = s.path('fence');
       await addon().createReplica(dir, MiB);
@@ -302,15 +338,16 @@ describe('native replica store (real addon)', () => {
         // Claims must go strictly up.
         expect(await codeOf(r.claimEpoch(7))).toBe('STALE_EPOCH');
         expect(await codeOf(r.claimEpoch(3))).toBe('STALE_EPOCH');
-        // A newer writer is allowed, and then the old one is fenced too.
-        await r.write(8, 0, Buffer.from([1]));
+        // A writer whose epoch was never claimed here is not this replica's writer either.
+        expect(await codeOf(r.write(8, 0, Buffer.from([1])))).toBe('STALE_EPOCH');
+        await r.write(7, 0, Buffer.from([1]));
         await r.claimEpoch(9);
-        expect(await codeOf(r.write(8, 0, Buffer.from([2])))).toBe('STALE_EPOCH');
+        expect(await codeOf(r.write(7, 0, Buffer.from([2])))).toBe('STALE_EPOCH');
       });
       // The claim is durable.
       await withReplica(dir, async (r) => {
         expect(r.epoch()).toBe(9);
-        expect(await codeOf(r.write(8, 0, Buffer.from([2])))).toBe('STALE_EPOCH');
+        expect(await codeOf(r.write(7, 0, Buffer.from([2])))).toBe('STALE_EPOCH');
         expect((await r.read(0, 1))[0]).toBe(1);
       });
     });
@@ -429,8 +466,9 @@ describe('native replica store (real addon)', () => {
         (async () => {
           const dir = ${JSON.stringify(dir)};
           const size = 2 ** 40, blocks = size / 4096, writes = 10000;
+          let epoch = 1;
           await addon.createReplica(dir, size);
-          let engine = await addon.openEngine({ replicas: [dir] });
+          let engine = await addon.openEngine({ replicas: [dir], members: ['r0'], epoch: epoch++ });
           const bufs = Array.from({ length: 16 }, (_, i) => Buffer.alloc(4096, i + 1));
           let x = 0x2545f491;
           const offsets = Array.from({ length: writes }, () => {
@@ -446,7 +484,7 @@ describe('native replica store (real addon)', () => {
           const allocated = engine.replicas()[0].allocatedBytes;
           await engine.close();
           const beforeOpen = rss();
-          engine = await addon.openEngine({ replicas: [dir] });
+          engine = await addon.openEngine({ replicas: [dir], members: ['r0'], epoch: epoch++ });
           const afterOpen = rss();
           const probe = await engine.read(offsets[writes - 1], 4096);
           await engine.close();
@@ -523,6 +561,11 @@ describe('native replica store (real addon)', () => {
       ],
       ['missing head', (_d, m) => ((m.head = 'L424242'), m)],
       ['wrong types', (_d, m) => ((m.sizeBytes = '1048576'), m)],
+      ['replica set above the epoch', (_d, m) => ({ ...m, replicaSet: { epoch: (m.epoch as number) + 1, generation: 1, members: ['a'], rw: ['a'] } })],
+      ['replica set RW outside its members', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: ['a'], rw: ['b'] } })],
+      ['replica set member as a path', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: ['../x'], rw: [] } })],
+      ['replica set of 33 members', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: Array.from({ length: 33 }, (_, i) => `m${i}`), rw: [] } })],
+      ['replica set of wrong types', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: '1', members: 'a', rw: null } })],
       [
         'missing layer file',
         (d) => {
@@ -544,7 +587,7 @@ describe('native replica store (real addon)', () => {
       expect(await codeOf(addon().openReplica(dir))).toBe('CORRUPT_METADATA');
       // A failed open released the directory lock: the second answer is the same, not BUSY.
       expect(await codeOf(addon().openReplica(dir))).toBe('CORRUPT_METADATA');
-      expect(await codeOf(addon().openEngine({ replicas: [dir] }))).toBe('CORRUPT_METADATA');
+      expect(await codeOf(addon().openEngine(engineOptions({ replicas: [dir] })))).toBe('CORRUPT_METADATA');
     });
 
     it('leaves the intact replica readable', async () => {

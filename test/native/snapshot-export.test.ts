@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Engine, type EngineEvent } from '../../src/engine/engine.js';
 import { run } from '../system/helpers/tools.js';
-import { BLOCK, KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, mountTmpfs, pattern, unmount } from './helpers.js';
+import { BLOCK, KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, mountTmpfs, pattern, unmount, nextEpoch } from './helpers.js';
 import { FrameProxy } from './remote-helpers.js';
 
 const SIZE = 32 * MiB;
@@ -76,7 +76,7 @@ describe('snapshot export and copy (real addon)', () => {
       await addon().createReplica(dir, size);
       dirs.push(dir);
     }
-    const engine = await Engine.open({ replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
+    const engine = await Engine.open({ epoch: nextEpoch(), replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
     return { engine, dirs };
   }
 
@@ -245,7 +245,7 @@ describe('snapshot export and copy (real addon)', () => {
     await first.write(0, pattern(16, MiB));
     await first.createSnapshot('x');
     // A second engine over the same directory (shared in this process) takes the volume over.
-    const second = await Engine.open({ replicas: [{ id: 'r0', path: dirs[0]! }] });
+    const second = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dirs[0]! }] });
     expect(second.epoch).toBeGreaterThan(first.epoch);
     expect(await codeOf(first.exportSnapshot('x', s.path('fenced.raw')))).toBe('STALE_EPOCH');
     expect(existsSync(s.path('fenced.raw'))).toBe(false);
@@ -267,7 +267,7 @@ describe('snapshot export and copy (real addon)', () => {
       host = { root, server: await addon().startReplicaServer({ root }) };
       proxy = new FrameProxy(host.server.port);
       await proxy.start();
-      held = await Engine.open({ replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: proxy.port, name: 'vol', ioTimeoutMs: 60_000 } }] });
+      held = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: proxy.port, name: 'vol', ioTimeoutMs: 60_000 } }] });
       await held.write(0, pattern(11, 6 * MiB));
       await held.createSnapshot('a');
       content.a = await readAll(held);
@@ -338,6 +338,7 @@ describe('snapshot export and copy (real addon)', () => {
       await addon().createReplica(localDir, SIZE);
       // The remote replica comes first: the read starts on it.
       const e = await Engine.open({
+      epoch: nextEpoch(),
         replicas: [
           { id: 'r0', remote: { host: '127.0.0.1', port: p2.port, name: 'vol', ioTimeoutMs: 60_000 } },
           { id: 'r1', path: localDir },

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Engine } from '../../src/engine/engine.js';
 import { Volume } from '../../src/volume/volume.js';
-import { BLOCK, MiB, KiB, Scratch, addon, assertReplicasIdentical, codeOf, pattern, replicaPath, withReplica } from './helpers.js';
+import { BLOCK, MiB, KiB, Scratch, addon, assertReplicasIdentical, codeOf, pattern, replicaPath, withReplica, nextEpoch, engineOptions } from './helpers.js';
 
 function expectSame(actual: Buffer, expected: Buffer, what: string): void {
   if (!actual.equals(expected)) {
@@ -173,7 +173,7 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
   it('refuses bad names at the native boundary too (not only in TypeScript)', async () => {
     const rdir = s.path('native-names');
     await addon().createReplica(rdir, MiB);
-    const engine = await addon().openEngine({ replicas: [rdir] });
+    const engine = await addon().openEngine(engineOptions({ replicas: [rdir] }));
     try {
       for (const bad of ['', 'a/b', '../x', 'x'.repeat(256), 'new\nline']) {
         expect(await codeOf(engine.snapshot(bad, {}, true)), JSON.stringify(bad)).toBe('INVALID_ARGUMENT');
@@ -200,7 +200,7 @@ describe('a chain of 1,000 snapshots (real addon)', () => {
       // Each write: 300 bytes at an unaligned offset in its own 16 KiB slot.
       const at = (i: number): number => i * 16 * KiB + (i % 7) * 100;
       const data = (i: number): Buffer => pattern(1000 + i, 300);
-      let engine = await Engine.open({ replicas: [{ id: 'r0', path: dir }] });
+      let engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
       const t0 = Date.now();
       try {
         for (let i = 0; i < count; i++) {
@@ -212,7 +212,7 @@ describe('a chain of 1,000 snapshots (real addon)', () => {
       }
       const tCreate = Date.now() - t0;
       const t1 = Date.now();
-      engine = await Engine.open({ replicas: [{ id: 'r0', path: dir }] });
+      engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
       const tOpen = Date.now() - t1;
       try {
         const layers = await engine.listLayers();

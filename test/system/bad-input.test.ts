@@ -144,7 +144,7 @@ describe('bad NBD input', () => {
     for (const [what, bytes] of damages) {
       writeFileSync(metaFile, bytes);
       // The addon, directly: a rejected promise with a code, never an abort.
-      const err = await loadAddon().openEngine({ replicas: [r1] }).then(
+      const err = await loadAddon().openEngine({ replicas: [r1], members: ['r0'], epoch: 1 }).then(
         async (e) => {
           await e.close();
           return null;

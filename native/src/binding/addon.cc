@@ -29,6 +29,8 @@ namespace {
 
 // Replicas one engine may be opened over (the engine's own limit is the same).
 constexpr uint32_t kMaxReplicasPerEngine = 16;
+// Largest quorumHoldMs (src/util/limits.ts QUORUM_HOLD_MS_MAX).
+constexpr double kMaxQuorumHoldMs = 600000;
 
 Napi::Value CreateReplica(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -72,15 +74,31 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
     Napi::Value cb = o.Get("onEvents");
     if (!cb.IsUndefined() && !cb.IsFunction()) throw ArgError("options.onEvents", "a function");
     const bool standby = ToBool(o.Get("standby"), "options.standby", false);
+    const uint64_t epoch = o.Get("epoch").IsUndefined() ? 0 : ToUint(o.Get("epoch"), "options.epoch");
+    const uint32_t hold_ms = o.Get("quorumHoldMs").IsUndefined()
+                                 ? Engine::Options{}.quorum_hold_ms
+                                 : static_cast<uint32_t>(ToUint(o.Get("quorumHoldMs"), "options.quorumHoldMs", kMaxQuorumHoldMs));
+    std::vector<std::string> members;
+    Napi::Value mv = o.Get("members");
+    if (!mv.IsUndefined()) {
+      if (!mv.IsArray() || mv.As<Napi::Array>().Length() != arr.Length())
+        throw ArgError("options.members", "an array with one member name per replica");
+      Napi::Array ma = mv.As<Napi::Array>();
+      for (uint32_t i = 0; i < ma.Length(); ++i)
+        members.push_back(ToStr(ma.Get(i), "options.members[" + std::to_string(i) + "]", 1, ReplicaSet::kMaxNameBytes));
+    }
 
     std::shared_ptr<EventQueue> events;
     if (cb.IsFunction()) events = EventQueue::Create(env, cb.As<Napi::Function>());
     auto opened = std::make_shared<std::shared_ptr<Engine>>();
     return new TaskWorker(
         env,
-        [endpoints, events, opened, standby]() -> Status {
+        [endpoints, events, opened, standby, epoch, hold_ms, members]() -> Status {
           Engine::Options eo;
           eo.standby = standby;
+          eo.epoch = epoch;
+          eo.quorum_hold_ms = hold_ms;
+          eo.members = members;
           for (const ReplicaEndpoint& ep : endpoints) {
             std::shared_ptr<ReplicaBackend> r;
             Status st = OpenReplicaEndpoint(ep, &r);

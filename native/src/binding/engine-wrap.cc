@@ -128,6 +128,7 @@ Napi::Value EngineWrap::Deactivate(const Napi::CallbackInfo& info) {
         [out](Napi::Env env) -> Napi::Value {
           Napi::Object o = Napi::Object::New(env);
           o.Set("epoch", JsNum(env, out->epoch));
+          o.Set("generation", JsNum(env, out->generation));
           Napi::Array ids = Napi::Array::New(env, out->rw_ids.size());
           for (size_t i = 0; i < out->rw_ids.size(); ++i) ids.Set(static_cast<uint32_t>(i), out->rw_ids[i]);
           o.Set("rwReplicaIds", ids);
@@ -142,6 +143,8 @@ Napi::Value EngineWrap::Activate(const Napi::CallbackInfo& info) {
     Napi::Object o = ToObject(Arg(info, 0), "handOver");
     HandOver h;
     h.epoch = ToUint(o.Get("epoch"), "handOver.epoch");
+    h.generation = ToUint(o.Get("generation"), "handOver.generation");
+    const uint64_t epoch = ToUint(Arg(info, 1), "epoch");
     Napi::Value ids = o.Get("rwReplicaIds");
     if (!ids.IsArray()) throw ArgError("handOver.rwReplicaIds", "an array of replica ids");
     Napi::Array arr = ids.As<Napi::Array>();
@@ -150,7 +153,7 @@ Napi::Value EngineWrap::Activate(const Napi::CallbackInfo& info) {
     for (uint32_t i = 0; i < arr.Length(); ++i)
       h.rw_ids.push_back(ToStr(arr.Get(i), "handOver.rwReplicaIds[" + std::to_string(i) + "]", 1, kMaxReplicaIdBytes));
     auto engine = engine_;
-    return PinnedTask(info, [engine, h]() { return engine->Activate(h); });
+    return PinnedTask(info, [engine, h, epoch]() { return engine->Activate(h, epoch); });
   });
 }
 
@@ -363,19 +366,20 @@ Napi::Value EngineWrap::AddReplica(const Napi::CallbackInfo& info) {
   return RunPromise(env, [&]() -> PromiseWorker* {
     CheckOpen();
     const ReplicaEndpoint ep = ParseReplicaEndpoint(Arg(info, 0), "endpoint");
+    const std::string member = ToStr(Arg(info, 1), "member", 1, ReplicaSet::kMaxNameBytes);
     auto engine = engine_;
     auto res = std::make_shared<RebuildResult>();
     // From now on writes may reach two replicas: copy the caller's bytes (see Write).
     ++replica_count_;
     return PinnedTask(
         info,
-        [engine, ep, res]() -> Status {
+        [engine, ep, member, res]() -> Status {
           std::shared_ptr<ReplicaBackend> target;
           Status st = OpenReplicaEndpoint(ep, &target);
           if (!st.ok()) return st;
           // Blocks for the whole copy, on this pool thread (AddReplica closes the target
           // if it could not be added).
-          return engine->AddReplica(std::move(target), res.get());
+          return engine->AddReplica(std::move(target), member, res.get());
         },
         [res](Napi::Env env) -> Napi::Value {
           Napi::Object o = Napi::Object::New(env);

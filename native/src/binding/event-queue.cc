@@ -78,6 +78,15 @@ void EventQueue::Deliver(Napi::Env env, Napi::Function cb, const std::vector<Eng
         o.Set("type", "epoch-claimed");
         o.Set("epoch", Napi::Number::New(env, static_cast<double>(e.epoch)));
         break;
+      case EngineEvent::Type::kReplicaSetChanged: {
+        o.Set("type", "replica-set-changed");
+        o.Set("epoch", Napi::Number::New(env, static_cast<double>(e.epoch)));
+        o.Set("generation", Napi::Number::New(env, static_cast<double>(e.generation)));
+        Napi::Array rw = Napi::Array::New(env, e.rw_members.size());
+        for (size_t k = 0; k < e.rw_members.size(); ++k) rw.Set(static_cast<uint32_t>(k), e.rw_members[k]);
+        o.Set("rwMembers", rw);
+        break;
+      }
       case EngineEvent::Type::kReconciled:
         o.Set("type", "reconciled");
         o.Set("bytes", Napi::Number::New(env, static_cast<double>(e.bytes)));

@@ -22,6 +22,7 @@ Napi::Function ReplicaWrap::Define(Napi::Env env) {
                                   Method<W, &W::Epoch>(env, "epoch"),
                                   Method<W, &W::Clean>(env, "clean"),
                                   Method<W, &W::ClaimEpoch>(env, "claimEpoch"),
+                                  Method<W, &W::SetReplicaSet>(env, "setReplicaSet"),
                                   Method<W, &W::Read>(env, "read"),
                                   Method<W, &W::Write>(env, "write"),
                                   Method<W, &W::Flush>(env, "flush"),
@@ -66,7 +67,42 @@ Napi::Value ReplicaWrap::ClaimEpoch(const Napi::CallbackInfo& info) {
     CheckOpen();
     const uint64_t epoch = ToUint(Arg(info, 0), "epoch");
     auto replica = replica_;
-    return PinnedTask(info, [replica, epoch]() { return replica->ClaimEpoch(epoch); });
+    auto stored = std::make_shared<ReplicaSet>();
+    return PinnedTask(
+        info, [replica, epoch, stored]() { return replica->ClaimEpoch(epoch, stored.get()); },
+        [stored](Napi::Env env) -> Napi::Value {
+          if (stored->empty()) return env.Null();
+          Napi::Object o = Napi::Object::New(env);
+          o.Set("epoch", JsNum(env, stored->epoch));
+          o.Set("generation", JsNum(env, stored->generation));
+          for (const auto* names : {&stored->members, &stored->rw}) {
+            Napi::Array a = Napi::Array::New(env, names->size());
+            for (size_t i = 0; i < names->size(); ++i) a.Set(static_cast<uint32_t>(i), (*names)[i]);
+            o.Set(names == &stored->members ? "members" : "rw", a);
+          }
+          return o;
+        });
+  });
+}
+
+Napi::Value ReplicaWrap::SetReplicaSet(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    Napi::Object o = ToObject(Arg(info, 0), "replicaSet");
+    ReplicaSet set;
+    set.epoch = ToUint(o.Get("epoch"), "replicaSet.epoch");
+    set.generation = ToUint(o.Get("generation"), "replicaSet.generation");
+    for (auto* names : {&set.members, &set.rw}) {
+      const char* key = names == &set.members ? "members" : "rw";
+      Napi::Value v = o.Get(key);
+      if (!v.IsArray() || v.As<Napi::Array>().Length() > ReplicaSet::kMaxMembers)
+        throw ArgError(std::string("replicaSet.") + key, "an array of at most " + std::to_string(ReplicaSet::kMaxMembers) + " names");
+      Napi::Array a = v.As<Napi::Array>();
+      for (uint32_t i = 0; i < a.Length(); ++i)
+        names->push_back(ToStr(a.Get(i), std::string("replicaSet.") + key, 1, ReplicaSet::kMaxNameBytes));
+    }
+    auto replica = replica_;
+    return PinnedTask(info, [replica, set]() { return replica->SetReplicaSet(set); });
   });
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "block/block-device.h"
+#include "block/replica-set.h"
 #include "util/status.h"
 
 namespace mooring {
@@ -79,12 +80,18 @@ class ReplicaBackend {
   // Durably records `epoch` (must be > epoch(), else Code::kStaleEpoch) and marks the
   // replica not clean. After this returns, writes carrying an older epoch are refused
   // with -kErrStaleEpoch and no write carrying an older epoch is still in progress.
-  virtual Status ClaimEpoch(uint64_t epoch) = 0;
+  // `stored` (may be null) receives the replica set stored on the replica when the claim
+  // took effect (docs/single-writer.md).
+  virtual Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored) = 0;
+  // Durably stores `set` as this replica's replica set. Refused with kStaleEpoch unless
+  // set.epoch == epoch() and `set` is newer than the stored one (the same set again is
+  // accepted: a retry). kInvalidArgument for a malformed set.
+  virtual Status SetReplicaSet(const ReplicaSet& set) = 0;
   // Durably marks the replica clean. Caller has flushed and will write no more.
   virtual Status MarkClean(uint64_t epoch) = 0;
 
-  // Data path. `epoch` is the writer's epoch: refused with -kErrStaleEpoch if older
-  // than epoch().
+  // Data path. `epoch` is the writer's epoch: refused with -kErrStaleEpoch unless it is
+  // epoch() (an older writer, or one whose claim never reached this replica).
   virtual int Read(uint64_t off, uint32_t len, uint8_t* buf) = 0;
   virtual int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) = 0;
   // Split-phase Write, so an engine can have a write in flight on every replica at once:

@@ -55,8 +55,10 @@ namespace {
 
 // Upper bound on replicas per engine; the data path keeps target lists on the stack.
 constexpr size_t kMaxReplicas = 16;
-// Fencing rounds: each round either succeeds or drops at least one more replica.
+// Commit rounds: each round either commits or drops at least one more replica.
 constexpr size_t kMaxFenceRounds = kMaxReplicas + 1;
+// While a commit is held for a majority, it is tried again this often.
+constexpr int kCommitRetryMs = 200;
 // What the data path of a standby returns, and the stop reason of a rebuild that a
 // Deactivate ended (NBD sends it as NBD_EPERM: this server may not serve the request).
 constexpr int kErrStandby = EPERM;
@@ -103,6 +105,7 @@ struct BusyFlag {
 struct Slot {
   std::shared_ptr<ReplicaBackend> backend;
   std::string id;
+  std::string member;            // its name in the volume's replica set (docs/single-writer.md)
   std::atomic<ReplicaMode> mode{ReplicaMode::kRW};
   int last_error = 0;            // guarded by state_mu_
   uint64_t closed_epoch = 0;     // guarded by state_mu_; Replicas() after Close
@@ -119,12 +122,18 @@ struct Targets {
 
 class ReplicatedEngine final : public Engine {
  public:
-  explicit ReplicatedEngine(Options opts) : sink_(std::move(opts.on_event)), standby_(opts.standby) {
+  explicit ReplicatedEngine(Options opts)
+      : sink_(std::move(opts.on_event)),
+        open_epoch_(opts.epoch),
+        quorum_hold_ms_(opts.quorum_hold_ms),
+        members_given_(opts.members.size() == opts.replicas.size()),
+        standby_(opts.standby) {
     slots_.reserve(opts.replicas.size());
-    for (auto& r : opts.replicas) {
+    for (size_t i = 0; i < opts.replicas.size(); ++i) {
       auto s = std::make_unique<Slot>();
-      s->backend = std::move(r);
+      s->backend = std::move(opts.replicas[i]);
       if (s->backend) s->id = s->backend->id();
+      if (i < opts.members.size()) s->member = opts.members[i];
       slots_.push_back(std::move(s));
     }
   }
@@ -144,7 +153,7 @@ class ReplicatedEngine final : public Engine {
   bool standby() const override { return standby_.load(); }
   std::vector<ReplicaState> Replicas() const override;
   Status Deactivate(HandOver* out) override;
-  Status Activate(const HandOver& h) override;
+  Status Activate(const HandOver& h, uint64_t epoch) override;
 
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override {
     if (!InRange(off, len, size_)) return -EINVAL;
@@ -206,7 +215,7 @@ class ReplicatedEngine final : public Engine {
     const int64_t now = NowMs();
     return Control([&](ReplicaBackend& b) { return b.Revert(name, now); }, false);
   }
-  Status AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) override;
+  Status AddReplica(std::shared_ptr<ReplicaBackend> target, const std::string& member, RebuildResult* out) override;
   Status RemoveReplica(const std::string& id) override;
   Status Shutdown() override;
   Status OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) override;
@@ -232,18 +241,37 @@ class ReplicatedEngine final : public Engine {
   void MarkWoFailed(size_t i, int rc);
   // Unconditional (Start): the replica is unusable even if it is the last one.
   void MarkErr(size_t i, int rc, const std::string& why, Events* ev);
-  // Claims epoch+1 on the RW replicas if any replica was marked ERR since the last claim.
-  // Caller holds gate_ exclusively. Returns 0 or a negative errno.
-  int FenceLocked(Events* ev);
-  int Fence() {
+  // Commits the replica set without the replicas marked ERR since the last commit, if
+  // any (docs/single-writer.md). With `hold`, waits up to quorum_hold_ms_ for a majority
+  // (unless a hold expired already since the last commit: then one try). Caller holds
+  // gate_ exclusively. Returns 0, -kErrStaleEpoch (fenced) or -kErrNoQuorum.
+  int CommitDropsLocked(Events* ev, bool hold = true);
+  int CommitDrops() {
     Events ev;
     int rc;
     {
       std::unique_lock<RwLock> lk(gate_);
-      rc = FenceLocked(&ev);
+      rc = CommitDropsLocked(&ev);
     }
     Emit(ev);
     return rc;
+  }
+  // Stores `next` on every reachable member of prev.members and next.members; committed
+  // once a majority of each accepted. A RW member of `next` that fails the call is marked
+  // failed and left out of a retry (next generation). Then set_ = next. Caller holds gate_
+  // exclusively. Returns 0, -kErrStaleEpoch (fenced) or -kErrNoQuorum.
+  int CommitLocked(const ReplicaSet& prev, ReplicaSet next, bool hold, Events* ev);
+  // Claims `e` on every reachable slot (unreachable ones and failed claims become ERR) and
+  // finds the latest replica set among the answers (the legacy set when none has one).
+  // kStaleEpoch if a replica promised `e` or more; kNoQuorum without a majority of the
+  // latest set's members. Caller holds gate_ exclusively.
+  Status ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev);
+  // The replica set after `pending` were dropped and the replica-error events for them.
+  void ReportDropped(const std::vector<size_t>& pending, Events* ev);
+  // A copy of the committed replica set.
+  ReplicaSet CommittedSet() const {
+    std::lock_guard<std::mutex> lk(state_mu_);
+    return set_;
   }
   void Emit(const Events& ev) const {
     if (!sink_) return;
@@ -292,7 +320,7 @@ class ReplicatedEngine final : public Engine {
   Status CheckLayers(Events* ev);
   Status Reconcile(Events* ev);
   // Under the exclusive gate: the body of Activate once the states are checked.
-  Status ActivateLocked(const HandOver& h, Events* ev);
+  Status ActivateLocked(const HandOver& h, uint64_t epoch, Events* ev);
   // Runs f(k) for every target t.idx[k] at once: the first on this thread, the others on
   // short-lived threads (a flush is an fdatasync; N replicas in series add up).
   template <typename F>
@@ -300,12 +328,12 @@ class ReplicatedEngine final : public Engine {
 
   // --- rebuild (AddReplica) ---
   // Under the exclusive gate: adopts the source's chain on `target` and installs it WO.
-  Status StartRebuild(const std::shared_ptr<ReplicaBackend>& target, Slot** out, Events* ev);
+  Status StartRebuild(const std::shared_ptr<ReplicaBackend>& target, const std::string& member, Slot** out, Events* ev);
   // The copy passes and the switch to RW.
   Status RunRebuild(Slot* slot, RebuildResult* res, uint64_t* total);
   // Under the exclusive gate: if the source lists no layer outside `copied`, checks the
   // chains match, clears the target's rebuilding flag and makes it RW (*finished = true).
-  Status FinishRebuildLocked(Slot* slot, const std::vector<std::string>& copied, bool* finished);
+  Status FinishRebuildLocked(Slot* slot, const std::vector<std::string>& copied, bool* finished, Events* ev);
   // The first RW slot and its backend; false if none.
   bool PickSource(Slot** slot, std::shared_ptr<ReplicaBackend>* backend) const;
   // 0, or why the rebuild of `slot` must stop (a stop request, or the target failed).
@@ -320,6 +348,14 @@ class ReplicatedEngine final : public Engine {
   EngineEventSink sink_;
   uint64_t size_ = 0;
   std::atomic<uint64_t> epoch_{0};
+  const uint64_t open_epoch_;        // Options.epoch: what Open claims
+  const uint32_t quorum_hold_ms_;
+  const bool members_given_;
+  // The replica set last committed (docs/single-writer.md). Changed under gate_ exclusive
+  // and state_mu_ together; read under either.
+  ReplicaSet set_;
+  // A hold for a majority expired since the last commit: later commits try once, no hold.
+  std::atomic<bool> quorum_lost_{false};
   std::atomic<bool> closed_{false};
   std::atomic<bool> fenced_{false};  // another engine claimed a newer epoch
   std::atomic<bool> control_busy_{false};  // a control operation holds the replicas
@@ -392,73 +428,190 @@ void ReplicatedEngine::MarkErr(size_t i, int rc, const std::string& why, Events*
   ev->push_back(std::move(e));
 }
 
-int ReplicatedEngine::FenceLocked(Events* ev) {
-  if (standby_.load()) {
-    // No epoch is held, so nothing can be fenced; Activate makes ERR slots stale by
-    // claiming above them.
+int ReplicatedEngine::CommitDropsLocked(Events* ev, bool hold) {
+  std::vector<size_t> pending;
+  {
     std::lock_guard<std::mutex> lk(state_mu_);
-    unfenced_.clear();
-    fence_pending_ = false;
-    return 0;
+    if (standby_.load()) {
+      // No replica set is ours to change; Activate commits its own.
+      unfenced_.clear();
+      fence_pending_ = false;
+      return 0;
+    }
+    pending.swap(unfenced_);
+    if (pending.empty()) {
+      fence_pending_ = false;
+      return 0;
+    }
   }
-  for (size_t round = 0; round < kMaxFenceRounds; ++round) {
-    std::vector<size_t> pending;
+  if (fenced_) return -kErrStaleEpoch;
+  const ReplicaSet prev = CommittedSet();
+  ReplicaSet next = prev;
+  next.generation = prev.generation + 1;
+  next.rw.clear();
+  for (const std::string& m : prev.rw) {
+    for (const auto& sl : slots_)
+      if (sl->member == m && sl->mode.load() == ReplicaMode::kRW) next.rw.push_back(m);
+  }
+  const int rc = CommitLocked(prev, next, hold, ev);
+  std::vector<size_t> more;
+  {
+    std::lock_guard<std::mutex> lk(state_mu_);
+    if (rc < 0) {
+      // Kept pending, so the next request (or Shutdown) tries again.
+      unfenced_.insert(unfenced_.end(), pending.begin(), pending.end());
+      return rc;
+    }
+    // Replicas that failed the commit itself were dropped with it.
+    more.swap(unfenced_);
+    fence_pending_ = false;
+  }
+  pending.insert(pending.end(), more.begin(), more.end());
+  ReportDropped(pending, ev);
+  return 0;
+}
+
+void ReplicatedEngine::ReportDropped(const std::vector<size_t>& pending, Events* ev) {
+  const ReplicaSet set = CommittedSet();
+  for (size_t i : pending) {
+    int err;
     {
       std::lock_guard<std::mutex> lk(state_mu_);
-      pending.swap(unfenced_);
-      if (pending.empty()) {
-        fence_pending_ = false;
-        return 0;
+      err = slots_[i]->last_error;
+      const bool reported = slots_[i]->reported;
+      slots_[i]->reported = false;
+      if (reported) continue;  // announced when its connection dropped (OnBackendLost)
+    }
+    ev->push_back({EngineEvent::Type::kReplicaError, slots_[i]->id, err, 0, 0,
+                   "replica " + slots_[i]->id + " failed (errno " + std::to_string(-err) +
+                       ") and was dropped from replica set " + std::to_string(set.epoch) + "/" +
+                       std::to_string(set.generation)});
+  }
+}
+
+int ReplicatedEngine::CommitLocked(const ReplicaSet& prev, ReplicaSet next, bool hold, Events* ev) {
+  using Clock = std::chrono::steady_clock;
+  const bool wait = hold && !quorum_lost_.load();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(wait ? quorum_hold_ms_ : 0);
+  // Each round either commits, drops one more RW member, or (while holding) waits.
+  for (size_t round = 0;; ++round) {
+    Targets t;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const std::string& m = slots_[i]->member;
+      if (prev.IsMember(m) || next.IsMember(m)) t.idx[t.n++] = i;
+    }
+    Status sts[kMaxReplicas];
+    ForEachParallel(t, [&](size_t k) { sts[k] = slots_[t.idx[k]]->backend->SetReplicaSet(next); });
+    std::set<std::string> stored;
+    bool dropped = false;
+    for (size_t k = 0; k < t.n; ++k) {
+      Slot& sl = *slots_[t.idx[k]];
+      if (sts[k].ok()) {
+        stored.insert(sl.member);
+      } else if (sts[k].code == Code::kStaleEpoch) {
+        fenced_ = true;
+      } else if (next.IsRw(sl.member) && MarkFailed(t.idx[k], ErrnoOf(sts[k]))) {
+        // It may hold the set or not: a new generation without it settles that.
+        next.rw.erase(std::find(next.rw.begin(), next.rw.end(), sl.member));
+        dropped = true;
       }
     }
     if (fenced_) return -kErrStaleEpoch;
-
-    const uint64_t next = epoch_.load() + 1;
-    Targets t = RwTargets();
-    size_t claimed = 0;
-    for (size_t k = 0; k < t.n; ++k) {
-      Status st = slots_[t.idx[k]]->backend->ClaimEpoch(next);
-      if (st.ok()) {
-        ++claimed;
-      } else if (st.code == Code::kStaleEpoch) {
-        fenced_ = true;
-      } else {
-        MarkFailed(t.idx[k], ErrnoOf(st));  // queued into unfenced_: the next round covers it
-      }
+    if (dropped && round < kMaxFenceRounds) {
+      ++next.generation;
+      continue;
     }
-    // A WO target follows, so that it is at the engine's epoch when it becomes RW (a lower
-    // one would make it look fenced at the next open). Its failure only fails the rebuild.
-    if (!fenced_ && claimed > 0) {
-      const Targets w = WoTargets();
-      for (size_t k = 0; k < w.n; ++k) {
-        Status st = slots_[w.idx[k]]->backend->ClaimEpoch(next);
-        if (!st.ok()) MarkWoFailed(w.idx[k], ErrnoOf(st));
-      }
-    }
-    if (fenced_ || claimed == 0) {
-      // Keep the replicas pending so a later fence (or Shutdown) retries.
-      std::lock_guard<std::mutex> lk(state_mu_);
-      unfenced_.insert(unfenced_.end(), pending.begin(), pending.end());
-      return fenced_ ? -kErrStaleEpoch : -EIO;
-    }
-    epoch_ = next;
-    for (size_t i : pending) {
-      int err;
+    if (HasMajority(prev.members, stored) && HasMajority(next.members, stored)) {
       {
         std::lock_guard<std::mutex> lk(state_mu_);
-        err = slots_[i]->last_error;
-        const bool reported = slots_[i]->reported;
-        slots_[i]->reported = false;
-        if (reported) continue;  // announced when its connection dropped (OnBackendLost)
+        set_ = next;
       }
-      ev->push_back({EngineEvent::Type::kReplicaError, slots_[i]->id, err, 0, 0,
-                     "replica " + slots_[i]->id + " failed (errno " + std::to_string(-err) +
-                         ") and was dropped; fenced by epoch " + std::to_string(next)});
+      quorum_lost_ = false;
+      EngineEvent e{EngineEvent::Type::kReplicaSetChanged, "", 0, next.epoch, 0,
+                    "committed replica set " + std::to_string(next.epoch) + "/" + std::to_string(next.generation) +
+                        " to " + std::to_string(stored.size()) + " of " + std::to_string(t.n) + " replicas"};
+      e.generation = next.generation;
+      e.rw_members = next.rw;
+      ev->push_back(std::move(e));
+      return 0;
     }
-    ev->push_back({EngineEvent::Type::kEpochClaimed, "", 0, next, 0,
-                   "claimed epoch " + std::to_string(next) + " to fence failed replicas"});
+    const auto now = Clock::now();
+    if (now >= deadline || closed_.load()) {
+      quorum_lost_ = true;
+      return -kErrNoQuorum;
+    }
+    // Held: the request that needs this commit is not answered meanwhile (nor is any other:
+    // the gate is ours). A replica that answers later (a frozen peer resuming) counts.
+    std::this_thread::sleep_for(std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(kCommitRetryMs)));
   }
-  return -EIO;
+}
+
+Status ReplicatedEngine::ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev) {
+  Targets reach;
+  uint64_t before[kMaxReplicas] = {};
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i]->mode.load() == ReplicaMode::kERR) continue;
+    if (slots_[i]->backend->size() == 0) {
+      MarkErr(i, -ENOTCONN, "replica " + slots_[i]->id + " is unreachable", ev);
+      continue;
+    }
+    before[i] = slots_[i]->backend->epoch();
+    reach.idx[reach.n++] = i;
+  }
+  Status sts[kMaxReplicas];
+  ReplicaSet sets[kMaxReplicas];
+  ForEachParallel(reach, [&](size_t k) { sts[k] = slots_[reach.idx[k]]->backend->ClaimEpoch(e, &sets[k]); });
+  uint64_t highest = 0;
+  std::string refused;
+  for (size_t k = 0; k < reach.n; ++k) {
+    if (sts[k].code != Code::kStaleEpoch) continue;
+    const uint64_t seen = slots_[reach.idx[k]]->backend->epoch();
+    if (refused.empty() || seen > highest) refused = slots_[reach.idx[k]]->id;
+    highest = std::max(highest, seen);
+  }
+  if (!refused.empty())
+    return Status::Error(Code::kStaleEpoch, "epoch " + std::to_string(e) + " is not above the epoch replica " + refused +
+                                                " promised (highest epoch seen " + std::to_string(highest) +
+                                                "): another engine was started with a newer one, or the epoch was "
+                                                "not allocated above the replicas'",
+                         ESTALE);
+  std::set<std::string> claimed;
+  bool any = false;
+  uint64_t max_before = 0;
+  for (size_t k = 0; k < reach.n; ++k) {
+    const size_t i = reach.idx[k];
+    if (!sts[k].ok()) {
+      MarkErr(i, ErrnoOf(sts[k]), "claiming epoch " + std::to_string(e) + " on replica " + slots_[i]->id +
+                                      " failed: " + sts[k].message, ev);
+      continue;
+    }
+    claimed.insert(slots_[i]->member);
+    max_before = std::max(max_before, before[i]);
+    if (!sets[k].empty() && (!any || sets[k].NewerThan(*latest))) *latest = sets[k], any = true;
+  }
+  if (!any) {
+    // No replica carries a replica set: new replicas, or written by a release before the
+    // protocol, where the replicas at the highest epoch were the RW ones.
+    *latest = ReplicaSet{};
+    for (size_t k = 0; k < reach.n; ++k) {
+      const size_t i = reach.idx[k];
+      latest->members.push_back(slots_[i]->member);
+      if (sts[k].ok() && before[i] == max_before) latest->rw.push_back(slots_[i]->member);
+    }
+    for (const auto& sl : slots_)
+      if (!latest->IsMember(sl->member)) latest->members.push_back(sl->member);
+  }
+  if (!HasMajority(latest->members, claimed)) {
+    size_t n = 0;
+    for (const std::string& m : latest->members) n += claimed.count(m);
+    return Status::Error(Code::kNoQuorum,
+                         "claimed " + std::to_string(n) + " of the " + std::to_string(latest->members.size()) +
+                             " replicas of replica set " + std::to_string(latest->epoch) + "/" +
+                             std::to_string(latest->generation) +
+                             ": a majority is needed to know that no other engine serves the volume",
+                         kErrNoQuorum);
+  }
+  return Status::Ok();
 }
 
 template <typename Op>
@@ -474,7 +627,7 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
     const Targets t = RwTargets();
     if (t.n == 0) return -EIO;
     const Targets w = with_wo ? WoTargets() : Targets{};
-    // Released before Fence() below: holding it while waiting for the exclusive gate
+    // Released before CommitDrops() below: holding it while waiting for the exclusive gate
     // would deadlock against a writer that waits for it while holding the gate shared.
     // With a WO target it also orders this request against the rebuild's copy of the
     // range (Rebuilder locks each head window it compares).
@@ -557,7 +710,7 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
   // skipped the replica, and if we crashed before fencing, the replica would reopen as an
   // equal and could be the reconcile source, losing this acknowledged write.
   if (marked || fence_pending_.load()) {
-    int rc = Fence();
+    int rc = CommitDrops();
     if (rc < 0 && result == 0) result = rc;
   }
   return result;
@@ -590,7 +743,7 @@ int ReplicatedEngine::ReadFrom(Op op) {
     }
   }
   if (marked) {
-    int frc = Fence();
+    int frc = CommitDrops();
     if (frc < 0 && rc >= 0) rc = frc;
   }
   return rc;
@@ -635,7 +788,7 @@ Status ReplicatedEngine::Control(Op op, bool to_wo) {
       Status st = result.ok() ? op(*slots_[w.idx[k]]->backend) : result;
       if (!st.ok()) MarkWoFailed(w.idx[k], ErrnoOf(st));
     }
-    int rc = FenceLocked(&ev);
+    int rc = CommitDropsLocked(&ev);
     if (rc < 0 && result.ok()) result = Status::FromErrno(rc, "fencing failed replicas");
   }
   Emit(ev);
@@ -746,6 +899,15 @@ Status ReplicatedEngine::Open() {
     if (!ids.insert(s->id).second)
       return Status::Error(Code::kInvalidArgument, "replica " + s->id + " is listed twice");
   }
+  if (!members_given_)
+    return Status::Error(Code::kInvalidArgument, "an engine needs a member name for each replica");
+  std::set<std::string> names;
+  for (const auto& s : slots_) {
+    if (!ReplicaSet::ValidName(s->member))
+      return Status::Error(Code::kInvalidArgument, "member name '" + s->member.substr(0, 64) + "' is not [A-Za-z0-9._-]{1,63}");
+    if (!names.insert(s->member).second)
+      return Status::Error(Code::kInvalidArgument, "member name " + s->member + " is listed twice");
+  }
   for (const auto& s : slots_) WatchBackend(s->backend.get());
   // A replica that could not be reached (MakeOfflineReplica) reports size 0: it takes no
   // part in the size check and opens as ERR.
@@ -759,22 +921,33 @@ Status ReplicatedEngine::Open() {
                                                        slots_[sized]->id + " has " + std::to_string(size_));
   }
   if (standby_) return OpenStandby();
+  if (open_epoch_ == 0)
+    return Status::Error(Code::kInvalidArgument,
+                         "an engine needs an epoch allocated for it (docs/single-writer.md); it never picks one itself");
 
   Events ev;
   std::unique_lock<RwLock> lk(gate_);
-  uint64_t max_epoch = 0;
-  for (const auto& s : slots_) max_epoch = std::max(max_epoch, s->backend->epoch());
+  ReplicaSet latest;
+  Status st = ClaimLocked(open_epoch_, &latest, &ev);
+  if (!st.ok()) {
+    lk.unlock();
+    Emit(ev);
+    return st;
+  }
+  epoch_ = open_epoch_;
+  ev.push_back({EngineEvent::Type::kEpochClaimed, "", 0, open_epoch_, 0, "claimed epoch " + std::to_string(open_epoch_)});
+  // Only replicas in the latest replica set's rw hold every acknowledged write (invariant 3).
+  const std::string which = latest.empty() ? std::string("the highest epoch before this claim")
+                                           : "replica set " + std::to_string(latest.epoch) + "/" +
+                                                 std::to_string(latest.generation);
   for (size_t i = 0; i < slots_.size(); ++i) {
-    const uint64_t e = slots_[i]->backend->epoch();
-    if (slots_[i]->backend->size() == 0) {
-      MarkErr(i, -ENOTCONN, "replica " + slots_[i]->id + " is unreachable", &ev);
-    } else if (slots_[i]->backend->rebuilding()) {
-      // Invariant 3: a rebuild that did not finish may have left any part of it uncopied.
-      MarkErr(i, -EIO, "replica " + slots_[i]->id + " was left in the middle of a rebuild: it must be rebuilt again",
-              &ev);
-    } else if (e < max_epoch) {
-      MarkErr(i, -kErrStaleEpoch, "replica " + slots_[i]->id + " was fenced (epoch " + std::to_string(e) +
-                                      " < " + std::to_string(max_epoch) + ")", &ev);
+    Slot& sl = *slots_[i];
+    if (sl.mode.load() != ReplicaMode::kRW) continue;
+    if (sl.backend->rebuilding()) {
+      MarkErr(i, -EIO, "replica " + sl.id + " was left in the middle of a rebuild: it must be rebuilt again", &ev);
+    } else if (!latest.IsRw(sl.member)) {
+      MarkErr(i, -kErrStaleEpoch, "replica " + sl.id + " (" + sl.member + ") is not RW in " + which +
+                                      ": it may lack acknowledged writes and must be rebuilt", &ev);
     }
   }
   CheckLayers(&ev);
@@ -782,42 +955,44 @@ Status ReplicatedEngine::Open() {
   bool dirty = false;
   for (const auto& s : slots_)
     if (s->mode.load() == ReplicaMode::kRW && !s->backend->clean()) dirty = true;
-
-  const uint64_t open_epoch = max_epoch + 1;
-  size_t claimed = 0;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = *slots_[i];
-    if (s.mode.load() != ReplicaMode::kRW) continue;
-    Status st = s.backend->ClaimEpoch(open_epoch);
-    if (st.ok()) {
-      ++claimed;
-    } else if (st.code == Code::kStaleEpoch) {
-      // Another engine is claiming this volume right now: do not race it.
-      return Status::Error(Code::kStaleEpoch, "replica " + s.id + ": " + st.message, ESTALE);
-    } else {
-      // The claim may have reached the disk before failing: fence it like a runtime
-      // failure (FenceLocked below claims again and reports it).
-      std::lock_guard<std::mutex> g(state_mu_);
-      fence_pending_ = true;
-      s.mode = ReplicaMode::kERR;
-      s.last_error = ErrnoOf(st);
-      unfenced_.push_back(i);
-    }
-  }
-  if (claimed == 0) {
-    Emit(ev);
-    return Status::Error(Code::kNoHealthyReplica, "no replica could be opened for writing");
-  }
-  epoch_ = open_epoch;
-  ev.push_back({EngineEvent::Type::kEpochClaimed, "", 0, open_epoch, 0,
-                "claimed epoch " + std::to_string(open_epoch)});
-
   if (dirty && RwCount() > 1) Reconcile(&ev);
-  FenceLocked(&ev);
   if (RwCount() == 0) {
+    lk.unlock();
     Emit(ev);
-    return Status::Error(Code::kNoHealthyReplica, "no replica survived reconcile");
+    return Status::Error(Code::kNoHealthyReplica, "none of the replicas that hold the latest data (RW in " + which +
+                                                      ") could be used");
   }
+  // Replicas that failed the reconcile are simply left out of the first replica set.
+  std::vector<size_t> pending;
+  {
+    std::lock_guard<std::mutex> g(state_mu_);
+    pending.swap(unfenced_);
+    fence_pending_ = false;
+  }
+  ReplicaSet first;
+  first.epoch = open_epoch_;
+  first.generation = 1;
+  for (const auto& sl : slots_) {
+    first.members.push_back(sl->member);
+    if (sl->mode.load() == ReplicaMode::kRW) first.rw.push_back(sl->member);
+  }
+  const int rc = CommitLocked(latest, first, /*hold=*/false, &ev);
+  if (rc < 0) {
+    lk.unlock();
+    Emit(ev);
+    if (rc == -kErrStaleEpoch)
+      return Status::Error(Code::kStaleEpoch, "another engine claimed the volume while this one opened", ESTALE);
+    return Status::Error(Code::kNoQuorum, "the first replica set of epoch " + std::to_string(open_epoch_) +
+                                              " could not be stored on a majority of the replicas", kErrNoQuorum);
+  }
+  {
+    std::lock_guard<std::mutex> g(state_mu_);
+    std::vector<size_t> more;
+    more.swap(unfenced_);
+    pending.insert(pending.end(), more.begin(), more.end());
+    fence_pending_ = false;
+  }
+  ReportDropped(pending, &ev);
   lk.unlock();
   Emit(ev);
   return Status::Ok();
@@ -903,7 +1078,7 @@ Status ReplicatedEngine::Deactivate(HandOver* out) {
       // An export or copy pins the snapshot's layers only on this engine; the next writer
       // could delete them under it (a remote replica would not tell the reader in time).
       result = Status::Error(Code::kBusy, "an export or copy of a snapshot reads from this engine: hand over when it has finished", EBUSY);
-    } else if (int rc = FenceLocked(&ev); rc < 0) {
+    } else if (int rc = CommitDropsLocked(&ev); rc < 0) {
       result = Status::FromErrno(rc, "fencing failed replicas before the hand-over");
     } else {
       const Targets t = RwTargets();
@@ -917,13 +1092,14 @@ Status ReplicatedEngine::Deactivate(HandOver* out) {
           result = Status::FromErrno(rcs[k], "flushing " + slots_[t.idx[k]]->id + " for the hand-over");
       }
       if (result.ok()) {
-        if (int rc = FenceLocked(&ev); rc < 0) result = Status::FromErrno(rc, "fencing replicas that failed their flush");
+        if (int rc = CommitDropsLocked(&ev); rc < 0) result = Status::FromErrno(rc, "fencing replicas that failed their flush");
       }
       if (result.ok()) {
         // With state_mu_, so a connection lost from now on is handled as a standby's.
         std::lock_guard<std::mutex> g(state_mu_);
         standby_ = true;
         out->epoch = epoch_.load();
+        out->generation = set_.generation;
         out->rw_ids.clear();
         for (const auto& s : slots_)
           if (s->mode.load() == ReplicaMode::kRW) out->rw_ids.push_back(s->id);
@@ -934,7 +1110,7 @@ Status ReplicatedEngine::Deactivate(HandOver* out) {
   return result;
 }
 
-Status ReplicatedEngine::Activate(const HandOver& h) {
+Status ReplicatedEngine::Activate(const HandOver& h, uint64_t epoch) {
   {
     std::lock_guard<std::mutex> lk(rebuild_mu_);
     if (shutting_down_) return Status::Error(Code::kClosed, "engine is closed");
@@ -948,110 +1124,82 @@ Status ReplicatedEngine::Activate(const HandOver& h) {
       result = Status::Error(Code::kClosed, "engine is closed");
     } else if (!standby_) {
       result = Status::Error(Code::kInvalidState, "engine is active already");
-    } else if (h.epoch == UINT64_MAX) {
-      result = Status::Error(Code::kInvalidArgument, "hand-over epoch " + std::to_string(h.epoch) + " leaves no epoch above it");
+    } else if (epoch == 0 || epoch <= h.epoch) {
+      result = Status::Error(Code::kInvalidArgument, "activation epoch " + std::to_string(epoch) +
+                                                         " must be allocated above the hand-over's " + std::to_string(h.epoch));
     } else {
-      result = ActivateLocked(h, &ev);
+      result = ActivateLocked(h, epoch, &ev);
     }
   }
   Emit(ev);
   return result;
 }
 
-Status ReplicatedEngine::ActivateLocked(const HandOver& h, Events* ev) {
+Status ReplicatedEngine::ActivateLocked(const HandOver& h, uint64_t epoch, Events* ev) {
   const std::set<std::string> handed(h.rw_ids.begin(), h.rw_ids.end());
-  const uint64_t next = h.epoch + 1;
-  std::vector<size_t> candidates;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = *slots_[i];
-    if (handed.count(s.id) && s.mode.load() != ReplicaMode::kERR && s.backend->size() != 0) candidates.push_back(i);
-  }
-  if (candidates.empty())
+  bool usable = false;
+  for (const auto& sl : slots_)
+    usable = usable || (handed.count(sl->id) && sl->mode.load() != ReplicaMode::kERR && sl->backend->size() != 0);
+  if (!usable)
     return Status::Error(Code::kNoHealthyReplica, "none of the " + std::to_string(h.rw_ids.size()) +
                                                       " RW replica(s) of the hand-over can be used by this engine");
-  // Checked before any claim, so a used hand-over changes nothing (a remote replica's epoch
-  // is as its last reply gave it; the claim below catches a newer one). Replicas outside
-  // the hand-over count too: the engine that handed over never left one above its own
-  // epoch, so one that is must have been claimed since, and the epoch claimed here would
-  // not be above it (the next start would take ours for the fenced ones).
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i]->backend->size() == 0) continue;
-    const uint64_t e = slots_[i]->backend->epoch();
-    if (e > h.epoch)
-      return Status::Error(Code::kStaleEpoch, "replica " + slots_[i]->id + " is at epoch " + std::to_string(e) +
-                                                  ", past the hand-over's " + std::to_string(h.epoch) +
-                                                  ": another engine claimed the volume since", ESTALE);
-  }
-  std::vector<size_t> claimed;
-  std::vector<std::pair<size_t, Status>> failed;
-  for (size_t i : candidates) {
-    Status st = slots_[i]->backend->ClaimEpoch(next);
-    if (st.ok()) {
-      claimed.push_back(i);
-    } else if (st.code == Code::kStaleEpoch) {
-      // Another engine claims right now (a second standby activating from the same
-      // hand-over): it wins, this engine stays standby. Both in the same replica order
-      // means exactly one of them gets every claim.
-      return Status::Error(Code::kStaleEpoch, "replica " + slots_[i]->id + ": " + st.message, ESTALE);
-    } else {
-      failed.emplace_back(i, st);
+  ReplicaSet latest;
+  Status st = ClaimLocked(epoch, &latest, ev);
+  if (!st.ok()) return st;
+  // The hand-over is good only if nobody committed since: its engine's set is the latest.
+  if (latest.epoch != h.epoch || latest.generation != h.generation)
+    return Status::Error(Code::kStaleEpoch, "the volume's latest replica set is " + std::to_string(latest.epoch) + "/" +
+                                                std::to_string(latest.generation) + ", not the hand-over's " +
+                                                std::to_string(h.epoch) + "/" + std::to_string(h.generation) +
+                                                ": another engine wrote the volume since",
+                         ESTALE);
+  ReplicaSet first;
+  first.epoch = epoch;
+  first.generation = 1;
+  {
+    // Under state_mu_ with the mode changes, so a connection lost meanwhile was handled as
+    // a standby's (ERR, seen here) or is handled as an active engine's (dropped by a commit).
+    std::lock_guard<std::mutex> g(state_mu_);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = *slots_[i];
+      first.members.push_back(s.member);
+      if (s.mode.load() == ReplicaMode::kERR) continue;
+      std::string why;
+      if (!handed.count(s.id) || !latest.IsRw(s.member))
+        why = "replica " + s.id + " was not RW when the volume was handed over (replica set " +
+              std::to_string(h.epoch) + "/" + std::to_string(h.generation) + ")";
+      else if (s.backend->rebuilding())
+        why = "replica " + s.id + " was left in the middle of a rebuild: it must be rebuilt again";
+      if (why.empty()) {
+        first.rw.push_back(s.member);
+        continue;
+      }
+      s.mode = ReplicaMode::kERR;
+      s.last_error = -EIO;
+      ev->push_back({EngineEvent::Type::kReplicaError, s.id, -EIO, 0, 0, why});
     }
   }
-  for (const auto& f : failed)
-    MarkErr(f.first, ErrnoOf(f.second), "claiming epoch " + std::to_string(next) + " on replica " +
-                                            slots_[f.first]->id + " failed: " + f.second.message, ev);
-  if (claimed.empty()) return Status::Error(Code::kNoHealthyReplica, "no replica of the hand-over could be claimed");
-
-  // The writer from here on. Under state_mu_ with the mode changes, so a connection lost
-  // meanwhile was handled as a standby's (ERR, seen below) or is handled as an active
-  // engine's (ERR and fenced).
+  if (first.rw.empty()) return Status::Error(Code::kNoHealthyReplica, "no replica of the hand-over could be claimed");
+  const uint64_t held = epoch_.load();
+  epoch_ = epoch;
+  const int rc = CommitLocked(latest, first, /*hold=*/false, ev);
+  if (rc < 0) {
+    epoch_ = held;
+    if (rc == -kErrStaleEpoch)
+      return Status::Error(Code::kStaleEpoch, "another engine claimed the volume while this one activated", ESTALE);
+    return Status::Error(Code::kNoQuorum, "the replica set of epoch " + std::to_string(epoch) +
+                                              " could not be stored on a majority of the replicas", kErrNoQuorum);
+  }
   {
     std::lock_guard<std::mutex> g(state_mu_);
     standby_ = false;
     fenced_ = false;
-    epoch_ = next;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      Slot& s = *slots_[i];
-      const bool got = std::find(claimed.begin(), claimed.end(), i) != claimed.end();
-      const bool claim_failed = std::any_of(failed.begin(), failed.end(), [i](const auto& f) { return f.first == i; });
-      if (got && s.mode.load() == ReplicaMode::kERR) {
-        // Lost while we claimed: it holds our epoch, so it must be fenced like a failure.
-        fence_pending_ = true;
-        unfenced_.push_back(i);
-        s.reported = true;  // its replica-error went out when it was lost
-      } else if (got && s.backend->rebuilding()) {
-        // (A remote replica's flag is fresh here: the claim's reply carried it.) Invariant
-        // 3; its durable flag already keeps every engine from reading it.
-        s.mode = ReplicaMode::kERR;
-        s.last_error = -EIO;
-        ev->push_back({EngineEvent::Type::kReplicaError, s.id, -EIO, 0, 0,
-                       "replica " + s.id + " was left in the middle of a rebuild: it must be rebuilt again"});
-      } else if (claim_failed) {
-        // The claim may have reached its disk before failing: fence it (FenceLocked below).
-        fence_pending_ = true;
-        unfenced_.push_back(i);
-        s.reported = true;  // announced above
-      } else if (!got && s.mode.load() != ReplicaMode::kERR) {
-        // Not RW when the volume was handed over: it missed writes, or its state is unknown.
-        // Its epoch is at most the hand-over's, so the claim above made it stale.
-        s.mode = ReplicaMode::kERR;
-        s.last_error = -EIO;
-        ev->push_back({EngineEvent::Type::kReplicaError, s.id, -EIO, 0, 0,
-                       "replica " + s.id + " was not RW when the volume was handed over (epoch " +
-                           std::to_string(h.epoch) + ")"});
-      }
-    }
+    unfenced_.clear();
+    fence_pending_ = false;
   }
-  ev->push_back({EngineEvent::Type::kEpochClaimed, "", 0, next, 0,
-                 "claimed epoch " + std::to_string(next) + ": activated from the hand-over of epoch " +
-                     std::to_string(h.epoch)});
-  FenceLocked(ev);
-  if (RwCount() == 0) {
-    // Every claimed replica turned out unusable: serve nothing, as before.
-    std::lock_guard<std::mutex> g(state_mu_);
-    standby_ = true;
-    return Status::Error(Code::kNoHealthyReplica, "no replica of the hand-over survived activation");
-  }
+  ev->push_back({EngineEvent::Type::kEpochClaimed, "", 0, epoch, 0,
+                 "claimed epoch " + std::to_string(epoch) + ": activated from the hand-over of replica set " +
+                     std::to_string(h.epoch) + "/" + std::to_string(h.generation)});
   return Status::Ok();
 }
 
@@ -1098,7 +1246,8 @@ void ReplicatedEngine::StopRebuild(const std::string& id, int why) {
   rebuild_cv_.wait(lk, [&] { return !rebuild_active_; });
 }
 
-Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& target, Slot** out, Events* ev) {
+Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& target, const std::string& member, Slot** out,
+                                      Events* ev) {
   std::unique_lock<RwLock> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed");
   if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: it rebuilds nothing until activated", EPERM);
@@ -1110,10 +1259,17 @@ Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& tar
                                                      ", the volume " + std::to_string(size_));
   // Settles pending fences first, so no slot index is queued in unfenced_ while the list
   // changes, and the epoch the target adopts is the one the RW replicas hold.
-  if (int rc = FenceLocked(ev); rc < 0) return Status::FromErrno(rc, "fencing failed replicas before the rebuild");
+  if (int rc = CommitDropsLocked(ev); rc < 0) return Status::FromErrno(rc, "fencing failed replicas before the rebuild");
+  if (!ReplicaSet::ValidName(member))
+    return Status::Error(Code::kInvalidArgument, "member name '" + member.substr(0, 64) + "' is not [A-Za-z0-9._-]{1,63}");
   size_t existing = slots_.size();
   for (size_t i = 0; i < slots_.size(); ++i)
     if (slots_[i]->id == id) existing = i;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (i != existing && slots_[i]->member == member)
+      return Status::Error(Code::kInvalidArgument, "member name " + member + " is taken by replica " + slots_[i]->id);
+  if (existing < slots_.size() && slots_[existing]->member != member)
+    return Status::Error(Code::kInvalidArgument, "replica " + id + " is member " + slots_[existing]->member + ", not " + member);
   if (existing < slots_.size() && slots_[existing]->mode.load() != ReplicaMode::kERR)
     return Status::Error(Code::kInvalidState, "replica " + id + " is already " +
                                                   ReplicaModeName(slots_[existing]->mode.load()) + " in this engine");
@@ -1167,6 +1323,7 @@ Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& tar
       s->backend = target;
       WatchBackend(target.get());
       s->id = id;
+      s->member = member;
       s->mode = ReplicaMode::kWO;
       *out = s.get();
       slots_.push_back(std::move(s));
@@ -1180,7 +1337,8 @@ Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& tar
   return Status::Ok();
 }
 
-Status ReplicatedEngine::FinishRebuildLocked(Slot* slot, const std::vector<std::string>& copied, bool* finished) {
+Status ReplicatedEngine::FinishRebuildLocked(Slot* slot, const std::vector<std::string>& copied, bool* finished,
+                                             Events* ev) {
   *finished = false;
   std::unique_lock<RwLock> lk(gate_);
   BusyFlag busy(control_busy_);
@@ -1207,11 +1365,21 @@ Status ReplicatedEngine::FinishRebuildLocked(Slot* slot, const std::vector<std::
   if (sig(want) != sig(have))
     return Status::Error(Code::kIoError, "rebuild target " + slot->id + " ended with a different layer list than " + src.id);
   if (slot->backend->epoch() < epoch_.load()) {
-    st = slot->backend->ClaimEpoch(epoch_.load());
+    st = slot->backend->ClaimEpoch(epoch_.load(), nullptr);
     if (!st.ok()) return st;
   }
   st = slot->backend->FinishRebuild();
   if (!st.ok()) return Status::Error(st.code, "finishing the rebuild of " + slot->id + ": " + st.message, st.sys_errno);
+  // It holds every acknowledged write now (I/O is quiesced): it joins the replica set, and
+  // is RW only once that is committed (docs/single-writer.md).
+  if (int rc = CommitDropsLocked(ev, /*hold=*/false); rc < 0)
+    return Status::FromErrno(rc, "committing the replica set before " + slot->id + " joins it");
+  ReplicaSet next = CommittedSet();
+  ++next.generation;
+  if (!next.IsMember(slot->member)) next.members.push_back(slot->member);
+  if (!next.IsRw(slot->member)) next.rw.push_back(slot->member);
+  if (int rc = CommitLocked(CommittedSet(), next, /*hold=*/false, ev); rc < 0)
+    return Status::FromErrno(rc, "committing the replica set with " + slot->id + " as RW");
   {
     std::lock_guard<std::mutex> g(state_mu_);
     slot->mode = ReplicaMode::kRW;
@@ -1262,7 +1430,7 @@ Status ReplicatedEngine::RunRebuild(Slot* slot, RebuildResult* res, uint64_t* to
   size_t switches = 0;
   auto source_failed = [&](int rc) {
     if (++switches > kMaxReplicas || !MarkSlotFailed(source_slot, rc)) return false;
-    Fence();
+    CommitDrops();
     return true;
   };
 
@@ -1292,7 +1460,9 @@ Status ReplicatedEngine::RunRebuild(Slot* slot, RebuildResult* res, uint64_t* to
       // writeback); syncing its head here keeps the sync under the gate short.
       if (int rc = target->Flush(); rc < 0) return stopped(rc);
       bool finished = false;
-      st = FinishRebuildLocked(slot, copied, &finished);
+      Events ev;
+      st = FinishRebuildLocked(slot, copied, &finished, &ev);
+      Emit(ev);
       if (!st.ok() || finished) return st;
       continue;  // a snapshot came in meanwhile: copy its new layer
     }
@@ -1326,7 +1496,8 @@ Status ReplicatedEngine::RunRebuild(Slot* slot, RebuildResult* res, uint64_t* to
                                         std::to_string(kMaxRebuildPasses) + " passes (snapshots kept coming)");
 }
 
-Status ReplicatedEngine::AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) {
+Status ReplicatedEngine::AddReplica(std::shared_ptr<ReplicaBackend> target, const std::string& member,
+                                    RebuildResult* out) {
   if (!target) return Status::Error(Code::kInvalidArgument, "no rebuild target");
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -1361,7 +1532,7 @@ Status ReplicatedEngine::AddReplica(std::shared_ptr<ReplicaBackend> target, Rebu
 
   Events ev;
   Slot* slot = nullptr;
-  Status st = StartRebuild(target, &slot, &ev);
+  Status st = StartRebuild(target, member, &slot, &ev);
   Emit(ev);
   if (!st.ok()) {
     target->Close();
@@ -1406,9 +1577,25 @@ Status ReplicatedEngine::RemoveReplica(const std::string& id) {
       return Status::Error(Code::kInvalidState, "replica " + id + " is RW: only ERR or WO replicas can be removed");
     if (mode == ReplicaMode::kWO)  // a new rebuild of it started after ours was stopped
       return Status::Error(Code::kBusy, "replica " + id + " is being rebuilt", EBUSY);
-    // Best effort: a replica still waiting for its fence is removed all the same (the
-    // remaining replicas keep their pending fence).
-    FenceLocked(&ev);
+    // It leaves the replica set's members first, so majorities are counted without it.
+    const std::string member = slots_[i]->member;
+    if (int rc = CommitDropsLocked(&ev, /*hold=*/false); rc < 0) {
+      lk.unlock();
+      Emit(ev);
+      return Status::FromErrno(rc, "committing the replica set before removing " + id);
+    }
+    ReplicaSet next = CommittedSet();
+    // A standby or fenced engine owns no replica set: it only lets go of the replica.
+    if (!standby_ && !fenced_ && next.IsMember(member)) {
+      ++next.generation;
+      next.members.erase(std::find(next.members.begin(), next.members.end(), member));
+      if (next.IsRw(member)) next.rw.erase(std::find(next.rw.begin(), next.rw.end(), member));
+      if (int rc = CommitLocked(CommittedSet(), next, /*hold=*/false, &ev); rc < 0) {
+        lk.unlock();
+        Emit(ev);
+        return Status::FromErrno(rc, "committing the replica set without " + id);
+      }
+    }
     std::lock_guard<std::mutex> g(state_mu_);
     gone = std::move(slots_[i]->backend);
     slots_.erase(slots_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -1443,14 +1630,18 @@ Status ReplicatedEngine::Shutdown() {
     // A standby wrote nothing since it flushed (or ever), and another engine may be
     // writing the replicas now: no flush, no fence, no clean mark.
     if (!fenced_ && !standby_) {
-      FenceLocked(&ev);
+      // One try each, no hold: closing must not wait for a majority.
+      CommitDropsLocked(&ev, /*hold=*/false);
       const Targets t = RwTargets();
       for (size_t k = 0; k < t.n; ++k) {
         int rc = slots_[t.idx[k]]->backend->Flush();
         if (rc < 0 && !MarkFailed(t.idx[k], rc) && result.ok())
           result = Status::FromErrno(rc, "flushing " + slots_[t.idx[k]]->id);
       }
-      FenceLocked(&ev);
+      // The clean mark promises the next engine that the RW replicas are identical; with
+      // a drop not committed, the committed set still names a replica that may differ.
+      if (int rc = CommitDropsLocked(&ev, /*hold=*/false); rc < 0 && result.ok())
+        result = Status::FromErrno(rc, "committing the replica set at close: replicas are left unclean");
       const Targets clean = RwTargets();
       if (result.ok()) {
         for (size_t k = 0; k < clean.n; ++k) {
@@ -1563,7 +1754,7 @@ class ReplicatedEngine::SnapshotReadImpl final : public Engine::SnapshotRead {
         marked = true;
       }
     }
-    if (marked) e_->Fence();
+    if (marked) e_->CommitDrops();
     std::shared_ptr<ReplicaBackend> next;
     {
       std::shared_lock<RwLock> g(e_->gate_);

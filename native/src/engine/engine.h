@@ -3,16 +3,20 @@
 // - Writes (and trims, write-zeroes) fan out to every RW replica; the call returns only
 //   when all have it (invariant 1). Reads go round-robin over RW replicas; a failed read
 //   is retried on the next RW replica.
+// - One writer (docs/single-writer.md): the engine is handed a unique epoch and never
+//   changes it. The volume's replica set {epoch, generation, members, rw} is committed to
+//   a majority of the members; a write is acknowledged only when every RW member has it.
 // - A replica whose I/O fails is marked ERR and no longer used, as long as one RW replica
-//   remains; before the failed request is answered the engine claims epoch+1 on the
-//   remaining RW replicas, so the ERR replica is durably recognisable as stale (lower
-//   epoch) on the next open (invariant 3). If the last RW replica fails, the error goes
-//   to the caller and the replica stays RW.
-// - Start claims epoch = max(replica epochs) + 1 on every replica (invariant 2). Replicas
-//   whose epoch was below that max were fenced earlier: they open as ERR. If any RW
-//   replica was not closed cleanly, the heads are reconciled first (the first RW replica
-//   is the source; differing blocks are copied, extra allocations trimmed), so replicas
-//   hold identical data before the first request is served.
+//   remains; before the failed request is answered the engine commits the replica set
+//   without it, so the ERR replica is durably out of `rw` for every later engine
+//   (invariant 3). Without a majority the request is held (quorum_hold_ms), then fails:
+//   it is never acknowledged. If the last RW replica fails, the error goes to the caller
+//   and the replica stays RW.
+// - Start claims its epoch on every reachable replica (invariant 2), takes the latest
+//   replica set among their answers, needs a majority of its members, uses the claimed
+//   replicas in its rw (others are ERR), reconciles heads if any was not closed cleanly
+//   (the first RW replica is the source), and commits (epoch, 1, members, rw) before it
+//   serves.
 // - Snapshot/Delete/Revert quiesce I/O (an exclusive lock against the data path's shared
 //   lock) and apply to every RW replica.
 // - A replica answering -ESTALE means another engine claimed a newer epoch: this engine is
@@ -29,11 +33,11 @@
 //   its replicas but claims no epoch, reconciles and marks nothing, and serves nothing:
 //   every BlockDevice call returns -EPERM, Snapshot/DeleteSnapshot/Revert/AddReplica
 //   kInvalidState. Deactivate turns an active engine into a standby after stopping its
-//   rebuild, draining and flushing, and hands over {epoch, ids of its RW replicas};
-//   Activate(hand-over) on a standby claims hand-over epoch + 1 on those replicas and
-//   makes every other replica ERR. A hand-over is good once: if any of its replicas has
-//   moved past its epoch (another standby activated from it, or a third engine started)
-//   Activate fails with kStaleEpoch. Activate does not reconcile: the deactivated engine
+//   rebuild, draining and flushing, and hands over {epoch, generation, ids of its RW
+//   replicas}; Activate(hand-over, new epoch) on a standby claims the new epoch, checks
+//   that the latest replica set is the hand-over's, and commits its own. A hand-over is
+//   good once: if another engine committed since, Activate fails with kStaleEpoch.
+//   Activate does not reconcile: the deactivated engine
 //   left its RW replicas identical, except where a write failed on every one of them
 //   (all full), which may have landed on some only; NBD lets an unacknowledged write
 //   read back as anything. A standby (never active, or handed over) closes its replicas
@@ -62,7 +66,7 @@ inline const char* ReplicaModeName(ReplicaMode m) {
   return "ERR";
 }
 
-// Emitted: kEpochClaimed by Start (the open epoch), by Activate and after each fence;
+// Emitted: kEpochClaimed by Start and Activate; kReplicaSetChanged after every commit;
 // kReplicaError for every replica marked ERR (at Start: fenced by a lower epoch, a
 // different layer list, a failed claim; at Activate: not RW in the hand-over, a failed
 // claim; later: a failed I/O, a lost connection), after the fence that makes it stale; kReconciled
@@ -80,6 +84,8 @@ struct EngineEvent {
     kRebuildProgress,
     kRebuildCompleted,
     kRebuildFailed,
+    // A replica set was committed (docs/single-writer.md): epoch, generation, rw_members.
+    kReplicaSetChanged,
     // Raised by the binding (not the engine) while a snapshot is exported or copied
     // (engine/snapshot-reader.h): bytes = data bytes read so far, total_bytes = all of them.
     kSnapshotCopyProgress,
@@ -93,6 +99,8 @@ struct EngineEvent {
   uint64_t scanned_bytes = 0;  // kRebuild*: allocated bytes compared so far (source or target)
   uint64_t total_bytes = 0;    // kRebuild*, kSnapshotCopyProgress: bytes to handle in all
   std::string snapshot = {};   // kSnapshotCopyProgress: the snapshot being read
+  uint64_t generation = 0;           // kReplicaSetChanged
+  std::vector<std::string> rw_members = {};  // kReplicaSetChanged: member names of the RW replicas
 };
 
 // Progress events of a rebuild are at least this far apart (plus one at the end).
@@ -120,6 +128,7 @@ struct ReplicaState {
 // What an engine hands to the next writer of its volume (Deactivate -> Activate).
 struct HandOver {
   uint64_t epoch = 0;               // the epoch the deactivated engine held
+  uint64_t generation = 0;          // the generation of its last committed replica set
   std::vector<std::string> rw_ids;  // its RW replicas (ReplicaBackend::id()), identical and flushed
 };
 
@@ -131,11 +140,19 @@ class Engine : public BlockDevice {
     // Open as a migration standby (see the file comment): replicas are opened and their
     // sizes checked, an unreachable one is ERR; nothing is claimed or changed.
     bool standby = false;
+    // The writer epoch to claim (not for a standby): allocated by the caller so that no
+    // other engine ever holds it (docs/single-writer.md). The engine never changes it.
+    uint64_t epoch = 0;
+    // The replicas' member names (control-plane replica ids), one per replica.
+    std::vector<std::string> members;
+    // How long a request waits for a replica-set commit that lacks a majority.
+    uint32_t quorum_hold_ms = 15000;
   };
 
   // Fails with kNoHealthyReplica if no replica can be used, kInvalidArgument for 0 or
-  // more than 16 replicas, duplicates or differing sizes, kStaleEpoch if another engine
-  // claims the volume concurrently. On failure the replicas have been closed.
+  // more than 16 replicas, duplicates or differing sizes, no epoch or member names,
+  // kStaleEpoch if a replica promised an epoch at or above ours (the message names the
+  // highest seen), kNoQuorum without a majority. On failure the replicas have been closed.
   static Status Start(Options opts, std::unique_ptr<Engine>* out);
 
   // BlockDevice: see block-device.h. After Shutdown every call returns -ESHUTDOWN.
@@ -156,12 +173,14 @@ class Engine : public BlockDevice {
   // kBusy if a Deactivate runs already or a snapshot read (export, copy) is open: its pin
   // holds only on this engine. Blocks for the drain and flush: worker thread.
   virtual Status Deactivate(HandOver* out) = 0;
-  // Standby -> active. Replicas not in h.rw_ids, unreachable, ERR here already, or left
-  // mid-rebuild become ERR; epoch h.epoch + 1 is claimed on the rest. kStaleEpoch (still
-  // standby) if a replica is past h.epoch (the hand-over was used or overtaken);
-  // kNoHealthyReplica (still standby) if no claim succeeded; kInvalidState if active.
-  // Afterwards the engine is like a started one. Blocks: worker thread.
-  virtual Status Activate(const HandOver& h) = 0;
+  // Standby -> active with `epoch` (allocated by the caller, above every replica's).
+  // Replicas not in h.rw_ids, unreachable, ERR here already, or left mid-rebuild become
+  // ERR. kStaleEpoch (still standby) if a replica refuses the claim or the latest replica
+  // set is not the hand-over's (it was used or overtaken); kNoQuorum if a majority of its
+  // members cannot be claimed or committed; kNoHealthyReplica (still standby) if none of
+  // the hand-over's replicas could be claimed; kInvalidState if active. Afterwards the
+  // engine is like a started one. Blocks: worker thread.
+  virtual Status Activate(const HandOver& h, uint64_t epoch) = 0;
 
   virtual Status Snapshot(const std::string& name, const Labels& labels, bool user_created) = 0;
   // Every layer (snapshots, removed-but-kept ones, and the head), bottom first, from the
@@ -177,12 +196,15 @@ class Engine : public BlockDevice {
   // are not sent — then flushes, clears its rebuilding flag and makes it RW. Foreground
   // I/O continues throughout; snapshot delete and revert are refused (kBusy) meanwhile.
   // If `target`'s id is already a slot (an ERR replica coming back), that slot is reused.
+  // `member` is its member name; it joins the replica set (members and rw) when it turns RW,
+  // by a commit (kNoQuorum if that lacks a majority: the target is then ERR).
   // Fails with kNoHealthyReplica if no RW replica exists, kInvalidState if the slot is
   // RW/WO already, kOutOfRange beyond 16 replicas, kBusy if another rebuild runs on this
   // engine, kClosed if stopped by RemoveReplica/Shutdown, or the target's error (then it
   // is ERR). `target` is always consumed: closed if it could not be added.
-  virtual Status AddReplica(std::shared_ptr<ReplicaBackend> target, RebuildResult* out) = 0;
-  // Removes a replica that is not RW (ERR, or WO: that aborts its rebuild) and closes it.
+  virtual Status AddReplica(std::shared_ptr<ReplicaBackend> target, const std::string& member, RebuildResult* out) = 0;
+  // Removes a replica that is not RW (ERR, or WO: that aborts its rebuild) and closes it;
+  // it leaves the replica set's members by a commit first (kNoQuorum: it stays).
   // kInvalidState for a RW replica; kNotFound for an unknown id.
   virtual Status RemoveReplica(const std::string& id) = 0;
 

@@ -369,7 +369,27 @@ void RemoteReplica::ReaderLoop() {
 // ---------------------------------------------------------------------------------------
 // ReplicaBackend.
 
-Status RemoteReplica::ClaimEpoch(uint64_t epoch) { return RunStatus(NewCall(kOpClaimEpoch, epoch, 0, 0), "CLAIM_EPOCH"); }
+Status RemoteReplica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
+  CallPtr c = NewCall(kOpClaimEpoch, epoch, 0, 0);
+  c->max_reply = 64 * 1024;  // a replica set: at most 32 + 32 names of 63 bytes
+  Status st = RunStatus(c, "CLAIM_EPOCH");
+  if (!st.ok()) return st;
+  ReplicaSet set;
+  PayloadReader in(c->reply_payload.data(), c->reply_payload.size());
+  if (!DecodeReplicaSet(&in, &set) || !in.done())
+    return Status::Error(Code::kProtocolError, "replica " + id_ + ": malformed replica set in the CLAIM_EPOCH reply", EPROTO);
+  if (stored) *stored = std::move(set);
+  return Status::Ok();
+}
+
+Status RemoteReplica::SetReplicaSet(const ReplicaSet& set) {
+  const std::string bad = set.Invalid();
+  if (!bad.empty()) return Status::Error(Code::kInvalidArgument, bad, EINVAL);
+  CallPtr c = NewCall(kOpSetReplicaSet, set.epoch, 0, 0);
+  PayloadWriter w(&c->payload);
+  EncodeReplicaSet(set, &w);
+  return RunStatus(c, "SET_REPLICA_SET");
+}
 
 Status RemoteReplica::MarkClean(uint64_t epoch) { return RunStatus(NewCall(kOpMarkClean, epoch, 0, 0), "MARK_CLEAN"); }
 

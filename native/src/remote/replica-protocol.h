@@ -76,7 +76,8 @@ enum Op : uint8_t {
   kOpUnmapLayer = 20,
   kOpFinishRebuild = 21,
   kOpAllocatedBytes = 22,
-  kOpMax = 22,
+  kOpSetReplicaSet = 23,
+  kOpMax = 23,
 };
 
 inline const char* OpName(uint8_t op) {
@@ -84,7 +85,7 @@ inline const char* OpName(uint8_t op) {
                                       "TRIM",       "WRITE_ZEROES",   "FLUSH",         "BLOCK_STATUS", "CLAIM_EPOCH",
                                       "MARK_CLEAN", "LIST_LAYERS",    "LAYER_EXTENTS", "READ_LAYER",   "SNAPSHOT",
                                       "DELETE_SNAPSHOT", "REVERT",    "ADOPT_CHAIN",   "LAYER_DIGEST", "WRITE_LAYER",
-                                      "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES"};
+                                      "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES", "SET_REPLICA_SET"};
   return op <= kOpMax ? names[op] : "?";
 }
 
@@ -202,7 +203,7 @@ inline int ErrnoForCode(Code c) {
   }
 }
 
-inline bool ValidCode(uint16_t c) { return c <= static_cast<uint16_t>(Code::kProtocolError); }
+inline bool ValidCode(uint16_t c) { return c <= static_cast<uint16_t>(Code::kNoQuorum); }
 
 // --- Payload building and parsing. Strings are u16 length + bytes. ---
 
@@ -273,6 +274,34 @@ class PayloadReader {
   size_t pos_ = 0;
   bool ok_ = true;
 };
+
+// Replica sets (CLAIM_EPOCH reply, SET_REPLICA_SET request; docs/single-writer.md):
+//   u64 epoch (0: none, and nothing follows), u64 generation, u16 n members, n x str,
+//   u16 n rw, n x str.
+inline void EncodeReplicaSet(const ReplicaSet& set, PayloadWriter* w) {
+  w->U64(set.epoch);
+  if (set.empty()) return;
+  w->U64(set.generation);
+  for (const std::vector<std::string>* names : {&set.members, &set.rw}) {
+    w->U16(static_cast<uint16_t>(names->size()));
+    for (const std::string& n : *names) w->Str(n);
+  }
+}
+
+// False when malformed (including a set that breaks ReplicaSet's limits).
+inline bool DecodeReplicaSet(PayloadReader* in, ReplicaSet* out) {
+  *out = ReplicaSet{};
+  out->epoch = in->U64();
+  if (!in->ok()) return false;
+  if (out->epoch == 0) return true;
+  out->generation = in->U64();
+  for (std::vector<std::string>* names : {&out->members, &out->rw}) {
+    const uint16_t n = in->U16();
+    if (!in->ok() || n > ReplicaSet::kMaxMembers) return false;
+    for (uint16_t i = 0; i < n && in->ok(); ++i) names->push_back(in->Str(ReplicaSet::kMaxNameBytes));
+  }
+  return in->ok() && out->Invalid().empty();
+}
 
 // Layer lists (LIST_LAYERS reply, ADOPT_CHAIN request):
 //   u32 count, then per layer: str id, str file, str parent, str name, u8 flags

@@ -389,10 +389,25 @@ void ReplicaServerConnection::Dispatch(Request* r) {
       }
       return;
     }
-    case kOpClaimEpoch:
+    case kOpClaimEpoch: {
       if (!no_payload()) return;
-      SetStatus(r, rep->ClaimEpoch(h.epoch));
+      ReplicaSet stored;
+      Status st = rep->ClaimEpoch(h.epoch, &stored);
+      SetStatus(r, st);
+      if (st.ok()) {
+        PayloadWriter w(&r->reply_payload);
+        EncodeReplicaSet(stored, &w);
+      }
       return SetState(r);
+    }
+    case kOpSetReplicaSet: {
+      ReplicaSet set;
+      if (!DecodeReplicaSet(&in, &set)) return bad("malformed replica set");
+      if (!finished()) return;
+      if (set.epoch != h.epoch) return bad("replica set epoch differs from the header's");
+      SetStatus(r, rep->SetReplicaSet(set));
+      return SetState(r);
+    }
     case kOpMarkClean:
       if (!no_payload()) return;
       SetStatus(r, rep->MarkClean(h.epoch));

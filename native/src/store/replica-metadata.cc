@@ -100,6 +100,31 @@ Status ParseBackingImage(const Json& j, BackingImageRef* out) {
   return Status::Ok();
 }
 
+Status GetNames(const Json& obj, const char* key, const std::string& where, std::vector<std::string>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return Corrupt(where + "missing field '" + key + "'");
+  if (!it->is_array()) return Corrupt(where + "field '" + key + "' must be an array");
+  if (it->size() > ReplicaSet::kMaxMembers) return Corrupt(where + "field '" + key + "' lists too many names");
+  out->clear();
+  for (const Json& v : *it) {
+    if (!v.is_string()) return Corrupt(where + "field '" + key + "' must hold strings");
+    out->push_back(v.get<std::string>());
+  }
+  return Status::Ok();
+}
+
+Status ParseReplicaSet(const Json& j, ReplicaSet* out) {
+  const std::string where = "replicaSet: ";
+  if (!j.is_object()) return Corrupt(where + "must be an object");
+  RETURN_IF_ERROR(GetU64(j, "epoch", where, &out->epoch));
+  RETURN_IF_ERROR(GetU64(j, "generation", where, &out->generation));
+  RETURN_IF_ERROR(GetNames(j, "members", where, &out->members));
+  RETURN_IF_ERROR(GetNames(j, "rw", where, &out->rw));
+  const std::string bad = out->Invalid();
+  if (!bad.empty()) return Corrupt(where + bad);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ReplicaMetadata::ValidateBackingImage(const BackingImageRef& ref, uint64_t replica_size_bytes, Code code) {
@@ -211,6 +236,7 @@ Status ReplicaMetadata::Parse(const std::string& text, ReplicaMetadata* out) {
     RETURN_IF_ERROR(ParseBackingImage(j["backingImage"], &ref));
     m.backing_image = std::move(ref);
   }
+  if (j.contains("replicaSet")) RETURN_IF_ERROR(ParseReplicaSet(j["replicaSet"], &m.replica_set));
   RETURN_IF_ERROR(GetString(j, "head", "", &m.head));
   RETURN_IF_ERROR(GetU64(j, "nextLayerId", "", &v));
   if (v == 0 || v >= std::numeric_limits<uint32_t>::max())
@@ -239,6 +265,13 @@ Status ReplicaMetadata::Validate() const {
   if (backing_image) {
     Status bs = ValidateBackingImage(*backing_image, size_bytes, Code::kCorrupt);
     if (!bs.ok()) return Corrupt(bs.message);
+  }
+  if (!replica_set.empty()) {
+    const std::string bad = replica_set.Invalid();
+    if (!bad.empty()) return Corrupt("replicaSet: " + bad);
+    if (replica_set.epoch > epoch)
+      return Corrupt("replicaSet: epoch " + std::to_string(replica_set.epoch) + " is above the replica's epoch " +
+                     std::to_string(epoch));
   }
   if (layers.empty()) return Corrupt("no layers");
   if (!Find(head)) return Corrupt("head '" + head.substr(0, 64) + "' is not a layer");
@@ -316,6 +349,12 @@ std::string ReplicaMetadata::Serialize() const {
     j["backingImage"] = OJson{{"dir", backing_image->dir},
                               {"format", backing_image->format},
                               {"virtualSizeBytes", backing_image->virtual_size_bytes}};
+  // Written only once an engine stored one, for the same reason.
+  if (!replica_set.empty())
+    j["replicaSet"] = OJson{{"epoch", replica_set.epoch},
+                            {"generation", replica_set.generation},
+                            {"members", replica_set.members},
+                            {"rw", replica_set.rw}};
   j["head"] = head;
   j["nextLayerId"] = next_layer_num;
   j["layers"] = layers_json;

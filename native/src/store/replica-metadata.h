@@ -65,6 +65,10 @@ struct ReplicaMetadata {
   // Optional in the file ("backingImage": {...}); absent = none, so the format stays 1 and
   // replicas written before the field existed open unchanged.
   std::optional<BackingImageRef> backing_image;
+  // The last replica set an engine stored here (docs/single-writer.md). Optional in the
+  // file ("replicaSet": {...}); absent = none, so replicas written before the protocol open
+  // unchanged. Its epoch is never above `epoch`.
+  ReplicaSet replica_set;
   std::string head;
   uint32_t next_layer_num = 1;
   std::vector<LayerRecord> layers;  // ordered by num (bottom first)

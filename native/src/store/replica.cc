@@ -286,7 +286,7 @@ Status Replica::SaveMeta(const ReplicaMetadata& m) {
   return s;
 }
 
-Status Replica::ClaimEpoch(uint64_t epoch) {
+Status Replica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
   std::lock_guard<std::mutex> ctl(ctl_mu_);
   // Exclusive against the data path: once we hold it no older-epoch write is in flight,
   // and every write that starts after we release it sees the new epoch.
@@ -308,7 +308,36 @@ Status Replica::ClaimEpoch(uint64_t epoch) {
   if (!s.ok()) return s;
   epoch_ = epoch;
   clean_ = false;
+  if (stored) *stored = m.replica_set;
   return Status::Ok();
+}
+
+Status Replica::SetReplicaSet(const ReplicaSet& set) {
+  // ctl_mu_ orders it with ClaimEpoch (a claim and a store never interleave); the data
+  // path is not involved.
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  const std::string bad = set.Invalid();
+  if (!bad.empty()) return Status::Error(Code::kInvalidArgument, "replica " + dir_ + ": " + bad, EINVAL);
+  if (set.epoch != epoch_.load())
+    return Status::Error(Code::kStaleEpoch, "replica " + dir_ + ": a replica set of epoch " + std::to_string(set.epoch) +
+                                                " but the replica promised epoch " + std::to_string(epoch_.load()),
+                         ESTALE);
+  ReplicaMetadata m;
+  {
+    std::lock_guard<std::mutex> g(meta_mu_);
+    m = meta_;
+  }
+  if (m.replica_set == set) return Status::Ok();  // a retry
+  if (!set.NewerThan(m.replica_set))
+    return Status::Error(Code::kStaleEpoch, "replica " + dir_ + ": replica set " + std::to_string(set.epoch) + "/" +
+                                                std::to_string(set.generation) + " is not newer than the stored " +
+                                                std::to_string(m.replica_set.epoch) + "/" +
+                                                std::to_string(m.replica_set.generation),
+                         ESTALE);
+  m.replica_set = set;
+  return SaveMeta(m);
 }
 
 Status Replica::MarkClean(uint64_t epoch) {
@@ -350,7 +379,9 @@ Status Replica::EnsureDirty() {
 
 int Replica::StartWrite(uint64_t epoch) {
   if (closed_.load()) return -EBADF;
-  if (epoch < epoch_.load()) return -kErrStaleEpoch;
+  // Exactly the promised epoch: an older writer was fenced; a newer one never claimed
+  // this replica, so it is not its writer either.
+  if (epoch != epoch_.load()) return -kErrStaleEpoch;
   if (clean_.load()) {
     Status s = EnsureDirty();
     if (!s.ok()) return s.sys_errno ? -s.sys_errno : -EIO;
@@ -1188,7 +1219,7 @@ int Replica::CheckRebuildOp(uint64_t epoch, uint64_t off, uint64_t len) const {
   if (closed_.load()) return -EBADF;
   // Checked under io_mu_ (shared), which ClaimEpoch/AdoptChain hold exclusively: no
   // rebuild write of an older engine can land after a newer one took the replica.
-  if (epoch < epoch_.load()) return -kErrStaleEpoch;
+  if (epoch != epoch_.load()) return -kErrStaleEpoch;
   // Writing below the head of a replica that serves reads would change what it returns.
   if (!rebuilding_.load()) return -EPERM;
   return 0;

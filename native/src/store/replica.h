@@ -68,7 +68,8 @@ class Replica : public ReplicaBackend {
   uint64_t epoch() const override { return epoch_.load(); }
   bool clean() const override { return clean_.load(); }
 
-  Status ClaimEpoch(uint64_t epoch) override;
+  Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored) override;
+  Status SetReplicaSet(const ReplicaSet& set) override;
   Status MarkClean(uint64_t epoch) override;
 
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override;

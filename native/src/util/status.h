@@ -14,6 +14,10 @@ namespace mooring {
 // Errno used on the data path for "write from an engine whose epoch is older than the
 // replica's" (invariant 2). Distinct from EIO so callers can tell fencing from failure.
 constexpr int kErrStaleEpoch = ESTALE;
+// Errno for "a replica-set change could not reach a majority of the volume's replicas"
+// (docs/single-writer.md): the request was held, then failed; nothing was acknowledged.
+// NBD clients see it as EIO.
+constexpr int kErrNoQuorum = EREMOTEIO;
 
 enum class Code {
   kOk = 0,
@@ -80,6 +84,7 @@ inline Code CodeFromErrno(int neg_errno) {
     case ETIMEDOUT:
     case EHOSTUNREACH: return Code::kUnavailable;
     case EPROTO: return Code::kProtocolError;
+    case EREMOTEIO: return Code::kNoQuorum;
     // Damaged metadata: the image reader's kErrCorruptImage (and a file system's
     // EFSCORRUPTED, which is the same number).
     case EUCLEAN: return Code::kCorrupt;
