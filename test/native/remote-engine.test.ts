@@ -207,7 +207,7 @@ describe('engine over remote replicas', () => {
     const first = await openEngine(ports);
     await first.write(0, pattern(1, 4096));
     const second = await openEngine(ports);
-    expect(second.epoch()).toBe(first.epoch() + 1);
+    expect(second.epoch()).toBeGreaterThan(first.epoch());
     expect(await codeOf(first.write(4096, pattern(2, 4096)))).toBe('STALE_EPOCH');
     await second.write(8192, pattern(3, 4096));
     expect((await second.read(0, 4096)).equals(pattern(1, 4096))).toBe(true);

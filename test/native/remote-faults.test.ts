@@ -7,8 +7,8 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
-import type { NativeEngine, NativeRemoteReplica } from '../../src/native/binding.js';
-import { addon, MiB, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
+import type { NativeEngine, NativeRemoteReplica, NativeReplica } from '../../src/native/binding.js';
+import { addon, codeOf, MiB, nextEpoch, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
 import { closeAll, collectEvents, endpoint, FrameProxy, type Host, silentServer, startHosts } from './remote-helpers.js';
 
 const SIZE = 8 * MiB;
@@ -110,11 +110,15 @@ describe('remote replica faults', () => {
   });
 
   it('finds a silent peer by keepalive while idle and drops it at once, without any I/O', async () => {
-    hosts = await startHosts(s, 2, SIZE);
+    hosts = await startHosts(s, 3, SIZE);
     const proxy = new FrameProxy(hosts[1]!.server.port);
     const port = await proxy.start();
     cleanups.push(() => proxy.close());
-    const engine = await open([endpoint(hosts[0]!.server.port), endpoint(port, 'vol', { ioTimeoutMs: 500 })]);
+    const ev = collectEvents();
+    const engine = await open(
+      [endpoint(hosts[0]!.server.port), endpoint(port, 'vol', { ioTimeoutMs: 500 }), endpoint(hosts[2]!.server.port)],
+      ev.onEvents,
+    );
     await engine.write(0, pattern(1, 4096));
     let closedByClient = false;
     proxy.onClientClose = () => {
@@ -128,30 +132,73 @@ describe('remote replica faults', () => {
     expect(engine.replicas()[1]!.lastError).toBe(-ETIMEDOUT);
     expect(engine.replicas()[0]!.mode).toBe('RW');
     const epochBefore = engine.epoch();
-    // The next write is answered after the dropped replica was fenced (a newer epoch).
+    // The next write is answered after the replica set without the dropped replica was
+    // committed (to the two others, a majority); the epoch stays the engine's own.
     await engine.write(4096, pattern(2, 4096));
-    expect(engine.epoch()).toBeGreaterThan(epochBefore);
+    expect(engine.epoch()).toBe(epochBefore);
     expect(engine.replicas()[1]!.mode).toBe('ERR');
+    await waitFor('the replica set without it is reported', () =>
+      ev.events.some((e) => e.type === 'replica-set-changed' && (e as { rwMembers?: string[] }).rwMembers?.length === 2),
+    );
+  });
+
+  it('an engine cut off from a majority of its replicas holds the write, then fails it with NO_QUORUM, never acknowledging it', async () => {
+    hosts = await startHosts(s, 3, SIZE);
+    const proxies = [new FrameProxy(hosts[1]!.server.port), new FrameProxy(hosts[2]!.server.port)];
+    const ports = await Promise.all(proxies.map((p) => p.start()));
+    for (const p of proxies) cleanups.push(() => p.close());
+    const HOLD_MS = 1500;
+    const engine = await addon().openEngine(
+      engineOptions({ replicas: [endpoint(hosts[0]!.server.port), ...ports.map((p) => endpoint(p, 'vol', { ioTimeoutMs: 500 }))], quorumHoldMs: HOLD_MS }),
+    );
+    cleanups.push(() => engine.close());
+    await engine.write(0, pattern(1, 4096));
+    await engine.flush();
+    for (const p of proxies) p.mode = 'blackhole';
+    const t0 = Date.now();
+    // The two silent replicas time out and are dropped; the replica set without them
+    // cannot reach a majority, so the write is held (at least the hold) and then fails.
+    expect(await codeOf(engine.write(4096, pattern(2, 4096)))).toBe('NO_QUORUM');
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(HOLD_MS);
+    expect(await codeOf(engine.flush())).toBe('NO_QUORUM');
+    expect(await codeOf(engine.write(8192, pattern(3, 4096)))).toBe('NO_QUORUM');
+    await engine.close().catch(() => undefined);
+    for (const p of proxies) await p.close();
+    // The replica set on disk still names all three as RW: the next engine, on any majority,
+    // reconciles them (the first may hold the unacknowledged writes; nothing acked is lost).
+    let r: NativeReplica | undefined;
+    await waitFor('the server lets go of the replica', async () => {
+      r = await addon().openReplica(join(hosts[1]!.root, 'vol')).catch(() => undefined);
+      return r !== undefined;
+    }, 40_000);
+    try {
+      expect((await r!.read(0, 4096)).equals(pattern(1, 4096))).toBe(true);
+      const set = await r!.claimEpoch(nextEpoch());
+      expect(set?.rw.length).toBe(3);
+    } finally {
+      await r!.close();
+    }
   });
 
   it('opens replicas that cannot be reached at start as ERR (refused, silent, unknown name)', async () => {
-    hosts = await startHosts(s, 1, SIZE);
+    // Four that answer, so the engine claims a majority of its seven replicas and opens.
+    hosts = await startHosts(s, 4, SIZE);
     const silent = await silentServer();
     cleanups.push(() => silent.close());
     const refused = await deadPort();
     const eps = [
-      endpoint(hosts[0]!.server.port),
+      ...hosts.map((h) => endpoint(h.server.port)),
       endpoint(refused, 'vol', { ioTimeoutMs: 500 }),
       endpoint(silent.port, 'vol', { ioTimeoutMs: 500 }),
       endpoint(hosts[0]!.server.port, 'no-such-replica'),
     ];
     const ev = collectEvents();
     const engine = await open(eps, ev.onEvents);
-    expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'ERR', 'ERR', 'ERR']);
+    expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW', 'RW', 'ERR', 'ERR', 'ERR']);
     expect(engine.sizeBytes).toBe(SIZE);
     await engine.write(0, pattern(9, 4096));
     expect((await engine.read(0, 4096)).equals(pattern(9, 4096))).toBe(true);
-    for (const id of engine.replicas().slice(1).map((r) => r.id))
+    for (const id of engine.replicas().slice(4).map((r) => r.id))
       expect(ev.events.some((e) => e.type === 'replica-error' && e.replicaId === id), id).toBe(true);
   });
 });

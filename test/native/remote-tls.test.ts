@@ -76,16 +76,19 @@ describe('replica protocol over mutual TLS', () => {
     hosts.push(plainHost!);
     const tlsPort = hosts[0]!.server.port;
     // One replica per refused endpoint, so every endpoint has its own id (host:port/name).
-    for (const n of ['v1', 'v2', 'v3']) await addon().createReplica(join(hosts[0]!.root, n), SIZE);
+    // Good ones too, so that the engine claims a majority of its replicas and opens.
+    for (const n of ['v1', 'v2', 'v3', 'g1', 'g2', 'g3', 'g4']) await addon().createReplica(join(hosts[0]!.root, n), SIZE);
     const otherCa: NativeTlsOptions = { cert: pki.otherClientCert, key: pki.otherClientKey, ca: pki.ca, serverName: 'replica.test' };
+    const good = ['g1', 'g2', 'g3', 'g4'].map((n) => endpoint(tlsPort, n, { tls: clientTls }));
     const engine = await open([
       endpoint(tlsPort, 'vol', { tls: clientTls }),
       endpoint(tlsPort, 'v1', { tls: otherCa, ioTimeoutMs: 2000 }),
       endpoint(tlsPort, 'v2', { tls: { ...clientTls, serverName: 'not-the-server.test' }, ioTimeoutMs: 2000 }),
       endpoint(tlsPort, 'v3', { ioTimeoutMs: 2000 }), // plain client, TLS server
       endpoint(plainHost!.server.port, 'vol', { tls: clientTls, ioTimeoutMs: 2000 }), // TLS client, plain server
+      ...good,
     ]);
-    expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'ERR', 'ERR', 'ERR', 'ERR']);
+    expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'ERR', 'ERR', 'ERR', 'ERR', 'RW', 'RW', 'RW', 'RW']);
     await engine.write(0, pattern(1, 4096));
     expect((await engine.read(0, 4096)).equals(pattern(1, 4096))).toBe(true);
     // The TLS server saw the bad peers and counted them; it still serves a good raw check.
