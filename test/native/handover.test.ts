@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Engine } from '../../src/engine/engine.js';
 import type { NativeEngine, NativeEngineEvent, NativeHandOver, NativeReplicaEndpoint } from '../../src/native/binding.js';
-import { KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, pattern, waitFor, nextEpoch, engineOptions } from './helpers.js';
+import { KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, pattern, waitFor, nextEpoch, engineOptions, memberOf, withReplica } from './helpers.js';
 import { closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
 
 /** An engine (active or standby) recording its events. */
@@ -17,12 +17,13 @@ class Run {
   readonly events: NativeEngineEvent[] = [];
   private constructor(readonly engine: NativeEngine) {}
 
-  static async open(replicas: NativeReplicaEndpoint[], standby = false): Promise<Run> {
+  static async open(replicas: NativeReplicaEndpoint[], standby = false, members?: string[]): Promise<Run> {
     let run: Run | null = null;
     const early: NativeEngineEvent[] = [];
     const engine = await addon().openEngine(engineOptions({
       replicas,
       standby,
+      ...(members ? { members } : {}),
       onEvents: (evs) => (run ? run.events.push(...evs) : early.push(...evs)),
     }));
     run = new Run(engine);
@@ -130,10 +131,10 @@ describe('hand-over between engines over the same replicas', () => {
     await src.engine.snapshot('s0', {}, true);
     expect(await codeOf(e.exportSnapshot('s0', join(tmpdir(), `mooring-standby-export-${process.pid}.raw`)))).toBe('INVALID_STATE');
     const spare = (await replicas(1))[0]!;
-    expect(await codeOf(e.addReplica(spare))).toBe('INVALID_STATE');
-    expect(await codeOf(e.activate({ epoch: 0, rwReplicaIds: 'x' as unknown as string[] }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(e.addReplica(spare, memberOf(spare)))).toBe('INVALID_STATE');
+    expect(await codeOf(e.activate({ epoch: 0, generation: 1, rwReplicaIds: 'x' as unknown as string[] }, nextEpoch()))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(e.deactivate())).toBe('INVALID_STATE');
-    expect(await codeOf(src.engine.activate({ epoch: 1, rwReplicaIds: dirs }))).toBe('INVALID_STATE');
+    expect(await codeOf(src.engine.activate({ epoch: 1, generation: 1, rwReplicaIds: dirs }, nextEpoch()))).toBe('INVALID_STATE');
 
     // The source is undisturbed: it writes and reads on, and the standby raised no claim.
     await put(src.engine, model, MiB, 128 * KiB, 2);
@@ -171,17 +172,18 @@ describe('hand-over between engines over the same replicas', () => {
     const epoch = src.engine.epoch();
 
     const h = await src.engine.deactivate();
-    expect(h).toEqual({ epoch, rwReplicaIds: dirs });
+    expect(h).toEqual({ epoch, generation: 1, rwReplicaIds: dirs });
     expect(src.engine.standby()).toBe(true);
     expect(src.engine.epoch()).toBe(epoch);
     // Flushed, not marked clean: the next writer owns the replicas.
     expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch, clean: false })));
 
-    await tgt.engine.activate(h);
+    const next = nextEpoch();
+    await tgt.engine.activate(h, next);
     expect(tgt.engine.standby()).toBe(false);
-    expect(tgt.engine.epoch()).toBe(epoch + 1);
-    await waitFor('epoch-claimed on the target', () => tgt.claimed().includes(epoch + 1));
-    expect(tgt.engine.replicas().map((r) => [r.mode, r.epoch])).toEqual(dirs.map(() => ['RW', epoch + 1]));
+    expect(tgt.engine.epoch()).toBe(next);
+    await waitFor('epoch-claimed on the target', () => tgt.claimed().includes(next));
+    expect(tgt.engine.replicas().map((r) => [r.mode, r.epoch])).toEqual(dirs.map(() => ['RW', next]));
     await expectReads(tgt.engine, model, 'target after the hand-over');
     for (let i = 0; i < 8; i++) await put(tgt.engine, model, 9 * MiB + i * 64 * KiB, 32 * KiB, 200 + i);
 
@@ -194,10 +196,10 @@ describe('hand-over between engines over the same replicas', () => {
 
     // Closing the handed-over source flushes nothing and marks nothing clean.
     await src.engine.close();
-    expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: epoch + 1, clean: false })));
+    expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: next, clean: false })));
     await put(tgt.engine, model, 15 * MiB, 4096, 300);
     await tgt.engine.close();
-    expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: epoch + 1, clean: true })));
+    expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: next, clean: true })));
     await assertDirsIdentical(dirs, model);
   });
 
@@ -220,7 +222,7 @@ describe('hand-over between engines over the same replicas', () => {
     const h = await deactivated;
     const outcomes = await Promise.all([...before, ...after]);
     expect([...new Set(outcomes)].sort()).toEqual(['INVALID_STATE/-1', 'ok']);
-    await tgt.engine.activate(h);
+    await tgt.engine.activate(h, nextEpoch());
     for (let i = 0; i < BLOCKS; i++) {
       const got = await tgt.engine.read(i * 32 * KiB, 32 * KiB);
       const want = outcomes[i] === 'ok' ? pattern(1000 + i, 32 * KiB) : Buffer.alloc(32 * KiB);
@@ -239,21 +241,25 @@ describe('hand-over between engines over the same replicas', () => {
     const tgt = await Run.open(dirs, true);
     await put(src.engine, model, 0, MiB, 10);
     const h1 = await src.engine.deactivate();
-    await tgt.engine.activate(h1);
+    const e2 = nextEpoch();
+    await tgt.engine.activate(h1, e2);
     await put(tgt.engine, model, 512 * KiB, MiB, 11);
     await put(tgt.engine, model, 8 * MiB, 4096, 12);
 
     const h2 = await tgt.engine.deactivate();
-    expect(h2).toEqual({ epoch: h1.epoch + 1, rwReplicaIds: dirs });
-    await src.engine.activate(h2);
-    expect(src.engine.epoch()).toBe(h1.epoch + 2);
+    expect(h2).toEqual({ epoch: e2, generation: 1, rwReplicaIds: dirs });
+    // The source cannot take the volume back with its own, spent hand-over.
+    expect(await codeOf(src.engine.activate(h1, nextEpoch()))).toBe('STALE_EPOCH');
+    const e3 = nextEpoch();
+    await src.engine.activate(h2, e3);
+    expect(src.engine.epoch()).toBe(e3);
     await expectReads(src.engine, model, 'source after the rollback');
     await put(src.engine, model, 3 * MiB, 4096, 13);
     expect(await codeOf(tgt.engine.write(0, pattern(1, 512)))).toBe('INVALID_STATE');
     // The first hand-over is spent: the target cannot take the volume with it again.
     await tgt.engine.close();
     await src.engine.close();
-    expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: h1.epoch + 2, clean: true })));
+    expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: e3, clean: true })));
     await assertDirsIdentical(dirs, model);
   });
 
@@ -271,16 +277,19 @@ describe('hand-over between engines over the same replicas', () => {
     await put(src.engine, model, 4 * MiB, 64 * KiB, 21);
     const h = await src.engine.deactivate();
     expect(h.rwReplicaIds).toEqual([dirs[0], dirs[1]]);
-    await tgt.engine.activate(h);
+    const next = nextEpoch();
+    await tgt.engine.activate(h, next);
     expect(dirs.map((d) => tgt.mode(d))).toEqual(['RW', 'RW', 'ERR']);
     await waitFor('replica-error for r2', () => tgt.events.some((e) => e.type === 'replica-error' && e.replicaId === dirs[2]));
     await expectReads(tgt.engine, model, 'degraded target');
     await put(tgt.engine, model, 6 * MiB, 4096, 22);
-    const epochs = (await recorded(dirs)).map((r) => r.epoch);
-    expect(epochs[0]).toBe(h.epoch + 1);
-    expect(epochs[2]).toBeLessThan(h.epoch + 1);
+    expect((await recorded(dirs)).map((r) => r.epoch)[0]).toBe(next);
+    // Stale for every later engine: it is not RW in the replica set the target committed.
+    await waitFor('the target commits a replica set without r2', () =>
+      tgt.events.some((e) => e.type === 'replica-set-changed' && e.epoch === next && !e.rwMembers.includes(memberOf(dirs[2]!)) && e.rwMembers.length === 2),
+    );
     // The new writer repairs it as after any start.
-    await tgt.engine.addReplica(dirs[2]!);
+    await tgt.engine.addReplica(dirs[2]!, memberOf(dirs[2]!));
     expect(tgt.mode(dirs[2]!)).toBe('RW');
     await src.engine.close();
     await tgt.engine.close();
@@ -294,7 +303,7 @@ describe('hand-over between engines over the same replicas', () => {
     const src = await Run.open([r0!]);
     for (let off = 0; off < 256 * MiB; off += 4 * MiB) await put(src.engine, model, off, 4 * MiB, 3000 + off / MiB);
     const tgt = await Run.open([r0!, r1!], true);
-    const rebuild = errorOf(src.engine.addReplica(r1!));
+    const rebuild = errorOf(src.engine.addReplica(r1!, memberOf(r1!)));
     await waitFor('rebuild-started', () => src.events.some((e) => e.type === 'rebuild-started'), 20_000);
     expect(src.mode(r1!)).toBe('WO');
     const h = await src.engine.deactivate();
@@ -307,10 +316,10 @@ describe('hand-over between engines over the same replicas', () => {
     expect(src.mode(r1!)).toBe('ERR');
     expect((await addon().inspectReplica(r1!)).rebuilding).toBe(true);
 
-    await tgt.engine.activate(h);
+    await tgt.engine.activate(h, nextEpoch());
     expect([tgt.mode(r0!), tgt.mode(r1!)]).toEqual(['RW', 'ERR']);
     await put(tgt.engine, model, 300 * MiB, MiB, 4000);
-    const res = await tgt.engine.addReplica(r1!);
+    const res = await tgt.engine.addReplica(r1!, memberOf(r1!));
     expect(res.sentBytes).toBeGreaterThan(0);
     expect(tgt.mode(r1!)).toBe('RW');
     await src.engine.close();
@@ -318,7 +327,7 @@ describe('hand-over between engines over the same replicas', () => {
     await assertDirsIdentical([r0!, r1!], model);
   });
 
-  it('two standbys activating from one hand-over: exactly one wins, the other gets STALE_EPOCH and stays standby; the hand-over is then spent', async () => {
+  it('two standbys activating from one hand-over: at most one wins, a loser gets STALE_EPOCH and stays standby; the hand-over is then spent', async () => {
     for (let round = 0; round < 4; round++) {
       const dirs = await replicas(3);
       const model = Buffer.alloc(SIZE);
@@ -327,24 +336,32 @@ describe('hand-over between engines over the same replicas', () => {
       const b = await Run.open(dirs, true);
       await put(src.engine, model, round * MiB, 64 * KiB, 40 + round);
       const h = await src.engine.deactivate();
-      const results = await Promise.allSettled([a.engine.activate(h), b.engine.activate(h)]);
+      const epochs = [nextEpoch(), nextEpoch()];
+      const results = await Promise.allSettled([a.engine.activate(h, epochs[0]!), b.engine.activate(h, epochs[1]!)]);
       const won = results.map((r) => r.status === 'fulfilled');
-      expect(won.filter(Boolean), `round ${round}`).toHaveLength(1);
-      const loser = results.find((r): r is PromiseRejectedResult => r.status === 'rejected')!;
-      expect((loser.reason as { code: string }).code).toBe('STALE_EPOCH');
-      const [winner, other] = won[0] ? [a, b] : [b, a];
-      expect(other.engine.standby()).toBe(true);
-      expect(other.claimed()).toEqual([]);
-      expect(await codeOf(other.engine.write(0, pattern(1, 4096)))).toBe('INVALID_STATE');
-      expect(winner.engine.epoch()).toBe(h.epoch + 1);
-      // Used once: a third standby (or the loser, again) is refused, changing nothing.
+      // Racing claims may leave both out (each saw the other's claim or commit): never both in.
+      expect(won.filter(Boolean).length, `round ${round}`).toBeLessThanOrEqual(1);
+      for (const r of results) if (r.status === 'rejected') expect((r.reason as { code: string }).code).toBe('STALE_EPOCH');
+      for (const [i, run] of [a, b].entries()) {
+        if (won[i]) continue;
+        expect(run.engine.standby()).toBe(true);
+        expect(run.claimed()).toEqual([]);
+        expect(await codeOf(run.engine.write(0, pattern(1, 4096)))).toBe('INVALID_STATE');
+      }
+      // With no winner the volume is started afresh, as the control plane does.
+      const winner = won[0] ? a : won[1] ? b : await Run.open(dirs);
+      const other = won[0] ? b : a;
+      if (won[0] || won[1]) expect(winner.engine.epoch()).toBe(epochs[won[0] ? 0 : 1]);
+      // Used once: a third standby (or a loser, again) is refused before it claims anything.
       const late = await Run.open(dirs, true);
-      expect(await codeOf(late.engine.activate(h))).toBe('STALE_EPOCH');
-      expect(await codeOf(other.engine.activate(h))).toBe('STALE_EPOCH');
-      expect((await recorded(dirs)).map((r) => r.epoch)).toEqual(dirs.map(() => h.epoch + 1));
+      const before = await recorded(dirs);
+      expect(await codeOf(late.engine.activate(h, nextEpoch()))).toBe('STALE_EPOCH');
+      expect(await codeOf(other.engine.activate(h, nextEpoch()))).toBe('STALE_EPOCH');
+      expect(await recorded(dirs)).toEqual(before);
+      expect(before.map((r) => r.epoch)).toEqual(dirs.map(() => winner.engine.epoch()));
       await put(winner.engine, model, 12 * MiB, 4096, 50 + round);
       await expectReads(winner.engine, model, `winner of round ${round}`);
-      for (const r of [late, other, src]) await r.engine.close();
+      for (const r of new Set([late, a, b, src])) if (r !== winner) await r.engine.close();
       await winner.engine.close();
       await assertDirsIdentical(dirs, model);
     }
@@ -369,11 +386,12 @@ describe('hand-over between engines over the same replicas', () => {
     expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: src.engine.epoch(), clean: false })));
 
     const h = await src.engine.deactivate();
-    await tgt.engine.activate(h);
+    const next = nextEpoch();
+    await tgt.engine.activate(h, next);
     const writes2 = Array.from({ length: 32 }, (_, i) => put(tgt.engine, model, 10 * MiB + i * 4096, 4096, 6000 + i));
     await src.engine.close();
     await Promise.all(writes2);
-    expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: h.epoch + 1, clean: false })));
+    expect(await recorded(dirs)).toEqual(dirs.map(() => ({ epoch: next, clean: false })));
     await expectReads(tgt.engine, model, 'target after the source closed');
     await tgt.engine.close();
     expect((await recorded(dirs)).every((r) => r.clean)).toBe(true);
@@ -394,8 +412,9 @@ describe('hand-over between engines over the same replicas', () => {
     await put(c.engine, model, 2 * MiB, 64 * KiB, 62);
     const hc = await c.engine.deactivate();
     expect(hc.epoch).toBeGreaterThan(a.engine.epoch());
-    await b.engine.activate(hc);
-    expect(b.engine.epoch()).toBe(hc.epoch + 1);
+    const eb = nextEpoch();
+    await b.engine.activate(hc, eb);
+    expect(b.engine.epoch()).toBe(eb);
     await expectReads(b.engine, model, 'target after the third engine handed over');
     await put(b.engine, model, 3 * MiB, 4096, 63);
 
@@ -405,7 +424,7 @@ describe('hand-over between engines over the same replicas', () => {
     const d = await Run.open(dirs);
     await put(d.engine, model, 4 * MiB, 4096, 64);
     const epochs = (await recorded(dirs)).map((r) => r.epoch);
-    expect(await codeOf(c.engine.activate(hb))).toBe('STALE_EPOCH');
+    expect(await codeOf(c.engine.activate(hb, nextEpoch()))).toBe('STALE_EPOCH');
     expect(c.engine.standby()).toBe(true);
     expect((await recorded(dirs)).map((r) => r.epoch)).toEqual(epochs);
     await put(d.engine, model, 5 * MiB, 4096, 65);
@@ -414,17 +433,20 @@ describe('hand-over between engines over the same replicas', () => {
     await assertDirsIdentical(dirs, model);
   });
 
-  it('refuses a hand-over when a replica outside it was claimed since: the epoch would not be above every replica', async () => {
+  it('refuses a hand-over after another engine claimed the replicas, before claiming anything: the engine that did keeps writing', async () => {
     const dirs = await replicas(3);
+    const model = Buffer.alloc(SIZE);
     const src = await Run.open(dirs);
     const tgt = await Run.open(dirs, true);
     const h = await src.engine.deactivate();
-    // Another engine takes r2 alone, claiming above the hand-over on it only.
-    const rogue = await Run.open([dirs[2]!]);
+    const rogue = await Run.open(dirs);
+    await put(rogue.engine, model, 0, 4096, 70);
     const before = await recorded(dirs);
-    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, rwReplicaIds: [dirs[0]!, dirs[1]!] }))).toBe('STALE_EPOCH');
+    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, generation: h.generation, rwReplicaIds: [dirs[0]!, dirs[1]!] }, nextEpoch()))).toBe('STALE_EPOCH');
     expect(tgt.engine.standby()).toBe(true);
     expect(await recorded(dirs)).toEqual(before);
+    await put(rogue.engine, model, 4096, 4096, 71);
+    await expectReads(rogue.engine, model, 'the engine that overtook the hand-over');
     for (const r of [rogue, tgt, src]) await r.engine.close();
   });
 
@@ -433,19 +455,19 @@ describe('hand-over between engines over the same replicas', () => {
     const src = await Run.open(dirs);
     const tgt = await Run.open(dirs, true);
     const h = await src.engine.deactivate();
-    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, rwReplicaIds: [] }))).toBe('NO_HEALTHY_REPLICA');
-    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, rwReplicaIds: ['/nowhere'] }))).toBe('NO_HEALTHY_REPLICA');
-    expect(await codeOf(tgt.engine.activate({ epoch: -1, rwReplicaIds: dirs } as NativeHandOver))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, rwReplicaIds: [''] }))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, rwReplicaIds: Array(65).fill('x') }))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(tgt.engine.activate(null as unknown as NativeHandOver))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, generation: h.generation, rwReplicaIds: [] }, nextEpoch()))).toBe('NO_HEALTHY_REPLICA');
+    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, generation: h.generation, rwReplicaIds: ['/nowhere'] }, nextEpoch()))).toBe('NO_HEALTHY_REPLICA');
+    expect(await codeOf(tgt.engine.activate({ epoch: -1, generation: 1, rwReplicaIds: dirs } as NativeHandOver, nextEpoch()))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, generation: h.generation, rwReplicaIds: [''] }, nextEpoch()))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch, generation: h.generation, rwReplicaIds: Array(65).fill('x') }, nextEpoch()))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(tgt.engine.activate(null as unknown as NativeHandOver, nextEpoch()))).toBe('INVALID_ARGUMENT');
     // An epoch below the replicas' is a hand-over that was overtaken.
-    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch - 1, rwReplicaIds: dirs }))).toBe('STALE_EPOCH');
+    expect(await codeOf(tgt.engine.activate({ epoch: h.epoch - 1, generation: h.generation, rwReplicaIds: dirs }, nextEpoch()))).toBe('STALE_EPOCH');
     expect(tgt.engine.standby()).toBe(true);
-    await tgt.engine.activate(h);
+    await tgt.engine.activate(h, nextEpoch());
     await tgt.engine.close();
     expect(await codeOf(tgt.engine.deactivate())).toBe('CLOSED');
-    expect(await codeOf(tgt.engine.activate(h))).toBe('CLOSED');
+    expect(await codeOf(tgt.engine.activate(h, nextEpoch()))).toBe('CLOSED');
     await src.engine.close();
   });
 
@@ -460,11 +482,11 @@ describe('hand-over between engines over the same replicas', () => {
     expect(h.rwReplicaIds).toEqual(['r0', 'r1', 'r2']);
     expect(src.role).toBe('standby');
     // Only r0 and r2 handed on: r1 becomes ERR at the target.
-    await tgt.activate({ epoch: h.epoch, rwReplicaIds: ['r0', 'r2'] });
+    await tgt.activate({ epoch: h.epoch, generation: h.generation, rwReplicaIds: ['r0', 'r2'] }, { epoch: nextEpoch() });
     expect(tgt.role).toBe('active');
     expect(tgt.replicas().map((r) => [r.id, r.mode])).toEqual([['r0', 'RW'], ['r1', 'ERR'], ['r2', 'RW']]);
     expect((await tgt.read(0, 8192)).equals(pattern(70, 8192))).toBe(true);
-    await expect(tgt.activate({ epoch: 1, rwReplicaIds: ['bad id!'] })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    await expect(tgt.activate({ epoch: 1, generation: 1, rwReplicaIds: ['bad id!'] }, { epoch: nextEpoch() })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
     await expect(src.write(0, pattern(1, 512))).rejects.toMatchObject({ code: 'INVALID_STATE', errno: 1 });
     await src.close();
     await tgt.close();
@@ -499,6 +521,8 @@ describe('hand-over over replicas behind replica servers', () => {
     await hosts[2]!.server.close();
     await waitFor('source drops replica 2', () => src.mode(ids[2]!) === 'ERR', 20_000);
     await waitFor('standby drops replica 2', () => tgt.mode(ids[2]!) === 'ERR', 20_000);
+    // Events cross to JS in batches, after the mode changed.
+    await waitFor('the standby reports replica 2', () => tgt.events.some((e) => e.type === 'replica-error'));
     expect(tgt.events.filter((e) => e.type === 'replica-error').map((e) => (e as { replicaId: string }).replicaId)).toEqual([ids[2]]);
     expect(tgt.claimed()).toEqual([]);
     expect(tgt.engine.epoch()).toBe(0);
@@ -506,8 +530,9 @@ describe('hand-over over replicas behind replica servers', () => {
 
     const h = await src.engine.deactivate();
     expect(h.rwReplicaIds).toEqual([ids[0], ids[1]]);
-    expect(h.epoch).toBeGreaterThan(epoch); // the fence of replica 2
-    await tgt.engine.activate(h);
+    // Dropping replica 2 committed a new replica set; the epoch stays the source's own.
+    expect([h.epoch, h.generation]).toEqual([epoch, 2]);
+    await tgt.engine.activate(h, nextEpoch());
     expect(tgt.engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'ERR']);
     await expectReads(tgt.engine, model, 'remote target');
     await put(tgt.engine, model, 13 * MiB, 64 * KiB, 711);
@@ -516,8 +541,10 @@ describe('hand-over over replicas behind replica servers', () => {
     await tgt.engine.close();
     await closeAll(hosts.slice(0, 2));
     await assertDirsIdentical(dirs.slice(0, 2), model);
-    const info = await addon().inspectReplica(dirs[2]!);
-    expect(info.epoch).toBeLessThan(h.epoch);
+    // Replica 2 kept the first replica set; the others name only themselves as RW.
+    const stored = async (dir: string) => withReplica(dir, (r) => r.claimEpoch(nextEpoch()));
+    expect((await stored(dirs[2]!))?.generation).toBe(1);
+    expect((await stored(dirs[0]!))?.rw).toEqual([memberOf(eps[0]!), memberOf(eps[1]!)]);
   });
 
   it('mixes a local replica shared with the replica server: the target opens directly what the server serves to the source', async () => {
@@ -529,13 +556,14 @@ describe('hand-over over replicas behind replica servers', () => {
     const model = Buffer.alloc(SIZE);
     // Source "on another host": the shared replica through the server; target "on the
     // server's host": the same replica opened directly, while the server holds it too.
-    const src = await Run.open([endpoint(host!.server.port), other]);
-    const tgt = await Run.open([localDir, other], true);
+    // The member names are the control plane's, the same for both engines.
+    const src = await Run.open([endpoint(host!.server.port), other], false, ['r0', 'r1']);
+    const tgt = await Run.open([localDir, other], true, ['r0', 'r1']);
     expect((await addon().inspectReplica(localDir)).users).toBe(2);
     await put(src.engine, model, 0, 256 * KiB, 800);
     const h = await src.engine.deactivate();
     // Ids differ per engine (host:port/name vs directory): map them by position.
-    await tgt.engine.activate({ epoch: h.epoch, rwReplicaIds: [localDir, other] });
+    await tgt.engine.activate({ epoch: h.epoch, generation: h.generation, rwReplicaIds: [localDir, other] }, nextEpoch());
     await expectReads(tgt.engine, model, 'target over the directly opened replica');
     await put(tgt.engine, model, MiB, 4096, 801);
     await src.engine.close();

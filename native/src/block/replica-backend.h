@@ -87,6 +87,8 @@ class ReplicaBackend {
   // set.epoch == epoch() and `set` is newer than the stored one (the same set again is
   // accepted: a retry). kInvalidArgument for a malformed set.
   virtual Status SetReplicaSet(const ReplicaSet& set) = 0;
+  // The stored replica set (empty if none), without claiming anything; refreshes epoch().
+  virtual Status PeekReplicaSet(ReplicaSet* out) = 0;
   // Durably marks the replica clean. Caller has flushed and will write no more.
   virtual Status MarkClean(uint64_t epoch) = 0;
 

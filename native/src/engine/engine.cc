@@ -1143,6 +1143,19 @@ Status ReplicatedEngine::ActivateLocked(const HandOver& h, uint64_t epoch, Event
   if (!usable)
     return Status::Error(Code::kNoHealthyReplica, "none of the " + std::to_string(h.rw_ids.size()) +
                                                       " RW replica(s) of the hand-over can be used by this engine");
+  // Nobody may have claimed since the hand-over: a spent or overtaken hand-over is refused
+  // before it claims anything, so it never disturbs the engine that overtook it. (The
+  // check after the claims below catches one that races this.)
+  for (const auto& sl : slots_) {
+    if (sl->mode.load() == ReplicaMode::kERR || sl->backend->size() == 0) continue;
+    ReplicaSet stored;
+    if (!sl->backend->PeekReplicaSet(&stored).ok()) continue;  // the claim will tell
+    if (sl->backend->epoch() > h.epoch || stored.epoch > h.epoch)
+      return Status::Error(Code::kStaleEpoch, "replica " + sl->id + " promised epoch " + std::to_string(sl->backend->epoch()) +
+                                                  ", past the hand-over's " + std::to_string(h.epoch) +
+                                                  ": another engine claimed the volume since",
+                           ESTALE);
+  }
   ReplicaSet latest;
   Status st = ClaimLocked(epoch, &latest, ev);
   if (!st.ok()) return st;

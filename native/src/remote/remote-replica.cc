@@ -382,6 +382,17 @@ Status RemoteReplica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
   return Status::Ok();
 }
 
+Status RemoteReplica::PeekReplicaSet(ReplicaSet* out) {
+  CallPtr c = NewCall(kOpPeekReplicaSet, 0, 0, 0);
+  c->max_reply = 64 * 1024;
+  Status st = RunStatus(c, "PEEK_REPLICA_SET");
+  if (!st.ok()) return st;
+  PayloadReader in(c->reply_payload.data(), c->reply_payload.size());
+  if (!DecodeReplicaSet(&in, out) || !in.done())
+    return Status::Error(Code::kProtocolError, "replica " + id_ + ": malformed replica set in the PEEK_REPLICA_SET reply", EPROTO);
+  return Status::Ok();
+}
+
 Status RemoteReplica::SetReplicaSet(const ReplicaSet& set) {
   const std::string bad = set.Invalid();
   if (!bad.empty()) return Status::Error(Code::kInvalidArgument, bad, EINVAL);

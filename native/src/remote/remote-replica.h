@@ -58,6 +58,7 @@ class RemoteReplica final : public ReplicaBackend {
 
   Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored) override;
   Status SetReplicaSet(const ReplicaSet& set) override;
+  Status PeekReplicaSet(ReplicaSet* out) override;
   Status MarkClean(uint64_t epoch) override;
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override;
   int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;

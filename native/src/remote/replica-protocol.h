@@ -77,7 +77,8 @@ enum Op : uint8_t {
   kOpFinishRebuild = 21,
   kOpAllocatedBytes = 22,
   kOpSetReplicaSet = 23,
-  kOpMax = 23,
+  kOpPeekReplicaSet = 24,
+  kOpMax = 24,
 };
 
 inline const char* OpName(uint8_t op) {
@@ -85,7 +86,7 @@ inline const char* OpName(uint8_t op) {
                                       "TRIM",       "WRITE_ZEROES",   "FLUSH",         "BLOCK_STATUS", "CLAIM_EPOCH",
                                       "MARK_CLEAN", "LIST_LAYERS",    "LAYER_EXTENTS", "READ_LAYER",   "SNAPSHOT",
                                       "DELETE_SNAPSHOT", "REVERT",    "ADOPT_CHAIN",   "LAYER_DIGEST", "WRITE_LAYER",
-                                      "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES", "SET_REPLICA_SET"};
+                                      "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES", "SET_REPLICA_SET", "PEEK_REPLICA_SET"};
   return op <= kOpMax ? names[op] : "?";
 }
 

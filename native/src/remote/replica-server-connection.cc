@@ -400,6 +400,17 @@ void ReplicaServerConnection::Dispatch(Request* r) {
       }
       return SetState(r);
     }
+    case kOpPeekReplicaSet: {
+      if (!no_payload()) return;
+      ReplicaSet stored;
+      Status st = rep->PeekReplicaSet(&stored);
+      SetStatus(r, st);
+      if (st.ok()) {
+        PayloadWriter w(&r->reply_payload);
+        EncodeReplicaSet(stored, &w);
+      }
+      return SetState(r);
+    }
     case kOpSetReplicaSet: {
       ReplicaSet set;
       if (!DecodeReplicaSet(&in, &set)) return bad("malformed replica set");

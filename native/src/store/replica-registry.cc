@@ -20,6 +20,7 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   bool rebuilding() const override { return r_->rebuilding(); }
   Status ClaimEpoch(uint64_t e, ReplicaSet* stored) override { return Live() ? r_->ClaimEpoch(e, stored) : Closed(); }
   Status SetReplicaSet(const ReplicaSet& set) override { return Live() ? r_->SetReplicaSet(set) : Closed(); }
+  Status PeekReplicaSet(ReplicaSet* out) override { return Live() ? r_->PeekReplicaSet(out) : Closed(); }
   Status MarkClean(uint64_t e) override { return Live() ? r_->MarkClean(e) : Closed(); }
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override { return Live() ? r_->Read(off, len, buf) : -EBADF; }
   int Write(uint64_t e, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override {

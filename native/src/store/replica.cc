@@ -312,6 +312,14 @@ Status Replica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
   return Status::Ok();
 }
 
+Status Replica::PeekReplicaSet(ReplicaSet* out) {
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> g(meta_mu_);
+  *out = meta_.replica_set;
+  return Status::Ok();
+}
+
 Status Replica::SetReplicaSet(const ReplicaSet& set) {
   // ctl_mu_ orders it with ClaimEpoch (a claim and a store never interleave); the data
   // path is not involved.
