@@ -6,6 +6,9 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { Engine } from '../../../src/engine/engine.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
 
+// Epochs are allocated by the caller (docs/single-writer.md); here, a counter.
+let epoch = 0;
+
 describe('Engine', () => {
   let root: string;
   let addon: FakeAddon;
@@ -25,7 +28,7 @@ describe('Engine', () => {
 
   it('validates replica specs', async () => {
     const bad = (replicas: unknown, code = 'INVALID_ARGUMENT') =>
-      expect(Engine.open({ replicas: replicas as never, addon })).rejects.toMatchObject({ code });
+      expect(Engine.open({ epoch: ++epoch, replicas: replicas as never, addon })).rejects.toMatchObject({ code });
     await bad([]);
     await bad(undefined);
     await bad([{ id: 'r0', path: 'relative' }]);
@@ -34,42 +37,62 @@ describe('Engine', () => {
     await bad([{ id: 'r0', path: paths[0] }, { id: 'r1', path: paths[0] }]);
     await bad([{ id: 'r0', path: paths[0], address: 'h:1' }], 'UNSUPPORTED');
     await bad(Array.from({ length: 17 }, (_, i) => ({ id: `r${i}`, path: `/x/${i}` })));
-    await expect(Engine.open({ replicas: [{ id: 'r0', path: join(root, 'nope') }], addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(Engine.open({ epoch: ++epoch, replicas: [{ id: 'r0', path: join(root, 'nope') }], addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+  });
+
+  it('takes its epoch from the caller: required unless standby, a positive integer; quorumHoldMs within its bounds', async () => {
+    const bad = (options: object) => expect(Engine.open({ replicas: specs(), addon, ...options } as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    await bad({});
+    for (const e of [0, -1, 1.5, '7', Number.MAX_SAFE_INTEGER + 2]) await bad({ epoch: e });
+    for (const q of [-1, 600_001, 1.5, '10']) await bad({ epoch: ++epoch, quorumHoldMs: q });
+    const standby = await Engine.open({ replicas: specs(), addon, standby: true });
+    expect(standby.epoch).toBe(0);
+    await standby.close();
+    const e = await Engine.open({ replicas: specs(), addon, epoch: ++epoch, quorumHoldMs: 0 });
+    expect(e.epoch).toBe(epoch);
+    // A handed-over engine is re-activated only with a new epoch.
+    const h = await e.deactivate();
+    expect(h).toMatchObject({ epoch, generation: 1, rwReplicaIds: ['r0', 'r1'] });
+    await expect(e.activate(h, {} as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    await e.activate(h, { epoch: ++epoch });
+    expect(e.epoch).toBe(epoch);
+    await e.close();
   });
 
   it('keeps events raised during open in openEvents', async () => {
-    const e = await Engine.open({ replicas: specs(), addon });
-    expect(e.openEvents).toEqual([{ type: 'epoch-claimed', epoch: 1 }]);
-    expect(e.epoch).toBe(1);
+    const e = await Engine.open({ epoch: ++epoch, replicas: specs(), addon });
+    expect(e.openEvents).toEqual([
+      { type: 'epoch-claimed', epoch },
+      { type: 'replica-set-changed', epoch, generation: 1, rwReplicaIds: ['r0', 'r1'] },
+    ]);
+    expect(e.epoch).toBe(epoch);
     expect(e.sizeBytes).toBe(1 << 20);
     await e.close();
   });
 
   it('maps replica ids and events to the spec ids', async () => {
-    const e = await Engine.open({ replicas: specs(), addon });
+    const e = await Engine.open({ epoch: ++epoch, replicas: specs(), addon });
     expect(e.replicas().map((r) => [r.id, r.path, r.mode])).toEqual([
       ['r0', paths[0], 'RW'],
       ['r1', paths[1], 'RW'],
     ]);
     const seen: unknown[] = [];
     e.on('replica-error', (ev) => seen.push(ev));
-    e.on('epoch-claimed', (ev) => seen.push(ev));
+    e.on('replica-set-changed', (ev) => seen.push(ev));
     addon.engine.failReplica(paths[0]!, 28);
     expect(seen).toEqual([
       { replicaId: 'r0', path: paths[0], errno: 28, code: 'NO_SPACE', message: expect.any(String) },
-      { epoch: 2 },
+      { epoch, generation: 2, rwReplicaIds: ['r1'] },
     ]);
     expect(e.replicas()[0]).toMatchObject({ mode: 'ERR', lastErrno: 28 });
     await e.close();
   });
 
   it('a throwing listener does not break event delivery', async () => {
-    const e = await Engine.open({ replicas: specs(), addon });
-    const seen: number[] = [];
-    e.on('epoch-claimed', () => {
+    const e = await Engine.open({ epoch: ++epoch, replicas: specs(), addon });
+    e.on('replica-set-changed', () => {
       throw new Error('listener bug');
     });
-    e.on('epoch-claimed', (ev) => seen.push(ev.epoch));
     const uncaught = new Promise<unknown>((res) => process.once('uncaughtException', res));
     addon.engine.failReplica(paths[1]!);
     // The first listener threw, so EventEmitter stopped; the error surfaces asynchronously.
@@ -79,7 +102,7 @@ describe('Engine', () => {
   });
 
   it('closes its exports before the native engine, and is idempotent', async () => {
-    const e = await Engine.open({ replicas: specs(), addon });
+    const e = await Engine.open({ epoch: ++epoch, replicas: specs(), addon });
     const x1 = await e.exportNbd({ nbd: `unix:${join(root, 's1')}` });
     const x2 = await e.exportNbd({ nbd: 'tcp:127.0.0.1:0' });
     expect(e.exports).toHaveLength(2);
@@ -105,7 +128,7 @@ describe('Engine close races', () => {
     try {
       const addon = new FakeAddon();
       await addon.createReplica(join(root, 'a'), 1 << 20);
-      const e = await Engine.open({ replicas: [{ id: 'r0', path: join(root, 'a') }], addon });
+      const e = await Engine.open({ epoch: ++epoch, replicas: [{ id: 'r0', path: join(root, 'a') }], addon });
       const exporting = e.exportNbd({ nbd: 'tcp:127.0.0.1:0' });
       const closing = e.close();
       const exp = await exporting;

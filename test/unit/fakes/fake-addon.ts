@@ -28,6 +28,7 @@ import type {
   NativeReplicaInfo,
   NativeReplicaMode,
   NativeReplicaServer,
+  NativeReplicaSet,
   NativeReplicaServerOptions,
   NativeReplicaServerStats,
   NativeReplicaState,
@@ -53,6 +54,8 @@ interface FakeReplica {
   frozen?: Map<string, Buffer>;
   /** Recorded only (its data is not modelled). */
   backingImage?: NativeReplicaBackingImage;
+  /** The replica set last stored on it (docs/single-writer.md), null for none. */
+  replicaSet?: NativeReplicaSet | null;
 }
 
 export class FakeNbdServer implements NativeNbdServer {
@@ -69,6 +72,11 @@ export class FakeNbdServer implements NativeNbdServer {
     this.closeCalls++;
     this.closed = true;
   }
+}
+
+/** Whether replica set a is newer than b (by epoch, then generation). */
+function newer(a: NativeReplicaSet, b: NativeReplicaSet): boolean {
+  return a.epoch !== b.epoch ? a.epoch > b.epoch : a.generation > b.generation;
 }
 
 /** The native id of an endpoint: the directory, or host:port/name. */
@@ -92,6 +100,9 @@ export class FakeEngine implements NativeEngine {
   readonly rebuilds: string[] = [];
   #rebuilding: { id: string; aborted: boolean; abort: () => void } | undefined;
   #epoch: number;
+  /** Member name of each native id (options.members, by position; the id itself otherwise). */
+  readonly memberOf = new Map<string, string>();
+  #generation = 0;
   /** Serves nothing: opened as a standby, or after deactivate() (engine.h). */
   #standby: boolean;
 
@@ -100,8 +111,11 @@ export class FakeEngine implements NativeEngine {
     endpoints: NativeReplicaEndpoint[],
     readonly onEvents: ((events: NativeEngineEvent[]) => void) | undefined,
     standby = false,
+    epoch?: number,
+    members?: string[],
   ) {
     this.replicaDirs = endpoints.map(endpointId);
+    this.replicaDirs.forEach((id, i) => this.memberOf.set(id, members?.[i] ?? id));
     for (const ep of endpoints) this.dirOf.set(endpointId(ep), addon.resolve(ep));
     const reachable = this.replicaDirs.filter((id) => this.dirOf.get(id) !== undefined);
     if (reachable.length === 0) throw nativeError('NO_HEALTHY_REPLICA', 'no replica can be reached');
@@ -118,8 +132,25 @@ export class FakeEngine implements NativeEngine {
       }
       return;
     }
+    // As engine.h Start (docs/single-writer.md): claim the given epoch on every reachable
+    // replica, take the latest replica set, need a majority of its members, serve from its
+    // RW members, commit the first set of this epoch.
+    if (epoch === undefined || !(epoch > 0)) throw nativeError('INVALID_ARGUMENT', 'an engine needs an allocated epoch', 22);
     const maxEpoch = Math.max(...reps.map((r) => r.epoch));
-    this.#epoch = maxEpoch + 1;
+    if (epoch <= maxEpoch) throw nativeError('STALE_EPOCH', `epoch ${epoch} is not above the replicas' ${maxEpoch}`, 116);
+    let latest: NativeReplicaSet | null = null;
+    for (const r of reps) if (r.replicaSet && (!latest || newer(r.replicaSet, latest))) latest = r.replicaSet;
+    const reachableMembers = reachable.map((id) => this.memberOf.get(id)!);
+    latest ??= {
+      epoch: 0,
+      generation: 0,
+      members: this.replicaDirs.map((id) => this.memberOf.get(id)!),
+      rw: reachable.filter((id) => addon.replica(this.dirOf.get(id)!).epoch === maxEpoch).map((id) => this.memberOf.get(id)!),
+    };
+    if (latest.members.filter((m) => reachableMembers.includes(m)).length * 2 <= latest.members.length) {
+      throw nativeError('NO_QUORUM', 'a majority of the replicas cannot be claimed', 121);
+    }
+    this.#epoch = epoch;
     for (const id of this.replicaDirs) {
       const dir = this.dirOf.get(id);
       if (dir === undefined) {
@@ -129,14 +160,29 @@ export class FakeEngine implements NativeEngine {
         continue;
       }
       const r = addon.replica(dir);
-      // A replica fenced earlier (lower epoch than the newest) opens as ERR.
-      this.modes.set(id, r.epoch < maxEpoch ? 'ERR' : 'RW');
-      if (this.modes.get(id) === 'RW') {
-        r.epoch = this.#epoch;
-        r.clean = false;
-      }
+      r.epoch = epoch;
+      // Not RW in the latest replica set: it may lack acknowledged writes.
+      this.modes.set(id, latest.rw.includes(this.memberOf.get(id)!) ? 'RW' : 'ERR');
+      if (this.modes.get(id) === 'RW') r.clean = false;
     }
-    this.onEvents?.([{ type: 'epoch-claimed', epoch: this.#epoch }]);
+    if (this.#rw().length === 0) throw nativeError('NO_HEALTHY_REPLICA', 'no replica of the latest replica set can be used');
+    this.onEvents?.([{ type: 'epoch-claimed', epoch: this.#epoch }, this.#commit(1)]);
+  }
+
+  /** Stores the replica set (members: every slot; rw: the RW ones) on every reachable replica. */
+  #commit(generation: number): NativeEngineEvent {
+    this.#generation = generation;
+    const set: NativeReplicaSet = {
+      epoch: this.#epoch,
+      generation,
+      members: this.replicaDirs.filter((d) => this.modes.get(d) !== 'WO').map((d) => this.memberOf.get(d)!),
+      rw: this.replicaDirs.filter((d) => this.modes.get(d) === 'RW').map((d) => this.memberOf.get(d)!),
+    };
+    for (const d of this.replicaDirs) {
+      const dir = this.dirOf.get(d);
+      if (dir !== undefined && this.modes.get(d) !== 'ERR') this.addon.replica(dir).replicaSet = set;
+    }
+    return { type: 'replica-set-changed', epoch: set.epoch, generation, rwMembers: [...set.rw] };
   }
 
   #rw(): FakeReplica[] {
@@ -181,11 +227,11 @@ export class FakeEngine implements NativeEngine {
       this.lastErrors.set(id, -1);
     }
     this.#standby = true;
-    return { epoch: this.#epoch, rwReplicaIds: this.replicaDirs.filter((d) => this.modes.get(d) === 'RW') };
+    return { epoch: this.#epoch, generation: this.#generation, rwReplicaIds: this.replicaDirs.filter((d) => this.modes.get(d) === 'RW') };
   }
 
-  /** As engine.h Activate: claims epoch + 1 on the hand-over's replicas, the others ERR. */
-  async activate(h: NativeHandOver): Promise<void> {
+  /** As engine.h Activate: claims `epoch` on the replicas, the hand-over's RW ones stay RW, the others ERR. */
+  async activate(h: NativeHandOver, epoch: number): Promise<void> {
     await this.addon.tick();
     if (this.closed) throw nativeError('CLOSED', 'engine closed');
     if (!this.#standby) throw nativeError('INVALID_STATE', 'engine is active already');
@@ -193,10 +239,11 @@ export class FakeEngine implements NativeEngine {
     const candidates = this.replicaDirs.filter((d) => ids.has(d) && this.modes.get(d) !== 'ERR' && this.dirOf.get(d) !== undefined);
     if (candidates.length === 0) throw nativeError('NO_HEALTHY_REPLICA', 'none of the hand-over replicas can be used');
     const reachable = this.replicaDirs.filter((d) => this.dirOf.get(d) !== undefined);
+    if (!(epoch > h.epoch)) throw nativeError('INVALID_ARGUMENT', 'the activation epoch must be above the hand-over\'s', 22);
     if (reachable.some((d) => this.addon.replica(this.dirOf.get(d)!).epoch > h.epoch)) {
       throw nativeError('STALE_EPOCH', 'a replica is past the hand-over epoch', 116);
     }
-    this.#epoch = h.epoch + 1;
+    this.#epoch = epoch;
     const events: NativeEngineEvent[] = [];
     for (const d of this.replicaDirs) {
       if (candidates.includes(d)) {
@@ -210,7 +257,7 @@ export class FakeEngine implements NativeEngine {
       }
     }
     this.#standby = false;
-    events.push({ type: 'epoch-claimed', epoch: this.#epoch });
+    events.push({ type: 'epoch-claimed', epoch: this.#epoch }, this.#commit(1));
     this.onEvents?.(events);
   }
 
@@ -378,7 +425,7 @@ export class FakeEngine implements NativeEngine {
    * (rebuild-progress, rebuild-completed). An unreachable target fails with UNAVAILABLE
    * and is left ERR in its slot.
    */
-  async addReplica(endpoint: NativeReplicaEndpoint): Promise<NativeRebuildResult> {
+  async addReplica(endpoint: NativeReplicaEndpoint, member: string): Promise<NativeRebuildResult> {
     await this.addon.tick();
     if (this.closed) throw nativeError('CLOSED', 'engine closed');
     this.#refuseStandby('addReplica');
@@ -390,6 +437,7 @@ export class FakeEngine implements NativeEngine {
     const source = this.#rw()[0];
     if (!source) throw nativeError('INVALID_STATE', 'no RW replica to rebuild from');
     if (!this.replicaDirs.includes(id)) this.replicaDirs.push(id);
+    if (!this.memberOf.has(id)) this.memberOf.set(id, member);
     const dir = this.addon.resolve(endpoint);
     this.dirOf.set(id, dir);
     const figures = { replicaId: id, sentBytes: 0, scannedBytes: 0, totalBytes: source.sizeBytes };
@@ -435,7 +483,7 @@ export class FakeEngine implements NativeEngine {
       this.modes.set(id, 'RW');
       this.lastErrors.delete(id);
       const done = { ...figures, sentBytes: sent, scannedBytes: source.sizeBytes };
-      this.onEvents?.([{ type: 'rebuild-progress', ...done }, { type: 'rebuild-completed', ...done }]);
+      this.onEvents?.([this.#commit(this.#generation + 1), { type: 'rebuild-progress', ...done }, { type: 'rebuild-completed', ...done }]);
       return { scannedBytes: source.sizeBytes, sentBytes: sent, unmappedBytes: 0, durationMs: 1 };
     } finally {
       this.#rebuilding = undefined;
@@ -453,16 +501,12 @@ export class FakeEngine implements NativeEngine {
     this.dirOf.delete(id);
   }
 
-  /** Simulates an I/O failure on one replica: ERR, epoch bump on the others, event. */
+  /** Simulates an I/O failure on one replica: ERR, a replica set without it committed, events. */
   failReplica(dir: string, errno = 5): void {
     this.modes.set(dir, 'ERR');
     this.lastErrors.set(dir, -errno);
-    this.#epoch++;
-    for (const r of this.#rw()) r.epoch = this.#epoch;
-    this.onEvents?.([
-      { type: 'replica-error', replicaId: dir, errno: -errno, message: `I/O error on ${dir}` },
-      { type: 'epoch-claimed', epoch: this.#epoch },
-    ]);
+    const committed = this.#commit(this.#generation + 1);
+    this.onEvents?.([{ type: 'replica-error', replicaId: dir, errno: -errno, message: `I/O error on ${dir}` }, committed]);
   }
 }
 
@@ -562,7 +606,7 @@ export class FakeAddon implements NativeAddon {
   async openEngine(options: NativeEngineOptions): Promise<NativeEngine> {
     await this.tick();
     for (const r of options.replicas) if (typeof r === 'string') this.replica(r);
-    const e = new FakeEngine(this, options.replicas, options.onEvents, options.standby === true);
+    const e = new FakeEngine(this, options.replicas, options.onEvents, options.standby === true, options.epoch, options.members);
     this.engines.push(e);
     return e;
   }
