@@ -1162,7 +1162,7 @@ Status ReplicatedEngine::ActivateLocked(const HandOver& h, uint64_t epoch, Event
   // The hand-over is good only if nobody committed since: its engine's set is the latest.
   // A hand-over from a release before replica sets has generation 0 and its replicas hold
   // none (the legacy set: epoch 0); the epoch check before the claims covered it.
-  const legacy = h.generation == 0 && latest.empty();
+  const bool legacy = h.generation == 0 && latest.empty();
   if (!legacy && (latest.epoch != h.epoch || latest.generation != h.generation))
     return Status::Error(Code::kStaleEpoch, "the volume's latest replica set is " + std::to_string(latest.epoch) + "/" +
                                                 std::to_string(latest.generation) + ", not the hand-over's " +
