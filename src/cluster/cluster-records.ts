@@ -72,8 +72,11 @@ export interface MigrationRecord {
   sourceHost: string;
   targetHost: string;
   phase: MigrationPhase;
-  /** The source engine's hand-over, recorded before the target activates (so a restart can finish it). */
-  handOver: { epoch: number; rwReplicaIds: string[] } | null;
+  /**
+   * The source engine's hand-over, recorded before the target activates (so a restart can
+   * finish it). `generation` is 0 in records written before replica sets had generations.
+   */
+  handOver: { epoch: number; generation: number; rwReplicaIds: string[] } | null;
   /** Whether the target has claimed the volume (it may have written: a rollback then re-activates the source). */
   targetActivated: boolean;
   startedMs: number;
@@ -260,7 +263,12 @@ export function parseMigrationRecord(v: unknown, key: string): MigrationRecord {
     if (!isObject(h) || !Array.isArray(h['rwReplicaIds']) || h['rwReplicaIds'].length > REPLICA_COUNT_MAX) fail(KIND.migration, key, 'handOver is not a hand-over');
     const ids = h['rwReplicaIds'] as unknown[];
     if (!ids.every((x) => typeof x === 'string' && NAME_PATTERN.test(x))) fail(KIND.migration, key, 'handOver.rwReplicaIds holds a bad id');
-    handOver = { epoch: int(h, 'epoch', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER), rwReplicaIds: ids as string[] };
+    handOver = {
+      epoch: int(h, 'epoch', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+      // Absent in records of releases before replica-set generations.
+      generation: h['generation'] === undefined ? 0 : int(h, 'generation', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+      rwReplicaIds: ids as string[],
+    };
   }
   const r: MigrationRecord = {
     schema: schemaOf(v, KIND.migration, key),

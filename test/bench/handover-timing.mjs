@@ -1,6 +1,8 @@
 // Hand-over timing (not a test, no assertions): how long deactivate (drain + flush of the
-// source) and activate (epoch claim on the target) take, over ROUNDS hand-overs that ping-pong
-// a volume between two engines. Run after `npm run build`:
+// source) and activate (epoch claim and replica-set commit on the target) take, over ROUNDS
+// hand-overs that ping-pong a volume between two engines. Each scenario hands out its own
+// epochs (new replicas: 1 for the first engine, then one more per activation), as a control
+// plane allocates them. Run after `npm run build`:
 //   node test/bench/handover-timing.mjs [rounds]
 // Scenarios: engines in this process over three local replica directories; engines as on two
 // hosts (each opens its "own" replica directly and the other's through a replica server
@@ -30,15 +32,17 @@ function stats(xs) {
   return `median ${q(0.5).toFixed(2)}  p90 ${q(0.9).toFixed(2)}  p99 ${q(0.99).toFixed(2)}  max ${s[s.length - 1].toFixed(2)} ms`;
 }
 
+// `a` was opened (or started) with epoch 1.
 async function pingPong(name, a, b, dirty) {
   const deact = [], act = [], total = [];
   let [src, dst] = [a, b];
+  let epoch = 1;
   for (let i = 0; i < ROUNDS; i++) {
     if (dirty) await dirty(src, i);
     const t0 = performance.now();
     const h = await src.deactivate();
     const t1 = performance.now();
-    await dst.activate(h);
+    await dst.activate(h, { epoch: ++epoch });
     const t2 = performance.now();
     deact.push(t1 - t0); act.push(t2 - t1); total.push(t2 - t0);
     [src, dst] = [dst, src];
@@ -62,7 +66,7 @@ try {
     mkdirSync(join(root, 'local'));
     for (const d of dirs) await addon.createReplica(d, 64 * MiB);
     const specs = dirs.map((path, i) => ({ id: `r${i}`, path }));
-    const a = await Engine.open({ replicas: specs });
+    const a = await Engine.open({ replicas: specs, epoch: 1 });
     const b = await Engine.open({ replicas: specs, standby: true });
     await pingPong('engines, 3 local replicas', a, b, dirty);
     await a.close(); await b.close();
@@ -77,7 +81,7 @@ try {
     const servers = await Promise.all(hostDirs.map((r) => addon.startReplicaServer({ root: r })));
     const remote = (i) => ({ id: `r${i}`, remote: { host: '127.0.0.1', port: servers[i].port, name: 'vol' } });
     const local = (i) => ({ id: `r${i}`, path: join(hostDirs[i], 'vol') });
-    const a = await Engine.open({ replicas: [local(0), remote(1)] });
+    const a = await Engine.open({ replicas: [local(0), remote(1)], epoch: 1 });
     const b = await Engine.open({ replicas: [remote(0), local(1)], standby: true });
     await pingPong('engines as on two hosts (1 local + 1 remote replica each)', a, b, dirty);
     await a.close(); await b.close();
@@ -99,9 +103,9 @@ try {
       des.push({ de, address: (await local.info()).replicaAddress });
     }
     const replicas = des.map((d, i) => ({ id: `r${i}`, hostId: `h${i + 1}`, name: 'vol-r', address: d.address }));
-    await des[0].de.startEngine({ volume: 'vol', replicas });
+    await des[0].de.startEngine({ volume: 'vol', replicas, epoch: 1 });
     await des[1].de.startEngine({ volume: 'vol', replicas, standby: true });
-    const wrap = (de) => ({ deactivate: () => de.deactivateEngine('vol'), activate: (h) => de.activateEngine('vol', h) });
+    const wrap = (de) => ({ deactivate: () => de.deactivateEngine('vol'), activate: (h, o) => de.activateEngine('vol', h, o) });
     await pingPong(`DataEngine calls, ${grpc ? 'RemoteDataEngine over gRPC (unix socket)' : 'LocalDataEngine'}`, wrap(des[0].de), wrap(des[1].de));
     for (const d of des) await d.de.stopEngine('vol');
     for (const c of closers.reverse()) await c();
