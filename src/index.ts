@@ -14,7 +14,7 @@
 export { MooringError, MooringErrorCode, isMooringError, isMooringErrorCode } from './errors.js';
 export type { MooringErrorOptions } from './errors.js';
 
-export { Volume, DEFAULT_REPLICA_COUNT, DEFAULT_SOCKET_FILE } from './volume/volume.js';
+export { Volume, DEFAULT_REPLICA_COUNT, DEFAULT_SOCKET_FILE, OPEN_EPOCH_ATTEMPTS_MAX } from './volume/volume.js';
 export type {
   CreateSnapshotOptions,
   ExportInfo,
@@ -45,6 +45,7 @@ export type {
   ReconciledEvent,
   ReplicaErrorEvent,
   ReplicaMode,
+  ReplicaSetChangedEvent,
   ReplicaStatus,
   SnapshotOptions,
   WriteOptions,
@@ -59,7 +60,9 @@ export { formatNbdAddress, nbdUri, parseNbdAddress } from './nbd/nbd-address.js'
 export type { NbdAddress } from './nbd/nbd-address.js';
 
 // --- many hosts: cluster, data engines, gRPC, state store ---
-export { Cluster, DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS, DEFAULT_REPAIR_INTERVAL_MS, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS, DEFAULT_TICKET_WAIT_TIMEOUT_MS, HOST_PROBE_TIMEOUT_MS } from './cluster/cluster.js';
+export { Cluster, DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS, DEFAULT_REPAIR_INTERVAL_MS, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS, DEFAULT_TICKET_WAIT_TIMEOUT_MS, EPOCH_ATTEMPTS_MAX, HOST_PROBE_TIMEOUT_MS } from './cluster/cluster.js';
+// Writer epochs: allocated by the control plane, never chosen by an engine (docs/single-writer.md).
+export { EpochAllocator, EPOCH_ALLOCATION_ATTEMPTS_MAX } from './cluster/epochs.js';
 export type {
   ClusterAttachOptions,
   ClusterCloneOptions,
@@ -72,7 +75,7 @@ export type {
   ReplicaReplacedEvent,
 } from './cluster/cluster.js';
 export { CLUSTER_SCHEMA_VERSION, ATTACHMENT_TICKETS_MAX } from './cluster/cluster-records.js';
-export type { AttachmentRecord, EngineRecord, HostRecord, MigrationPhase, MigrationRecord, ReplicaRecord, VolumeRecord } from './cluster/cluster-records.js';
+export type { AttachmentRecord, EngineRecord, HostRecord, MigrationPhase, MigrationRecord, ReplicaRecord, VolumeEpochRecord, VolumeRecord } from './cluster/cluster-records.js';
 export { ClusterVolume, Migration } from './cluster/cluster-volume.js';
 export type {
   ClusterTicket,
@@ -112,6 +115,7 @@ export type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineActivateOptions,
   EngineHandOver,
   EngineInfo,
   EngineReplicaInfo,

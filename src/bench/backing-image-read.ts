@@ -115,7 +115,8 @@ export async function measureBackingImageRead(ctx: TargetContext, runtimeSec: nu
   let engine: Engine | undefined;
   let qemu: Awaited<ReturnType<typeof serveQemuNbd>> | undefined;
   try {
-    engine = await Engine.open({ replicas: [{ id: 'r0', path: replica }] });
+    // A replica made just above: the first and only engine over it gets epoch 1.
+    engine = await Engine.open({ replicas: [{ id: 'r0', path: replica }], epoch: 1 });
     const exp = await engine.exportNbd({ nbd: `unix:${join(ctx.dir, 'mooring.sock')}` });
     const qemuDir = join(ctx.dir, 'qemu');
     mkdirSync(qemuDir);

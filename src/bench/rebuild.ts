@@ -46,7 +46,8 @@ export async function measureRebuild(ctx: TargetContext): Promise<RebuildResults
     const size = ctx.areaBytes;
     await h1.engine.createReplica('rb-r0', size);
     const socket = join(ctx.dir, 'nbd.sock');
-    const info = await h0.engine.startEngine({ volume: 'rb', replicas: [refOn(h1, 'r0', 'rb-r0')], nbd: `unix:${socket}` });
+    // The bench's own new replica: the first and only engine over it gets epoch 1.
+    const info = await h0.engine.startEngine({ volume: 'rb', replicas: [refOn(h1, 'r0', 'rb-r0')], nbd: `unix:${socket}`, epoch: 1 });
     const uri = info.nbd!.uri;
     await fill(ctx, uri, size);
     ctx.log(`  filled ${size / 1024 ** 2} MiB through NBD`);

@@ -182,7 +182,8 @@ async function startMooringRemote(id: TargetId, ctx: TargetContext): Promise<Run
     }
     const socket = join(ctx.dir, 'nbd.sock');
     checkSocketPath(socket);
-    const info = await engineHost.engine.startEngine({ volume: 'bench', replicas: refs, nbd: `unix:${socket}` });
+    // The bench's own new replicas: the first and only engine over them gets epoch 1.
+    const info = await engineHost.engine.startEngine({ volume: 'bench', replicas: refs, nbd: `unix:${socket}`, epoch: 1 });
     if (!info.nbd || info.replicas.some((r) => r.mode !== 'RW')) {
       throw new BenchError('BENCH_TARGET_FAILED', `remote engine did not start healthy: ${JSON.stringify(info)}`);
     }

@@ -57,6 +57,8 @@ function describeEvent(e: DataEngineEvent): string {
       return `volume ${e.volume}: replica ${e.replicaId} failed (errno ${e.errno}): ${e.message}`;
     case 'epoch-claimed':
       return `volume ${e.volume}: writer epoch ${e.epoch} claimed`;
+    case 'replica-set-changed':
+      return `volume ${e.volume}: replica set ${e.epoch}/${e.generation} committed (RW: ${e.rwReplicaIds.join(', ') || 'none'})`;
     case 'rebuild-started':
       return `volume ${e.volume}: rebuilding replica ${e.replicaId} (${e.totalBytes} bytes to compare)`;
     case 'rebuild-progress':

@@ -27,7 +27,7 @@ export interface ReadyInfo {
   sizeBytes: number;
   /** Number of replicas. */
   replicas: number;
-  /** The writer epoch this server claimed. */
+  /** The writer epoch this server claimed (allocated from the volume's counter in volume.json). */
   epoch: number;
 }
 
@@ -104,6 +104,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     const v = volume;
     v.on('replica-error', (e) => ctx.stderr(`mooring: replica ${e.replicaId} failed (${e.code}, errno ${e.errno}): ${e.message}; serving from the others\n`));
     v.on('epoch-claimed', (e) => ctx.stderr(`mooring: writer epoch ${e.epoch} claimed\n`));
+    v.on('replica-set-changed', (e) => ctx.stderr(`mooring: replica set ${e.epoch}/${e.generation} committed (RW: ${e.rwReplicaIds.join(', ') || 'none'})\n`));
     v.on('reconciled', (e) => ctx.stderr(`mooring: reconciled replicas after an unclean stop (${e.bytes} bytes copied): ${e.message}\n`));
     v.on('warning', (e) => ctx.stderr(`mooring: warning: ${e.code}: ${e.message}\n`));
     for (const e of v.engine?.openEvents ?? []) {

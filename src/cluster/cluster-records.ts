@@ -1,8 +1,9 @@
 /**
  * The documents a {@link Cluster} keeps in its {@link StateStore}: one per volume, replica,
  * engine and host, each with a spec (what is wanted) and a status (what was last seen),
- * like the Kubernetes objects Longhorn keeps. Validated on read: a store may be shared
- * and its contents are treated as untrusted.
+ * like the Kubernetes objects Longhorn keeps, and one epoch counter per volume (the writer
+ * epochs its engines are given; src/cluster/epochs.ts). Validated on read: a store may be
+ * shared and its contents are treated as untrusted.
  *
  * @packageDocumentation
  */
@@ -26,6 +27,8 @@ export const KIND = {
   host: 'host',
   attachment: 'attachment',
   migration: 'migration',
+  /** A volume's epoch counter ({@link VolumeEpochRecord}); added without a schema change: a store without it opens as before. */
+  volumeEpoch: 'volume-epoch',
 } as const;
 
 /** A volume: spec and the status last recorded. */
@@ -69,8 +72,11 @@ export interface MigrationRecord {
   sourceHost: string;
   targetHost: string;
   phase: MigrationPhase;
-  /** The source engine's hand-over, recorded before the target activates (so a restart can finish it). */
-  handOver: { epoch: number; rwReplicaIds: string[] } | null;
+  /**
+   * The source engine's hand-over, recorded before the target activates (so a restart can
+   * finish it). `generation` is 0 in records written before replica sets had generations.
+   */
+  handOver: { epoch: number; generation: number; rwReplicaIds: string[] } | null;
   /** Whether the target has claimed the volume (it may have written: a rollback then re-activates the source). */
   targetActivated: boolean;
   startedMs: number;
@@ -105,6 +111,20 @@ export interface EngineRecord {
   /** Epoch last seen. */
   epoch: number;
   startedMs: number;
+}
+
+/**
+ * The last writer epoch allocated for a volume (docs/single-writer.md). Key: the volume name.
+ * Only ever raised, by compare-and-set, and written before the epoch is handed to an engine;
+ * kept when the volume is deleted, so an engine of a later volume of the same name never
+ * gets an epoch an earlier one held.
+ */
+export interface VolumeEpochRecord {
+  schema: number;
+  volume: string;
+  /** The highest epoch handed out (0: none yet). */
+  last: number;
+  updatedMs: number;
 }
 
 /** How to reach a host's replica server. Key: the host id. */
@@ -243,7 +263,12 @@ export function parseMigrationRecord(v: unknown, key: string): MigrationRecord {
     if (!isObject(h) || !Array.isArray(h['rwReplicaIds']) || h['rwReplicaIds'].length > REPLICA_COUNT_MAX) fail(KIND.migration, key, 'handOver is not a hand-over');
     const ids = h['rwReplicaIds'] as unknown[];
     if (!ids.every((x) => typeof x === 'string' && NAME_PATTERN.test(x))) fail(KIND.migration, key, 'handOver.rwReplicaIds holds a bad id');
-    handOver = { epoch: int(h, 'epoch', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER), rwReplicaIds: ids as string[] };
+    handOver = {
+      epoch: int(h, 'epoch', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+      // Absent in records of releases before replica-set generations.
+      generation: h['generation'] === undefined ? 0 : int(h, 'generation', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+      rwReplicaIds: ids as string[],
+    };
   }
   const r: MigrationRecord = {
     schema: schemaOf(v, KIND.migration, key),
@@ -313,5 +338,18 @@ export function parseHostRecord(v: unknown, key: string): HostRecord {
     lastSeenMs: int(v, 'lastSeenMs', KIND.host, key, 0, Number.MAX_SAFE_INTEGER),
   };
   if (r.hostId !== key) fail(KIND.host, key, 'hostId does not match its key');
+  return r;
+}
+
+/** @internal */
+export function parseVolumeEpochRecord(v: unknown, key: string): VolumeEpochRecord {
+  if (!isObject(v)) fail(KIND.volumeEpoch, key, 'not an object');
+  const r: VolumeEpochRecord = {
+    schema: schemaOf(v, KIND.volumeEpoch, key),
+    volume: str(v, 'volume', KIND.volumeEpoch, key, NAME_PATTERN),
+    last: int(v, 'last', KIND.volumeEpoch, key, 0, Number.MAX_SAFE_INTEGER),
+    updatedMs: int(v, 'updatedMs', KIND.volumeEpoch, key, 0, Number.MAX_SAFE_INTEGER),
+  };
+  if (r.volume !== key) fail(KIND.volumeEpoch, key, 'volume does not match its key');
   return r;
 }

@@ -171,7 +171,7 @@ export class Migration {
 
   /**
    * Moves the writer: the source drains and flushes, locks move (if given), the target claims
-   * a new writer epoch and serves. From then on the source cannot change any replica. Call it
+   * a writer epoch newly allocated by the cluster and serves. From then on the source cannot change any replica. Call it
    * at QEMU's `pre-switchover`. Idempotent after success.
    *
    * @throws MooringError INVALID_STATE (no migration), LOCK_VERSION_MISMATCH/LOCK_HELD (locks refused: rolled back to the source), UNAVAILABLE
@@ -185,7 +185,7 @@ export class Migration {
     return this.#ops.confirm(this.volume);
   }
 
-  /** Ends the migration on the source: before hand-over the standby stops; after it the target drains and the source claims a newer epoch. */
+  /** Ends the migration on the source: before hand-over the standby stops; after it the target drains and the source claims a newly allocated epoch. */
   rollback(): Promise<void> {
     return this.#ops.rollback(this.volume);
   }

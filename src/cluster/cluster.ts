@@ -7,7 +7,9 @@
  *
  * The data engines do the data work (replica servers, engines, rebuilds); a data engine
  * also re-adds a replica by itself when that replica's host comes back. The cluster only
- * decides; it never carries data.
+ * decides; it never carries data. It allocates every writer epoch: each engine it starts or
+ * activates is handed a new one from the volume's counter in the store (src/cluster/epochs.ts,
+ * docs/single-writer.md).
  *
  * @packageDocumentation
  */
@@ -63,6 +65,7 @@ import {
   type ReplicaRecord,
   type VolumeRecord,
 } from './cluster-records.js';
+import { EpochAllocator } from './epochs.js';
 import {
   ClusterVolume,
   type ClusterAttachOptions,
@@ -99,6 +102,12 @@ const TICKET_POLL_MS = 100;
 const REPLACEMENT_IMAGE_WAIT_MS = 5000;
 /** Passes of one reconcile before it stops to let others run (each pass takes one step). */
 const CONVERGE_PASSES_MAX = 8;
+/**
+ * Epochs one start or activation tries: a STALE_EPOCH refusal (a replica promised that epoch
+ * or more, e.g. one written by a release whose engines chose their epochs) is tried again
+ * above the highest epoch the replicas report.
+ */
+export const EPOCH_ATTEMPTS_MAX = 3;
 
 /** How long a backing image file no replica uses stays on its disk, by default (Longhorn: 60 min). */
 export const DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS = 3_600_000;
@@ -227,6 +236,7 @@ function replicaName(volume: string, id: string): string {
  */
 export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEvents>) {
   readonly #store: StateStore;
+  readonly #epochs: EpochAllocator;
   readonly #hosts = new Map<string, { engine: DataEngine; unwatch: () => void }>();
   readonly #repairIntervalMs: number;
   readonly #replacementWaitMs: number;
@@ -271,6 +281,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   private constructor(options: ClusterOptions) {
     super();
     this.#store = options.store;
+    this.#epochs = new EpochAllocator(options.store);
     this.#repairIntervalMs = options.repairIntervalMs ?? DEFAULT_REPAIR_INTERVAL_MS;
     this.#replacementWaitMs = options.replicaReplacementWaitMs ?? DEFAULT_REPLICA_REPLACEMENT_WAIT_MS;
     this.#ticketWaitMs = options.ticketWaitTimeoutMs ?? DEFAULT_TICKET_WAIT_TIMEOUT_MS;
@@ -850,7 +861,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   async #startEngine(name: string, host: string, frontend: Frontend): Promise<void> {
     const refs = await this.#refs(name);
     const nbd = frontend.disabled ? null : frontend.nbd;
-    const info = await this.#startOn(host, { volume: name, replicas: refs, nbd });
+    const info = await this.#withNewEpoch(name, 0, 'start', (epoch) => this.#startOn(host, { volume: name, replicas: refs, nbd, epoch }));
     const rec: EngineRecord = { schema: CLUSTER_SCHEMA_VERSION, volume: name, hostId: host, nbd, frontendDisabled: frontend.disabled, epoch: info.epoch, startedMs: Date.now() };
     await this.#store.put(KIND.engine, name, rec);
     await this.#recordModes(name, info);
@@ -858,7 +869,8 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
 
   // Starts an engine (or a standby) on a host. An engine of the volume left there by an
   // earlier attachment (its host was unreachable when the volume moved on, so a newer epoch
-  // fenced it, or a migration standby whose rollback could not reach it) is replaced.
+  // fenced it, or a migration standby whose rollback could not reach it) is replaced. The
+  // second start reuses the epoch: ALREADY_EXISTS is answered before anything is claimed.
   async #startOn(host: string, options: EngineStartOptions): Promise<EngineInfo> {
     const de = this.#engineOf(host);
     try {
@@ -1094,10 +1106,10 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
       throw fail('deactivate-source', err);
     }
     const t1 = performance.now();
-    let rec = await this.#putMigration({ ...m, phase: 'handing-over', handOver: ho });
+    let rec = await this.#putMigration({ ...m, phase: 'handing-over', handOver: { epoch: ho.epoch, generation: ho.generation, rwReplicaIds: [...ho.rwReplicaIds] } });
     // Back to the source: it claims a newer epoch over the replicas it handed over.
     const back = async (): Promise<void> => {
-      await source.activateEngine(name, ho);
+      await this.#activateWithNewEpoch(source, name, ho);
       rec = await this.#putMigration({ ...rec, phase: 'target-ready', handOver: null });
     };
     let lockHandover = null;
@@ -1113,7 +1125,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     }
     let info: EngineInfo;
     try {
-      info = await target.activateEngine(name, ho);
+      info = await this.#activateWithNewEpoch(target, name, ho);
     } catch (err) {
       if (locks && lockHandover) {
         const again = await locks.target.handOver().catch(() => lockHandover!);
@@ -1185,7 +1197,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     m = await this.#putMigration({ ...m, phase: 'rolling-back' });
     const target = this.#hosts.get(m.targetHost);
     if (m.targetActivated) {
-      // The target may have written: it drains and hands back; the source claims a newer epoch.
+      // The target may have written: it drains and hands back; the source claims a newly allocated epoch.
       const ho = target ? await target.engine.deactivateEngine(name).catch(() => null) : null;
       const src = this.#engineOf(m.sourceHost);
       if (ho) {
@@ -1200,14 +1212,15 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
           }
         }
         const role = await src.engineInfo(name).then((i) => i.role, () => null);
-        if (role === 'standby') await src.activateEngine(name, ho);
+        if (role === 'standby') await this.#activateWithNewEpoch(src, name, ho);
       } else {
         // The target cannot hand back (its host is gone, or it was fenced): the source takes
-        // the volume over as after a crash. A fresh engine claims an epoch above every
-        // replica's; replicas the target fenced open ERR and are rebuilt.
+        // the volume over as after a crash. A fresh engine claims a newly allocated epoch,
+        // above every one handed out before; replicas the target fenced open ERR and are rebuilt.
         const eng = await this.#engineRecord(name);
         await src.stopEngine(name).catch(() => undefined);
-        const info = await this.#startOn(m.sourceHost, { volume: name, replicas: await this.#refs(name), nbd: eng?.nbd ?? null });
+        const refs = await this.#refs(name);
+        const info = await this.#withNewEpoch(name, 0, 'start', (epoch) => this.#startOn(m.sourceHost, { volume: name, replicas: refs, nbd: eng?.nbd ?? null, epoch }));
         if (eng) await this.#store.put(KIND.engine, name, { ...eng, epoch: info.epoch, startedMs: Date.now() });
       }
       m = await this.#putMigration({ ...m, targetActivated: false });
@@ -1254,10 +1267,10 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
         if (target !== 'unreachable' && target !== 'stopped' && target.role === 'active') {
           await this.#putMigration({ ...m, phase: 'handed-over', targetActivated: true });
         } else if (source !== 'unreachable' && source !== 'stopped' && m.handOver) {
-          if (source.role === 'standby') await this.#engineOf(m.sourceHost).activateEngine(name, m.handOver);
+          if (source.role === 'standby') await this.#activateWithNewEpoch(this.#engineOf(m.sourceHost), name, m.handOver);
           await this.#putMigration({ ...m, phase: 'target-ready', handOver: null });
         } else if (target !== 'unreachable' && target !== 'stopped' && m.handOver) {
-          await this.#engineOf(m.targetHost).activateEngine(name, m.handOver);
+          await this.#activateWithNewEpoch(this.#engineOf(m.targetHost), name, m.handOver);
           await this.#putMigration({ ...m, phase: 'handed-over', targetActivated: true });
         } else {
           return false; // neither side can be reached: wait
@@ -1285,6 +1298,60 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
 
   #emitVolume<E extends keyof import('./cluster-volume.js').ClusterVolumeEvents>(name: string, event: E, ...args: Parameters<import('./cluster-volume.js').ClusterVolumeEvents[E]>): void {
     safeEmit(this.volume(name), event, ...args);
+  }
+
+  // --- writer epochs (src/cluster/epochs.ts, docs/single-writer.md) ---
+
+  // Runs a start or an activation of the volume's engine with a newly allocated epoch (above
+  // `atLeast`). Refused with STALE_EPOCH because a replica promised that epoch or more
+  // (replicas of a release whose engines chose their epochs, whose epochs the store never
+  // saw), it is tried again above the highest epoch the replicas report, at most
+  // EPOCH_ATTEMPTS_MAX epochs in all. A refusal that no listed epoch explains is not tried
+  // again: for a start, no replica at or above the epoch refused (the replicas that refused
+  // cannot be listed from here); for an activation, none above it, since a refused activation
+  // has claimed its epoch on the replicas anyway, and its STALE_EPOCH more likely says that
+  // the hand-over was overtaken, which no epoch mends.
+  async #withNewEpoch<T>(name: string, atLeast: number, kind: 'start' | 'activate', run: (epoch: number) => Promise<T>): Promise<T> {
+    let floor = atLeast;
+    for (let attempt = 1; ; attempt++) {
+      const epoch = await this.#epochs.allocate(name, floor);
+      try {
+        return await run(epoch);
+      } catch (err) {
+        if (toMooringError(err).code !== 'STALE_EPOCH' || attempt >= EPOCH_ATTEMPTS_MAX) throw err;
+        const seen = await this.#replicaEpochMax(name);
+        if (seen < epoch || (kind === 'activate' && seen === epoch)) throw err;
+        floor = seen;
+      }
+    }
+  }
+
+  // Activates a standby from a hand-over with a newly allocated epoch (above the hand-over's,
+  // as the engine requires).
+  #activateWithNewEpoch(de: DataEngine, name: string, handOver: EngineHandOver): Promise<EngineInfo> {
+    return this.#withNewEpoch(name, handOver.epoch, 'activate', (epoch) => de.activateEngine(name, handOver, { epoch }));
+  }
+
+  // The highest epoch the volume's replicas promised, as their data engines list them (hosts
+  // that do not answer in time are left out: 0 if none does).
+  async #replicaEpochMax(name: string): Promise<number> {
+    const byHost = new Map<string, Set<string>>();
+    for (const r of await this.#replicas(name)) {
+      const names = byHost.get(r.hostId) ?? new Set<string>();
+      byHost.set(r.hostId, names.add(r.name));
+    }
+    let max = 0;
+    await Promise.all(
+      [...byHost].map(async ([hostId, names]) => {
+        const h = this.#hosts.get(hostId);
+        if (!h) return;
+        const listed = await withTimeout(h.engine.listReplicas(), HOST_PROBE_TIMEOUT_MS, `replicas of ${hostId}`).catch(() => []);
+        for (const r of listed) {
+          if (names.has(r.name) && Number.isSafeInteger(r.epoch) && r.epoch > max) max = r.epoch;
+        }
+      }),
+    );
+    return max;
   }
 
   // --- store upgrade ---

@@ -18,7 +18,7 @@ export interface HostedReplicaInfo {
   /** Replica name, unique on this data engine ([A-Za-z0-9._-]{1,63}). */
   name: string;
   sizeBytes: number;
-  /** Highest writer epoch claimed on it. */
+  /** Highest writer epoch promised on it: an engine must be given a higher one to start over it. */
   epoch: number;
   /** The last engine closed it cleanly. */
   clean: boolean;
@@ -148,6 +148,27 @@ export interface EngineStartOptions {
    * {@link DataEngine.activateEngine}. Another engine may be writing the same replicas meanwhile.
    */
   standby?: boolean;
+  /**
+   * The writer epoch the engine claims: a positive integer, required unless `standby` (a
+   * standby takes none; {@link DataEngine.activateEngine} gives it one). The caller
+   * allocates it so that no other engine of the volume ever holds it (a Cluster allocates
+   * it in its store), above every epoch a replica promised, else the start fails with
+   * STALE_EPOCH and nothing is served. A data engine never picks an epoch itself
+   * (docs/single-writer.md).
+   */
+  epoch?: number;
+  /**
+   * How long a request waits when a change of the replica set cannot reach a majority of
+   * the volume's replicas, before it fails (default 15000 ms, 0..600000); it is never
+   * acknowledged meanwhile (docs/single-writer.md).
+   */
+  quorumHoldMs?: number;
+}
+
+/** Options of {@link DataEngine.activateEngine}. */
+export interface EngineActivateOptions {
+  /** The writer epoch the activated engine claims, allocated by the caller as for {@link EngineStartOptions.epoch}. */
+  epoch: number;
 }
 
 /**
@@ -157,6 +178,8 @@ export interface EngineStartOptions {
 export interface EngineHandOver {
   /** The writer epoch the deactivated engine held. */
   epoch: number;
+  /** The generation of its last committed replica set; activation checks that it is still the volume's latest. */
+  generation: number;
   /** Replicas that were RW when it drained: identical, holding every acknowledged write. */
   rwReplicaIds: string[];
 }
@@ -202,7 +225,14 @@ export interface RebuildResult {
 /** Events a data engine reports (about the engines it runs). */
 export type DataEngineEvent =
   | { type: 'replica-error'; volume: string; replicaId: string; errno: number; message: string }
+  /** An engine claimed its writer epoch (when it started, or was activated). */
   | { type: 'epoch-claimed'; volume: string; epoch: number }
+  /**
+   * An engine committed a new replica set to a majority of the volume's replicas (at start,
+   * at activation, after dropping a failed replica, when a rebuilt one became RW or one was
+   * removed); `rwReplicaIds` are replica ids ({@link EngineReplicaRef.id}).
+   */
+  | { type: 'replica-set-changed'; volume: string; epoch: number; generation: number; rwReplicaIds: string[] }
   | ({ type: 'rebuild-started'; volume: string; replicaId: string } & RebuildProgress)
   | ({ type: 'rebuild-progress'; volume: string; replicaId: string } & RebuildProgress)
   | ({ type: 'rebuild-completed'; volume: string; replicaId: string } & RebuildProgress)
@@ -258,7 +288,12 @@ export interface DataEngine {
   deleteReplica(name: string): Promise<void>;
   listReplicas(): Promise<HostedReplicaInfo[]>;
 
-  /** Starts an engine for a volume (claims a new writer epoch). ALREADY_EXISTS if one runs. */
+  /**
+   * Starts an engine for a volume: it claims `options.epoch` (allocated by the caller) on the
+   * replicas, unless it is a standby. ALREADY_EXISTS if one runs, STALE_EPOCH (a replica
+   * promised that epoch or a higher one: allocate above it and try again), NO_QUORUM (a
+   * majority of the replicas cannot be reached), NO_HEALTHY_REPLICA, INVALID_ARGUMENT.
+   */
   startEngine(options: EngineStartOptions): Promise<EngineInfo>;
   /** Stops an engine: unexports, drains, flushes, marks replicas clean. NOT_FOUND. */
   stopEngine(volume: string): Promise<void>;
@@ -280,13 +315,15 @@ export interface DataEngine {
    */
   deactivateEngine(volume: string): Promise<EngineHandOver>;
   /**
-   * Migration hand-over, target side (or rollback, source side): a standby engine claims an
-   * epoch above every replica's (from then on the engine that handed over cannot change any
-   * replica), uses the hand-over's RW replicas as RW and the others as ERR (self-repair
-   * rebuilds them), and serves I/O. NOT_FOUND, INVALID_STATE (already active), STALE_EPOCH
-   * (another engine claimed meanwhile), NO_HEALTHY_REPLICA.
+   * Migration hand-over, target side (or rollback, source side): a standby engine claims
+   * `options.epoch` (allocated by the caller, above every replica's: from then on the engine
+   * that handed over cannot change any replica), checks that the volume's latest replica set
+   * is the hand-over's, uses the hand-over's RW replicas as RW and the others as ERR
+   * (self-repair rebuilds them), and serves I/O. NOT_FOUND, INVALID_STATE (already active),
+   * STALE_EPOCH (another engine claimed or wrote meanwhile, or a replica promised
+   * `options.epoch` already), NO_QUORUM, NO_HEALTHY_REPLICA, INVALID_ARGUMENT.
    */
-  activateEngine(volume: string, handOver: EngineHandOver): Promise<EngineInfo>;
+  activateEngine(volume: string, handOver: EngineHandOver, options: EngineActivateOptions): Promise<EngineInfo>;
 
   /** Takes a snapshot through the volume's active engine. ALREADY_EXISTS, INVALID_ARGUMENT, INVALID_STATE (standby). */
   createSnapshot(volume: string, name: string, options?: { labels?: Record<string, string> }): Promise<EngineSnapshotInfo>;

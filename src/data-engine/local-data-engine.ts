@@ -18,8 +18,8 @@ import { loadAddon, packageVersion } from '../native/load.js';
 import type { DownloadSettings } from '../backing-image/download.js';
 import type { NbdExport } from '../nbd/nbd-export.js';
 import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
-import { REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
-import { checkIntIn, checkLabels, checkName, checkVolumeSize, describe } from '../util/validate.js';
+import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
+import { checkEpoch, checkIntIn, checkLabels, checkName, checkVolumeSize, describe } from '../util/validate.js';
 import { visibleSnapshots } from '../volume/volume.js';
 import { VolumeLock } from '../volume/volume-lock.js';
 import {
@@ -39,6 +39,7 @@ import type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineActivateOptions,
   EngineHandOver,
   EngineInfo,
   EngineReplicaInfo,
@@ -429,6 +430,14 @@ export class LocalDataEngine implements DataEngine {
       throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }
     const standby = options.standby === true;
+    // The epoch comes from the caller, who allocated it; a standby claims none until activated.
+    let epoch: number | undefined;
+    if (standby) {
+      if (options.epoch !== undefined) throw new MooringError('INVALID_ARGUMENT', `a standby claims no epoch (got epoch ${describe(options.epoch)}); activateEngine gives it one`);
+    } else {
+      epoch = checkEpoch('epoch', options.epoch);
+    }
+    const quorumHoldMs = options.quorumHoldMs === undefined ? undefined : checkIntIn('quorumHoldMs', options.quorumHoldMs, 0, QUORUM_HOLD_MS_MAX, 0);
     if (this.#engines.has(volume) || this.#starting.has(volume)) {
       throw new MooringError('ALREADY_EXISTS', `an engine for volume ${volume} runs on ${this.hostId} already`, { details: { volume } });
     }
@@ -448,7 +457,12 @@ export class LocalDataEngine implements DataEngine {
       // A standby opens replicas another engine (on another host) is writing: a replica of
       // this host that is served to that engine by our replica server is shared with it
       // (native/src/store/replica-registry.h), not refused as in use.
-      const engine = await Engine.open({ replicas: specs, addon: this.#addon, ...(standby ? { standby } : {}) });
+      const engine = await Engine.open({
+        replicas: specs,
+        addon: this.#addon,
+        ...(standby ? { standby } : { epoch }),
+        ...(quorumHoldMs !== undefined ? { quorumHoldMs } : {}),
+      });
       const slot: EngineSlot = {
         volume,
         engine,
@@ -578,19 +592,21 @@ export class LocalDataEngine implements DataEngine {
     }
     slot.handingOver = false;
     this.#emit({ type: 'engine-deactivated', volume, epoch: h.epoch });
-    return { epoch: h.epoch, rwReplicaIds: [...h.rwReplicaIds] };
+    return { epoch: h.epoch, generation: h.generation, rwReplicaIds: [...h.rwReplicaIds] };
   }
 
   /** @inheritDoc DataEngine.activateEngine */
-  async activateEngine(volume: string, handOver: EngineHandOver): Promise<EngineInfo> {
+  async activateEngine(volume: string, handOver: EngineHandOver, options: EngineActivateOptions): Promise<EngineInfo> {
     this.#assertOpen();
     const slot = this.#slot(volume);
     const h = checkHandOver(handOver);
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `activate options must be {epoch} (got ${describe(options)})`);
+    const epoch = checkEpoch('epoch', options.epoch);
     if (slot.handingOver) throw new MooringError('BUSY', `the engine of ${volume} is being deactivated or activated`, { details: { volume } });
     if (slot.role === 'active') throw new MooringError('INVALID_STATE', `the engine of ${volume} on ${this.hostId} is active already`, { details: { volume } });
     slot.handingOver = true;
     try {
-      await slot.engine.activate(h);
+      await slot.engine.activate(h, { epoch });
       slot.role = 'active';
     } finally {
       slot.handingOver = false;
@@ -806,6 +822,9 @@ export class LocalDataEngine implements DataEngine {
       });
     });
     engine.on('epoch-claimed', (e) => this.#emit({ type: 'epoch-claimed', volume, epoch: e.epoch }));
+    engine.on('replica-set-changed', (e) =>
+      this.#emit({ type: 'replica-set-changed', volume, epoch: e.epoch, generation: e.generation, rwReplicaIds: [...e.rwReplicaIds] }),
+    );
     engine.on('snapshot-copy-progress', (e) =>
       this.#emit({ type: 'snapshot-copy-progress', volume, snapshot: e.snapshot, copiedBytes: e.copiedBytes, totalBytes: e.totalBytes }),
     );
@@ -815,6 +834,9 @@ export class LocalDataEngine implements DataEngine {
     });
     for (const e of engine.openEvents) {
       if (e.type === 'epoch-claimed') this.#emit({ type: 'epoch-claimed', volume, epoch: e.epoch });
+      if (e.type === 'replica-set-changed') {
+        this.#emit({ type: 'replica-set-changed', volume, epoch: e.epoch, generation: e.generation, rwReplicaIds: [...e.rwReplicaIds] });
+      }
       if (e.type === 'replica-error') this.#emit({ type: 'replica-error', volume, replicaId: e.replicaId, errno: e.errno, message: e.message });
     }
   }
@@ -1045,19 +1067,20 @@ export function checkRefs(value: unknown): EngineReplicaRef[] {
 }
 
 /**
- * Checks a hand-over: a non-negative safe-integer epoch and 0..16 replica ids.
+ * Checks a hand-over: non-negative safe-integer epoch and generation, 0..16 replica ids.
  *
  * @internal
  */
 export function checkHandOver(value: unknown): EngineHandOver {
   const h = value as Partial<EngineHandOver> | null;
-  if (typeof h !== 'object' || h === null || typeof h.epoch !== 'number' || !Number.isSafeInteger(h.epoch) || h.epoch < 0 || !Array.isArray(h.rwReplicaIds)) {
-    throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, rwReplicaIds} (got ${describe(value)})`);
+  const count = (v: unknown): boolean => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
+  if (typeof h !== 'object' || h === null || !count(h.epoch) || !count(h.generation) || !Array.isArray(h.rwReplicaIds)) {
+    throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, generation, rwReplicaIds} (got ${describe(value)})`);
   }
   if (h.rwReplicaIds.length > REPLICA_COUNT_MAX) {
     throw new MooringError('INVALID_ARGUMENT', `handOver.rwReplicaIds lists ${h.rwReplicaIds.length} replicas, at most ${REPLICA_COUNT_MAX}`);
   }
-  return { epoch: h.epoch, rwReplicaIds: h.rwReplicaIds.map((id: unknown, i) => checkName(`handOver.rwReplicaIds[${i}]`, id)) };
+  return { epoch: h.epoch!, generation: h.generation!, rwReplicaIds: h.rwReplicaIds.map((id: unknown, i) => checkName(`handOver.rwReplicaIds[${i}]`, id)) };
 }
 
 // Records (or checks) which host owns a data engine directory: replicas are known to other

@@ -136,3 +136,15 @@ export function checkUuid(what: string, value: unknown, code: MooringErrorCode =
   }
   return value;
 }
+
+/**
+ * A writer epoch handed to an engine: a positive safe integer. Epochs are allocated by the
+ * caller (a Cluster in its store, a Volume in its volume.json), never chosen by an engine
+ * (docs/single-writer.md).
+ */
+export function checkEpoch(what: string, value: unknown, code: MooringErrorCode = 'INVALID_ARGUMENT'): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 1) {
+    throw new MooringError(code, `${what} must be a positive integer allocated for this engine (got ${describe(value)}); see docs/single-writer.md`, { details: { what, value } });
+  }
+  return value;
+}

@@ -67,6 +67,13 @@ export interface VolumeSpec {
   replicas: ReplicaSpec[];
   /** Creation time, ms since the epoch. */
   createdMs: number;
+  /**
+   * The last writer epoch allocated to an engine of this volume (docs/single-writer.md):
+   * `Volume.open` allocates the next one above it and above every epoch the replicas
+   * promised, and writes it here, under the volume's lock, before the engine claims it.
+   * Absent in volume.json files of releases before allocated epochs (read as 0).
+   */
+  lastEpoch?: number;
 }
 
 const PATH_SEGMENT_PATTERN = /^[A-Za-z0-9._-]{1,63}$/;
@@ -190,7 +197,14 @@ export function validateVolumeSpec(value: unknown, code: MooringErrorCode, sourc
   if (typeof value.createdMs !== 'number' || !Number.isSafeInteger(value.createdMs) || value.createdMs < 0) {
     throw fail(code, source, `createdMs must be a non-negative integer (got ${describe(value.createdMs)})`);
   }
-  return { format: VOLUME_SPEC_FORMAT, version: value.version, name, uuid: value.uuid, sizeBytes, replicas, createdMs: value.createdMs };
+  const spec: VolumeSpec = { format: VOLUME_SPEC_FORMAT, version: value.version, name, uuid: value.uuid, sizeBytes, replicas, createdMs: value.createdMs };
+  if (value.lastEpoch !== undefined) {
+    if (typeof value.lastEpoch !== 'number' || !Number.isSafeInteger(value.lastEpoch) || value.lastEpoch < 0) {
+      throw fail(code, source, `lastEpoch must be a non-negative integer (got ${describe(value.lastEpoch)})`);
+    }
+    spec.lastEpoch = value.lastEpoch;
+  }
+  return spec;
 }
 
 /** Parses and validates volume.json text; anything wrong is CORRUPT_METADATA. */

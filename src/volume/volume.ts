@@ -3,8 +3,10 @@
  * directories), the main class of the library.
  *
  * While a Volume is open it is attached on this host: it owns an {@link Engine} over its
- * replicas, which holds the writer epoch. Later releases add replicas on other hosts,
- * attachment tickets and migration on top of the same object.
+ * replicas, which holds the writer epoch. The Volume allocates that epoch (an engine never
+ * picks its own, docs/single-writer.md) from the counter in volume.json, which it writes
+ * under the volume's lock before the engine claims the epoch. Later releases add replicas
+ * on other hosts, attachment tickets and migration on top of the same object.
  */
 import { EventEmitter } from 'node:events';
 import { mkdir, readdir, rm } from 'node:fs/promises';
@@ -20,6 +22,7 @@ import {
   type LifecycleState,
   type ReconciledEvent,
   type ReplicaErrorEvent,
+  type ReplicaSetChangedEvent,
   type ReplicaStatus,
   type WriteOptions,
   type WriteZeroesOptions,
@@ -50,6 +53,11 @@ type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 export const DEFAULT_SOCKET_FILE = 'nbd.sock';
 /** Replica count when none is given. */
 export const DEFAULT_REPLICA_COUNT = 3;
+/**
+ * Epochs one open tries: a STALE_EPOCH (a replica promised more than volume.json and the
+ * replicas' metadata showed when the epoch was allocated) is tried again above it.
+ */
+export const OPEN_EPOCH_ATTEMPTS_MAX = 3;
 
 /** Options of {@link Volume.create}. */
 export interface VolumeCreateOptions {
@@ -142,8 +150,10 @@ export interface VolumeStatus {
 export type VolumeEvents = {
   /** A replica failed an I/O and was dropped (recorded as ERR in volume.json). */
   'replica-error': (event: ReplicaErrorEvent) => void;
-  /** The engine claimed a new writer epoch. */
+  /** The engine claimed its writer epoch (at open). */
   'epoch-claimed': (event: EpochClaimedEvent) => void;
+  /** The engine committed a new replica set (at open, after dropping a failed replica): docs/single-writer.md. */
+  'replica-set-changed': (event: ReplicaSetChangedEvent) => void;
   /** Replicas were reconciled. */
   reconciled: (event: ReconciledEvent) => void;
   /** The volume is now served over NBD. */
@@ -189,6 +199,7 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
     this.#engine = engine;
     engine.on('replica-error', (e) => this.#onReplicaError(e));
     engine.on('epoch-claimed', (e) => safeEmit(this, 'epoch-claimed', e));
+    engine.on('replica-set-changed', (e) => safeEmit(this, 'replica-set-changed', e));
     engine.on('reconciled', (e) => safeEmit(this, 'reconciled', e));
   }
 
@@ -257,7 +268,10 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
 
   /**
    * Opens the volume in `dir`: locks the directory against other openers, validates
-   * volume.json and starts the engine (new writer epoch; reconcile after an unclean stop).
+   * volume.json, allocates the next writer epoch (above volume.json's counter and every epoch
+   * the replicas promised, recorded in volume.json first) and starts the engine with it
+   * (reconcile after an unclean stop). A volume.json of a release before allocated epochs has
+   * no counter: the replicas' epochs alone say where to start.
    *
    * @throws MooringError NOT_FOUND, CORRUPT_METADATA, BUSY (open elsewhere), UNSUPPORTED, NO_HEALTHY_REPLICA, NATIVE_LOAD_FAILED
    */
@@ -286,7 +300,22 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
       throw new MooringError('UNSUPPORTED', `replica ${remote.id} is remote (${remote.address}); remote replicas are not supported by this release`);
     }
     const replicas: EngineReplicaSpec[] = spec.replicas.map((r) => ({ id: r.id, path: replicaDir(dir, r) }));
-    const engine = await Engine.open({ replicas, addon });
+    let engine: Engine | undefined;
+    let floor = spec.lastEpoch ?? 0;
+    for (let attempt = 1; engine === undefined; attempt++) {
+      floor = Math.max(floor, await promisedEpochMax(addon, replicas));
+      if (floor >= Number.MAX_SAFE_INTEGER) throw new MooringError('OUT_OF_RANGE', `volume ${spec.name}: no writer epoch is left above ${floor}`);
+      const epoch = floor + 1;
+      // Recorded before any replica sees it: no later open can hand it out again.
+      spec.lastEpoch = epoch;
+      await writeVolumeSpec(dir, spec);
+      try {
+        engine = await Engine.open({ replicas, addon, epoch });
+      } catch (err) {
+        if (!(err instanceof MooringError && err.code === 'STALE_EPOCH') || attempt >= OPEN_EPOCH_ATTEMPTS_MAX) throw err;
+        floor = epoch;
+      }
+    }
     const volume = new Volume(dir, spec, lock, engine);
     for (const e of engine.openEvents) {
       if (e.type === 'replica-error') volume.#recordReplicaError(e);
@@ -542,6 +571,19 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
       }),
     );
   }
+}
+
+// The highest epoch the replicas promised, as their metadata says (a replica that cannot be
+// read counts 0: the engine opens it ERR, or refuses the epoch and the open tries again).
+async function promisedEpochMax(addon: NativeAddon, replicas: EngineReplicaSpec[]): Promise<number> {
+  const epochs = await Promise.all(
+    replicas.map(async (r) => {
+      if (r.path === undefined) return 0;
+      const info = await callNative(() => addon.inspectReplica(r.path!), `inspecting replica ${r.id}`).catch(() => undefined);
+      return info && Number.isSafeInteger(info.epoch) && info.epoch > 0 ? info.epoch : 0;
+    }),
+  );
+  return Math.max(0, ...epochs);
 }
 
 /**

@@ -106,7 +106,7 @@ describe.each([
     for (const n of ['src-r0', 'src-r1', 'dst-r0', 'dst-r1']) await h.de.createReplica(n, SIZE);
     await h.de.createReplica('odd-r0', 2 * SIZE);
     nbd = tmp.join('src.sock');
-    await h.de.startEngine({ volume: 'src', replicas: [ref('r0', 'src-r0'), ref('r1', 'src-r1')], nbd: `unix:${nbd}` });
+    await h.de.startEngine({ volume: 'src', replicas: [ref('r0', 'src-r0'), ref('r1', 'src-r1')], nbd: `unix:${nbd}`, epoch: 1 });
   });
   afterAll(async () => {
     await h?.stop().catch(() => undefined);
@@ -162,8 +162,8 @@ describe.each([
   });
 
   it('copies a snapshot into another volume through its engine: both of its replicas hold it', async () => {
-    await h.de.startEngine({ volume: 'dst', replicas: [ref('r0', 'dst-r0'), ref('r1', 'dst-r1')] });
-    await h.de.startEngine({ volume: 'odd', replicas: [ref('r0', 'odd-r0')] });
+    await h.de.startEngine({ volume: 'dst', replicas: [ref('r0', 'dst-r0'), ref('r1', 'dst-r1')], epoch: 1 });
+    await h.de.startEngine({ volume: 'odd', replicas: [ref('r0', 'odd-r0')], epoch: 1 });
     expect(await codeOf(h.de.copySnapshot('src', 's2', 'odd'))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(h.de.copySnapshot('src', 's2', 'src'))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(h.de.copySnapshot('src', 's2', 'nope'))).toBe('NOT_FOUND');
@@ -191,7 +191,7 @@ describe.each([
     const big = 96 * MiB;
     await h.de.createReplica('big-r0', big);
     const sock = tmp.join('big.sock');
-    await h.de.startEngine({ volume: 'big', replicas: [ref('r0', 'big-r0')], nbd: `unix:${sock}` });
+    await h.de.startEngine({ volume: 'big', replicas: [ref('r0', 'big-r0')], nbd: `unix:${sock}`, epoch: 1 });
     await writeNbd(sock, [[0, pattern(5, 72 * MiB)]]);
     await h.de.createSnapshot('big', 'full');
     const res = await h.de.exportSnapshot('big', 'full', tmp.join('big.raw'));

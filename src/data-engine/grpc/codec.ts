@@ -4,6 +4,7 @@
 import { Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
 
 import { MooringError, isMooringErrorCode, toMooringError, type MooringErrorCode } from '../../errors.js';
+import { REPLICA_COUNT_MAX } from '../../util/limits.js';
 import { describe } from '../../util/validate.js';
 import type {
   BackingImageFileInfo,
@@ -230,12 +231,12 @@ export function engineFromMsg(m: Msg): EngineInfo {
 }
 
 export function handOverToMsg(h: EngineHandOver): Msg {
-  return { epoch: h.epoch, rwReplicaIds: [...h.rwReplicaIds] };
+  return { epoch: h.epoch, generation: h.generation, rwReplicaIds: [...h.rwReplicaIds] };
 }
 /** A hand-over as sent (shape only; the data engine validates the values). */
 export function handOverFromMsg(m: unknown): EngineHandOver {
   const h = (typeof m === 'object' && m !== null ? m : {}) as Msg;
-  return { epoch: num(h.epoch), rwReplicaIds: Array.isArray(h.rwReplicaIds) ? h.rwReplicaIds.map(str) : [] };
+  return { epoch: num(h.epoch), generation: num(h.generation), rwReplicaIds: Array.isArray(h.rwReplicaIds) ? h.rwReplicaIds.map(str) : [] };
 }
 
 export function rebuildResultToMsg(r: RebuildResult): Msg {
@@ -263,6 +264,9 @@ export function eventToMsg(e: DataEngineEvent): Msg {
       break;
     case 'epoch-claimed':
       m.epoch = e.epoch;
+      break;
+    case 'replica-set-changed':
+      Object.assign(m, { epoch: e.epoch, generation: e.generation, rwReplicaIds: [...e.rwReplicaIds] });
       break;
     case 'rebuild-started':
     case 'rebuild-progress':
@@ -297,6 +301,14 @@ export function eventFromMsg(m: Msg): DataEngineEvent | undefined {
       return { type: 'replica-error', volume, replicaId, errno: num(m.errno), message: str(m.message) };
     case 'epoch-claimed':
       return { type: 'epoch-claimed', volume, epoch: num(m.epoch) };
+    case 'replica-set-changed':
+      return {
+        type: 'replica-set-changed',
+        volume,
+        epoch: num(m.epoch),
+        generation: num(m.generation),
+        rwReplicaIds: Array.isArray(m.rwReplicaIds) ? m.rwReplicaIds.slice(0, REPLICA_COUNT_MAX).map(str) : [],
+      };
     case 'rebuild-started':
     case 'rebuild-progress':
     case 'rebuild-completed':
@@ -353,6 +365,18 @@ export function copyResultToMsg(r: SnapshotCopyResult): Msg {
 }
 export function copyResultFromMsg(m: Msg): SnapshotCopyResult {
   return { sizeBytes: num(m.sizeBytes), copiedBytes: num(m.copiedBytes), durationMs: num(m.durationMs) };
+}
+
+/**
+ * A request's uint64 field that must hold a safe integer (proto3 gives 0 when absent): a
+ * value above 2^53 arrives as an inexact number and is refused rather than rounded.
+ */
+export function requestUint(m: Msg, field: string): number {
+  const v = m[field];
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) {
+    throw new MooringError('INVALID_ARGUMENT', `${field} must be an integer from 0 to 2^53 - 1 (got ${describe(v)})`);
+  }
+  return v;
 }
 
 /** A request field that must be a string (proto3 gives '' when absent). */

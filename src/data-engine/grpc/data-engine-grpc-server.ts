@@ -31,6 +31,7 @@ import {
   rebuildResultToMsg,
   refFromMsg,
   requestString,
+  requestUint,
   toGrpcError,
   type Msg,
 } from './codec.js';
@@ -175,12 +176,17 @@ export class DataEngineGrpcServer {
       StartEngine: unary(async (r) => {
         const nbd = requestString(r, 'nbd');
         const io = r.ioTimeoutMs;
+        // 0 = none: refused by the data engine unless standby (a client that sends no
+        // epoch, e.g. of an older release, must not have the engine pick one).
+        const epoch = requestUint(r, 'epoch');
         const info = await de.startEngine({
           volume: requestString(r, 'volume'),
           replicas: (Array.isArray(r.replicas) ? r.replicas : []).map(refFromMsg),
           ...(nbd ? { nbd } : {}),
           ...(typeof io === 'number' && io !== 0 ? { ioTimeoutMs: io } : {}),
           ...(r.standby === true ? { standby: true } : {}),
+          ...(epoch !== 0 ? { epoch } : {}),
+          ...(r.hasQuorumHoldMs === true ? { quorumHoldMs: requestUint(r, 'quorumHoldMs') } : {}),
         });
         return engineToMsg(info);
       }),
@@ -201,7 +207,7 @@ export class DataEngineGrpcServer {
       DeactivateEngine: unary(async (r) => handOverToMsg(await de.deactivateEngine(requestString(r, 'volume')))),
       ActivateEngine: unary(async (r) => {
         if (r.handOver === null || typeof r.handOver !== 'object') throw new MooringError('INVALID_ARGUMENT', 'handOver is required');
-        return engineToMsg(await de.activateEngine(requestString(r, 'volume'), handOverFromMsg(r.handOver)));
+        return engineToMsg(await de.activateEngine(requestString(r, 'volume'), handOverFromMsg(r.handOver), { epoch: requestUint(r, 'epoch') }));
       }),
       Watch: (call: ServerWritableStream<Msg, Msg>) => this.#watch(de, call),
       CreateSnapshot: unary(async (r) =>

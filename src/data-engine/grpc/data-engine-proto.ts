@@ -106,6 +106,11 @@ message StartEngineRequest {
   string nbd = 3;            // "" = no NBD export
   uint32 io_timeout_ms = 4;  // 0 = default
   bool standby = 5;          // a migration standby: serves nothing until ActivateEngine
+  // The writer epoch to claim, allocated by the caller (docs/single-writer.md): required
+  // unless standby (then 0).
+  uint64 epoch = 6;
+  uint32 quorum_hold_ms = 7;
+  bool has_quorum_hold_ms = 8;  // false = default quorum_hold_ms
 }
 
 message VolumeName { string volume = 1; }
@@ -152,11 +157,13 @@ message RemoveReplicaRequest {
 message HandOver {
   uint64 epoch = 1;
   repeated string rw_replica_ids = 2;
+  uint64 generation = 3;  // of the last committed replica set
 }
 
 message ActivateEngineRequest {
   string volume = 1;
   HandOver hand_over = 2;
+  uint64 epoch = 3;  // the epoch to claim, allocated by the caller (required)
 }
 
 message RebuildResult {
@@ -227,6 +234,9 @@ message Event {
   uint64 total_bytes = 13;
   // backing-image-file (used_by is not sent)
   BackingImageFile file = 14;
+  // replica-set-changed (with epoch)
+  uint64 generation = 15;
+  repeated string rw_replica_ids = 16;
 }
 
 message BackingImageFileRef {

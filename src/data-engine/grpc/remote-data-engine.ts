@@ -17,7 +17,8 @@ import {
 
 import { MooringError } from '../../errors.js';
 import { parseNbdAddress } from '../../nbd/nbd-address.js';
-import { checkIntIn, describe } from '../../util/validate.js';
+import { QUORUM_HOLD_MS_MAX } from '../../util/limits.js';
+import { checkEpoch, checkIntIn, describe } from '../../util/validate.js';
 import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
 import type {
   BackingImageDownloadOptions,
@@ -27,6 +28,7 @@ import type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineActivateOptions,
   EngineHandOver,
   EngineInfo,
   EngineReplicaRef,
@@ -190,17 +192,24 @@ export class RemoteDataEngine implements DataEngine {
   /** @inheritDoc DataEngine.startEngine */
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
     if (typeof options !== 'object' || options === null || !Array.isArray(options.replicas)) {
-      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, nbd?, ioTimeoutMs?, standby?} (got ${describe(options)})`);
+      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, epoch, nbd?, ioTimeoutMs?, standby?, quorumHoldMs?} (got ${describe(options)})`);
     }
     if (options.standby !== undefined && typeof options.standby !== 'boolean') {
       throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }
+    // Shape only (what protobuf would encode wrongly: a negative or inexact uint64, an
+    // overflowing uint32); the data engine checks the rest (an epoch is required unless standby).
+    if (options.epoch !== undefined) checkEpoch('epoch', options.epoch);
+    if (options.quorumHoldMs !== undefined) checkIntIn('quorumHoldMs', options.quorumHoldMs, 0, QUORUM_HOLD_MS_MAX, 0);
     const req: Msg = {
       volume: options.volume,
       replicas: options.replicas.map((r) => refToMsg(checkRefShape(r))),
       nbd: options.nbd ?? '',
       ioTimeoutMs: options.ioTimeoutMs ?? 0,
       standby: options.standby === true,
+      epoch: options.epoch ?? 0,
+      quorumHoldMs: options.quorumHoldMs ?? 0,
+      hasQuorumHoldMs: options.quorumHoldMs !== undefined,
     };
     return engineFromMsg(await this.#call('StartEngine', req, this.#longTimeoutMs));
   }
@@ -237,13 +246,16 @@ export class RemoteDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.activateEngine */
-  async activateEngine(volume: string, handOver: EngineHandOver): Promise<EngineInfo> {
+  async activateEngine(volume: string, handOver: EngineHandOver, options: EngineActivateOptions): Promise<EngineInfo> {
     const h = handOver as Partial<EngineHandOver> | null;
+    const count = (v: unknown): boolean => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
     // Shape only (what protobuf could not encode); the data engine validates the values.
-    if (typeof h !== 'object' || h === null || typeof h.epoch !== 'number' || !Number.isSafeInteger(h.epoch) || h.epoch < 0 || !Array.isArray(h.rwReplicaIds) || !h.rwReplicaIds.every((x) => typeof x === 'string')) {
-      throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, rwReplicaIds} (got ${describe(handOver)})`);
+    if (typeof h !== 'object' || h === null || !count(h.epoch) || !count(h.generation) || !Array.isArray(h.rwReplicaIds) || !h.rwReplicaIds.every((x) => typeof x === 'string')) {
+      throw new MooringError('INVALID_ARGUMENT', `handOver must be {epoch, generation, rwReplicaIds} (got ${describe(handOver)})`);
     }
-    return engineFromMsg(await this.#call('ActivateEngine', { volume, handOver: handOverToMsg(h as EngineHandOver) }));
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `activate options must be {epoch} (got ${describe(options)})`);
+    const epoch = checkEpoch('epoch', options.epoch);
+    return engineFromMsg(await this.#call('ActivateEngine', { volume, handOver: handOverToMsg(h as EngineHandOver), epoch }));
   }
 
   /** @inheritDoc DataEngine.createSnapshot */

@@ -1,5 +1,5 @@
 import { EventEmitter } from 'node:events';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -148,6 +148,10 @@ describe('mooring CLI', () => {
     expect(ready.nbd).toMatch(/^tcp:127\.0\.0\.1:\d+$/);
     expect(ready.nbd).not.toBe('tcp:127.0.0.1:0');
     expect(ready.epoch).toBe(addon.engine.epoch());
+    // Each open allocated the next epoch from volume.json: create 1, the two refused serves
+    // (they opened the volume before checking it) 2 and 3, this one 4.
+    expect(ready.epoch).toBe(4);
+    expect(JSON.parse(await readFile(join(ctx.cwd!, 'v', 'volume.json'), 'utf8')).lastEpoch).toBe(4);
     ctx.signals.emit('SIGINT', 'SIGINT');
     ctx.signals.emit('SIGINT', 'SIGINT');
     expect(await done).toBe(0);

@@ -258,7 +258,8 @@ describe('Cluster tickets and migration', () => {
     await store.put(KIND.replica, 'old1-r0-x', { schema: 1, volume: 'old1', id: 'r0', hostId: 'a', name: 'old1-r0-x', mode: 'RW', failedSinceMs: null, lastError: null });
     await store.put(KIND.replica, 'old2-r0-x', { schema: 1, volume: 'old2', id: 'r0', hostId: 'b', name: 'old2-r0-x', mode: 'RW', failedSinceMs: null, lastError: null });
     await store.put(KIND.engine, 'old1', { schema: 1, volume: 'old1', hostId: 'a', nbd: 'unix:/run/old1.sock', epoch: 3, startedMs: 1 });
-    await hosts[0]!.startEngine({ volume: 'old1', replicas: [{ id: 'r0', hostId: 'a', name: 'old1-r0-x', address: null }], nbd: 'unix:/run/old1.sock' });
+    // The engine the last release started (it chose epoch 3 itself).
+    await hosts[0]!.startEngine({ volume: 'old1', replicas: [{ id: 'r0', hostId: 'a', name: 'old1-r0-x', address: null }], nbd: 'unix:/run/old1.sock', epoch: 3 });
     const cluster = await Cluster.open({ store, hosts, repairIntervalMs: 0 });
     open.push(cluster);
     const t1 = await cluster.volume('old1').tickets();

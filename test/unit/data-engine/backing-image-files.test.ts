@@ -357,7 +357,7 @@ describe('LocalDataEngine backing image files (real addon)', () => {
   it('exports a snapshot of a volume into a file equal to the volume content', async () => {
     await de.createReplica('v-r0', 8 * MiB);
     const sock = join(root, 'nbd.sock');
-    await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }], nbd: `unix:${sock}` });
+    await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }], nbd: `unix:${sock}`, epoch: 1 });
     const content = Buffer.alloc(8 * MiB);
     const data = rawImage(MiB);
     data.copy(content, 2 * MiB);

@@ -59,7 +59,7 @@ describe('mooring data-engine', () => {
     expect(info.replicaAddress).toMatch(/^tcp:127\.0\.0\.1:\d+$/);
     const remote = await RemoteDataEngine.connect({ address: info.grpc });
     await remote.createReplica('r0', 1024 * 1024);
-    await remote.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], nbd: `unix:${join(root, 'v.sock')}` });
+    await remote.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], nbd: `unix:${join(root, 'v.sock')}`, epoch: 1 });
     await remote.close();
     ctx.signals.emit('SIGTERM', 'SIGTERM');
     expect(await run).toBe(0);

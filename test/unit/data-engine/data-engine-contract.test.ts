@@ -62,7 +62,7 @@ async function grpcHarness(): Promise<Harness> {
   await local.createReplica('probe', MiB);
   for (let i = 0; !events.some((e) => e.type === 'engine-stopped'); i++) {
     if (i >= 100) throw new Error('the watch stream never delivered');
-    await local.startEngine({ volume: 'probe', replicas: [{ id: 'p', hostId: 'host-1', name: 'probe', address: null }] });
+    await local.startEngine({ volume: 'probe', replicas: [{ id: 'p', hostId: 'host-1', name: 'probe', address: null }], epoch: i + 1 });
     await local.stopEngine('probe');
     await new Promise((r) => setTimeout(r, 20));
   }
@@ -130,14 +130,14 @@ describe.each([
       { id: 'r1', hostId: 'host-1', name: 'vol1-r1', address: null },
     ];
     const socket = join(h.root, 'vol1.sock');
-    const info = await h.de.startEngine({ volume: 'vol1', replicas: refs, nbd: `unix:${socket}` });
-    expect(info).toMatchObject({ volume: 'vol1', sizeBytes: 8 * MiB, nbd: { address: `unix:${socket}` } });
-    expect(info.epoch).toBeGreaterThan(0);
+    // The epoch is the caller's to allocate: the engine claims the one it is given.
+    const info = await h.de.startEngine({ volume: 'vol1', replicas: refs, nbd: `unix:${socket}`, epoch: 5 });
+    expect(info).toMatchObject({ volume: 'vol1', sizeBytes: 8 * MiB, epoch: 5, nbd: { address: `unix:${socket}` } });
     expect(info.replicas.map((r) => [r.id, r.hostId, r.name, r.mode])).toEqual([
       ['r0', 'host-1', 'vol1-r0', 'RW'],
       ['r1', 'host-1', 'vol1-r1', 'RW'],
     ]);
-    expect(await codeOf(h.de.startEngine({ volume: 'vol1', replicas: refs }))).toBe('ALREADY_EXISTS');
+    expect(await codeOf(h.de.startEngine({ volume: 'vol1', replicas: refs, epoch: 6 }))).toBe('ALREADY_EXISTS');
     expect(await codeOf(h.de.deleteReplica('vol1-r0'))).toBe('BUSY');
     expect((await h.de.listReplicas()).find((r) => r.name === 'vol1-r0')!.inUse).toBe(true);
     expect((await h.de.listEngines()).map((e) => e.volume)).toEqual(['vol1']);
@@ -150,7 +150,8 @@ describe.each([
     expect(Buffer.compare(await client.read(MiB, data.length), data)).toBe(0);
     await client.disconnect();
 
-    await until(() => h.events.some((e) => e.type === 'epoch-claimed' && e.volume === 'vol1'), 'epoch-claimed');
+    await until(() => h.events.some((e) => e.type === 'epoch-claimed' && e.volume === 'vol1' && e.epoch === 5), 'epoch-claimed');
+    await until(() => h.events.some((e) => e.type === 'replica-set-changed' && e.volume === 'vol1' && e.epoch === 5 && e.generation === 1), 'replica-set-changed');
     await h.de.stopEngine('vol1');
     await until(() => h.events.some((e) => e.type === 'engine-stopped' && e.volume === 'vol1'), 'engine-stopped');
     expect(await codeOf(h.de.engineInfo('vol1'))).toBe('NOT_FOUND');
@@ -160,10 +161,14 @@ describe.each([
       [true, false],
     ]);
 
-    // Both replicas hold the data: start on each alone and read it back.
+    // Both replicas promised epoch 5: a start at 5 again is refused, nothing served.
+    expect(await codeOf(h.de.startEngine({ volume: 'vol1', replicas: refs, epoch: 5 }))).toBe('STALE_EPOCH');
+    expect(await codeOf(h.de.engineInfo('vol1'))).toBe('NOT_FOUND');
+    // Both replicas hold the data: start on each alone (a new epoch each) and read it back.
+    let epoch = 6;
     for (const ref of refs) {
       const sock = join(h.root, `check-${ref.id}.sock`);
-      await h.de.startEngine({ volume: `check-${ref.id}`, replicas: [ref], nbd: `unix:${sock}` });
+      await h.de.startEngine({ volume: `check-${ref.id}`, replicas: [ref], nbd: `unix:${sock}`, epoch: ++epoch });
       const c = await NbdClient.connect({ socketPath: sock });
       expect(Buffer.compare(await c.read(MiB, data.length), data)).toBe(0);
       await c.disconnect();
@@ -175,10 +180,14 @@ describe.each([
 
   it('refuses bad engine requests with coded errors', async () => {
     const ok: EngineReplicaRef = { id: 'r0', hostId: 'host-1', name: 'nothing', address: null };
-    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [ok] }))).toBe('NOT_FOUND');
-    expect(await codeOf(h.de.startEngine({ volume: '', replicas: [ok] }))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [] }))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [{ ...ok, hostId: 'host-2', address: 'nowhere' }] }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [ok], epoch: 1 }))).toBe('NOT_FOUND');
+    expect(await codeOf(h.de.startEngine({ volume: '', replicas: [ok], epoch: 1 }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [], epoch: 1 }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [{ ...ok, hostId: 'host-2', address: 'nowhere' }], epoch: 1 }))).toBe('INVALID_ARGUMENT');
+    // No epoch, or one that no allocator hands out.
+    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [ok] }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [ok], epoch: 0 }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [ok], epoch: 1, quorumHoldMs: -1 }))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(h.de.stopEngine('none'))).toBe('NOT_FOUND');
     expect(await codeOf(h.de.removeReplica('none', 'r0'))).toBe('NOT_FOUND');
     expect(await codeOf(h.de.addReplica('none', ok))).toBe('NOT_FOUND');

@@ -1,5 +1,6 @@
 // The hand-over calls of the DataEngine interface (startEngine({standby}), deactivateEngine,
-// activateEngine, role, engine-activated/engine-deactivated), run against LocalDataEngine
+// activateEngine with an allocated epoch, role, engine-activated/engine-deactivated,
+// replica-set-changed), run against LocalDataEngine
 // directly and against RemoteDataEngine over gRPC, with the real addon: two data engines
 // ("hosts") in this process, each with its replica server, one replica on each. The source
 // engine runs on host 1, the standby on host 2, each reaching the other host's replica over
@@ -99,7 +100,7 @@ async function makeHarness(grpc: boolean): Promise<Harness> {
       await local.createReplica('probe', MiB);
       for (let i = 0; !events.some((e) => e.type === 'engine-stopped'); i++) {
         if (i >= 100) throw new Error('the watch stream never delivered');
-        await local.startEngine({ volume: 'probe', replicas: [{ id: 'p', hostId, name: 'probe', address: null }] });
+        await local.startEngine({ volume: 'probe', replicas: [{ id: 'p', hostId, name: 'probe', address: null }], epoch: i + 1 });
         await local.stopEngine('probe');
         await new Promise((r) => setTimeout(r, 20));
       }
@@ -129,6 +130,9 @@ describe.each([
   afterAll(async () => {
     await h?.stop();
   });
+  // The epochs this test hands out, as the control plane allocates them: each once, rising.
+  let lastEpoch = 0;
+  const allocate = (): number => ++lastEpoch;
 
   function refs(volume: string): EngineReplicaRef[] {
     const [a, b] = h.hosts;
@@ -150,9 +154,9 @@ describe.each([
     const replicas = await createVolume('mig', 8 * MiB);
     const srcSock = join(h.root, 'mig-a.sock');
     const dstSock = join(h.root, 'mig-b.sock');
-    const src = await a.de.startEngine({ volume: 'mig', replicas, nbd: `unix:${srcSock}` });
-    expect(src).toMatchObject({ role: 'active', nbd: { address: `unix:${srcSock}` } });
-    expect(src.epoch).toBeGreaterThan(0);
+    const e1 = allocate();
+    const src = await a.de.startEngine({ volume: 'mig', replicas, nbd: `unix:${srcSock}`, epoch: e1 });
+    expect(src).toMatchObject({ role: 'active', epoch: e1, nbd: { address: `unix:${srcSock}` } });
 
     // Host 2's replica is served to host 1's engine and opened by host 2's standby too.
     const dst = await b.de.startEngine({ volume: 'mig', replicas, nbd: `unix:${dstSock}`, standby: true });
@@ -174,16 +178,22 @@ describe.each([
     expect(await nbdErrno(d.flush())).toBe(NBD_EPERM);
 
     const hand = await a.de.deactivateEngine('mig');
-    expect(hand).toEqual({ epoch: src.epoch, rwReplicaIds: ['r0', 'r1'] });
+    // The replica set committed at start (generation 1) is the one handed over.
+    expect(hand).toEqual({ epoch: e1, generation: 1, rwReplicaIds: ['r0', 'r1'] });
     expect((await a.de.engineInfo('mig')).role).toBe('standby');
     await until(() => a.events.some((e) => e.type === 'engine-deactivated' && e.volume === 'mig' && e.epoch === src.epoch), 'engine-deactivated');
     expect(await nbdErrno(s.write(2 * MiB, bytes(3, 4096)))).toBe(NBD_EPERM);
 
-    const active = await b.de.activateEngine('mig', hand);
-    expect(active).toMatchObject({ role: 'active', epoch: src.epoch + 1 });
+    const e2 = allocate();
+    const active = await b.de.activateEngine('mig', hand, { epoch: e2 });
+    expect(active).toMatchObject({ role: 'active', epoch: e2 });
     expect(active.replicas.map((r) => [r.id, r.mode])).toEqual([['r0', 'RW'], ['r1', 'RW']]);
-    await until(() => b.events.some((e) => e.type === 'engine-activated' && e.volume === 'mig' && e.epoch === src.epoch + 1), 'engine-activated');
-    await until(() => b.events.some((e) => e.type === 'epoch-claimed' && e.volume === 'mig' && e.epoch === src.epoch + 1), 'epoch-claimed');
+    await until(() => b.events.some((e) => e.type === 'engine-activated' && e.volume === 'mig' && e.epoch === e2), 'engine-activated');
+    await until(() => b.events.some((e) => e.type === 'epoch-claimed' && e.volume === 'mig' && e.epoch === e2), 'epoch-claimed');
+    await until(
+      () => b.events.some((e) => e.type === 'replica-set-changed' && e.volume === 'mig' && e.epoch === e2 && e.generation === 1 && e.rwReplicaIds.join() === 'r0,r1'),
+      'replica-set-changed',
+    );
     // The same connection, made while standby, now reads what host 1 wrote, and writes.
     expect((await d.read(MiB, first.length)).equals(first)).toBe(true);
     const second = bytes(4, 64 * 1024);
@@ -194,10 +204,10 @@ describe.each([
     expect(await nbdErrno(s.read(4 * MiB, 4096))).toBe(NBD_EPERM);
     await s.disconnect();
 
-    // Wrong states, coded.
+    // Wrong states, coded. (A used hand-over is refused too, see below: its claim would
+    // fence this writer first.)
     expect(await codeOf(a.de.deactivateEngine('mig'))).toBe('INVALID_STATE');
-    expect(await codeOf(b.de.activateEngine('mig', hand))).toBe('INVALID_STATE');
-    expect(await codeOf(a.de.activateEngine('mig', hand))).toBe('STALE_EPOCH');
+    expect(await codeOf(b.de.activateEngine('mig', hand, { epoch: allocate() }))).toBe('INVALID_STATE');
     expect(await codeOf(a.de.addReplica('mig', replicas[0]!))).toBe('INVALID_STATE');
 
     // The handed-over source stops without disturbing the target.
@@ -208,8 +218,8 @@ describe.each([
     await b.de.stopEngine('mig');
     const clean = [...(await a.de.listReplicas()), ...(await b.de.listReplicas())].filter((r) => r.name.startsWith('mig-'));
     expect(clean.map((r) => [r.name, r.epoch, r.clean])).toEqual([
-      ['mig-r0', src.epoch + 1, true],
-      ['mig-r1', src.epoch + 1, true],
+      ['mig-r0', e2, true],
+      ['mig-r1', e2, true],
     ]);
   });
 
@@ -218,18 +228,25 @@ describe.each([
     const replicas = await createVolume('rb', 4 * MiB);
     const srcSock = join(h.root, 'rb-a.sock');
     const dstSock = join(h.root, 'rb-b.sock');
-    await a.de.startEngine({ volume: 'rb', replicas, nbd: `unix:${srcSock}` });
+    await a.de.startEngine({ volume: 'rb', replicas, nbd: `unix:${srcSock}`, epoch: allocate() });
     await b.de.startEngine({ volume: 'rb', replicas, nbd: `unix:${dstSock}`, standby: true });
     const h1 = await a.de.deactivateEngine('rb');
-    await b.de.activateEngine('rb', h1);
+    const e2 = allocate();
+    await b.de.activateEngine('rb', h1, { epoch: e2 });
     const d = await NbdClient.connect({ socketPath: dstSock });
     const data = bytes(9, 32 * 1024);
     await d.write(MiB, data);
     await d.disconnect();
     const h2 = await b.de.deactivateEngine('rb');
-    expect(h2.epoch).toBe(h1.epoch + 1);
-    const back = await a.de.activateEngine('rb', h2);
-    expect(back).toMatchObject({ role: 'active', epoch: h1.epoch + 2 });
+    expect(h2).toEqual({ epoch: e2, generation: 1, rwReplicaIds: ['r0', 'r1'] });
+    // The source's own hand-over is stale now: refused (its claim of e3 is harmless, no one writes).
+    const e3 = allocate();
+    expect(await codeOf(a.de.activateEngine('rb', h1, { epoch: e3 }))).toBe('STALE_EPOCH');
+    // An epoch not above the hand-over's is not an allocated one.
+    expect(await codeOf(a.de.activateEngine('rb', h2, { epoch: e2 }))).toBe('INVALID_ARGUMENT');
+    const e4 = allocate();
+    const back = await a.de.activateEngine('rb', h2, { epoch: e4 });
+    expect(back).toMatchObject({ role: 'active', epoch: e4 });
     const s = await NbdClient.connect({ socketPath: srcSock });
     expect((await s.read(MiB, data.length)).equals(data)).toBe(true);
     await s.disconnect();
@@ -243,7 +260,7 @@ describe.each([
     // A third replica on a host that does not answer: ERR on both engines from the start.
     const gone: EngineReplicaRef = { id: 'r2', hostId: 'host-9', name: 'rep-r2', address: 'tcp:127.0.0.1:1' };
     const all = [...replicas, gone];
-    await a.de.startEngine({ volume: 'rep', replicas: all, ioTimeoutMs: 500 });
+    await a.de.startEngine({ volume: 'rep', replicas: all, ioTimeoutMs: 500, epoch: allocate() });
     const dst = await b.de.startEngine({ volume: 'rep', replicas: all, standby: true, ioTimeoutMs: 500 });
     expect(dst.replicas.map((r) => r.mode)).toEqual(['RW', 'RW', 'ERR']);
     const repairs = (host: Host): number => host.events.filter((e) => e.type === 'repair-scheduled' && e.volume === 'rep').length;
@@ -256,7 +273,7 @@ describe.each([
     expect(repairs(a)).toBe(atHandOver);
     expect(repairs(b)).toBe(0);
 
-    const active = await b.de.activateEngine('rep', hand);
+    const active = await b.de.activateEngine('rep', hand, { epoch: allocate() });
     expect(active.replicas.map((r) => r.mode)).toEqual(['RW', 'RW', 'ERR']);
     await until(() => repairs(b) >= 1, 'repairs on the activated target');
     expect(b.events.find((e) => e.type === 'repair-scheduled' && e.volume === 'rep')).toMatchObject({ replicaId: 'r2' });
@@ -268,23 +285,33 @@ describe.each([
   it('refuses hand-over calls in the wrong state or for unknown volumes with coded errors', async () => {
     const [a, b] = h.hosts;
     const replicas = await createVolume('err', 4 * MiB);
+    const some = { epoch: 1, generation: 1, rwReplicaIds: ['r0'] };
     expect(await codeOf(a.de.deactivateEngine('none'))).toBe('NOT_FOUND');
-    expect(await codeOf(a.de.activateEngine('none', { epoch: 1, rwReplicaIds: ['r0'] }))).toBe('NOT_FOUND');
-    await a.de.startEngine({ volume: 'err', replicas });
+    expect(await codeOf(a.de.activateEngine('none', some, { epoch: 2 }))).toBe('NOT_FOUND');
+    await a.de.startEngine({ volume: 'err', replicas, epoch: allocate() });
     await b.de.startEngine({ volume: 'err', replicas, standby: true });
     expect(await codeOf(b.de.deactivateEngine('err'))).toBe('INVALID_STATE');
-    expect(await codeOf(a.de.activateEngine('err', { epoch: 1, rwReplicaIds: ['r0'] }))).toBe('INVALID_STATE');
+    expect(await codeOf(a.de.activateEngine('err', some, { epoch: allocate() }))).toBe('INVALID_STATE');
     expect(await codeOf(b.de.addReplica('err', replicas[0]!))).toBe('INVALID_STATE');
-    expect(await codeOf(b.de.activateEngine('err', { epoch: -1, rwReplicaIds: ['r0'] }))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(b.de.activateEngine('err', { epoch: 1, rwReplicaIds: ['../r0'] }))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(b.de.activateEngine('err', null as never))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.activateEngine('err', { ...some, epoch: -1 }, { epoch: 2 }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.activateEngine('err', { ...some, generation: -1 }, { epoch: 2 }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.activateEngine('err', { epoch: 1, rwReplicaIds: ['r0'] } as never, { epoch: 2 }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.activateEngine('err', { ...some, rwReplicaIds: ['../r0'] }, { epoch: 2 }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.activateEngine('err', null as never, { epoch: 2 }))).toBe('INVALID_ARGUMENT');
+    for (const epoch of [0, -3, 1.5, undefined]) expect(await codeOf(b.de.activateEngine('err', some, { epoch } as never))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(b.de.startEngine({ volume: 'other', replicas, standby: 'yes' as never }))).toBe('INVALID_ARGUMENT');
-    // A hand-over naming no replica of the engine, and one that is not the last writer's.
+    expect(await codeOf(b.de.startEngine({ volume: 'other', replicas }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(b.de.startEngine({ volume: 'other', replicas, epoch: 0 }))).toBe('INVALID_ARGUMENT');
+    // A hand-over naming no replica of the engine, and one that is not the last writer's
+    // (each refused activation claimed its epoch: the next one is allocated above it).
     const hand = await a.de.deactivateEngine('err');
-    expect(await codeOf(b.de.activateEngine('err', { epoch: hand.epoch, rwReplicaIds: [] }))).toBe('NO_HEALTHY_REPLICA');
-    expect(await codeOf(b.de.activateEngine('err', { epoch: hand.epoch - 1, rwReplicaIds: hand.rwReplicaIds }))).toBe('STALE_EPOCH');
+    expect(await codeOf(b.de.activateEngine('err', { ...hand, rwReplicaIds: [] }, { epoch: allocate() }))).toBe('NO_HEALTHY_REPLICA');
+    expect(await codeOf(b.de.activateEngine('err', { ...hand, epoch: hand.epoch - 1 }, { epoch: allocate() }))).toBe('STALE_EPOCH');
+    expect(await codeOf(b.de.activateEngine('err', { ...hand, generation: hand.generation + 1 }, { epoch: allocate() }))).toBe('STALE_EPOCH');
+    // A replica promised an epoch above the one given (an engine this test did not allocate for).
+    expect(await codeOf(b.de.activateEngine('err', hand, { epoch: hand.epoch + 1 }))).toBe('STALE_EPOCH');
     expect((await b.de.engineInfo('err')).role).toBe('standby');
-    await b.de.activateEngine('err', hand);
+    await b.de.activateEngine('err', hand, { epoch: allocate() });
     // A standby that is stopped instead of activated: rollback before the hand-over.
     await a.de.stopEngine('err');
     await b.de.stopEngine('err');

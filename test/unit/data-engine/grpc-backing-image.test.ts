@@ -109,7 +109,7 @@ describe('backing image files over gRPC', () => {
 
     // Export from a snapshot of a volume whose engine runs there.
     await remote.createReplica('v-r0', 4 * MiB);
-    await remote.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }] });
+    await remote.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }], epoch: 1 });
     await remote.createSnapshot('v', 's1');
     const eref = { name: 'exp', uuid: randomUUID() };
     expect(await remote.exportSnapshotToBackingImageFile('v', 's1', eref, { expectedChecksum: sha(Buffer.alloc(4 * MiB)) })).toMatchObject({ state: 'ready', sizeBytes: 4 * MiB, format: 'raw' });

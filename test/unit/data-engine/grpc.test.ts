@@ -1,17 +1,20 @@
 // The gRPC server and client beyond the contract: bad input of every kind (raw garbage,
 // undecodable protobuf, wrong wire types, oversized messages, unknown methods) gets a coded
 // error and the server keeps serving; the loopback rule; mutual TLS; deadlines; the watch
-// stream reconnecting after the server comes back.
+// stream reconnecting after the server comes back; the writer epoch, quorumHoldMs, hand-over
+// generation and replica-set-changed events carried intact, and garbage in them refused.
 import { execFileSync, spawn } from 'node:child_process';
 import { lstat, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Client, Metadata, credentials, status, type ServiceError } from '@grpc/grpc-js';
+import protobuf from 'protobufjs';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 
-import type { DataEngine, DataEngineEvent } from '../../../src/data-engine/data-engine.js';
-import { fromGrpcError } from '../../../src/data-engine/grpc/codec.js';
+import type { DataEngine, DataEngineEvent, EngineHandOver, EngineInfo, EngineStartOptions } from '../../../src/data-engine/data-engine.js';
+import { eventFromMsg, eventToMsg, fromGrpcError, handOverFromMsg, handOverToMsg } from '../../../src/data-engine/grpc/codec.js';
+import { DATA_ENGINE_PROTO } from '../../../src/data-engine/grpc/data-engine-proto.js';
 import { DataEngineGrpcServer, GRPC_LIMITS } from '../../../src/data-engine/grpc/data-engine-grpc-server.js';
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
 import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
@@ -20,6 +23,7 @@ import { FakeAddon } from '../fakes/fake-addon.js';
 
 const MiB = 1024 * 1024;
 const SERVICE = '/mooring.dataengine.v1.DataEngine';
+const proto = protobuf.parse(DATA_ENGINE_PROTO, { keepCase: false }).root;
 
 async function codeOf(p: Promise<unknown>): Promise<string> {
   try {
@@ -141,9 +145,9 @@ describe('DataEngine gRPC', () => {
     expect(await codeOf(remote.createReplica('r0', MiB))).toBe('ALREADY_EXISTS');
     expect(await codeOf(remote.createReplica('r1', -1))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(remote.createReplica('r1', 2 ** 60))).toBe('INVALID_ARGUMENT');
-    expect(await codeOf(remote.startEngine({ volume: 'v', replicas: [{ id: 7, hostId: 'h1', name: 'r0', address: null } as never] }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(remote.startEngine({ volume: 'v', replicas: [{ id: 7, hostId: 'h1', name: 'r0', address: null } as never], epoch: 1 }))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(remote.startEngine(null as never))).toBe('INVALID_ARGUMENT');
-    await remote.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }] });
+    await remote.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], epoch: 1 });
     expect(await codeOf(remote.deleteReplica('r0'))).toBe('BUSY');
     expect(await codeOf(remote.removeReplica('v', 'r0'))).toBe('INVALID_STATE');
   });
@@ -196,10 +200,12 @@ describe('DataEngine gRPC', () => {
     const events: DataEngineEvent[] = [];
     remote.watch((e) => events.push(e));
     await local.createReplica('r0', MiB);
+    // Every engine over r0 is given a new epoch, as an allocator would.
+    let epoch = 0;
     const cycle = async (volume: string): Promise<void> => {
       for (let i = 0; !events.some((e) => e.type === 'engine-stopped' && e.volume === volume); i++) {
         if (i >= 200) throw new Error(`no engine-stopped for ${volume} through the watch stream`);
-        await local.startEngine({ volume, replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }] });
+        await local.startEngine({ volume, replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], epoch: ++epoch });
         await local.stopEngine(volume);
         await new Promise((r) => setTimeout(r, 25));
       }
@@ -209,6 +215,122 @@ describe('DataEngine gRPC', () => {
     server = await DataEngineGrpcServer.start({ engine: local, listen: `unix:${path}` });
     await cycle('after');
     expect(events.filter((e) => e.type === 'epoch-claimed' && e.volume === 'after').length).toBeGreaterThan(0);
+  });
+
+  describe('writer epochs', () => {
+    const info: EngineInfo = { volume: 'v', sizeBytes: MiB, epoch: 9, role: 'active', replicas: [], nbd: null };
+
+    // A DataEngine that records what the server hands it: what crosses the wire, exactly.
+    function recorder(): { de: DataEngine; seen: unknown[]; emit: (e: DataEngineEvent) => void } {
+      const seen: unknown[] = [];
+      const listeners = new Set<(e: DataEngineEvent) => void>();
+      const de = {
+        hostId: 'h1',
+        info: async () => ({ hostId: 'h1', version: 'x', dir: '/x', replicaAddress: null, tls: false }),
+        startEngine: async (o: EngineStartOptions) => (seen.push(o), { ...info, epoch: o.epoch ?? 0 }),
+        activateEngine: async (v: string, h: EngineHandOver, o: { epoch: number }) => (seen.push({ volume: v, handOver: h, options: o }), { ...info, epoch: o.epoch }),
+        deactivateEngine: async () => ({ epoch: 9, generation: 4, rwReplicaIds: ['r0', 'r2'] }),
+        watch: (l: (e: DataEngineEvent) => void) => (listeners.add(l), () => listeners.delete(l)),
+        close: async () => undefined,
+      } as unknown as DataEngine;
+      return { de, seen, emit: (e) => listeners.forEach((l) => l(e)) };
+    }
+
+    it('carries the epoch, quorumHoldMs, the hand-over generation and replica-set-changed both ways', async () => {
+      const r = recorder();
+      server = await DataEngineGrpcServer.start({ engine: r.de, listen: `unix:${join(root, 'rec.sock')}` });
+      const remote = await RemoteDataEngine.connect({ address: server.address });
+      clients.push(remote);
+      const refs = [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }];
+      expect((await remote.startEngine({ volume: 'v', replicas: refs, epoch: 2 ** 53 - 1, quorumHoldMs: 0 })).epoch).toBe(2 ** 53 - 1);
+      await remote.startEngine({ volume: 'v', replicas: refs, epoch: 7 });
+      await remote.startEngine({ volume: 'v', replicas: refs, standby: true });
+      expect(await remote.deactivateEngine('v')).toEqual({ epoch: 9, generation: 4, rwReplicaIds: ['r0', 'r2'] });
+      expect((await remote.activateEngine('v', { epoch: 9, generation: 4, rwReplicaIds: ['r0'] }, { epoch: 12 })).epoch).toBe(12);
+      expect(r.seen).toEqual([
+        { volume: 'v', replicas: refs, epoch: 2 ** 53 - 1, quorumHoldMs: 0 },
+        { volume: 'v', replicas: refs, epoch: 7 },
+        { volume: 'v', replicas: refs, standby: true },
+        { volume: 'v', handOver: { epoch: 9, generation: 4, rwReplicaIds: ['r0'] }, options: { epoch: 12 } },
+      ]);
+      const events: DataEngineEvent[] = [];
+      remote.watch((e) => events.push(e));
+      const change: DataEngineEvent = { type: 'replica-set-changed', volume: 'v', epoch: 12, generation: 3, rwReplicaIds: ['r0', 'r1'] };
+      for (let i = 0; events.length === 0; i++) {
+        if (i >= 200) throw new Error('no event through the watch stream');
+        r.emit(change);
+        await new Promise((res) => setTimeout(res, 25));
+      }
+      expect(events[0]).toEqual(change);
+    });
+
+    it('refuses garbage in the new fields: client-side before sending, and server-side when a raw request carries it', async () => {
+      const { target, remote } = await serveTcp();
+      await local.createReplica('r0', MiB);
+      const refs = [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }];
+      for (const epoch of [0, -1, 1.5, 2 ** 53, '3', null]) {
+        expect(await codeOf(remote.startEngine({ volume: 'v', replicas: refs, epoch } as never)), String(epoch)).toBe('INVALID_ARGUMENT');
+      }
+      for (const quorumHoldMs of [-1, 2 ** 32, 600_001, 0.5]) {
+        expect(await codeOf(remote.startEngine({ volume: 'v', replicas: refs, epoch: 1, quorumHoldMs })), String(quorumHoldMs)).toBe('INVALID_ARGUMENT');
+      }
+      // No epoch (a client of the last release sends none): the data engine picks none.
+      expect(await codeOf(remote.startEngine({ volume: 'v', replicas: refs }))).toBe('INVALID_ARGUMENT');
+      expect(await codeOf(remote.startEngine({ volume: 'v', replicas: refs, standby: true, epoch: 4 }))).toBe('INVALID_ARGUMENT');
+      await remote.startEngine({ volume: 'v', replicas: refs, standby: true });
+      const ho = { epoch: 1, generation: 1, rwReplicaIds: ['r0'] };
+      for (const [h, o] of [
+        [{ ...ho, generation: -1 }, { epoch: 2 }],
+        [{ ...ho, generation: '1' }, { epoch: 2 }],
+        [{ epoch: 1, rwReplicaIds: ['r0'] }, { epoch: 2 }],
+        [ho, { epoch: 0 }],
+        [ho, { epoch: 2 ** 53 }],
+        [ho, {}],
+        [ho, null],
+      ] as const) {
+        expect(await codeOf(remote.activateEngine('v', h as never, o as never)), JSON.stringify([h, o])).toBe('INVALID_ARGUMENT');
+      }
+      // The same garbage, sent raw: uint64 values beyond 2^53, an absent epoch.
+      const raw = (type: string, v: object): Buffer => Buffer.from(proto.lookupType(`mooring.dataengine.v1.${type}`).encode(v).finish());
+      const huge = (protobuf.util.Long as unknown as { fromString(s: string, unsigned: boolean): object }).fromString('18446744073709551615', true);
+      const cases: Array<[string, Buffer]> = [
+        ['StartEngine', raw('StartEngineRequest', { volume: 'w', replicas: refs, epoch: huge })],
+        ['StartEngine', raw('StartEngineRequest', { volume: 'w', replicas: refs })],
+        ['StartEngine', raw('StartEngineRequest', { volume: 'w', replicas: refs, epoch: 1, quorumHoldMs: 4_000_000_000, hasQuorumHoldMs: true })],
+        ['StartEngine', raw('StartEngineRequest', { volume: 'w', replicas: refs, standby: true, epoch: 3 })],
+        ['ActivateEngine', raw('ActivateEngineRequest', { volume: 'v', handOver: ho })],
+        ['ActivateEngine', raw('ActivateEngineRequest', { volume: 'v', handOver: ho, epoch: huge })],
+        ['ActivateEngine', raw('ActivateEngineRequest', { volume: 'v', handOver: { ...ho, generation: huge }, epoch: 5 })],
+        ['ActivateEngine', raw('ActivateEngineRequest', { volume: 'v', handOver: { ...ho, epoch: huge }, epoch: 5 })],
+      ];
+      for (const [method, body] of cases) {
+        const reply = await rawCall(target, method, body);
+        expect(reply, `${method} ${body.toString('hex')}`).not.toBeInstanceOf(Buffer);
+        expect((reply as ServiceError).metadata.get('mooring-code')[0], `${method} ${body.toString('hex')}`).toBe('INVALID_ARGUMENT');
+      }
+      // Nothing started or activated meanwhile; the server keeps serving.
+      expect((await remote.listEngines()).map((e) => [e.volume, e.role])).toEqual([['v', 'standby']]);
+    });
+
+    it('round-trips hand-overs and replica-set-changed through the codec; an older peer\'s hand-over reads as generation 0', () => {
+      const wire = (type: string, m: object): Record<string, unknown> => {
+        const t = proto.lookupType(`mooring.dataengine.v1.${type}`);
+        return t.toObject(t.decode(t.encode(m).finish()), { longs: Number, defaults: true });
+      };
+      const ho: EngineHandOver = { epoch: 2 ** 53 - 1, generation: 77, rwReplicaIds: ['r0', 'r3'] };
+      expect(handOverFromMsg(wire('HandOver', handOverToMsg(ho)))).toEqual(ho);
+      expect(handOverFromMsg(wire('HandOver', { epoch: 5, rwReplicaIds: ['r0'] }))).toEqual({ epoch: 5, generation: 0, rwReplicaIds: ['r0'] });
+      const e: DataEngineEvent = { type: 'replica-set-changed', volume: 'v', epoch: 41, generation: 2, rwReplicaIds: ['r1'] };
+      expect(eventFromMsg(wire('Event', eventToMsg(e)))).toEqual(e);
+      expect(eventFromMsg(wire('Event', eventToMsg({ ...e, rwReplicaIds: [] })))).toEqual({ ...e, rwReplicaIds: [] });
+      // Hostile shapes decode to something the caller can check, never throw.
+      expect(eventFromMsg({ type: 'replica-set-changed', volume: 'v', epoch: 'x', rwReplicaIds: [1, ...Array.from({ length: 40 }, () => 'r')] })).toMatchObject({
+        epoch: Number.NaN,
+        generation: Number.NaN,
+        rwReplicaIds: ['', ...Array.from({ length: 15 }, () => 'r')],
+      });
+      expect(handOverFromMsg(null)).toEqual({ epoch: Number.NaN, generation: Number.NaN, rwReplicaIds: [] });
+    });
   });
 
   describe('mutual TLS', () => {

@@ -143,7 +143,7 @@ describe('LocalDataEngine', () => {
       const de = await start('h1', { replicaListen: null });
       await de.createReplica('r0', MiB);
       await de.createReplica('r1', MiB);
-      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }] });
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], epoch: 1 });
       expect(await codeOf(de.deleteReplica('r0'))).toBe('BUSY');
       expect((await de.listReplicas()).find((r) => r.name === 'r0')!.inUse).toBe(true);
       addon.extraUsers.set(join(root, 'h1', 'replicas', 'r1'), 1);
@@ -164,16 +164,16 @@ describe('LocalDataEngine', () => {
         { id: 'r1', hostId: 'h1', name: 'r1', address: null },
       ];
       const nbd = `unix:${join(root, 'v.sock')}`;
-      const info = await de.startEngine({ volume: 'v', replicas: refs, nbd });
+      const info = await de.startEngine({ volume: 'v', replicas: refs, nbd, epoch: 1 });
       expect(info).toMatchObject({ volume: 'v', sizeBytes: MiB, epoch: 1, nbd: { address: nbd } });
       expect(info.replicas.map((r) => [r.id, r.mode, r.lastError])).toEqual([
         ['r0', 'RW', 0],
         ['r1', 'RW', 0],
       ]);
       expect(addon.engine.servers[0]!.options.unixPath).toBe(join(root, 'v.sock'));
-      expect(await codeOf(de.startEngine({ volume: 'v', replicas: refs }))).toBe('ALREADY_EXISTS');
-      expect(await codeOf(de.startEngine({ volume: 'w', replicas: [refs[0]!] }))).toBe('BUSY');
-      expect(await codeOf(de.startEngine({ volume: 'w', replicas: [{ id: 'r0', hostId: 'h1', name: 'nope', address: null }] }))).toBe('NOT_FOUND');
+      expect(await codeOf(de.startEngine({ volume: 'v', replicas: refs, epoch: 1 }))).toBe('ALREADY_EXISTS');
+      expect(await codeOf(de.startEngine({ volume: 'w', replicas: [refs[0]!], epoch: 1 }))).toBe('BUSY');
+      expect(await codeOf(de.startEngine({ volume: 'w', replicas: [{ id: 'r0', hostId: 'h1', name: 'nope', address: null }], epoch: 1 }))).toBe('NOT_FOUND');
       expect((await de.listEngines()).map((e) => e.volume)).toEqual(['v']);
       await de.stopEngine('v');
       expect(addon.engine.servers[0]!.closed).toBe(true);
@@ -189,23 +189,63 @@ describe('LocalDataEngine', () => {
       const de = await start('h1', { replicaListen: null });
       const ok = { id: 'r0', hostId: 'h1', name: 'r0', address: null };
       const bad: unknown[] = [
-        { volume: '..', replicas: [ok] },
-        { volume: 'v', replicas: [] },
-        { volume: 'v', replicas: [ok, ok] },
-        { volume: 'v', replicas: [{ ...ok, id: 'r1', hostId: 'h2', address: null }] },
-        { volume: 'v', replicas: [{ ...ok, hostId: 'h2', address: 'tcp:127.0.0.1:0' }] },
-        { volume: 'v', replicas: [{ ...ok, hostId: 'h2', address: 12 }] },
-        { volume: 'v', replicas: [ok], ioTimeoutMs: 1 },
-        { volume: 'v', replicas: [ok], nbd: 7 },
+        { volume: '..', replicas: [ok], epoch: 1 },
+        { volume: 'v', replicas: [], epoch: 1 },
+        { volume: 'v', replicas: [ok, ok], epoch: 1 },
+        { volume: 'v', replicas: [{ ...ok, id: 'r1', hostId: 'h2', address: null }], epoch: 1 },
+        { volume: 'v', replicas: [{ ...ok, hostId: 'h2', address: 'tcp:127.0.0.1:0' }], epoch: 1 },
+        { volume: 'v', replicas: [{ ...ok, hostId: 'h2', address: 12 }], epoch: 1 },
+        { volume: 'v', replicas: [ok], ioTimeoutMs: 1, epoch: 1 },
+        { volume: 'v', replicas: [ok], nbd: 7, epoch: 1 },
+        // The epoch is the caller's to allocate: required, a positive safe integer; none for a standby.
+        { volume: 'v', replicas: [ok] },
+        ...[0, -1, 1.5, '2', null, Number.MAX_SAFE_INTEGER + 1, Number.NaN].map((epoch) => ({ volume: 'v', replicas: [ok], epoch })),
+        { volume: 'v', replicas: [ok], standby: true, epoch: 3 },
+        ...[-1, 600_001, 1.5, '100'].map((quorumHoldMs) => ({ volume: 'v', replicas: [ok], epoch: 1, quorumHoldMs })),
       ];
       for (const b of bad) expect(await codeOf(de.startEngine(b as never)), JSON.stringify(b)).toBe('INVALID_ARGUMENT');
+      // Nothing was opened.
+      expect(addon.engines).toEqual([]);
+    });
+
+    it('hands the engine the epoch and quorumHoldMs its caller gave, and forwards the replica sets it commits', async () => {
+      const de = await start('h1', { replicaListen: null });
+      const log = new EventLog(de);
+      await de.createReplica('r0', MiB);
+      await de.createReplica('r1', MiB);
+      const given: unknown[] = [];
+      const openEngine = addon.openEngine.bind(addon);
+      addon.openEngine = async (options) => {
+        given.push({ epoch: options.epoch, quorumHoldMs: options.quorumHoldMs, standby: options.standby, members: options.members });
+        const e = await openEngine(options);
+        // As the native engine: the replica set committed at open, then one after a drop.
+        options.onEvents?.([{ type: 'replica-set-changed', epoch: options.epoch ?? 0, generation: 1, rwMembers: ['r0', 'r1'] }]);
+        options.onEvents?.([{ type: 'replica-set-changed', epoch: options.epoch ?? 0, generation: 2, rwMembers: ['r0'] }]);
+        return e;
+      };
+      const refs: EngineReplicaRef[] = [
+        { id: 'r0', hostId: 'h1', name: 'r0', address: null },
+        { id: 'r1', hostId: 'h1', name: 'r1', address: null },
+      ];
+      await de.startEngine({ volume: 'v', replicas: refs, epoch: 17, quorumHoldMs: 0 });
+      await de.stopEngine('v');
+      await de.startEngine({ volume: 'v', replicas: refs, standby: true });
+      expect(given).toEqual([
+        { epoch: 17, quorumHoldMs: 0, standby: undefined, members: ['r0', 'r1'] },
+        { epoch: undefined, quorumHoldMs: undefined, standby: true, members: ['r0', 'r1'] },
+      ]);
+      await log.next((e) => e.type === 'replica-set-changed' && e.generation === 2);
+      expect(log.of('replica-set-changed').slice(0, 2)).toEqual([
+        { type: 'replica-set-changed', volume: 'v', epoch: 17, generation: 1, rwReplicaIds: ['r0', 'r1'] },
+        { type: 'replica-set-changed', volume: 'v', epoch: 17, generation: 2, rwReplicaIds: ['r0'] },
+      ]);
     });
 
     it('close() stops every engine, then refuses calls with CLOSED', async () => {
       const de = await start('h1', { replicaListen: null });
       const log = new EventLog(de);
       await de.createReplica('r0', MiB);
-      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }] });
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], epoch: 1 });
       await de.close();
       await de.close();
       expect(addon.engine.closed).toBe(true);
@@ -238,7 +278,7 @@ describe('LocalDataEngine', () => {
 
     it('reaches a replica on another data engine through its replica server', async () => {
       const { a, refs, bPort } = await twoHosts();
-      const info = await a.startEngine({ volume: 'v', replicas: refs, ioTimeoutMs: 2000 });
+      const info = await a.startEngine({ volume: 'v', replicas: refs, ioTimeoutMs: 2000, epoch: 1 });
       expect(info.replicas.map((r) => r.mode)).toEqual(['RW', 'RW']);
       expect(addon.engine.replicaDirs).toEqual([join(root, 'a', 'replicas', 'v-r0'), `127.0.0.1:${bPort}/v-r1`]);
       await addon.engine.write(0, Buffer.from('hello'));
@@ -248,7 +288,7 @@ describe('LocalDataEngine', () => {
     it('re-adds a replica that went ERR once its host is back, with growing back-off, without being asked', async () => {
       const { a, b, refs, bPort } = await twoHosts();
       const log = new EventLog(a);
-      await a.startEngine({ volume: 'v', replicas: refs });
+      await a.startEngine({ volume: 'v', replicas: refs, epoch: 1 });
       // Host b goes away, and the engine's next I/O to its replica fails.
       await b.close();
       addon.engine.failReplica(`127.0.0.1:${bPort}/v-r1`, 107);
@@ -272,7 +312,7 @@ describe('LocalDataEngine', () => {
       const { a, b, refs, bPort } = await twoHosts();
       await b.close();
       const log = new EventLog(a);
-      const info = await a.startEngine({ volume: 'v', replicas: refs });
+      const info = await a.startEngine({ volume: 'v', replicas: refs, epoch: 1 });
       expect(info.replicas.map((r) => r.mode)).toEqual(['RW', 'ERR']);
       await log.next((e) => e.type === 'repair-scheduled');
       const completed = log.next((e) => e.type === 'rebuild-completed');
@@ -290,7 +330,7 @@ describe('LocalDataEngine', () => {
       const address = (await b.info()).replicaAddress;
       await b.close();
       const log = new EventLog(a);
-      await a.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'a', name: 'v-r0', address: null }, { id: 'r1', hostId: 'b', name: 'v-r1', address }] });
+      await a.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'a', name: 'v-r0', address: null }, { id: 'r1', hostId: 'b', name: 'v-r1', address }], epoch: 1 });
       await new Promise((r) => setTimeout(r, 100));
       expect(log.of('repair-scheduled')).toEqual([]);
       expect(addon.engine.rebuilds).toEqual([]);
@@ -309,7 +349,7 @@ describe('LocalDataEngine', () => {
       for (const v of ['v1', 'v2', 'v3']) {
         await a.createReplica(`${v}-r0`, MiB);
         await a.createReplica(`${v}-r1`, MiB);
-        await a.startEngine({ volume: v, replicas: [{ id: 'r0', hostId: 'a', name: `${v}-r0`, address: null }] });
+        await a.startEngine({ volume: v, replicas: [{ id: 'r0', hostId: 'a', name: `${v}-r0`, address: null }], epoch: 1 });
         const add = a.addReplica(v, { id: 'r1', hostId: 'a', name: `${v}-r1`, address: null });
         add.catch(() => undefined);
         adds.push(add);
@@ -337,7 +377,7 @@ describe('LocalDataEngine', () => {
     it('addReplica rebuilds a new replica and reports what it did; removeReplica refuses RW and stops repairs', async () => {
       const { a, b, refs } = await twoHosts();
       const log = new EventLog(a);
-      await a.startEngine({ volume: 'v', replicas: [refs[0]!] });
+      await a.startEngine({ volume: 'v', replicas: [refs[0]!], epoch: 1 });
       await addon.engine.write(0, Buffer.alloc(8192, 7));
       const result = await a.addReplica('v', refs[1]!);
       expect(result).toMatchObject({ replicaId: 'r1', sentBytes: 8192, scannedBytes: MiB });
@@ -367,7 +407,7 @@ describe('LocalDataEngine', () => {
       const logB = new EventLog(b);
       // A third replica whose host never answers: ERR on every engine.
       const gone: EngineReplicaRef = { id: 'r2', hostId: 'z', name: 'v-r2', address: 'tcp:127.0.0.1:1' };
-      await a.startEngine({ volume: 'v', replicas: [...refs, gone] });
+      await a.startEngine({ volume: 'v', replicas: [...refs, gone], epoch: 1 });
       const source = addon.engine;
       const standby = await b.startEngine({ volume: 'v', replicas: [...refs, gone], standby: true });
       expect(standby).toMatchObject({ role: 'standby', epoch: 0 });
@@ -388,12 +428,17 @@ describe('LocalDataEngine', () => {
       expect(source.rebuilds).toHaveLength(attempts);
       expect(logB.of('repair-scheduled')).toEqual([]);
 
-      // Rolled back onto the source: it repairs r1 and r2 again, as after a start.
+      // Rolled back onto the source: it repairs r1 and r2 again, as after a start. The
+      // activation claims the epoch it is given, never one of its own.
       addon.rebuildGate = undefined;
-      const back = await a.activateEngine('v', hand);
-      expect(back).toMatchObject({ role: 'active', epoch: hand.epoch + 1 });
+      expect(hand).toMatchObject({ epoch: 1, generation: expect.any(Number) });
+      for (const epoch of [undefined, 0, -2, 2.5]) expect(await codeOf(a.activateEngine('v', hand, { epoch } as never)), String(epoch)).toBe('INVALID_ARGUMENT');
+      expect(await codeOf(a.activateEngine('v', hand, undefined as never))).toBe('INVALID_ARGUMENT');
+      expect(await codeOf(a.activateEngine('v', { epoch: hand.epoch, rwReplicaIds: hand.rwReplicaIds } as never, { epoch: 5 }))).toBe('INVALID_ARGUMENT');
+      const back = await a.activateEngine('v', hand, { epoch: 5 });
+      expect(back).toMatchObject({ role: 'active', epoch: 5 });
       await logA.next((e) => e.type === 'rebuild-completed' && e.replicaId === 'r1');
-      expect(logA.of('engine-activated')).toEqual([{ type: 'engine-activated', volume: 'v', epoch: hand.epoch + 1 }]);
+      expect(logA.of('engine-activated')).toEqual([{ type: 'engine-activated', volume: 'v', epoch: 5 }]);
       expect(logA.events.filter((e) => e.type === 'repair-scheduled' && e.replicaId === 'r2').length).toBeGreaterThan(0);
       expect(logB.of('repair-scheduled')).toEqual([]);
       expect((await b.engineInfo('v')).role).toBe('standby');
@@ -402,7 +447,7 @@ describe('LocalDataEngine', () => {
     it('stopEngine aborts a rebuild in flight instead of waiting for it', async () => {
       const { a, refs } = await twoHosts();
       addon.rebuildGate = new Promise(() => undefined);
-      await a.startEngine({ volume: 'v', replicas: [refs[0]!] });
+      await a.startEngine({ volume: 'v', replicas: [refs[0]!], epoch: 1 });
       const add = a.addReplica('v', refs[1]!);
       const log = new EventLog(a);
       await new Promise((r) => setTimeout(r, 10));
@@ -418,7 +463,7 @@ describe('LocalDataEngine', () => {
     it('creates, lists and deletes through the engine, as users see snapshots', async () => {
       const de = await start('h1', { replicaListen: null });
       await de.createReplica('v-r0', MiB);
-      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }] });
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }], epoch: 1 });
       const s1 = await de.createSnapshot('v', 's1', { labels: { a: 'b' } });
       expect(s1).toMatchObject({ name: 's1', parent: null, labels: { a: 'b' }, userCreated: true });
       await de.createSnapshot('v', 's2');
@@ -439,9 +484,9 @@ describe('LocalDataEngine', () => {
     it('runs at most maxConcurrentSnapshotCopies exports and copies at once; the others wait their turn', async () => {
       const de = await start('h1', { replicaListen: null, maxConcurrentSnapshotCopies: 1 });
       for (const n of ['v-r0', 'w-r0']) await de.createReplica(n, MiB);
-      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }] });
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }], epoch: 1 });
       const source = addon.engine;
-      await de.startEngine({ volume: 'w', replicas: [{ id: 'r0', hostId: 'h1', name: 'w-r0', address: null }] });
+      await de.startEngine({ volume: 'w', replicas: [{ id: 'r0', hostId: 'h1', name: 'w-r0', address: null }], epoch: 1 });
       await source.write(0, Buffer.from('hello'));
       await de.createSnapshot('v', 's');
       const started: string[] = [];

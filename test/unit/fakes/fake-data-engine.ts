@@ -2,6 +2,10 @@
 // records, a host can be made unreachable (every call rejects UNAVAILABLE), and replica
 // modes can be set to drive repair decisions. It does no disk I/O; backing image files are
 // Buffers with the real rules (states, SHA-512, 3 reads per file, resume offsets, BUSY deletes).
+// Epochs follow docs/single-writer.md: every replica keeps the highest epoch it promised and
+// the last replica set committed to it; a start or activation claims the epoch it is given
+// (STALE_EPOCH when a replica promised as much or more), never one of its own, and every
+// epoch given is recorded in `epochsGiven` for the tests to check.
 import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
@@ -10,6 +14,7 @@ import type {
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
+  EngineActivateOptions,
   EngineHandOver,
   EngineInfo,
   EngineReplicaRef,
@@ -49,13 +54,35 @@ export interface FakeImageFile {
 interface FakeEngineState {
   volume: string;
   epoch: number;
+  /** Generation of the replica set it last committed (0 for a standby that never was active). */
+  generation: number;
   nbd: string | null;
   role: 'active' | 'standby';
   replicas: Array<EngineReplicaRef & { mode: 'RW' | 'WO' | 'ERR'; lastError: number }>;
 }
 
-/** Epochs are per volume and shared by all fake hosts, as replicas would make them. */
+/** One epoch handed to a fake data engine (whether or not the claim succeeded). */
+export interface FakeEpochGiven {
+  volume: string;
+  hostId: string;
+  call: 'startEngine' | 'activateEngine';
+  epoch: number;
+  /** The code it failed with, or null. */
+  failed: string | null;
+}
+
+/** What a replica keeps (replica.json): the highest epoch promised and the last replica set committed to it. */
+interface FakeReplicaMeta {
+  epoch: number;
+  set: { epoch: number; generation: number } | null;
+}
+
+/** Replica metadata by replica name (names are unique across the fake hosts), shared by all hosts as the replica protocol would make it. */
+const replicaMeta = new Map<string, FakeReplicaMeta>();
+/** The epoch each volume's writer claimed last (any fake host). */
 const epochs = new Map<string, number>();
+/** Every epoch handed to any fake host, in order. */
+const epochLog: FakeEpochGiven[] = [];
 /** Snapshots are per volume and shared by all fake hosts, as replicas would hold them. */
 const snapshots = new Map<string, EngineSnapshotInfo[]>();
 
@@ -100,6 +127,7 @@ export class FakeDataEngine implements DataEngine {
       if (bi.virtualSizeBytes > sizeBytes) throw new MooringError('INVALID_ARGUMENT', `backing image ${bi.dir} is larger than replica ${name}`);
     }
     this.replicas.set(name, { sizeBytes, inUse: false, backingImage: bi ? { ...bi } : null });
+    replicaMeta.set(name, { epoch: 0, set: null });
     return { name, sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false, backingImage: bi ? { ...bi } : null };
   }
 
@@ -107,27 +135,67 @@ export class FakeDataEngine implements DataEngine {
     this.#check(`deleteReplica ${name}`);
     if (!this.replicas.has(name)) throw new MooringError('NOT_FOUND', `no replica ${name}`);
     this.replicas.delete(name);
+    replicaMeta.delete(name);
   }
 
   async listReplicas(): Promise<HostedReplicaInfo[]> {
     this.#check('listReplicas');
-    return [...this.replicas].map(([name, r]) => ({ name, sizeBytes: r.sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: r.inUse, backingImage: r.backingImage ? { ...r.backingImage } : null }));
+    return [...this.replicas].map(([name, r]) => ({ name, sizeBytes: r.sizeBytes, epoch: replicaMeta.get(name)?.epoch ?? 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: r.inUse, backingImage: r.backingImage ? { ...r.backingImage } : null }));
   }
 
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
     this.#check(`startEngine ${options.volume}`);
-    if (this.engines.has(options.volume)) throw new MooringError('ALREADY_EXISTS', `engine for ${options.volume} runs`);
     const standby = options.standby === true;
-    const epoch = standby ? 0 : (epochs.get(options.volume) ?? 0) + 1;
-    if (!standby) epochs.set(options.volume, epoch);
+    if (standby ? options.epoch !== undefined : !isEpoch(options.epoch)) {
+      throw new MooringError('INVALID_ARGUMENT', `epoch ${String(options.epoch)}: required (a positive integer) unless standby, and none for a standby`);
+    }
+    if (this.engines.has(options.volume)) throw new MooringError('ALREADY_EXISTS', `engine for ${options.volume} runs`);
+    const names = options.replicas.map((r) => r.name);
+    let generation = 0;
+    if (!standby) {
+      const epoch = options.epoch!;
+      this.#given(options.volume, 'startEngine', epoch, () => claim(names, epoch));
+      commit(names, epoch, 1);
+      epochs.set(options.volume, epoch);
+      generation = 1;
+    }
     this.engines.set(options.volume, {
       volume: options.volume,
-      epoch,
+      epoch: standby ? 0 : options.epoch!,
+      generation,
       nbd: options.nbd ?? null,
       role: standby ? 'standby' : 'active',
       replicas: options.replicas.map((r) => ({ ...r, mode: 'RW', lastError: 0 })),
     });
     return this.engineInfo(options.volume);
+  }
+
+  /** Every epoch handed to this data engine, in order. */
+  readonly epochsGiven: FakeEpochGiven[] = [];
+
+  /** The epochs handed to any fake host for `volume`, in order (failed claims included). */
+  static epochsGivenFor(volume: string): FakeEpochGiven[] {
+    return epochLog.filter((e) => e.volume === volume).map((e) => ({ ...e }));
+  }
+
+  // Records an epoch given, then runs its claim (which may throw).
+  #given(volume: string, call: FakeEpochGiven['call'], epoch: number, body: () => void): void {
+    const entry: FakeEpochGiven = { volume, hostId: this.hostId, call, epoch, failed: null };
+    this.epochsGiven.push(entry);
+    epochLog.push(entry);
+    try {
+      body();
+    } catch (err) {
+      entry.failed = (err as MooringError).code;
+      throw err;
+    }
+  }
+
+  /** Sets the epoch a replica promised, as a replica written by a release whose engines chose their epochs would hold. */
+  static setReplicaEpoch(name: string, epoch: number): void {
+    const m = replicaMeta.get(name);
+    if (!m) throw new Error(`no fake replica ${name}`);
+    m.epoch = epoch;
   }
 
   async stopEngine(volume: string): Promise<void> {
@@ -162,6 +230,13 @@ export class FakeDataEngine implements DataEngine {
     const slot = e.replicas.find((r) => r.id === replica.id);
     if (slot) Object.assign(slot, replica, { mode: 'RW', lastError: 0 });
     else e.replicas.push({ ...replica, mode: 'RW', lastError: 0 });
+    // The rebuilt replica joins the replica set: a commit of the next generation.
+    if (e.role === 'active') {
+      const meta = replicaMeta.get(replica.name);
+      if (meta) meta.epoch = Math.max(meta.epoch, e.epoch);
+      e.generation++;
+      commit(e.replicas.map((r) => r.name), e.epoch, e.generation);
+    }
     return { replicaId: replica.id, scannedBytes: 0, sentBytes: 1234, unmappedBytes: 0, durationMs: 1 };
   }
 
@@ -183,28 +258,40 @@ export class FakeDataEngine implements DataEngine {
     this.#check(`deactivateEngine ${volume}`);
     const e = this.#engine(volume);
     if (e.role !== 'active') throw new MooringError('INVALID_STATE', `engine of ${volume} on ${this.hostId} is standby`);
-    if ((epochs.get(volume) ?? 0) > e.epoch) throw new MooringError('STALE_EPOCH', `engine of ${volume} on ${this.hostId} was fenced`);
+    if (e.replicas.some((r) => (replicaMeta.get(r.name)?.epoch ?? 0) > e.epoch)) throw new MooringError('STALE_EPOCH', `engine of ${volume} on ${this.hostId} was fenced`);
     e.role = 'standby';
     this.emit({ type: 'engine-deactivated', volume, epoch: e.epoch });
-    return { epoch: e.epoch, rwReplicaIds: e.replicas.filter((r) => r.mode === 'RW').map((r) => r.id) };
+    return { epoch: e.epoch, generation: e.generation, rwReplicaIds: e.replicas.filter((r) => r.mode === 'RW').map((r) => r.id) };
   }
 
-  async activateEngine(volume: string, handOver: EngineHandOver): Promise<EngineInfo> {
+  async activateEngine(volume: string, handOver: EngineHandOver, options: EngineActivateOptions): Promise<EngineInfo> {
     this.#check(`activateEngine ${volume}`);
+    if (!isEpoch(options?.epoch)) throw new MooringError('INVALID_ARGUMENT', `activate needs {epoch}, a positive integer (got ${String(options?.epoch)})`);
     const e = this.#engine(volume);
     if (e.role !== 'standby') throw new MooringError('INVALID_STATE', `engine of ${volume} on ${this.hostId} is active`);
-    // As the real engine: a hand-over works once; one overtaken by another claim is refused.
-    if ((epochs.get(volume) ?? 0) > handOver.epoch) throw new MooringError('STALE_EPOCH', `hand-over of ${volume} at epoch ${handOver.epoch} was overtaken`);
+    const epoch = options.epoch;
+    if (epoch <= handOver.epoch) throw new MooringError('INVALID_ARGUMENT', `activation epoch ${epoch} must be allocated above the hand-over's ${handOver.epoch}`);
+    const names = e.replicas.map((r) => r.name);
     const rw = new Set(handOver.rwReplicaIds);
-    if (!e.replicas.some((r) => rw.has(r.id))) throw new MooringError('NO_HEALTHY_REPLICA', `no RW replica in the hand-over of ${volume}`);
+    this.#given(volume, 'activateEngine', epoch, () => {
+      claim(names, epoch);
+      // As the real engine: a hand-over works once; one overtaken by another engine is refused.
+      const latest = latestSet(names);
+      if (!latest || latest.epoch !== handOver.epoch || latest.generation !== handOver.generation) {
+        throw new MooringError('STALE_EPOCH', `the hand-over of ${volume} (${handOver.epoch}/${handOver.generation}) is not the latest replica set (${latest ? `${latest.epoch}/${latest.generation}` : 'none'})`);
+      }
+      if (!e.replicas.some((r) => rw.has(r.id))) throw new MooringError('NO_HEALTHY_REPLICA', `no RW replica in the hand-over of ${volume}`);
+    });
     for (const r of e.replicas) {
       r.mode = rw.has(r.id) ? 'RW' : 'ERR';
       r.lastError = rw.has(r.id) ? 0 : -5;
     }
-    e.epoch = handOver.epoch + 1;
-    epochs.set(volume, e.epoch);
+    commit(names, epoch, 1);
+    e.epoch = epoch;
+    e.generation = 1;
+    epochs.set(volume, epoch);
     e.role = 'active';
-    this.emit({ type: 'engine-activated', volume, epoch: e.epoch });
+    this.emit({ type: 'engine-activated', volume, epoch });
     return this.engineInfo(volume);
   }
 
@@ -477,4 +564,37 @@ export class FakeDataEngine implements DataEngine {
   }
 
   async close(): Promise<void> {}
+}
+
+function isEpoch(v: unknown): v is number {
+  return typeof v === 'number' && Number.isSafeInteger(v) && v >= 1;
+}
+
+// ClaimEpoch on every replica: each that promised less promises `epoch`; one that promised
+// as much or more refuses, and the claim fails with STALE_EPOCH (the others keep the promise).
+function claim(names: string[], epoch: number): void {
+  let refused = 0;
+  for (const n of names) {
+    const m = replicaMeta.get(n);
+    if (!m) continue; // a replica that is gone cannot be reached
+    if (m.epoch >= epoch) refused = Math.max(refused, m.epoch);
+    else m.epoch = epoch;
+  }
+  if (refused > 0) throw new MooringError('STALE_EPOCH', `epoch ${epoch} is not above the epoch ${refused} a replica promised`);
+}
+
+function commit(names: string[], epoch: number, generation: number): void {
+  for (const n of names) {
+    const m = replicaMeta.get(n);
+    if (m && m.epoch === epoch) m.set = { epoch, generation };
+  }
+}
+
+function latestSet(names: string[]): { epoch: number; generation: number } | null {
+  let best: { epoch: number; generation: number } | null = null;
+  for (const n of names) {
+    const s = replicaMeta.get(n)?.set;
+    if (s && (!best || s.epoch > best.epoch || (s.epoch === best.epoch && s.generation > best.generation))) best = s;
+  }
+  return best;
 }

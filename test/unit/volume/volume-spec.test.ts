@@ -23,6 +23,14 @@ describe('volume.json validation', () => {
     expect(parseVolumeSpec(text(spec), 'v.json')).toEqual(spec);
     expect(spec.replicas.map((r) => r.path)).toEqual(['replicas/r0', 'replicas/r1', 'replicas/r2']);
   });
+  it('keeps the epoch counter, and reads a file of the last release without it', () => {
+    const spec = { ...good(), lastEpoch: 12 };
+    expect(parseVolumeSpec(text(spec), 'v.json')).toEqual(spec);
+    expect(parseVolumeSpec(text({ ...spec, lastEpoch: 0 }), 'v.json').lastEpoch).toBe(0);
+    const old = parseVolumeSpec(text(good()), 'v.json');
+    expect(old.lastEpoch).toBeUndefined();
+    expect('lastEpoch' in old).toBe(false);
+  });
   it('refuses bad JSON', () => {
     expect(() => parseVolumeSpec('{"format":', 'v.json')).toThrow(corrupt);
     expect(() => parseVolumeSpec('', 'v.json')).toThrow(corrupt);
@@ -45,6 +53,11 @@ describe('volume.json validation', () => {
     ['replicas', Array.from({ length: 17 }, (_, i) => ({ id: `r${i}`, path: `replicas/r${i}`, mode: 'RW' }))],
     ['createdMs', -1],
     ['createdMs', 'yesterday'],
+    ['lastEpoch', -1],
+    ['lastEpoch', 1.5],
+    ['lastEpoch', '3'],
+    ['lastEpoch', null],
+    ['lastEpoch', 2 ** 53],
   ])('refuses %s = %j', (field, value) => {
     expect(() => parseVolumeSpec(text({ ...good(), [field]: value }), 'v.json')).toThrow(corrupt);
   });

@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
 import { MooringError } from '../../../src/errors.js';
 import { Volume } from '../../../src/volume/volume.js';
-import { FakeAddon } from '../fakes/fake-addon.js';
+import { FakeAddon, nativeError } from '../fakes/fake-addon.js';
 
 const MiB = 1024 * 1024;
 
@@ -39,7 +39,8 @@ describe('Volume', () => {
     expect((await readdir(dir)).sort()).toEqual(['replicas', 'volume.json', 'volume.lock']);
     expect((await readdir(join(dir, 'replicas'))).sort()).toEqual(['r0', 'r1', 'r2']);
     const spec = JSON.parse(await readFile(join(dir, 'volume.json'), 'utf8'));
-    expect(spec).toMatchObject({ format: 'mooring-volume', version: 1, name: 'vol0', sizeBytes: MiB });
+    // The first engine's epoch was allocated from the counter (new replicas: 1) and recorded.
+    expect(spec).toMatchObject({ format: 'mooring-volume', version: 1, name: 'vol0', sizeBytes: MiB, lastEpoch: 1 });
     expect(spec.replicas).toEqual([
       { id: 'r0', path: 'replicas/r0', mode: 'RW' },
       { id: 'r1', path: 'replicas/r1', mode: 'RW' },
@@ -282,7 +283,13 @@ describe('Volume', () => {
     await v.close();
     const file = join(dir, 'volume.json');
     const spec = JSON.parse(await readFile(file, 'utf8'));
-    for (const bad of ['{', JSON.stringify({ ...spec, replicas: [{ id: 'r0', path: '../../etc', mode: 'RW' }] }), JSON.stringify({ ...spec, sizeBytes: 'big' })]) {
+    const hostile = [
+      '{',
+      JSON.stringify({ ...spec, replicas: [{ id: 'r0', path: '../../etc', mode: 'RW' }] }),
+      JSON.stringify({ ...spec, sizeBytes: 'big' }),
+      ...[-1, 1.5, '7', null, 2 ** 53].map((lastEpoch) => JSON.stringify({ ...spec, lastEpoch })),
+    ];
+    for (const bad of hostile) {
       await writeFile(file, bad);
       await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
       // A failed open leaves no lock behind.
@@ -290,6 +297,87 @@ describe('Volume', () => {
     }
     await writeFile(file, JSON.stringify({ ...spec, replicas: [{ id: 'r0', path: 'replicas/r0', mode: 'RW', address: '10.0.0.2:9000' }] }));
     await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'UNSUPPORTED' });
+  });
+
+  describe('writer epochs (allocated from volume.json, docs/single-writer.md)', () => {
+    // What each Engine.open was handed: the epoch the Volume allocated, whatever the engine does with it.
+    function recordEpochs(): number[] {
+      const given: number[] = [];
+      const openEngine = addon.openEngine.bind(addon);
+      addon.openEngine = async (options) => {
+        given.push(options.epoch ?? 0);
+        return openEngine(options);
+      };
+      return given;
+    }
+    const counter = async (): Promise<unknown> => JSON.parse(await readFile(join(dir, 'volume.json'), 'utf8')).lastEpoch;
+
+    it('hands every open a new epoch, above the counter, recorded in volume.json before the engine opens', async () => {
+      const given = recordEpochs();
+      await (await create({ replicas: 2 })).close();
+      for (let i = 0; i < 3; i++) await (await Volume.open(dir, { addon })).close();
+      expect(given).toEqual([1, 2, 3, 4]);
+      expect(await counter()).toBe(4);
+      // The counter goes on even where the replicas' epochs are lower (it is never lowered).
+      const spec = JSON.parse(await readFile(join(dir, 'volume.json'), 'utf8'));
+      await writeFile(join(dir, 'volume.json'), JSON.stringify({ ...spec, lastEpoch: 20 }));
+      await (await Volume.open(dir, { addon })).close();
+      expect(given.at(-1)).toBe(21);
+      expect(await counter()).toBe(21);
+    });
+
+    it('opens a volume.json of the last release (no counter) above the epochs its replicas promised', async () => {
+      const given = recordEpochs();
+      await (await create()).close();
+      const spec = JSON.parse(await readFile(join(dir, 'volume.json'), 'utf8'));
+      delete spec.lastEpoch;
+      await writeFile(join(dir, 'volume.json'), JSON.stringify(spec));
+      // The last release's engines chose epochs themselves: 7 on one replica.
+      addon.replica(join(dir, 'replicas', 'r1')).epoch = 7;
+      const v = await Volume.open(dir, { addon });
+      open.push(v);
+      expect(given).toEqual([1, 8]);
+      expect(await counter()).toBe(8);
+    });
+
+    it('keeps an epoch whose open failed, and tries again above a replica that refused it', async () => {
+      const given = recordEpochs();
+      await (await create({ replicas: 2 })).close();
+      // An open that fails after the epoch was allocated: the epoch is spent all the same.
+      const openEngine = addon.openEngine;
+      addon.openEngine = async (options) => {
+        addon.openEngine = openEngine;
+        given.push(options.epoch ?? 0);
+        throw nativeError('IO_ERROR', 'disk gone', 5);
+      };
+      await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'IO_ERROR' });
+      expect(await counter()).toBe(2);
+      // A replica promised more than its metadata showed when the epoch was allocated.
+      let refusals = 0;
+      addon.openEngine = async (options) => {
+        if (refusals++ < 1) {
+          given.push(options.epoch ?? 0);
+          addon.replica(join(dir, 'replicas', 'r0')).epoch = 40;
+          throw nativeError('STALE_EPOCH', `epoch ${options.epoch} is not above the epoch 40 replica r0 promised`, 116);
+        }
+        addon.openEngine = openEngine;
+        return openEngine(options); // records it
+      };
+      const v = await Volume.open(dir, { addon });
+      open.push(v);
+      expect(given).toEqual([1, 2, 3, 41]);
+      expect(await counter()).toBe(41);
+      await v.close();
+      // At most OPEN_EPOCH_ATTEMPTS_MAX epochs per open.
+      addon.openEngine = async (options) => {
+        given.push(options.epoch ?? 0);
+        throw nativeError('STALE_EPOCH', 'refused', 116);
+      };
+      await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'STALE_EPOCH' });
+      expect(given.slice(4)).toEqual([42, 43, 44]);
+      expect(await counter()).toBe(44);
+      expect(await readdir(dir)).not.toContain('volume.lock');
+    });
   });
 
   it('reports a missing volume as NOT_FOUND', async () => {
