@@ -124,12 +124,13 @@ describe('engine over real replicas', () => {
       await v1.write(0, old);
       await v1.close();
       // A newer writer reached r0 and r1 only (r2 was unreachable): it claimed a higher
-      // epoch there and overwrote the data.
+      // epoch there, committed its replica set (r0 and r1 RW: a majority) and overwrote the data.
       const newer = Math.max(...Object.values(await replicaEpochs(dir))) + 5;
       const fresh = pattern(71, MiB);
       for (const id of ['r0', 'r1']) {
         await withReplica(replicaPath(dir, id), async (r) => {
           await r.claimEpoch(newer);
+          await r.setReplicaSet({ epoch: newer, generation: 1, members: ['r0', 'r1', 'r2'], rw: ['r0', 'r1'] });
           await r.write(newer, 0, fresh);
         });
       }
@@ -150,10 +151,12 @@ describe('engine over real replicas', () => {
       } finally {
         await vol.close();
       }
-      // The stale replica was not claimed or written by this engine: it stays behind.
+      // The stale replica promised this engine's epoch but was neither written nor made RW:
+      // the replica set the engine committed leaves it out, so it stays behind.
       const epochs = await replicaEpochs(dir);
-      expect(epochs.r2).toBeLessThan(epochs.r0!);
       expect(epochs.r0).toBe(epochs.r1);
+      const committed = await withReplica(replicaPath(dir, 'r0'), (r) => r.claimEpoch(r.epoch() + 1));
+      expect(committed).toMatchObject({ epoch: epochs.r0, generation: 1, rw: ['r0', 'r1'] });
       await withReplica(replicaPath(dir, 'r2'), async (r) => expectSame(await r.read(0, MiB), old, 'r2 untouched'));
       // Reopened, it is still ERR.
       const again = await Volume.open(dir);
@@ -179,7 +182,8 @@ describe('engine over real replicas', () => {
       const vol = await Volume.open(dir);
       const events: ReplicaErrorEvent[] = [];
       vol.on('replica-error', (e) => events.push(e));
-      let epochAfter = 0;
+      const sets: Array<{ epoch: number; generation: number; rwReplicaIds: string[] }> = [];
+      vol.on('replica-set-changed', (e) => sets.push(e));
       try {
         const epochBefore = vol.epoch;
         expect((await vol.status()).replicas.every((r) => r.mode === 'RW')).toBe(true);
@@ -201,9 +205,10 @@ describe('engine over real replicas', () => {
         ]);
         expect(st.replicas[1]!.lastErrno).toBe(osConstants.errno.ENOSPC);
         expect(st.healthy).toBe(false);
-        // Dropping it fenced it: the survivors moved to a higher epoch.
-        epochAfter = st.epoch;
-        expect(epochAfter).toBeGreaterThan(epochBefore);
+        // Dropping it committed a replica set without it (the epoch stays the engine's).
+        expect(st.epoch).toBe(epochBefore);
+        await waitFor('a replica set without r1', () => sets.some((x) => x.generation === 2));
+        expect(sets.find((x) => x.generation === 2)).toEqual({ epoch: epochBefore, generation: 2, rwReplicaIds: ['r0', 'r2'] });
         await waitFor('volume.json to record r1 as ERR', () => readVolumeJson(dir).replicas[1]!.mode === 'ERR');
         expect(readVolumeJson(dir).replicas[1]!.lastError).toMatchObject({ code: 'NO_SPACE', errno: osConstants.errno.ENOSPC });
         // Reads stay correct (and keep away from r1), writes go on.
@@ -215,9 +220,11 @@ describe('engine over real replicas', () => {
       } finally {
         await vol.close();
       }
-      const epochs = await replicaEpochs(dir);
-      expect(epochs.r1).toBeLessThan(epochs.r0!);
-      expect(epochs.r0).toBe(epochAfter);
+      // r0 and r2 durably hold the replica set that leaves r1 out (a claim answers with it).
+      for (const id of ['r0', 'r2']) {
+        const stored = await withReplica(replicaPath(dir, id), (r) => r.claimEpoch(r.epoch() + 1));
+        expect(stored, id).toMatchObject({ generation: 2, rw: ['r0', 'r2'] });
+      }
       // Poison what r1 holds, with its own (old) epoch: if the volume ever read from r1
       // again, the reads below would see it.
       await withReplica(replicaPath(dir, 'r1'), async (r) => {

@@ -508,8 +508,10 @@ int ReplicatedEngine::CommitLocked(const ReplicaSet& prev, ReplicaSet next, bool
       Slot& sl = *slots_[t.idx[k]];
       if (sts[k].ok()) {
         stored.insert(sl.member);
+      } else if (sts[k].code == Code::kStaleEpoch && sl.backend->epoch() > next.epoch) {
+        fenced_ = true;  // a newer engine claimed it
       } else if (sts[k].code == Code::kStaleEpoch) {
-        fenced_ = true;
+        // Below our epoch: our claim never took there (it failed, or it was unreachable).
       } else if (next.IsRw(sl.member) && MarkFailed(t.idx[k], ErrnoOf(sts[k]))) {
         // It may hold the set or not: a new generation without it settles that.
         next.rw.erase(std::find(next.rw.begin(), next.rw.end(), sl.member));
@@ -1146,16 +1148,29 @@ Status ReplicatedEngine::ActivateLocked(const HandOver& h, uint64_t epoch, Event
   // Nobody may have claimed since the hand-over: a spent or overtaken hand-over is refused
   // before it claims anything, so it never disturbs the engine that overtook it. (The
   // check after the claims below catches one that races this.)
+  ReplicaSet handed_set;
+  handed_set.epoch = h.epoch;
+  handed_set.generation = h.generation;
+  ReplicaSet newest;
   for (const auto& sl : slots_) {
     if (sl->mode.load() == ReplicaMode::kERR || sl->backend->size() == 0) continue;
     ReplicaSet stored;
     if (!sl->backend->PeekReplicaSet(&stored).ok()) continue;  // the claim will tell
-    if (sl->backend->epoch() > h.epoch || stored.epoch > h.epoch)
+    if (stored.NewerThan(newest)) newest = stored;
+    if (sl->backend->epoch() > h.epoch || stored.NewerThan(handed_set))
       return Status::Error(Code::kStaleEpoch, "replica " + sl->id + " promised epoch " + std::to_string(sl->backend->epoch()) +
-                                                  ", past the hand-over's " + std::to_string(h.epoch) +
+                                                  " (replica set " + std::to_string(stored.epoch) + "/" +
+                                                  std::to_string(stored.generation) + "), past the hand-over's " +
+                                                  std::to_string(h.epoch) + "/" + std::to_string(h.generation) +
                                                   ": another engine claimed the volume since",
                            ESTALE);
   }
+  // The hand-over's set was committed to a majority, so some replica that answers holds it.
+  if (h.generation > 0 && !newest.empty() && (newest.epoch != h.epoch || newest.generation != h.generation))
+    return Status::Error(Code::kStaleEpoch, "no replica holds the hand-over's replica set " + std::to_string(h.epoch) + "/" +
+                                                std::to_string(h.generation) + " (newest: " + std::to_string(newest.epoch) +
+                                                "/" + std::to_string(newest.generation) + ")",
+                         ESTALE);
   ReplicaSet latest;
   Status st = ClaimLocked(epoch, &latest, ev);
   if (!st.ok()) return st;

@@ -302,15 +302,16 @@ describe.each([
     expect(await codeOf(b.de.startEngine({ volume: 'other', replicas, standby: 'yes' as never }))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(b.de.startEngine({ volume: 'other', replicas }))).toBe('INVALID_ARGUMENT');
     expect(await codeOf(b.de.startEngine({ volume: 'other', replicas, epoch: 0 }))).toBe('INVALID_ARGUMENT');
-    // A hand-over naming no replica of the engine, and one that is not the last writer's
-    // (each refused activation claimed its epoch: the next one is allocated above it).
+    // A hand-over naming no replica of the engine, and ones that are not the last writer's:
+    // refused before anything is claimed, so the real hand-over still works afterwards.
     const hand = await a.de.deactivateEngine('err');
     expect(await codeOf(b.de.activateEngine('err', { ...hand, rwReplicaIds: [] }, { epoch: allocate() }))).toBe('NO_HEALTHY_REPLICA');
     expect(await codeOf(b.de.activateEngine('err', { ...hand, epoch: hand.epoch - 1 }, { epoch: allocate() }))).toBe('STALE_EPOCH');
     expect(await codeOf(b.de.activateEngine('err', { ...hand, generation: hand.generation + 1 }, { epoch: allocate() }))).toBe('STALE_EPOCH');
-    // A replica promised an epoch above the one given (an engine this test did not allocate for).
-    expect(await codeOf(b.de.activateEngine('err', hand, { epoch: hand.epoch + 1 }))).toBe('STALE_EPOCH');
+    expect(await codeOf(b.de.activateEngine('err', hand, { epoch: hand.epoch }))).toBe('INVALID_ARGUMENT');
     expect((await b.de.engineInfo('err')).role).toBe('standby');
+    const promised = (await a.de.listReplicas()).filter((r) => r.name.startsWith('err-')).map((r) => r.epoch);
+    expect(promised.every((e) => e === hand.epoch), `replica epochs ${promised} after refused activations`).toBe(true);
     await b.de.activateEngine('err', hand, { epoch: allocate() });
     // A standby that is stopped instead of activated: rollback before the hand-over.
     await a.de.stopEngine('err');

@@ -218,8 +218,7 @@ describe('LocalDataEngine', () => {
       addon.openEngine = async (options) => {
         given.push({ epoch: options.epoch, quorumHoldMs: options.quorumHoldMs, standby: options.standby, members: options.members });
         const e = await openEngine(options);
-        // As the native engine: the replica set committed at open, then one after a drop.
-        options.onEvents?.([{ type: 'replica-set-changed', epoch: options.epoch ?? 0, generation: 1, rwMembers: ['r0', 'r1'] }]);
+        // The fake, as the native engine, committed generation 1 at open; then one after a drop.
         options.onEvents?.([{ type: 'replica-set-changed', epoch: options.epoch ?? 0, generation: 2, rwMembers: ['r0'] }]);
         return e;
       };
@@ -310,15 +309,18 @@ describe('LocalDataEngine', () => {
 
     it('starts with an unreachable replica as ERR and repairs it when its host starts', async () => {
       const { a, b, refs, bPort } = await twoHosts();
+      // A third replica, so that the engine still reaches a majority without b.
+      await a.createReplica('v-r2', MiB);
+      const all = [...refs, { id: 'r2', hostId: 'a', name: 'v-r2', address: null }];
       await b.close();
       const log = new EventLog(a);
-      const info = await a.startEngine({ volume: 'v', replicas: refs, epoch: 1 });
-      expect(info.replicas.map((r) => r.mode)).toEqual(['RW', 'ERR']);
+      const info = await a.startEngine({ volume: 'v', replicas: all, epoch: 1 });
+      expect(info.replicas.map((r) => r.mode)).toEqual(['RW', 'ERR', 'RW']);
       await log.next((e) => e.type === 'repair-scheduled');
       const completed = log.next((e) => e.type === 'rebuild-completed');
       await start('b', { replicaListen: `tcp:127.0.0.1:${bPort}`, repair });
       await completed;
-      expect((await a.engineInfo('v')).replicas.map((r) => r.mode)).toEqual(['RW', 'RW']);
+      expect((await a.engineInfo('v')).replicas.map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
     });
 
     it('does not repair when repair is disabled', async () => {
@@ -326,11 +328,16 @@ describe('LocalDataEngine', () => {
       const a = await start('a', { repair: { enabled: false, firstRetryMs: 10, maxRetryMs: 10 } });
       const b = await start('b');
       await a.createReplica('v-r0', MiB);
+      await a.createReplica('v-r2', MiB);
       await b.createReplica('v-r1', MiB);
       const address = (await b.info()).replicaAddress;
       await b.close();
       const log = new EventLog(a);
-      await a.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'a', name: 'v-r0', address: null }, { id: 'r1', hostId: 'b', name: 'v-r1', address }], epoch: 1 });
+      await a.startEngine({
+        volume: 'v',
+        replicas: [{ id: 'r0', hostId: 'a', name: 'v-r0', address: null }, { id: 'r1', hostId: 'b', name: 'v-r1', address }, { id: 'r2', hostId: 'a', name: 'v-r2', address: null }],
+        epoch: 1,
+      });
       await new Promise((r) => setTimeout(r, 100));
       expect(log.of('repair-scheduled')).toEqual([]);
       expect(addon.engine.rebuilds).toEqual([]);
