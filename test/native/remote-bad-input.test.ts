@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Rng } from '../system/helpers/pattern.js';
 import { addon, MiB, pattern, Scratch, engineOptions } from './helpers.js';
-import { CodeNum, endpoint, Op, RawClient, type Request, wireStr } from './remote-helpers.js';
+import { CodeNum, endpoint, Op, RawClient, replicaSetPayload, type Request, u16, u64, wireStr } from './remote-helpers.js';
 
 const SIZE = 16 * MiB;
 const SEED = 20260601;
@@ -78,7 +78,7 @@ function handshakeCase(rng: Rng): { what: string; bytes: Buffer; want: 'drop' | 
 function txCase(rng: Rng, seq: number, home: number): { what: string; req: Request; want: Expect; verify?: Buffer } {
   const off = home + rng.int(64) * 4096;
   const PE = CodeNum.PROTOCOL_ERROR;
-  switch (rng.int(20)) {
+  switch (rng.int(22)) {
     case 0: {
       const data = rng.bytes(4096);
       return { what: 'good write', req: { op: Op.WRITE, seq, offset: off, length: 4096, payload: data }, want: 'ok' };
@@ -86,7 +86,7 @@ function txCase(rng: Rng, seq: number, home: number): { what: string; req: Reque
     case 1:
       return { what: 'good read', req: { op: Op.READ, seq, offset: off, length: 4096 }, want: 'ok' };
     case 2:
-      return { what: 'unknown op', req: { op: rng.pick([0, 23, 24, 99, 128, 255]), seq, payload: rng.bytes(rng.int(100)) }, want: PE };
+      return { what: 'unknown op', req: { op: rng.pick([0, 25, 26, 99, 128, 255]), seq, payload: rng.bytes(rng.int(100)) }, want: PE };
     case 3:
       return { what: 'read beyond the I/O limit', req: { op: Op.READ, seq, offset: 0, length: 4 * MiB + 1 + rng.int(1e9) }, want: PE };
     case 4:
@@ -119,10 +119,16 @@ function txCase(rng: Rng, seq: number, home: number): { what: string; req: Reque
       return { what: 'write-layer length lies', req: { op: Op.WRITE_LAYER, seq, offset: 0, length: 4096, payload: Buffer.concat([wireStr('L000001'), rng.bytes(100)]) }, want: PE };
     case 18:
       return { what: 'ping with payload', req: { op: Op.PING, seq, payload: rng.bytes(1 + rng.int(10)) }, want: PE };
+    case 19:
+      // A count that lies, names that break the rules, or bytes that stop short.
+      return { what: 'malformed replica set', req: { op: Op.SET_REPLICA_SET, seq, epoch: 1, payload: Buffer.concat([u64(1), u64(1), rng.pick([Buffer.from([0xff, 0xff]), Buffer.concat([u16(1), wireStr('../x'), u16(0)]), rng.bytes(rng.int(40))])]) }, want: PE };
+    case 20:
+      // Well formed, for an epoch this replica never promised: refused, nothing stored.
+      return { what: 'replica set of an unclaimed epoch', req: { op: Op.SET_REPLICA_SET, seq, epoch: 7, payload: replicaSetPayload(7, 1 + rng.int(5), ['a', 'b', 'c'], ['a']) }, want: CodeNum.STALE_EPOCH };
     default: {
       // Random header fields on a random op, small random payload: any coded answer.
       const op = 2 + rng.int(24);
-      if ([Op.CLAIM_EPOCH, Op.MARK_CLEAN, Op.SNAPSHOT, Op.REVERT, Op.DELETE_SNAPSHOT, Op.ADOPT_CHAIN, Op.FINISH_REBUILD, Op.WRITE_LAYER, Op.UNMAP_LAYER, Op.TRIM, Op.WRITE_ZEROES, Op.WRITE].includes(op as never))
+      if ([Op.CLAIM_EPOCH, Op.SET_REPLICA_SET, Op.MARK_CLEAN, Op.SNAPSHOT, Op.REVERT, Op.DELETE_SNAPSHOT, Op.ADOPT_CHAIN, Op.FINISH_REBUILD, Op.WRITE_LAYER, Op.UNMAP_LAYER, Op.TRIM, Op.WRITE_ZEROES, Op.WRITE].includes(op as never))
         return { what: 'random read-only op', req: { op: Op.BLOCK_STATUS, seq, offset: rng.int(SIZE * 2), length: rng.int(SIZE), payload: Buffer.from([0, 0, 0, 0]) }, want: 'coded' };
       return { what: `random op ${op}`, req: { op, seq, flags: rng.chance(0.5) ? 0 : rng.int(16), offset: rng.int(2 ** 40), length: rng.int(2 ** 24), payload: rng.bytes(rng.int(32)) }, want: 'coded' };
     }

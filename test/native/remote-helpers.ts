@@ -38,6 +38,8 @@ export const Op = {
   UNMAP_LAYER: 20,
   FINISH_REBUILD: 21,
   ALLOCATED_BYTES: 22,
+  SET_REPLICA_SET: 23,
+  PEEK_REPLICA_SET: 24,
 } as const;
 
 /** Code numbers as util/status.h lists them. */
@@ -93,6 +95,23 @@ export function encodeRequest(r: Request): Buffer {
 }
 
 /** A u16-length-prefixed string, as the protocol encodes strings. */
+/** Little-endian u16 / u64 as the protocol encodes them. */
+export function u16(v: number): Buffer {
+  const b = Buffer.alloc(2);
+  b.writeUInt16LE(v);
+  return b;
+}
+export function u64(v: number | bigint): Buffer {
+  const b = Buffer.alloc(8);
+  b.writeBigUInt64LE(BigInt(v));
+  return b;
+}
+
+/** A replica set as SET_REPLICA_SET carries it (docs/replica-protocol.md). */
+export function replicaSetPayload(epoch: number, generation: number, members: string[], rw: string[]): Buffer {
+  return Buffer.concat([u64(epoch), u64(generation), u16(members.length), ...members.map(wireStr), u16(rw.length), ...rw.map(wireStr)]);
+}
+
 export function wireStr(s: string | Buffer): Buffer {
   const b = Buffer.isBuffer(s) ? s : Buffer.from(s);
   const h = Buffer.alloc(2);
