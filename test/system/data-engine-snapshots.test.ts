@@ -11,25 +11,15 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { DataEngine, DataEngineEvent, EngineReplicaRef } from '../../src/data-engine/data-engine.js';
 import { RemoteDataEngine } from '../../src/data-engine/grpc/remote-data-engine.js';
 import { LocalDataEngine } from '../../src/data-engine/local-data-engine.js';
-import { MooringError } from '../../src/errors.js';
 import { loadAddon } from '../../src/native/load.js';
 import { assertDirsIdentical, pattern } from '../native/helpers.js';
 import { NbdClient } from './helpers/nbd-client.js';
 import { killAllServers, startCliProcess } from './helpers/serve.js';
 import { TempDir, run } from './helpers/tools.js';
+import { codeOf } from '../helpers/codes.js';
 
 const MiB = 1024 * 1024;
 const SIZE = 16 * MiB;
-
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return (err as MooringError).code;
-  }
-  return 'resolved';
-}
 
 interface Harness {
   de: DataEngine;

@@ -13,16 +13,7 @@ import { MooringError } from '../../../src/errors.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import type { StateStore, StateWriteOptions, StoredObject } from '../../../src/state/state-store.js';
-
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return (err as MooringError).code;
-  }
-  return 'resolved';
-}
+import { codeOf } from '../../helpers/codes.js';
 
 let root: string;
 beforeEach(async () => {

@@ -10,21 +10,11 @@ import type { DataEngine, DataEngineEvent, EngineReplicaRef } from '../../../src
 import { DataEngineGrpcServer } from '../../../src/data-engine/grpc/data-engine-grpc-server.js';
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
 import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
-import { MooringError } from '../../../src/errors.js';
 import { loadAddon } from '../../../src/native/load.js';
 import { NbdClient } from '../../system/helpers/nbd-client.js';
+import { codeOf } from '../../helpers/codes.js';
 
 const MiB = 1024 * 1024;
-
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return (err as MooringError).code;
-  }
-  return 'resolved';
-}
 
 interface Harness {
   de: DataEngine;

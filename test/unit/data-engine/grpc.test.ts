@@ -18,22 +18,12 @@ import { DATA_ENGINE_PROTO } from '../../../src/data-engine/grpc/data-engine-pro
 import { DataEngineGrpcServer, GRPC_LIMITS } from '../../../src/data-engine/grpc/data-engine-grpc-server.js';
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
 import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
-import { MooringError } from '../../../src/errors.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
+import { codeOf } from '../../helpers/codes.js';
 
 const MiB = 1024 * 1024;
 const SERVICE = '/mooring.dataengine.v1.DataEngine';
 const proto = protobuf.parse(DATA_ENGINE_PROTO, { keepCase: false }).root;
-
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return (err as MooringError).code;
-  }
-  return 'resolved';
-}
 
 // A raw unary call with bytes we choose, through grpc-js's generic client.
 function rawCall(target: string, method: string, body: Buffer): Promise<ServiceError | Buffer> {

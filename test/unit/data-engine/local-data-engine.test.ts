@@ -9,18 +9,9 @@ import type { DataEngineEvent, EngineReplicaRef } from '../../../src/data-engine
 import { LocalDataEngine, type LocalDataEngineOptions } from '../../../src/data-engine/local-data-engine.js';
 import { MooringError } from '../../../src/errors.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
+import { codeOf } from '../../helpers/codes.js';
 
 const MiB = 1024 * 1024;
-
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return (err as MooringError).code;
-  }
-  return 'resolved';
-}
 
 /** Collects events and waits for one that matches. */
 class EventLog {

@@ -11,16 +11,7 @@ import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import { STATE_DOCUMENT_BYTES_MAX } from '../../../src/state/state-keys.js';
 import type { StateStore } from '../../../src/state/state-store.js';
-
-async function codeOf(p: Promise<unknown>): Promise<string> {
-  try {
-    await p;
-  } catch (err) {
-    expect(err).toBeInstanceOf(MooringError);
-    return (err as MooringError).code;
-  }
-  return 'resolved';
-}
+import { codeOf } from '../../helpers/codes.js';
 
 let root: string;
 beforeEach(async () => {
