@@ -36,6 +36,9 @@
  *   NR=n NE=n WPE=n    replicas (2..4), engines, writes per engine (NE*WPE <= 15)
  *   FAULTS=n           calls that fail in one run, at most (any call, any time)
  *   HANDOVER           an engine may hand over to a later one, which activates
+ *   MEMBERSHIP         the last replica starts as a spare, not a member; an engine may
+ *                      rebuild a non-member and add it (members + t, rw + t), or
+ *                      remove a member that is not RW (members - x): one change each
  *   FIXED_ORDER        fan-outs in replica order rather than any order (fewer runs)
  *   STRICT_ACK_ORDER   also assert that no engine acknowledges once a newer one
  *                      serves. This does not hold (see docs/single-writer.md).
@@ -43,6 +46,8 @@
  *   BROKEN_NO_MAJORITY a claim or commit counts as done on any one replica
  *   BROKEN_SELF_EPOCH  an engine that meets a newer epoch raises its own above it,
  *                      claims it and carries on with what it believed
+ *   BROKEN_REBUILD_NO_COPY  (with MEMBERSHIP) a rebuilt replica joins rw without the
+ *                      copy of the data
  *   BROKEN_ANY_SOURCE  Start takes any claimed replica as its source, not one of C*.rw
  *   GAP_EMPTY_RW       as docs/single-writer.md first had it: a RW replica that fails
  *                      leaves rw, even the last one
@@ -74,6 +79,17 @@
 #else
 #define MAJ(got, of) (2 * PC((got) & (of)) > PC(of))
 #endif
+/* committed: accepted by a majority of C.members and one of T.members */
+#define JOINT(ok)   (MAJ(ok, cMem) && MAJ(ok, tMem))
+
+/* The members of a new volume: all replicas; with MEMBERSHIP, all but the last, a
+ * spare that an engine may rebuild and add. */
+#ifdef MEMBERSHIP
+#define INIT_MEM    (ALL & ~BIT(NR - 1))
+#else
+#define INIT_MEM    ALL
+#endif
+
 /* A call fails (never arrives, or its reply is lost): at most FAULTS in a run. */
 #define FAULT       (faults < FAULTS) -> faults++
 
@@ -230,6 +246,7 @@ proctype Engine(byte me) {
   short w;                  /* the write not answered yet, 0 when none */
   bool serving;
   bool act;                 /* activating from a hand-over rather than starting */
+  bool mdone;               /* made its membership change (MEMBERSHIP) */
   byte seen;                /* the epoch a refusal named */
 #ifdef HANDOVER
   byte hEp; byte hGen; byte hMem; byte hRw;   /* the hand-over it activates from */
@@ -295,7 +312,7 @@ proctype Engine(byte me) {
      fi;
 #endif
      atomic {
-       claimed = 0; src = 255; tGen = 1; tMem = ALL; act = false;
+       claimed = 0; src = 255; tGen = 1; tMem = cMem; act = false;
        hEp = 0; hGen = 0; hMem = 0; hRw = 0
      };
      goto commit                                             /* no reconcile */
@@ -348,7 +365,17 @@ proctype Engine(byte me) {
   od;
 
   /* ---- Start 6: commit (E, 1, members, rw) over C* ---- */
-  tGen = 1; tMem = ALL;
+  tGen = 1;
+  /* members: the engine's list from the control plane; with MEMBERSHIP that list may
+   * lag the replica sets: it is C*.members or every replica */
+#ifdef MEMBERSHIP
+  if
+  :: tMem = cMem
+  :: tMem = ALL
+  fi;
+#else
+  tMem = cMem;
+#endif
 
   /* ---- Commit T = (E, tGen, tMem, tRw) over C = (cEp, cGen, cMem, cRw) ---- */
 commit:
@@ -392,7 +419,7 @@ commit:
        :: else -> skip
        fi;
        if
-       :: todo == 0 && drop == 0 && MAJ(ok, cMem) && MAJ(ok, tMem) ->
+       :: todo == 0 && drop == 0 && JOINT(ok) ->
           cEp = E; cGen = tGen; cMem = tMem; cRw = tRw;
           srvRw[me] = cRw;
           if
@@ -443,6 +470,50 @@ serve:
        printf("MSC: engine %d hands over set %d/%d rw %d\n", me, cEp, cGen, cRw)
      };
      goto stop
+#endif
+#ifdef MEMBERSHIP
+  /* Membership changes, one per engine, from a committed set. */
+  :: atomic {
+       cEp == E && cGen == tGen && !mdone && (cMem & ~cRw) != 0 ->
+       /* remove a member that is not RW */
+       mdone = true;
+       PICK(cMem & ~cRw, r);
+       tMem = cMem & ~BIT(r); tGen++;
+       printf("MSC: engine %d removes r%d\n", me, r);
+       r = 0
+     };
+     goto commit
+  :: atomic {
+       cEp == E && cGen == tGen && !mdone && (ALL & ~cMem) != 0 ->
+       /* rebuild a replica that is not a member from a RW one (AdoptChain at E, then
+        * the copy; I/O is quiesced), then commit it as a RW member */
+       mdone = true;
+       PICK(ALL & ~cMem, r);
+       PICK(cRw, src);
+       if
+       :: E >= promised[r] ->
+          promised[r] = E;
+#ifndef BROKEN_REBUILD_NO_COPY
+          data[r] = data[src];
+#endif
+          printf("MSC: engine %d rebuilds r%d from r%d (data %d)\n", me, r, src, data[r]);
+          if
+          :: tMem = cMem | BIT(r); tRw = cRw | BIT(r); tGen++
+          :: FAULT                                           /* reply lost: given up */
+          fi
+       :: E < promised[r] ->
+          if
+          :: seen = promised[r]; goto fenced                 /* STALE_EPOCH */
+          :: FAULT
+          fi
+       :: FAULT                                              /* failed: given up */
+       fi;
+       r = 0; src = 0
+     };
+     if
+     :: cGen == tGen -> skip
+     :: else -> goto commit
+     fi
 #endif
   :: goto stop                                               /* closed, or crashed */
   od;
@@ -544,7 +615,7 @@ stop:
   d_step {
     E = 0; r = 0; i = 0; ref = 0; fresh = false; todo = 0; ok = 0; failed = 0;
     claimed = 0; drop = 0; cEp = 0; cGen = 0; cMem = 0; cRw = 0; tGen = 0; tMem = 0; tRw = 0;
-    src = 0; wdone = 0; w = 0; serving = false; act = false; seen = 0;
+    src = 0; wdone = 0; w = 0; serving = false; act = false; mdone = false; seen = 0;
 #ifdef HANDOVER
     hEp = 0; hGen = 0; hMem = 0; hRw = 0
 #endif
@@ -557,7 +628,8 @@ init {
     /* a new volume: every replica holds the set (0, 1, all, all) and no data */
     r = 0;
     do
-    :: r < NR -> sGen[r] = 1; sMem[r] = ALL; sRw[r] = ALL; r++
+    :: r < NR && (INIT_MEM >> r) & 1 -> sGen[r] = 1; sMem[r] = INIT_MEM; sRw[r] = INIT_MEM; r++
+    :: r < NR && !((INIT_MEM >> r) & 1) -> r++       /* a spare: no replica set */
     :: else -> break
     od;
     r = 0

@@ -42,6 +42,14 @@ const holds: Holds[] = [
     name: 'hand-over: 3 replicas, 2 engines, 2 writes each, 3 failed calls',
     defines: ['NR=3', 'NE=2', 'WPE=2', 'FAULTS=3', 'FIXED_ORDER', 'HANDOVER'],
   },
+  {
+    name: 'membership changes: 3 members and a spare, 2 engines, 2 writes each, 1 failed call',
+    defines: ['NR=4', 'NE=2', 'WPE=2', 'FAULTS=1', 'FIXED_ORDER', 'MEMBERSHIP'],
+  },
+  {
+    name: 'membership changes: 2 members and a spare, 2 engines, 1 write each, 2 failed calls',
+    defines: ['NR=3', 'NE=2', 'WPE=1', 'FAULTS=2', 'FIXED_ORDER', 'MEMBERSHIP'],
+  },
 ];
 
 interface Broken {
@@ -74,6 +82,11 @@ const broken: Broken[] = [
   {
     name: 'Start reads from a claimed replica outside C*.rw (BROKEN_ANY_SOURCE)',
     defines: ['NR=3', 'NE=3', 'WPE=1', 'FAULTS=1', 'FIXED_ORDER', 'BROKEN_ANY_SOURCE'],
+    assertion: INVARIANT,
+  },
+  {
+    name: 'a rebuilt replica joins rw without the copy (BROKEN_REBUILD_NO_COPY)',
+    defines: ['NR=4', 'NE=2', 'WPE=1', 'FAULTS=1', 'FIXED_ORDER', 'MEMBERSHIP', 'BROKEN_REBUILD_NO_COPY'],
     assertion: INVARIANT,
   },
   {
