@@ -357,6 +357,7 @@ proctype Engine(byte me) {
           :: goto stop                                       /* STALE_EPOCH */
           :: FAULT -> tRw = tRw & ~BIT(r)
           fi
+       :: promised[r] < E -> assert(false)                   /* a candidate was claimed */
        :: FAULT -> tRw = tRw & ~BIT(r)                       /* failed: ERR */
        fi;
        r = 0
@@ -400,8 +401,11 @@ commit:
           :: seen = promised[r]; goto fenced                 /* STALE_EPOCH */
           :: FAULT -> failed = failed | BIT(r)
           fi
-       :: promised[r] < E ->
-          failed = failed | BIT(r)       /* refused: never claimed at E (not a fault) */
+       :: promised[r] < E ||
+          (promised[r] == E && (E < sEp[r] || (E == sEp[r] && (tGen < sGen[r] ||
+            (tGen == sGen[r] && (tMem != sMem[r] || tRw != sRw[r])))))) ->
+          /* refused (not a fault): never claimed at E, or it holds a newer set */
+          failed = failed | BIT(r)
        :: FAULT -> failed = failed | BIT(r)                  /* never arrived */
        fi;
        r = 0;
@@ -539,6 +543,7 @@ write:
           :: seen = promised[r]; goto fenced                 /* STALE_EPOCH */
           :: FAULT -> failed = failed | BIT(r)
           fi
+       :: promised[r] < E -> assert(false)                   /* a RW replica was claimed */
        :: FAULT -> failed = failed | BIT(r)                  /* never arrived */
        fi;
        r = 0;
