@@ -82,11 +82,12 @@ export async function runSpin(opts: SpinOptions): Promise<SpinResult> {
     await copyFile(MODEL_PATH, join(dir, 'single-writer.pml'));
     const d = opts.defines.map((x) => `-D${x}`);
     await run('spin', [...d, '-a', 'single-writer.pml'], dir, opts.timeoutMs);
-    // -DSAFETY: assertions and invalid end states, no cycle search. -DCOLLAPSE: lossless
+    // -O1: compiles in about half the time of -O2, searches about as fast. -DSAFETY:
+    // assertions and invalid end states, no cycle search. -DCOLLAPSE: lossless
     // state compression (the search stays exhaustive; bitstate hashing is not used).
     await run(
       'gcc',
-      ['-O2', '-w', '-DSAFETY', '-DCOLLAPSE', `-DMEMLIM=${MEMORY_LIMIT_MB}`, '-o', 'pan', 'pan.c'],
+      ['-O1', '-w', '-DSAFETY', '-DCOLLAPSE', `-DMEMLIM=${MEMORY_LIMIT_MB}`, '-o', 'pan', 'pan.c'],
       dir,
       opts.timeoutMs,
     );

@@ -40,6 +40,8 @@
  *                      rebuild a non-member and add it (members + t, rw + t), or
  *                      remove a member that is not RW (members - x): one change each
  *   FIXED_ORDER        fan-outs in replica order rather than any order (fewer runs)
+ *   SETRS_ADOPTS       SetReplicaSet(c) accepted by a replica that promised less than
+ *                      c.epoch (it promises c.epoch), rather than refused
  *   STRICT_ACK_ORDER   also assert that no engine acknowledges once a newer one
  *                      serves. This does not hold (see docs/single-writer.md).
  * Deliberately broken variants, each of which must be caught:
@@ -88,6 +90,14 @@
 #define INIT_MEM    (ALL & ~BIT(NR - 1))
 #else
 #define INIT_MEM    ALL
+#endif
+
+/* SETRS_ADOPTS: SetReplicaSet(c) at a replica that promised less than c.epoch
+ * promises c.epoch and stores c, rather than refusing (a proposed change) */
+#ifdef SETRS_ADOPTS
+#define ADOPTS      1
+#else
+#define ADOPTS      0
 #endif
 
 /* A call fails (never arrives, or its reply is lost): at most FAULTS in a run. */
@@ -387,9 +397,10 @@ commit:
        PICK(todo, r);
        todo = todo & ~BIT(r);
        if
-       :: promised[r] == E &&
+       :: (promised[r] == E || (ADOPTS && promised[r] < E)) &&
           (E > sEp[r] || (E == sEp[r] && (tGen > sGen[r] ||
             (tGen == sGen[r] && tMem == sMem[r] && tRw == sRw[r])))) ->
+          promised[r] = E;
           sEp[r] = E; sGen[r] = tGen; sMem[r] = tMem; sRw[r] = tRw;
           printf("MSC: r%d stores set %d/%d rw %d of engine %d\n", r, E, tGen, tRw, me);
           if
@@ -401,7 +412,7 @@ commit:
           :: seen = promised[r]; goto fenced                 /* STALE_EPOCH */
           :: FAULT -> failed = failed | BIT(r)
           fi
-       :: promised[r] < E ||
+       :: (!ADOPTS && promised[r] < E) ||
           (promised[r] == E && (E < sEp[r] || (E == sEp[r] && (tGen < sGen[r] ||
             (tGen == sGen[r] && (tMem != sMem[r] || tRw != sRw[r])))))) ->
           /* refused (not a fault): never claimed at E, or it holds a newer set */
