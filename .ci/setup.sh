@@ -21,7 +21,9 @@ cd "$(dirname "$0")/.."
 #                             for the storage-failure test (fsfreeze is in util-linux)
 #   openssl                   openssl CLI: test certificates for the mutual TLS tests (replica protocol, gRPC)
 #   libzstd1                  zstd decoder the addon dlopens for zstd-compressed qcow2 images (image tests)
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1)
+#   nftables                  nft: the fault tests' network partitions (bridge-family drop rules in their
+#                             own network namespaces; ip netns/veth/bridge come from iproute2)
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 nftables)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -48,7 +50,7 @@ if (( node_major < 20 )); then
   echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
   exit 1
 fi
-for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl; do
+for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl ip nft; do
   command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
 done
 
