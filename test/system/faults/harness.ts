@@ -474,8 +474,9 @@ export async function runRound(bench: FaultBench, type: string, seed: number, fa
     uri: (h) => `nbd+unix:///?socket=${bench.tmp.join(`${volume}-${h}.sock`)}`,
     steps,
     step: (s) => {
-      steps.push(s);
-      bench.note(`[${type} ${seed}] ${s}`);
+      const line = `+${((Date.now() - t0) / 1000).toFixed(1)}s ${s}`;
+      steps.push(line);
+      bench.note(`[${type} ${seed}] ${line}`);
     },
   };
   const fail = (what: string, err?: unknown): Error =>
@@ -530,17 +531,48 @@ async function readWhole(uri: string): Promise<Buffer> {
   }
 }
 
-/** Runs the rounds of one fault type, one after another; prints one line per round and a summary. */
+// After a failed round (survey mode only): the volume goes, whatever state it is in.
+async function discardVolume(bench: FaultBench, volume: string): Promise<void> {
+  bench.restoreAll();
+  await bench.cluster.detach(volume).catch(() => undefined);
+  for (const h of bench.hosts) await h.engine.stopEngine(volume).catch(() => undefined);
+  await bench.cluster.deleteVolume(volume).catch((e: unknown) => bench.note(`discarding ${volume}: ${(e as Error).message}`, true));
+}
+
+/**
+ * Runs the rounds of one fault type, one after another; prints one line per round and a
+ * summary. The first failing round fails the test, unless MOORING_FAULT_SURVEY=1: then
+ * every round runs and the test fails at the end, listing every failing seed (to measure
+ * how often a fault finds a bug).
+ */
 export async function runRounds(bench: FaultBench, type: string, rounds: number, fault: (ctx: RoundContext) => Promise<FaultOutcome>, opts: RoundOptions = {}): Promise<RoundResult[]> {
+  const survey = process.env.MOORING_FAULT_SURVEY === '1';
   const seeds = roundSeeds(rounds);
   const results: RoundResult[] = [];
+  const failures: Array<{ seed: number; message: string }> = [];
   const t0 = Date.now();
+  const times: number[] = [];
   for (const [i, seed] of seeds.entries()) {
-    const r = await runRound(bench, type, seed, fault, opts);
-    results.push(r);
-    console.log(`fault ${type} round ${i + 1}/${seeds.length} seed ${seed}: ${(r.ms / 1000).toFixed(1)} s, ${r.steps.join(' → ')}; ${JSON.stringify(r.verdict.stats)}`);
+    const r0 = Date.now();
+    try {
+      const r = await runRound(bench, type, seed, fault, opts);
+      results.push(r);
+      console.log(`fault ${type} round ${i + 1}/${seeds.length} seed ${seed}: ${(r.ms / 1000).toFixed(1)} s, ${r.steps.join(' → ')}; ${JSON.stringify(r.verdict.stats)}`);
+    } catch (err) {
+      if (!survey) throw err;
+      const message = (err as Error).message;
+      failures.push({ seed, message });
+      console.log(`fault ${type} round ${i + 1}/${seeds.length} seed ${seed}: FAILED in ${((Date.now() - r0) / 1000).toFixed(1)} s: ${message.split('\n').slice(0, 4).join(' | ').slice(0, 1500)}`);
+      await discardVolume(bench, `ft${type}-${seed}`);
+    }
+    times.push(Date.now() - r0);
   }
-  const ms = results.map((r) => r.ms).sort((a, b) => a - b);
-  console.log(`fault ${type}: ${results.length} rounds in ${((Date.now() - t0) / 1000).toFixed(1)} s (per round median ${(ms[ms.length >> 1]! / 1000).toFixed(1)} s, max ${(ms[ms.length - 1]! / 1000).toFixed(1)} s)`);
+  times.sort((a, b) => a - b);
+  console.log(
+    `fault ${type}: ${seeds.length} rounds (${failures.length} failed) in ${((Date.now() - t0) / 1000).toFixed(1)} s (per round median ${(times[times.length >> 1]! / 1000).toFixed(1)} s, max ${(times[times.length - 1]! / 1000).toFixed(1)} s)`,
+  );
+  if (failures.length > 0) {
+    throw new Error(`fault ${type}: ${failures.length} of ${seeds.length} rounds failed: seeds ${failures.map((f) => f.seed).join(', ')}\nfirst:\n${failures[0]!.message}`);
+  }
   return results;
 }

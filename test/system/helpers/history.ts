@@ -113,7 +113,8 @@ export class History {
   private clock = 0;
   private nextId = 1;
   private readonly groups = new Map<string, string>();
-  private readonly fences = new Map<string, number>();
+  /** Per group, the intervals in which it was fenced (to: null while still fenced). */
+  private readonly fences = new Map<string, Array<{ from: number; to: number | null }>>();
   private readonly fenceLog: Array<{ group: string; tick: number; note: string }> = [];
 
   /** `id` tells this history's data from any other's; `baseline` fills sectors nobody wrote (default zeros). */
@@ -138,17 +139,32 @@ export class History {
     return this.groups.get(client) ?? client;
   }
 
-  /** From now on, no write sent on a connection of `group` may be acknowledged. */
+  /**
+   * From now on (until unfence), no write sent on a connection of `group` may be
+   * acknowledged: call it once another engine is known to be the writer (its takeover or
+   * activation returned).
+   */
   fence(group: string, note = ''): number {
     const t = this.tick();
-    this.fences.set(group, t);
+    const list = this.fences.get(group) ?? [];
+    if (list.length === 0 || list[list.length - 1]!.to !== null) list.push({ from: t, to: null });
+    this.fences.set(group, list);
     this.fenceLog.push({ group, tick: t, note });
     return t;
   }
 
-  /** Lifts a fence (the group's engine legitimately became the writer again, e.g. a rollback). */
-  unfence(group: string): void {
-    this.fences.delete(group);
+  /**
+   * Ends `group`'s fence: its engine may be the writer again (e.g. a migration rolled back
+   * to it). Call it before the call that makes it the writer: a write it received while
+   * fenced may then be acknowledged (it was held), but not before this tick.
+   */
+  unfence(group: string, note = ''): number {
+    const t = this.tick();
+    const list = this.fences.get(group);
+    const open = list?.[list.length - 1];
+    if (open && open.to === null) open.to = t;
+    this.fenceLog.push({ group, tick: t, note: `unfenced${note ? `: ${note}` : ''}` });
+    return t;
   }
 
   /** The data of a new write (call before sending it); `length` and `offset` in whole sectors. */
@@ -249,17 +265,18 @@ export class History {
     const byId = new Map<number, WriteOp>();
     for (const w of this.writes) byId.set(w.id, w);
 
-    // Dual writer: acknowledged after a fence although sent after it.
+    // Dual writer: sent after a fence began and acknowledged before it ended.
     let ackedAfterFence = 0;
     for (const w of this.writes) {
-      const f = this.fences.get(this.groupOf(w.client));
-      if (f === undefined || w.acked === null || w.sent < f) continue;
+      if (w.acked === null) continue;
+      const f = (this.fences.get(this.groupOf(w.client)) ?? []).find((x) => w.sent > x.from && (x.to === null || w.acked! < x.to));
+      if (!f) continue;
       ackedAfterFence++;
       push({
         kind: 'dual-writer',
         offset: w.offset,
         length: w.length,
-        message: `write #${w.id} ${w.offset}+${w.length}${w.fua ? ' FUA' : ''} on ${w.client} (engine ${this.groupOf(w.client)}) was sent at t${w.sent}, after that engine was fenced at t${f}, and acknowledged at t${w.acked}${durable.has(w.id) ? ` (durable at t${durable.get(w.id)})` : ''}`,
+        message: `write #${w.id} ${w.offset}+${w.length}${w.fua ? ' FUA' : ''} on ${w.client} (engine ${this.groupOf(w.client)}) was sent at t${w.sent}, after that engine was fenced at t${f.from}, and acknowledged at t${w.acked}${f.to !== null ? ` (fence lifted at t${f.to})` : ''}${durable.has(w.id) ? ` (durable at t${durable.get(w.id)})` : ''}`,
       });
     }
 

@@ -180,8 +180,21 @@ describe('History checker', () => {
     expect(v.violations.map((x) => x.kind)).toEqual(['dual-writer']);
     expect(v.violations[0]!.message).toMatch(/write #\d+ 4096\+4096 on a1 \(engine a\) was sent at t\d+, after that engine was fenced/);
     expect(v.stats.ackedAfterFence).toBe(1);
-    s.h.unfence('a');
-    expect(s.h.check().ok).toBe(true);
+  });
+
+  it('a lifted fence (rollback to that engine) allows acknowledgements after it ends, not before', () => {
+    const s = new Script();
+    s.h.client('a1', 'a');
+    s.h.fence('a', 'hand-over to b');
+    const held = s.write('a1', 0); // held by the engine that handed over ...
+    const early = s.write('a1', K4);
+    s.ack(early.op); // ... this one was acknowledged while b was the writer: a violation
+    s.h.unfence('a', 'rollback');
+    s.ack(held.op); // acknowledged once a is the writer again: fine
+    s.read([{ offset: 0, data: held.data }, { offset: K4, data: early.data }]);
+    const v = s.h.check();
+    expect(v.violations.map((x) => x.kind)).toEqual(['dual-writer']);
+    expect(v.violations[0]!.message).toMatch(/write #2 .*fence lifted at t/);
   });
 
   it('reports lost runs of sectors as one range and counts them all', () => {
