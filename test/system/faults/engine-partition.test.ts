@@ -23,10 +23,23 @@ export async function partitionTakeover(ctx: RoundContext): Promise<{ servingHos
     bench.lab.cut([x], others);
     ctx.step(`cut ${x} from ${others.join(',')} with ${workload.inFlight(x)} requests in flight`);
     const seen = Date.now();
-    await until(`${x}'s engine to notice (its I/O timeout)`, async () => (await bench.host(x).engine.engineInfo(ctx.volume)).replicas.some((r) => r.mode === 'ERR'), IO_TIMEOUT_MS * 10, () => workload.describe(), 50).catch(
-      (e: unknown) => ctx.step(`(${x}'s engine reported no ERR replica: ${(e as Error).message.split('\n')[0]})`),
+    // Until the engine has reacted: it dropped a replica (and, before the fix of issue 12,
+    // went on alone), or its clients get errors, or nothing is acknowledged any more
+    // (requests held) for twice the I/O timeout.
+    let how = '';
+    await until(
+      `${x}'s engine to react to the cut`,
+      async () => {
+        if (workload.errored(x)) how = 'its clients got errors';
+        else if (workload.sinceLastAck(x) > 2 * IO_TIMEOUT_MS && workload.inFlight(x) > 0) how = 'its requests are held';
+        else if ((await bench.host(x).engine.engineInfo(ctx.volume)).replicas.some((r) => r.mode === 'ERR')) how = 'it dropped a replica';
+        return how !== '';
+      },
+      IO_TIMEOUT_MS * 15,
+      () => workload.describe(),
+      50,
     );
-    ctx.step(`${x} cut off for ${Date.now() - seen} ms (acked ${workload.acks(x)} so far); now the control plane loses it too`);
+    ctx.step(`${x} cut off for ${Date.now() - seen} ms, ${how} (acked ${workload.acks(x)} so far); now the control plane loses it too`);
     bench.lab.cut([x], ['ctl']);
   } else {
     bench.lab.isolate(x);

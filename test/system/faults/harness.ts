@@ -97,6 +97,8 @@ export interface ClientParams {
 export class TrackedClient {
   inFlight = 0;
   acked = 0;
+  /** Date.now() of the last acknowledged write (or of the connect). */
+  lastAckMs = Date.now();
   errors = 0;
   stopped = false;
   private loops: Promise<void> = Promise.resolve();
@@ -168,6 +170,7 @@ export class Workload extends EventEmitter {
         h.end(op, err);
         if (err === null) {
           c.acked++;
+          c.lastAckMs = Date.now();
           this.emit('ack', c);
           if (++sinceFlush >= p.flushEvery && !flushing) {
             sinceFlush = 0;
@@ -196,6 +199,17 @@ export class Workload extends EventEmitter {
   /** Acknowledged writes so far, of one group or all. */
   acks(group?: string): number {
     return this.clients.filter((c) => group === undefined || c.group === group).reduce((n, c) => n + c.acked, 0);
+  }
+
+  /** Milliseconds since any client of `group` had a write acknowledged. */
+  sinceLastAck(group: string): number {
+    const cs = this.clients.filter((c) => c.group === group);
+    return Date.now() - Math.max(...cs.map((c) => c.lastAckMs));
+  }
+
+  /** Whether any client of `group` got an error reply. */
+  errored(group: string): boolean {
+    return this.clients.some((c) => c.group === group && c.errors > 0);
   }
 
   inFlight(group?: string): number {
