@@ -10,12 +10,14 @@ import { KIND } from '../../../src/cluster/cluster-records.js';
 import { attachOn, connectClients, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
 const ROUNDS = roundCount('f', 6);
+// One lane: the restart closes the one Cluster every lane would share.
+const LANES = 1;
 
 const POINTS = ['at-once', 'old-record-gone', 'engine-on-target', 'attach-returned'] as const;
 
 export async function controlPlaneRestart(ctx: RoundContext): Promise<{ servingHost: string }> {
   const { bench, rng, workload, engineHost: x, volume } = ctx;
-  const y = rng.pick(bench.hosts.map((h) => h.hostId).filter((h) => h !== x));
+  const y = rng.pick(ctx.hostIds.filter((h) => h !== x));
   const point = rng.pick(POINTS);
   const freeze = rng.chance(0.5);
   await workload.waitAcks(rng.range(20, 400), { group: x, flush: true, timeoutMs: 30_000 });
@@ -50,12 +52,12 @@ export async function controlPlaneRestart(ctx: RoundContext): Promise<{ servingH
   await workload.waitAcks(rng.range(0, 300), { group: y, flush: rng.chance(0.5), timeoutMs: 30_000 });
   ctx.step(`${y} acknowledged ${workload.acks(y)}; ${freeze ? 'resume' : 'heal'} ${x}`);
   if (freeze) bench.host(x).thaw();
-  else bench.lab.heal();
+  else ctx.heal();
   return { servingHost: y };
 }
 
 describe('fault f: control plane closed and reopened in the middle of a takeover', () => {
-  const bench = useFaultBench();
+  const bench = useFaultBench(LANES);
   it(`keeps every durable write and one writer over ${ROUNDS} randomized rounds`, async () => {
     await runRounds(bench, 'f', ROUNDS, controlPlaneRestart);
   }, testTimeout(ROUNDS));

@@ -5,14 +5,15 @@
 // (docs/single-writer.md, docs/fault-tests.md).
 import { describe, it } from 'vitest';
 
-import { IO_TIMEOUT_MS, attachOn, connectClients, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
+import { IO_TIMEOUT_MS, attachOn, connectClients, laneCount, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
 const ROUNDS = roundCount('a', 6);
+const LANES = laneCount(2);
 
 /** Freeze the engine host, take over on another, resume the frozen one. */
 export async function freezeTakeover(ctx: RoundContext): Promise<{ servingHost: string }> {
   const { bench, rng, workload, engineHost: x } = ctx;
-  const y = rng.pick(bench.hosts.map((h) => h.hostId).filter((h) => h !== x));
+  const y = rng.pick(ctx.hostIds.filter((h) => h !== x));
   await workload.waitAcks(rng.range(20, 400), { group: x, flush: true, timeoutMs: 30_000 });
   await until('writes in flight on the engine host', () => workload.inFlight(x) > 0, 10_000, () => workload.describe(), 1);
   bench.host(x).freeze();
@@ -32,7 +33,7 @@ export async function freezeTakeover(ctx: RoundContext): Promise<{ servingHost: 
 }
 
 describe('fault a: engine host frozen past every timeout, takeover, resume', () => {
-  const bench = useFaultBench();
+  const bench = useFaultBench(LANES);
   it(`keeps every durable write and one writer over ${ROUNDS} randomized rounds`, async () => {
     await runRounds(bench, 'a', ROUNDS, freezeTakeover);
   }, testTimeout(ROUNDS));

@@ -6,14 +6,15 @@
 // never acknowledges; every durable write survives (docs/single-writer.md).
 import { describe, it } from 'vitest';
 
-import { IO_TIMEOUT_MS, attachOn, connectClients, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
+import { IO_TIMEOUT_MS, attachOn, connectClients, laneCount, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
 const ROUNDS = roundCount('b', 6);
+const LANES = laneCount(2);
 
 /** Partition the engine host, take over on another, heal. */
 export async function partitionTakeover(ctx: RoundContext): Promise<{ servingHost: string }> {
   const { bench, rng, workload, engineHost: x } = ctx;
-  const others = bench.hosts.map((h) => h.hostId).filter((h) => h !== x);
+  const others = ctx.hostIds.filter((h) => h !== x);
   const y = rng.pick(others);
   await workload.waitAcks(rng.range(20, 400), { group: x, flush: true, timeoutMs: 30_000 });
   await until('writes in flight on the engine host', () => workload.inFlight(x) > 0, 10_000, () => workload.describe(), 1);
@@ -51,12 +52,12 @@ export async function partitionTakeover(ctx: RoundContext): Promise<{ servingHos
   await connectClients(ctx, y, rng.range(1, 2));
   await workload.waitAcks(rng.range(0, 300), { group: y, flush: rng.chance(0.5), timeoutMs: 30_000 });
   ctx.step(`${y} acknowledged ${workload.acks(y)}, ${x}'s clients ${workload.acks(x)}; heal`);
-  bench.lab.heal();
+  ctx.heal();
   return { servingHost: y };
 }
 
 describe('fault b: engine host partitioned from the replica hosts, takeover, heal', () => {
-  const bench = useFaultBench();
+  const bench = useFaultBench(LANES);
   it(`keeps every durable write and one writer over ${ROUNDS} randomized rounds`, async () => {
     await runRounds(bench, 'b', ROUNDS, partitionTakeover);
   }, testTimeout(ROUNDS));

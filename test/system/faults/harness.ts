@@ -33,7 +33,16 @@ export const PROBE_MS = 3000;
 /** Upper bound of one round (every wait inside is bounded far below it). */
 export const ROUND_TIMEOUT_MS = 150_000;
 
-const HOST_IDS = ['a', 'b', 'c'];
+/** Host ids; lane i (rounds running side by side) uses hosts 3i..3i+2. */
+const HOST_IDS = 'abcdefghi'.split('');
+/** Rounds that run side by side, each on its own three hosts: MOORING_FAULT_LANES (default `fallback`, at most 3). */
+export function laneCount(fallback: number): number {
+  const v = process.env.MOORING_FAULT_LANES;
+  if (process.env.MOORING_FAULT_SEED) return 1;
+  if (v === undefined || v === '') return fallback;
+  if (!/^[123]$/.test(v)) throw new Error(`MOORING_FAULT_LANES must be 1, 2 or 3 (got ${JSON.stringify(v)})`);
+  return Number(v);
+}
 
 // ---------------------------------------------------------------------------------------
 // Rounds and seeds
@@ -262,12 +271,17 @@ export class FaultBench {
   store!: FileStateStore;
   readonly warnings: string[] = [];
   readonly log: string[] = [];
+  /** Replica checks of finished rounds whose replicas were still held open. */
+  readonly pending: PendingCheck[] = [];
 
-  /** Sweeps leftovers, builds the network, starts the hosts, opens the cluster. */
-  async open(): Promise<void> {
+  lanes = 1;
+
+  /** Sweeps leftovers, builds the network, starts 3 hosts per lane, opens the cluster. */
+  async open(lanes: number): Promise<void> {
     sweep();
+    this.lanes = lanes;
     this.tmp = new TempDir('mft-');
-    this.lab = await NetLab.create(HOST_IDS, this.tmp.path);
+    this.lab = await NetLab.create(HOST_IDS.slice(0, 3 * lanes), this.tmp.path);
     this.hosts = this.lab.makeHosts(this.tmp.path);
     for (const h of this.hosts) await h.start();
     await this.openCluster();
@@ -306,11 +320,16 @@ export class FaultBench {
     return h;
   }
 
-  /** Everything back to normal: processes running, network whole. */
-  restoreAll(): void {
-    for (const h of this.hosts) h.thaw();
-    this.lab.heal();
-    for (const h of this.hosts) this.lab.slow(h.hostId, null);
+  /** The hosts of one lane. */
+  laneHosts(lane: number): string[] {
+    return HOST_IDS.slice(3 * lane, 3 * lane + 3);
+  }
+
+  /** Hosts (of `ids`, default all) back to normal: processes running, their links whole and unslowed. */
+  restore(ids?: string[]): void {
+    for (const h of this.hosts) if (!ids || ids.includes(h.hostId)) h.thaw();
+    this.lab.heal(ids);
+    for (const h of this.hosts) if (!ids || ids.includes(h.hostId)) this.lab.slow(h.hostId, null);
   }
 
   /** Host stderr tails, the lab's state, the cluster's recent events. */
@@ -320,7 +339,7 @@ export class FaultBench {
 
   async close(): Promise<void> {
     if (!this.lab) return;
-    this.restoreAll();
+    this.restore();
     await this.cluster?.close().catch(() => undefined);
     await this.store?.close().catch(() => undefined);
     for (const h of this.hosts) await h.stop().catch(() => undefined);
@@ -329,11 +348,11 @@ export class FaultBench {
   }
 }
 
-/** A bench for the test file: opened before its tests, closed (network and all) after, whatever happened. */
-export function useFaultBench(): FaultBench {
+/** A bench for the test file with `lanes` lanes: opened before its tests, closed (network and all) after, whatever happened. */
+export function useFaultBench(lanes: number): FaultBench {
   const bench = new FaultBench();
   beforeAll(async () => {
-    await bench.open();
+    await bench.open(lanes);
   }, 120_000);
   afterAll(async () => {
     await bench.close();
@@ -349,6 +368,10 @@ export interface RoundContext {
   seed: number;
   rng: Rng;
   volume: string;
+  /** The three hosts of this round's lane (the volume's replicas are on them). */
+  hostIds: string[];
+  /** Heals the cuts touching this lane's hosts. */
+  heal(): void;
   history: History;
   workload: Workload;
   /** The host the volume was attached to when the fault began. */
@@ -404,9 +427,9 @@ export async function waitNoStrayEngine(ctx: RoundContext, serving: string, time
   await until(
     `the cluster to stop every engine of ${volume} except the one on ${serving}`,
     async () => {
-      for (const h of bench.hosts) {
-        if (h.hostId === serving) continue;
-        if ((await h.engine.listEngines()).some((e) => e.volume === volume)) return false;
+      for (const id of ctx.hostIds) {
+        if (id === serving) continue;
+        if ((await bench.host(id).engine.listEngines()).some((e) => e.volume === volume)) return false;
       }
       return true;
     },
@@ -464,15 +487,16 @@ export async function readBack(ctx: RoundContext, host: string): Promise<void> {
  * writing, does its damage and returns where the volume is served. Throws with the seed,
  * the checker's verdict and the hosts' logs when anything is wrong.
  */
-export async function runRound(bench: FaultBench, type: string, seed: number, fault: (ctx: RoundContext) => Promise<FaultOutcome>, opts: RoundOptions = {}): Promise<RoundResult> {
+export async function runRound(bench: FaultBench, lane: number, type: string, seed: number, fault: (ctx: RoundContext) => Promise<FaultOutcome>, opts: RoundOptions = {}): Promise<RoundResult> {
   const t0 = Date.now();
   const rng = new Rng(seed);
+  const hostIds = bench.laneHosts(lane);
   const volume = `ft${type}-${seed}`;
   const history = new History(seed);
   // The workload draws from its own generator: the fault's choices stay those of the seed
   // whatever the timing of the writers.
   const workload = new Workload(history, new Rng(seed ^ 0x5bd1e995), REGION);
-  const engineHost = rng.pick(HOST_IDS);
+  const engineHost = rng.pick(hostIds);
   const params: ClientParams = { depth: rng.range(2, 8), flushEvery: rng.range(4, 40), fuaChance: rng.pick([0, 0.05, 0.2]) };
   const steps: string[] = [];
   const ctx: RoundContext = {
@@ -480,6 +504,8 @@ export async function runRound(bench: FaultBench, type: string, seed: number, fa
     seed,
     rng,
     volume,
+    hostIds,
+    heal: () => bench.lab.heal(hostIds),
     history,
     workload,
     engineHost,
@@ -499,13 +525,13 @@ export async function runRound(bench: FaultBench, type: string, seed: number, fa
     );
   let verdict: Verdict | null = null;
   try {
-    await bench.cluster.createVolume({ name: volume, sizeBytes: VOLUME_BYTES, replicas: 3, accessMode: opts.accessMode ?? 'rwo' });
+    await bench.cluster.createVolume({ name: volume, sizeBytes: VOLUME_BYTES, replicas: 3, hosts: hostIds, accessMode: opts.accessMode ?? 'rwo' });
     const st = await attachOn(ctx, engineHost, opts.accessMode === 'migratable' ? { attacher: 'workload' } : {});
     if (st.state !== 'healthy') throw new Error(`attach on ${engineHost}: ${JSON.stringify(st)}`);
     ctx.step(`attached on ${engineHost} (epoch ${st.epoch}; clients depth ${params.depth}, FLUSH every ${params.flushEvery}, FUA ${params.fuaChance})`);
     await connectClients(ctx, engineHost, 2);
     const out = await fault(ctx);
-    bench.restoreAll();
+    bench.restore(hostIds);
     ctx.step(`recover on ${out.servingHost}`);
     await waitNoStrayEngine(ctx, out.servingHost);
     await recover(ctx, out.servingHost);
@@ -515,23 +541,65 @@ export async function runRound(bench: FaultBench, type: string, seed: number, fa
     verdict = history.check();
     ctx.step(`checked: ${verdict.ok ? 'ok' : 'VIOLATIONS'}`);
     if (!verdict.ok) throw fail(`the history checker found violations\n${verdict.summary}`);
-    // Every replica holds what the engine served.
+    // Every replica holds what the engine served: checked once the volume is detached and
+    // no replica server holds a replica open any more (a connection cut by a partition
+    // stays open on the server's side until its idle timeout, 30 s): now if possible,
+    // else by a later round or at the end (checkPending).
     const served = await readWhole(ctx.uri(out.servingHost));
     const list = (await bench.cluster.status(volume)).replicas.map((r) => ({ host: bench.host(r.hostId), name: r.name }));
     await bench.cluster.detach(volume);
-    const contents = await readReplicas(list, VOLUME_BYTES);
-    const want = chunkedDigest(served);
-    const differ = contents.filter((c) => c.digest !== want).map((c) => c.id);
-    if (contents.length !== 3 || differ.length > 0) throw fail(`replicas differ from what ${out.servingHost} served after repair: ${differ.join(', ')} (of ${contents.length})`);
-    await bench.cluster.deleteVolume(volume);
+    const pending: PendingCheck = { volume, seed, servedBy: out.servingHost, want: chunkedDigest(served), list, fail: (what) => fail(what), since: Date.now() };
+    if (!(await checkReplicas(bench, pending))) bench.pending.push(pending);
   } catch (err) {
     if (err instanceof Error && err.message.startsWith(`fault ${type}, seed ${seed}`)) throw err;
     throw fail('the round failed', err);
   } finally {
     workload.destroy();
-    bench.restoreAll();
+    bench.restore(hostIds);
   }
   return { seed, ms: Date.now() - t0, verdict: verdict!, steps };
+}
+
+/** A replica check left for later (its replicas were still held open). */
+export interface PendingCheck {
+  volume: string;
+  seed: number;
+  servedBy: string;
+  want: string;
+  list: Array<{ host: HostProcess; name: string }>;
+  fail: (what: string) => Error;
+  since: number;
+}
+
+// Compares every replica with what was served, then deletes the volume. False if a replica
+// is still held open by its replica server (try again later); throws on a difference.
+async function checkReplicas(bench: FaultBench, p: PendingCheck): Promise<boolean> {
+  let contents;
+  try {
+    contents = await readReplicas(p.list, VOLUME_BYTES);
+  } catch (e) {
+    if (/already open/.test((e as Error).message)) return false;
+    throw p.fail(`reading the replicas after the round: ${(e as Error).message}`);
+  }
+  const differ = contents.filter((c) => c.digest !== p.want).map((c) => c.id);
+  if (contents.length !== 3 || differ.length > 0) throw p.fail(`replicas differ from what ${p.servedBy} served after repair: ${differ.join(', ')} (of ${contents.length})`);
+  await bench.cluster.deleteVolume(p.volume);
+  return true;
+}
+
+/** Runs the replica checks left by earlier rounds; with `waitMs`, waits (bounded) until all are done. */
+export async function checkPending(bench: FaultBench, waitMs = 0): Promise<void> {
+  const deadline = Date.now() + waitMs;
+  for (let pass = 0; pass < 1000; pass++) {
+    const todo = bench.pending.splice(0);
+    for (const p of todo) if (!(await checkReplicas(bench, p))) bench.pending.push(p);
+    if (bench.pending.length === 0 || Date.now() >= deadline) break;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  if (waitMs > 0 && bench.pending.length > 0) {
+    const p = bench.pending[0]!;
+    throw p.fail(`replicas of ${bench.pending.map((x) => x.volume).join(', ')} still held open ${((Date.now() - p.since) / 1000).toFixed(0)} s after the round`);
+  }
 }
 
 async function readWhole(uri: string): Promise<Buffer> {
@@ -546,18 +614,19 @@ async function readWhole(uri: string): Promise<Buffer> {
 }
 
 // After a failed round (survey mode only): the volume goes, whatever state it is in.
-async function discardVolume(bench: FaultBench, volume: string): Promise<void> {
-  bench.restoreAll();
+async function discardVolume(bench: FaultBench, lane: number, volume: string): Promise<void> {
+  bench.restore(bench.laneHosts(lane));
   await bench.cluster.detach(volume).catch(() => undefined);
-  for (const h of bench.hosts) await h.engine.stopEngine(volume).catch(() => undefined);
+  for (const id of bench.laneHosts(lane)) await bench.host(id).engine.stopEngine(volume).catch(() => undefined);
   await bench.cluster.deleteVolume(volume).catch((e: unknown) => bench.note(`discarding ${volume}: ${(e as Error).message}`, true));
 }
 
 /**
- * Runs the rounds of one fault type, one after another; prints one line per round and a
- * summary. The first failing round fails the test, unless MOORING_FAULT_SURVEY=1: then
- * every round runs and the test fails at the end, listing every failing seed (to measure
- * how often a fault finds a bug).
+ * Runs the rounds of one fault type: the bench's lanes side by side, each lane's rounds one
+ * after another; prints one line per round and a summary. The first failing round fails the
+ * test (the other lanes finish their current round and start no more), unless
+ * MOORING_FAULT_SURVEY=1: then every round runs and the test fails at the end, listing every
+ * failing seed (to measure how often a fault finds a bug).
  */
 export async function runRounds(bench: FaultBench, type: string, rounds: number, fault: (ctx: RoundContext) => Promise<FaultOutcome>, opts: RoundOptions = {}): Promise<RoundResult[]> {
   const survey = process.env.MOORING_FAULT_SURVEY === '1';
@@ -566,27 +635,46 @@ export async function runRounds(bench: FaultBench, type: string, rounds: number,
   const failures: Array<{ seed: number; message: string }> = [];
   const t0 = Date.now();
   const times: number[] = [];
-  for (const [i, seed] of seeds.entries()) {
-    const r0 = Date.now();
-    try {
-      const r = await runRound(bench, type, seed, fault, opts);
-      results.push(r);
-      console.log(`fault ${type} round ${i + 1}/${seeds.length} seed ${seed}: ${(r.ms / 1000).toFixed(1)} s, ${r.steps.join(' → ')}; ${JSON.stringify(r.verdict.stats)}`);
-    } catch (err) {
-      if (!survey) throw err;
-      const message = (err as Error).message;
-      failures.push({ seed, message });
-      console.log(`fault ${type} round ${i + 1}/${seeds.length} seed ${seed}: FAILED in ${((Date.now() - r0) / 1000).toFixed(1)} s: ${message.split('\n').slice(0, 4).join(' | ').slice(0, 1500)}`);
-      await discardVolume(bench, `ft${type}-${seed}`);
+  let next = 0;
+  let done = 0;
+  const lane = async (l: number): Promise<void> => {
+    while (next < seeds.length && (survey || failures.length === 0)) {
+      try {
+        await checkPending(bench);
+      } catch (err) {
+        // The message names the round (seed) whose replicas differ.
+        failures.push({ seed: -1, message: (err as Error).message });
+        continue;
+      }
+      const seed = seeds[next++]!;
+      const r0 = Date.now();
+      try {
+        const r = await runRound(bench, l, type, seed, fault, opts);
+        results.push(r);
+        console.log(`fault ${type} round ${++done}/${seeds.length} seed ${seed} (lane ${l}): ${(r.ms / 1000).toFixed(1)} s, ${r.steps.join(' → ')}; ${JSON.stringify(r.verdict.stats)}`);
+      } catch (err) {
+        const message = (err as Error).message;
+        failures.push({ seed, message });
+        console.log(`fault ${type} round ${++done}/${seeds.length} seed ${seed} (lane ${l}): FAILED in ${((Date.now() - r0) / 1000).toFixed(1)} s: ${message.split('\n').slice(0, 4).join(' | ').slice(0, 1500)}`);
+        if (survey) await discardVolume(bench, l, `ft${type}-${seed}`);
+      }
+      times.push(Date.now() - r0);
     }
-    times.push(Date.now() - r0);
+  };
+  await Promise.all(Array.from({ length: bench.lanes }, (_, l) => lane(l)));
+  try {
+    await checkPending(bench, 60_000);
+  } catch (err) {
+    failures.push({ seed: -1, message: (err as Error).message });
   }
   times.sort((a, b) => a - b);
+  const wall = (Date.now() - t0) / 1000;
   console.log(
-    `fault ${type}: ${seeds.length} rounds (${failures.length} failed) in ${((Date.now() - t0) / 1000).toFixed(1)} s (per round median ${(times[times.length >> 1]! / 1000).toFixed(1)} s, max ${(times[times.length - 1]! / 1000).toFixed(1)} s)`,
+    `fault ${type}: ${done} rounds (${failures.length} failed) in ${wall.toFixed(1)} s on ${bench.lanes} lane(s): ${(wall / Math.max(1, done)).toFixed(1)} s of wall time per round; one round median ${(times[times.length >> 1]! / 1000).toFixed(1)} s, max ${(times[times.length - 1]! / 1000).toFixed(1)} s`,
   );
   if (failures.length > 0) {
-    throw new Error(`fault ${type}: ${failures.length} of ${seeds.length} rounds failed: seeds ${failures.map((f) => f.seed).join(', ')}\nfirst:\n${failures[0]!.message}`);
+    const seedsOf = failures.map((f) => (f.seed >= 0 ? String(f.seed) : (/seed (\d+)/.exec(f.message)?.[1] ?? '?'))).join(', ');
+    throw new Error(`fault ${type}: ${failures.length} of ${done} rounds failed: seeds ${seedsOf}\nfirst:\n${failures[0]!.message}`);
   }
   return results;
 }

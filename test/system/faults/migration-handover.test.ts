@@ -12,9 +12,10 @@
 import { describe, it } from 'vitest';
 
 import { MooringError } from '../../../src/errors.js';
-import { attachOn, connectClients, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
+import { attachOn, connectClients, laneCount, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
 const ROUNDS = roundCount('e', 6);
+const LANES = laneCount(2);
 
 const VARIANTS = ['confirm', 'rollback', 'frozen-source', 'tickets-confirm', 'tickets-rollback'] as const;
 
@@ -30,7 +31,7 @@ async function endOrAlreadyEnded(ctx: RoundContext, call: () => Promise<void>): 
 
 export async function migrationHandOver(ctx: RoundContext): Promise<{ servingHost: string }> {
   const { bench, rng, workload, engineHost: x, history, volume } = ctx;
-  const y = rng.pick(bench.hosts.map((h) => h.hostId).filter((h) => h !== x));
+  const y = rng.pick(ctx.hostIds.filter((h) => h !== x));
   const variant = rng.pick(VARIANTS);
   const vol = bench.cluster.volume(volume);
   ctx.step(`variant ${variant}, ${x} → ${y}`);
@@ -103,7 +104,7 @@ export async function migrationHandOver(ctx: RoundContext): Promise<{ servingHos
 }
 
 describe('fault e: migration hand-over with I/O in flight', () => {
-  const bench = useFaultBench();
+  const bench = useFaultBench(LANES);
   it(`keeps every durable write and one writer over ${ROUNDS} randomized rounds`, async () => {
     await runRounds(bench, 'e', ROUNDS, migrationHandOver, { accessMode: 'migratable' });
   }, testTimeout(ROUNDS));

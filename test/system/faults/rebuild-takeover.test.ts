@@ -7,14 +7,15 @@
 import { describe, it } from 'vitest';
 
 import type { EngineInfo } from '../../../src/data-engine/data-engine.js';
-import { IO_TIMEOUT_MS, attachOn, connectClients, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
+import { IO_TIMEOUT_MS, attachOn, connectClients, laneCount, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
 const ROUNDS = roundCount('d', 6);
+const LANES = laneCount(2);
 
 /** Make a replica stale, start its rebuild over a slow link, then freeze or partition the engine host and take over. */
 export async function rebuildTakeover(ctx: RoundContext): Promise<{ servingHost: string }> {
   const { bench, rng, workload, engineHost: x, volume } = ctx;
-  const others = bench.hosts.map((h) => h.hostId).filter((h) => h !== x);
+  const others = ctx.hostIds.filter((h) => h !== x);
   const r = rng.pick(others);
   const engine = bench.host(x).engine;
   const replicaOf = (info: EngineInfo): EngineInfo['replicas'][number] | undefined => info.replicas.find((rep) => rep.hostId === r);
@@ -27,7 +28,7 @@ export async function rebuildTakeover(ctx: RoundContext): Promise<{ servingHost:
   // 2. r comes back over a slow link; its rebuild starts (ours, or the self-repair's).
   const rate = `${rng.range(4, 12)}mbit`;
   bench.lab.slow(r, rate);
-  bench.lab.heal();
+  ctx.heal();
   const ref = (await engine.engineInfo(volume)).replicas.find((rep) => rep.hostId === r)!;
   void engine.addReplica(volume, { id: ref.id, hostId: ref.hostId, name: ref.name, address: ref.address }).catch((e: unknown) => bench.note(`[d ${ctx.seed}] rebuild of ${r}: ${(e as Error).message}`));
   let seen = '';
@@ -54,13 +55,13 @@ export async function rebuildTakeover(ctx: RoundContext): Promise<{ servingHost:
   await workload.waitAcks(rng.range(0, 200), { group: y, flush: rng.chance(0.5), timeoutMs: 30_000 });
   ctx.step(`${y} acknowledged ${workload.acks(y)}; ${freeze ? 'resume' : 'heal'} ${x}`);
   if (freeze) bench.host(x).thaw();
-  else bench.lab.heal();
+  else ctx.heal();
   bench.lab.slow(r, null);
   return { servingHost: y };
 }
 
 describe('fault d: engine host frozen or partitioned during a rebuild, takeover', () => {
-  const bench = useFaultBench();
+  const bench = useFaultBench(LANES);
   it(`keeps every durable write, one writer and never reads the half-rebuilt replica over ${ROUNDS} randomized rounds`, async () => {
     await runRounds(bench, 'd', ROUNDS, rebuildTakeover);
   }, testTimeout(ROUNDS));

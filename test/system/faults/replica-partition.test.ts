@@ -5,14 +5,15 @@
 // stale replica is never read, all replicas end identical.
 import { describe, it } from 'vitest';
 
-import { IO_TIMEOUT_MS, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
+import { IO_TIMEOUT_MS, laneCount, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
 const ROUNDS = roundCount('c', 6);
+const LANES = laneCount(2);
 
 /** Partition one replica host, keep writing, heal. */
 export async function replicaPartition(ctx: RoundContext): Promise<{ servingHost: string }> {
   const { bench, rng, workload, engineHost: x } = ctx;
-  const r = rng.pick(bench.hosts.map((h) => h.hostId).filter((h) => h !== x));
+  const r = rng.pick(ctx.hostIds.filter((h) => h !== x));
   await workload.waitAcks(rng.range(20, 400), { group: x, flush: true, timeoutMs: 30_000 });
   await until('writes in flight', () => workload.inFlight(x) > 0, 10_000, () => workload.describe(), 1);
   if (rng.chance(0.5)) {
@@ -26,12 +27,12 @@ export async function replicaPartition(ctx: RoundContext): Promise<{ servingHost
   await until(`${x}'s engine to drop ${r}'s replica`, async () => (await bench.host(x).engine.engineInfo(ctx.volume)).replicas.some((rep) => rep.hostId === r && rep.mode === 'ERR'), IO_TIMEOUT_MS * 15, () => workload.describe(), 50);
   await workload.waitAcks(rng.range(1, 400), { group: x, flush: true, timeoutMs: 30_000 });
   ctx.step(`${x} acknowledged ${workload.acks(x)} with ${r} cut off; heal`);
-  bench.lab.heal();
+  ctx.heal();
   return { servingHost: x };
 }
 
 describe('fault c: a replica host partitioned, then healed', () => {
-  const bench = useFaultBench();
+  const bench = useFaultBench(LANES);
   it(`keeps every durable write and rebuilds the replica over ${ROUNDS} randomized rounds`, async () => {
     await runRounds(bench, 'c', ROUNDS, replicaPartition);
   }, testTimeout(ROUNDS));

@@ -235,10 +235,11 @@ export class NetLab {
     this.cut([id], [...this.hosts.map((h) => h.id), CTL]);
   }
 
-  /** Removes every cut. */
-  heal(): void {
-    this.cuts = [];
-    this.applyCuts();
+  /** Removes every cut, or those touching one of `ids`. */
+  heal(ids?: string[]): void {
+    const before = this.cuts.length;
+    this.cuts = ids === undefined ? [] : this.cuts.filter(([x, y]) => !ids.includes(x) && !ids.includes(y));
+    if (ids === undefined || this.cuts.length !== before) this.applyCuts();
   }
 
   /** The current cuts, for messages. */
