@@ -524,6 +524,16 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
       `fault ${type}, seed ${seed} (replay: MOORING_FAULT_SEED=${seed}): ${what}${err ? `: ${(err as Error).stack ?? String(err)}` : ''}\nsteps: ${steps.join(' → ')}${workload.describe()}${bench.diagnostics()}`,
     );
   let verdict: Verdict | null = null;
+  // A host whose data engine died (in an earlier round of this lane) is a failure; it is
+  // restarted so that later rounds (survey mode) have their hosts.
+  for (const id of hostIds) {
+    const h = bench.host(id);
+    if (h.proc?.alive) continue;
+    const why = h.diagnostics();
+    await h.start();
+    await bench.cluster.addHost(h.engine);
+    throw fail(`the data engine of host ${id} had died before this round (restarted now)${why}`);
+  }
   try {
     await bench.cluster.createVolume({ name: volume, sizeBytes: VOLUME_BYTES, replicas: 3, hosts: hostIds, accessMode: opts.accessMode ?? 'rwo' });
     const st = await attachOn(ctx, engineHost, opts.accessMode === 'migratable' ? { attacher: 'workload' } : {});

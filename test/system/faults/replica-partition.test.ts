@@ -7,7 +7,8 @@ import { describe, it } from 'vitest';
 
 import { IO_TIMEOUT_MS, laneCount, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
-const ROUNDS = roundCount('c', 6);
+// Default: what fits the fault tests' CI budget (docs/fault-tests.md); MOORING_FAULT_ROUNDS=50 for the issue's count.
+const ROUNDS = roundCount('c', 50);
 const LANES = laneCount(2);
 
 /** Partition one replica host, keep writing, heal. */
