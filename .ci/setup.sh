@@ -50,7 +50,7 @@ if (( node_major < 20 )); then
   echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
   exit 1
 fi
-for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl ip nft; do
+for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl ip tc nft; do
   command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
 done
 
