@@ -93,6 +93,7 @@ export interface HistoryStats {
 
 export interface Verdict {
   ok: boolean;
+  /** Lost first, then foreign, then dual-writer (at most maxViolations of each). */
   violations: Violation[];
   stats: HistoryStats;
   /** One paragraph: the counts, then the first violations. */
@@ -255,11 +256,12 @@ export class History {
   /** Runs every rule over the whole history (see the module comment). */
   check(opts: { maxViolations?: number } = {}): Verdict {
     const max = opts.maxViolations ?? 50;
-    const violations: Violation[] = [];
+    // Kept per kind (up to `max` each), so one kind's flood does not hide another.
+    const kept: Record<Violation['kind'], Violation[]> = { lost: [], foreign: [], 'dual-writer': [] };
     const total = { lost: 0, foreign: 0, 'dual-writer': 0 };
     const push = (v: Violation): void => {
       total[v.kind]++;
-      if (violations.length < max) violations.push(v);
+      if (kept[v.kind].length < max) kept[v.kind].push(v);
     };
     const durable = this.durableTicks();
     const byId = new Map<number, WriteOp>();
@@ -377,12 +379,14 @@ export class History {
       durableSectors,
       ackedAfterFence,
     };
+    const violations = [...kept.lost, ...kept.foreign, ...kept['dual-writer']];
     const ok = total.lost + total.foreign + total['dual-writer'] === 0;
     const counts = `${total.lost} lost, ${total.foreign} foreign, ${total['dual-writer']} dual-writer`;
     const fences = this.fenceLog.map((f) => `${f.group}@t${f.tick}${f.note ? ` (${f.note})` : ''}`).join(', ') || 'none';
     const summary = ok
       ? `history ${this.id}: ok; ${JSON.stringify(stats)}; fences: ${fences}`
-      : `history ${this.id}: VIOLATIONS (${counts}); ${JSON.stringify(stats)}; fences: ${fences}\n` + violations.slice(0, 12).map((v) => `  [${v.kind}] ${v.message}`).join('\n');
+      : `history ${this.id}: VIOLATIONS (${counts}); ${JSON.stringify(stats)}; fences: ${fences}\n` +
+        [...kept.lost.slice(0, 5), ...kept.foreign.slice(0, 5), ...kept['dual-writer'].slice(0, 5)].map((v) => `  [${v.kind}] ${v.message}`).join('\n');
     return { ok, violations, stats, summary };
   }
 
