@@ -542,7 +542,15 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
     await connectClients(ctx, engineHost, 2);
     const out = await fault(ctx);
     bench.restore(hostIds);
-    ctx.step(`recover on ${out.servingHost}`);
+    // The serving engine's clients write on through the recovery (rebuilds under load) in
+    // half the rounds; in the others they stop here, so that what they would overwrite
+    // (e.g. writes a cut-off engine acknowledged) stays for the checker to see.
+    if (rng.chance(0.5)) {
+      await workload.stop(out.servingHost, 30_000);
+      ctx.step(`recover on ${out.servingHost} (its clients stopped)`);
+    } else {
+      ctx.step(`recover on ${out.servingHost} (its clients writing)`);
+    }
     await waitNoStrayEngine(ctx, out.servingHost);
     await recover(ctx, out.servingHost);
     await workload.stop(undefined, 30_000);
