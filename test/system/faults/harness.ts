@@ -10,17 +10,18 @@
 // Rounds are randomized from a seed that is printed; MOORING_FAULT_SEED replays one round
 // (the same choices of hosts, fault points and workload; timing is the machine's).
 import { EventEmitter } from 'node:events';
+import { join } from 'node:path';
 import { afterAll, beforeAll } from 'vitest';
 
 import type { Cluster } from '../../../src/cluster/cluster.js';
 import type { ClusterVolumeStatus } from '../../../src/cluster/cluster.js';
 import type { FileStateStore } from '../../../src/state/file-state-store.js';
-import { History, type Verdict } from '../helpers/history.js';
+import { History, SECTOR, type Verdict } from '../helpers/history.js';
 import { openCluster, readReplicas, type HostProcess } from '../helpers/hosts.js';
 import { CMD, CMD_FLAG, NbdClient } from '../helpers/nbd-client.js';
 import { NetLab, sweep } from '../helpers/netns.js';
 import { Rng } from '../helpers/pattern.js';
-import { chunkedDigest } from '../helpers/replicas.js';
+import { chunkedDigest, loadAddon } from '../helpers/replicas.js';
 import { TempDir } from '../helpers/tools.js';
 
 export const MiB = 1 << 20;
@@ -558,7 +559,7 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
     await readBack(ctx, out.servingHost);
     verdict = history.check();
     ctx.step(`checked: ${verdict.ok ? 'ok' : 'VIOLATIONS'}`);
-    if (!verdict.ok) throw fail(`the history checker found violations\n${verdict.summary}`);
+    if (!verdict.ok) throw fail(`the history checker found violations\n${verdict.summary}\n${await whatReplicasHold(ctx, verdict)}`);
     // Every replica holds what the engine served: checked once the volume is detached and
     // no replica server holds a replica open any more (a connection cut by a partition
     // stays open on the server's side until its idle timeout, 30 s): now if possible,
@@ -576,6 +577,43 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
     bench.restore(hostIds);
   }
   return { seed, ms: Date.now() - t0, verdict: verdict!, steps };
+}
+
+/**
+ * For a failure message: what each replica holds (whose write, by the sector stamps) at the
+ * first violations, read from the replica files once the volume is detached.
+ */
+async function whatReplicasHold(ctx: RoundContext, verdict: Verdict): Promise<string> {
+  const { bench, volume, history } = ctx;
+  try {
+    const st = await bench.cluster.status(volume);
+    await bench.cluster.detach(volume);
+    const offsets = [...new Set(verdict.violations.filter((v) => v.kind !== 'dual-writer').slice(0, 4).map((v) => v.offset))];
+    const lines: string[] = [];
+    for (const r of st.replicas) {
+      const dir = join(bench.host(r.hostId).opts.dir, 'replicas', r.name);
+      let replica;
+      try {
+        replica = await loadAddon().openReplica(dir);
+      } catch (e) {
+        lines.push(`  ${r.id}@${r.hostId} (${r.mode}): not readable now: ${(e as Error).message}`);
+        continue;
+      }
+      try {
+        const seen: string[] = [];
+        for (const off of offsets) {
+          const stamp = History.stamp(await replica.read(off, SECTOR));
+          seen.push(`byte ${off}: ${stamp && stamp.history === history.id ? `write #${stamp.writeId}` : 'no write'}`);
+        }
+        lines.push(`  ${r.id}@${r.hostId} (${r.mode}): ${seen.join(', ')}`);
+      } finally {
+        await replica.close();
+      }
+    }
+    return `replicas after the round (engine ${st.writerHost}, epoch ${st.epoch}):\n${lines.join('\n')}`;
+  } catch (e) {
+    return `replicas not read: ${(e as Error).message}`;
+  }
 }
 
 /** A replica check left for later (its replicas were still held open). */
