@@ -22,7 +22,9 @@ cd "$(dirname "$0")/.."
 #   openssl                   openssl CLI: test certificates for the mutual TLS tests (replica protocol, gRPC)
 #   libzstd1                  zstd decoder the addon dlopens for zstd-compressed qcow2 images (image tests)
 #   spin                      the SPIN model checker: test/model checks the single-writer protocol (with gcc)
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin)
+#   nftables                  nft: the fault tests' network partitions (bridge-family drop rules in their
+#                             own network namespaces; ip netns/veth/bridge come from iproute2)
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -49,7 +51,7 @@ if (( node_major < 20 )); then
   echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
   exit 1
 fi
-for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin; do
+for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft; do
   command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
 done
 

@@ -100,6 +100,9 @@ const TICKET_POLL_MS = 100;
  * wait behind a long copy).
  */
 const REPLACEMENT_IMAGE_WAIT_MS = 5000;
+/** Bounds of {@link ClusterOptions.engineIoTimeoutMs} (those of the data engine's ioTimeoutMs). */
+const ENGINE_IO_TIMEOUT_MS_MIN = 100;
+const ENGINE_IO_TIMEOUT_MS_MAX = 600_000;
 /** Passes of one reconcile before it stops to let others run (each pass takes one step). */
 const CONVERGE_PASSES_MAX = 8;
 /**
@@ -126,6 +129,12 @@ export interface ClusterOptions {
   ticketWaitTimeoutMs?: number;
   /** How long a backing image file that no replica uses stays on its disk before it is deleted (default 3,600,000 ms; minCopies ready copies always stay). */
   backingImageCleanupWaitMs?: number;
+  /**
+   * I/O timeout towards remote replicas of every engine this cluster starts (default: the
+   * data engine's, 8000 ms; 100 to 600,000): how long a replica may not answer before the
+   * engine counts it as lost.
+   */
+  engineIoTimeoutMs?: number;
 }
 
 /** Options of {@link Cluster.createVolume}. */
@@ -243,6 +252,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   #timer: NodeJS.Timeout | null = null;
   #repairing: Promise<void> | null = null;
   readonly #ticketWaitMs: number;
+  readonly #engineIoTimeoutMs: number | undefined;
   #closed = false;
   readonly #images: BackingImageController;
   // Serialises the decisions about one volume (attach, detach, repair, migration steps).
@@ -285,6 +295,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     this.#repairIntervalMs = options.repairIntervalMs ?? DEFAULT_REPAIR_INTERVAL_MS;
     this.#replacementWaitMs = options.replicaReplacementWaitMs ?? DEFAULT_REPLICA_REPLACEMENT_WAIT_MS;
     this.#ticketWaitMs = options.ticketWaitTimeoutMs ?? DEFAULT_TICKET_WAIT_TIMEOUT_MS;
+    this.#engineIoTimeoutMs = options.engineIoTimeoutMs;
     this.#images = new BackingImageController({
       store: this.#store,
       hostIds: () => this.hostIds,
@@ -316,6 +327,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     checkIntIn('replicaReplacementWaitMs', options.replicaReplacementWaitMs, 0, MS_SETTING_MAX, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS);
     checkIntIn('ticketWaitTimeoutMs', options.ticketWaitTimeoutMs, 0, MS_SETTING_MAX, DEFAULT_TICKET_WAIT_TIMEOUT_MS);
     checkIntIn('backingImageCleanupWaitMs', options.backingImageCleanupWaitMs, 0, MS_SETTING_MAX, DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS);
+    if (options.engineIoTimeoutMs !== undefined) checkIntIn('engineIoTimeoutMs', options.engineIoTimeoutMs, ENGINE_IO_TIMEOUT_MS_MIN, ENGINE_IO_TIMEOUT_MS_MAX, 0);
     const c = new Cluster(options);
     await c.#upgradeStore();
     for (const h of options.hosts ?? []) await c.addHost(h);
@@ -871,8 +883,9 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   // earlier attachment (its host was unreachable when the volume moved on, so a newer epoch
   // fenced it, or a migration standby whose rollback could not reach it) is replaced. The
   // second start reuses the epoch: ALREADY_EXISTS is answered before anything is claimed.
-  async #startOn(host: string, options: EngineStartOptions): Promise<EngineInfo> {
+  async #startOn(host: string, started: EngineStartOptions): Promise<EngineInfo> {
     const de = this.#engineOf(host);
+    const options: EngineStartOptions = this.#engineIoTimeoutMs === undefined ? started : { ...started, ioTimeoutMs: this.#engineIoTimeoutMs };
     try {
       return await de.startEngine(options);
     } catch (err) {

@@ -20,6 +20,12 @@ export interface HostOptions {
   ip: string;
   replicaPort: number;
   extraArgs?: string[];
+  /** Runs the process inside this network namespace (`ip netns exec`); default: none. */
+  netns?: string;
+  /** Where its gRPC server listens (default unix:DIR/grpc.sock). */
+  grpcListen?: string;
+  /** Where the test's client reaches that server (default: the grpcListen address). */
+  grpcConnect?: string;
 }
 
 interface DataEngineReady {
@@ -55,14 +61,15 @@ export class HostProcess {
       'data-engine',
       '--dir', this.opts.dir,
       '--host-id', this.opts.hostId,
-      '--listen', `unix:${this.grpcSocket}`,
+      '--listen', this.opts.grpcListen ?? `unix:${this.grpcSocket}`,
       '--replica-listen', `tcp:${this.opts.ip}:${this.opts.replicaPort}`,
       ...(this.opts.extraArgs ?? []),
     ];
-    this.proc = await startCliProcess(args, `data-engine ${this.hostId}`, 30_000);
+    const wrap = this.opts.netns ? ['ip', 'netns', 'exec', this.opts.netns] : undefined;
+    this.proc = await startCliProcess(args, `data-engine ${this.hostId}`, 30_000, undefined, wrap);
     this.ready = JSON.parse(this.proc.readyLine) as DataEngineReady;
     await this.client?.close().catch(() => undefined);
-    this.client = await RemoteDataEngine.connect({ address: `unix:${this.grpcSocket}`, timeoutMs: 10_000 });
+    this.client = await RemoteDataEngine.connect({ address: this.opts.grpcConnect ?? this.opts.grpcListen ?? `unix:${this.grpcSocket}`, timeoutMs: 10_000 });
   }
 
   /** SIGKILL: the host crashes. The client stays, and fails with UNAVAILABLE until restart. */
@@ -99,9 +106,20 @@ export function makeHosts(root: string, n: number, basePort: number): HostProces
 }
 
 /** A cluster over the hosts' gRPC clients with a file state store under `root`. */
-export async function openCluster(root: string, hosts: HostProcess[], options: { repairIntervalMs?: number; replicaReplacementWaitMs?: number } = {}): Promise<{ cluster: Cluster; store: FileStateStore }> {
+export async function openCluster(
+  root: string,
+  hosts: HostProcess[],
+  options: { repairIntervalMs?: number; replicaReplacementWaitMs?: number; engineIoTimeoutMs?: number; ticketWaitTimeoutMs?: number } = {},
+): Promise<{ cluster: Cluster; store: FileStateStore }> {
   const store = await FileStateStore.open(join(root, 'state'));
-  const cluster = await Cluster.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: options.repairIntervalMs ?? 500, ...(options.replicaReplacementWaitMs !== undefined ? { replicaReplacementWaitMs: options.replicaReplacementWaitMs } : {}) });
+  const cluster = await Cluster.open({
+    store,
+    hosts: hosts.map((h) => h.engine),
+    repairIntervalMs: options.repairIntervalMs ?? 500,
+    ...(options.replicaReplacementWaitMs !== undefined ? { replicaReplacementWaitMs: options.replicaReplacementWaitMs } : {}),
+    ...(options.engineIoTimeoutMs !== undefined ? { engineIoTimeoutMs: options.engineIoTimeoutMs } : {}),
+    ...(options.ticketWaitTimeoutMs !== undefined ? { ticketWaitTimeoutMs: options.ticketWaitTimeoutMs } : {}),
+  });
   return { cluster, store };
 }
 

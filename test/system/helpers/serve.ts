@@ -111,11 +111,15 @@ export async function startServe(opts: ServeOptions): Promise<MooringServer> {
 
 /**
  * Starts `node dist/cli.js ARGS` (a long-running command: serve, data-engine) and waits for
- * its `READY {json}` line, kept in `readyLine`.
+ * its `READY {json}` line, kept in `readyLine`. `wrap` runs it through a command that execs
+ * it (e.g. `ip netns exec NS`).
  */
-export async function startCliProcess(args: string[], description: string, readyTimeoutMs = 30_000, env?: NodeJS.ProcessEnv): Promise<MooringServer> {
+export async function startCliProcess(args: string[], description: string, readyTimeoutMs = 30_000, env?: NodeJS.ProcessEnv, wrap?: string[]): Promise<MooringServer> {
   requireCli();
-  const child = spawn(process.execPath, [cliPath, ...args], { stdio: ['ignore', 'pipe', 'pipe'], ...(env ? { env } : {}) });
+  // `wrap`: a command that execs the rest (e.g. `ip netns exec NS`), so the pid stays node's.
+  const argv = [process.execPath, cliPath, ...args];
+  const full = wrap && wrap.length > 0 ? [...wrap, ...argv] : argv;
+  const child = spawn(full[0]!, full.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], ...(env ? { env } : {}) });
   const s = new MooringServer(child, description);
   s.readyLine = await new Promise<string>((resolveLine, reject) => {
     const t = setTimeout(() => reject(new Error(`no READY line within ${readyTimeoutMs} ms${s.diagnostics()}`)), readyTimeoutMs);
