@@ -61,13 +61,7 @@ export async function rebuildTakeover(ctx: RoundContext): Promise<{ servingHost:
   return { servingHost: y };
 }
 
-// KNOWN FAILURE, held out of the default run: with the replica-set protocol this fault
-// still loses acknowledged writes in about 1 round in 8 (seeds 46746451, 46746452,
-// 46746471, 392612353, 392612354, 392612363 on 2026-11-24): the isolated or frozen engine,
-// in the middle of a rebuild, acknowledges a write (even FUA) after the takeover that the
-// new engine's source never received. Until that is found and fixed this file runs only
-// with MOORING_FAULT_D=1 (docs/fault-tests.md, "Known failure"); the issue stays open.
-describe.runIf(process.env.MOORING_FAULT_D === '1')('fault d: engine host frozen or partitioned during a rebuild, takeover', () => {
+describe('fault d: engine host frozen or partitioned during a rebuild, takeover', () => {
   const bench = useFaultBench(LANES);
   it(`keeps every durable write, one writer and never reads the half-rebuilt replica over ${ROUNDS} randomized rounds`, async () => {
     await runRounds(bench, 'd', ROUNDS, rebuildTakeover);
