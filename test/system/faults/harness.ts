@@ -1,12 +1,13 @@
 // The fault tests' bench and rounds (docs/fault-tests.md). A bench is three `mooring
-// data-engine` processes, each in its own network namespace (helpers/netns.ts), and a
-// Cluster over a FileStateStore in this process; it lives for one test file and is reused
-// by every round. A round is one fault against one fresh 3-replica volume:
+// data-engine` processes per lane, each in its own network namespace (helpers/netns.ts),
+// and a Cluster over a FileStateStore in this process; it lives for one test file and is
+// reused by every round. A round is one fault against one fresh 3-replica volume:
 //   create + attach → two NBD clients write tracked data (FLUSH, FUA, requests in flight) →
 //   the fault (the test file's function) → recover (everything thawed and healed, ERR
 //   replicas re-added through the serving engine's data engine, stray engines gone) →
 //   read everything back through the serving engine → the history checker over the whole
-//   history → detach, all replicas identical → delete.
+//   history (NBD's rules, then "every acknowledged write survives": no process crashes in
+//   a round) → detach, all replicas identical → delete.
 // Rounds are randomized from a seed that is printed; MOORING_FAULT_SEED replays one round
 // (the same choices of hosts, fault points and workload; timing is the machine's).
 import { EventEmitter } from 'node:events';
@@ -30,8 +31,6 @@ export const MiB = 1 << 20;
 export const VOLUME_BYTES = 16 * MiB;
 /** Remote-replica I/O timeout of the engines the bench's cluster starts. */
 export const IO_TIMEOUT_MS = 1000;
-/** Control-plane probe timeout (Cluster's HOST_PROBE_TIMEOUT_MS) plus margin. */
-export const PROBE_MS = 3000;
 /** Upper bound of one round (every wait inside is bounded far below it). */
 export const ROUND_TIMEOUT_MS = 150_000;
 
