@@ -1,12 +1,13 @@
 // The fault tests' bench and rounds (docs/fault-tests.md). A bench is three `mooring
-// data-engine` processes, each in its own network namespace (helpers/netns.ts), and a
-// Cluster over a FileStateStore in this process; it lives for one test file and is reused
-// by every round. A round is one fault against one fresh 3-replica volume:
+// data-engine` processes per lane, each in its own network namespace (helpers/netns.ts),
+// and a Cluster over a FileStateStore in this process; it lives for one test file and is
+// reused by every round. A round is one fault against one fresh 3-replica volume:
 //   create + attach → two NBD clients write tracked data (FLUSH, FUA, requests in flight) →
 //   the fault (the test file's function) → recover (everything thawed and healed, ERR
 //   replicas re-added through the serving engine's data engine, stray engines gone) →
 //   read everything back through the serving engine → the history checker over the whole
-//   history → detach, all replicas identical → delete.
+//   history (NBD's rules, then "every acknowledged write survives": no process crashes in
+//   a round) → detach, all replicas identical → delete.
 // Rounds are randomized from a seed that is printed; MOORING_FAULT_SEED replays one round
 // (the same choices of hosts, fault points and workload; timing is the machine's).
 import { EventEmitter } from 'node:events';
@@ -15,6 +16,7 @@ import { afterAll, beforeAll } from 'vitest';
 
 import type { Cluster } from '../../../src/cluster/cluster.js';
 import type { ClusterVolumeStatus } from '../../../src/cluster/cluster.js';
+import { MooringError } from '../../../src/errors.js';
 import type { FileStateStore } from '../../../src/state/file-state-store.js';
 import { History, SECTOR, type Verdict } from '../helpers/history.js';
 import { openCluster, readReplicas, type HostProcess } from '../helpers/hosts.js';
@@ -29,8 +31,6 @@ export const MiB = 1 << 20;
 export const VOLUME_BYTES = 16 * MiB;
 /** Remote-replica I/O timeout of the engines the bench's cluster starts. */
 export const IO_TIMEOUT_MS = 1000;
-/** Control-plane probe timeout (Cluster's HOST_PROBE_TIMEOUT_MS) plus margin. */
-export const PROBE_MS = 3000;
 /** Upper bound of one round (every wait inside is bounded far below it). */
 export const ROUND_TIMEOUT_MS = 150_000;
 
@@ -405,9 +405,20 @@ export interface RoundResult {
 /** The whole tracked region: the volume. */
 const REGION = { offset: 0, length: VOLUME_BYTES };
 
-/** Attaches `volume` on `host` with its NBD socket, as a VM manager would. */
+/**
+ * Attaches `volume` on `host` with its NBD socket, as a VM manager would: a NO_QUORUM
+ * refusal (the new engine reached no majority of the replicas in its I/O timeout; nothing
+ * was served) is tried again, at most 5 times.
+ */
 export async function attachOn(ctx: RoundContext, host: string, extra: { attacher?: 'api' | 'workload' } = {}): Promise<ClusterVolumeStatus> {
-  return ctx.bench.cluster.attach(ctx.volume, { host, nbd: ctx.nbdAddress(host), ...extra });
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await ctx.bench.cluster.attach(ctx.volume, { host, nbd: ctx.nbdAddress(host), ...extra });
+    } catch (e) {
+      if (!(e instanceof MooringError && e.code === 'NO_QUORUM') || attempt >= 5) throw e;
+      ctx.step(`attach on ${host} refused (NO_QUORUM: ${e.message.split('\n')[0]}); again`);
+    }
+  }
 }
 
 /** Connects `n` tracked clients to the engine on `host`. */
@@ -560,6 +571,10 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
     verdict = history.check();
     ctx.step(`checked: ${verdict.ok ? 'ok' : 'VIOLATIONS'}`);
     if (!verdict.ok) throw fail(`the history checker found violations\n${verdict.summary}\n${await whatReplicasHold(ctx, verdict)}`);
+    // No process crashed in a round (freezes and partitions only), so invariant 1 asks
+    // more than NBD: every acknowledged write survives, flushed or not.
+    const strict = history.check({ ackedIsDurable: true });
+    if (!strict.ok) throw fail(`acknowledged writes lost although no process crashed (invariant 1; each was acknowledged, none was flushed)\n${strict.summary}\n${await whatReplicasHold(ctx, strict)}`);
     // Every replica holds what the engine served: checked once the volume is detached and
     // no replica server holds a replica open any more (a connection cut by a partition
     // stays open on the server's side until its idle timeout, 30 s): now if possible,

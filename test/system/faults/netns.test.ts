@@ -5,14 +5,15 @@
 // - the control plane's path to a host (the gRPC forwarder) is cut by isolate() too;
 // - cuts are pairwise: cutting a from b leaves a and c talking;
 // - heal restores traffic, and the connection that was cut carries what it queued;
-// - slow() limits a host's link; destroy() and sweep() leave no namespace behind.
+// - slow() limits a host's link; destroy() and sweep() leave no namespace behind, and sweep()
+//   leaves a run that is still going alone.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import net from 'node:net';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { waitFor } from '../helpers/hosts.js';
-import { GRPC_PORT, NetLab, PREFIX, sweep } from '../helpers/netns.js';
+import { GRPC_PORT, NetLab, OWN_PREFIX, PREFIX, sweep } from '../helpers/netns.js';
 import { TempDir } from '../helpers/tools.js';
 
 const PORT = 7611;
@@ -61,6 +62,15 @@ const s = net.connect({ host: ip, port: Number(port) }, () => s.write(Buffer.all
 s.on('data', (d) => { got += d.length; if (got >= Number(bytes)) { console.log(Date.now() - t0); process.exit(0); } });
 s.on('error', (e) => { console.log('ERROR ' + e.code); process.exit(1); });
 `;
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 describe('fault-test network namespaces', () => {
   let tmp: TempDir;
@@ -190,12 +200,22 @@ describe('fault-test network namespaces', () => {
     const other = await NetLab.create(['x'], tmp.path).catch((e: unknown) => e);
     // Only one lab at a time: the second one's names clash with the first's.
     expect(other).toBeInstanceOf(Error);
-    spawnSync('ip', ['netns', 'add', `${PREFIX}h-leftover`]);
+    // A killed run's namespace (its process is gone), and one of a run still going (a
+    // live process that is not this one: our parent).
+    let dead = 4_000_000;
+    while (dead > 3_000_000 && pidAlive(dead)) dead--;
+    const leftover = `${PREFIX}${dead}-h-leftover`;
+    const live = `${PREFIX}${process.ppid}-h-live`;
+    spawnSync('ip', ['netns', 'add', leftover]);
+    spawnSync('ip', ['netns', 'add', live]);
     const swept = sweep();
-    expect(swept).toContain(`${PREFIX}h-leftover`);
-    expect(swept).toContain(`${PREFIX}sw`);
+    spawnSync('ip', ['netns', 'del', live]);
+    expect(swept).toContain(leftover);
+    expect(swept).toContain(`${OWN_PREFIX}sw`);
+    expect(swept).not.toContain(live);
     const left = spawnSync('ip', ['netns', 'list'], { encoding: 'utf8' }).stdout;
-    expect(left).not.toContain(PREFIX);
+    expect(left).not.toContain(OWN_PREFIX);
+    expect(left).not.toContain(leftover);
     // The lab is gone; make a fresh one for the hooks.
     lab = await NetLab.create(['a', 'b', 'c'], tmp.path);
   });

@@ -229,8 +229,12 @@ export class History {
     return { history: sector.readUInt32LE(4), writeId: sector.readUInt32LE(8), sector: sector.readUInt32LE(12) + sector.readUInt32LE(16) * 0x1_0000_0000 };
   }
 
-  /** Tick at which each acknowledged write became durable (absent: never). */
-  durableTicks(): Map<number, number> {
+  /**
+   * Tick at which each acknowledged write became durable (absent: never). With
+   * `ackedIsDurable`, every write is durable at its reply: right where no process crashed
+   * (invariant 1: a write whose reply was sent is on every RW replica).
+   */
+  durableTicks(ackedIsDurable = false): Map<number, number> {
     const out = new Map<number, number>();
     // Flushes that succeeded, by send tick, with the earliest reply among those sent later.
     const ok = this.flushes.filter((f) => f.acked !== null).sort((a, b) => a.sent - b.sent);
@@ -238,7 +242,7 @@ export class History {
     for (let i = ok.length - 1; i >= 0; i--) minAckFrom[i] = Math.min(minAckFrom[i + 1]!, ok[i]!.acked!);
     for (const w of this.writes) {
       if (w.acked === null) continue;
-      let d = w.fua ? w.acked : Infinity;
+      let d = w.fua || ackedIsDurable ? w.acked : Infinity;
       // First flush sent after the write's reply.
       let lo = 0;
       let hi = ok.length;
@@ -254,7 +258,7 @@ export class History {
   }
 
   /** Runs every rule over the whole history (see the module comment). */
-  check(opts: { maxViolations?: number } = {}): Verdict {
+  check(opts: { maxViolations?: number; ackedIsDurable?: boolean } = {}): Verdict {
     const max = opts.maxViolations ?? 50;
     // Kept per kind (up to `max` each), so one kind's flood does not hide another.
     const kept: Record<Violation['kind'], Violation[]> = { lost: [], foreign: [], 'dual-writer': [] };
@@ -263,7 +267,7 @@ export class History {
       total[v.kind]++;
       if (kept[v.kind].length < max) kept[v.kind].push(v);
     };
-    const durable = this.durableTicks();
+    const durable = this.durableTicks(opts.ackedIsDurable === true);
     const byId = new Map<number, WriteOp>();
     for (const w of this.writes) byId.set(w.id, w);
 
@@ -393,7 +397,7 @@ export class History {
   private describeWrite(w: WriteOp, durable: Map<number, number>): string {
     const state = w.acked !== null ? `acknowledged at t${w.acked}` : w.failed !== null ? `failed at t${w.failed} (${w.error})` : 'never answered';
     const dt = durable.get(w.id);
-    const dur = dt === undefined ? '' : w.fua ? ', FUA' : `, durable by a FLUSH at t${dt}`;
+    const dur = dt === undefined ? '' : w.fua ? ', FUA' : dt === w.acked ? '' : `, durable by a FLUSH at t${dt}`;
     return `(${w.offset}+${w.length} on ${w.client}, sent t${w.sent}, ${state}${dur})`;
   }
 }

@@ -14,8 +14,10 @@
 // retransmits). Link slowdowns (`slow`) are a tbf qdisc on the switch port.
 //
 // Every address is in TEST_SUBNET and exists only inside namespaces made here; nothing is
-// routed to it from the root namespace. Namespaces are named with PREFIX, so a run killed
-// halfway leaves nothing a later run does not sweep first (sweep()).
+// routed to it from the root namespace. Namespaces are named `mft-<pid>-…` after the test
+// process that made them: runs side by side (two worktrees on one machine) do not touch each
+// other's, and a run killed halfway leaves nothing a later run does not sweep first
+// (sweep() deletes the namespaces of processes that are gone).
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
@@ -24,9 +26,11 @@ import { HostProcess } from './hosts.js';
 
 /** Namespace name prefix ("mooring fault tests"). */
 export const PREFIX = 'mft-';
+/** This process's namespace prefix. */
+export const OWN_PREFIX = `${PREFIX}${process.pid}-`;
 /** The /24 every address of the lab is in (a private range, used only inside our namespaces). */
 export const TEST_SUBNET = '10.251.77';
-const SWITCH_NS = `${PREFIX}sw`;
+const SWITCH_NS = `${OWN_PREFIX}sw`;
 const CTL = 'ctl';
 const CTL_IP = `${TEST_SUBNET}.2`;
 const TABLE = 'mft';
@@ -56,14 +60,32 @@ export function requireNetTools(): void {
   if (process.getuid?.() !== 0) throw new Error('the fault tests create network namespaces: run them as root (CI does)');
 }
 
-/** Deletes namespaces left by an earlier run (killing what still runs in them); returns their names. */
+/**
+ * Deletes the namespaces of test processes that are gone (a killed run), and this
+ * process's own, killing what still runs in them; returns their names. Namespaces of a run
+ * still going (another worktree's) are left alone.
+ */
 export function sweep(): string[] {
   const names = sh('ip', ['netns', 'list'])
     .split('\n')
     .map((l) => l.split(' ')[0]!)
-    .filter((n) => n.startsWith(PREFIX));
+    .filter((n) => {
+      const m = /^mft-(\d+)-/.exec(n);
+      return m !== null && !alive(Number(m[1]));
+    });
   for (const ns of names) deleteNs(ns);
   return names;
+}
+
+// Whether process `pid` runs (ours counts as gone: this process sweeps before it builds).
+function alive(pid: number): boolean {
+  if (pid === process.pid) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
 }
 
 // Kills what runs in a namespace of ours (data engines, the forwarder: ours, from this run
@@ -122,7 +144,7 @@ export class NetLab {
     ids: string[],
     readonly dir: string,
   ) {
-    this.hosts = ids.map((id, i) => ({ id, ns: `${PREFIX}h-${id}`, ip: `${TEST_SUBNET}.${10 + i}`, port: `p-${id}` }));
+    this.hosts = ids.map((id, i) => ({ id, ns: `${OWN_PREFIX}h-${id}`, ip: `${TEST_SUBNET}.${10 + i}`, port: `p-${id}` }));
   }
 
   /**
@@ -162,14 +184,14 @@ export class NetLab {
       sh('ip', ['-n', ns, 'addr', 'add', `${ip}/24`, 'dev', 'eth0']);
       sh('ip', ['-n', ns, 'link', 'set', 'eth0', 'up']);
     };
-    plug(`${PREFIX}${CTL}`, `p-${CTL}`, CTL_IP);
+    plug(`${OWN_PREFIX}${CTL}`, `p-${CTL}`, CTL_IP);
     for (const h of this.hosts) plug(h.ns, h.port, h.ip);
     sh('ip', ['netns', 'exec', SWITCH_NS, 'nft', '-f', '-'], `table bridge ${TABLE} {\n  chain ${CHAIN} {\n    type filter hook forward priority 0; policy accept;\n  }\n}\n`);
   }
 
   private async startForwarder(): Promise<void> {
     const routes = this.hosts.map((h) => ({ path: this.grpcSocket(h.id), host: h.ip, port: GRPC_PORT }));
-    const child = spawn('ip', ['netns', 'exec', `${PREFIX}${CTL}`, process.execPath, '-e', FORWARDER, JSON.stringify(routes)], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn('ip', ['netns', 'exec', `${OWN_PREFIX}${CTL}`, process.execPath, '-e', FORWARDER, JSON.stringify(routes)], { stdio: ['ignore', 'pipe', 'pipe'] });
     this.forwarder = child;
     child.stdout.setEncoding('utf8').on('data', (d: string) => (this.forwarderLog += d));
     child.stderr.setEncoding('utf8').on('data', (d: string) => (this.forwarderLog += d));
@@ -198,7 +220,7 @@ export class NetLab {
 
   /** The command prefix that runs a program inside a host's namespace. */
   wrap(id: string): string[] {
-    return ['ip', 'netns', 'exec', id === CTL ? `${PREFIX}${CTL}` : this.host(id).ns];
+    return ['ip', 'netns', 'exec', id === CTL ? `${OWN_PREFIX}${CTL}` : this.host(id).ns];
   }
 
   /** Where the test reaches a host's gRPC server (the forwarder's socket). */

@@ -128,6 +128,17 @@ describe('History checker', () => {
     expect(s.h.check().violations.map((v) => v.kind)).toEqual(['lost']);
   });
 
+  it('with ackedIsDurable (no crash in the history), an acknowledged write lost without a FLUSH is flagged too', () => {
+    const s = new Script();
+    const w = s.write('a1', 0);
+    s.ack(w.op);
+    s.read([]);
+    expect(s.h.check().ok).toBe(true);
+    const v = s.h.check({ ackedIsDurable: true });
+    expect(v.violations.map((x) => x.kind)).toEqual(['lost']);
+    expect(v.violations[0]!.message).toMatch(/initial content, but write #1 \(0\+4096 on a1, sent t\d+, acknowledged at t\d+\) covers it/);
+  });
+
   it('flags data nobody wrote: junk, a torn sector, misplaced data, a write sent after the read', () => {
     const junk = new Script();
     junk.read([{ offset: 0, data: Buffer.alloc(SECTOR, 0xee) }]);
