@@ -10,7 +10,7 @@ namespace mooring {
 class ReplicaRegistry::Handle final : public ReplicaBackend {
  public:
   Handle(ReplicaRegistry* reg, std::string key, std::shared_ptr<Replica> r)
-      : reg_(reg), key_(std::move(key)), r_(std::move(r)) {}
+      : reg_(reg), key_(std::move(key)), r_(std::move(r)), token_(NextToken()) {}
   ~Handle() override { Close(); }
 
   std::string id() const override { return r_->id(); }
@@ -18,17 +18,17 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   uint64_t epoch() const override { return r_->epoch(); }
   bool clean() const override { return r_->clean(); }
   bool rebuilding() const override { return r_->rebuilding(); }
-  Status ClaimEpoch(uint64_t e, ReplicaSet* stored) override { return Live() ? r_->ClaimEpoch(e, stored) : Closed(); }
+  Status ClaimEpoch(uint64_t e, ReplicaSet* stored) override { return Live() ? (WriterScope(token_), r_->ClaimEpoch(e, stored)) : Closed(); }
   Status SetReplicaSet(const ReplicaSet& set) override { return Live() ? r_->SetReplicaSet(set) : Closed(); }
   Status PeekReplicaSet(ReplicaSet* out) override { return Live() ? r_->PeekReplicaSet(out) : Closed(); }
   Status MarkClean(uint64_t e) override { return Live() ? r_->MarkClean(e) : Closed(); }
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override { return Live() ? r_->Read(off, len, buf) : -EBADF; }
   int Write(uint64_t e, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override {
-    return Live() ? r_->Write(e, off, len, buf, fua) : -EBADF;
+    return Live() ? (WriterScope(token_), r_->Write(e, off, len, buf, fua)) : -EBADF;
   }
-  int Trim(uint64_t e, uint64_t off, uint64_t len) override { return Live() ? r_->Trim(e, off, len) : -EBADF; }
+  int Trim(uint64_t e, uint64_t off, uint64_t len) override { return Live() ? (WriterScope(token_), r_->Trim(e, off, len)) : -EBADF; }
   int WriteZeroes(uint64_t e, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) override {
-    return Live() ? r_->WriteZeroes(e, off, len, may_trim, fast_only, fua) : -EBADF;
+    return Live() ? (WriterScope(token_), r_->WriteZeroes(e, off, len, may_trim, fast_only, fua)) : -EBADF;
   }
   int Flush() override { return Live() ? r_->Flush() : -EBADF; }
   int BlockStatus(uint64_t off, uint64_t len, uint32_t max, std::vector<Extent>* out) override {
@@ -47,16 +47,16 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   Status DeleteSnapshot(const std::string& name) override { return Live() ? r_->DeleteSnapshot(name) : Closed(); }
   Status Revert(const std::string& name, int64_t ms) override { return Live() ? r_->Revert(name, ms) : Closed(); }
   Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t e) override {
-    return Live() ? r_->AdoptChain(layers, e) : Closed();
+    return Live() ? (WriterScope(token_), r_->AdoptChain(layers, e)) : Closed();
   }
   Status LayerDigest(const std::string& id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) override {
     return Live() ? r_->LayerDigest(id, off, len, out) : Closed();
   }
   int WriteLayer(uint64_t e, const std::string& id, uint64_t off, uint32_t len, const uint8_t* buf) override {
-    return Live() ? r_->WriteLayer(e, id, off, len, buf) : -EBADF;
+    return Live() ? (WriterScope(token_), r_->WriteLayer(e, id, off, len, buf)) : -EBADF;
   }
   int UnmapLayer(uint64_t e, const std::string& id, uint64_t off, uint64_t len) override {
-    return Live() ? r_->UnmapLayer(e, id, off, len) : -EBADF;
+    return Live() ? (WriterScope(token_), r_->UnmapLayer(e, id, off, len)) : -EBADF;
   }
   Status FinishRebuild() override { return Live() ? r_->FinishRebuild() : Closed(); }
   uint64_t AllocatedBytes() override { return Live() ? r_->AllocatedBytes() : 0; }
@@ -70,9 +70,16 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   bool Live() const { return !released_.load(); }
   Status Closed() const { return Status::Error(Code::kClosed, "replica " + key_ + " handle is closed", EBADF); }
 
+  // Process-unique, so each user of a shared replica is a writer of its own (WriterScope).
+  static uint64_t NextToken() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
+
   ReplicaRegistry* reg_;
   const std::string key_;
   const std::shared_ptr<Replica> r_;
+  const uint64_t token_;
   std::atomic<bool> released_{false};
 };
 

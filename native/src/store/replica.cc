@@ -286,6 +286,14 @@ Status Replica::SaveMeta(const ReplicaMetadata& m) {
   return s;
 }
 
+namespace {
+thread_local uint64_t tls_writer_token = 0;
+}  // namespace
+
+WriterScope::WriterScope(uint64_t token) : prev_(tls_writer_token) { tls_writer_token = token; }
+WriterScope::~WriterScope() { tls_writer_token = prev_; }
+uint64_t WriterScope::Current() { return tls_writer_token; }
+
 Status Replica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
   std::lock_guard<std::mutex> ctl(ctl_mu_);
   // Exclusive against the data path: once we hold it no older-epoch write is in flight,
@@ -307,6 +315,7 @@ Status Replica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
   s = SaveMeta(m);
   if (!s.ok()) return s;
   epoch_ = epoch;
+  writer_token_ = WriterScope::Current();
   clean_ = false;
   if (stored) *stored = m.replica_set;
   return Status::Ok();
@@ -388,8 +397,10 @@ Status Replica::EnsureDirty() {
 int Replica::StartWrite(uint64_t epoch) {
   if (closed_.load()) return -EBADF;
   // Exactly the promised epoch: an older writer was fenced; a newer one never claimed
-  // this replica, so it is not its writer either.
+  // this replica, so it is not its writer either. And only through the handle that claimed
+  // or adopted it (WriterScope).
   if (epoch != epoch_.load()) return -kErrStaleEpoch;
+  if (const uint64_t w = writer_token_.load(); w != 0 && w != WriterScope::Current()) return -kErrStaleEpoch;
   if (clean_.load()) {
     Status s = EnsureDirty();
     if (!s.ok()) return s.sys_errno ? -s.sys_errno : -EIO;
@@ -1228,6 +1239,7 @@ int Replica::CheckRebuildOp(uint64_t epoch, uint64_t off, uint64_t len) const {
   // Checked under io_mu_ (shared), which ClaimEpoch/AdoptChain hold exclusively: no
   // rebuild write of an older engine can land after a newer one took the replica.
   if (epoch != epoch_.load()) return -kErrStaleEpoch;
+  if (const uint64_t w = writer_token_.load(); w != 0 && w != WriterScope::Current()) return -kErrStaleEpoch;
   // Writing below the head of a replica that serves reads would change what it returns.
   if (!rebuilding_.load()) return -EPERM;
   return 0;
@@ -1326,6 +1338,7 @@ Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch)
   for (const auto& path : dropped) ::unlink(path.c_str());
   RebuildBase();
   epoch_ = epoch;
+  writer_token_ = WriterScope::Current();
   clean_ = false;
   rebuilding_ = true;
   return Status::Ok();

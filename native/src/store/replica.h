@@ -44,6 +44,22 @@ struct ReplicaInfo {
 };
 
 
+// The writer a data-path call on a shared replica comes from: the registry handle
+// (ReplicaRegistry::Handle sets it around each call it forwards; calls are synchronous, so
+// a thread-local carries it), 0 when the replica was opened directly. A claim or a rebuild
+// start (AdoptChain) makes its caller's handle the replica's only writer, so writes that
+// arrive late on an older handle of the same engine (a connection that timed out, whose
+// frames the network delivers after a partition heals) are refused like an older epoch's.
+class WriterScope {
+ public:
+  explicit WriterScope(uint64_t token);
+  ~WriterScope();
+  static uint64_t Current();
+
+ private:
+  uint64_t prev_;
+};
+
 class Replica : public ReplicaBackend {
  public:
   static constexpr uint32_t kBlockSize = 4096;
@@ -182,6 +198,8 @@ class Replica : public ReplicaBackend {
   int lock_fd_ = -1;
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> epoch_{0};
+  // The one handle that may write at epoch_ (see WriterScope); 0: any.
+  std::atomic<uint64_t> writer_token_{0};
   std::atomic<bool> clean_{true};
   std::atomic<bool> rebuilding_{false};
 
