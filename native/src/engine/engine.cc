@@ -438,13 +438,16 @@ int ReplicatedEngine::CommitDropsLocked(Events* ev, bool hold) {
       fence_pending_ = false;
       return 0;
     }
+    // A fenced engine can commit nothing: the drops stay pending (every later request that
+    // needs them fails too). Checked before taking them, or the next caller would find none
+    // pending and answer a write that only a minority holds.
+    if (fenced_) return -kErrStaleEpoch;
     pending.swap(unfenced_);
     if (pending.empty()) {
       fence_pending_ = false;
       return 0;
     }
   }
-  if (fenced_) return -kErrStaleEpoch;
   const ReplicaSet prev = CommittedSet();
   ReplicaSet next = prev;
   next.generation = prev.generation + 1;
