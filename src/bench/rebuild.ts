@@ -1,6 +1,7 @@
 /**
  * Rebuild measurements (issue 3): three `mooring data-engine` processes on loopback, an
- * engine on h0 with one replica on h1, the volume filled through NBD.
+ * engine on h0 with one replica on h1 (the rebuild source) and one on h0, the volume
+ * filled through NBD.
  *
  * - Full rebuild: an empty replica on h2 is added; throughput = bytes sent / time, against
  *   the disk's own sequential write rate (fio, 1 MiB writes to a file, fsync at the end:
@@ -45,9 +46,13 @@ export async function measureRebuild(ctx: TargetContext): Promise<RebuildResults
     const [h0, h1, h2] = hosts as [BenchHost, BenchHost, BenchHost];
     const size = ctx.areaBytes;
     await h1.engine.createReplica('rb-r0', size);
+    // A second replica, on the engine's host: with r1 it makes three, so the volume keeps a
+    // majority (and serves) while h2 is down (docs/single-writer.md). r0 stays the first RW
+    // replica, so the rebuilds read from h1 over TCP as before.
+    await h0.engine.createReplica('rb-r2', size);
     const socket = join(ctx.dir, 'nbd.sock');
-    // The bench's own new replica: the first and only engine over it gets epoch 1.
-    const info = await h0.engine.startEngine({ volume: 'rb', replicas: [refOn(h1, 'r0', 'rb-r0')], nbd: `unix:${socket}`, epoch: 1 });
+    // The bench's own new replicas: the first and only engine over them gets epoch 1.
+    const info = await h0.engine.startEngine({ volume: 'rb', replicas: [refOn(h1, 'r0', 'rb-r0'), refOn(h0, 'r2', 'rb-r2')], nbd: `unix:${socket}`, epoch: 1 });
     const uri = info.nbd!.uri;
     await fill(ctx, uri, size);
     ctx.log(`  filled ${size / 1024 ** 2} MiB through NBD`);
