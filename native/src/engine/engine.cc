@@ -23,8 +23,9 @@
 // state_mu_ together, so the data path (gate_ shared) and OnBackendLost (state_mu_) each
 // see it stable. While standby the data path returns -EPERM before touching a replica,
 // and nothing is claimed, fenced, flushed or marked clean: another engine may own the
-// replicas. A hand-over is checked by the replicas themselves: Activate claims
-// hand-over epoch + 1, which any replica already past the hand-over refuses.
+// replicas. A hand-over is checked against the replicas: Activate refuses it before
+// claiming anything if a replica promised a later epoch or holds a later replica set, and
+// again after its claims if the latest replica set is not the hand-over's.
 //
 // Fan-out is sequential for writes (local replicas complete in the page cache) and
 // parallel for flushes (Fanout::kParallel). A remote backend (later issue) makes writes

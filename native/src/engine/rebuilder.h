@@ -66,14 +66,12 @@ class Rebuilder {
   // Sends source blocks [off, off+len) of layer `id` to the target.
   int Send(ReplicaBackend* source, const std::string& id, uint64_t off, uint64_t len, bool* source_failed);
 
-  // Runs a target write with the engine's epoch; if the target refuses it as stale while
-  // the engine's epoch moved on (a fence claimed epoch + 1 in between), once more.
+  // Runs a target write with the engine's epoch. An engine's epoch does not change while
+  // it rebuilds (it is handed one epoch; only Activate, on a standby, gives it another), so
+  // a stale refusal means another engine owns the target.
   template <typename Op>
   int WithEpoch(Op op) {
-    const uint64_t e = hooks_.epoch ? hooks_.epoch() : 0;
-    int rc = op(e);
-    if (rc == -kErrStaleEpoch && hooks_.epoch && hooks_.epoch() != e) rc = op(hooks_.epoch());
-    return rc;
+    return op(hooks_.epoch ? hooks_.epoch() : 0);
   }
 
   ReplicaBackend* target_;
