@@ -14,7 +14,7 @@ import { describe, it } from 'vitest';
 import { MooringError } from '../../../src/errors.js';
 import { attachOn, connectClients, laneCount, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
-// Default: what fits the fault tests' CI budget (docs/fault-tests.md); MOORING_FAULT_ROUNDS=50 for the issue's count.
+// Default: the issue's 50 rounds per fault type (docs/fault-tests.md); MOORING_FAULT_ROUNDS=N to change it.
 const ROUNDS = roundCount('e', 50);
 const LANES = laneCount(2);
 

@@ -9,8 +9,8 @@ import { describe, it } from 'vitest';
 import type { EngineInfo } from '../../../src/data-engine/data-engine.js';
 import { IO_TIMEOUT_MS, attachOn, connectClients, laneCount, roundCount, runRounds, testTimeout, until, useFaultBench, type RoundContext } from './harness.js';
 
-// Default: what fits the fault tests' CI budget (docs/fault-tests.md); MOORING_FAULT_ROUNDS=50 for the issue's count.
-const ROUNDS = roundCount('d', 25);
+// Default: the issue's 50 rounds per fault type (docs/fault-tests.md); MOORING_FAULT_ROUNDS=N to change it.
+const ROUNDS = roundCount('d', 50);
 const LANES = laneCount(2);
 
 /** Make a replica stale, start its rebuild over a slow link, then freeze or partition the engine host and take over. */
