@@ -9,8 +9,9 @@
 import { EventEmitter } from 'node:events';
 import type * as TE from 'typed-emitter';
 
-import type { AttacherType, AttachmentParameters, AttachmentTicket, AttachmentTicketStatus } from '../attachment/attachment-ticket.js';
-import type { EngineSnapshotInfo, SnapshotCopyResult } from '../data-engine/data-engine.js';
+import type { AccessMode } from '../attachment/attachment-reconciler.js';
+import type { AttacherType, AttachmentParameters, AttachmentTicket, AttachmentTicketStatus, Frontend } from '../attachment/attachment-ticket.js';
+import type { EngineSnapshotInfo, RebuildProgress, SnapshotCopyResult } from '../data-engine/data-engine.js';
 import type { MooringError } from '../errors.js';
 import type { LockHandover } from '../locks/locked-process.js';
 import type { Lockspace } from '../locks/lockspace.js';
@@ -114,6 +115,39 @@ export interface HandOverResult extends MigrationInfo {
   rwReplicaIds: string[];
 }
 
+/** A replica as the cluster reports it. */
+export interface ClusterReplicaStatus {
+  id: string;
+  hostId: string;
+  name: string;
+  mode: 'RW' | 'WO' | 'ERR' | 'unknown';
+  rebuild?: RebuildProgress;
+}
+
+/** A volume as the cluster reports it. */
+export interface ClusterVolumeStatus {
+  name: string;
+  uuid: string;
+  sizeBytes: number;
+  replicaCount: number;
+  accessMode: AccessMode;
+  /** The backing image beneath its replicas, or null. */
+  backingImage: string | null;
+  /** detached; healthy (all RW); degraded (some RW, fewer than wanted); faulted (no RW); unknown (engine host unreachable). */
+  state: 'detached' | 'healthy' | 'degraded' | 'faulted' | 'unknown';
+  /** Where it is attached (during a migration: the source, until confirmed). */
+  attachedHost: string | null;
+  /** The host whose engine writes (during a migration after hand-over: the target), or null. */
+  writerHost: string | null;
+  /** The frontend of the attached engine (null when detached). */
+  frontend: Frontend | null;
+  /** A migration in progress, or null. */
+  migration: MigrationInfo | null;
+  epoch: number;
+  nbd: { address: string; uri: string } | null;
+  replicas: ClusterReplicaStatus[];
+}
+
 /** Events of a volume's migrations. */
 export type ClusterVolumeEvents = {
   'migration-started': (m: MigrationInfo) => void;
@@ -126,9 +160,9 @@ export type ClusterVolumeEvents = {
 
 /** What a {@link ClusterVolume} asks of its cluster. @internal */
 export interface VolumeOps {
-  attach(name: string, options: ClusterAttachOptions): Promise<import('./cluster.js').ClusterVolumeStatus>;
+  attach(name: string, options: ClusterAttachOptions): Promise<ClusterVolumeStatus>;
   detach(name: string, options: ClusterDetachOptions): Promise<void>;
-  status(name: string): Promise<import('./cluster.js').ClusterVolumeStatus>;
+  status(name: string): Promise<ClusterVolumeStatus>;
   tickets(name: string): Promise<ClusterTicket[]>;
   setTicket(name: string, t: TicketOptions): Promise<ClusterTicket>;
   deleteTicket(name: string, id: string): Promise<void>;
@@ -142,7 +176,7 @@ export interface VolumeOps {
   listSnapshots(name: string): Promise<EngineSnapshotInfo[]>;
   deleteSnapshot(name: string, snapshot: string): Promise<void>;
   exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }>;
-  rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<import('./cluster.js').ClusterVolumeStatus>;
+  rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<ClusterVolumeStatus>;
 }
 
 /**
@@ -213,7 +247,7 @@ export class ClusterVolume extends (EventEmitter as new () => TypedEmitter<Clust
    *
    * @throws MooringError NOT_FOUND, BUSY, UNAVAILABLE, INVALID_ARGUMENT, NO_HEALTHY_REPLICA
    */
-  attach(options: ClusterAttachOptions): Promise<import('./cluster.js').ClusterVolumeStatus> {
+  attach(options: ClusterAttachOptions): Promise<ClusterVolumeStatus> {
     return this.#ops.attach(this.name, options);
   }
 
@@ -228,7 +262,7 @@ export class ClusterVolume extends (EventEmitter as new () => TypedEmitter<Clust
   }
 
   /** State, replicas, export, migration and tickets. */
-  status(): Promise<import('./cluster.js').ClusterVolumeStatus> {
+  status(): Promise<ClusterVolumeStatus> {
     return this.#ops.status(this.name);
   }
 
@@ -300,7 +334,7 @@ export class ClusterVolume extends (EventEmitter as new () => TypedEmitter<Clust
    * `host` (default: the first reachable replica host), waits until its engine has rebuilt or
    * replaced the broken replicas, and detaches.
    */
-  rebuild(options: { host?: string; timeoutMs?: number } = {}): Promise<import('./cluster.js').ClusterVolumeStatus> {
+  rebuild(options: { host?: string; timeoutMs?: number } = {}): Promise<ClusterVolumeStatus> {
     return this.#ops.rebuild(this.name, options);
   }
 }

@@ -1,0 +1,103 @@
+/**
+ * The data engines a control plane is offered, and how it asks them whether they answer:
+ * every decision about a host goes through {@link Hosts.probe} or {@link Hosts.reachable},
+ * each bounded by {@link HOST_PROBE_TIMEOUT_MS}.
+ *
+ * @packageDocumentation
+ */
+import type { DataEngine, DataEngineEvent, EngineInfo } from '../data-engine/data-engine.js';
+import { MooringError, toMooringError } from '../errors.js';
+import { withTimeout } from '../util/async.js';
+
+/** How long a call to a data engine may take before its host counts as unreachable for a decision. */
+export const HOST_PROBE_TIMEOUT_MS = 3000;
+
+/** A volume's engine on a host: its info, or whether it is stopped or the host unreachable. */
+export type EngineProbe = EngineInfo | 'stopped' | 'unreachable';
+
+/** The offered data engines by host id, each watched for events while offered. */
+export class Hosts {
+  readonly #hosts = new Map<string, { engine: DataEngine; unwatch: () => void }>();
+
+  constructor(private readonly onEvent: (hostId: string, event: DataEngineEvent) => void) {}
+
+  /** Host ids offered. */
+  get ids(): string[] {
+    return [...this.#hosts.keys()];
+  }
+
+  /** Every offered host with its data engine. */
+  entries(): [string, DataEngine][] {
+    return [...this.#hosts].map(([id, h]) => [id, h.engine]);
+  }
+
+  has(hostId: string): boolean {
+    return this.#hosts.has(hostId);
+  }
+
+  /** The data engine of a host, or null if it is not offered. */
+  get(hostId: string): DataEngine | null {
+    return this.#hosts.get(hostId)?.engine ?? null;
+  }
+
+  /**
+   * The data engine of a host.
+   *
+   * @throws MooringError NOT_FOUND (not a host of this control plane)
+   */
+  engineOf(hostId: string): DataEngine {
+    const h = this.#hosts.get(hostId);
+    if (!h) throw new MooringError('NOT_FOUND', `host ${hostId} is not a host of this cluster (known: ${this.ids.join(', ') || 'none'})`);
+    return h.engine;
+  }
+
+  /** Offers a data engine under its host id (a new handle for the same host replaces the old one). */
+  set(hostId: string, engine: DataEngine): void {
+    const old = this.#hosts.get(hostId);
+    if (old?.engine === engine) return;
+    old?.unwatch();
+    const unwatch = engine.watch((e) => this.onEvent(hostId, e));
+    this.#hosts.set(hostId, { engine, unwatch });
+  }
+
+  /** Withdraws a host (no error if it was not offered). */
+  delete(hostId: string): void {
+    this.#hosts.get(hostId)?.unwatch();
+    this.#hosts.delete(hostId);
+  }
+
+  /** Withdraws every host. */
+  clear(): void {
+    for (const h of this.#hosts.values()) h.unwatch();
+    this.#hosts.clear();
+  }
+
+  /** The volume's engine on a host: its info, or whether it is stopped or the host unreachable. */
+  async probe(hostId: string, volume: string): Promise<EngineProbe> {
+    const h = this.#hosts.get(hostId);
+    if (!h) return 'unreachable';
+    try {
+      return await withTimeout(h.engine.engineInfo(volume), HOST_PROBE_TIMEOUT_MS, `engine of ${volume} on ${hostId}`);
+    } catch (err) {
+      return toMooringError(err).code === 'NOT_FOUND' ? 'stopped' : 'unreachable';
+    }
+  }
+
+  /** Whether a host answers and runs the volume's engine. */
+  async probeEngine(hostId: string, volume: string): Promise<'running' | 'stopped' | 'unreachable'> {
+    const p = await this.probe(hostId, volume);
+    return typeof p === 'string' ? p : 'running';
+  }
+
+  /** Whether a host's data engine answers. */
+  async reachable(hostId: string): Promise<boolean> {
+    const h = this.#hosts.get(hostId);
+    if (!h) return false;
+    try {
+      await withTimeout(h.engine.info(), HOST_PROBE_TIMEOUT_MS, `host ${hostId}`);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+}

@@ -1,0 +1,132 @@
+/**
+ * The repair controller: for an attached volume, records the replica modes its engine
+ * reports, re-adds a replica whose host came back under a new address, replaces a replica
+ * that stayed ERR beyond the replacement wait with a new one on a host that holds none of
+ * the volume's replicas, and stops engines of the volume left on other hosts by a takeover.
+ * The data engines rebuild; this controller only decides.
+ *
+ * @packageDocumentation
+ */
+import type { BackingImageController } from '../backing-image/backing-image-controller.js';
+import type { EngineInfo } from '../data-engine/data-engine.js';
+import { MooringError, toMooringError } from '../errors.js';
+import { withTimeout } from '../util/async.js';
+import { KIND, type EngineRecord, type ReplicaRecord, type VolumeRecord } from './cluster-records.js';
+import type { ControlState } from './control-state.js';
+import { HOST_PROBE_TIMEOUT_MS } from './hosts.js';
+
+/**
+ * How long a replacement waits in the repair pass for its backing image file on the new host.
+ * The copy goes on after that; a later pass finds it ready (other volumes' repairs do not
+ * wait behind a long copy).
+ */
+const REPLACEMENT_IMAGE_WAIT_MS = 5000;
+
+/** See the module comment. */
+export class RepairController {
+  constructor(
+    private readonly state: ControlState,
+    private readonly images: Pick<BackingImageController, 'acquire'>,
+  ) {}
+
+  /**
+   * One repair step for the volume attached per `eng` (at most one replacement). Caller
+   * holds the volume's turn.
+   */
+  async repair(eng: EngineRecord): Promise<void> {
+    if (this.state.closed) return;
+    const vol = await this.state.volume(eng.volume);
+    const de = this.state.hosts.get(eng.hostId);
+    if (!de) return;
+    let info: EngineInfo;
+    try {
+      info = await withTimeout(de.engineInfo(eng.volume), HOST_PROBE_TIMEOUT_MS, `engine of ${eng.volume} on ${eng.hostId}`);
+    } catch {
+      return; // the engine's host is away: nothing to decide from here
+    }
+    await this.state.recordModes(eng.volume, info);
+    await this.#stopStrayEngines(eng);
+    const records = await this.state.replicas(eng.volume);
+    const now = Date.now();
+    const healthy = info.replicas.filter((r) => r.mode !== 'ERR').length;
+
+    for (const r of records) {
+      const seen = info.replicas.find((x) => x.id === r.id);
+      if (!seen || seen.mode !== 'ERR') continue;
+      // Its host is back under a new address (restarted data engine): re-add with the new one.
+      const host = await this.state.hostRecord(r.hostId);
+      if (host && host.replicaAddress !== null && seen.address !== null && host.replicaAddress !== seen.address && (await this.state.hosts.reachable(r.hostId))) {
+        await de.addReplica(eng.volume, { id: r.id, hostId: r.hostId, name: r.name, address: host.replicaAddress });
+        return;
+      }
+      // Replace only while fewer than the wanted replicas are healthy, and only after the wait.
+      if (healthy >= vol.replicaCount) continue;
+      if (r.failedSinceMs === null || now - r.failedSinceMs < this.state.settings.replacementWaitMs) continue;
+      const used = new Set(records.map((x) => x.hostId));
+      let target: string;
+      try {
+        [target] = (await this.state.pickHosts(1, used)) as [string];
+      } catch {
+        return; // no spare host offered yet
+      }
+      await this.#replace(eng, vol, r, target);
+      return; // one replacement per pass per volume
+    }
+  }
+
+  // An engine for the volume on another host is a leftover of a takeover (its host was
+  // unreachable then): the newer epoch already fences it; stopping it releases its replicas
+  // and its NBD socket.
+  async #stopStrayEngines(eng: EngineRecord): Promise<void> {
+    for (const [hostId, de] of this.state.hosts.entries()) {
+      if (hostId === eng.hostId) continue;
+      const state = await this.state.hosts.probeEngine(hostId, eng.volume);
+      if (state !== 'running') continue;
+      await de.stopEngine(eng.volume).then(
+        () => this.state.events.cluster('stray-engine-stopped', { volume: eng.volume, hostId }),
+        (err: unknown) => this.state.events.cluster('warning', toMooringError(err, `stopping the stale engine of ${eng.volume} on ${hostId}`)),
+      );
+    }
+  }
+
+  async #replace(eng: EngineRecord, vol: VolumeRecord, old: ReplicaRecord, targetHost: string): Promise<void> {
+    const { hosts, store } = this.state;
+    const engineHost = hosts.engineOf(eng.hostId);
+    const ids = new Set((await this.state.replicas(vol.name)).map((r) => r.id));
+    let n = 0;
+    while (ids.has(`r${n}`)) n++;
+    const rec = this.state.newReplicaRecord(vol.name, `r${n}`, targetHost);
+    if (vol.backingImage) {
+      // The new host gets the image's file first (delivered from a ready copy).
+      const lease = await this.images.acquire(vol.backingImage, [targetHost], Math.min(REPLACEMENT_IMAGE_WAIT_MS, this.state.settings.ticketWaitMs));
+      try {
+        await hosts.engineOf(targetHost).createReplica(rec.name, vol.sizeBytes, { backingImage: lease.backingImage });
+        await store.put(KIND.replica, rec.name, rec, { expectedVersion: 0 });
+      } finally {
+        lease.release();
+      }
+    } else {
+      await hosts.engineOf(targetHost).createReplica(rec.name, vol.sizeBytes);
+      await store.put(KIND.replica, rec.name, rec, { expectedVersion: 0 });
+    }
+    let result;
+    try {
+      result = await engineHost.addReplica(vol.name, await this.state.refOf(rec));
+    } catch (err) {
+      await engineHost.removeReplica(vol.name, rec.id).catch(() => undefined);
+      await hosts.engineOf(targetHost).deleteReplica(rec.name).catch(() => undefined);
+      await store.delete(KIND.replica, rec.name).catch(() => undefined);
+      throw toMooringError(err, `replacing ${old.id} of ${vol.name} on ${targetHost}`);
+    }
+    await store.put(KIND.replica, rec.name, { ...rec, mode: 'RW' });
+    await engineHost.removeReplica(vol.name, old.id).catch((err: unknown) => this.state.events.cluster('warning', toMooringError(err, `removing ${old.id} from ${vol.name}`)));
+    const oldHost = hosts.get(old.hostId);
+    let deleted = false;
+    if (oldHost) deleted = await oldHost.deleteReplica(old.name).then(() => true, () => false);
+    // A replica whose host is away keeps no record: when that host returns, its data engine
+    // lists the directory, and an embedder may delete it (it belongs to no volume).
+    await store.delete(KIND.replica, old.name);
+    if (!deleted) this.state.events.cluster('warning', new MooringError('UNAVAILABLE', `replica ${old.name} of ${vol.name} on ${old.hostId} was replaced but could not be deleted; delete it when the host is back`));
+    this.state.events.cluster('replica-replaced', { volume: vol.name, oldReplicaId: old.id, oldHostId: old.hostId, newReplicaId: rec.id, newHostId: targetHost, sentBytes: result.sentBytes });
+  }
+}

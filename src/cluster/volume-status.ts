@@ -1,0 +1,56 @@
+/**
+ * A volume's status as the control plane reports it: its records, and what the engine that
+ * writes reports about its replicas (bounded by the host probe timeout).
+ *
+ * @packageDocumentation
+ */
+import type { EngineInfo } from '../data-engine/data-engine.js';
+import { withTimeout } from '../util/async.js';
+import type { ClusterVolumeStatus } from './cluster-volume.js';
+import { migrationInfo, type ControlState } from './control-state.js';
+import { HOST_PROBE_TIMEOUT_MS } from './hosts.js';
+
+/**
+ * The volume's state, replicas and export, as its engine reports them (or as last recorded).
+ *
+ * @throws MooringError NOT_FOUND
+ */
+export async function volumeStatus(state: ControlState, name: string): Promise<ClusterVolumeStatus> {
+  const vol = await state.volume(name);
+  const replicas = await state.replicas(name);
+  const eng = await state.engineRecord(name);
+  const mig = await state.migrationRecord(name);
+  const writerHost = eng ? (mig?.targetActivated ? mig.targetHost : eng.hostId) : null;
+  const base: ClusterVolumeStatus = {
+    name,
+    uuid: vol.uuid,
+    sizeBytes: vol.sizeBytes,
+    replicaCount: vol.replicaCount,
+    accessMode: vol.accessMode,
+    backingImage: vol.backingImage ?? null,
+    state: 'detached',
+    attachedHost: eng?.hostId ?? null,
+    writerHost,
+    frontend: eng ? { disabled: eng.frontendDisabled, nbd: eng.nbd } : null,
+    migration: mig ? migrationInfo(mig) : null,
+    epoch: eng?.epoch ?? 0,
+    nbd: null,
+    replicas: replicas.map((r) => ({ id: r.id, hostId: r.hostId, name: r.name, mode: r.mode })),
+  };
+  if (!eng || !writerHost) return base;
+  let info: EngineInfo;
+  try {
+    info = await withTimeout(state.hosts.engineOf(writerHost).engineInfo(name), HOST_PROBE_TIMEOUT_MS, `engine of ${name} on ${writerHost}`);
+  } catch {
+    return { ...base, state: 'unknown' };
+  }
+  if (base.migration) base.migration.epoch = mig?.targetActivated ? info.epoch : 0;
+  const rw = info.replicas.filter((r) => r.mode === 'RW').length;
+  return {
+    ...base,
+    epoch: info.epoch,
+    nbd: info.nbd,
+    state: rw === 0 ? 'faulted' : rw >= vol.replicaCount && info.replicas.every((r) => r.mode === 'RW') ? 'healthy' : 'degraded',
+    replicas: info.replicas.map((r) => ({ id: r.id, hostId: r.hostId, name: r.name, mode: r.mode, ...(r.rebuild ? { rebuild: { ...r.rebuild } } : {}) })),
+  };
+}
