@@ -1,0 +1,64 @@
+// The attachment controller alone, over the shared state layer and fake data engines:
+// tickets decide where the engine runs, each start gets a newly allocated epoch, a volume
+// whose host cannot be reached is taken over, an operation's own ticket attaches a detached
+// volume without frontend and leaves nothing behind, and a withdrawn ticket detaches.
+import { describe, expect, it } from 'vitest';
+
+import { KIND } from '../../../src/cluster/cluster-records.js';
+import { FakeDataEngine } from '../fakes/fake-data-engine.js';
+import { controlFixture } from './control-fixture.js';
+
+describe('AttachmentController', () => {
+  it('starts the engine where the ticket asks, with an allocated epoch, and records it', async () => {
+    const { fakes, store, attachment, newVolume } = await controlFixture();
+    const v = await newVolume();
+    const st = await attachment.attach(v, { host: 'b', nbd: 'unix:/run/b.sock' });
+    expect(st).toMatchObject({ attachedHost: 'b', writerHost: 'b', state: 'healthy', nbd: { address: 'unix:/run/b.sock' } });
+    expect(fakes[1]!.engines.get(v)).toMatchObject({ role: 'active', epoch: st.epoch });
+    expect(FakeDataEngine.epochsGivenFor(v).map((e) => [e.hostId, e.call, e.epoch])).toEqual([['b', 'startEngine', 1]]);
+    expect((await store.get<{ hostId: string }>(KIND.engine, v))?.value.hostId).toBe('b');
+    const [t] = await attachment.tickets(v);
+    expect(t).toMatchObject({ id: 'api-b', hostId: 'b', status: { satisfied: true } });
+    await expect(attachment.attach(v, { host: 'a' })).rejects.toMatchObject({ code: 'BUSY', details: { attachedHost: 'b' } });
+  });
+
+  it('takes a volume over from a host that cannot be reached, with a higher epoch, and says so', async () => {
+    const { fakes, events, attachment, newVolume } = await controlFixture();
+    const v = await newVolume();
+    const first = await attachment.attach(v, { host: 'a' });
+    fakes[0]!.reachable = false;
+    const st = await attachment.attach(v, { host: 'c' });
+    expect(st.attachedHost).toBe('c');
+    expect(st.epoch).toBeGreaterThan(first.epoch);
+    expect(events).toContainEqual(['engine-taken-over', { volume: v, fromHost: 'a', toHost: 'c', epoch: st.epoch }]);
+    // The old host's ticket went with it.
+    expect((await attachment.tickets(v)).map((t) => t.id)).toEqual(['api-c']);
+  });
+
+  it("holds an operation's own ticket: a detached volume attaches without frontend for it, then detaches", async () => {
+    const { fakes, store, attachment, newVolume } = await controlFixture();
+    const v = await newVolume('rwo', ['a', 'b', 'c']);
+    const host = await attachment.operationHost(v, undefined);
+    expect(host).toBe('a');
+    const seen = await attachment.withTicket(v, 'snapshot', host, async (writer) => {
+      const e = fakes[0]!.engines.get(v);
+      return { writer, nbd: e?.nbd, tickets: (await attachment.tickets(v)).map((t) => [t.type, t.parameters.disableFrontend]) };
+    });
+    expect(seen).toEqual({ writer: 'a', nbd: null, tickets: [['snapshot', 'true']] });
+    expect(fakes[0]!.engines.has(v)).toBe(false);
+    expect(await store.get(KIND.engine, v)).toBeNull();
+    expect(await attachment.tickets(v)).toEqual([]);
+  });
+
+  it('detaches when the last ticket is withdrawn, and a detach of nothing is harmless', async () => {
+    const { fakes, attachment, newVolume } = await controlFixture();
+    const v = await newVolume();
+    await attachment.attach(v, { host: 'a', attacher: 'workload' });
+    await attachment.detach(v, { host: 'b' });
+    expect(fakes[0]!.engines.has(v)).toBe(true);
+    await attachment.detach(v, { host: 'a' });
+    expect(fakes[0]!.engines.has(v)).toBe(false);
+    await attachment.detach(v, {});
+    await expect(attachment.detach('nope', {})).rejects.toMatchObject({ code: 'NOT_FOUND' });
+  });
+});
