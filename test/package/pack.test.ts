@@ -5,7 +5,7 @@
 import { chmodSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot, run, TempDir } from '../system/helpers/tools.js';
+import { repoRoot, requireBuilt, run, TempDir } from '../system/helpers/tools.js';
 
 const tmp = new TempDir('mooring-pack-');
 const project = tmp.join('project');
@@ -49,9 +49,7 @@ const SCRIPT_BODY = `
 
 describe('npm package', () => {
   beforeAll(async () => {
-    for (const f of ['dist/index.js', 'dist/index.cjs', 'dist/cli.js', 'prebuilds/linux-x64/mooring.node']) {
-      if (!existsSync(join(repoRoot, f))) throw new Error(`${f} is missing: run 'npm run build' first`);
-    }
+    requireBuilt(['dist/index.js', 'dist/index.cjs', 'dist/cli.js', 'prebuilds/linux-x64/mooring.node']);
     mkdirSync(tripwires);
     for (const tool of ['cc', 'gcc', 'g++', 'c++', 'clang', 'clang++', 'make', 'node-gyp']) {
       const p = join(tripwires, tool);
