@@ -1,9 +1,9 @@
 import { defineConfig } from 'tsup';
 
 export default defineConfig({
-  entry: { index: 'src/index.ts', cli: 'src/cli/main.ts', 'lock-exec': 'src/locks/exec-helper.ts' },
+  entry: { index: 'src/index.ts', internal: 'src/internal.ts', cli: 'src/cli/main.ts', 'lock-exec': 'src/locks/exec-helper.ts' },
   format: ['esm', 'cjs'],
-  dts: { entry: { index: 'src/index.ts' } },
+  dts: { entry: { index: 'src/index.ts', internal: 'src/internal.ts' } },
   shims: true,
   target: 'node20',
   platform: 'node',

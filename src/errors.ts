@@ -100,8 +100,22 @@ export interface MooringErrorOptions {
 }
 
 /**
+ * The mark every {@link MooringError} carries, under a registered symbol: one process may
+ * hold two copies of this class (the package's ESM and CJS builds, each loaded by a
+ * different dependency), and each copy must recognise the other's errors.
+ */
+const BRAND = Symbol.for('mooring.error');
+
+function isBranded(value: unknown): boolean {
+  return typeof value === 'object' && value !== null && (value as { [BRAND]?: unknown })[BRAND] === true;
+}
+
+/**
  * The only error type Mooring throws or rejects with. Test `code`, never the message:
  * codes are stable, messages are for people.
+ *
+ * `err instanceof MooringError` and {@link isMooringError} hold for a MooringError of any
+ * copy of the package loaded in the process (`import` and `require` load different ones).
  */
 export class MooringError extends Error {
   /** A stable code from {@link MooringErrorCode}. */
@@ -118,16 +132,30 @@ export class MooringError extends Error {
    */
   constructor(code: MooringErrorCode, message: string, options: MooringErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    // Not enumerable: it stays out of JSON, logs and deep-equality checks.
+    Object.defineProperty(this, BRAND, { value: true });
     this.name = 'MooringError';
     this.code = code;
     if (options.errno !== undefined && options.errno !== 0) this.errno = Math.abs(options.errno);
     if (options.details !== undefined) this.details = options.details;
   }
+
+  /**
+   * Tests the brand, so that errors of another copy of the package count too. A subclass
+   * (`class X extends MooringError`) keeps the ordinary prototype-chain test.
+   */
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    if (this !== MooringError) return Function.prototype[Symbol.hasInstance].call(this, value);
+    return isBranded(value);
+  }
 }
 
-/** Whether `err` is a {@link MooringError}, optionally with the given code. */
+/**
+ * Whether `err` is a {@link MooringError} (of any copy of the package in the process),
+ * optionally with the given code.
+ */
 export function isMooringError(err: unknown, code?: MooringErrorCode): err is MooringError {
-  return err instanceof MooringError && (code === undefined || err.code === code);
+  return isBranded(err) && (code === undefined || (err as MooringError).code === code);
 }
 
 /**

@@ -12,7 +12,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { DataEngineGrpcServer, LocalDataEngine, MooringError, RemoteDataEngine, formatBytes } from '../../dist/index.js';
+import { DataEngineGrpcServer, LocalDataEngine, MooringError, RemoteDataEngine } from '../../dist/index.js';
 
 const MiB = 1024 * 1024;
 const log = (line = '') => process.stdout.write(`${line}\n`);
@@ -49,7 +49,7 @@ try {
     // engine over these new replicas gets 1, and every later one a higher one.
     epoch: 1,
   });
-  log(`engine disk0 on a: ${formatBytes(engine.sizeBytes)}, epoch ${engine.epoch}`);
+  log(`engine disk0 on a: ${engine.sizeBytes / MiB} MiB, epoch ${engine.epoch}`);
   for (const r of engine.replicas) log(`  replica ${r.id} on host ${r.hostId} (${r.name}): ${r.mode}`);
   log(`  NBD: ${engine.nbd.uri}   (try: nbdinfo '${engine.nbd.uri}')`);
   log(`replicas on b: ${(await b.listReplicas()).map((r) => `${r.name} in use=${r.inUse}`).join(', ')}`);

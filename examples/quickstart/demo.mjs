@@ -8,7 +8,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { MooringError, Volume, formatBytes } from '../../dist/index.js';
+import { MooringError, Volume } from '../../dist/index.js';
 
 const once = process.argv.includes('--once') || Boolean(process.env.CI);
 const MiB = 1024 * 1024;
@@ -22,7 +22,7 @@ try {
   // 1. Create: three replica directories under dir/replicas, described by dir/volume.json.
   volume = await Volume.create({ dir, sizeBytes: 64 * MiB, replicas: 3, name: 'demo' });
   volume.on('replica-error', (e) => log(`! replica ${e.replicaId} failed: ${e.code} ${e.message}`));
-  log(`created volume ${volume.name}: ${formatBytes(volume.sizeBytes)}, ${volume.replicaCount} replicas, epoch ${volume.epoch}`);
+  log(`created volume ${volume.name}: ${volume.sizeBytes / MiB} MiB, ${volume.replicaCount} replicas, epoch ${volume.epoch}`);
   log(`  directory ${dir}`);
 
   // 2. Write through the library (each write reaches all three replicas before it resolves),
@@ -35,7 +35,7 @@ try {
   const back = await volume.read(0, block.length);
   const backText = await volume.read(1 * MiB + 123, text.length);
   if (!back.equals(block) || !backText.equals(text)) throw new Error('read-back mismatch');
-  log(`wrote ${formatBytes(block.length)} at 0 and ${text.length} bytes at ${1 * MiB + 123}; read back and verified`);
+  log(`wrote ${block.length} bytes at 0 and ${text.length} bytes at ${1 * MiB + 123}; read back and verified`);
 
   // 3. Snapshot (O(1): no data copied), then change the volume so the snapshot differs.
   await volume.createSnapshot('first', { labels: { made_by: 'demo' } });
@@ -46,7 +46,7 @@ try {
   const map = await volume.blockStatus(0, 2 * MiB);
   log(`allocation of the first 2 MiB: ${map.map((e) => `${e.offset}+${e.length} ${e.hole ? 'hole' : 'data'}`).join(', ')}`);
   const status = await volume.status();
-  for (const r of status.replicas) log(`replica ${r.id}: ${r.mode}, epoch ${r.epoch}, ${formatBytes(r.allocatedBytes)} allocated`);
+  for (const r of status.replicas) log(`replica ${r.id}: ${r.mode}, epoch ${r.epoch}, ${r.allocatedBytes} bytes allocated`);
 
   // 4. Export over NBD on a unix socket (dir/nbd.sock by default).
   const nbd = await volume.export();

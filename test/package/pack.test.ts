@@ -1,11 +1,12 @@
 // The package as users get it: `npm pack`, install the tarball into a scratch project, and
-// use it from both `import` (ESM) and `require` (CJS). The install must not compile
-// anything: compilers on PATH are replaced by tripwires, no build/ directory may appear,
-// and the addon that gets loaded must be the shipped prebuild.
+// use it (the main entry and `mooring/internal`) from both `import` (ESM) and `require`
+// (CJS). The install must not compile anything: compilers on PATH are replaced by
+// tripwires, no build/ directory may appear, and the addon that gets loaded must be the
+// shipped prebuild.
 import { chmodSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { repoRoot, run, TempDir } from '../system/helpers/tools.js';
+import { repoRoot, requireBuilt, run, TempDir } from '../system/helpers/tools.js';
 
 const tmp = new TempDir('mooring-pack-');
 const project = tmp.join('project');
@@ -39,6 +40,9 @@ const SCRIPT_BODY = `
     if (zeros.some((b) => b !== 0)) throw new Error('unwritten space is not zero');
     await volume.close();
     if (typeof MooringError !== 'function') throw new Error('MooringError is not exported');
+    // The subpath for the repository's tools and tests: its own names, none of the main entry's.
+    if (typeof internal.parseNbdAddress !== 'function' || typeof internal.EpochAllocator !== 'function') throw new Error('mooring/internal lacks its exports');
+    if ('parseNbdAddress' in mooring || 'Volume' in internal) throw new Error('mooring and mooring/internal overlap');
     const maps = readFileSync('/proc/self/maps', 'utf8').split('\\n');
     const loaded = [...new Set(maps.map((l) => l.split(/\\s+/).pop()).filter((p) => p && p.endsWith('.node')))];
     console.log('RESULT ' + JSON.stringify({ flavour: FLAVOUR, loaded }));
@@ -49,9 +53,7 @@ const SCRIPT_BODY = `
 
 describe('npm package', () => {
   beforeAll(async () => {
-    for (const f of ['dist/index.js', 'dist/index.cjs', 'dist/cli.js', 'prebuilds/linux-x64/mooring.node']) {
-      if (!existsSync(join(repoRoot, f))) throw new Error(`${f} is missing: run 'npm run build' first`);
-    }
+    requireBuilt(['dist/index.js', 'dist/index.cjs', 'dist/internal.js', 'dist/internal.cjs', 'dist/cli.js', 'prebuilds/linux-x64/mooring.node']);
     mkdirSync(tripwires);
     for (const tool of ['cc', 'gcc', 'g++', 'c++', 'clang', 'clang++', 'make', 'node-gyp']) {
       const p = join(tripwires, tool);
@@ -63,7 +65,7 @@ describe('npm package', () => {
     tarball = join(tmp.path, info[0]!.filename);
     pkgVersion = info[0]!.version;
     const files = info[0]!.files.map((f) => f.path);
-    for (const f of ['package.json', 'dist/index.js', 'dist/index.cjs', 'dist/index.d.ts', 'dist/cli.js', 'prebuilds/linux-x64/mooring.node']) {
+    for (const f of ['package.json', 'dist/index.js', 'dist/index.cjs', 'dist/index.d.ts', 'dist/index.d.cts', 'dist/internal.js', 'dist/internal.cjs', 'dist/internal.d.ts', 'dist/internal.d.cts', 'dist/cli.js', 'prebuilds/linux-x64/mooring.node']) {
       expect(files, `tarball lacks ${f}`).toContain(f);
     }
     expect(files.filter((f) => f.startsWith('test/') || f.startsWith('node_modules/') || f.startsWith('build/'))).toEqual([]);
@@ -84,8 +86,8 @@ describe('npm package', () => {
   });
 
   it.each([
-    ['esm', 'use.mjs', `import { Volume, MooringError } from 'mooring';\nimport { mkdtempSync, readFileSync, rmSync } from 'node:fs';\nimport { tmpdir } from 'node:os';\nimport { join } from 'node:path';\nconst FLAVOUR = 'esm';\n${SCRIPT_BODY}`],
-    ['cjs', 'use.cjs', `const { Volume, MooringError } = require('mooring');\nconst { mkdtempSync, readFileSync, rmSync } = require('node:fs');\nconst { tmpdir } = require('node:os');\nconst { join } = require('node:path');\nconst FLAVOUR = 'cjs';\n(async () => {\n${SCRIPT_BODY}\n})().catch((e) => { console.error(e); process.exit(1); });`],
+    ['esm', 'use.mjs', `import * as mooring from 'mooring';\nimport * as internal from 'mooring/internal';\nconst { Volume, MooringError } = mooring;\nimport { mkdtempSync, readFileSync, rmSync } from 'node:fs';\nimport { tmpdir } from 'node:os';\nimport { join } from 'node:path';\nconst FLAVOUR = 'esm';\n${SCRIPT_BODY}`],
+    ['cjs', 'use.cjs', `const mooring = require('mooring');\nconst internal = require('mooring/internal');\nconst { Volume, MooringError } = mooring;\nconst { mkdtempSync, readFileSync, rmSync } = require('node:fs');\nconst { tmpdir } = require('node:os');\nconst { join } = require('node:path');\nconst FLAVOUR = 'cjs';\n(async () => {\n${SCRIPT_BODY}\n})().catch((e) => { console.error(e); process.exit(1); });`],
   ])('works from %s', async (flavour, file, source) => {
     writeFileSync(join(project, file), source);
     const r = await run(process.execPath, [file], { cwd: project, env: cleanEnv(), timeoutMs: 60_000 });

@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 
 import {
   MooringError,
@@ -34,6 +34,74 @@ describe('MooringError', () => {
     expect(e.details).toEqual({ path: '/x' });
     expect(isMooringError(e, 'IO_ERROR')).toBe(true);
     expect(isMooringError(e, 'CLOSED')).toBe(false);
+  });
+});
+
+describe('MooringError identity', () => {
+  // A second copy of the class, as when one process loads the package's ESM and CJS builds.
+  async function otherCopy(): Promise<typeof import('../../src/errors.js')> {
+    vi.resetModules();
+    const other = await import('../../src/errors.js');
+    expect(other.MooringError).not.toBe(MooringError);
+    return other;
+  }
+
+  it('recognises the errors of another copy of the class, both ways', async () => {
+    const other = await otherCopy();
+    const theirs = new other.MooringError('NOT_FOUND', 'no such volume');
+    const ours = new MooringError('BUSY', 'in use');
+    expect(theirs instanceof MooringError).toBe(true);
+    expect(ours instanceof other.MooringError).toBe(true);
+    expect(isMooringError(theirs)).toBe(true);
+    expect(isMooringError(theirs, 'NOT_FOUND')).toBe(true);
+    expect(isMooringError(theirs, 'BUSY')).toBe(false);
+    expect(other.isMooringError(ours, 'BUSY')).toBe(true);
+    expect(toMooringError(theirs)).toBe(theirs);
+  });
+
+  it('accepts nothing else: plain errors, coded errors, look-alikes', async () => {
+    const other = await otherCopy();
+    const impostors: unknown[] = [
+      new Error('plain'),
+      Object.assign(new Error('coded'), { code: 'NOT_FOUND' }),
+      { name: 'MooringError', code: 'NOT_FOUND', message: 'fake' },
+      Object.create(MooringError.prototype) as unknown,
+      null,
+      undefined,
+      'NOT_FOUND',
+      MooringError,
+    ];
+    for (const v of impostors) {
+      expect(v instanceof MooringError).toBe(false);
+      expect(v instanceof other.MooringError).toBe(false);
+      expect(isMooringError(v)).toBe(false);
+      expect(other.isMooringError(v, 'NOT_FOUND')).toBe(false);
+    }
+  });
+
+  it('keeps subclasses apart: a subclass tests its own prototype chain', () => {
+    class SubError extends MooringError {}
+    class OtherSubError extends MooringError {}
+    const sub = new SubError('INVALID_ARGUMENT', 'bad flag');
+    expect(sub instanceof SubError).toBe(true);
+    expect(sub instanceof MooringError).toBe(true);
+    expect(sub instanceof Error).toBe(true);
+    expect(isMooringError(sub, 'INVALID_ARGUMENT')).toBe(true);
+    expect(sub instanceof OtherSubError).toBe(false);
+    expect(new MooringError('INVALID_ARGUMENT', 'x') instanceof SubError).toBe(false);
+    expect(new Error('plain') instanceof SubError).toBe(false);
+  });
+
+  it('marks instances with the registered brand, out of sight of JSON and enumeration', () => {
+    const e = new MooringError('IO_ERROR', 'it broke', { details: { path: '/x' } });
+    const brand = Symbol.for('mooring.error');
+    expect((e as unknown as Record<symbol, unknown>)[brand]).toBe(true);
+    expect(Object.getOwnPropertyDescriptor(e, brand)).toMatchObject({ enumerable: false, writable: false });
+    expect(Object.getOwnPropertySymbols({ ...e })).toEqual([]);
+    expect(JSON.stringify(e)).not.toContain('mooring.error');
+    // What a different package calls a MooringError, branded by hand, is taken at its word:
+    // the brand is public by design (Symbol.for), like a duck type with a registered name.
+    expect(Object.assign(new Error('x'), { [brand]: true }) instanceof MooringError).toBe(true);
   });
 });
 

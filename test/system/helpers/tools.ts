@@ -2,7 +2,7 @@
 // every call has a timeout, a missing program is a loud failure naming the Debian package
 // to install (system tests never skip), and a failing program reports its whole output.
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -31,6 +31,13 @@ export function requireTool(tool: string): void {
     throw new Error(`required tool '${tool}' is not installed: run 'apt-get install -y ${pkg}' (or bash .ci/setup.sh)`);
   }
   checkedTools.add(tool);
+}
+
+/** Throws a clear error if a build output (a path below the repository root) is missing. */
+export function requireBuilt(files: readonly string[]): void {
+  for (const f of files) {
+    if (!existsSync(join(repoRoot, f))) throw new Error(`${f} is missing: run 'npm run build' first`);
+  }
 }
 
 export interface RunOptions {
