@@ -2,11 +2,12 @@
  * Mooring: replicated block volumes for VM managers, served over NBD.
  *
  * ```ts
- * import { Volume } from 'mooring';
- * const volume = await Volume.create({ dir: '/var/lib/vm/disk0', sizeBytes: 10 * 2 ** 30, replicas: 3 });
- * const nbd = await volume.export();          // unix:/var/lib/vm/disk0/nbd.sock
- * console.log(nbd.uri);                       // nbd+unix:///?socket=/var/lib/vm/disk0/nbd.sock
- * await volume.close();
+ * import { Mooring } from 'mooring';
+ * const mooring = await Mooring.open({ dir: '/var/lib/mooring' }); // store + this host's data engine
+ * const disk = await mooring.createVolume({ name: 'disk0', sizeBytes: 10 * 2 ** 30 });
+ * const st = await disk.attach({ nbd: 'unix:/run/disk0.sock' }); // on this host
+ * console.log(st.nbd?.uri);                  // nbd+unix:///?socket=/run/disk0.sock
+ * await mooring.close();
  * ```
  *
  * The main entry exports classes, `MooringError` and its codes, types, and one `limits`
@@ -17,20 +18,6 @@
  */
 export { MooringError, MooringErrorCode, isMooringError, isMooringErrorCode } from './errors.js';
 export type { MooringErrorOptions } from './errors.js';
-
-export { Volume } from './volume/volume.js';
-export type {
-  CreateSnapshotOptions,
-  ExportInfo,
-  SnapshotInfo,
-  VolumeCreateOptions,
-  VolumeEvents,
-  VolumeExportOptions,
-  VolumeOpenOptions,
-  VolumeReplicaStatus,
-  VolumeStatus,
-} from './volume/volume.js';
-export type { ReplicaErrorRecord, ReplicaSpec, VolumeSpec } from './volume/volume-spec.js';
 
 export { Engine } from './engine/engine.js';
 export type {
@@ -61,32 +48,28 @@ export { NbdExport } from './nbd/nbd-export.js';
 export type { NbdExportEvents, NbdExportOptions, NbdExportStats } from './nbd/nbd-export.js';
 export type { NbdAddress } from './nbd/nbd-address.js';
 
-// --- many hosts: cluster, data engines, gRPC, state store ---
-export { Cluster } from './cluster/cluster.js';
+// --- the entry point and its volumes ---
+export { Mooring } from './mooring.js';
+export type { MooringEvents, MooringOptions, ReplicaReplacedEvent } from './mooring.js';
+export { Volume, Migration } from './volume/volume.js';
 export type {
-  ClusterAttachOptions,
-  ClusterCloneOptions,
-  ClusterDetachOptions,
-  ClusterEvents,
-  ClusterOptions,
-  ClusterReplicaStatus,
-  ClusterVolumeCreateOptions,
-  ClusterVolumeStatus,
-  ReplicaReplacedEvent,
-} from './cluster/cluster.js';
-export type { AttachmentRecord, EngineRecord, HostRecord, MigrationPhase, MigrationRecord, ReplicaRecord, VolumeEpochRecord, VolumeRecord } from './cluster/cluster-records.js';
-export { ClusterVolume, Migration } from './cluster/cluster-volume.js';
-export type {
-  ClusterTicket,
-  ClusterVolumeEvents,
+  AttachOptions,
+  DetachOptions,
   HandOverResult,
   MigrateOptions,
   MigrationHooks,
   MigrationInfo,
   MigrationLocks,
   TicketOptions,
-} from './cluster/cluster-volume.js';
-// --- backing images (seed 003) ---
+  VolumeCloneOptions,
+  VolumeCreateOptions,
+  VolumeEvents,
+  VolumeReplicaStatus,
+  VolumeStatus,
+  VolumeTicket,
+} from './volume/volume.js';
+export type { MigrationPhase } from './cluster/cluster-records.js';
+// --- backing images ---
 export { BackingImage } from './backing-image/backing-image.js';
 export type { BackingImageCreateOptions, BackingImageEvents, BackingImageFileStatus, BackingImageStatus } from './backing-image/backing-image.js';
 export type { BackingImageSource, BackingImageRecord, BackingImageDiskStatus } from './backing-image/backing-image-records.js';

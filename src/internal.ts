@@ -9,7 +9,7 @@
  */
 
 // --- volumes: volume.json and the directory layout ---
-export { DEFAULT_SOCKET_FILE, OPEN_EPOCH_ATTEMPTS_MAX } from './volume/volume.js';
+export { DEFAULT_SOCKET_FILE, OPEN_EPOCH_ATTEMPTS_MAX } from './volume/directory-volume.js';
 export { VOLUME_SPEC_FILE, VOLUME_SPEC_FORMAT, VOLUME_SPEC_VERSION, parseVolumeSpec } from './volume/volume-spec.js';
 
 // --- helpers ---
@@ -17,7 +17,7 @@ export { formatNbdAddress, nbdUri, parseNbdAddress } from './nbd/nbd-address.js'
 export { formatBytes, parseSize } from './util/size.js';
 
 // --- cluster: store schema, writer epochs, attachment decisions ---
-export { EPOCH_ATTEMPTS_MAX, HOST_PROBE_TIMEOUT_MS } from './cluster/cluster.js';
+export { EPOCH_ATTEMPTS_MAX, HOST_PROBE_TIMEOUT_MS } from './mooring.js';
 // Writer epochs: allocated by the control plane, never chosen by an engine (docs/single-writer.md).
 export { EpochAllocator, EPOCH_ALLOCATION_ATTEMPTS_MAX } from './cluster/epochs.js';
 export { CLUSTER_SCHEMA_VERSION } from './cluster/cluster-records.js';

@@ -8,16 +8,16 @@
 
 // Volumes, names, labels, I/O (src/util/limits.ts).
 export * from './util/limits.js';
-export { DEFAULT_REPLICA_COUNT } from './volume/volume.js';
+export { DEFAULT_REPLICA_COUNT } from './cluster/volume-lifecycle.js';
 export { NBD_LIMITS } from './nbd/nbd-export.js';
 
-// Cluster options and tickets.
+// Mooring options and tickets.
 export {
   DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS,
   DEFAULT_REPAIR_INTERVAL_MS,
   DEFAULT_REPLICA_REPLACEMENT_WAIT_MS,
   DEFAULT_TICKET_WAIT_TIMEOUT_MS,
-} from './cluster/cluster.js';
+} from './mooring.js';
 export { ATTACHMENT_TICKETS_MAX } from './cluster/cluster-records.js';
 
 // Data engines, gRPC, backing image files and downloads.

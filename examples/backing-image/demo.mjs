@@ -3,7 +3,7 @@
 //
 // Two data engines run in this process (in production each host runs its own). A small
 // HTTP server stands in for an image registry and serves a raw image with a pattern in its
-// first MiB. The cluster downloads it on host a, copies it to host b when the volume's
+// first MiB. Mooring downloads it on host a, copies it to host b when the volume's
 // replicas need it there (the copy is checked against the image's SHA-512), and creates the
 // replicas over it. Reading the volume through its NBD export shows the image's bytes; a
 // write lands above the image and the image stays as it was.
@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 
-import { Cluster, FileStateStore, LocalDataEngine, MooringError } from '../../dist/index.js';
+import { Mooring, FileStateStore, LocalDataEngine, MooringError } from '../../dist/index.js';
 
 const MiB = 1024 * 1024;
 const log = (line = '') => process.stdout.write(`${line}\n`);
@@ -44,7 +44,7 @@ const url = `http://127.0.0.1:${server.address().port}/base.raw`;
 const root = await mkdtemp(join(tmpdir(), 'mooring-backing-image-demo-'));
 const engines = [];
 let store;
-let cluster;
+let mooring;
 let failed = false;
 
 try {
@@ -52,9 +52,9 @@ try {
     engines.push(await LocalDataEngine.start({ dir: join(root, id), hostId: id, replicaListen: `tcp:127.0.0.1:${17921 + i}` }));
   }
   store = await FileStateStore.open(join(root, 'state'));
-  cluster = await Cluster.open({ store, hosts: engines });
+  mooring = await Mooring.open({ store, hosts: engines });
 
-  const img = await cluster.createBackingImage({
+  const img = await mooring.createBackingImage({
     name: 'debian-base',
     source: { type: 'download', url },
     expectedChecksum: createHash('sha512').update(image).digest('hex'),
@@ -65,12 +65,13 @@ try {
   log(`image ${st.name}: ${st.state}, ${st.format}, ${st.sizeBytes} bytes, sha512 ${st.currentChecksum.slice(0, 16)}...`);
 
   // Its replicas go to a and b: b gets a copy of the file first.
-  const vol = await cluster.createVolume({ name: 'vm1-disk', replicas: 2, hosts: ['a', 'b'], backingImage: 'debian-base' });
-  log(`volume ${vol.name}: ${vol.sizeBytes} bytes over ${vol.backingImage}`);
+  const vol = await mooring.createVolume({ name: 'vm1-disk', replicas: 2, hosts: ['a', 'b'], backingImage: 'debian-base' });
+  const vst = await vol.status();
+  log(`volume ${vst.name}: ${vst.sizeBytes} bytes over ${vst.backingImage}`);
   log(`files: ${(await img.status()).files.map((f) => `${f.hostId}=${f.state}`).join(' ')}`);
 
   const sock = join(root, 'vm1.sock');
-  await cluster.attach('vm1-disk', { host: 'a', nbd: `unix:${sock}` });
+  await vol.attach({ host: 'a', nbd: `unix:${sock}` });
   log(`the image's bytes: ${await qemuIo(sock, 'read -P 0x5a 0 1M')}`);
   log(`a write above it: ${await qemuIo(sock, 'write -P 0x42 0 64k')}`);
   log(`reads back: ${await qemuIo(sock, 'read -P 0x42 0 64k')}`);
@@ -81,15 +82,15 @@ try {
   } catch (err) {
     log(`delete while used: ${err.code}`);
   }
-  await cluster.detach('vm1-disk');
-  await cluster.deleteVolume('vm1-disk');
+  await mooring.volume('vm1-disk').detach();
+  await mooring.deleteVolume('vm1-disk');
   await img.delete();
   log('volume and image deleted');
 } catch (err) {
   failed = true;
   log(`failed: ${err instanceof MooringError ? `${err.code}: ` : ''}${err.message}`);
 } finally {
-  await cluster?.close();
+  await mooring?.close();
   await store?.close();
   for (const e of engines) await e.close().catch(() => undefined);
   server.close();

@@ -1,8 +1,8 @@
 #!/usr/bin/env node
-// A volume across three hosts, kept by a Cluster.
+// A volume across three hosts, kept by a Mooring.
 //
 // Three data engines run in this process (in production each host runs its own, in the
-// VM manager's process or as `mooring data-engine`, reached over gRPC). The cluster places
+// VM manager's process or as `mooring data-engine`, reached over gRPC). Mooring places
 // one replica per host, attaches the volume on host a (its engine reaches b's and c's
 // replicas over the replica protocol) and keeps its decisions in a FileStateStore. Then
 // host c goes away and comes back: the volume runs degraded meanwhile, and c's replica is
@@ -14,14 +14,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { Cluster, FileStateStore, LocalDataEngine, MooringError } from '../../dist/index.js';
+import { Mooring, FileStateStore, LocalDataEngine, MooringError } from '../../dist/index.js';
 
 const MiB = 1024 * 1024;
 const log = (line = '') => process.stdout.write(`${line}\n`);
 const root = await mkdtemp(join(tmpdir(), 'mooring-cluster-demo-'));
 const engines = {};
 let store;
-let cluster;
+let mooring;
 let failed = false;
 
 const startHost = async (id, port) => {
@@ -30,7 +30,7 @@ const startHost = async (id, port) => {
   return engines[id];
 };
 const show = async (what) => {
-  const st = await cluster.status('disk0');
+  const st = await mooring.volume('disk0').status();
   log(`${what}: ${st.state}, attached on ${st.attachedHost ?? '-'}, epoch ${st.epoch}; ` + st.replicas.map((r) => `${r.id}@${r.hostId}=${r.mode}`).join(' '));
   return st;
 };
@@ -41,10 +41,10 @@ try {
   const c = await startHost('c', 17903);
   a.watch((e) => e.type.startsWith('rebuild-c') && log(`  ${e.type}: replica ${e.replicaId}, ${e.sentBytes} bytes sent`));
   store = await FileStateStore.open(join(root, 'state'));
-  cluster = await Cluster.open({ store, hosts: [a, b, c], repairIntervalMs: 500 });
+  mooring = await Mooring.open({ store, hosts: [a, b, c], repairIntervalMs: 500 });
 
-  await cluster.createVolume({ name: 'disk0', sizeBytes: 64 * MiB, replicas: 3 });
-  const st = await cluster.attach('disk0', { host: 'a', nbd: `unix:${join(root, 'disk0.sock')}` });
+  await mooring.createVolume({ name: 'disk0', sizeBytes: 64 * MiB, replicas: 3 });
+  const st = await mooring.volume('disk0').attach({ host: 'a', nbd: `unix:${join(root, 'disk0.sock')}` });
   log(`NBD for QEMU: ${st.nbd.uri}`);
   await show('attached');
 
@@ -55,18 +55,18 @@ try {
   await show('host c down');
 
   // Host c comes back with the same directory: a's data engine re-adds its replica.
-  await cluster.addHost(await startHost('c', 17903));
-  for (let i = 0; i < 60 && (await cluster.status('disk0')).state !== 'healthy'; i++) await sleep(250);
+  await mooring.addHost(await startHost('c', 17903));
+  for (let i = 0; i < 60 && (await mooring.volume('disk0').status()).state !== 'healthy'; i++) await sleep(250);
   await show('host c back');
 
-  await cluster.detach('disk0');
-  await cluster.deleteVolume('disk0');
+  await mooring.volume('disk0').detach();
+  await mooring.deleteVolume('disk0');
   log('detached and deleted');
 } catch (err) {
   failed = true;
   log(`failed: ${err instanceof MooringError ? `${err.code}: ` : ''}${err.message}`);
 } finally {
-  await cluster?.close();
+  await mooring?.close();
   await store?.close();
   for (const e of Object.values(engines)) await e.close().catch(() => undefined);
   await rm(root, { recursive: true, force: true });

@@ -45,7 +45,7 @@ try {
       { id: 'r1', hostId: 'b', name: 'disk0-r1', address: (await b.info()).replicaAddress },
     ],
     nbd: `unix:${join(root, 'disk0.sock')}`,
-    // Writer epochs are allocated by the caller (a Cluster does it in its store): the first
+    // Writer epochs are allocated by the caller (a Mooring does it in its store): the first
     // engine over these new replicas gets 1, and every later one a higher one.
     epoch: 1,
   });

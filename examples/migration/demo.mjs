@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 
-import { Cluster, FileStateStore, LocalDataEngine, MooringError } from '../../dist/index.js';
+import { Mooring, FileStateStore, LocalDataEngine, MooringError } from '../../dist/index.js';
 
 const MiB = 1024 * 1024;
 const log = (line = '') => process.stdout.write(`${line}\n`);
@@ -34,7 +34,7 @@ const qemuIo = async (socket, command) => {
 const root = await mkdtemp(join(tmpdir(), 'mooring-migration-demo-'));
 const engines = [];
 let store;
-let cluster;
+let mooring;
 let failed = false;
 
 try {
@@ -42,9 +42,9 @@ try {
     engines.push(await LocalDataEngine.start({ dir: join(root, id), hostId: id, replicaListen: `tcp:127.0.0.1:${17911 + i}` }));
   }
   store = await FileStateStore.open(join(root, 'state'));
-  cluster = await Cluster.open({ store, hosts: engines });
-  await cluster.createVolume({ name: 'vm1-disk', sizeBytes: 64 * MiB, replicas: 3, accessMode: 'migratable' });
-  const vol = cluster.volume('vm1-disk');
+  mooring = await Mooring.open({ store, hosts: engines });
+  await mooring.createVolume({ name: 'vm1-disk', sizeBytes: 64 * MiB, replicas: 3, accessMode: 'migratable' });
+  const vol = mooring.volume('vm1-disk');
   for (const e of ['migration-started', 'migration-target-ready', 'migration-confirmed', 'migration-rolled-back']) {
     vol.on(e, (m) => log(`  event ${e}: ${m.sourceHost} -> ${m.targetHost}`));
   }
@@ -73,13 +73,13 @@ try {
   log(`confirmed: attached on ${st.attachedHost}, ${st.state}, epoch ${st.epoch}`);
 
   await vol.detach();
-  await cluster.deleteVolume('vm1-disk');
+  await mooring.deleteVolume('vm1-disk');
   log('detached and deleted');
 } catch (err) {
   failed = true;
   log(`failed: ${err instanceof MooringError ? `${err.code}: ` : ''}${err.message}`);
 } finally {
-  await cluster?.close();
+  await mooring?.close();
   await store?.close();
   for (const e of engines) await e.close().catch(() => undefined);
   await rm(root, { recursive: true, force: true });

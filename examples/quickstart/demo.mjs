@@ -1,73 +1,74 @@
 #!/usr/bin/env node
-// Mooring quickstart: a 3-replica volume in a temporary directory, written and read through
-// the library, snapshotted, and served over NBD on a unix socket.
+// Mooring quickstart, on the embedded defaults: one directory holds the control-plane store
+// and this host's data engine, both in this process. A volume is created, attached on this
+// host with an NBD socket, written through that socket (by qemu-io, when it is installed),
+// snapshotted, and found again, still attached, after the VM manager restarts.
 //
 //   npm run build && npm run demo            serve until Ctrl-C
 //   npm run demo -- --once   (or CI=1)       print everything, then close and exit
+import { spawnSync } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { MooringError, Volume } from '../../dist/index.js';
+import { Mooring, MooringError } from '../../dist/index.js';
 
 const once = process.argv.includes('--once') || Boolean(process.env.CI);
 const MiB = 1024 * 1024;
 const log = (line = '') => process.stdout.write(`${line}\n`);
+// QEMU's own NBD client, if installed (Debian: qemu-utils).
+const qemuIo = (uri, ...commands) => {
+  const r = spawnSync('qemu-io', ['-f', 'raw', ...commands.flatMap((c) => ['-c', c]), uri], { encoding: 'utf8' });
+  if (r.error) return null;
+  if (r.status !== 0) throw new Error(`qemu-io failed: ${r.stderr}`);
+  return r.stdout.trim().split('\n').filter((l) => /^(wrote|read) /.test(l)).join('; ');
+};
 
 const root = await mkdtemp(join(tmpdir(), 'mooring-demo-'));
-const dir = join(root, 'disk0');
-let volume;
+const socket = join(root, 'disk0.sock');
+let mooring;
 let failed = false;
 try {
-  // 1. Create: three replica directories under dir/replicas, described by dir/volume.json.
-  volume = await Volume.create({ dir, sizeBytes: 64 * MiB, replicas: 3, name: 'demo' });
-  volume.on('replica-error', (e) => log(`! replica ${e.replicaId} failed: ${e.code} ${e.message}`));
-  log(`created volume ${volume.name}: ${volume.sizeBytes / MiB} MiB, ${volume.replicaCount} replicas, epoch ${volume.epoch}`);
-  log(`  directory ${dir}`);
+  // 1. Open the embedded default: the store in root/state, this host's data engine in root/host.
+  mooring = await Mooring.open({ dir: root });
+  log(`opened Mooring in ${root}: this host is ${mooring.hostId}`);
 
-  // 2. Write through the library (each write reaches all three replicas before it resolves),
-  //    including an unaligned one, then read back and compare.
-  const block = Buffer.alloc(64 * 1024, 0xab);
-  const text = Buffer.from('hello from mooring\n');
-  await volume.write(0, block);
-  await volume.write(1 * MiB + 123, text);
-  await volume.flush();
-  const back = await volume.read(0, block.length);
-  const backText = await volume.read(1 * MiB + 123, text.length);
-  if (!back.equals(block) || !backText.equals(text)) throw new Error('read-back mismatch');
-  log(`wrote ${block.length} bytes at 0 and ${text.length} bytes at ${1 * MiB + 123}; read back and verified`);
+  // 2. Create a volume: one replica per host, so one here (more hosts: Mooring.addHost).
+  const disk = await mooring.createVolume({ name: 'disk0', sizeBytes: 64 * MiB });
+  disk.on('migration-started', (m) => log(`migration to ${m.targetHost} started`));
+  let st = await disk.status();
+  log(`created volume ${st.name}: ${st.sizeBytes / MiB} MiB, ${st.replicaCount} replica(s), ${st.state}`);
 
-  // 3. Snapshot (O(1): no data copied), then change the volume so the snapshot differs.
-  await volume.createSnapshot('first', { labels: { made_by: 'demo' } });
-  await volume.write(0, Buffer.alloc(4096, 0xcd));
-  for (const s of await volume.listSnapshots()) {
-    log(`snapshot ${s.name}: created ${new Date(s.createdMs).toISOString()}, labels ${JSON.stringify(s.labels)}`);
-  }
-  const map = await volume.blockStatus(0, 2 * MiB);
-  log(`allocation of the first 2 MiB: ${map.map((e) => `${e.offset}+${e.length} ${e.hole ? 'hole' : 'data'}`).join(', ')}`);
-  const status = await volume.status();
-  for (const r of status.replicas) log(`replica ${r.id}: ${r.mode}, epoch ${r.epoch}, ${r.allocatedBytes} bytes allocated`);
+  // 3. Attach it on this host with an NBD socket: its engine runs in this process.
+  st = await disk.attach({ nbd: `unix:${socket}` });
+  log(`attached on ${st.attachedHost}: ${st.state}, writer epoch ${st.epoch}`);
+  log(`  NBD: ${st.nbd.uri}`);
 
-  // 4. Export over NBD on a unix socket (dir/nbd.sock by default).
-  const nbd = await volume.export();
-  const uri = nbd.uri;
+  // 4. Write and read through the socket, as QEMU would.
+  const wrote = qemuIo(st.nbd.uri, 'write -P 0xab 0 64k', 'read -P 0xab 0 64k');
+  log(wrote === null ? '(qemu-io is not installed: skipping the write through NBD)' : `qemu-io: ${wrote}`);
+
+  // 5. A snapshot (O(1): no data copied).
+  await disk.createSnapshot('first', { labels: { made_by: 'demo' } });
+  for (const s of await disk.listSnapshots()) log(`snapshot ${s.name}, labels ${JSON.stringify(s.labels)}`);
+
+  // 6. The VM manager restarts: everything is found again from root, and attach() (same
+  //    ticket, same socket) waits until the engine serves again.
+  await mooring.close();
+  mooring = await Mooring.open({ dir: root });
+  st = await mooring.volume('disk0').attach({ nbd: `unix:${socket}` });
+  log(`after a restart: ${st.state} on ${st.attachedHost}, writer epoch ${st.epoch}`);
+  const again = qemuIo(st.nbd.uri, 'read -P 0xab 0 64k');
+  if (again !== null) log(`qemu-io after the restart: ${again}`);
+
   log();
-  log(`serving over NBD at ${nbd.addressString}`);
-  log(`  URI: ${uri}`);
   log('connect a client, e.g.:');
-  log(`  nbdinfo '${uri}'`);
-  log(`  nbdinfo --map '${uri}'`);
-  log(`  qemu-img info '${uri}'`);
-  log(`  qemu-io -f raw -c 'read -P 0xcd 0 4k' -c 'read -P 0xab 4k 60k' '${uri}'`);
-  log(`  qemu-img convert -p -O qcow2 '${uri}' /tmp/demo-copy.qcow2`);
-  log(`  fio --name=demo --ioengine=nbd --uri='${uri}' --rw=randrw --bs=4k --iodepth=16 --size=64M --runtime=10 --time_based`);
-  log(`  (qemu: -blockdev driver=nbd,server.type=unix,server.path=${nbd.address.path},node-name=disk0)`);
-
+  log(`  nbdinfo '${st.nbd.uri}'`);
+  log(`  qemu-img info '${st.nbd.uri}'`);
+  log(`  (qemu: -blockdev driver=nbd,server.type=unix,server.path=${socket},node-name=disk0)`);
   if (once) {
-    log();
     log('--once: closing now (run without --once to keep serving until Ctrl-C)');
   } else {
-    log();
     log('serving until Ctrl-C ...');
     await new Promise((resolve) => {
       const keepAlive = setInterval(() => undefined, 1 << 30);
@@ -90,9 +91,9 @@ try {
   }
 } finally {
   try {
-    if (volume) {
-      await volume.close();
-      log('volume closed (export drained and flushed, replicas marked clean)');
+    if (mooring) {
+      await mooring.close();
+      log('closed (engines drained and flushed)');
     }
   } catch (err) {
     failed = true;

@@ -1,5 +1,5 @@
 /**
- * BackingImage: one backing image of a {@link Cluster}, as the embedder uses it — status,
+ * BackingImage: one backing image of a {@link Mooring}, as the embedder uses it — status,
  * waiting for the first ready file, uploading its bytes, cancel, delete, cleanup of copies,
  * and events. Get one with `cluster.createBackingImage(...)` or `cluster.backingImage(name)`;
  * the same object is returned for the same name while the cluster is open.
@@ -15,7 +15,7 @@ import type { BackingImageSource } from './backing-image-records.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
-/** Options of `Cluster.createBackingImage`. */
+/** Options of `Mooring.createBackingImage`. */
 export interface BackingImageCreateOptions {
   /** Image name ([A-Za-z0-9._-]{1,63}), unique in the cluster. */
   name: string;

@@ -15,7 +15,7 @@
  */
 import { join } from 'node:path';
 
-import { Cluster } from '../cluster/cluster.js';
+import { Mooring } from '../mooring.js';
 import { MemoryStateStore } from '../state/memory-state-store.js';
 import { NbdClient } from './nbd-client.js';
 import { BenchError, stopChild } from './processes.js';
@@ -98,11 +98,11 @@ async function writeThrough(from: NbdClient, to: () => Promise<NbdClient>, moved
 /** Migrates a volume `rounds` times between two hosts; every host is stopped when it returns or throws. */
 export async function measureMigration(ctx: TargetContext, rounds: number): Promise<MigrationResults> {
   const hosts: BenchHost[] = [];
-  let cluster: Cluster | null = null;
+  let cluster: Mooring | null = null;
   const clients: NbdClient[] = [];
   try {
     for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, MIGRATION_BASE_PORT + i));
-    cluster = await Cluster.open({ store: new MemoryStateStore(), hosts: hosts.map((h) => h.engine), repairIntervalMs: 0 });
+    cluster = await Mooring.open({ store: new MemoryStateStore(), hosts: hosts.map((h) => h.engine), repairIntervalMs: 0 });
     const name = 'mig';
     await cluster.createVolume({ name, sizeBytes: VOLUME_BYTES, replicas: 3, accessMode: 'migratable', hosts: ['h0', 'h1', 'h2'] });
     const vol = cluster.volume(name);

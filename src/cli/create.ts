@@ -1,7 +1,7 @@
 // `mooring create`: create a volume directory and close it again.
 import { resolve } from 'node:path';
 
-import { DEFAULT_REPLICA_COUNT, Volume } from '../volume/volume.js';
+import { DEFAULT_REPLICA_COUNT, DirectoryVolume } from '../volume/directory-volume.js';
 import { formatBytes } from '../util/size.js';
 import { UsageError, parseCommandArgs, parseReplicasOption, parseSizeOption, printJson, requireDir, addonOf, type CliContext } from './common.js';
 
@@ -42,7 +42,7 @@ export async function runCreate(argv: string[], ctx: CliContext): Promise<number
   if (values.size === undefined) throw new UsageError('create', '--size SIZE is required');
   const sizeBytes = parseSizeOption('create', values.size);
   const replicas = values.replicas === undefined ? DEFAULT_REPLICA_COUNT : parseReplicasOption('create', values.replicas);
-  const volume = await Volume.create({
+  const volume = await DirectoryVolume.create({
     dir,
     sizeBytes,
     replicas,

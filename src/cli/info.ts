@@ -1,7 +1,7 @@
 // `mooring info`: size, replicas, epoch and snapshots of a volume.
 import { resolve } from 'node:path';
 
-import { Volume } from '../volume/volume.js';
+import { DirectoryVolume } from '../volume/directory-volume.js';
 import { formatBytes } from '../util/size.js';
 import { isoTime, parseCommandArgs, printJson, requireDir, addonOf, type CliContext } from './common.js';
 
@@ -31,7 +31,7 @@ export async function runInfo(argv: string[], ctx: CliContext): Promise<number> 
     return 0;
   }
   const dir = resolve(ctx.cwd ?? process.cwd(), requireDir('info', values.dir));
-  const volume = await Volume.open(dir, { addon: addonOf(ctx) });
+  const volume = await DirectoryVolume.open(dir, { addon: addonOf(ctx) });
   try {
     const status = await volume.status();
     const snapshots = await volume.listSnapshots();

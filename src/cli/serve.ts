@@ -3,7 +3,7 @@ import { join, resolve } from 'node:path';
 
 import { MooringError } from '../errors.js';
 import { VOLUME_SPEC_FILE } from '../volume/volume-spec.js';
-import { DEFAULT_REPLICA_COUNT, DEFAULT_SOCKET_FILE, Volume } from '../volume/volume.js';
+import { DEFAULT_REPLICA_COUNT, DEFAULT_SOCKET_FILE, DirectoryVolume } from '../volume/directory-volume.js';
 import { directoryState, pathExists } from '../util/files.js';
 import { formatBytes } from '../util/size.js';
 import {
@@ -82,18 +82,18 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
   }
 
   const stop = installStopSignals(ctx, 'the drain');
-  let volume: Volume | undefined;
+  let volume: DirectoryVolume | undefined;
   try {
     const state = await directoryState(dir);
     if (state === 'missing' || state === 'empty') {
       if (sizeBytes === undefined) throw new UsageError('serve', `${dir} holds no volume yet: --size is required to create one`);
       ctx.stderr(`mooring: creating volume in ${dir} (${formatBytes(sizeBytes)}, ${replicas ?? DEFAULT_REPLICA_COUNT} replicas)\n`);
-      volume = await Volume.create({ dir, sizeBytes, replicas: replicas ?? DEFAULT_REPLICA_COUNT, addon });
+      volume = await DirectoryVolume.create({ dir, sizeBytes, replicas: replicas ?? DEFAULT_REPLICA_COUNT, addon });
     } else {
       if (!(await pathExists(join(dir, VOLUME_SPEC_FILE)))) {
         throw new MooringError('NOT_FOUND', `${dir} is not empty and holds no ${VOLUME_SPEC_FILE}; use an empty directory to create a volume`);
       }
-      volume = await Volume.open(dir, { addon });
+      volume = await DirectoryVolume.open(dir, { addon });
       if (sizeBytes !== undefined && sizeBytes !== volume.sizeBytes) {
         throw new MooringError('INVALID_ARGUMENT', `--size ${sizeBytes} does not match the volume's ${volume.sizeBytes} bytes (${dir}); resizing is not supported`);
       }

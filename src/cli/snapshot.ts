@@ -1,7 +1,7 @@
 // `mooring snapshot create|list|delete|revert`.
 import { resolve } from 'node:path';
 
-import { Volume } from '../volume/volume.js';
+import { DirectoryVolume } from '../volume/directory-volume.js';
 import { formatBytes } from '../util/size.js';
 import { UsageError, isoTime, parseCommandArgs, printJson, requireDir, addonOf, type CliContext } from './common.js';
 
@@ -74,7 +74,7 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
   if (command !== 'create' && values.label !== undefined) throw new UsageError('snapshot', `--label only applies to snapshot create`);
   const labels = parseLabels(values.label);
 
-  const volume = await Volume.open(dir, { addon: addonOf(ctx) });
+  const volume = await DirectoryVolume.open(dir, { addon: addonOf(ctx) });
   try {
     switch (command) {
       case 'create': {

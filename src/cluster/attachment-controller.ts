@@ -23,7 +23,7 @@ import { MooringError, toMooringError } from '../errors.js';
 import { sleep } from '../util/async.js';
 import { checkIntIn, checkName, describe } from '../util/validate.js';
 import { ATTACHMENT_TICKETS_MAX, CLUSTER_SCHEMA_VERSION, KIND, type AttachmentRecord } from './cluster-records.js';
-import type { ClusterAttachOptions, ClusterDetachOptions, ClusterTicket, ClusterVolumeStatus, TicketOptions } from './cluster-volume.js';
+import type { AttachOptions, DetachOptions, VolumeTicket, VolumeStatus, TicketOptions } from '../volume/volume.js';
 import type { ControlState, Observed } from './control-state.js';
 import type { EngineLifecycle } from './engine-lifecycle.js';
 import type { MigrationController } from './migration-controller.js';
@@ -49,11 +49,11 @@ export class AttachmentController {
 
   /**
    * Asks for the volume on a host with a ticket and waits until the ticket is satisfied
-   * (see ClusterVolume.attach).
+   * (see Volume.attach).
    *
    * @throws MooringError NOT_FOUND, BUSY, UNAVAILABLE, INVALID_ARGUMENT, NO_HEALTHY_REPLICA
    */
-  async attach(name: string, options: ClusterAttachOptions): Promise<ClusterVolumeStatus> {
+  async attach(name: string, options: AttachOptions): Promise<VolumeStatus> {
     this.state.checkOpen();
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `attach options must be an object (got ${describe(options)})`);
     const host = checkName('host id', options.host);
@@ -104,7 +104,7 @@ export class AttachmentController {
    *
    * @throws MooringError NOT_FOUND, UNAVAILABLE, INVALID_ARGUMENT
    */
-  async detach(name: string, options: ClusterDetachOptions): Promise<void> {
+  async detach(name: string, options: DetachOptions): Promise<void> {
     this.state.checkOpen();
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `detach options must be an object (got ${describe(options)})`);
     const host = options.host === undefined || options.host === '' ? null : checkName('host id', options.host);
@@ -116,14 +116,14 @@ export class AttachmentController {
   }
 
   /** Every ticket of the volume with its status. */
-  async tickets(name: string): Promise<ClusterTicket[]> {
+  async tickets(name: string): Promise<VolumeTicket[]> {
     await this.state.volume(name);
     const att = (await this.state.attachment(name)).rec;
     return att.tickets.map((t) => ({ ...t, status: att.statuses.find((s) => s.id === t.id) ?? null }));
   }
 
   /** Creates or updates a ticket of any attacher type and reconciles (does not wait for it). */
-  async setTicket(name: string, t: TicketOptions): Promise<ClusterTicket> {
+  async setTicket(name: string, t: TicketOptions): Promise<VolumeTicket> {
     this.state.checkOpen();
     if (typeof t !== 'object' || t === null) throw new MooringError('INVALID_ARGUMENT', `a ticket must be an object (got ${describe(t)})`);
     const { id, type } = checkTicketIdentity(t.id, t.type);

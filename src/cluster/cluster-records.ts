@@ -1,5 +1,5 @@
 /**
- * The documents a {@link Cluster} keeps in its {@link StateStore}: one per volume, replica,
+ * The documents a {@link Mooring} keeps in its {@link StateStore}: one per volume, replica,
  * engine and host, each with a spec (what is wanted) and a status (what was last seen),
  * like the Kubernetes objects Longhorn keeps, and one epoch counter per volume (the writer
  * epochs its engines are given; src/cluster/epochs.ts). Validated on read: a store may be
@@ -15,7 +15,7 @@ import { NAME_PATTERN, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN, VOLUME_SIZE_MAX_BYT
 /**
  * Schema version of the cluster documents. 1: volumes, replicas, engines, hosts. 2: attachment
  * tickets, access modes and migrations (a store of version 1 is upgraded when a cluster opens
- * it; see `Cluster.open`).
+ * it; see `Mooring.open`).
  */
 export const CLUSTER_SCHEMA_VERSION = 2;
 

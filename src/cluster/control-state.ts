@@ -31,8 +31,8 @@ import {
   type ReplicaRecord,
   type VolumeRecord,
 } from './cluster-records.js';
-import type { ClusterEvents } from './cluster.js';
-import type { ClusterVolumeEvents, MigrationInfo } from './cluster-volume.js';
+import type { MooringEvents } from '../mooring.js';
+import type { VolumeEvents, MigrationInfo } from '../volume/volume.js';
 import { EpochAllocator } from './epochs.js';
 import { Hosts } from './hosts.js';
 
@@ -48,8 +48,8 @@ export interface ControlSettings {
 
 /** Where the controllers' events go: the facade's emitter and the volume handles. */
 export interface ControlEvents {
-  cluster<E extends keyof ClusterEvents>(event: E, ...args: Parameters<ClusterEvents[E]>): void;
-  volume<E extends keyof ClusterVolumeEvents>(name: string, event: E, ...args: Parameters<ClusterVolumeEvents[E]>): void;
+  cluster<E extends keyof MooringEvents>(event: E, ...args: Parameters<MooringEvents[E]>): void;
+  volume<E extends keyof VolumeEvents>(name: string, event: E, ...args: Parameters<VolumeEvents[E]>): void;
 }
 
 /** What the control plane last saw of a volume's engines, for one reconcile pass. */

@@ -12,7 +12,7 @@ import type { EngineHandOver, EngineInfo } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
 import { describe } from '../util/validate.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, type EngineRecord, type MigrationRecord } from './cluster-records.js';
-import type { HandOverResult, MigrationHooks, MigrationInfo, MigrationLocks } from './cluster-volume.js';
+import type { HandOverResult, MigrationHooks, MigrationInfo, MigrationLocks } from '../volume/volume.js';
 import { migrationInfo, type ControlState, type Observed } from './control-state.js';
 import type { EngineLifecycle } from './engine-lifecycle.js';
 

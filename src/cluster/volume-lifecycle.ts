@@ -14,8 +14,11 @@ import { BLOCK_SIZE_BYTES } from '../util/limits.js';
 import { checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
 import type { AttachmentController } from './attachment-controller.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, NO_FRONTEND_CHOSEN, type AttachmentRecord, type ReplicaRecord, type VolumeRecord } from './cluster-records.js';
-import type { ClusterCloneOptions, ClusterVolumeCreateOptions } from './cluster.js';
+import type { VolumeCreateOptions } from '../volume/volume.js';
 import type { ControlState } from './control-state.js';
+
+/** Replicas of a new volume when the caller does not say (fewer when fewer hosts are offered). */
+export const DEFAULT_REPLICA_COUNT = 3;
 
 /** See the module comment. */
 export class VolumeLifecycle {
@@ -32,7 +35,7 @@ export class VolumeLifecycle {
    *
    * @throws MooringError INVALID_ARGUMENT, ALREADY_EXISTS, UNAVAILABLE, NO_SPACE, NOT_FOUND (no such backing image)
    */
-  async create(options: ClusterVolumeCreateOptions): Promise<void> {
+  async create(options: VolumeCreateOptions): Promise<void> {
     const state = this.state;
     state.checkOpen();
     const name = checkName('volume name', options.name);
@@ -46,7 +49,8 @@ export class VolumeLifecycle {
     } else {
       sizeBytes = checkVolumeSize(options.sizeBytes);
     }
-    const count = checkReplicaCount(options.replicas ?? 3);
+    // Default: three replicas, or one per host when fewer hosts are offered (the embedded default has one).
+    const count = checkReplicaCount(options.replicas ?? Math.max(1, Math.min(DEFAULT_REPLICA_COUNT, state.hosts.ids.length)));
     const accessMode = options.accessMode ?? 'rwo';
     if (accessMode !== 'rwo' && accessMode !== 'migratable') throw new MooringError('INVALID_ARGUMENT', `accessMode must be 'rwo' or 'migratable' (got ${describe(accessMode)})`);
     if (await state.store.get(KIND.volume, name)) throw new MooringError('ALREADY_EXISTS', `volume ${name} exists already`);
@@ -133,7 +137,7 @@ export class VolumeLifecycle {
    * attach themselves on one host (the source's attached host, or its first reachable
    * replica host; frontends off unless the source is attached) and detach again.
    */
-  async copyInto(options: ClusterCloneOptions, created: string): Promise<{ copiedBytes: number }> {
+  async copyInto(options: { from: string; snapshot: string }, created: string): Promise<{ copiedBytes: number }> {
     const { attachment } = this;
     const host = await attachment.operationHost(options.from, undefined);
     return attachment.withTicket(options.from, 'volume-clone', host, async () =>

@@ -11,7 +11,7 @@ import { MooringError } from '../errors.js';
 import { sleep } from '../util/async.js';
 import { checkIntIn, checkName } from '../util/validate.js';
 import { MS_SETTING_MAX, type AttachmentController } from './attachment-controller.js';
-import type { ClusterVolumeStatus } from './cluster-volume.js';
+import type { VolumeStatus } from '../volume/volume.js';
 import type { ControlState } from './control-state.js';
 import type { RepairController } from './repair-controller.js';
 import { volumeStatus } from './volume-status.js';
@@ -60,7 +60,7 @@ export class VolumeOperations {
    *
    * @throws MooringError UNAVAILABLE (still not healthy), NOT_FOUND
    */
-  async rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<ClusterVolumeStatus> {
+  async rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<VolumeStatus> {
     this.state.checkOpen();
     const timeoutMs = checkIntIn('timeoutMs', options?.timeoutMs, 0, MS_SETTING_MAX, this.state.settings.ticketWaitMs);
     const host = await this.attachment.operationHost(name, options?.host);

@@ -6,7 +6,7 @@
  */
 import type { EngineInfo } from '../data-engine/data-engine.js';
 import { withTimeout } from '../util/async.js';
-import type { ClusterVolumeStatus } from './cluster-volume.js';
+import type { VolumeStatus } from '../volume/volume.js';
 import { migrationInfo, type ControlState } from './control-state.js';
 import { HOST_PROBE_TIMEOUT_MS } from './hosts.js';
 
@@ -15,13 +15,13 @@ import { HOST_PROBE_TIMEOUT_MS } from './hosts.js';
  *
  * @throws MooringError NOT_FOUND
  */
-export async function volumeStatus(state: ControlState, name: string): Promise<ClusterVolumeStatus> {
+export async function volumeStatus(state: ControlState, name: string): Promise<VolumeStatus> {
   const vol = await state.volume(name);
   const replicas = await state.replicas(name);
   const eng = await state.engineRecord(name);
   const mig = await state.migrationRecord(name);
   const writerHost = eng ? (mig?.targetActivated ? mig.targetHost : eng.hostId) : null;
-  const base: ClusterVolumeStatus = {
+  const base: VolumeStatus = {
     name,
     uuid: vol.uuid,
     sizeBytes: vol.sizeBytes,

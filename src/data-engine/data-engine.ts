@@ -151,7 +151,7 @@ export interface EngineStartOptions {
   /**
    * The writer epoch the engine claims: a positive integer, required unless `standby` (a
    * standby takes none; {@link DataEngine.activateEngine} gives it one). The caller
-   * allocates it so that no other engine of the volume ever holds it (a Cluster allocates
+   * allocates it so that no other engine of the volume ever holds it (a Mooring allocates
    * it in its store), above every epoch a replica promised, else the start fails with
    * STALE_EPOCH and nothing is served. A data engine never picks an epoch itself
    * (docs/single-writer.md).

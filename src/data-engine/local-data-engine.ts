@@ -20,7 +20,7 @@ import type { NbdExport } from '../nbd/nbd-export.js';
 import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
 import { checkEpoch, checkIntIn, checkLabels, checkName, checkVolumeSize, describe } from '../util/validate.js';
-import { visibleSnapshots } from '../volume/volume.js';
+import { visibleSnapshots } from '../volume/directory-volume.js';
 import { VolumeLock } from '../volume/volume-lock.js';
 import {
   checkLoopbackRule,
@@ -1085,28 +1085,38 @@ export function checkHandOver(value: unknown): EngineHandOver {
 
 // Records (or checks) which host owns a data engine directory: replicas are known to other
 // hosts by host id, so the same directory must not come back under another one.
-async function claimDirectory(dir: string, hostId: string): Promise<void> {
+/**
+ * The host id a data engine directory was created for (its data-engine.json), or null when
+ * the directory holds no data engine yet.
+ *
+ * @throws MooringError CORRUPT_METADATA
+ */
+export async function readDataEngineHostId(dir: string): Promise<string | null> {
   const file = join(dir, DATA_ENGINE_FILE);
-  if (await pathExists(file)) {
-    const text = await readFileLimited(file, DATA_ENGINE_FILE_BYTES_MAX);
-    let doc: unknown;
-    try {
-      doc = JSON.parse(text);
-    } catch (err) {
-      throw new MooringError('CORRUPT_METADATA', `${file} is not valid JSON`, { cause: err, details: { file } });
-    }
-    const d = doc as { format?: unknown; hostId?: unknown } | null;
-    if (typeof d !== 'object' || d === null || d.format !== DATA_ENGINE_FORMAT || typeof d.hostId !== 'string') {
-      throw new MooringError('CORRUPT_METADATA', `${file} is not a data engine record`, { details: { file } });
-    }
-    if (d.hostId !== hostId) {
-      throw new MooringError(
-        'INVALID_ARGUMENT',
-        `${dir} belongs to data engine host ${describe(d.hostId)}, not ${describe(hostId)}: other hosts know its replicas by that id`,
-        { details: { dir, hostId: d.hostId } },
-      );
-    }
-    return;
+  if (!(await pathExists(file))) return null;
+  const text = await readFileLimited(file, DATA_ENGINE_FILE_BYTES_MAX);
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch (err) {
+    throw new MooringError('CORRUPT_METADATA', `${file} is not valid JSON`, { cause: err, details: { file } });
   }
-  await writeFileAtomic(file, `${JSON.stringify({ format: DATA_ENGINE_FORMAT, formatVersion: 1, hostId, createdMs: Date.now() })}\n`);
+  const d = doc as { format?: unknown; hostId?: unknown } | null;
+  if (typeof d !== 'object' || d === null || d.format !== DATA_ENGINE_FORMAT || typeof d.hostId !== 'string') {
+    throw new MooringError('CORRUPT_METADATA', `${file} is not a data engine record`, { details: { file } });
+  }
+  return d.hostId;
+}
+
+async function claimDirectory(dir: string, hostId: string): Promise<void> {
+  const owner = await readDataEngineHostId(dir);
+  if (owner === null) {
+    await writeFileAtomic(join(dir, DATA_ENGINE_FILE), `${JSON.stringify({ format: DATA_ENGINE_FORMAT, formatVersion: 1, hostId, createdMs: Date.now() })}\n`);
+  } else if (owner !== hostId) {
+    throw new MooringError(
+      'INVALID_ARGUMENT',
+      `${dir} belongs to data engine host ${describe(owner)}, not ${describe(hostId)}: other hosts know its replicas by that id`,
+      { details: { dir, hostId: owner } },
+    );
+  }
 }

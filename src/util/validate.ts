@@ -139,7 +139,7 @@ export function checkUuid(what: string, value: unknown, code: MooringErrorCode =
 
 /**
  * A writer epoch handed to an engine: a positive safe integer. Epochs are allocated by the
- * caller (a Cluster in its store, a Volume in its volume.json), never chosen by an engine
+ * caller (a Mooring in its store, a Volume in its volume.json), never chosen by an engine
  * (docs/single-writer.md).
  */
 export function checkEpoch(what: string, value: unknown, code: MooringErrorCode = 'INVALID_ARGUMENT'): number {

@@ -1,620 +1,380 @@
 /**
- * Volume: a replicated block volume stored in one directory (volume.json + replica
- * directories), the main class of the library.
+ * Volume: one volume of a {@link Mooring}, as the VM manager uses it — attach and
+ * detach by attachment tickets, live migration with confirm and rollback, snapshots, and the
+ * operations that attach the volume by themselves. Get one with `cluster.volume(name)`; the
+ * same object is returned for the same name while the cluster is open.
  *
- * While a Volume is open it is attached on this host: it owns an {@link Engine} over its
- * replicas, which holds the writer epoch. The Volume allocates that epoch (an engine never
- * picks its own, docs/single-writer.md) from the counter in volume.json, which it writes
- * under the volume's lock before the engine claims the epoch. Later releases add replicas
- * on other hosts, attachment tickets and migration on top of the same object.
+ * @packageDocumentation
  */
 import { EventEmitter } from 'node:events';
-import { mkdir, readdir, rm } from 'node:fs/promises';
-import { basename, join, resolve } from 'node:path';
 import type * as TE from 'typed-emitter';
 
-import {
-  Engine,
-  type EngineReplicaSpec,
-  type EpochClaimedEvent,
-  type Extent,
-  type LayerInfo,
-  type LifecycleState,
-  type ReconciledEvent,
-  type ReplicaErrorEvent,
-  type ReplicaSetChangedEvent,
-  type ReplicaStatus,
-  type WriteOptions,
-  type WriteZeroesOptions,
-} from '../engine/engine.js';
-import { MooringError, callNative, toMooringError } from '../errors.js';
-import type { NativeAddon } from '../native/binding.js';
-import { loadAddon } from '../native/load.js';
-import type { NbdExport, NbdExportOptions } from '../nbd/nbd-export.js';
-import { safeEmit } from '../util/emit.js';
-import { directoryState, pathExists } from '../util/files.js';
-import { NAME_PATTERN } from '../util/limits.js';
-import { checkLabels, checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
-import { VOLUME_LOCK_FILE, VolumeLock } from './volume-lock.js';
-import {
-  REPLICAS_SUBDIR,
-  VOLUME_SPEC_FILE,
-  newVolumeSpec,
-  readVolumeSpec,
-  replicaDir,
-  writeVolumeSpec,
-  type ReplicaErrorRecord,
-  type VolumeSpec,
-} from './volume-spec.js';
+import type { AccessMode } from '../attachment/attachment-reconciler.js';
+import type { AttacherType, AttachmentParameters, AttachmentTicket, AttachmentTicketStatus, Frontend } from '../attachment/attachment-ticket.js';
+import type { EngineSnapshotInfo, RebuildProgress, SnapshotCopyResult } from '../data-engine/data-engine.js';
+import { MooringError } from '../errors.js';
+import type { LockHandover } from '../locks/locked-process.js';
+import type { Lockspace } from '../locks/lockspace.js';
+import type { MigrationPhase } from '../cluster/cluster-records.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
-/** File name of the default NBD socket inside the volume directory. */
-export const DEFAULT_SOCKET_FILE = 'nbd.sock';
-/** Replica count when none is given. */
-export const DEFAULT_REPLICA_COUNT = 3;
-/**
- * Epochs one open tries: a STALE_EPOCH (a replica promised more than volume.json and the
- * replicas' metadata showed when the epoch was allocated) is tried again above it.
- */
-export const OPEN_EPOCH_ATTEMPTS_MAX = 3;
-
-/** Options of {@link Volume.create}. */
+/** Options of {@link Mooring.createVolume}. */
 export interface VolumeCreateOptions {
-  /** Directory to create the volume in; must be missing or empty. */
-  dir: string;
-  /** Size in bytes: a positive multiple of 4096, at most 2^53 - 4096. */
-  sizeBytes: number;
-  /** Number of replicas, 1..16 (default 3). */
+  /** Volume name ([A-Za-z0-9._-]{1,63}), unique in the store. */
+  name: string;
+  /** Size in bytes: a positive multiple of 4096 (default with a backing image: its virtual size rounded up to 4096; never less than it). */
+  sizeBytes?: number;
+  /** Number of replicas, each on a different host (default 3, or the number of hosts offered when fewer). */
   replicas?: number;
-  /** Name ([A-Za-z0-9._-]{1,63}); default: the directory's name if valid, else "volume". */
-  name?: string;
-  /** The native addon (default: the one in this package). Tests inject a fake. */
-  addon?: NativeAddon;
+  /** Hosts to place the replicas on (default: the hosts with the fewest replicas). */
+  hosts?: string[];
+  /** `rwo` (default): one host at a time; `migratable`: may live-migrate between hosts (block only). */
+  accessMode?: AccessMode;
+  /** A backing image (by name) beneath every replica: its file is delivered to each replica's host first (the volume waits for it). */
+  backingImage?: string;
 }
 
-/** Options of {@link Volume.open}. */
-export interface VolumeOpenOptions {
-  /** The native addon (default: the one in this package). Tests inject a fake. */
-  addon?: NativeAddon;
+/** Options of {@link Volume.clone} (the clone has the source's size and backing image). */
+export interface VolumeCloneOptions extends Omit<VolumeCreateOptions, 'sizeBytes' | 'backingImage'> {
+  /** Snapshot of this volume to copy. */
+  snapshot: string;
 }
 
-/** Options of {@link Volume.export}: as {@link NbdExportOptions}; `nbd` defaults to `unix:DIR/nbd.sock`. */
-export type VolumeExportOptions = NbdExportOptions;
+/** Options of {@link Volume.attach}. */
+export interface AttachOptions {
+  /** Host whose data engine runs the engine (default: this host, {@link Mooring.hostId}). */
+  host?: string;
+  /** NBD address to export on (default: none). */
+  nbd?: string | null;
+  /** Attach without frontend (no export; default false). */
+  disableFrontend?: boolean;
+  /** Who attaches: `api` (default) or `workload` (a VM). Both may start a migration. */
+  attacher?: 'api' | 'workload';
+  /** Ticket id (default `<attacher>-<host>`); attaching again with the same id updates it. */
+  ticketId?: string;
+  /** Recorded in the ticket's parameters (who had it attached before). */
+  lastAttachedBy?: string | null;
+  /** How long to wait for the ticket to be satisfied (default: the cluster's ticketWaitTimeoutMs). */
+  timeoutMs?: number;
+}
 
-/** A snapshot as listed to users. */
-export interface SnapshotInfo {
-  /** Snapshot name. */
-  name: string;
-  /** Stable layer id. */
+/** Options of {@link Volume.detach}. */
+export interface DetachOptions {
+  /** Host to detach from; omitted or '' detaches from every host. */
+  host?: string;
+  /** Only this ticket (of any attacher type); default: the `api` and `workload` tickets of `host`. */
+  ticketId?: string;
+}
+
+/** A ticket and its status. */
+export interface VolumeTicket extends AttachmentTicket {
+  status: AttachmentTicketStatus | null;
+}
+
+/** Options of {@link Volume.setTicket}: a raw ticket for an embedder's own attacher. */
+export interface TicketOptions {
   id: string;
-  /** Name of the snapshot below it, null for the first. */
-  parent: string | null;
-  /** Creation time, ms since the epoch. */
-  createdMs: number;
-  /** User labels. */
-  labels: Record<string, string>;
-  /** Volume size when it was taken. */
-  sizeBytes: number;
-  /** Disk space the snapshot's own data uses (on the first RW replica). */
-  allocatedBytes: number;
-  /** False for snapshots Mooring took itself. */
-  userCreated: boolean;
+  type: AttacherType;
+  host: string;
+  parameters?: Partial<AttachmentParameters>;
 }
 
-/** Options of {@link Volume.createSnapshot}. */
-export interface CreateSnapshotOptions {
-  /** Labels stored with the snapshot: at most 64, keys [A-Za-z0-9._/-]{1,128}, values up to 512 characters. */
-  labels?: Record<string, string>;
+/**
+ * Moves the disk locks of a VM with its volume (issue 5's LockedProcess fits): at hand-over
+ * the source releases and reports its leases, the target acquires them at those versions.
+ */
+export interface MigrationLocks {
+  source: { handOver(): Promise<LockHandover>; takeOver(handover: LockHandover, lockspaces: Lockspace[]): Promise<void> };
+  target: { handOver(): Promise<LockHandover>; takeOver(handover: LockHandover, lockspaces: Lockspace[]): Promise<void> };
+  lockspaces: Lockspace[];
 }
 
-/** A replica in {@link VolumeStatus}. */
-export interface VolumeReplicaStatus extends ReplicaStatus {
-  /** The last failure recorded for it in volume.json, if any. */
-  lastError?: ReplicaErrorRecord;
+/**
+ * Embedder hooks of a migration; each may be async and runs inside the step (a throwing
+ * `beforeHandOver` aborts the hand-over; the others only produce a `failed` event).
+ */
+export interface MigrationHooks {
+  /** Before the source drains (e.g. wait for QEMU's `pre-switchover`). */
+  beforeHandOver?: (m: MigrationInfo) => void | Promise<void>;
+  /** After the target claimed the volume (e.g. `migrate-continue`). */
+  afterHandOver?: (m: MigrationInfo) => void | Promise<void>;
+  /** After the source engine is gone. */
+  afterConfirm?: (m: MigrationInfo) => void | Promise<void>;
+  /** After the volume is back on the source only. */
+  afterRollback?: (m: MigrationInfo) => void | Promise<void>;
 }
 
-/** Where the volume is exported. */
-export interface ExportInfo {
-  /** `unix:PATH` or `tcp:HOST:PORT` (bound port). */
-  address: string;
-  /** NBD URI for clients. */
-  uri: string;
-  /** Export name ('' = default). */
-  exportName: string;
+/** Options of {@link Volume.migrate}. */
+export interface MigrateOptions {
+  /** The target's NBD export (QEMU's destination connects to it; default none). */
+  nbd?: string | null;
+  /** Ticket id of the target attachment (default `<attacher>-<target>`). */
+  ticketId?: string;
+  attacher?: 'api' | 'workload';
+  hooks?: MigrationHooks;
+  /** Disk locks to carry with the volume at hand-over. */
+  locks?: MigrationLocks;
 }
 
-/** A snapshot of the volume's state. */
-export interface VolumeStatus {
-  /** Volume name. */
-  name: string;
-  /** Volume UUID. */
-  uuid: string;
-  /** Absolute directory. */
-  dir: string;
-  /** Size in bytes. */
-  sizeBytes: number;
-  /** Lifecycle state. */
-  state: LifecycleState;
-  /** Writer epoch held by this host's engine. */
+/** A migration as reported. */
+export interface MigrationInfo {
+  volume: string;
+  sourceHost: string;
+  targetHost: string;
+  phase: MigrationPhase;
+  /** Writer epoch the target claimed (0 before hand-over). */
   epoch: number;
-  /** True when every replica is RW. */
-  healthy: boolean;
-  /** The replicas. */
-  replicas: VolumeReplicaStatus[];
-  /** The NBD export, or null. */
-  exported: ExportInfo | null;
 }
 
-/** Events of a {@link Volume}. */
+/** Figures of a hand-over. */
+export interface HandOverResult extends MigrationInfo {
+  /** From the source's drain start to the target accepting writes. */
+  pauseMs: number;
+  /** Of which: the source draining and flushing. */
+  drainMs: number;
+  /** Replicas the target writes (the others are rebuilt). */
+  rwReplicaIds: string[];
+}
+
+/** A replica as the cluster reports it. */
+export interface VolumeReplicaStatus {
+  id: string;
+  hostId: string;
+  name: string;
+  mode: 'RW' | 'WO' | 'ERR' | 'unknown';
+  rebuild?: RebuildProgress;
+}
+
+/** A volume as the cluster reports it. */
+export interface VolumeStatus {
+  name: string;
+  uuid: string;
+  sizeBytes: number;
+  replicaCount: number;
+  accessMode: AccessMode;
+  /** The backing image beneath its replicas, or null. */
+  backingImage: string | null;
+  /** detached; healthy (all RW); degraded (some RW, fewer than wanted); faulted (no RW); unknown (engine host unreachable). */
+  state: 'detached' | 'healthy' | 'degraded' | 'faulted' | 'unknown';
+  /** Where it is attached (during a migration: the source, until confirmed). */
+  attachedHost: string | null;
+  /** The host whose engine writes (during a migration after hand-over: the target), or null. */
+  writerHost: string | null;
+  /** The frontend of the attached engine (null when detached). */
+  frontend: Frontend | null;
+  /** A migration in progress, or null. */
+  migration: MigrationInfo | null;
+  epoch: number;
+  nbd: { address: string; uri: string } | null;
+  replicas: VolumeReplicaStatus[];
+}
+
+/** Events of a volume's migrations. */
 export type VolumeEvents = {
-  /** A replica failed an I/O and was dropped (recorded as ERR in volume.json). */
-  'replica-error': (event: ReplicaErrorEvent) => void;
-  /** The engine claimed its writer epoch (at open). */
-  'epoch-claimed': (event: EpochClaimedEvent) => void;
-  /** The engine committed a new replica set (at open, after dropping a failed replica): docs/single-writer.md. */
-  'replica-set-changed': (event: ReplicaSetChangedEvent) => void;
-  /** Replicas were reconciled. */
-  reconciled: (event: ReconciledEvent) => void;
-  /** The volume is now served over NBD. */
-  exported: (info: ExportInfo) => void;
-  /** The NBD export stopped. */
-  unexported: (info: ExportInfo) => void;
-  /** Something failed in the background (e.g. recording a replica's mode); the volume keeps serving. */
-  warning: (error: MooringError) => void;
-  /** The volume closed. */
-  closed: () => void;
+  'migration-started': (m: MigrationInfo) => void;
+  'migration-target-ready': (m: MigrationInfo) => void;
+  'migration-handed-over': (m: HandOverResult) => void;
+  'migration-confirmed': (m: MigrationInfo & { automatic: boolean }) => void;
+  'migration-rolled-back': (m: MigrationInfo & { automatic: boolean; reason: string }) => void;
+  'migration-failed': (m: MigrationInfo & { step: string; error: MooringError }) => void;
 };
 
-function checkDir(value: unknown): string {
-  if (typeof value !== 'string' || value.length === 0 || value.includes('\0')) {
-    throw new MooringError('INVALID_ARGUMENT', `dir must be a non-empty path (got ${describe(value)})`);
-  }
-  return resolve(value);
+/** What a {@link Volume} asks of its cluster. @internal */
+export interface VolumeOps {
+  /** Where an attach without a host goes (this host), or null. */
+  defaultHost(): string | null;
+  clone(name: string, options: VolumeCloneOptions): Promise<{ volume: Volume; copiedBytes: number }>;
+  attach(name: string, options: AttachOptions): Promise<VolumeStatus>;
+  detach(name: string, options: DetachOptions): Promise<void>;
+  status(name: string): Promise<VolumeStatus>;
+  tickets(name: string): Promise<VolumeTicket[]>;
+  setTicket(name: string, t: TicketOptions): Promise<VolumeTicket>;
+  deleteTicket(name: string, id: string): Promise<void>;
+  migrate(name: string, target: string, options: MigrateOptions): Promise<MigrationInfo>;
+  migration(name: string): Promise<MigrationInfo | null>;
+  handOver(name: string): Promise<HandOverResult>;
+  confirm(name: string): Promise<void>;
+  rollback(name: string): Promise<void>;
+  setHooks(name: string, hooks: MigrationHooks | null, locks: MigrationLocks | null): void;
+  createSnapshot(name: string, snapshot: string, labels: Record<string, string> | undefined): Promise<EngineSnapshotInfo>;
+  listSnapshots(name: string): Promise<EngineSnapshotInfo[]>;
+  deleteSnapshot(name: string, snapshot: string): Promise<void>;
+  exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }>;
+  rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<VolumeStatus>;
 }
 
 /**
- * A replicated block volume in a directory. Create one with {@link Volume.create}, open an
- * existing one with {@link Volume.open}, serve it with {@link Volume.export}, and always
- * {@link Volume.close} it: close drains calls in flight, stops the export and marks the
- * replicas clean.
+ * A migration in progress: hand over, then confirm (the source goes away) or roll back (the
+ * target goes away). Obtained from {@link Volume.migrate} or
+ * {@link Volume.migration}; every method also works after a restart of the embedding
+ * process, from the state store.
  */
+export class Migration {
+  readonly #ops: VolumeOps;
+
+  /** @internal */
+  constructor(
+    readonly volume: string,
+    readonly sourceHost: string,
+    readonly targetHost: string,
+    ops: VolumeOps,
+  ) {
+    this.#ops = ops;
+  }
+
+  /** The recorded state (null once confirmed or rolled back). */
+  info(): Promise<MigrationInfo | null> {
+    return this.#ops.migration(this.volume);
+  }
+
+  /**
+   * Moves the writer: the source drains and flushes, locks move (if given), the target claims
+   * a writer epoch newly allocated by the cluster and serves. From then on the source cannot change any replica. Call it
+   * at QEMU's `pre-switchover`. Idempotent after success.
+   *
+   * @throws MooringError INVALID_STATE (no migration), LOCK_VERSION_MISMATCH/LOCK_HELD (locks refused: rolled back to the source), UNAVAILABLE
+   */
+  handOver(): Promise<HandOverResult> {
+    return this.#ops.handOver(this.volume);
+  }
+
+  /** Ends the migration on the target: hands over first if that has not happened, then stops the source engine. */
+  confirm(): Promise<void> {
+    return this.#ops.confirm(this.volume);
+  }
+
+  /** Ends the migration on the source: before hand-over the standby stops; after it the target drains and the source claims a newly allocated epoch. */
+  rollback(): Promise<void> {
+    return this.#ops.rollback(this.volume);
+  }
+}
+
+/** One volume of a cluster; see the module comment. */
 export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents>) {
-  /** Absolute path of the volume directory. */
-  readonly dir: string;
-  readonly #spec: VolumeSpec;
-  readonly #lock: VolumeLock;
-  #engine: Engine | null;
-  #export: NbdExport | null = null;
-  #exporting = false;
-  #state: LifecycleState = 'open';
-  #closing: Promise<void> | undefined;
-  #persistChain: Promise<void> = Promise.resolve();
+  readonly #ops: VolumeOps;
 
-  private constructor(dir: string, spec: VolumeSpec, lock: VolumeLock, engine: Engine) {
+  /** @internal */
+  constructor(
+    readonly name: string,
+    ops: VolumeOps,
+  ) {
     super();
-    this.dir = dir;
-    this.#spec = spec;
-    this.#lock = lock;
-    this.#engine = engine;
-    engine.on('replica-error', (e) => this.#onReplicaError(e));
-    engine.on('epoch-claimed', (e) => safeEmit(this, 'epoch-claimed', e));
-    engine.on('replica-set-changed', (e) => safeEmit(this, 'replica-set-changed', e));
-    engine.on('reconciled', (e) => safeEmit(this, 'reconciled', e));
+    this.#ops = ops;
   }
 
   /**
-   * Creates a volume in `dir` (missing or empty) with `replicas` empty replicas and opens
-   * it. volume.json is written last, so a crash mid-create leaves no half volume that
-   * opens; whatever was created is removed when create fails.
+   * Asks for the volume on a host with a ticket and waits until the ticket is satisfied.
+   * Attached there already: returns the current state. RWO attached on another reachable
+   * host: BUSY. Migratable attached elsewhere: starts a migration and returns once the target
+   * engine serves (as a standby). Attached on a host that cannot be reached: takes the volume
+   * over (the new engine's epoch fences the old one).
    *
-   * @throws MooringError INVALID_ARGUMENT, ALREADY_EXISTS (dir not empty), NO_SPACE, IO_ERROR, NATIVE_LOAD_FAILED
+   * @throws MooringError NOT_FOUND, BUSY, UNAVAILABLE, INVALID_ARGUMENT, NO_HEALTHY_REPLICA
    */
-  static async create(options: VolumeCreateOptions): Promise<Volume> {
-    if (typeof options !== 'object' || options === null) {
-      throw new MooringError('INVALID_ARGUMENT', `create options must be an object (got ${describe(options)})`);
-    }
-    const dir = checkDir(options.dir);
-    const sizeBytes = checkVolumeSize(options.sizeBytes);
-    const replicaCount = checkReplicaCount(options.replicas ?? DEFAULT_REPLICA_COUNT);
-    const dirName = basename(dir);
-    const name = checkName('volume name', options.name ?? (NAME_PATTERN.test(dirName) && dirName !== '..' ? dirName : 'volume'));
-    const addon = options.addon ?? loadAddon();
-
-    const state = await directoryState(dir);
-    if (state === 'non-empty') {
-      const hasSpec = await pathExists(join(dir, VOLUME_SPEC_FILE));
-      throw new MooringError('ALREADY_EXISTS', hasSpec ? `a volume exists in ${dir} already` : `${dir} is not empty; a volume needs an empty or missing directory`, {
-        details: { dir },
-      });
-    }
-    if (state === 'missing') await mkdir(dir, { recursive: true }).catch((err: unknown) => Promise.reject(toMooringError(err, `creating ${dir}`)));
-    const lock = await VolumeLock.acquire(dir);
-    const spec = newVolumeSpec(name, sizeBytes, replicaCount);
-    let specWritten = false;
-    try {
-      // Another creator may have filled the directory between our check and the lock.
-      const entries = await readdir(dir);
-      if (entries.some((e) => e !== VOLUME_LOCK_FILE)) {
-        throw new MooringError('ALREADY_EXISTS', `${dir} was filled while the volume was being created`, { details: { dir } });
-      }
-    } catch (err) {
-      await lock.release();
-      throw toMooringError(err, `listing ${dir}`);
-    }
-    try {
-      await mkdir(join(dir, REPLICAS_SUBDIR)).catch((err: unknown) => Promise.reject(toMooringError(err, `creating ${join(dir, REPLICAS_SUBDIR)}`)));
-      // allSettled: the rollback below must not delete directories still being created.
-      const created = await Promise.allSettled(
-        spec.replicas.map((r) => {
-          const path = replicaDir(dir, r);
-          return callNative(() => addon.createReplica(path, sizeBytes), `creating replica ${r.id}`);
-        }),
-      );
-      const failed = created.find((c): c is PromiseRejectedResult => c.status === 'rejected');
-      if (failed) throw failed.reason;
-      await writeVolumeSpec(dir, spec);
-      specWritten = true;
-      return await Volume.#openLocked(dir, spec, lock, addon);
-    } catch (err) {
-      // Roll back to the empty (or missing) directory we started from.
-      if (specWritten) await rm(join(dir, VOLUME_SPEC_FILE), { force: true }).catch(() => undefined);
-      await rm(join(dir, REPLICAS_SUBDIR), { recursive: true, force: true }).catch(() => undefined);
-      await lock.release();
-      if (state === 'missing') await rm(dir, { recursive: true, force: true }).catch(() => undefined);
-      throw err;
-    }
+  attach(options: AttachOptions = {}): Promise<VolumeStatus> {
+    if (typeof options !== 'object' || options === null) return this.#ops.attach(this.name, options);
+    const host = options.host ?? this.#ops.defaultHost();
+    if (host === null) return Promise.reject(new MooringError('INVALID_ARGUMENT', `attach of ${this.name} needs a host: this process runs no data engine (Mooring.open without dir)`));
+    return this.#ops.attach(this.name, { ...options, host });
   }
 
   /**
-   * Opens the volume in `dir`: locks the directory against other openers, validates
-   * volume.json, allocates the next writer epoch (above volume.json's counter and every epoch
-   * the replicas promised, recorded in volume.json first) and starts the engine with it
-   * (reconcile after an unclean stop). A volume.json of a release before allocated epochs has
-   * no counter: the replicas' epochs alone say where to start.
+   * Withdraws tickets and detaches where none is left. During a migration, detaching the
+   * source confirms it and detaching the target rolls it back.
    *
-   * @throws MooringError NOT_FOUND, CORRUPT_METADATA, BUSY (open elsewhere), UNSUPPORTED, NO_HEALTHY_REPLICA, NATIVE_LOAD_FAILED
+   * @throws MooringError NOT_FOUND, UNAVAILABLE (the engine's host cannot be reached)
    */
-  static async open(dir: string, options: VolumeOpenOptions = {}): Promise<Volume> {
-    const abs = checkDir(dir);
-    const addon = options.addon ?? loadAddon();
-    const lock = await VolumeLock.acquire(abs).catch((err: unknown) => {
-      // A missing directory reports as such, not as a lock failure.
-      if (err instanceof MooringError && err.code === 'NOT_FOUND') {
-        throw new MooringError('NOT_FOUND', `no volume at ${abs} (directory missing)`, { cause: err });
-      }
-      throw err;
-    });
-    try {
-      const spec = await readVolumeSpec(abs);
-      return await Volume.#openLocked(abs, spec, lock, addon);
-    } catch (err) {
-      await lock.release();
-      throw err;
-    }
+  detach(options: DetachOptions = {}): Promise<void> {
+    return this.#ops.detach(this.name, options);
   }
 
-  static async #openLocked(dir: string, spec: VolumeSpec, lock: VolumeLock, addon: NativeAddon): Promise<Volume> {
-    const remote = spec.replicas.find((r) => r.address !== undefined);
-    if (remote) {
-      throw new MooringError('UNSUPPORTED', `replica ${remote.id} is remote (${remote.address}); remote replicas are not supported by this release`);
-    }
-    const replicas: EngineReplicaSpec[] = spec.replicas.map((r) => ({ id: r.id, path: replicaDir(dir, r) }));
-    let engine: Engine | undefined;
-    let floor = spec.lastEpoch ?? 0;
-    for (let attempt = 1; engine === undefined; attempt++) {
-      floor = Math.max(floor, await promisedEpochMax(addon, replicas));
-      if (floor >= Number.MAX_SAFE_INTEGER) throw new MooringError('OUT_OF_RANGE', `volume ${spec.name}: no writer epoch is left above ${floor}`);
-      const epoch = floor + 1;
-      // Recorded before any replica sees it: no later open can hand it out again.
-      spec.lastEpoch = epoch;
-      await writeVolumeSpec(dir, spec);
-      try {
-        engine = await Engine.open({ replicas, addon, epoch });
-      } catch (err) {
-        if (!(err instanceof MooringError && err.code === 'STALE_EPOCH') || attempt >= OPEN_EPOCH_ATTEMPTS_MAX) throw err;
-        floor = epoch;
-      }
-    }
-    const volume = new Volume(dir, spec, lock, engine);
-    for (const e of engine.openEvents) {
-      if (e.type === 'replica-error') volume.#recordReplicaError(e);
-    }
-    volume.#syncModes();
-    await volume.#persistChain;
-    return volume;
+  /** State, replicas, export, migration and tickets. */
+  status(): Promise<VolumeStatus> {
+    return this.#ops.status(this.name);
   }
 
-  /** Volume name. */
-  get name(): string {
-    return this.#spec.name;
+  /** Every ticket with its status. */
+  tickets(): Promise<VolumeTicket[]> {
+    return this.#ops.tickets(this.name);
   }
 
-  /** Volume UUID, fixed at creation. */
-  get uuid(): string {
-    return this.#spec.uuid;
+  /** Creates or updates a ticket of any attacher type (does not wait for it). */
+  setTicket(ticket: TicketOptions): Promise<VolumeTicket> {
+    return this.#ops.setTicket(this.name, ticket);
   }
 
-  /** Size in bytes. */
-  get sizeBytes(): number {
-    return this.#spec.sizeBytes;
-  }
-
-  /** Number of replicas. */
-  get replicaCount(): number {
-    return this.#spec.replicas.length;
-  }
-
-  /** 'open', 'closing' or 'closed'. */
-  get state(): LifecycleState {
-    return this.#state;
-  }
-
-  /** The writer epoch held by this host's engine. */
-  get epoch(): number {
-    return this.#open().epoch;
-  }
-
-  /** The engine serving this volume on this host while it is open (attached); null once closed. */
-  get engine(): Engine | null {
-    return this.#engine;
-  }
-
-  /** The running NBD export, or null. */
-  get exported(): NbdExport | null {
-    return this.#export;
-  }
-
-  /** Reads `length` bytes (1 B .. 32 MiB) at `offset`. */
-  read(offset: number, length: number): Promise<Buffer> {
-    return this.#with((e) => e.read(offset, length));
-  }
-
-  /** Writes `data` (1 B .. 32 MiB) at `offset`; resolves once every RW replica has it. Do not modify `data` until then. */
-  write(offset: number, data: Uint8Array, options?: WriteOptions): Promise<void> {
-    return this.#with((e) => e.write(offset, data, options));
-  }
-
-  /** Makes every write that completed before this call durable. */
-  flush(): Promise<void> {
-    return this.#with((e) => e.flush());
-  }
-
-  /** Discards a range (any length inside the volume) and releases its space. */
-  trim(offset: number, length: number): Promise<void> {
-    return this.#with((e) => e.trim(offset, length));
-  }
-
-  /** Makes a range (any length inside the volume) read as zeros. */
-  writeZeroes(offset: number, length: number, options?: WriteZeroesOptions): Promise<void> {
-    return this.#with((e) => e.writeZeroes(offset, length, options));
-  }
-
-  /** Allocation map of a range: extents in order from `offset`; a bounded count (65,536), so they may end early. */
-  blockStatus(offset: number, length: number): Promise<Extent[]> {
-    return this.#with((e) => e.blockStatus(offset, length));
+  /** Deletes a ticket (no error if missing) and reconciles. */
+  deleteTicket(id: string): Promise<void> {
+    return this.#ops.deleteTicket(this.name, id);
   }
 
   /**
-   * Takes a snapshot (O(1), no data copied) and returns it as listed.
+   * Starts a live migration to `targetHost` (migratable volumes, attached with frontend):
+   * a standby engine starts there over the same replicas, exported at `options.nbd`.
+   * Resolves once it serves; then {@link Migration.handOver}, and {@link Migration.confirm} or
+   * {@link Migration.rollback}.
    *
-   * @throws MooringError INVALID_ARGUMENT (name, labels), ALREADY_EXISTS
+   * @throws MooringError INVALID_STATE (not attached, RWO, frontend disabled, migrating elsewhere), NOT_FOUND, UNAVAILABLE
    */
-  async createSnapshot(name: string, options: CreateSnapshotOptions = {}): Promise<SnapshotInfo> {
-    checkName('snapshot name', name);
-    const labels = checkLabels(options.labels);
-    const engine = this.#open();
-    await engine.createSnapshot(name, { labels });
-    const found = (await this.listSnapshots()).find((s) => s.name === name);
-    if (!found) throw new MooringError('IO_ERROR', `snapshot ${name} was created but is not listed`);
-    return found;
+  async migrate(targetHost: string, options: MigrateOptions = {}): Promise<Migration> {
+    const m = await this.#ops.migrate(this.name, targetHost, options);
+    return new Migration(this.name, m.sourceHost, m.targetHost, this.#ops);
   }
 
-  /** The snapshots users see, oldest first: deleted-but-kept layers and the head are hidden. */
-  async listSnapshots(): Promise<SnapshotInfo[]> {
-    const layers = await this.#open().listLayers();
-    return visibleSnapshots(layers);
+  /** The migration in progress (e.g. after a restart), or null. */
+  async migration(): Promise<Migration | null> {
+    const m = await this.#ops.migration(this.name);
+    return m ? new Migration(this.name, m.sourceHost, m.targetHost, this.#ops) : null;
+  }
+
+  /** Hooks (and locks) for migrations started by tickets rather than {@link migrate}; null clears them. Kept in memory only. */
+  setMigrationHooks(hooks: MigrationHooks | null, locks: MigrationLocks | null = null): void {
+    this.#ops.setHooks(this.name, hooks, locks);
   }
 
   /**
-   * Deletes a snapshot; its data merges into its child and its space is reclaimed.
+   * Creates a new volume from a snapshot of this one (same size and backing image): both
+   * attach themselves on one host (this volume's attached host, or its first reachable
+   * replica host; frontends off unless it is attached), the snapshot's data is written
+   * through the new volume's engine, and both detach again (this one stays attached if it was).
    *
-   * @throws MooringError NOT_FOUND
+   * @throws MooringError NOT_FOUND (no such snapshot), ALREADY_EXISTS, UNAVAILABLE, INVALID_ARGUMENT
    */
+  clone(options: VolumeCloneOptions): Promise<{ volume: Volume; copiedBytes: number }> {
+    return this.#ops.clone(this.name, options);
+  }
+
+  /** Takes a snapshot; a detached volume attaches itself (frontend disabled) for it and detaches again. */
+  createSnapshot(name: string, options: { labels?: Record<string, string> } = {}): Promise<EngineSnapshotInfo> {
+    return this.#ops.createSnapshot(this.name, name, options.labels);
+  }
+
+  /** Snapshots, bottom first (a detached volume attaches itself to list them). */
+  listSnapshots(): Promise<EngineSnapshotInfo[]> {
+    return this.#ops.listSnapshots(this.name);
+  }
+
+  /** Deletes a snapshot (a detached volume attaches itself for it). */
   deleteSnapshot(name: string): Promise<void> {
-    return this.#with((e) => e.deleteSnapshot(name));
+    return this.#ops.deleteSnapshot(this.name, name);
   }
 
   /**
-   * Makes the volume's content that of snapshot `name`. Refused with INVALID_STATE while
-   * the volume is exported: clients would see their disk change under them.
-   *
-   * @throws MooringError INVALID_STATE, NOT_FOUND
+   * Writes the volume as of a snapshot into a raw file on the host that runs its engine (the
+   * attached host; for a detached volume `host`, default the first replica's host, where it
+   * attaches itself without frontend).
    */
-  async revertToSnapshot(name: string): Promise<void> {
-    checkName('snapshot name', name);
-    const engine = this.#open();
-    if (this.#export !== null || this.#exporting) {
-      throw new MooringError('INVALID_STATE', `cannot revert ${this.name} to ${name} while it is exported at ${this.#export?.addressString ?? '(starting)'}; close the export first`);
-    }
-    await engine.revert(name);
+  exportSnapshot(snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }> {
+    return this.#ops.exportSnapshot(this.name, snapshot, options);
   }
 
   /**
-   * Serves the volume over NBD (default `unix:DIR/nbd.sock`). One export at a time; close
-   * it with {@link NbdExport.close} or by closing the volume.
-   *
-   * @throws MooringError INVALID_STATE (already exported), INVALID_ARGUMENT, ADDRESS_IN_USE
+   * Brings every replica back to RW: a detached volume attaches itself (frontend disabled) on
+   * `host` (default: the first reachable replica host), waits until its engine has rebuilt or
+   * replaced the broken replicas, and detaches.
    */
-  async export(options: VolumeExportOptions = {}): Promise<NbdExport> {
-    const engine = this.#open();
-    if (this.#export !== null || this.#exporting) {
-      throw new MooringError('INVALID_STATE', `${this.name} is already exported${this.#export ? ` at ${this.#export.addressString}` : ''}`);
-    }
-    this.#exporting = true;
-    try {
-      const exp = await engine.exportNbd({ ...options, nbd: options.nbd ?? `unix:${join(this.dir, DEFAULT_SOCKET_FILE)}` });
-      const info: ExportInfo = { address: exp.addressString, uri: exp.uri, exportName: exp.exportName };
-      this.#export = exp;
-      exp.once('closed', () => {
-        if (this.#export === exp) this.#export = null;
-        safeEmit(this, 'unexported', info);
-      });
-      safeEmit(this, 'exported', info);
-      return exp;
-    } finally {
-      this.#exporting = false;
-    }
+  rebuild(options: { host?: string; timeoutMs?: number } = {}): Promise<VolumeStatus> {
+    return this.#ops.rebuild(this.name, options);
   }
-
-  /** Size, epoch, replicas (mode, epoch, allocated bytes, last error) and the export. */
-  async status(): Promise<VolumeStatus> {
-    const engine = this.#open();
-    const replicas = engine.replicas().map((r): VolumeReplicaStatus => {
-      const rec = this.#spec.replicas.find((s) => s.id === r.id)?.lastError;
-      return rec ? { ...r, lastError: { ...rec } } : r;
-    });
-    const exp = this.#export;
-    return {
-      name: this.name,
-      uuid: this.uuid,
-      dir: this.dir,
-      sizeBytes: this.sizeBytes,
-      state: this.#state,
-      epoch: engine.epoch,
-      healthy: replicas.every((r) => r.mode === 'RW'),
-      replicas,
-      exported: exp ? { address: exp.addressString, uri: exp.uri, exportName: exp.exportName } : null,
-    };
-  }
-
-  /**
-   * Closes the volume: refuses new calls (CLOSED), stops the NBD export (drains and
-   * flushes), closes the engine (waits for calls in flight, flushes, marks replicas clean),
-   * records replica modes and unlocks the directory. Idempotent.
-   */
-  close(): Promise<void> {
-    this.#closing ??= this.#doClose();
-    return this.#closing;
-  }
-
-  async #doClose(): Promise<void> {
-    this.#state = 'closing';
-    const errors: unknown[] = [];
-    if (this.#export) await this.#export.close().catch((err: unknown) => errors.push(err));
-    if (this.#engine) {
-      // Modes seen last are worth recording even if close fails below.
-      try {
-        this.#syncModes();
-      } catch {
-        // The engine may already be unusable; its close reports why.
-      }
-      await this.#engine.close().catch((err: unknown) => errors.push(err));
-    }
-    await this.#persistChain;
-    await this.#lock.release();
-    this.#engine = null;
-    this.#state = 'closed';
-    safeEmit(this, 'closed');
-    if (errors.length > 0) throw errors[0];
-  }
-
-  #open(): Engine {
-    if (this.#state !== 'open' || this.#engine === null) {
-      throw new MooringError('CLOSED', `volume ${this.name} is ${this.#state}`);
-    }
-    return this.#engine;
-  }
-
-  // Runs an engine call, turning a closed volume into a rejection (not a throw).
-  #with<T>(call: (engine: Engine) => Promise<T>): Promise<T> {
-    try {
-      return call(this.#open());
-    } catch (err) {
-      return Promise.reject(err);
-    }
-  }
-
-  #onReplicaError(e: ReplicaErrorEvent): void {
-    this.#recordReplicaError(e);
-    safeEmit(this, 'replica-error', e);
-  }
-
-  #recordReplicaError(e: ReplicaErrorEvent): void {
-    const r = this.#spec.replicas.find((s) => s.id === e.replicaId);
-    if (!r) return;
-    r.mode = 'ERR';
-    r.lastError = { errno: e.errno, code: e.code, message: e.message.slice(0, 4096), atMs: Date.now() };
-    this.#persist();
-  }
-
-  // Copies the engine's view of replica modes into volume.json when they differ.
-  #syncModes(): void {
-    if (!this.#engine || this.#engine.state !== 'open') return;
-    let changed = false;
-    for (const r of this.#engine.replicas()) {
-      const s = this.#spec.replicas.find((x) => x.id === r.id);
-      if (s && s.mode !== r.mode) {
-        s.mode = r.mode;
-        changed = true;
-      }
-    }
-    if (changed) this.#persist();
-  }
-
-  // Serialised writes of volume.json: each writes the latest spec; a failure is reported
-  // as a warning (the engine's own epochs still protect the data, invariant 3).
-  #persist(): void {
-    this.#persistChain = this.#persistChain.then(() =>
-      writeVolumeSpec(this.dir, this.#spec).catch((err: unknown) => {
-        safeEmit(this, 'warning', toMooringError(err, `recording replica modes of ${this.name}`));
-      }),
-    );
-  }
-}
-
-// The highest epoch the replicas promised, as their metadata says (a replica that cannot be
-// read counts 0: the engine opens it ERR, or refuses the epoch and the open tries again).
-async function promisedEpochMax(addon: NativeAddon, replicas: EngineReplicaSpec[]): Promise<number> {
-  const epochs = await Promise.all(
-    replicas.map(async (r) => {
-      if (r.path === undefined) return 0;
-      const info = await callNative(() => addon.inspectReplica(r.path!), `inspecting replica ${r.id}`).catch(() => undefined);
-      return info && Number.isSafeInteger(info.epoch) && info.epoch > 0 ? info.epoch : 0;
-    }),
-  );
-  return Math.max(0, ...epochs);
-}
-
-/**
- * Snapshots as users see them: not the head, not removed layers; each with the name of the
- * nearest visible ancestor as parent.
- *
- * @internal
- */
-export function visibleSnapshots(layers: LayerInfo[]): SnapshotInfo[] {
-  const byId = new Map(layers.map((l) => [l.id, l]));
-  const visible = (l: LayerInfo): boolean => !l.head && !l.removed;
-  return layers.filter(visible).map((l) => {
-    let parent: string | null = null;
-    let p = byId.get(l.parentId);
-    // Bounded by the number of layers: a cycle in hostile metadata must not hang us.
-    for (let hops = 0; p && hops < layers.length; hops++) {
-      if (visible(p)) {
-        parent = p.name;
-        break;
-      }
-      p = byId.get(p.parentId);
-    }
-    return {
-      name: l.name,
-      id: l.id,
-      parent,
-      createdMs: l.createdMs,
-      labels: { ...l.labels },
-      sizeBytes: l.sizeBytes,
-      allocatedBytes: l.allocatedBytes,
-      userCreated: l.userCreated,
-    };
-  });
 }

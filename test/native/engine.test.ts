@@ -11,7 +11,7 @@ import { constants as osConstants } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { ReplicaErrorEvent } from '../../src/engine/engine.js';
-import { Volume } from '../../src/volume/volume.js';
+import { DirectoryVolume } from '../../src/volume/directory-volume.js';
 import {
   MiB,
   Scratch,
@@ -63,10 +63,10 @@ describe('engine over real replicas', () => {
   describe('writer epochs (invariant 2)', () => {
     it('claims a strictly higher epoch on every replica at each open, and marks them clean at close', async () => {
       const dir = s.path('epochs');
-      let vol = await Volume.create({ dir, sizeBytes: 4 * MiB, replicas: 3 });
+      let vol = await DirectoryVolume.create({ dir, sizeBytes: 4 * MiB, replicas: 3 });
       const seen: number[] = [];
       for (let round = 0; round < 3; round++) {
-        if (round > 0) vol = await Volume.open(dir);
+        if (round > 0) vol = await DirectoryVolume.open(dir);
         const st = await vol.status();
         seen.push(st.epoch);
         expect(st.replicas.map((r) => [r.id, r.mode, r.epoch])).toEqual(
@@ -86,7 +86,7 @@ describe('engine over real replicas', () => {
 
     it('fences an older writer that comes back after a newer engine claimed the replicas', async () => {
       const dir = s.path('fence-old-writer');
-      const vol0 = await Volume.create({ dir, sizeBytes: 4 * MiB, replicas: 3 });
+      const vol0 = await DirectoryVolume.create({ dir, sizeBytes: 4 * MiB, replicas: 3 });
       await vol0.close();
       // Writer A claims the volume the way an engine does (max epoch + 1 on every replica),
       // writes, and goes away (say, partitioned) without closing cleanly.
@@ -99,7 +99,7 @@ describe('engine over real replicas', () => {
         });
       }
       // Engine B opens the volume: it must claim above A, and its data wins.
-      const vol = await Volume.open(dir);
+      const vol = await DirectoryVolume.open(dir);
       const epochB = vol.epoch;
       expect(epochB).toBeGreaterThan(epochA);
       const b = pattern(60, 8192);
@@ -119,7 +119,7 @@ describe('engine over real replicas', () => {
     it('opens a replica missed by a newer writer as ERR (lower epoch) and never reads from it', async () => {
       const dir = s.path('fence-stale-replica');
       const size = 4 * MiB;
-      const v1 = await Volume.create({ dir, sizeBytes: size, replicas: 3 });
+      const v1 = await DirectoryVolume.create({ dir, sizeBytes: size, replicas: 3 });
       const old = pattern(70, MiB);
       await v1.write(0, old);
       await v1.close();
@@ -134,7 +134,7 @@ describe('engine over real replicas', () => {
           await r.write(newer, 0, fresh);
         });
       }
-      const vol = await Volume.open(dir);
+      const vol = await DirectoryVolume.open(dir);
       try {
         expect(vol.epoch).toBe(newer + 1);
         const st = await vol.status();
@@ -159,7 +159,7 @@ describe('engine over real replicas', () => {
       expect(committed).toMatchObject({ epoch: epochs.r0, generation: 1, rw: ['r0', 'r1'] });
       await withReplica(replicaPath(dir, 'r2'), async (r) => expectSame(await r.read(0, MiB), old, 'r2 untouched'));
       // Reopened, it is still ERR.
-      const again = await Volume.open(dir);
+      const again = await DirectoryVolume.open(dir);
       try {
         expect((await again.status()).replicas[2]!.mode).toBe('ERR');
         expectSame(await again.read(0, MiB), fresh, 'after reopen');
@@ -174,12 +174,12 @@ describe('engine over real replicas', () => {
     it('drops it as ERR with a typed event; the write succeeds; it stays ERR after reopen and is never read', async () => {
       const dir = s.path('nospace-one');
       const size = 8 * MiB;
-      const created = await Volume.create({ dir, sizeBytes: size, replicas: 3 });
+      const created = await DirectoryVolume.create({ dir, sizeBytes: size, replicas: 3 });
       await created.close();
       moveReplicaToTmpfs(dir, 'r1', '2m', mounts);
 
       const model = Buffer.alloc(size);
-      const vol = await Volume.open(dir);
+      const vol = await DirectoryVolume.open(dir);
       const events: ReplicaErrorEvent[] = [];
       vol.on('replica-error', (e) => events.push(e));
       const sets: Array<{ epoch: number; generation: number; rwReplicaIds: string[] }> = [];
@@ -231,7 +231,7 @@ describe('engine over real replicas', () => {
         expect((await r.blockStatus(0, 4096))[0]!.flags).toBe(0); // r1 did get the first MiB
         await r.write(r.epoch(), 0, Buffer.alloc(4096, 0xee));
       });
-      const reopened = await Volume.open(dir);
+      const reopened = await DirectoryVolume.open(dir);
       try {
         const st = await reopened.status();
         expect(st.replicas.map((r) => r.mode)).toEqual(['RW', 'ERR', 'RW']);
@@ -247,10 +247,10 @@ describe('engine over real replicas', () => {
     it('passes NO_SPACE to the caller when every replica is full', async () => {
       const dir = s.path('nospace-all');
       const size = 8 * MiB;
-      const created = await Volume.create({ dir, sizeBytes: size, replicas: 3 });
+      const created = await DirectoryVolume.create({ dir, sizeBytes: size, replicas: 3 });
       await created.close();
       for (const id of ['r0', 'r1', 'r2']) moveReplicaToTmpfs(dir, id, '2m', mounts);
-      const vol = await Volume.open(dir);
+      const vol = await DirectoryVolume.open(dir);
       let failure: unknown;
       const acked: number[] = [];
       try {
@@ -281,10 +281,10 @@ describe('engine over real replicas', () => {
     });
   });
 
-  describe('damaged metadata at Volume.open', () => {
+  describe('damaged metadata at DirectoryVolume.open', () => {
     it('answers CORRUPT_METADATA for a damaged replica.json or volume.json, and stays openable after repair', async () => {
       const dir = s.path('corrupt');
-      const vol = await Volume.create({ dir, sizeBytes: 4 * MiB, replicas: 3 });
+      const vol = await DirectoryVolume.create({ dir, sizeBytes: 4 * MiB, replicas: 3 });
       await vol.write(0, pattern(110, 4096));
       await vol.close();
       const r1meta = `${replicaPath(dir, 'r1')}/replica.json`;
@@ -292,22 +292,22 @@ describe('engine over real replicas', () => {
       const savedReplicaJson = execFileSync('cat', [r1meta]);
 
       writeFileSync(r1meta, '{"format": 1, "layers": [');
-      expect(await codeOf(Volume.open(dir))).toBe('CORRUPT_METADATA');
+      expect(await codeOf(DirectoryVolume.open(dir))).toBe('CORRUPT_METADATA');
       // The failed open released every lock: the same answer again, not BUSY.
-      expect(await codeOf(Volume.open(dir))).toBe('CORRUPT_METADATA');
+      expect(await codeOf(DirectoryVolume.open(dir))).toBe('CORRUPT_METADATA');
       const meta = JSON.parse(savedReplicaJson.toString()) as { layers: Array<{ file: string }> };
       meta.layers[0]!.file = '../../r0/layer-L000001.img';
       writeFileSync(r1meta, JSON.stringify(meta));
-      expect(await codeOf(Volume.open(dir))).toBe('CORRUPT_METADATA');
+      expect(await codeOf(DirectoryVolume.open(dir))).toBe('CORRUPT_METADATA');
       writeFileSync(r1meta, savedReplicaJson);
 
       writeFileSync(`${dir}/volume.json`, 'not json at all');
-      expect(await codeOf(Volume.open(dir))).toBe('CORRUPT_METADATA');
+      expect(await codeOf(DirectoryVolume.open(dir))).toBe('CORRUPT_METADATA');
       writeFileSync(`${dir}/volume.json`, JSON.stringify({ ...saved, replicas: [{ id: 'r0', path: '../../etc', mode: 'RW' }] }));
-      expect(await codeOf(Volume.open(dir))).toBe('CORRUPT_METADATA');
+      expect(await codeOf(DirectoryVolume.open(dir))).toBe('CORRUPT_METADATA');
       writeFileSync(`${dir}/volume.json`, JSON.stringify(saved));
 
-      const ok = await Volume.open(dir);
+      const ok = await DirectoryVolume.open(dir);
       try {
         expectSame(await ok.read(0, 4096), pattern(110, 4096), 'after repair');
       } finally {
@@ -319,7 +319,7 @@ describe('engine over real replicas', () => {
 
   it('the comparison helper notices a replica that differs', async () => {
     const dir = s.path('differs');
-    const vol = await Volume.create({ dir, sizeBytes: 4 * MiB, replicas: 3 });
+    const vol = await DirectoryVolume.create({ dir, sizeBytes: 4 * MiB, replicas: 3 });
     await vol.write(MiB, pattern(120, 8192));
     await vol.close();
     await assertReplicasIdentical(dir);
@@ -331,7 +331,7 @@ describe('engine over real replicas', () => {
     await withReplica(replicaPath(dir, 'r1'), (r) => r.write(r.epoch(), 3 * MiB, Buffer.from([1])));
     await expect(assertReplicasIdentical(dir)).rejects.toThrow(/replica r1 differs from replica r0 at byte 3145728/);
     // The open volume holds the replicas' locks: the helper reports BUSY rather than reading under it.
-    const open = await Volume.open(dir);
+    const open = await DirectoryVolume.open(dir);
     try {
       await expect(assertReplicasIdentical(dir)).rejects.toMatchObject({ code: 'BUSY' });
     } finally {

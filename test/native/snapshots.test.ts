@@ -4,7 +4,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Engine } from '../../src/engine/engine.js';
-import { Volume } from '../../src/volume/volume.js';
+import { DirectoryVolume } from '../../src/volume/directory-volume.js';
 import { BLOCK, MiB, KiB, Scratch, addon, assertReplicasIdentical, codeOf, pattern, replicaPath, withReplica, nextEpoch, engineOptions } from './helpers.js';
 
 function expectSame(actual: Buffer, expected: Buffer, what: string): void {
@@ -18,7 +18,7 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
   const size = 32 * MiB;
   let s: Scratch;
   let dir: string;
-  let vol: Volume;
+  let vol: DirectoryVolume;
   const model = Buffer.alloc(size);
 
   async function write(off: number, data: Buffer): Promise<void> {
@@ -35,7 +35,7 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
   beforeAll(async () => {
     s = new Scratch('mooring-native-snap-');
     dir = s.path('vol');
-    vol = await Volume.create({ dir, sizeBytes: size, replicas: 3 });
+    vol = await DirectoryVolume.create({ dir, sizeBytes: size, replicas: 3 });
   });
   afterAll(async () => {
     await vol.close().catch(() => undefined);

@@ -26,9 +26,11 @@ async function failure(call) {
   }
   throw new Error('the call did not fail');
 }
-// ESM: a volume directory that does not exist. CJS: a size that is not a multiple of 4096.
-const fromEsm = await failure(() => esm.Volume.open(join(dir, 'missing')));
-const fromCjs = await failure(() => cjs.Volume.create({ dir: join(dir, 'vol'), sizeBytes: 1000, replicas: 1 }));
+// ESM: a volume that does not exist. CJS: a host id that is not a name.
+const m = await esm.Mooring.open({ store: new esm.MemoryStateStore() });
+const fromEsm = await failure(() => m.volume('missing').status());
+await m.close();
+const fromCjs = await failure(() => cjs.Mooring.open({ dir: join(dir, 'm'), hostId: '../x' }));
 const seenBy = (err, m, code) => ({
   code: err.code,
   instanceOf: err instanceof m.MooringError,

@@ -31,18 +31,18 @@ function cleanEnv(): NodeJS.ProcessEnv {
 const SCRIPT_BODY = `
   const dir = mkdtempSync(join(tmpdir(), 'mooring-use-'));
   try {
-    const volume = await Volume.create({ dir: join(dir, 'vol'), sizeBytes: 8 * 1024 * 1024, replicas: 1 });
-    const data = Buffer.from('hello from ' + FLAVOUR);
-    await volume.write(4096 + 3, data);
-    const back = await volume.read(4096 + 3, data.length);
-    if (!back.equals(data)) throw new Error('read back ' + back.toString('hex'));
-    const zeros = await volume.read(0, 4096);
-    if (zeros.some((b) => b !== 0)) throw new Error('unwritten space is not zero');
-    await volume.close();
+    // The embedded default: the store and this host's data engine (the addon) in one directory.
+    const m = await Mooring.open({ dir: join(dir, 'm') });
+    const volume = await m.createVolume({ name: 'disk0', sizeBytes: 8 * 1024 * 1024 });
+    const st = await volume.attach({ nbd: 'unix:' + join(dir, 'disk0.sock') });
+    if (st.state !== 'healthy' || !st.nbd || !st.nbd.uri.includes('disk0.sock')) throw new Error('attach: ' + JSON.stringify(st));
+    await volume.detach();
+    if ((await volume.status()).state !== 'detached') throw new Error('detach did not detach');
+    await m.close();
     if (typeof MooringError !== 'function') throw new Error('MooringError is not exported');
     // The subpath for the repository's tools and tests: its own names, none of the main entry's.
     if (typeof internal.parseNbdAddress !== 'function' || typeof internal.EpochAllocator !== 'function') throw new Error('mooring/internal lacks its exports');
-    if ('parseNbdAddress' in mooring || 'Volume' in internal) throw new Error('mooring and mooring/internal overlap');
+    if ('parseNbdAddress' in mooring || 'Mooring' in internal) throw new Error('mooring and mooring/internal overlap');
     const maps = readFileSync('/proc/self/maps', 'utf8').split('\\n');
     const loaded = [...new Set(maps.map((l) => l.split(/\\s+/).pop()).filter((p) => p && p.endsWith('.node')))];
     console.log('RESULT ' + JSON.stringify({ flavour: FLAVOUR, loaded }));
@@ -86,8 +86,8 @@ describe('npm package', () => {
   });
 
   it.each([
-    ['esm', 'use.mjs', `import * as mooring from 'mooring';\nimport * as internal from 'mooring/internal';\nconst { Volume, MooringError } = mooring;\nimport { mkdtempSync, readFileSync, rmSync } from 'node:fs';\nimport { tmpdir } from 'node:os';\nimport { join } from 'node:path';\nconst FLAVOUR = 'esm';\n${SCRIPT_BODY}`],
-    ['cjs', 'use.cjs', `const mooring = require('mooring');\nconst internal = require('mooring/internal');\nconst { Volume, MooringError } = mooring;\nconst { mkdtempSync, readFileSync, rmSync } = require('node:fs');\nconst { tmpdir } = require('node:os');\nconst { join } = require('node:path');\nconst FLAVOUR = 'cjs';\n(async () => {\n${SCRIPT_BODY}\n})().catch((e) => { console.error(e); process.exit(1); });`],
+    ['esm', 'use.mjs', `import * as mooring from 'mooring';\nimport * as internal from 'mooring/internal';\nconst { Mooring, MooringError } = mooring;\nimport { mkdtempSync, readFileSync, rmSync } from 'node:fs';\nimport { tmpdir } from 'node:os';\nimport { join } from 'node:path';\nconst FLAVOUR = 'esm';\n${SCRIPT_BODY}`],
+    ['cjs', 'use.cjs', `const mooring = require('mooring');\nconst internal = require('mooring/internal');\nconst { Mooring, MooringError } = mooring;\nconst { mkdtempSync, readFileSync, rmSync } = require('node:fs');\nconst { tmpdir } = require('node:os');\nconst { join } = require('node:path');\nconst FLAVOUR = 'cjs';\n(async () => {\n${SCRIPT_BODY}\n})().catch((e) => { console.error(e); process.exit(1); });`],
   ])('works from %s', async (flavour, file, source) => {
     writeFileSync(join(project, file), source);
     const r = await run(process.execPath, [file], { cwd: project, env: cleanEnv(), timeoutMs: 60_000 });

@@ -5,13 +5,25 @@ import { describe, expect, it } from 'vitest';
 
 import { repoRoot, run } from './helpers/tools.js';
 
-async function runExample(path: string): Promise<string> {
-  const r = await run(process.execPath, [join(repoRoot, path)], { timeoutMs: 120_000, allowFailure: true });
+async function runExample(path: string, args: string[] = []): Promise<string> {
+  const r = await run(process.execPath, [join(repoRoot, path), ...args], { timeoutMs: 120_000, allowFailure: true });
   expect(r.code, `${path} failed\n${r.stdout}\n${r.stderr}`).toBe(0);
   return r.stdout;
 }
 
 describe('examples', () => {
+  it('quickstart (npm run demo): a volume on the embedded defaults, written through NBD, found again after a restart', async () => {
+    const out = await runExample('examples/quickstart/demo.mjs', ['--once']);
+    expect(out).toMatch(/created volume disk0: 64 MiB, 1 replica\(s\), detached/);
+    expect(out).toMatch(/attached on \S+: healthy, writer epoch 1/);
+    expect(out).toMatch(/qemu-io: wrote 65536\/65536 bytes at offset 0; read 65536\/65536 bytes at offset 0/);
+    expect(out).toMatch(/snapshot first, labels \{"made_by":"demo"\}/);
+    // A new epoch after the restart: the engine was started again, over the same data.
+    expect(out).toMatch(/after a restart: healthy on \S+, writer epoch 2/);
+    expect(out).toMatch(/qemu-io after the restart: read 65536\/65536 bytes/);
+    expect(out).toMatch(/closed \(engines drained and flushed\)/);
+  });
+
   it('data-engine: a volume across an in-process and a gRPC-reached data engine', async () => {
     const out = await runExample('examples/data-engine/demo.mjs');
     expect(out).toMatch(/replica r1 on host b \(disk0-r1\): RW/);

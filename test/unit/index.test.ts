@@ -10,8 +10,6 @@ describe('main entry', () => {
   it('exports exactly these runtime names', () => {
     expect(Object.keys(main).sort()).toEqual([
       'BackingImage',
-      'Cluster',
-      'ClusterVolume',
       'DataEngineGrpcServer',
       'Engine',
       'FileStateStore',
@@ -22,6 +20,7 @@ describe('main entry', () => {
       'Lockspace',
       'MemoryStateStore',
       'Migration',
+      'Mooring',
       'MooringError',
       'MooringErrorCode',
       'NbdExport',

@@ -1,8 +1,8 @@
 // Fault (f): the control plane restarts in the middle of a takeover. The engine's host is
 // frozen or partitioned; an attach on another host starts the takeover; at a random point
 // of it (at once, once the old engine record is gone, once the new engine runs, once the
-// attach returned) the Cluster and its FileStateStore are closed and opened again over the
-// same directory, as a restarted VM manager would; the new Cluster is asked to attach there
+// attach returned) the Mooring and its FileStateStore are closed and opened again over the
+// same directory, as a restarted VM manager would; the new Mooring is asked to attach there
 // again. Then the old host comes back with its clients still sending. Invariants 1-2.
 import { describe, it } from 'vitest';
 
@@ -11,7 +11,7 @@ import { attachOn, connectClients, roundCount, runRounds, testTimeout, until, us
 
 // Default: the 50 rounds per fault type (docs/fault-tests.md); MOORING_FAULT_ROUNDS=N to change it.
 const ROUNDS = roundCount('f', 50);
-// One lane: the restart closes the one Cluster every lane would share.
+// One lane: the restart closes the one Mooring every lane would share.
 const LANES = 1;
 
 const POINTS = ['at-once', 'old-record-gone', 'engine-on-target', 'attach-returned'] as const;

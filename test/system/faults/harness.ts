@@ -1,6 +1,6 @@
 // The fault tests' bench and rounds (docs/fault-tests.md). A bench is three `mooring
 // data-engine` processes per lane, each in its own network namespace (helpers/netns.ts),
-// and a Cluster over a FileStateStore in this process; it lives for one test file and is
+// and a Mooring over a FileStateStore in this process; it lives for one test file and is
 // reused by every round. A round is one fault against one fresh 3-replica volume:
 //   create + attach → two NBD clients write tracked data (FLUSH, FUA, requests in flight) →
 //   the fault (the test file's function) → recover (everything thawed and healed, ERR
@@ -14,8 +14,8 @@ import { EventEmitter } from 'node:events';
 import { join } from 'node:path';
 import { afterAll, beforeAll } from 'vitest';
 
-import type { Cluster } from '../../../src/cluster/cluster.js';
-import type { ClusterVolumeStatus } from '../../../src/cluster/cluster.js';
+import type { Mooring } from '../../../src/mooring.js';
+import type { VolumeStatus } from '../../../src/volume/volume.js';
 import { MooringError } from '../../../src/errors.js';
 import type { FileStateStore } from '../../../src/state/file-state-store.js';
 import { History, SECTOR, type Verdict } from '../helpers/history.js';
@@ -268,7 +268,7 @@ export class FaultBench {
   tmp!: TempDir;
   lab!: NetLab;
   hosts: HostProcess[] = [];
-  cluster!: Cluster;
+  cluster!: Mooring;
   store!: FileStateStore;
   readonly warnings: string[] = [];
   readonly log: string[] = [];
@@ -410,10 +410,10 @@ const REGION = { offset: 0, length: VOLUME_BYTES };
  * refusal (the new engine reached no majority of the replicas in its I/O timeout; nothing
  * was served) is tried again, at most 5 times.
  */
-export async function attachOn(ctx: RoundContext, host: string, extra: { attacher?: 'api' | 'workload' } = {}): Promise<ClusterVolumeStatus> {
+export async function attachOn(ctx: RoundContext, host: string, extra: { attacher?: 'api' | 'workload' } = {}): Promise<VolumeStatus> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await ctx.bench.cluster.attach(ctx.volume, { host, nbd: ctx.nbdAddress(host), ...extra });
+      return await ctx.bench.cluster.volume(ctx.volume).attach({ host, nbd: ctx.nbdAddress(host), ...extra });
     } catch (e) {
       if (!(e instanceof MooringError && e.code === 'NO_QUORUM') || attempt >= 5) throw e;
       ctx.step(`attach on ${host} refused (NO_QUORUM: ${e.message.split('\n')[0]}); again`);
@@ -460,10 +460,10 @@ export async function waitNoStrayEngine(ctx: RoundContext, serving: string, time
 export async function recover(ctx: RoundContext, serving: string, timeoutMs = 60_000): Promise<void> {
   const { bench, volume } = ctx;
   const deadline = Date.now() + timeoutMs;
-  let last: ClusterVolumeStatus | null = null;
+  let last: VolumeStatus | null = null;
   let lastError = '';
   for (let attempt = 0; attempt < 200; attempt++) {
-    last = await bench.cluster.status(volume);
+    last = await bench.cluster.volume(volume).status();
     if (last.state === 'healthy' && last.writerHost === serving) return;
     if (Date.now() >= deadline) break;
     const engine = bench.host(serving).engine;
@@ -475,7 +475,7 @@ export async function recover(ctx: RoundContext, serving: string, timeoutMs = 60
       });
     }
     // A rebuild in progress (WO) finishes by itself: wait for the state to change.
-    await until('the volume to change state', async () => (await bench.cluster.status(volume)).state === 'healthy', Math.max(0, Math.min(5000, deadline - Date.now())), () => '', 100).catch(() => undefined);
+    await until('the volume to change state', async () => (await bench.cluster.volume(volume).status()).state === 'healthy', Math.max(0, Math.min(5000, deadline - Date.now())), () => '', 100).catch(() => undefined);
   }
   throw new Error(`volume ${volume} not healthy on ${serving} after ${timeoutMs} ms: ${JSON.stringify(last)}; last re-add error: ${lastError || 'none'}`);
 }
@@ -580,8 +580,8 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
     // stays open on the server's side until its idle timeout, 30 s): now if possible,
     // else by a later round or at the end (checkPending).
     const served = await readWhole(ctx.uri(out.servingHost));
-    const list = (await bench.cluster.status(volume)).replicas.map((r) => ({ host: bench.host(r.hostId), name: r.name }));
-    await bench.cluster.detach(volume);
+    const list = (await bench.cluster.volume(volume).status()).replicas.map((r) => ({ host: bench.host(r.hostId), name: r.name }));
+    await bench.cluster.volume(volume).detach();
     const pending: PendingCheck = { volume, seed, servedBy: out.servingHost, want: chunkedDigest(served), list, fail: (what) => fail(what), since: Date.now() };
     if (!(await checkReplicas(bench, pending))) bench.pending.push(pending);
   } catch (err) {
@@ -601,8 +601,8 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
 async function whatReplicasHold(ctx: RoundContext, verdict: Verdict): Promise<string> {
   const { bench, volume, history } = ctx;
   try {
-    const st = await bench.cluster.status(volume);
-    await bench.cluster.detach(volume);
+    const st = await bench.cluster.volume(volume).status();
+    await bench.cluster.volume(volume).detach();
     const offsets = [...new Set(verdict.violations.filter((v) => v.kind !== 'dual-writer').slice(0, 4).map((v) => v.offset))];
     const lines: string[] = [];
     for (const r of st.replicas) {
@@ -687,7 +687,7 @@ async function readWhole(uri: string): Promise<Buffer> {
 // After a failed round (survey mode only): the volume goes, whatever state it is in.
 async function discardVolume(bench: FaultBench, lane: number, volume: string): Promise<void> {
   bench.restore(bench.laneHosts(lane));
-  await bench.cluster.detach(volume).catch(() => undefined);
+  await bench.cluster.volume(volume).detach().catch(() => undefined);
   for (const id of bench.laneHosts(lane)) await bench.host(id).engine.stopEngine(volume).catch(() => undefined);
   await bench.cluster.deleteVolume(volume).catch((e: unknown) => bench.note(`discarding ${volume}: ${(e as Error).message}`, true));
 }

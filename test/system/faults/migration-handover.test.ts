@@ -1,5 +1,5 @@
 // Fault (e): a migration hand-over with I/O in flight on both sides. The volume is
-// migratable; a migration to another host starts (Cluster migrate, or an attach on the
+// migratable; a migration to another host starts (Mooring migrate, or an attach on the
 // second host), clients connect to the target's standby export (refused until the
 // hand-over) while the source's clients keep writing; then one of:
 // - hand-over and confirm;
@@ -25,7 +25,7 @@ async function endOrAlreadyEnded(ctx: RoundContext, call: () => Promise<void>): 
   try {
     await call();
   } catch (e) {
-    if (!(e instanceof MooringError && e.code === 'INVALID_STATE' && (await ctx.bench.cluster.status(ctx.volume)).migration === null)) throw e;
+    if (!(e instanceof MooringError && e.code === 'INVALID_STATE' && (await ctx.bench.cluster.volume(ctx.volume).status()).migration === null)) throw e;
     ctx.step('(the cluster had ended the migration already)');
   }
 }
@@ -49,14 +49,14 @@ export async function migrationHandOver(ctx: RoundContext): Promise<{ servingHos
   ctx.step(`standby on ${y}, ${workload.inFlight(x)} requests in flight on ${x}`);
 
   if (variant === 'tickets-rollback') {
-    await bench.cluster.detach(volume, { host: y });
+    await bench.cluster.volume(volume).detach({ host: y });
     ctx.step(`detached ${y}: rolled back before the hand-over`);
     await workload.waitAcks(rng.range(0, 200), { group: x, flush: true, timeoutMs: 30_000 });
     return { servingHost: x };
   }
   if (variant === 'tickets-confirm') {
     history.unfence(y, 'hand-over by detach from the source');
-    await bench.cluster.detach(volume, { host: x });
+    await bench.cluster.volume(volume).detach({ host: x });
     history.fence(x, 'handed over and confirmed');
     ctx.step(`detached ${x}: handed over and confirmed`);
     await workload.waitAcks(rng.range(0, 200), { group: y, flush: true, timeoutMs: 30_000 });

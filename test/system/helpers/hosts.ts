@@ -7,7 +7,7 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
-import { Cluster } from '../../../src/cluster/cluster.js';
+import { Mooring } from '../../../src/mooring.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { readReplica, type ReplicaContent } from './replicas.js';
 import { startCliProcess, type MooringServer } from './serve.js';
@@ -110,9 +110,9 @@ export async function openCluster(
   root: string,
   hosts: HostProcess[],
   options: { repairIntervalMs?: number; replicaReplacementWaitMs?: number; engineIoTimeoutMs?: number; ticketWaitTimeoutMs?: number } = {},
-): Promise<{ cluster: Cluster; store: FileStateStore }> {
+): Promise<{ cluster: Mooring; store: FileStateStore }> {
   const store = await FileStateStore.open(join(root, 'state'));
-  const cluster = await Cluster.open({
+  const cluster = await Mooring.open({
     store,
     hosts: hosts.map((h) => h.engine),
     repairIntervalMs: options.repairIntervalMs ?? 500,

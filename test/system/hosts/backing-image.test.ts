@@ -19,7 +19,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { BackingImage } from '../../../src/backing-image/backing-image.js';
-import { Cluster } from '../../../src/cluster/cluster.js';
+import { Mooring } from '../../../src/mooring.js';
 import { BACKING_IMAGE_PART_FILE } from '../../../src/data-engine/backing-image-files.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
@@ -68,7 +68,7 @@ async function sha512File(path: string): Promise<string> {
 describe('backing images across three data-engine hosts', () => {
   const tmp = new TempDir();
   let hosts: HostProcess[] = [];
-  let cluster: Cluster;
+  let cluster: Mooring;
   let store: FileStateStore;
   let http: { server: Server; url: (name: string) => string };
   let base: BackingImage;
@@ -87,7 +87,7 @@ describe('backing images across three data-engine hosts', () => {
     hosts = makeHosts(tmp.path, 3, 17410);
     for (const h of hosts) await h.start();
     store = await FileStateStore.open(tmp.join('state'));
-    cluster = await Cluster.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 0, ticketWaitTimeoutMs: 120_000, backingImageCleanupWaitMs: CLEANUP_WAIT_MS });
+    cluster = await Mooring.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 0, ticketWaitTimeoutMs: 120_000, backingImageCleanupWaitMs: CLEANUP_WAIT_MS });
   });
 
   afterAll(async () => {
@@ -107,12 +107,12 @@ describe('backing images across three data-engine hosts', () => {
   });
 
   it('serves a 3-replica volume on it whose export reads as the image converted to raw', async () => {
-    const vol = await cluster.createVolume({ name: 'vm-disk', replicas: 3, hosts: ['a', 'b', 'c'], backingImage: 'base' });
+    const vol = await (await cluster.createVolume({ name: 'vm-disk', replicas: 3, hosts: ['a', 'b', 'c'], backingImage: 'base' })).status();
     expect(vol.sizeBytes).toBe(64 * MiB);
     expect(vol.backingImage).toBe('base');
     const st = await base.status();
     expect(st.files.map((f) => `${f.hostId}:${f.state}`)).toEqual(['a:ready', 'b:ready', 'c:ready']);
-    expect((await cluster.attach('vm-disk', { host: 'a', nbd: nbd() })).state, diag()).toBe('healthy');
+    expect((await cluster.volume('vm-disk').attach({ host: 'a', nbd: nbd() })).state, diag()).toBe('healthy');
     await run('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', tmp.join('base.qcow2'), tmp.join('expected.raw')]);
     await run('qemu-img', ['convert', '-f', 'raw', '-O', 'raw', uri(), tmp.join('export.raw')]);
     const cmp = await run('cmp', [tmp.join('expected.raw'), tmp.join('export.raw')], { allowFailure: true });
@@ -155,7 +155,7 @@ describe('backing images across three data-engine hosts', () => {
       if (e.type === 'backing-image-file' && e.name === 'big' && (e.state === 'starting' || e.state === 'in-progress')) after.push(e.receivedBytes);
     });
     await cluster.addHost(b.engine);
-    const vol = await creating;
+    const vol = await (await creating).status();
     unwatch();
     expect(after.length, 'no progress of the resumed copy was seen').toBeGreaterThan(0);
     expect(Math.min(...after), `resumed from ${keptBytes} bytes kept`).toBeGreaterThanOrEqual(keptBytes);

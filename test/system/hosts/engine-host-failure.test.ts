@@ -8,7 +8,7 @@
 //   client sees errors; the data served by b is b's.
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
-import type { Cluster } from '../../../src/cluster/cluster.js';
+import type { Mooring } from '../../../src/mooring.js';
 import type { FileStateStore } from '../../../src/state/file-state-store.js';
 import { FlushTracker } from '../helpers/flush-tracker.js';
 import { makeHosts, openCluster, readReplicas, waitFor, type HostProcess } from '../helpers/hosts.js';
@@ -26,7 +26,7 @@ const VOLUME = 'vm2-disk';
 describe('three data-engine hosts, engine host failure', () => {
   let tmp: TempDir;
   let hosts: HostProcess[] = [];
-  let cluster: Cluster;
+  let cluster: Mooring;
   let store: FileStateStore;
   let port = 17330;
 
@@ -53,11 +53,11 @@ describe('three data-engine hosts, engine host failure', () => {
   const uriOf = (host: string): string => `nbd+unix:///?socket=${sock(host)}`;
   const diag = (): string => hosts.map((h) => h.diagnostics()).join('');
   const replicasNow = async (): Promise<Array<{ host: HostProcess; name: string }>> =>
-    (await cluster.status(VOLUME)).replicas.map((r) => ({ host: hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
+    (await cluster.volume(VOLUME).status()).replicas.map((r) => ({ host: hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
 
   it('keeps every flushed write when the engine host is killed, and a new engine on b serves it', async () => {
     await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3 });
-    const first = await cluster.attach(VOLUME, { host: 'a', nbd: `unix:${sock('a')}` });
+    const first = await cluster.volume(VOLUME).attach({ host: 'a', nbd: `unix:${sock('a')}` });
     expect(first.state).toBe('healthy');
 
     const tracker = new FlushTracker(0, TRACKED_BLOCKS, 4711);
@@ -77,7 +77,7 @@ describe('three data-engine hosts, engine host failure', () => {
     await load;
     for (const c of clients) c.destroy();
 
-    const taken = await cluster.attach(VOLUME, { host: 'b', nbd: `unix:${sock('b')}` });
+    const taken = await cluster.volume(VOLUME).attach({ host: 'b', nbd: `unix:${sock('b')}` });
     expect(taken.attachedHost).toBe('b');
     expect(taken.epoch).toBeGreaterThan(first.epoch);
     expect(taken.replicas.find((r) => r.hostId === 'a')?.mode).toBe('ERR');
@@ -92,24 +92,24 @@ describe('three data-engine hosts, engine host failure', () => {
     // Host a comes back: its replica (which missed the takeover) is rebuilt by b's engine.
     await hosts[0]!.start();
     await cluster.addHost(hosts[0]!.engine);
-    const healthy = await waitFor(async () => (await cluster.status(VOLUME)).state === 'healthy', 60_000, 300);
-    expect(healthy, `not healthy after a came back: ${JSON.stringify(await cluster.status(VOLUME))}${diag()}`).toBe(true);
+    const healthy = await waitFor(async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 60_000, 300);
+    expect(healthy, `not healthy after a came back: ${JSON.stringify(await cluster.volume(VOLUME).status())}${diag()}`).toBe(true);
     const served = await readWholeVolume(uriOf('b'));
     const list = await replicasNow();
-    await cluster.detach(VOLUME);
+    await cluster.volume(VOLUME).detach();
     const contents = await readReplicas(list, SIZE);
     for (const c of contents) expect(c.digest, `replica ${c.id} differs from what b served`).toBe(chunkedDigest(served));
   });
 
   it('fences the old engine of a frozen host: after SIGCONT it cannot change the replicas', async () => {
     await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3 });
-    const first = await cluster.attach(VOLUME, { host: 'a', nbd: `unix:${sock('a')}` });
+    const first = await cluster.volume(VOLUME).attach({ host: 'a', nbd: `unix:${sock('a')}` });
     const stale = await NbdClient.connect(uriOf('a'));
     await stale.write(0, Buffer.alloc(MiB, 0x01));
     await stale.flush();
 
     hosts[0]!.freeze();
-    const taken = await cluster.attach(VOLUME, { host: 'b', nbd: `unix:${sock('b')}` });
+    const taken = await cluster.volume(VOLUME).attach({ host: 'b', nbd: `unix:${sock('b')}` });
     expect(taken.epoch, JSON.stringify(taken)).toBeGreaterThan(first.epoch);
     const fresh = await NbdClient.connect(uriOf('b'));
     expect((await fresh.read(0, MiB)).equals(Buffer.alloc(MiB, 0x01))).toBe(true);
@@ -130,13 +130,13 @@ describe('three data-engine hosts, engine host failure', () => {
     // What b serves is b's data, also after a's replica is rebuilt.
     expect((await fresh.read(0, MiB)).equals(Buffer.alloc(MiB, 0x02))).toBe(true);
     expect((await fresh.read(4 * MiB, MiB)).equals(Buffer.alloc(MiB, 0))).toBe(true);
-    const healthy = await waitFor(async () => (await cluster.status(VOLUME)).state === 'healthy', 60_000, 300);
-    expect(healthy, `not healthy after a resumed: ${JSON.stringify(await cluster.status(VOLUME))}${diag()}`).toBe(true);
+    const healthy = await waitFor(async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 60_000, 300);
+    expect(healthy, `not healthy after a resumed: ${JSON.stringify(await cluster.volume(VOLUME).status())}${diag()}`).toBe(true);
     await fresh.disconnect();
     const served = await readWholeVolume(uriOf('b'));
     expect(served.subarray(4 * MiB, 5 * MiB).equals(Buffer.alloc(MiB, 0))).toBe(true);
     const list = await replicasNow();
-    await cluster.detach(VOLUME);
+    await cluster.volume(VOLUME).detach();
     const contents = await readReplicas(list, SIZE);
     for (const c of contents) expect(c.digest, `replica ${c.id} differs from what b served`).toBe(chunkedDigest(served));
   });

@@ -8,7 +8,7 @@ import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import type { Cluster } from '../../../src/cluster/cluster.js';
+import type { Mooring } from '../../../src/mooring.js';
 import type { FileStateStore } from '../../../src/state/file-state-store.js';
 import { HostProcess, openCluster } from '../helpers/hosts.js';
 import { NbdClient, NbdReplyError } from '../helpers/nbd-client.js';
@@ -26,7 +26,7 @@ describe('full disks on replica hosts', () => {
   const tmp = new TempDir();
   const mounts: string[] = [];
   let hosts: HostProcess[] = [];
-  let cluster: Cluster;
+  let cluster: Mooring;
   let store: FileStateStore;
 
   beforeAll(async () => {
@@ -56,7 +56,7 @@ describe('full disks on replica hosts', () => {
   it('drops the full replica, keeps serving, and reports ENOSPC only when every replica is full', async () => {
     await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3, hosts: ['a', 'b', 'c'] });
     const sock = tmp.join('full.sock');
-    await cluster.attach(VOLUME, { host: 'a', nbd: `unix:${sock}` });
+    await cluster.volume(VOLUME).attach({ host: 'a', nbd: `unix:${sock}` });
     const client = await NbdClient.connect(`nbd+unix:///?socket=${sock}`);
     const chunk = (i: number): Buffer => Buffer.alloc(MiB, (i % 250) + 1);
 
@@ -75,11 +75,11 @@ describe('full disks on replica hosts', () => {
         break;
       }
       if (cDroppedAt < 0) {
-        const st = await cluster.status(VOLUME);
+        const st = await cluster.volume(VOLUME).status();
         if (st.replicas.find((r) => r.hostId === 'c')?.mode === 'ERR') cDroppedAt = i;
       }
     }
-    const st = await cluster.status(VOLUME);
+    const st = await cluster.volume(VOLUME).status();
     console.log(`full disk: c dropped after ${cDroppedAt + 1} MiB, ENOSPC at ${enospcAt} MiB, ${written} MiB acknowledged; ${JSON.stringify(st.replicas)}`);
     expect(cDroppedAt, 'replica on c never went ERR').toBeGreaterThanOrEqual(0);
     expect(cDroppedAt).toBeLessThan(FS_MIB.c);
@@ -100,8 +100,8 @@ describe('full disks on replica hosts', () => {
     // and reports that as a warning.
     const warnings: string[] = [];
     cluster.on('warning', (e) => warnings.push(`${e.code}: ${e.message}`));
-    await cluster.detach(VOLUME);
-    expect((await cluster.status(VOLUME)).state).toBe('detached');
+    await cluster.volume(VOLUME).detach();
+    expect((await cluster.volume(VOLUME).status()).state).toBe('detached');
     console.log(`detach warnings: ${JSON.stringify(warnings)}`);
   });
 });

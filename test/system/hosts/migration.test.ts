@@ -8,12 +8,12 @@
 // - a degraded volume (host c down) migrates; c's replica is rebuilt by b's engine later;
 // - crashes: b killed mid-migration, before or after the hand-over → rolled back by the
 //   cluster (after it, a keeps what b wrote); a killed after hand-over →
-//   the volume stays on b; the embedding process restarts mid-migration → a new Cluster over
+//   the volume stays on b; the embedding process restarts mid-migration → a new Mooring over
 //   the same state store finds the migration and finishes it.
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
-import type { Cluster } from '../../../src/cluster/cluster.js';
-import { Cluster as ClusterClass } from '../../../src/cluster/cluster.js';
+import type { Mooring } from '../../../src/mooring.js';
+import { Mooring as ClusterClass } from '../../../src/mooring.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { makeHosts, openCluster, readReplicas, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { chunkedDigest } from '../helpers/replicas.js';
@@ -35,7 +35,7 @@ const BEFORE: Array<[number, number, number]> = [
 describe('three data-engine hosts, live migration', () => {
   let tmp: TempDir;
   let hosts: HostProcess[] = [];
-  let cluster: Cluster;
+  let cluster: Mooring;
   let store: FileStateStore;
   let port = 17430;
 
@@ -65,7 +65,7 @@ describe('three data-engine hosts, live migration', () => {
     return r.stdout + r.stderr;
   };
   const replicasNow = async (): Promise<Array<{ host: HostProcess; name: string }>> =>
-    (await cluster.status(VOLUME)).replicas.map((r) => ({ host: hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
+    (await cluster.volume(VOLUME).status()).replicas.map((r) => ({ host: hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
 
   async function attachOnA(): Promise<void> {
     await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3, accessMode: 'migratable' });

@@ -5,7 +5,7 @@
 import { readFileSync } from 'node:fs';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
-import type { Cluster } from '../../../src/cluster/cluster.js';
+import type { Mooring } from '../../../src/mooring.js';
 import type { FileStateStore } from '../../../src/state/file-state-store.js';
 import { makeHosts, openCluster, readReplicas, type HostProcess } from '../helpers/hosts.js';
 import { killAllServers } from '../helpers/serve.js';
@@ -18,7 +18,7 @@ const VOLUME = 'ops-vol';
 describe('three data-engine hosts, operations with their own tickets', () => {
   let tmp: TempDir;
   let hosts: HostProcess[] = [];
-  let cluster: Cluster;
+  let cluster: Mooring;
   let store: FileStateStore;
   let port = 17530;
 
@@ -74,8 +74,9 @@ describe('three data-engine hosts, operations with their own tickets', () => {
     expect(raw.subarray(2 * MiB, 8 * MiB).every((b) => b === 0)).toBe(true);
     expect((await vol.status()).state).toBe('detached');
 
-    const clone = await cluster.cloneVolume({ from: VOLUME, snapshot: 's1', name: 'ops-clone', replicas: 2 });
-    expect(clone).toMatchObject({ state: 'detached', replicaCount: 2, copiedBytes: 3 * MiB });
+    const clone = await cluster.volume(VOLUME).clone({ snapshot: 's1', name: 'ops-clone', replicas: 2 });
+    expect(clone.copiedBytes).toBe(3 * MiB);
+    expect(await clone.volume.status()).toMatchObject({ state: 'detached', replicaCount: 2 });
     expect((await vol.status()).state).toBe('detached');
     await cluster.volume('ops-clone').attach({ host: 'c', nbd: `unix:${tmp.join('ops-clone.sock')}` });
     await qemuIo(uri('ops-clone'), ['read -P 0x31 0 2M', 'read -P 0x32 8M 1M', 'read -P 0 2M 6M']);

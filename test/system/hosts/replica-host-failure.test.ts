@@ -2,14 +2,14 @@
 // whose engine runs on host a, exported over NBD.
 // - qemu-io writes and reads patterns; nbdinfo sees the export; after detach every replica,
 //   on every host, holds the same bytes.
-// - A restarted VM manager (a new Cluster over the same state store) finds the volume.
+// - A restarted VM manager (a new Mooring over the same state store) finds the volume.
 // - Host b is killed with SIGKILL while fio writes with crc32c verify: fio sees no error;
 //   data written while b is down is counted; b restarts on the same addresses and its
 //   replica is rebuilt without being asked, sending about what changed, not the volume;
 //   the volume is healthy again and all replicas are identical.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import type { Cluster } from '../../../src/cluster/cluster.js';
+import type { Mooring } from '../../../src/mooring.js';
 import type { FileStateStore } from '../../../src/state/file-state-store.js';
 import { makeHosts, openCluster, readReplicas, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { chunkedDigest } from '../helpers/replicas.js';
@@ -24,7 +24,7 @@ const VOLUME = 'vm1-disk';
 describe('three data-engine hosts, replica host failure', () => {
   const tmp = new TempDir();
   let hosts: HostProcess[] = [];
-  let cluster: Cluster;
+  let cluster: Mooring;
   let store: FileStateStore;
   let nbd: string;
 
@@ -46,9 +46,9 @@ describe('three data-engine hosts, replica host failure', () => {
   const diag = (): string => hosts.map((h) => h.diagnostics()).join('');
 
   it('serves a 3-replica volume from host a with replicas on a, b and c', async () => {
-    const created = await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3 });
+    const created = await (await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3 })).status();
     expect(new Set(created.replicas.map((r) => r.hostId))).toEqual(new Set(['a', 'b', 'c']));
-    const st = await cluster.attach(VOLUME, { host: 'a', nbd });
+    const st = await cluster.volume(VOLUME).attach({ host: 'a', nbd });
     expect(st.state, JSON.stringify(st)).toBe('healthy');
     expect(st.attachedHost).toBe('a');
     expect(st.epoch).toBeGreaterThan(0);
@@ -60,7 +60,7 @@ describe('three data-engine hosts, replica host failure', () => {
     expect(JSON.parse(info.stdout).exports[0]['export-size']).toBe(SIZE);
   });
 
-  it('is found again by a restarted VM manager (new Cluster over the same store)', async () => {
+  it('is found again by a restarted VM manager (new Mooring over the same store)', async () => {
     await cluster.close();
     await store.close();
     ({ cluster, store } = await openCluster(tmp.path, hosts));
@@ -70,12 +70,12 @@ describe('three data-engine hosts, replica host failure', () => {
     expect(vol?.state).toBe('healthy');
     expect(vol?.nbd?.address).toBe(nbd);
     // Attaching again on the same host returns the current state, no new epoch.
-    const again = await cluster.attach(VOLUME, { host: 'a', nbd });
+    const again = await cluster.volume(VOLUME).attach({ host: 'a', nbd });
     expect(again.epoch).toBe(vol?.epoch);
   });
 
   it('keeps serving through SIGKILL of replica host b under fio verify, then rebuilds b incrementally', async () => {
-    const before = await cluster.status(VOLUME);
+    const before = await cluster.volume(VOLUME).status();
     const fioArgs = ['--name=verify', '--ioengine=nbd', `--uri=${uri()}`, '--rw=randwrite', '--bs=4k', '--iodepth=16',
       '--offset=16m', '--size=16m', '--verify=crc32c', '--verify_fatal=1', '--randrepeat=1', '--randseed=99',
       '--time_based', '--runtime=6', '--output-format=json', '--verify_state_save=0'];
@@ -87,7 +87,7 @@ describe('three data-engine hosts, replica host failure', () => {
     const fioJob = parseFioJson(fioResult.stdout).jobs[0]!;
     expect(fioJob.error).toBe(0);
 
-    const degraded = await cluster.status(VOLUME);
+    const degraded = await cluster.volume(VOLUME).status();
     expect(degraded.state, JSON.stringify(degraded)).toBe('degraded');
     expect(degraded.replicas.find((r) => r.hostId === 'b')?.mode).toBe('ERR');
     // Dropped by a commit of the replica set without it to the other two (a majority):
@@ -105,9 +105,9 @@ describe('three data-engine hosts, replica host failure', () => {
 
     await hosts[1]!.start();
     await cluster.addHost(hosts[1]!.engine);
-    const healthy = await waitFor(async () => (await cluster.status(VOLUME)).state === 'healthy', 60_000, 300);
+    const healthy = await waitFor(async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 60_000, 300);
     unwatch();
-    expect(healthy, `volume did not become healthy after b came back: ${JSON.stringify(await cluster.status(VOLUME))}${diag()}`).toBe(true);
+    expect(healthy, `volume did not become healthy after b came back: ${JSON.stringify(await cluster.volume(VOLUME).status())}${diag()}`).toBe(true);
     const done = events.filter((e) => e.type === 'rebuild-completed');
     expect(done.length, JSON.stringify(events)).toBeGreaterThanOrEqual(1);
     const sent = done[done.length - 1]!.sentBytes!;
@@ -126,8 +126,8 @@ describe('three data-engine hosts, replica host failure', () => {
 
     // Detach, then every replica on every host holds what the volume served.
     const served = await readWholeVolume(uri());
-    const st = await cluster.status(VOLUME);
-    await cluster.detach(VOLUME);
+    const st = await cluster.volume(VOLUME).status();
+    await cluster.volume(VOLUME).detach();
     const contents = await readReplicas(st.replicas.map((r) => ({ host: hosts.find((h) => h.hostId === r.hostId)!, name: r.name })), SIZE);
     expect(contents).toHaveLength(3);
     for (const c of contents) expect(c.digest, `replica ${c.id} differs`).toBe(contents[0]!.digest);

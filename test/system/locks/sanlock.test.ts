@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { Cluster } from '../../../src/cluster/cluster.js';
+import { Mooring } from '../../../src/mooring.js';
 import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import { killAllDaemons, requireSanlock } from '../helpers/sanlock-daemon.js';
@@ -345,12 +345,12 @@ describe('Lockspace and Lock over real sanlock daemons', () => {
     // side's LockedProcess calls.
     const work = mkdtempSync(join(tmpdir(), 'mooring-lockmig-'));
     const engines: LocalDataEngine[] = [];
-    let cluster: Cluster | null = null;
+    let cluster: Mooring | null = null;
     try {
       for (const [i, id] of ['a', 'b', 'c'].entries()) {
         engines.push(await LocalDataEngine.start({ dir: join(work, id), hostId: id, replicaListen: `tcp:127.0.0.1:${17951 + i}` }));
       }
-      cluster = await Cluster.open({ store: new MemoryStateStore(), hosts: engines, repairIntervalMs: 0 });
+      cluster = await Mooring.open({ store: new MemoryStateStore(), hosts: engines, repairIntervalMs: 0 });
       await cluster.createVolume({ name: 'vm4-disk', sizeBytes: 16 * MIB, replicas: 3, accessMode: 'migratable' });
       const vol = cluster.volume('vm4-disk');
       const sock = (h: string): string => join(work, `vm4-${h}.sock`);

@@ -9,7 +9,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { BACKING_IMAGE_KIND } from '../../../src/backing-image/backing-image-records.js';
 import type { BackingImageFileStatus } from '../../../src/backing-image/backing-image.js';
-import { Cluster, type ClusterOptions } from '../../../src/cluster/cluster.js';
+import { Mooring, type MooringOptions } from '../../../src/mooring.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import { FAKE_READ_CHUNK_BYTES, FakeDataEngine } from '../fakes/fake-data-engine.js';
 
@@ -53,12 +53,12 @@ function vname(): string {
 }
 
 describe('backing images', () => {
-  const open: Cluster[] = [];
+  const open: Mooring[] = [];
   afterEach(async () => {
     for (const c of open.splice(0)) await c.close();
   });
 
-  async function setup(n = 3, opts: Partial<ClusterOptions> = {}, files: Record<string, Buffer> = {}) {
+  async function setup(n = 3, opts: Partial<MooringOptions> = {}, files: Record<string, Buffer> = {}) {
     const hosts = Array.from({ length: n }, (_, i) => new FakeDataEngine('abcdefgh'[i]!));
     for (const h of hosts) h.fetchUrl = (url) => {
       const b = files[url];
@@ -69,7 +69,7 @@ describe('backing images', () => {
       return chunks(b);
     };
     const store = new MemoryStateStore();
-    const cluster = await Cluster.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 5000, ...opts });
+    const cluster = await Mooring.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 5000, ...opts });
     open.push(cluster);
     return { hosts, store, cluster };
   }
@@ -160,7 +160,7 @@ describe('backing images', () => {
     expect(st).toMatchObject({ state: 'ready', format: 'raw', sizeBytes: 8192, virtualSizeBytes: 8192 });
     expect(hosts.some((h) => h.calls.some((c) => c.startsWith(`exportSnapshotToBackingImageFile ${v} s1 snap`)))).toBe(true);
     // The operation's ticket is gone: the volume is detached again.
-    expect((await cluster.status(v)).state).toBe('detached');
+    expect((await cluster.volume(v).status()).state).toBe('detached');
     expect(await cluster.volume(v).tickets()).toEqual([]);
     await expect(cluster.createBackingImage({ name: 'snap2', source: { type: 'volume-snapshot', volume: 'nope', snapshot: 's1' } })).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
@@ -189,8 +189,8 @@ describe('backing images', () => {
     await expect(cluster.backingImage('x').cleanup('a' as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
     expect(() => cluster.backingImage('../x')).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT' }));
     await expect(cluster.createVolume({ name: 'v', backingImage: 'nope' })).rejects.toMatchObject({ code: 'NOT_FOUND' });
-    await expect(Cluster.open({ store: new MemoryStateStore(), backingImageCleanupWaitMs: -1 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
-    await expect(Cluster.open({ store: new MemoryStateStore(), backingImageCleanupWaitMs: 'soon' as never })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    await expect(Mooring.open({ store: new MemoryStateStore(), backingImageCleanupWaitMs: -1 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    await expect(Mooring.open({ store: new MemoryStateStore(), backingImageCleanupWaitMs: 'soon' as never })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
     await cluster.createBackingImage({ name: 'dup', source: { type: 'upload', sizeBytes: 10 } });
     await expect(cluster.createBackingImage({ name: 'dup', source: { type: 'upload', sizeBytes: 10 } })).rejects.toMatchObject({ code: 'ALREADY_EXISTS' });
   });
@@ -201,7 +201,7 @@ describe('backing images', () => {
     const bi = await cluster.createBackingImage({ name: 'base', source: { type: 'download', url: 'http://x/i' }, host: 'a' });
     // The volume is asked for before the image is ready: it waits for the first file and the copies.
     const v = vname();
-    const st = await cluster.createVolume({ name: v, replicas: 3, hosts: ['a', 'b', 'c'], backingImage: 'base' });
+    const st = await (await cluster.createVolume({ name: v, replicas: 3, hosts: ['a', 'b', 'c'], backingImage: 'base' })).status();
     const uuid = (await bi.status()).uuid;
     expect(st.sizeBytes).toBe(Math.ceil(VIRTUAL_BYTES / 4096) * 4096);
     expect(st.backingImage).toBe('base');
@@ -217,10 +217,10 @@ describe('backing images', () => {
     expect(status.usedBy).toEqual([v]);
     expect(status.disks).toEqual(['a', 'b', 'c']);
     await expect(cluster.createVolume({ name: vname(), sizeBytes: 4096 * 10, backingImage: 'base', replicas: 1 })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
-    const big = await cluster.createVolume({ name: vname(), sizeBytes: 4096 * 4096, backingImage: 'base', replicas: 1 });
+    const big = await (await cluster.createVolume({ name: vname(), sizeBytes: 4096 * 4096, backingImage: 'base', replicas: 1 })).status();
     expect(big.sizeBytes).toBe(4096 * 4096);
     // Attach works like any volume.
-    expect((await cluster.attach(v, { host: 'a' })).state).toBe('healthy');
+    expect((await cluster.volume(v).attach({ host: 'a' })).state).toBe('healthy');
   });
 
   it('sends at most 3 copies at once from one ready file', async () => {
@@ -253,7 +253,7 @@ describe('backing images', () => {
     const dir = `res-${(await bi.status()).uuid}`;
     expect(b.files.get(dir)).toMatchObject({ state: 'failed', receivedBytes: 4 * FAKE_READ_CHUNK_BYTES });
     b.reachable = true;
-    const st = await creating;
+    const st = await (await creating).status();
     expect(st.replicas).toHaveLength(1);
     expect(b.writes).toEqual([`${dir} offset=0`, `${dir} offset=${4 * FAKE_READ_CHUNK_BYTES}`]);
     expect(b.files.get(dir)).toMatchObject({ state: 'ready', checksum: sha512(img) });
@@ -387,9 +387,9 @@ describe('backing images', () => {
     const d = await store.get<Record<string, unknown>>('volume', v);
     const { backingImage: _b, ...older } = d!.value;
     await store.put('volume', v, older);
-    expect((await cluster.status(v)).backingImage).toBeNull();
+    expect((await cluster.volume(v).status()).backingImage).toBeNull();
     await store.put('volume', v, { ...older, backingImage: '../etc' });
-    await expect(cluster.status(v)).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
+    await expect(cluster.volume(v).status()).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
   });
 
   it('cancels a download: CANCELLED, and no retry by itself', async () => {
@@ -416,7 +416,7 @@ describe('backing images', () => {
     const bi = await cluster.createBackingImage({ name: 'rep', source: { type: 'download', url: 'http://x/i' }, host: 'a' });
     const v = vname();
     await cluster.createVolume({ name: v, replicas: 3, hosts: ['a', 'b', 'c'], backingImage: 'rep' });
-    await cluster.attach(v, { host: 'a' });
+    await cluster.volume(v).attach({ host: 'a' });
     hosts[2]!.reachable = false;
     hosts[0]!.setMode(v, 'r2', 'ERR');
     await cluster.repairOnce();
@@ -425,7 +425,7 @@ describe('backing images', () => {
     await cluster.addHost(d);
     const dir = `rep-${(await bi.status()).uuid}`;
     await cluster.repairOnce();
-    const st = await cluster.status(v);
+    const st = await cluster.volume(v).status();
     expect(st.replicas.map((r) => `${r.id}@${r.hostId}`)).toEqual(['r0@a', 'r1@b', 'r3@d']);
     expect(d.files.get(dir)?.state).toBe('ready');
     const created = d.calls.findIndex((c) => c.startsWith('createReplica'));
@@ -442,7 +442,7 @@ describe('backing images', () => {
     await bi.waitReady();
     const v = vname();
     await cluster.createVolume({ name: v, replicas: 2, hosts: ['a', 'b'], backingImage: 'slow' });
-    await cluster.attach(v, { host: 'a' });
+    await cluster.volume(v).attach({ host: 'a' });
     hosts[1]!.reachable = false;
     hosts[0]!.setMode(v, 'r1', 'ERR');
     await cluster.repairOnce();
@@ -453,10 +453,10 @@ describe('backing images', () => {
     cluster.on('warning', (e) => warnings.push(e.code));
     await cluster.repairOnce();
     expect(warnings).toContain('UNAVAILABLE');
-    expect((await cluster.status(v)).replicas.map((r) => r.hostId)).toEqual(['a', 'b']);
+    expect((await cluster.volume(v).status()).replicas.map((r) => r.hostId)).toEqual(['a', 'b']);
     await until('the copy to c is ready', async () => hosts[2]!.files.get(`slow-${(await bi.status()).uuid}`)?.state === 'ready');
     await cluster.repairOnce();
-    expect((await cluster.status(v)).replicas.map((r) => `${r.id}@${r.hostId}`)).toEqual(['r0@a', 'r2@c']);
+    expect((await cluster.volume(v).status()).replicas.map((r) => `${r.id}@${r.hostId}`)).toEqual(['r0@a', 'r2@c']);
   });
 
   it('clones a volume on an image onto hosts that get the file first', async () => {
@@ -466,23 +466,23 @@ describe('backing images', () => {
     const v = vname();
     await cluster.createVolume({ name: v, replicas: 1, hosts: ['a'], backingImage: 'cl' });
     await cluster.volume(v).createSnapshot('s');
-    const c = await cluster.cloneVolume({ name: vname(), from: v, snapshot: 's', replicas: 1, hosts: ['d'] });
+    const c = await (await cluster.volume(v).clone({ name: vname(), snapshot: 's', replicas: 1, hosts: ['d'] })).volume.status();
     expect(c.backingImage).toBe('cl');
     expect([...hosts[3]!.replicas.values()][0]!.backingImage?.dir).toMatch(/^cl-/);
   });
 
-  it('is found again by a restarted VM manager (a new Cluster over the same store)', async () => {
+  it('is found again by a restarted VM manager (a new Mooring over the same store)', async () => {
     const img = qcow2Like(15);
     const { hosts, cluster, store } = await setup(2, {}, { 'http://x/i': img });
     const bi = await cluster.createBackingImage({ name: 'again', source: { type: 'download', url: 'http://x/i' }, host: 'a' });
     const before = await bi.waitReady();
     await cluster.close();
-    const next = await Cluster.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 5000 });
+    const next = await Mooring.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 5000 });
     open.push(next);
     const st = await next.backingImage('again').status();
     expect(st).toMatchObject({ uuid: before.uuid, state: 'ready', currentChecksum: sha512(img) });
     expect((await next.listBackingImages()).map((x) => x.name)).toEqual(['again']);
-    const v = await next.createVolume({ name: vname(), replicas: 1, hosts: ['b'], backingImage: 'again' });
+    const v = await (await next.createVolume({ name: vname(), replicas: 1, hosts: ['b'], backingImage: 'again' })).status();
     expect(v.backingImage).toBe('again');
     // The image's record survives a repair pass of the new cluster, its files are not leftovers.
     await next.repairOnce();

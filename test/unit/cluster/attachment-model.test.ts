@@ -1,4 +1,4 @@
-// Property test of the Cluster's attachment and migration state machine over fake data
+// Property test of the Mooring's attachment and migration state machine over fake data
 // engines: generated sequences of attach, detach, raw tickets, migrate, hand-over, confirm,
 // rollback, hosts lost and back, repair passes and restarts of the embedding process. After
 // every step: never two writers; and once the hosts are back and a repair pass ran, every
@@ -7,7 +7,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 
 import { ATTACHER_TYPES, type AttacherType } from '../../../src/attachment/attachment-ticket.js';
-import { Cluster } from '../../../src/cluster/cluster.js';
+import { Mooring } from '../../../src/mooring.js';
 import { toMooringError } from '../../../src/errors.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import { FakeDataEngine } from '../fakes/fake-data-engine.js';
@@ -59,14 +59,14 @@ const EXPECTED = new Set(['BUSY', 'INVALID_STATE', 'UNAVAILABLE', 'NOT_FOUND', '
 
 let run = 0;
 
-describe('Cluster attachment state machine (generated sequences)', () => {
+describe('Mooring attachment state machine (generated sequences)', () => {
   it('never has two writers, and settles to truthful, satisfied tickets', async () => {
     await fc.assert(
       fc.asyncProperty(fc.array(cmd, { minLength: 1, maxLength: 30 }), fc.constantFrom('rwo' as const, 'migratable' as const), async (cmds, accessMode) => {
         const name = `m${++run}`;
         const hosts = HOSTS.map((h) => new FakeDataEngine(h));
         const store = new MemoryStateStore();
-        const open = () => Cluster.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 30 });
+        const open = () => Mooring.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 30 });
         let cluster = await open();
         try {
           await cluster.createVolume({ name, sizeBytes: 64 * 4096, accessMode });
@@ -96,7 +96,7 @@ describe('Cluster attachment state machine (generated sequences)', () => {
   }, 120_000);
 });
 
-async function step(cluster: Cluster, name: string, c: Cmd, hosts: FakeDataEngine[]): Promise<void> {
+async function step(cluster: Mooring, name: string, c: Cmd, hosts: FakeDataEngine[]): Promise<void> {
   const vol = cluster.volume(name);
   switch (c.k) {
     case 'attach':
@@ -145,9 +145,9 @@ function checkOneWriter(hosts: FakeDataEngine[], name: string): void {
   expect(writers.map((h) => h.hostId).length).toBeLessThanOrEqual(1);
 }
 
-async function checkSettled(cluster: Cluster, hosts: FakeDataEngine[], name: string): Promise<void> {
+async function checkSettled(cluster: Mooring, hosts: FakeDataEngine[], name: string): Promise<void> {
   const tickets = await cluster.volume(name).tickets();
-  const st = await cluster.status(name);
+  const st = await cluster.volume(name).status();
   // Truthful statuses: a satisfied ticket has an engine on its host that serves its frontend.
   for (const t of tickets) {
     expect(t.status?.generation).toBe(t.generation);

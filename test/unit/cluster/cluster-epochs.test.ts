@@ -1,4 +1,4 @@
-// Writer epochs in the Cluster (docs/single-writer.md): every engine it starts or activates
+// Writer epochs in the Mooring (docs/single-writer.md): every engine it starts or activates
 // gets a new epoch from the volume's counter in the store (the fake data engines record each
 // one given), strictly increasing across attach, takeover, migration hand-over, rollback,
 // recovery after a restart and operations that attach a volume themselves; a start or
@@ -6,7 +6,7 @@
 // is tried again above the epochs the replicas list; records of the last release still open.
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { Cluster } from '../../../src/cluster/cluster.js';
+import { Mooring } from '../../../src/mooring.js';
 import { KIND, parseMigrationRecord } from '../../../src/cluster/cluster-records.js';
 import { EpochAllocator } from '../../../src/cluster/epochs.js';
 import type { EngineHandOver } from '../../../src/data-engine/data-engine.js';
@@ -17,8 +17,8 @@ import { FakeDataEngine, type FakeEpochGiven } from '../fakes/fake-data-engine.j
 const SIZE = 64 * 4096;
 let seq = 0;
 
-describe('Cluster writer epochs', () => {
-  const open: Cluster[] = [];
+describe('Mooring writer epochs', () => {
+  const open: Mooring[] = [];
   afterEach(async () => {
     for (const c of open.splice(0)) await c.close();
   });
@@ -26,7 +26,7 @@ describe('Cluster writer epochs', () => {
   async function setup(opts: { accessMode?: 'rwo' | 'migratable' } = {}) {
     const hosts = ['a', 'b', 'c'].map((h) => new FakeDataEngine(h));
     const store = new MemoryStateStore();
-    const cluster = await Cluster.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 2000 });
+    const cluster = await Mooring.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 2000 });
     open.push(cluster);
     // The fake hosts share replica metadata by name and log epochs by volume: a name per test.
     const name = `ep${++seq}`;
@@ -72,9 +72,9 @@ describe('Cluster writer epochs', () => {
     mark('snapshot');
     // A restarted control plane on the same store goes on above every epoch handed out.
     await cluster.close();
-    const again = await Cluster.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 2000 });
+    const again = await Mooring.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 2000 });
     open.push(again);
-    const st = await again.attach(name, { host: 'c' });
+    const st = await again.volume(name).attach({ host: 'c' });
     mark('restart, attach c');
 
     const log = given(name);
@@ -113,7 +113,7 @@ describe('Cluster writer epochs', () => {
     const d = (await store.get<Record<string, unknown>>(KIND.migration, name))!;
     await store.put(KIND.migration, name, { ...d.value, phase: 'handing-over', handOver: ho });
     await cluster.close();
-    const again = await Cluster.open({ store, hosts, repairIntervalMs: 0 });
+    const again = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
     open.push(again);
     await again.repairOnce();
     expect(writers(hosts, name)).toEqual(['a']);
@@ -240,6 +240,6 @@ describe('Cluster writer epochs', () => {
     await store.put(KIND.volumeEpoch, name, { schema: 2, volume: name, last: -4, updatedMs: 0 });
     await expect(vol.attach({ host: 'a', timeoutMs: 0 })).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
     expect(given(name)).toEqual([]);
-    expect((await cluster.status(name)).state).toBe('detached');
+    expect((await cluster.volume(name).status()).state).toBe('detached');
   });
 });

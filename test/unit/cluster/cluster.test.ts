@@ -1,17 +1,17 @@
-// Cluster decisions over fake data engines and an in-memory state store: placement, attach
+// Mooring decisions over fake data engines and an in-memory state store: placement, attach
 // (idempotent, BUSY elsewhere, takeover of an unreachable host), detach, delete, the repair
 // loop (records modes, replaces a replica that stayed ERR once a spare host is offered,
 // stops a stray engine), and a restart that finds everything again from the store.
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { Cluster } from '../../../src/cluster/cluster.js';
+import { Mooring } from '../../../src/mooring.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import { FakeDataEngine } from '../fakes/fake-data-engine.js';
 
 const SIZE = 64 * 4096;
 
-describe('Cluster', () => {
-  const open: Cluster[] = [];
+describe('Mooring', () => {
+  const open: Mooring[] = [];
   afterEach(async () => {
     for (const c of open.splice(0)) await c.close();
   });
@@ -19,18 +19,18 @@ describe('Cluster', () => {
   async function setup(n = 3, opts: { replicaReplacementWaitMs?: number } = {}) {
     const hosts = Array.from({ length: n }, (_, i) => new FakeDataEngine('abcdefgh'[i]!));
     const store = new MemoryStateStore();
-    const cluster = await Cluster.open({ store, hosts, repairIntervalMs: 0, ...opts });
+    const cluster = await Mooring.open({ store, hosts, repairIntervalMs: 0, ...opts });
     open.push(cluster);
     return { hosts, store, cluster };
   }
 
   it('places one replica per host and records the volume', async () => {
     const { hosts, cluster } = await setup(4);
-    const st = await cluster.createVolume({ name: 'v1', sizeBytes: SIZE, replicas: 3 });
+    const st = await (await cluster.createVolume({ name: 'v1', sizeBytes: SIZE, replicas: 3 })).status();
     expect(st.state).toBe('detached');
     expect(new Set(st.replicas.map((r) => r.hostId)).size).toBe(3);
     // The least loaded hosts get the next volume's replicas.
-    const st2 = await cluster.createVolume({ name: 'v2', sizeBytes: SIZE, replicas: 1 });
+    const st2 = await (await cluster.createVolume({ name: 'v2', sizeBytes: SIZE, replicas: 1 })).status();
     expect(st.replicas.map((r) => r.hostId)).not.toContain(st2.replicas[0]!.hostId);
     expect(hosts.reduce((n, h) => n + h.replicas.size, 0)).toBe(4);
     await expect(cluster.createVolume({ name: 'v1', sizeBytes: SIZE })).rejects.toMatchObject({ code: 'ALREADY_EXISTS' });
@@ -49,31 +49,31 @@ describe('Cluster', () => {
   it('attaches, attaches again idempotently, refuses a second host, detaches', async () => {
     const { hosts, cluster } = await setup();
     await cluster.createVolume({ name: 'v', sizeBytes: SIZE });
-    const st = await cluster.attach('v', { host: 'a', nbd: 'unix:/tmp/v.sock' });
+    const st = await cluster.volume('v').attach({ host: 'a', nbd: 'unix:/tmp/v.sock' });
     expect(st).toMatchObject({ state: 'healthy', attachedHost: 'a', epoch: 1 });
     expect(st.nbd?.address).toBe('unix:/tmp/v.sock');
     const refs = hosts[0]!.engines.get('v')!.replicas;
     expect(refs).toHaveLength(3);
     expect(refs.every((r) => r.address?.startsWith('tcp:'))).toBe(true);
-    expect((await cluster.attach('v', { host: 'a' })).epoch).toBe(1);
-    await expect(cluster.attach('v', { host: 'b' })).rejects.toMatchObject({ code: 'BUSY' });
+    expect((await cluster.volume('v').attach({ host: 'a' })).epoch).toBe(1);
+    await expect(cluster.volume('v').attach({ host: 'b' })).rejects.toMatchObject({ code: 'BUSY' });
     await expect(cluster.deleteVolume('v')).rejects.toMatchObject({ code: 'BUSY' });
-    await cluster.detach('v');
+    await cluster.volume('v').detach();
     expect(hosts[0]!.engines.size).toBe(0);
-    expect((await cluster.status('v')).state).toBe('detached');
+    expect((await cluster.volume('v').status()).state).toBe('detached');
     await cluster.deleteVolume('v');
     expect(hosts.every((h) => h.replicas.size === 0)).toBe(true);
-    await expect(cluster.status('v')).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(cluster.volume('v').status()).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 
   it('takes a volume over from an unreachable host with a newer epoch, then stops the stray engine', async () => {
     const { hosts, cluster } = await setup();
     await cluster.createVolume({ name: 'v', sizeBytes: SIZE });
-    await cluster.attach('v', { host: 'a' });
+    await cluster.volume('v').attach({ host: 'a' });
     hosts[0]!.reachable = false;
     const events: unknown[] = [];
     cluster.on('engine-taken-over', (e) => events.push(e));
-    const st = await cluster.attach('v', { host: 'b' });
+    const st = await cluster.volume('v').attach({ host: 'b' });
     expect(st.attachedHost).toBe('b');
     expect(st.epoch).toBeGreaterThan(1);
     expect(events).toEqual([{ volume: 'v', fromHost: 'a', toHost: 'b', epoch: st.epoch }]);
@@ -90,11 +90,11 @@ describe('Cluster', () => {
   it('replaces a replica that stays ERR beyond the wait, on a spare host offered later', async () => {
     const { hosts, cluster } = await setup(3, { replicaReplacementWaitMs: 50 });
     await cluster.createVolume({ name: 'v', sizeBytes: SIZE, hosts: ['a', 'b', 'c'] });
-    await cluster.attach('v', { host: 'a' });
+    await cluster.volume('v').attach({ host: 'a' });
     hosts[2]!.reachable = false;
     hosts[0]!.setMode('v', 'r2', 'ERR');
     await cluster.repairOnce();
-    expect((await cluster.status('v')).state).toBe('degraded');
+    expect((await cluster.volume('v').status()).state).toBe('degraded');
     // No spare host yet: nothing to do, even after the wait.
     await new Promise((r) => setTimeout(r, 80));
     await cluster.repairOnce();
@@ -106,7 +106,7 @@ describe('Cluster', () => {
     cluster.on('replica-replaced', (e) => replaced.push(e));
     await cluster.repairOnce();
     expect(replaced).toEqual([{ volume: 'v', oldReplicaId: 'r2', oldHostId: 'c', newReplicaId: 'r3', newHostId: 'd', sentBytes: 1234 }]);
-    const st = await cluster.status('v');
+    const st = await cluster.volume('v').status();
     expect(st.state).toBe('healthy');
     expect(st.replicas.map((r) => `${r.id}@${r.hostId}`)).toEqual(['r0@a', 'r1@b', 'r3@d']);
     expect(d.replicas.size).toBe(1);
@@ -115,18 +115,18 @@ describe('Cluster', () => {
   it('does not replace a replica before the wait is over', async () => {
     const { hosts, cluster } = await setup(4, { replicaReplacementWaitMs: 60_000 });
     await cluster.createVolume({ name: 'v', sizeBytes: SIZE, hosts: ['a', 'b', 'c'] });
-    await cluster.attach('v', { host: 'a' });
+    await cluster.volume('v').attach({ host: 'a' });
     hosts[0]!.setMode('v', 'r1', 'ERR');
     await cluster.repairOnce();
     await cluster.repairOnce();
     expect(hosts[3]!.replicas.size).toBe(0);
-    expect((await cluster.status('v')).replicas.find((r) => r.id === 'r1')?.mode).toBe('ERR');
+    expect((await cluster.volume('v').status()).replicas.find((r) => r.id === 'r1')?.mode).toBe('ERR');
   });
 
   it('cleans up a replacement whose rebuild fails', async () => {
     const { hosts, cluster } = await setup(4, { replicaReplacementWaitMs: 0 });
     await cluster.createVolume({ name: 'v', sizeBytes: SIZE, hosts: ['a', 'b', 'c'] });
-    await cluster.attach('v', { host: 'a' });
+    await cluster.volume('v').attach({ host: 'a' });
     hosts[0]!.setMode('v', 'r1', 'ERR');
     hosts[0]!.failAddReplica = 'IO_ERROR';
     const warnings: unknown[] = [];
@@ -134,28 +134,28 @@ describe('Cluster', () => {
     await cluster.repairOnce();
     expect(warnings).toHaveLength(1);
     expect(hosts[3]!.replicas.size).toBe(0);
-    expect((await cluster.status('v')).replicas.map((r) => r.id)).toEqual(['r0', 'r1', 'r2']);
+    expect((await cluster.volume('v').status()).replicas.map((r) => r.id)).toEqual(['r0', 'r1', 'r2']);
   });
 
   it('finds volumes, replicas and the engine again after a restart (same store)', async () => {
     const { hosts, store, cluster } = await setup();
     await cluster.createVolume({ name: 'v', sizeBytes: SIZE });
-    await cluster.attach('v', { host: 'c', nbd: 'unix:/tmp/c.sock' });
+    await cluster.volume('v').attach({ host: 'c', nbd: 'unix:/tmp/c.sock' });
     await cluster.close();
-    const again = await Cluster.open({ store, hosts, repairIntervalMs: 0 });
+    const again = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
     open.push(again);
     const [v] = await again.listVolumes();
     expect(v).toMatchObject({ name: 'v', attachedHost: 'c', state: 'healthy' });
-    await expect(again.attach('v', { host: 'a' })).rejects.toMatchObject({ code: 'BUSY' });
+    await expect(again.volume('v').attach({ host: 'a' })).rejects.toMatchObject({ code: 'BUSY' });
   });
 
   it('reports a stored document that is not what it claims as CORRUPT_METADATA', async () => {
     const { store, cluster } = await setup();
     await cluster.createVolume({ name: 'v', sizeBytes: SIZE });
     await store.put('volume', 'v', { schema: 1, name: 'v', uuid: 'x', sizeBytes: -1 });
-    await expect(cluster.status('v')).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
+    await expect(cluster.volume('v').status()).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
     await store.put('volume', 'v', { schema: 99, name: 'v' });
-    await expect(cluster.status('v')).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
+    await expect(cluster.volume('v').status()).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
   });
 
   it('refuses calls after close', async () => {

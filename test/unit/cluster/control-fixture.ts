@@ -1,5 +1,5 @@
 // The controllers of src/cluster/ built directly over their shared state layer, fake data
-// engines and an in-memory store, without the Cluster facade: what each controller's unit
+// engines and an in-memory store, without the Mooring facade: what each controller's unit
 // test starts from. Events are recorded as [event, ...args] (volume events as [event, volume, ...args]).
 import { AttachmentController } from '../../../src/cluster/attachment-controller.js';
 import { CLUSTER_SCHEMA_VERSION, KIND } from '../../../src/cluster/cluster-records.js';

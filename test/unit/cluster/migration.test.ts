@@ -1,4 +1,4 @@
-// Cluster tickets and migration over fake data engines: the flows of seed 000 (attach on B
+// Mooring tickets and migration over fake data engines: the flows of seed 000 (attach on B
 // migrates, detach A confirms, detach B rolls back), migrate()/handOver()/confirm()/rollback()
 // with events and hooks in order, locks moved at hand-over, the crash cases (target host
 // lost → rollback, source host lost after hand-over → stays on the target, restart of the
@@ -6,7 +6,7 @@
 // and the upgrade of a schema-1 store.
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { Cluster } from '../../../src/cluster/cluster.js';
+import { Mooring } from '../../../src/mooring.js';
 import { KIND } from '../../../src/cluster/cluster-records.js';
 import { MooringError } from '../../../src/errors.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
@@ -15,8 +15,8 @@ import { FakeDataEngine } from '../fakes/fake-data-engine.js';
 const SIZE = 64 * 4096;
 let seq = 0;
 
-describe('Cluster tickets and migration', () => {
-  const open: Cluster[] = [];
+describe('Mooring tickets and migration', () => {
+  const open: Mooring[] = [];
   afterEach(async () => {
     for (const c of open.splice(0)) await c.close();
   });
@@ -24,7 +24,7 @@ describe('Cluster tickets and migration', () => {
   async function setup(opts: { accessMode?: 'rwo' | 'migratable' } = {}) {
     const hosts = ['a', 'b', 'c'].map((h) => new FakeDataEngine(h));
     const store = new MemoryStateStore();
-    const cluster = await Cluster.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 2000 });
+    const cluster = await Mooring.open({ store, hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 2000 });
     open.push(cluster);
     const name = `vol${++seq}`;
     await cluster.createVolume({ name, sizeBytes: SIZE, accessMode: opts.accessMode ?? 'migratable' });
@@ -44,7 +44,7 @@ describe('Cluster tickets and migration', () => {
     await expect(vol.migrate('b')).rejects.toMatchObject({ code: 'INVALID_STATE' });
     await vol.detach({ host: '' });
     expect(hosts[0]!.engines.size).toBe(0);
-    expect((await cluster.status(name)).state).toBe('detached');
+    expect((await cluster.volume(name).status()).state).toBe('detached');
     expect(await vol.tickets()).toEqual([]);
   });
 
@@ -185,7 +185,7 @@ describe('Cluster tickets and migration', () => {
     await vol.attach({ host: 'a' });
     await vol.migrate('b');
     await cluster.close();
-    const again = await Cluster.open({ store, hosts, repairIntervalMs: 0 });
+    const again = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
     open.push(again);
     const m = await again.volume(name).migration();
     expect(m).not.toBeNull();
@@ -193,7 +193,7 @@ describe('Cluster tickets and migration', () => {
     await again.close();
 
     // Interrupted in the middle of a hand-over: the source had drained, the target had not claimed.
-    const third = await Cluster.open({ store, hosts, repairIntervalMs: 0 });
+    const third = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
     open.push(third);
     await third.volume(name).migration().then((x) => x!.rollback());
     expect(active(hosts, name)).toEqual(['a']);
@@ -202,7 +202,7 @@ describe('Cluster tickets and migration', () => {
     const d = (await store.get<Record<string, unknown>>(KIND.migration, name))!;
     await store.put(KIND.migration, name, { ...d.value, phase: 'handing-over', handOver: ho });
     await third.close();
-    const fourth = await Cluster.open({ store, hosts, repairIntervalMs: 0 });
+    const fourth = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
     open.push(fourth);
     await fourth.repairOnce();
     // Undone to the source (the embedder's hand-over call was lost with the process).
@@ -240,12 +240,12 @@ describe('Cluster tickets and migration', () => {
     const { hosts, cluster, name, vol } = await setup();
     await vol.createSnapshot('s1');
     for (const h of hosts) h.calls.length = 0;
-    const clone = await cluster.cloneVolume({ from: name, snapshot: 's1', name: `${name}-clone`, replicas: 2 });
-    expect(clone).toMatchObject({ name: `${name}-clone`, state: 'detached', replicaCount: 2 });
+    const clone = await vol.clone({ snapshot: 's1', name: `${name}-clone`, replicas: 2 });
+    expect(await clone.volume.status()).toMatchObject({ name: `${name}-clone`, state: 'detached', replicaCount: 2 });
     const copier = hosts.find((h) => h.calls.some((c) => c.startsWith('copySnapshot')))!;
     expect(copier.calls.filter((c) => c.startsWith('startEngine'))).toEqual([`startEngine ${name}`, `startEngine ${name}-clone`]);
     expect(hosts.every((h) => h.engines.size === 0)).toBe(true);
-    await expect(cluster.cloneVolume({ from: name, snapshot: 'missing', name: `${name}-bad` })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(vol.clone({ snapshot: 'missing', name: `${name}-bad` })).rejects.toMatchObject({ code: 'NOT_FOUND' });
     expect((await cluster.listVolumes()).map((v) => v.name)).not.toContain(`${name}-bad`);
   });
 
@@ -260,19 +260,19 @@ describe('Cluster tickets and migration', () => {
     await store.put(KIND.engine, 'old1', { schema: 1, volume: 'old1', hostId: 'a', nbd: 'unix:/run/old1.sock', epoch: 3, startedMs: 1 });
     // The engine the last release started (it chose epoch 3 itself).
     await hosts[0]!.startEngine({ volume: 'old1', replicas: [{ id: 'r0', hostId: 'a', name: 'old1-r0-x', address: null }], nbd: 'unix:/run/old1.sock', epoch: 3 });
-    const cluster = await Cluster.open({ store, hosts, repairIntervalMs: 0 });
+    const cluster = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
     open.push(cluster);
     const t1 = await cluster.volume('old1').tickets();
     expect(t1).toEqual([expect.objectContaining({ id: 'api-a', type: 'api', hostId: 'a', parameters: expect.objectContaining({ nbd: 'unix:/run/old1.sock' }) })]);
     await cluster.repairOnce();
     expect((await cluster.volume('old1').tickets())[0]!.status?.satisfied).toBe(true);
     expect(hosts[0]!.calls.filter((c) => c.startsWith('startEngine') || c.startsWith('stopEngine'))).toEqual(['startEngine old1']);
-    expect((await cluster.status('old1')).accessMode).toBe('rwo');
+    expect((await cluster.volume('old1').status()).accessMode).toBe('rwo');
     expect(await cluster.volume('old2').tickets()).toEqual([]);
     expect(((await store.get<{ schema: number }>(KIND.volume, 'old2'))!.value).schema).toBe(2);
     // Idempotent: a second open changes nothing.
     const v = (await store.get(KIND.attachment, 'old1'))!.version;
-    const c2 = await Cluster.open({ store, hosts, repairIntervalMs: 0 });
+    const c2 = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
     open.push(c2);
     expect((await store.get(KIND.attachment, 'old1'))!.version).toBe(v);
   });

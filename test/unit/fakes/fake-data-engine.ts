@@ -1,4 +1,4 @@
-// An in-memory DataEngine for control-plane unit tests (Cluster): replicas and engines are
+// An in-memory DataEngine for control-plane unit tests (Mooring): replicas and engines are
 // records, a host can be made unreachable (every call rejects UNAVAILABLE), and replica
 // modes can be set to drive repair decisions. It does no disk I/O; backing image files are
 // Buffers with the real rules (states, SHA-512, 3 reads per file, resume offsets, BUSY deletes).

@@ -8,7 +8,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
 import type { NativeAddon } from '../../../src/native/binding.js';
 import { loadAddon } from '../../../src/native/load.js';
-import { Volume } from '../../../src/volume/volume.js';
+import { DirectoryVolume } from '../../../src/volume/directory-volume.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
 
 const MiB = 1 << 20;
@@ -19,7 +19,7 @@ const suites: Array<[string, () => NativeAddon]> = [
 ];
 
 for (const [label, make] of suites) {
-  describe(`Volume contract (${label})`, () => {
+  describe(`DirectoryVolume contract (${label})`, () => {
     let root: string;
     let addon: NativeAddon;
     beforeEach(async () => {
@@ -31,7 +31,7 @@ for (const [label, make] of suites) {
     });
 
     it('writes, reads, trims and reports allocation', async () => {
-      const v = await Volume.create({ dir: join(root, 'v'), sizeBytes: 4 * MiB, replicas: 3, addon });
+      const v = await DirectoryVolume.create({ dir: join(root, 'v'), sizeBytes: 4 * MiB, replicas: 3, addon });
       try {
         const a = Buffer.alloc(3 * 4096, 0x5a);
         await v.write(8192, a);
@@ -63,7 +63,7 @@ for (const [label, make] of suites) {
 
     it('snapshots: create, list, delete, revert when not exported', async () => {
       const dir = join(root, 'v');
-      const v = await Volume.create({ dir, sizeBytes: 1 * MiB, replicas: 2, addon });
+      const v = await DirectoryVolume.create({ dir, sizeBytes: 1 * MiB, replicas: 2, addon });
       try {
         await v.write(0, Buffer.alloc(4096, 1));
         const s1 = await v.createSnapshot('s1', { labels: { k: 'v' } });
@@ -90,7 +90,7 @@ for (const [label, make] of suites) {
 
     it('exports on a unix socket and TCP, closes cleanly, reopens with a higher epoch', async () => {
       const dir = join(root, 'v');
-      const v = await Volume.create({ dir, sizeBytes: 1 * MiB, replicas: 1, addon });
+      const v = await DirectoryVolume.create({ dir, sizeBytes: 1 * MiB, replicas: 1, addon });
       const epoch = v.epoch;
       const exp = await v.export();
       expect(exp.uri).toBe(`nbd+unix:///?socket=${join(dir, 'nbd.sock')}`);
@@ -101,7 +101,7 @@ for (const [label, make] of suites) {
       await v.close();
       await expect(v.read(0, 1)).rejects.toMatchObject({ code: 'CLOSED' });
       expect(await readdir(dir)).not.toContain('nbd.sock');
-      const again = await Volume.open(dir, { addon });
+      const again = await DirectoryVolume.open(dir, { addon });
       try {
         expect(again.epoch).toBeGreaterThan(epoch);
       } finally {

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
 import { MooringError } from '../../../src/errors.js';
-import { Volume } from '../../../src/volume/volume.js';
+import { DirectoryVolume } from '../../../src/volume/directory-volume.js';
 import { FakeAddon, nativeError } from '../fakes/fake-addon.js';
 
 const MiB = 1024 * 1024;
@@ -13,10 +13,10 @@ describe('Volume', () => {
   let root: string;
   let dir: string;
   let addon: FakeAddon;
-  const open: Volume[] = [];
+  const open: DirectoryVolume[] = [];
 
-  async function create(extra: Partial<Parameters<typeof Volume.create>[0]> = {}): Promise<Volume> {
-    const v = await Volume.create({ dir, sizeBytes: MiB, addon, ...extra });
+  async function create(extra: Partial<Parameters<typeof DirectoryVolume.create>[0]> = {}): Promise<DirectoryVolume> {
+    const v = await DirectoryVolume.create({ dir, sizeBytes: MiB, addon, ...extra });
     open.push(v);
     return v;
   }
@@ -51,7 +51,7 @@ describe('Volume', () => {
   });
 
   it('validates create options', async () => {
-    const bad = async (o: object) => expect(Volume.create({ dir, sizeBytes: MiB, addon, ...o })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    const bad = async (o: object) => expect(DirectoryVolume.create({ dir, sizeBytes: MiB, addon, ...o })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
     await bad({ sizeBytes: 0 });
     await bad({ sizeBytes: 4095 });
     await bad({ sizeBytes: 4096 + 1 });
@@ -65,7 +65,7 @@ describe('Volume', () => {
     await bad({ name: 'x'.repeat(64) });
     await bad({ dir: '' });
     await bad({ dir: 'a\0b' });
-    await expect(Volume.create(null as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    await expect(DirectoryVolume.create(null as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
     // Nothing was created by the refused calls.
     await expect(readdir(dir)).rejects.toThrow();
   });
@@ -107,7 +107,7 @@ describe('Volume', () => {
     expect(await v.read(4096, 8192)).toEqual(Buffer.alloc(8192));
     const epoch = v.epoch;
     await v.close();
-    const again = await Volume.open(dir, { addon });
+    const again = await DirectoryVolume.open(dir, { addon });
     open.push(again);
     expect(again.epoch).toBe(epoch + 1);
     expect(again.uuid).toBe(v.uuid);
@@ -182,7 +182,7 @@ describe('Volume', () => {
     const spec = JSON.parse(await readFile(join(dir, 'volume.json'), 'utf8'));
     spec.replicas[2] = { id: 'r2', path: 'replicas/r2', mode: 'RW' };
     await writeFile(join(dir, 'volume.json'), JSON.stringify(spec));
-    const again = await Volume.open(dir, { addon });
+    const again = await DirectoryVolume.open(dir, { addon });
     open.push(again);
     expect((await again.status()).replicas[2]!.mode).toBe('ERR');
     expect(JSON.parse(await readFile(join(dir, 'volume.json'), 'utf8')).replicas[2].mode).toBe('ERR');
@@ -251,9 +251,9 @@ describe('Volume', () => {
 
   it('locks the directory against a second opener', async () => {
     const v = await create();
-    await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'BUSY' });
+    await expect(DirectoryVolume.open(dir, { addon })).rejects.toMatchObject({ code: 'BUSY' });
     await v.close();
-    const again = await Volume.open(dir, { addon });
+    const again = await DirectoryVolume.open(dir, { addon });
     open.push(again);
   });
 
@@ -261,7 +261,7 @@ describe('Volume', () => {
     const v = await create();
     await v.close();
     await writeFile(join(dir, 'volume.lock'), JSON.stringify({ pid: 2 ** 22 + 12345, hostname: (await import('node:os')).hostname(), acquiredMs: 1 }));
-    const again = await Volume.open(dir, { addon });
+    const again = await DirectoryVolume.open(dir, { addon });
     open.push(again);
   });
 
@@ -270,13 +270,13 @@ describe('Volume', () => {
     await v.close();
     const host = (await import('node:os')).hostname();
     await writeFile(join(dir, 'volume.lock'), JSON.stringify({ pid: process.ppid, hostname: host, acquiredMs: 1 }));
-    await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'BUSY', details: { pid: process.ppid } });
+    await expect(DirectoryVolume.open(dir, { addon })).rejects.toMatchObject({ code: 'BUSY', details: { pid: process.ppid } });
     await writeFile(join(dir, 'volume.lock'), JSON.stringify({ pid: process.ppid, hostname: host, acquiredMs: 1, startTicks: 1 }));
-    const again = await Volume.open(dir, { addon });
+    const again = await DirectoryVolume.open(dir, { addon });
     open.push(again);
     await again.close();
     await writeFile(join(dir, 'volume.lock'), JSON.stringify({ pid: 1, hostname: 'elsewhere', acquiredMs: 1 }));
-    await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'BUSY' });
+    await expect(DirectoryVolume.open(dir, { addon })).rejects.toMatchObject({ code: 'BUSY' });
   });
 
   it('refuses damaged or hostile volume.json with CORRUPT_METADATA', async () => {
@@ -292,12 +292,12 @@ describe('Volume', () => {
     ];
     for (const bad of hostile) {
       await writeFile(file, bad);
-      await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
+      await expect(DirectoryVolume.open(dir, { addon })).rejects.toMatchObject({ code: 'CORRUPT_METADATA' });
       // A failed open leaves no lock behind.
       expect(await readdir(dir)).not.toContain('volume.lock');
     }
     await writeFile(file, JSON.stringify({ ...spec, replicas: [{ id: 'r0', path: 'replicas/r0', mode: 'RW', address: '10.0.0.2:9000' }] }));
-    await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'UNSUPPORTED' });
+    await expect(DirectoryVolume.open(dir, { addon })).rejects.toMatchObject({ code: 'UNSUPPORTED' });
   });
 
   describe('writer epochs (allocated from volume.json, docs/single-writer.md)', () => {
@@ -316,13 +316,13 @@ describe('Volume', () => {
     it('hands every open a new epoch, above the counter, recorded in volume.json before the engine opens', async () => {
       const given = recordEpochs();
       await (await create({ replicas: 2 })).close();
-      for (let i = 0; i < 3; i++) await (await Volume.open(dir, { addon })).close();
+      for (let i = 0; i < 3; i++) await (await DirectoryVolume.open(dir, { addon })).close();
       expect(given).toEqual([1, 2, 3, 4]);
       expect(await counter()).toBe(4);
       // The counter goes on even where the replicas' epochs are lower (it is never lowered).
       const spec = JSON.parse(await readFile(join(dir, 'volume.json'), 'utf8'));
       await writeFile(join(dir, 'volume.json'), JSON.stringify({ ...spec, lastEpoch: 20 }));
-      await (await Volume.open(dir, { addon })).close();
+      await (await DirectoryVolume.open(dir, { addon })).close();
       expect(given.at(-1)).toBe(21);
       expect(await counter()).toBe(21);
     });
@@ -335,7 +335,7 @@ describe('Volume', () => {
       await writeFile(join(dir, 'volume.json'), JSON.stringify(spec));
       // The last release's engines chose epochs themselves: 7 on one replica.
       addon.replica(join(dir, 'replicas', 'r1')).epoch = 7;
-      const v = await Volume.open(dir, { addon });
+      const v = await DirectoryVolume.open(dir, { addon });
       open.push(v);
       expect(given).toEqual([1, 8]);
       expect(await counter()).toBe(8);
@@ -351,7 +351,7 @@ describe('Volume', () => {
         given.push(options.epoch ?? 0);
         throw nativeError('IO_ERROR', 'disk gone', 5);
       };
-      await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'IO_ERROR' });
+      await expect(DirectoryVolume.open(dir, { addon })).rejects.toMatchObject({ code: 'IO_ERROR' });
       expect(await counter()).toBe(2);
       // A replica promised more than its metadata showed when the epoch was allocated.
       let refusals = 0;
@@ -364,7 +364,7 @@ describe('Volume', () => {
         addon.openEngine = openEngine;
         return openEngine(options); // records it
       };
-      const v = await Volume.open(dir, { addon });
+      const v = await DirectoryVolume.open(dir, { addon });
       open.push(v);
       expect(given).toEqual([1, 2, 3, 41]);
       expect(await counter()).toBe(41);
@@ -374,7 +374,7 @@ describe('Volume', () => {
         given.push(options.epoch ?? 0);
         throw nativeError('STALE_EPOCH', 'refused', 116);
       };
-      await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'STALE_EPOCH' });
+      await expect(DirectoryVolume.open(dir, { addon })).rejects.toMatchObject({ code: 'STALE_EPOCH' });
       expect(given.slice(4)).toEqual([42, 43, 44]);
       expect(await counter()).toBe(44);
       expect(await readdir(dir)).not.toContain('volume.lock');
@@ -382,8 +382,8 @@ describe('Volume', () => {
   });
 
   it('reports a missing volume as NOT_FOUND', async () => {
-    await expect(Volume.open(join(root, 'missing'), { addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(DirectoryVolume.open(join(root, 'missing'), { addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
     await mkdir(dir);
-    await expect(Volume.open(dir, { addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(DirectoryVolume.open(dir, { addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 });

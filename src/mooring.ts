@@ -1,51 +1,57 @@
 /**
- * Cluster: volumes whose replicas live on several hosts. It places replicas on the data
- * engines it is given, starts a volume's engine on the host it is attached to, keeps what
- * it decided in a {@link StateStore} (so a restarted VM manager finds its volumes, engines
- * and replicas again), and repairs volumes: a replica that stays ERR beyond a wait is
- * replaced by a new one on a host that holds none of the volume's replicas.
+ * Mooring: the one entry point. It hands out {@link Volume} handles, whose replicas live on
+ * this host or on others; every volume is the same class. The embedded default
+ * (`Mooring.open({ dir })`) is a cluster of one host: the control-plane store and this host's
+ * data engine, both in `dir`, both in this process. More hosts join with
+ * {@link Mooring.addHost} (their data engines reached over gRPC), and several VM managers
+ * may share one store.
  *
  * The data engines do the data work (replica servers, engines, rebuilds); a data engine
- * also re-adds a replica by itself when that replica's host comes back. The cluster only
- * decides; it never carries data. It allocates every writer epoch: each engine it starts or
- * activates is handed a new one from the volume's counter in the store (src/cluster/epochs.ts,
- * docs/single-writer.md).
+ * also re-adds a replica by itself when that replica's host comes back. The control plane
+ * only decides; it never carries data. It allocates every writer epoch: each engine it
+ * starts or activates is handed a new one from the volume's counter in the store
+ * (src/cluster/epochs.ts, docs/single-writer.md). What it decides is kept in the store, so
+ * a restarted VM manager finds its volumes, engines and replicas again.
  *
  * The decisions are made by small controllers over one shared layer of state
- * (docs/architecture.md): attachment (tickets), migration, repair, backing images, and the
- * operations that run under a ticket of their own. This class opens them over a store,
+ * (src/cluster/, docs/architecture.md): attachment (tickets), migration, repair, backing
+ * images, and the operations that run under a ticket of their own. This class opens them,
  * offers hosts, creates and deletes volumes, hands out volume handles and runs the loop.
  *
  * @packageDocumentation
  */
 import { EventEmitter } from 'node:events';
+import { mkdir } from 'node:fs/promises';
+import { hostname } from 'node:os';
+import { join, resolve } from 'node:path';
 import type * as TE from 'typed-emitter';
 
-import type { AccessMode } from '../attachment/attachment-reconciler.js';
-import { BackingImageController } from '../backing-image/backing-image-controller.js';
-import type { BackingImage, BackingImageCreateOptions, BackingImageStatus } from '../backing-image/backing-image.js';
-import type { DataEngine, DataEngineEvent } from '../data-engine/data-engine.js';
-import { MooringError, toMooringError } from '../errors.js';
-import type { StateStore } from '../state/state-store.js';
-import { withTimeout } from '../util/async.js';
-import { safeEmit } from '../util/emit.js';
-import { checkIntIn, checkName, describe } from '../util/validate.js';
-import { AttachmentController, MS_SETTING_MAX } from './attachment-controller.js';
-import { CLUSTER_SCHEMA_VERSION, KIND, type HostRecord } from './cluster-records.js';
-import { ClusterVolume, type ClusterAttachOptions, type ClusterDetachOptions, type ClusterVolumeStatus, type VolumeOps } from './cluster-volume.js';
-import { ControlState } from './control-state.js';
-import { EngineLifecycle } from './engine-lifecycle.js';
-import { HOST_PROBE_TIMEOUT_MS, Hosts } from './hosts.js';
-import { MigrationController } from './migration-controller.js';
-import { RepairController } from './repair-controller.js';
-import { upgradeStore } from './store-schema.js';
-import { VolumeLifecycle } from './volume-lifecycle.js';
-import { VolumeOperations } from './volume-operations.js';
-import { volumeStatus } from './volume-status.js';
+import { BackingImageController } from './backing-image/backing-image-controller.js';
+import type { BackingImage, BackingImageCreateOptions, BackingImageStatus } from './backing-image/backing-image.js';
+import type { DataEngine, DataEngineEvent } from './data-engine/data-engine.js';
+import { MooringError, toMooringError } from './errors.js';
+import { LocalDataEngine, readDataEngineHostId, type LocalDataEngineOptions } from './data-engine/local-data-engine.js';
+import { FileStateStore } from './state/file-state-store.js';
+import type { StateStore } from './state/state-store.js';
+import { NAME_PATTERN } from './util/limits.js';
+import { withTimeout } from './util/async.js';
+import { safeEmit } from './util/emit.js';
+import { checkIntIn, checkName, describe } from './util/validate.js';
+import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
+import { CLUSTER_SCHEMA_VERSION, KIND, type HostRecord } from './cluster/cluster-records.js';
+import { Volume, type VolumeCloneOptions, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
+import { ControlState } from './cluster/control-state.js';
+import { EngineLifecycle } from './cluster/engine-lifecycle.js';
+import { HOST_PROBE_TIMEOUT_MS, Hosts } from './cluster/hosts.js';
+import { MigrationController } from './cluster/migration-controller.js';
+import { RepairController } from './cluster/repair-controller.js';
+import { upgradeStore } from './cluster/store-schema.js';
+import { VolumeLifecycle } from './cluster/volume-lifecycle.js';
+import { VolumeOperations } from './cluster/volume-operations.js';
+import { volumeStatus } from './cluster/volume-status.js';
 
-export { EPOCH_ATTEMPTS_MAX } from './engine-lifecycle.js';
-export { HOST_PROBE_TIMEOUT_MS } from './hosts.js';
-export type { ClusterAttachOptions, ClusterDetachOptions, ClusterReplicaStatus, ClusterVolumeStatus } from './cluster-volume.js';
+export { EPOCH_ATTEMPTS_MAX } from './cluster/engine-lifecycle.js';
+export { HOST_PROBE_TIMEOUT_MS } from './cluster/hosts.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
@@ -55,19 +61,49 @@ export const DEFAULT_REPAIR_INTERVAL_MS = 2000;
 export const DEFAULT_REPLICA_REPLACEMENT_WAIT_MS = 600_000;
 /** How long an attach (or an operation's own ticket) waits to be satisfied, by default. */
 export const DEFAULT_TICKET_WAIT_TIMEOUT_MS = 60_000;
-/** Bounds of {@link ClusterOptions.engineIoTimeoutMs} (those of the data engine's ioTimeoutMs). */
+/** Bounds of {@link MooringOptions.engineIoTimeoutMs} (those of the data engine's ioTimeoutMs). */
 const ENGINE_IO_TIMEOUT_MS_MIN = 100;
 const ENGINE_IO_TIMEOUT_MS_MAX = 600_000;
 /** How long a backing image file no replica uses stays on its disk, by default (Longhorn: 60 min). */
 export const DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS = 3_600_000;
 
-/** Options of {@link Cluster.open}. */
-export interface ClusterOptions {
-  /** Where specs and status are kept (e.g. a FileStateStore). */
-  store: StateStore;
-  /** Data engines offered for replicas and engines (more with {@link Cluster.addHost}). */
+/** Where the embedded default keeps the control-plane store, under `dir`. */
+const STATE_SUBDIR = 'state';
+/** Where the embedded default's data engine keeps its replicas and backing image files, under `dir`. */
+const HOST_SUBDIR = 'host';
+
+/** What {@link Mooring.open} opened itself (the embedded default) and closes with the Mooring. */
+interface Owned {
+  store: StateStore | null;
+  dataEngine: LocalDataEngine | null;
+}
+
+// This machine's host name as a host id, or `local` when it is not one.
+function defaultHostId(): string {
+  const name = hostname().split('.')[0] ?? '';
+  return NAME_PATTERN.test(name) && name !== '.' && name !== '..' ? name : 'local';
+}
+
+/** Options of {@link Mooring.open}. */
+export interface MooringOptions {
+  /**
+   * Directory of the embedded default, created if missing: the control-plane store in
+   * `DIR/state` (a FileStateStore) and this host's data engine in `DIR/host`, run in this
+   * process. Without it, `store` is required and this process runs no data engine.
+   */
+  dir?: string;
+  /**
+   * This host's id ([A-Za-z0-9._-]{1,63}): where `attach()` without a host attaches. Default:
+   * the id `DIR/host` was created with, else this machine's host name, else `local`.
+   */
+  hostId?: string;
+  /** Where specs and status are kept (default: a FileStateStore in `DIR/state`). Shared by the VM managers of a cluster. */
+  store?: StateStore;
+  /** Options of this host's in-process data engine (default `{}`), or false to run none (with `dir`). */
+  dataEngine?: Omit<LocalDataEngineOptions, 'dir' | 'hostId'> | false;
+  /** Data engines of other hosts (e.g. RemoteDataEngine) offered for replicas and engines (more with {@link Mooring.addHost}). */
   hosts?: DataEngine[];
-  /** Repair loop period (default 2000 ms); 0 turns the loop off ({@link Cluster.repairOnce} still works). */
+  /** Repair loop period (default 2000 ms); 0 turns the loop off ({@link Mooring.repairOnce} still works). */
   repairIntervalMs?: number;
   /** ERR time after which a replica is replaced on another host (default 600,000 ms). */
   replicaReplacementWaitMs?: number;
@@ -76,35 +112,11 @@ export interface ClusterOptions {
   /** How long a backing image file that no replica uses stays on its disk before it is deleted (default 3,600,000 ms; minCopies ready copies always stay). */
   backingImageCleanupWaitMs?: number;
   /**
-   * I/O timeout towards remote replicas of every engine this cluster starts (default: the
-   * data engine's, 8000 ms; 100 to 600,000): how long a replica may not answer before the
-   * engine counts it as lost.
+   * I/O timeout towards remote replicas of every engine started (default: the data
+   * engine's, 8000 ms; 100 to 600,000): how long a replica may not answer before the engine
+   * counts it as lost.
    */
   engineIoTimeoutMs?: number;
-}
-
-/** Options of {@link Cluster.createVolume}. */
-export interface ClusterVolumeCreateOptions {
-  /** Volume name ([A-Za-z0-9._-]{1,63}), unique in the store. */
-  name: string;
-  /** Size in bytes: a positive multiple of 4096 (default with a backing image: its virtual size rounded up to 4096; never less than it). */
-  sizeBytes?: number;
-  /** Number of replicas (default 3), each on a different host. */
-  replicas?: number;
-  /** Hosts to place the replicas on (default: the hosts with the fewest replicas). */
-  hosts?: string[];
-  /** `rwo` (default): one host at a time; `migratable`: may live-migrate between hosts (block only). */
-  accessMode?: AccessMode;
-  /** A backing image (by name) beneath every replica: its file is delivered to each replica's host first (the volume waits for it). */
-  backingImage?: string;
-}
-
-/** Options of {@link Cluster.cloneVolume} (the clone has the source's size and backing image). */
-export interface ClusterCloneOptions extends Omit<ClusterVolumeCreateOptions, 'sizeBytes' | 'backingImage'> {
-  /** Source volume. */
-  from: string;
-  /** Snapshot of the source to copy. */
-  snapshot: string;
 }
 
 /** A replica that stayed ERR was replaced by a new one on another host. */
@@ -117,8 +129,8 @@ export interface ReplicaReplacedEvent {
   sentBytes: number;
 }
 
-/** Events of a {@link Cluster}: data-engine events of its volumes, plus its own decisions. */
-export type ClusterEvents = {
+/** Events of a {@link Mooring}: data-engine events of its volumes, plus its own decisions. */
+export type MooringEvents = {
   /** An event from a data engine about one of the cluster's volumes. */
   'data-engine-event': (hostId: string, event: DataEngineEvent) => void;
   /** A replica was replaced on another host. */
@@ -132,10 +144,10 @@ export type ClusterEvents = {
 };
 
 /**
- * Volumes across hosts; see the module comment. Create with {@link Cluster.open}; always
- * {@link Cluster.close} (it stops the repair loop; engines keep running on their hosts).
+ * Volumes across hosts; see the module comment. Create with {@link Mooring.open}; always
+ * {@link Mooring.close} (it stops the repair loop; engines keep running on their hosts).
  */
-export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEvents>) {
+export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEvents>) {
   readonly #state: ControlState;
   readonly #attachment: AttachmentController;
   readonly #migrations: MigrationController;
@@ -146,11 +158,17 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   readonly #repairIntervalMs: number;
   #timer: NodeJS.Timeout | null = null;
   #repairing: Promise<void> | null = null;
-  readonly #handles = new Map<string, ClusterVolume>();
+  readonly #handles = new Map<string, Volume>();
   readonly #ops: VolumeOps;
+  // What this object opened itself (the embedded default) and closes with it.
+  readonly #own: Owned;
+  /** This host's id (where `attach()` without a host attaches), or null. */
+  readonly hostId: string | null;
 
-  private constructor(options: ClusterOptions) {
+  private constructor(options: MooringOptions & { store: StateStore }, hostId: string | null, own: Owned) {
     super();
+    this.hostId = hostId;
+    this.#own = own;
     const hosts = new Hosts((hostId, e) => {
       this.#images.onDataEngineEvent(hostId, e);
       safeEmit(this, 'data-engine-event', hostId, e);
@@ -198,7 +216,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     this.#ops = {
       attach: (n, o) => attachment.attach(n, o),
       detach: (n, o) => attachment.detach(n, o),
-      status: (n) => this.status(n),
+      status: (n) => volumeStatus(state, n),
       tickets: (n) => attachment.tickets(n),
       setTicket: (n, t) => attachment.setTicket(n, t),
       deleteTicket: (n, id) => attachment.deleteTicket(n, id),
@@ -214,6 +232,8 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
         return m;
       },
       migration: (n) => migrations.current(n),
+      defaultHost: () => this.hostId,
+      clone: (n, o) => this.#clone(n, o),
       handOver: (n) => this.#migrationStep(n, () => migrations.handOver(n), false),
       confirm: (n) => this.#migrationStep(n, () => migrations.confirm(n, false), true),
       rollback: (n) => this.#migrationStep(n, () => migrations.rollback(n, false, 'asked by the embedder'), true),
@@ -227,27 +247,56 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   }
 
   /**
-   * Opens a cluster over a state store and the given data engines.
+   * Opens the control plane: over `dir` (the embedded default: a FileStateStore in
+   * `DIR/state` and this host's data engine in `DIR/host`, in this process), or over a
+   * shared `store` and the data engines in `hosts`. Volumes attached before a restart are
+   * attached again by the first reconcile (their tickets are in the store).
    *
-   * @throws MooringError INVALID_ARGUMENT
+   * @throws MooringError INVALID_ARGUMENT, BUSY (DIR is open in another process), CORRUPT_METADATA, NATIVE_LOAD_FAILED, IO_ERROR
    */
-  static async open(options: ClusterOptions): Promise<Cluster> {
-    if (typeof options !== 'object' || options === null || typeof options.store !== 'object' || options.store === null) {
-      throw new MooringError('INVALID_ARGUMENT', `cluster options need a store (got ${describe(options)})`);
+  static async open(options: MooringOptions): Promise<Mooring> {
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `Mooring options must be an object (got ${describe(options)})`);
+    if (options.dir === undefined && (typeof options.store !== 'object' || options.store === null)) {
+      throw new MooringError('INVALID_ARGUMENT', 'Mooring.open needs a dir (the embedded default) or a store');
     }
+    if (options.dir !== undefined && (typeof options.dir !== 'string' || options.dir === '' || options.dir.includes('\0'))) {
+      throw new MooringError('INVALID_ARGUMENT', `dir must be a path (got ${describe(options.dir)})`);
+    }
+    if (options.dir === undefined && options.dataEngine !== undefined && options.dataEngine !== false) {
+      throw new MooringError('INVALID_ARGUMENT', 'an in-process data engine needs a dir to keep its replicas in');
+    }
+    if (options.hostId !== undefined) checkName('host id', options.hostId);
     checkIntIn('repairIntervalMs', options.repairIntervalMs, 0, MS_SETTING_MAX, DEFAULT_REPAIR_INTERVAL_MS);
     checkIntIn('replicaReplacementWaitMs', options.replicaReplacementWaitMs, 0, MS_SETTING_MAX, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS);
     checkIntIn('ticketWaitTimeoutMs', options.ticketWaitTimeoutMs, 0, MS_SETTING_MAX, DEFAULT_TICKET_WAIT_TIMEOUT_MS);
     checkIntIn('backingImageCleanupWaitMs', options.backingImageCleanupWaitMs, 0, MS_SETTING_MAX, DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS);
     if (options.engineIoTimeoutMs !== undefined) checkIntIn('engineIoTimeoutMs', options.engineIoTimeoutMs, ENGINE_IO_TIMEOUT_MS_MIN, ENGINE_IO_TIMEOUT_MS_MAX, 0);
-    const c = new Cluster(options);
-    await upgradeStore(c.#state);
-    for (const h of options.hosts ?? []) await c.addHost(h);
-    if (c.#repairIntervalMs > 0) c.#schedule();
-    return c;
+    const dir = options.dir === undefined ? null : resolve(options.dir);
+    const own: Owned = { store: null, dataEngine: null };
+    try {
+      if (dir !== null) await mkdir(dir, { recursive: true, mode: 0o750 }).catch((err: unknown) => Promise.reject(toMooringError(err, `creating ${dir}`)));
+      const store = options.store ?? (own.store = await FileStateStore.open(join(dir!, STATE_SUBDIR)));
+      let hostId = options.hostId ?? null;
+      if (dir !== null && options.dataEngine !== false) {
+        const engineDir = join(dir, HOST_SUBDIR);
+        hostId ??= (await readDataEngineHostId(engineDir)) ?? defaultHostId();
+        own.dataEngine = await LocalDataEngine.start({ ...(options.dataEngine ?? {}), dir: engineDir, hostId });
+      }
+      const m = new Mooring({ ...options, store }, hostId, own);
+      await upgradeStore(m.#state);
+      if (own.dataEngine) await m.addHost(own.dataEngine);
+      for (const h of options.hosts ?? []) await m.addHost(h);
+      // The first pass at once: volumes attached before a restart serve again without waiting a period.
+      if (m.#repairIntervalMs > 0) m.#schedule(0);
+      return m;
+    } catch (err) {
+      await own.dataEngine?.close().catch(() => undefined);
+      await own.store?.close().catch(() => undefined);
+      throw toMooringError(err, 'opening Mooring');
+    }
   }
 
-  /** Host ids offered to this cluster. */
+  /** Host ids offered to this control plane (this host's first, when it runs a data engine). */
   get hostIds(): string[] {
     return this.#state.hosts.ids;
   }
@@ -282,14 +331,14 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
 
   /**
    * Creates a volume: one empty replica on each of `replicas` distinct hosts, recorded in
-   * the store. Detached until {@link Cluster.attach}. With a backing image, it waits for the
+   * the store. Detached until {@link Volume.attach}. With a backing image, it waits for the
    * image's first file, then for a copy on each replica host, then creates the replicas over it.
    *
    * @throws MooringError INVALID_ARGUMENT, ALREADY_EXISTS, UNAVAILABLE (too few reachable hosts, or the image's file did not reach a host in time), NO_SPACE, NOT_FOUND (no such backing image)
    */
-  async createVolume(options: ClusterVolumeCreateOptions): Promise<ClusterVolumeStatus> {
+  async createVolume(options: VolumeCreateOptions): Promise<Volume> {
     await this.#volumes.create(options);
-    return this.status(options.name);
+    return this.volume(options.name);
   }
 
   /**
@@ -308,59 +357,40 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
   }
 
   /** Every volume in the store, with its status. */
-  async listVolumes(): Promise<ClusterVolumeStatus[]> {
-    const out: ClusterVolumeStatus[] = [];
-    for (const v of await this.#state.volumes()) out.push(await this.status(v.name));
+  async listVolumes(): Promise<VolumeStatus[]> {
+    const out: VolumeStatus[] = [];
+    for (const v of await this.#state.volumes()) out.push(await volumeStatus(this.#state, v.name));
     return out;
   }
 
   /** The volume's handle (attach, detach, migrate, snapshots, events); one object per name. */
-  volume(name: string): ClusterVolume {
+  volume(name: string): Volume {
     checkName('volume name', name);
     let v = this.#handles.get(name);
     if (!v) {
-      v = new ClusterVolume(name, this.#ops);
+      v = new Volume(name, this.#ops);
       this.#handles.set(name, v);
     }
     return v;
   }
 
-  /** Same as `volume(name).attach(options)`. */
-  attach(name: string, options: ClusterAttachOptions): Promise<ClusterVolumeStatus> {
-    return this.#attachment.attach(name, options);
-  }
-
-  /** Same as `volume(name).detach(options)`. */
-  detach(name: string, options: ClusterDetachOptions = {}): Promise<void> {
-    return this.#attachment.detach(name, options);
-  }
-
-  /**
-   * Creates a volume from a snapshot of another: both attach themselves on one host (the
-   * source's attached host, or its first reachable replica host; frontends off unless the
-   * source is attached), the snapshot's data is written through the new volume's engine, and
-   * both detach again (the source stays attached if it was).
-   *
-   * @throws MooringError NOT_FOUND, ALREADY_EXISTS, UNAVAILABLE, INVALID_ARGUMENT
-   */
-  async cloneVolume(options: ClusterCloneOptions): Promise<ClusterVolumeStatus & { copiedBytes: number }> {
+  // Volume.clone: a new volume with the source's size and backing image, written from a
+  // snapshot of the source through its own engine (both attach themselves on one host).
+  async #clone(from: string, options: VolumeCloneOptions): Promise<{ volume: Volume; copiedBytes: number }> {
     this.#state.checkOpen();
-    const src = await this.#state.volume(options.from);
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `clone options must be an object (got ${describe(options)})`);
+    const src = await this.#state.volume(from);
     checkName('snapshot name', options.snapshot);
     await this.#attachment.operationHost(src.name, undefined);
-    const created = await this.createVolume({ ...options, sizeBytes: src.sizeBytes, ...(src.backingImage ? { backingImage: src.backingImage } : {}) });
+    const { snapshot, ...create } = options;
+    const created = await this.createVolume({ ...create, sizeBytes: src.sizeBytes, ...(src.backingImage ? { backingImage: src.backingImage } : {}) });
     try {
-      const res = await this.#volumes.copyInto(options, created.name);
-      return { ...(await this.status(created.name)), copiedBytes: res.copiedBytes };
+      const res = await this.#volumes.copyInto({ from, snapshot }, created.name);
+      return { volume: created, copiedBytes: res.copiedBytes };
     } catch (err) {
       await this.deleteVolume(created.name).catch((e: unknown) => safeEmit(this, 'warning', toMooringError(e, `removing the failed clone ${created.name}`)));
-      throw toMooringError(err, `cloning ${src.name}@${options.snapshot} into ${created.name}`);
+      throw toMooringError(err, `cloning ${src.name}@${snapshot} into ${created.name}`);
     }
-  }
-
-  /** The volume's state, replicas and export, as its engine reports them (or as last recorded). */
-  status(name: string): Promise<ClusterVolumeStatus> {
-    return volumeStatus(this.#state, name);
   }
 
   /**
@@ -419,7 +449,11 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     return this.#images.list();
   }
 
-  /** Stops the repair loop and stops watching data engines. Engines keep running on their hosts. Idempotent. */
+  /**
+   * Stops the loop and stops watching data engines. Engines on other hosts keep running;
+   * the in-process data engine of the embedded default stops (its engines drain and flush).
+   * Idempotent.
+   */
   async close(): Promise<void> {
     if (this.#state.closed) return;
     this.#state.markClosed();
@@ -430,6 +464,10 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     this.#state.hosts.clear();
     this.#migrations.close();
     this.#attachment.close();
+    // The embedded default's engines stop with it (drained and flushed); the tickets stay in
+    // the store, so the next open attaches those volumes again.
+    await this.#own.dataEngine?.close().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'closing this host\'s data engine')));
+    await this.#own.store?.close().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'closing the state store')));
   }
 
   // A migration call of the embedder, in the volume's turn; `converge` reconciles the
@@ -459,7 +497,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     return out;
   }
 
-  #schedule(): void {
+  #schedule(delayMs = this.#repairIntervalMs): void {
     this.#timer = setTimeout(() => {
       this.#repairing = this.repairOnce()
         .catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'repair loop')))
@@ -467,7 +505,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
           this.#repairing = null;
           if (!this.#state.closed) this.#schedule();
         });
-    }, this.#repairIntervalMs);
+    }, delayMs);
     this.#timer.unref();
   }
 }
