@@ -1,7 +1,7 @@
 // `mooring serve`: create or open a volume, export it over NBD until SIGINT/SIGTERM.
 import { join, resolve } from 'node:path';
 
-import { MooringError } from '../errors.js';
+import { MooringError, toMooringError } from '../errors.js';
 import { VOLUME_SPEC_FILE } from '../volume/volume-spec.js';
 import { DEFAULT_REPLICA_COUNT, DEFAULT_SOCKET_FILE, DirectoryVolume } from '../volume/directory-volume.js';
 import { directoryState, pathExists } from '../util/files.js';
@@ -16,6 +16,7 @@ import {
   requireDir,
   type CliContext,
 } from './common.js';
+import { STATUS_SOCKET_FILE, serveStatus, type StatusServer } from './status-socket.js';
 
 /** The JSON that follows `READY ` on serve's stdout (the CLI contract). */
 export interface ReadyInfo {
@@ -49,8 +50,8 @@ Options:
 
 Once serving, one line is printed to stdout:
   READY {"uri":"nbd+unix:///?socket=/abs/nbd.sock","nbd":"unix:/abs/nbd.sock","sizeBytes":N,"replicas":N,"epoch":N}
-Logs go to stderr. SIGINT/SIGTERM stop the export (drain, flush), close the volume and
-exit 0; a second signal exits 1 at once.
+Logs go to stderr. While serving, DIR/${STATUS_SOCKET_FILE} answers mooring info. SIGINT/SIGTERM
+stop the export (drain, flush), close the volume and exit 0; a second signal exits 1 at once.
 `;
 
 /** Runs `mooring serve`; resolves to the exit status once the server has stopped. */
@@ -83,6 +84,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
 
   const stop = installStopSignals(ctx, 'the drain');
   let volume: DirectoryVolume | undefined;
+  let status: StatusServer | null = null;
   try {
     const state = await directoryState(dir);
     if (state === 'missing' || state === 'empty') {
@@ -118,6 +120,11 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
       return 0;
     }
     const exp = await v.export({ nbd, ...(values['export-name'] !== undefined ? { exportName: values['export-name'] } : {}) });
+    // `mooring info` asks here while this process serves (opening the volume would fence it).
+    status = await serveStatus(join(dir, STATUS_SOCKET_FILE), async () => ({ ...(await v.status()), lastEpoch: v.epoch, replicaCount: v.replicaCount, snapshots: await v.listSnapshots() })).catch((err: unknown) => {
+      ctx.stderr(`mooring: warning: no status socket (mooring info cannot ask this process): ${toMooringError(err).message}\n`);
+      return null;
+    });
     const ready: ReadyInfo = { uri: exp.uri, nbd: exp.addressString, sizeBytes: v.sizeBytes, replicas: v.replicaCount, epoch: v.epoch };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
     ctx.stderr(`mooring: serving ${v.name} (${formatBytes(v.sizeBytes)}, ${v.replicaCount} replicas, epoch ${ready.epoch}) at ${exp.uri}\n`);
@@ -125,12 +132,14 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     const signal = await stop.wait();
     ctx.stderr(`mooring: ${signal}: stopping the export (drain, flush) and closing the volume\n`);
     const stats = exp.closed ? undefined : exp.stats();
+    await status?.close();
     await v.close();
     ctx.stderr(
       `mooring: stopped${stats ? ` after ${stats.connectionsTotal} connections, ${stats.requests} requests` : ''}\n`,
     );
     return 0;
   } finally {
+    await status?.close();
     if (volume && volume.state !== 'closed') await volume.close().catch(() => undefined);
     stop.dispose();
   }

@@ -330,7 +330,8 @@ function toExtents(offset: number, native: NativeExtent[]): Extent[] {
   });
 }
 
-function toLayer(l: NativeLayerInfo): LayerInfo {
+/** A native layer as {@link LayerInfo} (no file name; parent as `parentId`). */
+export function toLayer(l: NativeLayerInfo): LayerInfo {
   return {
     id: l.id,
     parentId: l.parent,

@@ -1,4 +1,5 @@
 import { EventEmitter } from 'node:events';
+import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -7,6 +8,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { runCli } from '../../../src/cli/cli.js';
 import type { CliContext } from '../../../src/cli/common.js';
 import { runServe } from '../../../src/cli/serve.js';
+import { DirectoryVolume } from '../../../src/volume/directory-volume.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
 
 interface Captured extends CliContext {
@@ -104,11 +106,12 @@ describe('mooring CLI', () => {
     ctx.out.length = 0;
     expect(await runCli(['info', '--dir', 'v', '--json'], ctx)).toBe(0);
     const info = JSON.parse(ctx.out.join(''));
-    expect(info).toMatchObject({ name: 'v', sizeBytes: 1 << 20, replicaCount: 2, healthy: true, snapshots: [{ name: 'snap1' }] });
+    expect(info).toMatchObject({ name: 'v', sizeBytes: 1 << 20, replicaCount: 2, healthy: true, snapshots: [{ name: 'snap1' }], servedBy: null });
     expect(info.replicas.map((r: { id: string; mode: string }) => `${r.id}:${r.mode}`)).toEqual(['r0:RW', 'r1:RW']);
     ctx.out.length = 0;
     expect(await runCli(['info', '--dir', 'v'], ctx)).toBe(0);
     expect(ctx.out.join('')).toMatch(/size\s+1 MiB \(1048576 bytes\)/);
+    expect(ctx.out.join('')).toMatch(/served\s+no; last writer epoch \d+/);
     expect(await runCli(['snapshot', 'revert', '--dir', 'v', 'snap1'], ctx)).toBe(0);
     expect(addon.reverts).toEqual(['snap1']);
     expect(await runCli(['snapshot', 'delete', '--dir', 'v', 'snap1'], ctx)).toBe(0);
@@ -175,14 +178,44 @@ describe('mooring CLI', () => {
     expect(ctx.err.join('')).toMatch(/^mooring: NOT_FOUND: .*holds no volume\.json/);
   });
 
-  it('serve refuses a volume another opener holds (BUSY)', async () => {
-    expect(await runCli(['create', '--dir', 'v', '--size', '1M'], ctx)).toBe(0);
+  it('info never claims a writer epoch: offline it reads under the lock, while served it asks the server', async () => {
+    expect(await runCli(['create', '--dir', 'v', '--size', '1M', '--replicas', '2'], ctx)).toBe(0);
+    const spec = async () => JSON.parse(await readFile(join(root, 'v', 'volume.json'), 'utf8')) as { lastEpoch: number };
+    const before = (await spec()).lastEpoch;
+    const engines = addon.engines.length;
+    for (let i = 0; i < 3; i++) expect(await runCli(['info', '--dir', 'v', '--json'], ctx)).toBe(0);
+    expect((await spec()).lastEpoch).toBe(before);
+    expect(addon.engines.length, 'info opened an engine').toBe(engines);
+    expect(addon.replicasOpened.length).toBe(3);
+
     const done = runServe(['--dir', 'v'], ctx);
-    await waitFor(() => ctx.out.length > 1);
+    await waitFor(() => ctx.out.some((l) => l.startsWith('READY ')));
+    const ready = JSON.parse(ctx.out.find((l) => l.startsWith('READY '))!.slice(6)) as { epoch: number; nbd: string };
+    const served = (await spec()).lastEpoch;
     const other = context(addon, root);
-    expect(await runCli(['info', '--dir', 'v'], other)).toBe(1);
-    expect(other.err.join('')).toMatch(/^mooring: BUSY: /);
+    expect(await runCli(['info', '--dir', 'v', '--json'], other)).toBe(0);
+    const live = JSON.parse(other.out.join(''));
+    expect(live).toMatchObject({ name: 'v', epoch: ready.epoch, replicaCount: 2, healthy: true, servedBy: { pid: process.pid, nbd: ready.nbd } });
+    other.out.length = 0;
+    expect(await runCli(['info', '--dir', 'v'], other)).toBe(0);
+    expect(other.out.join('')).toMatch(new RegExp(`served\\s+by pid ${process.pid} at ${ready.nbd}; writer epoch ${ready.epoch}`));
+    // Asking changed nothing: same epoch, the server still the writer.
+    expect((await spec()).lastEpoch).toBe(served);
+    expect(addon.engine.closed).toBe(false);
     ctx.signals.emit('SIGTERM', 'SIGTERM');
     expect(await done).toBe(0);
+    expect(existsSync(join(root, 'v', 'status.sock')), 'the status socket outlived the server').toBe(false);
+  });
+
+  it('info on a volume opened without a status socket says BUSY and why', async () => {
+    expect(await runCli(['create', '--dir', 'v', '--size', '1M'], ctx)).toBe(0);
+    const held = await DirectoryVolume.open(join(root, 'v'), { addon });
+    try {
+      const other = context(addon, root);
+      expect(await runCli(['info', '--dir', 'v'], other)).toBe(1);
+      expect(other.err.join('')).toMatch(/^mooring: BUSY: .*no status socket/);
+    } finally {
+      await held.close();
+    }
   });
 });

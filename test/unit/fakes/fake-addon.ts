@@ -611,11 +611,33 @@ export class FakeAddon implements NativeAddon {
     return e;
   }
 
+  // Only what read-only inspection uses (metadata and layers); the data path is not modelled.
   async openReplica(dir: string): Promise<NativeReplica> {
     await this.tick();
-    this.replica(dir);
-    throw nativeError('UNSUPPORTED', 'fake addon: openReplica is not modelled');
+    const r = this.replica(dir);
+    if (this.engines.some((e) => !e.closed && e.openDirs().includes(dir))) throw nativeError('BUSY', `replica ${dir} is open`, 16);
+    this.replicasOpened.push(dir);
+    const unsupported = (): Promise<never> => Promise.reject(nativeError('UNSUPPORTED', 'fake addon: a directly opened replica only lists its layers'));
+    return {
+      id: dir,
+      sizeBytes: r.sizeBytes,
+      epoch: () => r.epoch,
+      clean: () => r.clean,
+      claimEpoch: unsupported,
+      setReplicaSet: unsupported,
+      read: unsupported,
+      write: unsupported,
+      flush: unsupported,
+      blockStatus: unsupported,
+      listLayers: async () => r.layers.map((l) => ({ ...l, labels: { ...l.labels } })),
+      layerExtents: unsupported,
+      allocatedBytes: async () => r.data.reduce((n, b) => n + (b !== 0 ? 1 : 0), 0),
+      close: async () => undefined,
+    };
   }
+
+  /** Directories opened with openReplica, in order. */
+  readonly replicasOpened: string[] = [];
 
   async inspectReplica(dir: string): Promise<NativeReplicaInfo> {
     await this.tick();
