@@ -22,7 +22,7 @@ const REQUEST_BYTES_MAX = 64;
 const REPLY_BYTES_MAX = 4 * 1024 * 1024;
 /** A connection that has not finished by then is dropped (both sides). */
 const CONNECTION_TIMEOUT_MS = 5000;
-/** Connections served at once; more are dropped at accept. */
+/** Connections served at once; beyond it the oldest silent one is dropped. */
 const CONNECTIONS_MAX = 8;
 /** Longest unix socket path (sun_path, with its terminating NUL). */
 const SOCKET_PATH_BYTES_MAX = 107;
@@ -49,14 +49,28 @@ export interface StatusServer {
 export async function serveStatus(path: string, provide: () => Promise<unknown>): Promise<StatusServer> {
   if (Buffer.byteLength(path) > SOCKET_PATH_BYTES_MAX) throw new MooringError('INVALID_ARGUMENT', `status socket path ${path} is longer than ${SOCKET_PATH_BYTES_MAX} bytes`);
   await rm(path, { force: true });
+  // Connections in the order they came; `idle` ones have not sent a whole request yet.
   const open = new Set<Socket>();
+  const idle = new Set<Socket>();
   const server: Server = createServer((sock) => {
     if (open.size >= CONNECTIONS_MAX) {
-      sock.destroy();
-      return;
+      // Full: the oldest connection still silent makes room, so clients that hold
+      // connections open without asking cannot lock out the next honest one.
+      const oldest = idle.values().next().value;
+      if (oldest === undefined) {
+        sock.destroy();
+        return;
+      }
+      oldest.destroy();
+      open.delete(oldest);
+      idle.delete(oldest);
     }
     open.add(sock);
-    sock.on('close', () => open.delete(sock));
+    idle.add(sock);
+    sock.on('close', () => {
+      open.delete(sock);
+      idle.delete(sock);
+    });
     sock.on('error', () => undefined);
     sock.setTimeout(CONNECTION_TIMEOUT_MS, () => sock.destroy());
     let line = '';
@@ -74,6 +88,7 @@ export async function serveStatus(path: string, provide: () => Promise<unknown>)
       }
       const request = line.slice(0, nl);
       asked = true;
+      idle.delete(sock);
       if (request !== REQUEST) {
         answer({ error: { code: 'PROTOCOL_ERROR', message: `unknown request (the only one is "${REQUEST}")` } });
         return;
