@@ -400,7 +400,11 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * reconciles backing images. The loop calls this every `repairIntervalMs`; tests and
    * embedders may call it directly.
    */
-  async repairOnce(): Promise<void> {
+  repairOnce(): Promise<void> {
+    return this.#state.hosts.duringPass(() => this.#pass());
+  }
+
+  async #pass(): Promise<void> {
     const state = this.#state;
     for (const d of await state.store.list<unknown>(KIND.attachment)) {
       if (state.closed) return;

@@ -18,6 +18,8 @@ export type EngineProbe = EngineInfo | 'stopped' | 'unreachable';
 /** The offered data engines by host id, each watched for events while offered. */
 export class Hosts {
   readonly #hosts = new Map<string, { engine: DataEngine; unwatch: () => void }>();
+  // Hosts found unreachable during the control loop's current pass (null outside a pass).
+  #downThisPass: Set<string> | null = null;
 
   constructor(private readonly onEvent: (hostId: string, event: DataEngineEvent) => void) {}
 
@@ -72,14 +74,30 @@ export class Hosts {
     this.#hosts.clear();
   }
 
+  /**
+   * Runs one pass of the control loop. A host that does not answer once during the pass
+   * counts as unreachable for the rest of it: a pass over a thousand volumes of a dead host
+   * waits for one probe timeout, not a thousand.
+   */
+  async duringPass<T>(pass: () => Promise<T>): Promise<T> {
+    this.#downThisPass = new Set();
+    try {
+      return await pass();
+    } finally {
+      this.#downThisPass = null;
+    }
+  }
+
   /** The volume's engine on a host: its info, or whether it is stopped or the host unreachable. */
   async probe(hostId: string, volume: string): Promise<EngineProbe> {
     const h = this.#hosts.get(hostId);
-    if (!h) return 'unreachable';
+    if (!h || this.#downThisPass?.has(hostId)) return 'unreachable';
     try {
       return await withTimeout(h.engine.engineInfo(volume), HOST_PROBE_TIMEOUT_MS, `engine of ${volume} on ${hostId}`);
     } catch (err) {
-      return toMooringError(err).code === 'NOT_FOUND' ? 'stopped' : 'unreachable';
+      if (toMooringError(err).code === 'NOT_FOUND') return 'stopped';
+      this.#downThisPass?.add(hostId);
+      return 'unreachable';
     }
   }
 
@@ -92,11 +110,12 @@ export class Hosts {
   /** Whether a host's data engine answers. */
   async reachable(hostId: string): Promise<boolean> {
     const h = this.#hosts.get(hostId);
-    if (!h) return false;
+    if (!h || this.#downThisPass?.has(hostId)) return false;
     try {
       await withTimeout(h.engine.info(), HOST_PROBE_TIMEOUT_MS, `host ${hostId}`);
       return true;
     } catch {
+      this.#downThisPass?.add(hostId);
       return false;
     }
   }

@@ -8,12 +8,9 @@
  * @packageDocumentation
  */
 import type { BackingImageController } from '../backing-image/backing-image-controller.js';
-import type { EngineInfo } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
-import { withTimeout } from '../util/async.js';
 import { KIND, type EngineRecord, type ReplicaRecord, type VolumeRecord } from './cluster-records.js';
 import type { ControlState } from './control-state.js';
-import { HOST_PROBE_TIMEOUT_MS } from './hosts.js';
 
 /**
  * How long a replacement waits in the repair pass for its backing image file on the new host.
@@ -38,12 +35,8 @@ export class RepairController {
     const vol = await this.state.volume(eng.volume);
     const de = this.state.hosts.get(eng.hostId);
     if (!de) return;
-    let info: EngineInfo;
-    try {
-      info = await withTimeout(de.engineInfo(eng.volume), HOST_PROBE_TIMEOUT_MS, `engine of ${eng.volume} on ${eng.hostId}`);
-    } catch {
-      return; // the engine's host is away: nothing to decide from here
-    }
+    const info = await this.state.hosts.probe(eng.hostId, eng.volume);
+    if (typeof info === 'string') return; // the engine is gone or its host away: nothing to decide from here
     await this.state.recordModes(eng.volume, info);
     await this.#stopStrayEngines(eng);
     const records = await this.state.replicas(eng.volume);

@@ -1,10 +1,14 @@
 // The repair controller alone, over the shared state layer and fake data engines: it
 // records replica modes, replaces a replica that stayed ERR past the wait on a host holding
 // none of the volume's replicas (one per step), leaves it alone before the wait, and stops
-// an engine of the volume left on another host.
+// an engine of the volume left on another host. And the loop's pass asks a host that does
+// not answer once, not once per volume.
 import { describe, expect, it } from 'vitest';
 
 import { KIND, type ReplicaRecord } from '../../../src/cluster/cluster-records.js';
+import { Mooring } from '../../../src/mooring.js';
+import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
+import { FakeDataEngine } from '../fakes/fake-data-engine.js';
 import { controlFixture } from './control-fixture.js';
 
 describe('RepairController', () => {
@@ -43,5 +47,30 @@ describe('RepairController', () => {
     expect(fakes[2]!.engines.has(v)).toBe(false);
     expect(fakes[0]!.engines.has(v)).toBe(true);
     expect(events).toContainEqual(['stray-engine-stopped', { volume: v, hostId: 'c' }]);
+  });
+});
+
+describe('the control loop at scale', () => {
+  it('asks a host that does not answer once per pass, however many volumes it holds', async () => {
+    const hosts = ['a', 'b', 'c'].map((h) => new FakeDataEngine(h));
+    const m = await Mooring.open({ store: new MemoryStateStore(), hosts, repairIntervalMs: 0 });
+    try {
+      for (let i = 0; i < 12; i++) {
+        const v = await m.createVolume({ name: `s${i}`, sizeBytes: 4096 * 16, replicas: 1, hosts: ['b'] });
+        await v.attach({ host: 'a' });
+      }
+      hosts[0]!.reachable = false;
+      hosts[0]!.calls.length = 0;
+      await m.repairOnce();
+      // One probe found it away; the other volumes of the pass did not wait on it again.
+      expect(hosts[0]!.calls.filter((c) => c.startsWith('engineInfo') || c === 'info')).toHaveLength(1);
+      // The next pass asks again (the host may be back).
+      hosts[0]!.calls.length = 0;
+      await m.repairOnce();
+      expect(hosts[0]!.calls.length).toBeGreaterThanOrEqual(1);
+      expect(hosts[0]!.calls.length).toBeLessThan(12);
+    } finally {
+      await m.close();
+    }
   });
 });
