@@ -19,39 +19,16 @@
 export { MooringError, MooringErrorCode, isMooringError, isMooringErrorCode } from './errors.js';
 export type { MooringErrorOptions } from './errors.js';
 
-export { Engine } from './engine/engine.js';
-export type {
-  EngineEvent,
-  EngineEvents,
-  EngineOptions,
-  EngineReplicaSpec,
-  EpochClaimedEvent,
-  Extent,
-  RebuildEvent,
-  RebuildFailedEvent,
-  RebuildResult,
-  LayerInfo,
-  LifecycleState,
-  ReconciledEvent,
-  ReplicaErrorEvent,
-  ReplicaMode,
-  ReplicaSetChangedEvent,
-  ReplicaStatus,
-  SnapshotOptions,
-  WriteOptions,
-  WriteZeroesOptions,
-} from './engine/engine.js';
-// Hand-over (migration) of an Engine.
-export type { EngineRole, HandOver } from './engine/engine.js';
 
-export { NbdExport } from './nbd/nbd-export.js';
-export type { NbdExportEvents, NbdExportOptions, NbdExportStats } from './nbd/nbd-export.js';
-export type { NbdAddress } from './nbd/nbd-address.js';
+
 
 // --- the entry point and its volumes ---
 export { Mooring } from './mooring.js';
 export type { MooringEvents, MooringOptions, ReplicaReplacedEvent } from './mooring.js';
 export { Volume, Migration } from './volume/volume.js';
+export { Engine } from './volume/engine.js';
+export type { EngineReplica } from './volume/engine.js';
+export type { EngineNbdStats } from './data-engine/data-engine.js';
 export type {
   AttachOptions,
   DetachOptions,
@@ -110,8 +87,6 @@ export { DataEngineGrpcServer } from './data-engine/grpc/data-engine-grpc-server
 export type { DataEngineGrpcServerOptions } from './data-engine/grpc/data-engine-grpc-server.js';
 export { RemoteDataEngine } from './data-engine/grpc/remote-data-engine.js';
 export type { RemoteDataEngineOptions } from './data-engine/grpc/remote-data-engine.js';
-// Snapshot export and copy (Engine.exportSnapshot/copySnapshotTo, DataEngine snapshot calls).
-export type { SnapshotCopyProgressEvent } from './engine/engine.js';
 export type { StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
 export { FileStateStore } from './state/file-state-store.js';
 export type { FileStateStoreOptions } from './state/file-state-store.js';

@@ -12,6 +12,36 @@
 export { DEFAULT_SOCKET_FILE, OPEN_EPOCH_ATTEMPTS_MAX } from './volume/directory-volume.js';
 export { VOLUME_SPEC_FILE, VOLUME_SPEC_FORMAT, VOLUME_SPEC_VERSION, parseVolumeSpec } from './volume/volume-spec.js';
 
+// --- the engine of one volume in this process (a data engine runs one per attached volume) ---
+export { LocalEngine } from './engine/engine.js';
+export type {
+  EngineEvent,
+  EngineEvents,
+  EngineOptions,
+  EngineReplicaSpec,
+  EpochClaimedEvent,
+  Extent,
+  RebuildEvent,
+  RebuildFailedEvent,
+  RebuildResult,
+  LayerInfo,
+  LifecycleState,
+  ReconciledEvent,
+  ReplicaErrorEvent,
+  ReplicaMode,
+  ReplicaSetChangedEvent,
+  ReplicaStatus,
+  SnapshotOptions,
+  WriteOptions,
+  WriteZeroesOptions,
+} from './engine/engine.js';
+export type { EngineRole, HandOver, SnapshotCopyProgressEvent } from './engine/engine.js';
+
+// --- NBD exports of an engine in this process ---
+export { NbdExport } from './nbd/nbd-export.js';
+export type { NbdExportEvents, NbdExportOptions, NbdExportStats } from './nbd/nbd-export.js';
+export type { NbdAddress } from './nbd/nbd-address.js';
+
 // --- helpers ---
 export { formatNbdAddress, nbdUri, parseNbdAddress } from './nbd/nbd-address.js';
 export { formatBytes, parseSize } from './util/size.js';

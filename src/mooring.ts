@@ -39,6 +39,7 @@ import { safeEmit } from './util/emit.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, type HostRecord } from './cluster/cluster-records.js';
+import { Engine } from './volume/engine.js';
 import { Volume, type VolumeCloneOptions, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
 import { ControlState } from './cluster/control-state.js';
 import { EngineLifecycle } from './cluster/engine-lifecycle.js';
@@ -233,6 +234,17 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       },
       migration: (n) => migrations.current(n),
       defaultHost: () => this.hostId,
+      engine: async (n) => {
+        await state.volume(n);
+        const eng = await state.engineRecord(n);
+        if (!eng) return null;
+        const mig = await state.migrationRecord(n);
+        const writer = mig?.targetActivated ? mig.targetHost : eng.hostId;
+        const found = await state.hosts.probe(writer, n);
+        if (found === 'stopped') return null;
+        if (found === 'unreachable') throw new MooringError('UNAVAILABLE', `the engine of ${n} on ${writer} does not answer`, { details: { hostId: writer } });
+        return new Engine(writer, found);
+      },
       clone: (n, o) => this.#clone(n, o),
       handOver: (n) => this.#migrationStep(n, () => migrations.handOver(n), false),
       confirm: (n) => this.#migrationStep(n, () => migrations.confirm(n, false), true),

@@ -13,7 +13,7 @@ import { randomFillSync } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { Engine } from '../engine/engine.js';
+import { LocalEngine } from '../engine/engine.js';
 import { loadAddon } from '../native/load.js';
 import { runFio, workloadJob, type FioFigures, type FioJob } from './fio.js';
 import { BenchError } from './processes.js';
@@ -112,11 +112,11 @@ export async function measureBackingImageRead(ctx: TargetContext, runtimeSec: nu
   await loadAddon().createReplica(replica, imageBytes, {
     backingImage: { dir: 'bench-image', format: 'qcow2', virtualSizeBytes: imageBytes },
   });
-  let engine: Engine | undefined;
+  let engine: LocalEngine | undefined;
   let qemu: Awaited<ReturnType<typeof serveQemuNbd>> | undefined;
   try {
     // A replica made just above: the first and only engine over it gets epoch 1.
-    engine = await Engine.open({ replicas: [{ id: 'r0', path: replica }], epoch: 1 });
+    engine = await LocalEngine.open({ replicas: [{ id: 'r0', path: replica }], epoch: 1 });
     const exp = await engine.exportNbd({ nbd: `unix:${join(ctx.dir, 'mooring.sock')}` });
     const qemuDir = join(ctx.dir, 'qemu');
     mkdirSync(qemuDir);

@@ -211,6 +211,22 @@ export interface EngineInfo {
   replicas: EngineReplicaInfo[];
   /** The NBD export, or null. */
   nbd: { address: string; uri: string } | null;
+  /** Counters of the NBD export since it started (absent from an older data engine, null when not exported). */
+  nbdStats?: EngineNbdStats | null;
+}
+
+/** Counters of an engine's NBD export since it started. */
+export interface EngineNbdStats {
+  /** Connections accepted. */
+  connectionsTotal: number;
+  /** Connections open now. */
+  connectionsOpen: number;
+  /** Requests answered. */
+  requests: number;
+  bytesRead: number;
+  bytesWritten: number;
+  /** Requests refused as malformed (the connection is dropped). */
+  protocolErrors: number;
 }
 
 /** What a finished rebuild did. */

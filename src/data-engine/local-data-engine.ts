@@ -12,7 +12,7 @@ import { mkdir, readdir, rm } from 'node:fs/promises';
 import { isAbsolute, join, resolve } from 'node:path';
 
 import { MooringError, callNative, codeFromErrno, toMooringError } from '../errors.js';
-import { Engine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent } from '../engine/engine.js';
+import { LocalEngine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent } from '../engine/engine.js';
 import type { NativeAddon, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
 import { loadAddon, packageVersion } from '../native/load.js';
 import type { DownloadSettings } from '../backing-image/download.js';
@@ -42,6 +42,7 @@ import type {
   EngineActivateOptions,
   EngineHandOver,
   EngineInfo,
+  EngineNbdStats,
   EngineReplicaInfo,
   EngineReplicaRef,
   EngineSnapshotInfo,
@@ -67,7 +68,7 @@ export const DATA_ENGINE_DEFAULTS = {
   repairFirstRetryMs: 1000,
   /** Self-repair: the back-off doubles up to this interval, then retries at it until the replica is RW or removed. */
   repairMaxRetryMs: 15_000,
-  /** Engine-to-replica I/O timeout for remote replicas. */
+  /** LocalEngine-to-replica I/O timeout for remote replicas. */
   ioTimeoutMs: 8000,
   /**
    * NBD worker threads of an engine with remote replicas. A worker waits for its request's
@@ -153,7 +154,7 @@ interface RepairState {
 
 interface EngineSlot {
   volume: string;
-  engine: Engine;
+  engine: LocalEngine;
   refs: EngineReplicaRef[];
   ioTimeoutMs: number;
   nbd: NbdExport | null;
@@ -457,7 +458,7 @@ export class LocalDataEngine implements DataEngine {
       // A standby opens replicas another engine (on another host) is writing: a replica of
       // this host that is served to that engine by our replica server is shared with it
       // (native/src/store/replica-registry.h), not refused as in use.
-      const engine = await Engine.open({
+      const engine = await LocalEngine.open({
         replicas: specs,
         addon: this.#addon,
         ...(standby ? { standby } : { epoch }),
@@ -860,6 +861,7 @@ export class LocalDataEngine implements DataEngine {
       role: slot.role,
       replicas,
       nbd: slot.nbd && !slot.nbd.closed ? { address: slot.nbd.addressString, uri: slot.nbd.uri } : null,
+      nbdStats: nbdStatsOf(slot.nbd),
     };
   }
 
@@ -1106,6 +1108,16 @@ export async function readDataEngineHostId(dir: string): Promise<string | null> 
     throw new MooringError('CORRUPT_METADATA', `${file} is not a data engine record`, { details: { file } });
   }
   return d.hostId;
+}
+
+// The export's counters, or null when there is none (or it closed meanwhile).
+function nbdStatsOf(nbd: NbdExport | null): EngineNbdStats | null {
+  if (!nbd || nbd.closed) return null;
+  try {
+    return { ...nbd.stats() };
+  } catch {
+    return null;
+  }
 }
 
 async function claimDirectory(dir: string, hostId: string): Promise<void> {

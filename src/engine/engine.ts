@@ -1,9 +1,10 @@
 /**
- * Engine: the replicator of one volume (a wrapped native engine). It fans writes out to
+ * LocalEngine: the replicator of one volume running in this process (a wrapped native
+ * engine); a data engine runs one per attached volume. Internal: embedders reach a
+ * volume's engine through `Volume.engine()` (the `Engine` handle). It fans writes out to
  * every RW replica, spreads reads, fences stale writers by epoch and serves NBD.
  *
- * Most embedders use {@link Volume}, which owns an Engine while the volume is attached on
- * this host; Engine is public for those who manage replica directories themselves.
+ * `mooring/internal` exports it for tools that manage replica directories themselves.
  */
 import { EventEmitter } from 'node:events';
 import { isAbsolute, resolve } from 'node:path';
@@ -54,7 +55,7 @@ export interface EngineReplicaSpec {
   address?: string;
 }
 
-/** Options of {@link Engine.open}. */
+/** Options of {@link LocalEngine.open}. */
 export interface EngineOptions {
   /** The replicas, 1 to 16. Order matters: after an unclean stop the first RW replica is the reconcile source. */
   replicas: EngineReplicaSpec[];
@@ -64,7 +65,7 @@ export interface EngineOptions {
    * Open as a migration standby (default false): the replicas are opened (another engine
    * may be writing them) but no epoch is claimed, nothing is reconciled or changed, and
    * every read, write, flush and snapshot is refused with INVALID_STATE until
-   * {@link Engine.activate}. An NBD export of a standby answers its clients with EPERM.
+   * {@link LocalEngine.activate}. An NBD export of a standby answers its clients with EPERM.
    */
   standby?: boolean;
   /**
@@ -86,8 +87,8 @@ export interface EngineOptions {
 export type EngineRole = 'active' | 'standby';
 
 /**
- * What an engine hands to the next writer of its volume: {@link Engine.deactivate}
- * returns it, {@link Engine.activate} takes it.
+ * What an engine hands to the next writer of its volume: {@link LocalEngine.deactivate}
+ * returns it, {@link LocalEngine.activate} takes it.
  */
 export interface HandOver {
   /** The writer epoch the deactivated engine held. */
@@ -156,7 +157,7 @@ export interface ReconciledEvent {
   message: string;
 }
 
-/** Figures of a rebuild (see {@link Engine.addReplica}), carried by every rebuild event. */
+/** Figures of a rebuild (see {@link LocalEngine.addReplica}), carried by every rebuild event. */
 export interface RebuildEvent {
   /** The replica being rebuilt. */
   replicaId: string;
@@ -178,13 +179,13 @@ export interface RebuildFailedEvent extends RebuildEvent {
   message: string;
 }
 
-/** What {@link Engine.addReplica} did. */
+/** What {@link LocalEngine.addReplica} did. */
 export type RebuildResult = NativeRebuildResult;
 
-/** What {@link Engine.exportSnapshot} and {@link Engine.copySnapshotTo} did. */
+/** What {@link LocalEngine.exportSnapshot} and {@link LocalEngine.copySnapshotTo} did. */
 export type SnapshotCopyResult = NativeSnapshotCopyResult;
 
-/** Progress of {@link Engine.exportSnapshot} or {@link Engine.copySnapshotTo}, at least 64 MiB apart. */
+/** Progress of {@link LocalEngine.exportSnapshot} or {@link LocalEngine.copySnapshotTo}, at least 64 MiB apart. */
 export interface SnapshotCopyProgressEvent {
   /** The snapshot being read. */
   snapshot: string;
@@ -195,8 +196,8 @@ export interface SnapshotCopyProgressEvent {
 }
 
 /**
- * Events of an {@link Engine}. Events the native engine raises while it opens are collected
- * in {@link Engine.openEvents} when they arrive before `Engine.open` resolves; the native
+ * Events of a {@link LocalEngine}. Events the native engine raises while it opens are collected
+ * in {@link LocalEngine.openEvents} when they arrive before `LocalEngine.open` resolves; the native
  * side delivers events asynchronously, so they may also arrive (and be emitted) just after.
  */
 export type EngineEvents = {
@@ -244,13 +245,13 @@ export interface Extent {
   zero: boolean;
 }
 
-/** Options of {@link Engine.write}. */
+/** Options of {@link LocalEngine.write}. */
 export interface WriteOptions {
   /** Forced unit access: durable on every replica when the call resolves. */
   fua?: boolean;
 }
 
-/** Options of {@link Engine.writeZeroes}. */
+/** Options of {@link LocalEngine.writeZeroes}. */
 export type WriteZeroesOptions = NativeWriteZeroesOptions;
 
 /**
@@ -262,7 +263,7 @@ export interface LayerInfo extends Omit<NativeLayerInfo, 'file' | 'parent'> {
   parentId: string;
 }
 
-/** Options of {@link Engine.createSnapshot}. */
+/** Options of {@link LocalEngine.createSnapshot}. */
 export interface SnapshotOptions {
   /** Labels stored with the snapshot (at most 64). */
   labels?: Record<string, string>;
@@ -347,10 +348,10 @@ export function toLayer(l: NativeLayerInfo): LayerInfo {
 }
 
 /**
- * The replicator of one volume. Open it with {@link Engine.open}; close it with
- * {@link Engine.close}, which waits for calls in flight and closes its NBD exports first.
+ * The replicator of one volume. Open it with {@link LocalEngine.open}; close it with
+ * {@link LocalEngine.close}, which waits for calls in flight and closes its NBD exports first.
  */
-export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents>) {
+export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineEvents>) {
   /** Volume size in bytes. */
   readonly sizeBytes: number;
   /** Events that arrived while the engine opened (epoch claimed, reconcile, fenced replicas); later ones are emitted. */
@@ -380,7 +381,7 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
    * @throws MooringError INVALID_ARGUMENT, UNSUPPORTED (remote replicas), NO_HEALTHY_REPLICA,
    *   CORRUPT_METADATA, NATIVE_LOAD_FAILED, ...
    */
-  static async open(options: EngineOptions): Promise<Engine> {
+  static async open(options: EngineOptions): Promise<LocalEngine> {
     if (typeof options !== 'object' || options === null) {
       throw new MooringError('INVALID_ARGUMENT', `engine options must be an object (got ${describe(options)})`);
     }
@@ -398,9 +399,9 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
       quorumHoldMs = options.quorumHoldMs;
     }
     const addon = options.addon ?? loadAddon();
-    // Events may arrive before openEngine resolves; hold them until the Engine exists.
+    // Events may arrive before openEngine resolves; hold them until the LocalEngine exists.
     const early: EngineEvent[] = [];
-    let engine: Engine | undefined;
+    let engine: LocalEngine | undefined;
     const onEvents = (events: NativeEngineEvent[]): void => {
       for (const raw of events) {
         const event = normalizeEvent(raw, engine ? engine.#specs : specs);
@@ -421,7 +422,7 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
         }),
       `opening ${standby ? 'a standby engine' : 'engine'} over ${specs.map((s) => s.id).join(', ')}`,
     );
-    engine = new Engine(native, specs, early);
+    engine = new LocalEngine(native, specs, early);
     return engine;
   }
 
@@ -658,7 +659,7 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
    * file must not). Only data is written; holes and blocks of zeros stay holes. The file is
    * fsynced before the promise resolves, and removed if the export fails. While it runs,
    * deleting or reverting snapshots of this engine fails with BUSY. Progress arrives as
-   * snapshot-copy-progress events. {@link Engine.close} cuts it short (CLOSED).
+   * snapshot-copy-progress events. {@link LocalEngine.close} cuts it short (CLOSED).
    *
    * @throws MooringError ALREADY_EXISTS, INVALID_ARGUMENT (relative path, missing directory),
    *   NOT_FOUND (no such snapshot), NO_SPACE, IO_ERROR, CLOSED
@@ -677,15 +678,15 @@ export class Engine extends (EventEmitter as new () => TypedEmitter<EngineEvents
    * Writes the content of snapshot `name` into `target`, another open engine of the same
    * size, through the target's replicated write path (every replica of the target gets it),
    * zeroing whatever the snapshot does not hold, and flushes the target: a clone. If it
-   * fails, the target holds part of the content. As {@link Engine.exportSnapshot}, it keeps
+   * fails, the target holds part of the content. As {@link LocalEngine.exportSnapshot}, it keeps
    * snapshots of this engine from being deleted or reverted while it runs.
    *
    * @throws MooringError INVALID_ARGUMENT (the same engine, sizes differ), NOT_FOUND, CLOSED, NO_SPACE, IO_ERROR
    */
-  copySnapshotTo(name: string, target: Engine): Promise<SnapshotCopyResult> {
+  copySnapshotTo(name: string, target: LocalEngine): Promise<SnapshotCopyResult> {
     return this.#copy('copySnapshotTo', () => {
       checkName('snapshot name', name);
-      if (!(target instanceof Engine)) throw new MooringError('INVALID_ARGUMENT', `target must be an Engine (got ${describe(target)})`);
+      if (!(target instanceof LocalEngine)) throw new MooringError('INVALID_ARGUMENT', `target must be an Engine (got ${describe(target)})`);
       if (target === this) throw new MooringError('INVALID_ARGUMENT', 'a snapshot cannot be copied into its own engine');
       if (target.#state !== 'open') throw new MooringError('CLOSED', `the target engine is ${target.#state}`);
       if (target.sizeBytes !== this.sizeBytes) {

@@ -4,7 +4,7 @@
  * its `Volume` handles; the `mooring serve/create/info/snapshot` commands still serve such
  * directories (docs/cli.md).
  *
- * While a DirectoryVolume is open it is attached on this host: it owns an {@link Engine} over its
+ * While a DirectoryVolume is open it is attached on this host: it owns an {@link LocalEngine} over its
  * replicas, which holds the writer epoch. The DirectoryVolume allocates that epoch (an engine never
  * picks its own, docs/single-writer.md) from the counter in volume.json, which it writes
  * under the volume's lock before the engine claims the epoch.
@@ -15,7 +15,7 @@ import { basename, join, resolve } from 'node:path';
 import type * as TE from 'typed-emitter';
 
 import {
-  Engine,
+  LocalEngine,
   type EngineReplicaSpec,
   type EpochClaimedEvent,
   type Extent,
@@ -186,14 +186,14 @@ export class DirectoryVolume extends (EventEmitter as new () => TypedEmitter<Dir
   readonly dir: string;
   readonly #spec: VolumeSpec;
   readonly #lock: VolumeLock;
-  #engine: Engine | null;
+  #engine: LocalEngine | null;
   #export: NbdExport | null = null;
   #exporting = false;
   #state: LifecycleState = 'open';
   #closing: Promise<void> | undefined;
   #persistChain: Promise<void> = Promise.resolve();
 
-  private constructor(dir: string, spec: VolumeSpec, lock: VolumeLock, engine: Engine) {
+  private constructor(dir: string, spec: VolumeSpec, lock: VolumeLock, engine: LocalEngine) {
     super();
     this.dir = dir;
     this.#spec = spec;
@@ -302,7 +302,7 @@ export class DirectoryVolume extends (EventEmitter as new () => TypedEmitter<Dir
       throw new MooringError('UNSUPPORTED', `replica ${remote.id} is remote (${remote.address}); remote replicas are not supported by this release`);
     }
     const replicas: EngineReplicaSpec[] = spec.replicas.map((r) => ({ id: r.id, path: replicaDir(dir, r) }));
-    let engine: Engine | undefined;
+    let engine: LocalEngine | undefined;
     let floor = spec.lastEpoch ?? 0;
     for (let attempt = 1; engine === undefined; attempt++) {
       floor = Math.max(floor, await promisedEpochMax(addon, replicas));
@@ -312,7 +312,7 @@ export class DirectoryVolume extends (EventEmitter as new () => TypedEmitter<Dir
       spec.lastEpoch = epoch;
       await writeVolumeSpec(dir, spec);
       try {
-        engine = await Engine.open({ replicas, addon, epoch });
+        engine = await LocalEngine.open({ replicas, addon, epoch });
       } catch (err) {
         if (!(err instanceof MooringError && err.code === 'STALE_EPOCH') || attempt >= OPEN_EPOCH_ATTEMPTS_MAX) throw err;
         floor = epoch;
@@ -358,7 +358,7 @@ export class DirectoryVolume extends (EventEmitter as new () => TypedEmitter<Dir
   }
 
   /** The engine serving this volume on this host while it is open (attached); null once closed. */
-  get engine(): Engine | null {
+  get engine(): LocalEngine | null {
     return this.#engine;
   }
 
@@ -521,7 +521,7 @@ export class DirectoryVolume extends (EventEmitter as new () => TypedEmitter<Dir
     if (errors.length > 0) throw errors[0];
   }
 
-  #open(): Engine {
+  #open(): LocalEngine {
     if (this.#state !== 'open' || this.#engine === null) {
       throw new MooringError('CLOSED', `volume ${this.name} is ${this.#state}`);
     }
@@ -529,7 +529,7 @@ export class DirectoryVolume extends (EventEmitter as new () => TypedEmitter<Dir
   }
 
   // Runs an engine call, turning a closed volume into a rejection (not a throw).
-  #with<T>(call: (engine: Engine) => Promise<T>): Promise<T> {
+  #with<T>(call: (engine: LocalEngine) => Promise<T>): Promise<T> {
     try {
       return call(this.#open());
     } catch (err) {

@@ -13,6 +13,7 @@ import type { AccessMode } from '../attachment/attachment-reconciler.js';
 import type { AttacherType, AttachmentParameters, AttachmentTicket, AttachmentTicketStatus, Frontend } from '../attachment/attachment-ticket.js';
 import type { EngineSnapshotInfo, RebuildProgress, SnapshotCopyResult } from '../data-engine/data-engine.js';
 import { MooringError } from '../errors.js';
+import type { Engine } from './engine.js';
 import type { LockHandover } from '../locks/locked-process.js';
 import type { Lockspace } from '../locks/lockspace.js';
 import type { MigrationPhase } from '../cluster/cluster-records.js';
@@ -184,6 +185,7 @@ export type VolumeEvents = {
 export interface VolumeOps {
   /** Where an attach without a host goes (this host), or null. */
   defaultHost(): string | null;
+  engine(name: string): Promise<Engine | null>;
   clone(name: string, options: VolumeCloneOptions): Promise<{ volume: Volume; copiedBytes: number }>;
   attach(name: string, options: AttachOptions): Promise<VolumeStatus>;
   detach(name: string, options: DetachOptions): Promise<void>;
@@ -287,6 +289,18 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
    */
   detach(options: DetachOptions = {}): Promise<void> {
     return this.#ops.detach(this.name, options);
+  }
+
+  /**
+   * The engine that writes the volume now (during a migration after hand-over: the
+   * target's), as its data engine reports it: host, epoch, replicas and their modes,
+   * rebuild progress, NBD export and its counters. Null when detached (or while its engine
+   * is being started again after its data engine restarted).
+   *
+   * @throws MooringError NOT_FOUND, UNAVAILABLE (the engine's host does not answer)
+   */
+  engine(): Promise<Engine | null> {
+    return this.#ops.engine(this.name);
   }
 
   /** State, replicas, export, migration and tickets. */

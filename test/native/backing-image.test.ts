@@ -15,7 +15,7 @@ import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { Engine } from '../../src/engine/engine.js';
+import { LocalEngine } from '../../src/engine/engine.js';
 import { openImage } from '../../src/image/image-reader.js';
 import type { NativeReplicaBackingImage } from '../../src/native/binding.js';
 import { run } from '../system/helpers/tools.js';
@@ -139,10 +139,10 @@ async function qemuMap(args: string[], cwd?: string): Promise<MapEntry[]> {
 }
 
 /** An engine over one new replica over `img`, exported on a unix socket. */
-async function serve(img: Image, name: string): Promise<{ engine: Engine; uri: string; dir: string; size: number }> {
+async function serve(img: Image, name: string): Promise<{ engine: LocalEngine; uri: string; dir: string; size: number }> {
   const size = sizeOver(img);
   const dir = await newReplica(img, size);
-  const engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
+  const engine = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
   const exp = await engine.exportNbd({ nbd: `unix:${scratch.path(`${name}-${seq++}.sock`)}` });
   return { engine, uri: exp.uri, dir, size };
 }
@@ -344,7 +344,7 @@ describe('writing, zeroing, snapshots and rebuilds over a backing image', () => 
       // zero runs must be written as zeros over the image's data), reads the same.
       for (const over of [undefined, img]) {
         const dir = await newReplica(over, sizeOver(img));
-        const clone = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'c0', path: dir }] });
+        const clone = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'c0', path: dir }] });
         try {
           await engine.copySnapshotTo('s1', clone);
           const got = Buffer.alloc(clone.sizeBytes);
@@ -362,7 +362,7 @@ describe('writing, zeroing, snapshots and rebuilds over a backing image', () => 
   it('a rebuild over the same image sends only what was written, never image data', async () => {
     const size = sizeOver(img);
     const r0 = await newReplica(img, size);
-    const engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: r0 }] });
+    const engine = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: r0 }] });
     let model: Buffer;
     try {
       const written = 3 * 64 * KiB;
@@ -408,7 +408,7 @@ describe('a replica over a backing image on a replica server (replica protocol)'
     await addon().createReplica(join(disk, 'replicas', name), size, { backingImage: img.ref });
     const server = await addon().startReplicaServer({ root: join(disk, 'replicas') });
     try {
-      const engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: server.port, name } }] });
+      const engine = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: server.port, name } }] });
       try {
         const model = Buffer.alloc(size);
         img.want.copy(model);
@@ -463,7 +463,7 @@ describe('refusals', () => {
       );
       expect(e2?.code).toBe('NOT_FOUND');
       expect(e2?.message).toContain(img.path);
-      expect(await codeOf(Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: r }] }))).toBe('NOT_FOUND');
+      expect(await codeOf(LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: r }] }))).toBe('NOT_FOUND');
     } finally {
       renameSync(`${img.path}.away`, img.path);
     }
@@ -514,7 +514,7 @@ describe('refusals', () => {
       writeFileSync(join(d, 'image'), buf);
     });
     const dirs = [await newReplica(img, MiB), await newReplica(img, MiB)];
-    const engine = await Engine.open({ epoch: nextEpoch(), replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
+    const engine = await LocalEngine.open({ epoch: nextEpoch(), replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
     try {
       expect((await engine.read(0, 4096)).every((b) => b === 0x11)).toBe(true);
       for (let i = 0; i < 3; i++) expect(await codeOf(engine.read(64 * KiB, 4096))).toBe('CORRUPT_METADATA');

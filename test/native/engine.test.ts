@@ -98,7 +98,7 @@ describe('engine over real replicas', () => {
           await r.write(epochA, 0, Buffer.alloc(8192, 0xaa));
         });
       }
-      // Engine B opens the volume: it must claim above A, and its data wins.
+      // LocalEngine B opens the volume: it must claim above A, and its data wins.
       const vol = await DirectoryVolume.open(dir);
       const epochB = vol.epoch;
       expect(epochB).toBeGreaterThan(epochA);

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { Engine } from '../../src/engine/engine.js';
+import { LocalEngine } from '../../src/engine/engine.js';
 import type { NativeEngine, NativeEngineEvent, NativeHandOver, NativeReplicaEndpoint } from '../../src/native/binding.js';
 import { KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, pattern, waitFor, nextEpoch, engineOptions, memberOf, withReplica } from './helpers.js';
 import { closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
@@ -471,11 +471,11 @@ describe('hand-over between engines over the same replicas', () => {
     await src.engine.close();
   });
 
-  it('through the TypeScript Engine: role, and hand-overs named by replica ids', async () => {
+  it('through the TypeScript LocalEngine: role, and hand-overs named by replica ids', async () => {
     const dirs = await replicas(3);
     const specs = dirs.map((path, i) => ({ id: `r${i}`, path }));
-    const src = await Engine.open({ epoch: nextEpoch(), replicas: specs });
-    const tgt = await Engine.open({ epoch: nextEpoch(), replicas: specs, standby: true });
+    const src = await LocalEngine.open({ epoch: nextEpoch(), replicas: specs });
+    const tgt = await LocalEngine.open({ epoch: nextEpoch(), replicas: specs, standby: true });
     expect([src.role, tgt.role]).toEqual(['active', 'standby']);
     await src.write(0, pattern(70, 8192));
     const h = await src.deactivate();

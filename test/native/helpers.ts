@@ -31,7 +31,7 @@ export function nextEpoch(): number {
 }
 
 /**
- * The member name tests give a replica endpoint (the Engine class passes the spec's id):
+ * The member name tests give a replica endpoint (the LocalEngine class passes the spec's id):
  * from the last two components of a path, or port and name of a remote replica, so the
  * same replica has the same name in every engine of a test.
  */
@@ -40,7 +40,7 @@ export function memberOf(endpoint: NativeReplicaEndpoint): string {
   return raw.replace(/[^A-Za-z0-9._-]/g, '_').slice(-63);
 }
 
-/** Raw native engine options completed as the Engine class completes them: member names (memberOf) and, unless standby, a fresh epoch. */
+/** Raw native engine options completed as the LocalEngine class completes them: member names (memberOf) and, unless standby, a fresh epoch. */
 export function engineOptions(o: NativeEngineOptions): NativeEngineOptions {
   return { members: o.replicas.map(memberOf), ...(o.standby ? {} : { epoch: nextEpoch() }), ...o };
 }

@@ -1,4 +1,4 @@
-// Rebuild (Engine.addReplica / removeReplica) through the real addon, over local replica
+// Rebuild (LocalEngine.addReplica / removeReplica) through the real addon, over local replica
 // directories: a fresh replica added while several writers change the volume, an
 // incremental rebuild of a replica that missed writes (bytes sent against bytes changed),
 // chains with merged, pruned and dropped snapshots, a crash in the middle (the target

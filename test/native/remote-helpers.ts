@@ -281,7 +281,7 @@ export async function closeAll(hosts: Host[]): Promise<void> {
   await Promise.allSettled(hosts.map((h) => h.server.close()));
 }
 
-/** Engine events, collected. */
+/** LocalEngine events, collected. */
 export function collectEvents(): { events: Array<{ type: string; replicaId?: string; errno?: number }>; onEvents: (e: unknown[]) => void } {
   const events: Array<{ type: string; replicaId?: string; errno?: number }> = [];
   return { events, onEvents: (e) => events.push(...(e as typeof events)) };

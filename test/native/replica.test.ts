@@ -1,14 +1,14 @@
 // The replica store through the real addon: unaligned I/O and copy-up, locking and
 // argument checks, TRIM / WRITE_ZEROES with real disk usage, the memory bound of the extent
 // index, and damaged metadata. Replicas are opened directly (openReplica) or through a
-// 1-replica Engine where an operation (snapshot, trim) only exists there.
+// 1-replica LocalEngine where an operation (snapshot, trim) only exists there.
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readFileSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { Engine } from '../../src/engine/engine.js';
+import { LocalEngine } from '../../src/engine/engine.js';
 import type { NativeReplica } from '../../src/native/binding.js';
 import { findPackageRoot } from '../../src/native/load.js';
 import {
@@ -50,8 +50,8 @@ function touchedBlocks(writes: Array<[number, number]>): Array<[number, number]>
   return out;
 }
 
-async function openEngine1(dir: string): Promise<Engine> {
-  return Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
+async function openEngine1(dir: string): Promise<LocalEngine> {
+  return LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
 }
 
 describe('native replica store (real addon)', () => {

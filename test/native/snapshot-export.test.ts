@@ -10,7 +10,7 @@ import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from '
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { Engine, type EngineEvent } from '../../src/engine/engine.js';
+import { LocalEngine, type EngineEvent } from '../../src/engine/engine.js';
 import { run } from '../system/helpers/tools.js';
 import { BLOCK, KiB, MiB, Scratch, addon, assertDirsIdentical, codeOf, mountTmpfs, pattern, unmount, nextEpoch } from './helpers.js';
 import { FrameProxy } from './remote-helpers.js';
@@ -32,7 +32,7 @@ function nonZeroBlockBytes(b: Buffer): number {
 }
 
 /** The whole volume as the engine reads it now. */
-async function readAll(e: Engine): Promise<Buffer> {
+async function readAll(e: LocalEngine): Promise<Buffer> {
   const out = Buffer.alloc(e.sizeBytes);
   for (let off = 0; off < e.sizeBytes; off += 4 * MiB) (await e.read(off, Math.min(4 * MiB, e.sizeBytes - off))).copy(out, off);
   return out;
@@ -64,19 +64,19 @@ function isData(map: MapEntry[], off: number, len: number): boolean {
 
 describe('snapshot export and copy (real addon)', () => {
   let s: Scratch;
-  let src: Engine;
+  let src: LocalEngine;
   const events: EngineEvent[] = [];
   /** What the volume read when each snapshot was taken. */
   const at: Record<string, Buffer> = {};
 
-  async function newEngine(name: string, replicas: number, size = SIZE): Promise<{ engine: Engine; dirs: string[] }> {
+  async function newEngine(name: string, replicas: number, size = SIZE): Promise<{ engine: LocalEngine; dirs: string[] }> {
     const dirs: string[] = [];
     for (let i = 0; i < replicas; i++) {
       const dir = s.path(`${name}-r${i}`);
       await addon().createReplica(dir, size);
       dirs.push(dir);
     }
-    const engine = await Engine.open({ epoch: nextEpoch(), replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
+    const engine = await LocalEngine.open({ epoch: nextEpoch(), replicas: dirs.map((path, i) => ({ id: `r${i}`, path })) });
     return { engine, dirs };
   }
 
@@ -245,7 +245,7 @@ describe('snapshot export and copy (real addon)', () => {
     await first.write(0, pattern(16, MiB));
     await first.createSnapshot('x');
     // A second engine over the same directory (shared in this process) takes the volume over.
-    const second = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dirs[0]! }] });
+    const second = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dirs[0]! }] });
     expect(second.epoch).toBeGreaterThan(first.epoch);
     expect(await codeOf(first.exportSnapshot('x', s.path('fenced.raw')))).toBe('STALE_EPOCH');
     expect(existsSync(s.path('fenced.raw'))).toBe(false);
@@ -258,7 +258,7 @@ describe('snapshot export and copy (real addon)', () => {
   describe('a snapshot read in flight (a replica reached through a proxy that holds replies)', () => {
     let host: { root: string; server: { port: number; close: () => Promise<void> } };
     let proxy: FrameProxy;
-    let held: Engine;
+    let held: LocalEngine;
     const content: Record<string, Buffer> = {};
 
     beforeAll(async () => {
@@ -267,7 +267,7 @@ describe('snapshot export and copy (real addon)', () => {
       host = { root, server: await addon().startReplicaServer({ root }) };
       proxy = new FrameProxy(host.server.port);
       await proxy.start();
-      held = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: proxy.port, name: 'vol', ioTimeoutMs: 60_000 } }] });
+      held = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', remote: { host: '127.0.0.1', port: proxy.port, name: 'vol', ioTimeoutMs: 60_000 } }] });
       await held.write(0, pattern(11, 6 * MiB));
       await held.createSnapshot('a');
       content.a = await readAll(held);
@@ -337,7 +337,7 @@ describe('snapshot export and copy (real addon)', () => {
       const localDir = s.path('failover-local');
       await addon().createReplica(localDir, SIZE);
       // The remote replica comes first: the read starts on it.
-      const e = await Engine.open({
+      const e = await LocalEngine.open({
       epoch: nextEpoch(),
         replicas: [
           { id: 'r0', remote: { host: '127.0.0.1', port: p2.port, name: 'vol', ioTimeoutMs: 60_000 } },

@@ -3,7 +3,7 @@
 // Volume whose replicas are compared afterwards; and a chain of 1,000 snapshots.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { Engine } from '../../src/engine/engine.js';
+import { LocalEngine } from '../../src/engine/engine.js';
 import { DirectoryVolume } from '../../src/volume/directory-volume.js';
 import { BLOCK, MiB, KiB, Scratch, addon, assertReplicasIdentical, codeOf, pattern, replicaPath, withReplica, nextEpoch, engineOptions } from './helpers.js';
 
@@ -200,7 +200,7 @@ describe('a chain of 1,000 snapshots (real addon)', () => {
       // Each write: 300 bytes at an unaligned offset in its own 16 KiB slot.
       const at = (i: number): number => i * 16 * KiB + (i % 7) * 100;
       const data = (i: number): Buffer => pattern(1000 + i, 300);
-      let engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
+      let engine = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
       const t0 = Date.now();
       try {
         for (let i = 0; i < count; i++) {
@@ -212,7 +212,7 @@ describe('a chain of 1,000 snapshots (real addon)', () => {
       }
       const tCreate = Date.now() - t0;
       const t1 = Date.now();
-      engine = await Engine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
+      engine = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
       const tOpen = Date.now() - t1;
       try {
         const layers = await engine.listLayers();

@@ -46,11 +46,19 @@ describe('Mooring (embedded defaults)', () => {
     const info = await run('nbdinfo', ['--size', st.nbd!.uri]);
     expect(info.stdout.trim()).toBe(String(16 * MiB));
     await qemuIo(st.nbd!.uri, ['write -P 0x5c 1M 256k', 'read -P 0x5c 1M 256k']);
+    // The engine's handle: where it runs, its epoch, replicas, export and the export's counters.
+    const engine = await disk.engine();
+    expect(engine).toMatchObject({ volume: 'disk0', hostId: 'h1', epoch: st.epoch, role: 'active', sizeBytes: 16 * MiB, healthy: true, nbd: st.nbd });
+    expect(engine!.replicas.map((r) => `${r.id}@${r.hostId}:${r.mode}:${r.lastErrno}`)).toEqual(['r0@h1:RW:0']);
+    expect(engine!.nbdStats!.bytesWritten).toBeGreaterThanOrEqual(256 * 1024);
+    expect(engine!.nbdStats!.bytesRead).toBeGreaterThanOrEqual(256 * 1024);
+    expect(engine!.nbdStats!.connectionsTotal).toBeGreaterThanOrEqual(2);
     // Three replicas need three hosts: refused with the reason, nothing left behind.
     await expect(m.createVolume({ name: 'disk1', sizeBytes: MiB, replicas: 3 })).rejects.toMatchObject({ code: 'UNAVAILABLE' });
     expect((await m.listVolumes()).map((v) => v.name)).toEqual(['disk0']);
     await disk.detach();
     expect((await disk.status()).state).toBe('detached');
+    expect(await disk.engine()).toBeNull();
     await m.deleteVolume('disk0');
     expect(await m.listVolumes()).toEqual([]);
   });

@@ -23,7 +23,6 @@ describe('main entry', () => {
       'Mooring',
       'MooringError',
       'MooringErrorCode',
-      'NbdExport',
       'RemoteDataEngine',
       'Volume',
       'isMooringError',

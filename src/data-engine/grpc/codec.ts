@@ -207,10 +207,12 @@ export function engineToMsg(e: EngineInfo): Msg {
       ...(r.rebuild ? { rebuild: progressToMsg(r.rebuild) } : {}),
     })),
     ...(e.nbd ? { nbd: { address: e.nbd.address, uri: e.nbd.uri } } : {}),
+    ...(e.nbdStats ? { nbdStats: { ...e.nbdStats } } : {}),
   };
 }
 export function engineFromMsg(m: Msg): EngineInfo {
   const nbd = m.nbd as Msg | null | undefined;
+  const stats = m.nbdStats as Msg | null | undefined;
   return {
     volume: str(m.volume),
     sizeBytes: num(m.sizeBytes),
@@ -227,6 +229,16 @@ export function engineFromMsg(m: Msg): EngineInfo {
       };
     }),
     nbd: nbd ? { address: str(nbd.address), uri: str(nbd.uri) } : null,
+    nbdStats: stats
+      ? {
+          connectionsTotal: num(stats.connectionsTotal),
+          connectionsOpen: num(stats.connectionsOpen),
+          requests: num(stats.requests),
+          bytesRead: num(stats.bytesRead),
+          bytesWritten: num(stats.bytesWritten),
+          protocolErrors: num(stats.protocolErrors),
+        }
+      : null,
   };
 }
 

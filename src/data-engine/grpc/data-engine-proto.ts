@@ -133,6 +133,15 @@ message NbdExport {
   string uri = 2;
 }
 
+message NbdStats {
+  uint64 connections_total = 1;
+  uint64 connections_open = 2;
+  uint64 requests = 3;
+  uint64 bytes_read = 4;
+  uint64 bytes_written = 5;
+  uint64 protocol_errors = 6;
+}
+
 message EngineInfo {
   string volume = 1;
   uint64 size_bytes = 2;
@@ -140,6 +149,7 @@ message EngineInfo {
   repeated EngineReplica replicas = 4;
   NbdExport nbd = 5;  // unset = not exported
   string role = 6;    // active or standby
+  NbdStats nbd_stats = 7;  // unset = not exported (or an older data engine)
 }
 
 message EngineList { repeated EngineInfo engines = 1; }

@@ -45,6 +45,11 @@ describe('three data-engine hosts, operations with their own tickets', () => {
     const vol = cluster.volume(VOLUME);
     await vol.attach({ host: 'a', nbd: `unix:${tmp.join(`${VOLUME}.sock`)}` });
     await qemuIo(uri(VOLUME), patterns);
+    // The engine's handle, read from a data engine in another process (over gRPC).
+    const engine = await vol.engine();
+    expect(engine, diag()).toMatchObject({ hostId: 'a', role: 'active', healthy: true, nbd: { uri: uri(VOLUME) } });
+    expect(engine!.replicas.map((r) => r.hostId).sort()).toEqual(['a', 'b', 'c']);
+    expect(engine!.nbdStats!.bytesWritten).toBeGreaterThan(0);
     await vol.detach();
   }
 

@@ -3,13 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
-import { Engine } from '../../../src/engine/engine.js';
+import { LocalEngine } from '../../../src/engine/engine.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
 
 // Epochs are allocated by the caller (docs/single-writer.md); here, a counter.
 let epoch = 0;
 
-describe('Engine', () => {
+describe('LocalEngine', () => {
   let root: string;
   let addon: FakeAddon;
   let paths: string[];
@@ -28,7 +28,7 @@ describe('Engine', () => {
 
   it('validates replica specs', async () => {
     const bad = (replicas: unknown, code = 'INVALID_ARGUMENT') =>
-      expect(Engine.open({ epoch: ++epoch, replicas: replicas as never, addon })).rejects.toMatchObject({ code });
+      expect(LocalEngine.open({ epoch: ++epoch, replicas: replicas as never, addon })).rejects.toMatchObject({ code });
     await bad([]);
     await bad(undefined);
     await bad([{ id: 'r0', path: 'relative' }]);
@@ -37,18 +37,18 @@ describe('Engine', () => {
     await bad([{ id: 'r0', path: paths[0] }, { id: 'r1', path: paths[0] }]);
     await bad([{ id: 'r0', path: paths[0], address: 'h:1' }], 'UNSUPPORTED');
     await bad(Array.from({ length: 17 }, (_, i) => ({ id: `r${i}`, path: `/x/${i}` })));
-    await expect(Engine.open({ epoch: ++epoch, replicas: [{ id: 'r0', path: join(root, 'nope') }], addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(LocalEngine.open({ epoch: ++epoch, replicas: [{ id: 'r0', path: join(root, 'nope') }], addon })).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 
   it('takes its epoch from the caller: required unless standby, a positive integer; quorumHoldMs within its bounds', async () => {
-    const bad = (options: object) => expect(Engine.open({ replicas: specs(), addon, ...options } as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    const bad = (options: object) => expect(LocalEngine.open({ replicas: specs(), addon, ...options } as never)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
     await bad({});
     for (const e of [0, -1, 1.5, '7', Number.MAX_SAFE_INTEGER + 2]) await bad({ epoch: e });
     for (const q of [-1, 600_001, 1.5, '10']) await bad({ epoch: ++epoch, quorumHoldMs: q });
-    const standby = await Engine.open({ replicas: specs(), addon, standby: true });
+    const standby = await LocalEngine.open({ replicas: specs(), addon, standby: true });
     expect(standby.epoch).toBe(0);
     await standby.close();
-    const e = await Engine.open({ replicas: specs(), addon, epoch: ++epoch, quorumHoldMs: 0 });
+    const e = await LocalEngine.open({ replicas: specs(), addon, epoch: ++epoch, quorumHoldMs: 0 });
     expect(e.epoch).toBe(epoch);
     // A handed-over engine is re-activated only with a new epoch.
     const h = await e.deactivate();
@@ -60,7 +60,7 @@ describe('Engine', () => {
   });
 
   it('keeps events raised during open in openEvents', async () => {
-    const e = await Engine.open({ epoch: ++epoch, replicas: specs(), addon });
+    const e = await LocalEngine.open({ epoch: ++epoch, replicas: specs(), addon });
     expect(e.openEvents).toEqual([
       { type: 'epoch-claimed', epoch },
       { type: 'replica-set-changed', epoch, generation: 1, rwReplicaIds: ['r0', 'r1'] },
@@ -71,7 +71,7 @@ describe('Engine', () => {
   });
 
   it('maps replica ids and events to the spec ids', async () => {
-    const e = await Engine.open({ epoch: ++epoch, replicas: specs(), addon });
+    const e = await LocalEngine.open({ epoch: ++epoch, replicas: specs(), addon });
     expect(e.replicas().map((r) => [r.id, r.path, r.mode])).toEqual([
       ['r0', paths[0], 'RW'],
       ['r1', paths[1], 'RW'],
@@ -89,7 +89,7 @@ describe('Engine', () => {
   });
 
   it('a throwing listener does not break event delivery', async () => {
-    const e = await Engine.open({ epoch: ++epoch, replicas: specs(), addon });
+    const e = await LocalEngine.open({ epoch: ++epoch, replicas: specs(), addon });
     e.on('replica-set-changed', () => {
       throw new Error('listener bug');
     });
@@ -102,7 +102,7 @@ describe('Engine', () => {
   });
 
   it('closes its exports before the native engine, and is idempotent', async () => {
-    const e = await Engine.open({ epoch: ++epoch, replicas: specs(), addon });
+    const e = await LocalEngine.open({ epoch: ++epoch, replicas: specs(), addon });
     const x1 = await e.exportNbd({ nbd: `unix:${join(root, 's1')}` });
     const x2 = await e.exportNbd({ nbd: 'tcp:127.0.0.1:0' });
     expect(e.exports).toHaveLength(2);
@@ -122,13 +122,13 @@ describe('Engine', () => {
   });
 });
 
-describe('Engine close races', () => {
+describe('LocalEngine close races', () => {
   it('closes an export that was being created when close began', async () => {
     const root = await mkdtemp(join(tmpdir(), 'mooring-engine-'));
     try {
       const addon = new FakeAddon();
       await addon.createReplica(join(root, 'a'), 1 << 20);
-      const e = await Engine.open({ epoch: ++epoch, replicas: [{ id: 'r0', path: join(root, 'a') }], addon });
+      const e = await LocalEngine.open({ epoch: ++epoch, replicas: [{ id: 'r0', path: join(root, 'a') }], addon });
       const exporting = e.exportNbd({ nbd: 'tcp:127.0.0.1:0' });
       const closing = e.close();
       const exp = await exporting;

@@ -301,7 +301,7 @@ describe('Volume', () => {
   });
 
   describe('writer epochs (allocated from volume.json, docs/single-writer.md)', () => {
-    // What each Engine.open was handed: the epoch the Volume allocated, whatever the engine does with it.
+    // What each LocalEngine.open was handed: the epoch the Volume allocated, whatever the engine does with it.
     function recordEpochs(): number[] {
       const given: number[] = [];
       const openEngine = addon.openEngine.bind(addon);
