@@ -8,7 +8,8 @@
  * @packageDocumentation
  */
 
-// --- volumes: volume.json and the directory layout ---
+// --- single-directory volumes (volume.json + replicas/, what the CLI serves) ---
+export { DirectoryVolume } from './volume/directory-volume.js';
 export { DEFAULT_SOCKET_FILE, OPEN_EPOCH_ATTEMPTS_MAX } from './volume/directory-volume.js';
 export { VOLUME_SPEC_FILE, VOLUME_SPEC_FORMAT, VOLUME_SPEC_VERSION, parseVolumeSpec } from './volume/volume-spec.js';
 

@@ -15,7 +15,8 @@ import { performance } from 'node:perf_hooks';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 
-import { DataEngineGrpcServer, Engine, LocalDataEngine, RemoteDataEngine } from '../../dist/index.js';
+import { DataEngineGrpcServer, LocalDataEngine, RemoteDataEngine } from '../../dist/index.js';
+import { LocalEngine as Engine } from '../../dist/internal.js';
 
 // The addon as the library loads it (build/Release first, then prebuilds/).
 const loadAddon = () => createRequire(import.meta.url)('node-gyp-build')(fileURLToPath(new URL('../..', import.meta.url)));

@@ -13,7 +13,7 @@ import { closeSync, mkdtempSync, openSync, rmSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { Volume } from '../../dist/index.js';
+import { DirectoryVolume as Volume } from '../../dist/internal.js';
 
 const MiB = 1024 * 1024;
 const SIZE = 256 * MiB;
