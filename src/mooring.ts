@@ -39,6 +39,7 @@ import { safeEmit } from './util/emit.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, type HostRecord } from './cluster/cluster-records.js';
+import { importDirectoryVolume, type DirectoryImport } from './volume/directory-import.js';
 import { Engine } from './volume/engine.js';
 import { Volume, type VolumeCloneOptions, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
 import { ControlState } from './cluster/control-state.js';
@@ -165,6 +166,15 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   readonly #own: Owned;
   /** This host's id (where `attach()` without a host attaches), or null. */
   readonly hostId: string | null;
+  /**
+   * The single-directory volume (`DIR/volume.json`, the first releases' layout) that
+   * {@link Mooring.open} found in `dir` and made a volume of this host, in place; else null.
+   */
+  get imported(): DirectoryImport | null {
+    return this.#imported;
+  }
+
+  #imported: DirectoryImport | null = null;
 
   private constructor(options: MooringOptions & { store: StateStore }, hostId: string | null, own: Owned) {
     super();
@@ -289,12 +299,16 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       if (dir !== null) await mkdir(dir, { recursive: true, mode: 0o750 }).catch((err: unknown) => Promise.reject(toMooringError(err, `creating ${dir}`)));
       const store = options.store ?? (own.store = await FileStateStore.open(join(dir!, STATE_SUBDIR)));
       let hostId = options.hostId ?? null;
+      let imported: DirectoryImport | null = null;
       if (dir !== null && options.dataEngine !== false) {
         const engineDir = join(dir, HOST_SUBDIR);
         hostId ??= (await readDataEngineHostId(engineDir)) ?? defaultHostId();
+        // A single-directory volume of the first releases in `dir` becomes one of this host's.
+        imported = await importDirectoryVolume(dir, store, hostId, engineDir);
         own.dataEngine = await LocalDataEngine.start({ ...(options.dataEngine ?? {}), dir: engineDir, hostId });
       }
       const m = new Mooring({ ...options, store }, hostId, own);
+      m.#imported = imported;
       await upgradeStore(m.#state);
       if (own.dataEngine) await m.addHost(own.dataEngine);
       for (const h of options.hosts ?? []) await m.addHost(h);

@@ -68,7 +68,8 @@ export function migrationInfo(m: MigrationRecord, epoch = 0): MigrationInfo {
   return { volume: m.volume, sourceHost: m.sourceHost, targetHost: m.targetHost, phase: m.phase, epoch };
 }
 
-function replicaName(volume: string, id: string): string {
+/** A replica's directory name on its host: unique, and readable as its volume and id. */
+export function replicaName(volume: string, id: string): string {
   return `${volume.slice(0, 40)}-${id}-${randomUUID().slice(0, 8)}`;
 }
 

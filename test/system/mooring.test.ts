@@ -2,11 +2,16 @@
 // Mooring.open({ dir }) keeps the store and this host's data engine in one directory; a
 // volume attached without naming a host is served here; the host id sticks to the
 // directory; a second opener of the directory is refused; after a restart a volume that
-// was attached serves again by itself; bad options are coded errors.
+// was attached serves again by itself; bad options are coded errors; and a directory the
+// single-directory release made opens in place, its data and epochs kept.
+import { existsSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { Mooring } from '../../src/mooring.js';
 import { MemoryStateStore } from '../../src/state/memory-state-store.js';
+import { importDirectoryVolume } from '../../src/volume/directory-import.js';
+import { DirectoryVolume } from '../../src/volume/directory-volume.js';
 import { waitFor } from './helpers/hosts.js';
 import { qemuIo, requireTool, run, TempDir } from './helpers/tools.js';
 
@@ -92,5 +97,88 @@ describe('Mooring (embedded defaults)', () => {
     const m = await opened({ store: new MemoryStateStore(), repairIntervalMs: 0 });
     expect(m.hostId).toBeNull();
     await expect(m.volume('x').attach()).rejects.toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringMatching(/needs a host/) });
+  });
+});
+
+describe('Mooring over a directory of the single-directory release', () => {
+  const t = new TempDir('mooring-imp-');
+  afterEach(() => t.cleanup());
+
+  it('opens the volume in place: records in the store, replicas moved under this host, data and epochs kept', async () => {
+    const dir = t.path;
+    // A volume as `mooring serve --dir DIR` (DirectoryVolume) made and left it.
+    const old = await DirectoryVolume.create({ dir, sizeBytes: 8 * MiB, replicas: 2, name: 'legacy' });
+    await old.write(3 * MiB, Buffer.alloc(64 * 1024, 0x6d));
+    await old.flush();
+    const oldEpoch = old.epoch;
+    await old.close();
+    // Served by it right now: the import waits for it (BUSY), nothing moves.
+    const serving = await DirectoryVolume.open(dir);
+    await expect(Mooring.open({ dir, hostId: 'h1', repairIntervalMs: 0 })).rejects.toMatchObject({ code: 'BUSY' });
+    const servedEpoch = serving.epoch;
+    await serving.close();
+    expect(existsSync(join(dir, 'volume.json'))).toBe(true);
+
+    const m = await Mooring.open({ dir, hostId: 'h1', repairIntervalMs: 0 });
+    try {
+      expect(m.imported).toEqual({ volume: 'legacy', replicas: 2, lastEpoch: servedEpoch });
+      expect(existsSync(join(dir, 'volume.json'))).toBe(false);
+      expect(existsSync(join(dir, 'volume.json.imported'))).toBe(true);
+      expect(readdirSync(join(dir, 'replicas'))).toEqual([]);
+      const [st] = await m.listVolumes();
+      expect(st).toMatchObject({ name: 'legacy', sizeBytes: 8 * MiB, replicaCount: 2, state: 'detached' });
+      expect(st!.replicas.map((r) => `${r.id}@${r.hostId}`)).toEqual(['r0@h1', 'r1@h1']);
+      const attached = await m.volume('legacy').attach({ nbd: `unix:${join(dir, 'legacy.sock')}` });
+      expect(attached.state).toBe('healthy');
+      expect(attached.epoch).toBeGreaterThan(Math.max(oldEpoch, servedEpoch));
+      await qemuIo(attached.nbd!.uri, ['read -P 0x6d 3M 64k', 'read -P 0 0 1M', 'write -P 0x6e 0 4k']);
+    } finally {
+      await m.close();
+    }
+    // Opened again: nothing left to import; the volume serves again by itself.
+    const again = await Mooring.open({ dir, repairIntervalMs: 100 });
+    try {
+      expect(again.imported).toBeNull();
+      expect(again.hostId).toBe('h1');
+      const vol = again.volume('legacy');
+      expect(await waitFor(async () => (await vol.status()).state === 'healthy', 30_000, 50)).toBe(true);
+      await qemuIo((await vol.status()).nbd!.uri, ['read -P 0x6e 0 4k', 'read -P 0x6d 3M 64k']);
+    } finally {
+      await again.close();
+    }
+  });
+});
+
+describe('importing a single-directory volume, interrupted', () => {
+  const t = new TempDir('mooring-imp2-');
+  afterEach(() => t.cleanup());
+
+  it('finishes at the next try wherever it stopped, with the same records and no replica lost', async () => {
+    const dir = t.path;
+    const old = await DirectoryVolume.create({ dir, sizeBytes: 4 * MiB, replicas: 3, name: 'v' });
+    await old.close();
+    const store = new MemoryStateStore();
+    // The store fails the write of the second replica's record, once: r0 has moved, r1 and r2 not.
+    let puts = 0;
+    const flakyPut: MemoryStateStore['put'] = async (kind, key, value, opts) => {
+      if (kind === 'replica' && ++puts === 2) throw new Error('power cut');
+      return store.put(kind, key, value, opts);
+    };
+    const flaky = new Proxy(store, {
+      get: (target, prop) => {
+        if (prop === 'put') return flakyPut;
+        const v = Reflect.get(target, prop) as unknown;
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    });
+    const engineDir = join(dir, 'host');
+    await expect(importDirectoryVolume(dir, flaky, 'h1', engineDir)).rejects.toThrow(/power cut/);
+    expect(readdirSync(join(dir, 'replicas')).sort()).toEqual(['r1', 'r2']);
+    expect(existsSync(join(dir, 'volume.json'))).toBe(true);
+    expect(await importDirectoryVolume(dir, store, 'h1', engineDir)).toMatchObject({ volume: 'v', replicas: 3 });
+    const records = (await store.list<{ id: string; name: string }>('replica')).map((d) => d.value);
+    expect(records.map((r) => r.id).sort()).toEqual(['r0', 'r1', 'r2']);
+    expect(readdirSync(join(engineDir, 'replicas')).sort()).toEqual(records.map((r) => r.name).sort());
+    expect(await importDirectoryVolume(dir, store, 'h1', engineDir)).toBeNull();
   });
 });
