@@ -12,6 +12,7 @@
  *
  * @packageDocumentation
  */
+import type { NbdExportStats } from '../nbd/nbd-export.js';
 
 /** A replica this data engine holds. */
 export interface HostedReplicaInfo {
@@ -216,18 +217,7 @@ export interface EngineInfo {
 }
 
 /** Counters of an engine's NBD export since it started. */
-export interface EngineNbdStats {
-  /** Connections accepted. */
-  connectionsTotal: number;
-  /** Connections open now. */
-  connectionsOpen: number;
-  /** Requests answered. */
-  requests: number;
-  bytesRead: number;
-  bytesWritten: number;
-  /** Requests refused as malformed (the connection is dropped). */
-  protocolErrors: number;
-}
+export type EngineNbdStats = NbdExportStats;
 
 /** What a finished rebuild did. */
 export interface RebuildResult {

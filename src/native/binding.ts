@@ -237,12 +237,19 @@ export interface NativeNbdOptions {
   maxConnections?: number;
 }
 
+/** Counters of an NBD server since it started. */
 export interface NativeNbdStats {
+  /** Connections accepted. */
   connectionsTotal: number;
+  /** Connections open now. */
   connectionsOpen: number;
+  /** Requests answered. */
   requests: number;
+  /** Bytes read by clients. */
   bytesRead: number;
+  /** Bytes written by clients. */
   bytesWritten: number;
+  /** Requests refused as malformed (the connection is dropped). */
   protocolErrors: number;
 }
 
