@@ -40,6 +40,8 @@ export type {
   TicketOptions,
   VolumeCloneOptions,
   VolumeCreateOptions,
+  VolumeEngineEvent,
+  VolumeEngineEvents,
   VolumeEvents,
   VolumeReplicaStatus,
   VolumeStatus,

@@ -183,6 +183,11 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     const hosts = new Hosts((hostId, e) => {
       this.#images.onDataEngineEvent(hostId, e);
       safeEmit(this, 'data-engine-event', hostId, e);
+      // A volume's own events go to its handle too (if one was asked for: none is made for it).
+      if (e.type !== 'backing-image-file') {
+        const handle = this.#handles.get(e.volume);
+        if (handle) safeEmit(handle, e.type, { ...e, hostId });
+      }
     });
     const state = new ControlState(
       options.store,

@@ -11,7 +11,7 @@ import type * as TE from 'typed-emitter';
 
 import type { AccessMode } from '../attachment/attachment-reconciler.js';
 import type { AttacherType, AttachmentParameters, AttachmentTicket, AttachmentTicketStatus, Frontend } from '../attachment/attachment-ticket.js';
-import type { EngineSnapshotInfo, RebuildProgress, SnapshotCopyResult } from '../data-engine/data-engine.js';
+import type { DataEngineEvent, EngineSnapshotInfo, RebuildProgress, SnapshotCopyResult } from '../data-engine/data-engine.js';
 import { MooringError } from '../errors.js';
 import type { Engine } from './engine.js';
 import type { LockHandover } from '../locks/locked-process.js';
@@ -172,7 +172,21 @@ export interface VolumeStatus {
 }
 
 /** Events of a volume's migrations. */
-export type VolumeEvents = {
+/** What an engine of the volume reported, with the host it runs on. */
+export type VolumeEngineEvent = Exclude<DataEngineEvent, { type: 'backing-image-file' }> & { hostId: string };
+
+/**
+ * The engine events of a volume, one event name per kind: replica errors, epochs claimed,
+ * replica-set changes, rebuild start/progress/completion/failure, self-repair attempts,
+ * engines stopped, activated and deactivated, snapshot copy progress. They come from
+ * whichever host runs an engine of the volume (`hostId` says which).
+ */
+export type VolumeEngineEvents = {
+  [K in VolumeEngineEvent['type']]: (event: Extract<VolumeEngineEvent, { type: K }>) => void;
+};
+
+/** Events of a volume: its migrations, and what its engines report. */
+export type VolumeEvents = VolumeEngineEvents & {
   'migration-started': (m: MigrationInfo) => void;
   'migration-target-ready': (m: MigrationInfo) => void;
   'migration-handed-over': (m: HandOverResult) => void;

@@ -164,3 +164,22 @@ describe('Mooring', () => {
     await expect(cluster.createVolume({ name: 'v', sizeBytes: SIZE })).rejects.toMatchObject({ code: 'CLOSED' });
   });
 });
+
+describe('Volume events', () => {
+  it("carries its engines' events, typed, with the host they came from; other volumes' stay away", async () => {
+    const hosts = ['a', 'b'].map((h) => new FakeDataEngine(h));
+    const m = await Mooring.open({ store: new MemoryStateStore(), hosts, repairIntervalMs: 0 });
+    try {
+      const v = await m.createVolume({ name: 'ev', sizeBytes: SIZE, replicas: 2 });
+      const seen: string[] = [];
+      v.on('rebuild-progress', (e) => seen.push(`${e.hostId}:${e.type}:${e.replicaId}:${e.sentBytes}/${e.totalBytes}`));
+      v.on('replica-error', (e) => seen.push(`${e.hostId}:${e.type}:${e.replicaId}:${e.errno}`));
+      hosts[0]!.emit({ type: 'rebuild-progress', volume: 'ev', replicaId: 'r1', sentBytes: 10, scannedBytes: 20, totalBytes: 40 });
+      hosts[1]!.emit({ type: 'replica-error', volume: 'ev', replicaId: 'r0', errno: 5, message: 'EIO' });
+      hosts[0]!.emit({ type: 'replica-error', volume: 'other', replicaId: 'r0', errno: 28, message: 'ENOSPC' });
+      expect(seen).toEqual(['a:rebuild-progress:r1:10/40', 'b:replica-error:r0:5']);
+    } finally {
+      await m.close();
+    }
+  });
+});
