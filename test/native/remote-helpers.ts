@@ -40,6 +40,7 @@ export const Op = {
   ALLOCATED_BYTES: 22,
   SET_REPLICA_SET: 23,
   PEEK_REPLICA_SET: 24,
+  GROW: 25,
 } as const;
 
 /** Code numbers as util/status.h lists them. */
