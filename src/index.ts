@@ -86,6 +86,7 @@ export type {
   MigrationInfo,
   MigrationLocks,
   TicketOptions,
+  VolumeResizedEvent,
 } from './cluster/cluster-volume.js';
 // --- backing images (seed 003) ---
 export { BackingImage } from './backing-image/backing-image.js';

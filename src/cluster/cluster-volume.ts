@@ -148,8 +148,16 @@ export interface ClusterVolumeStatus {
   replicas: ClusterReplicaStatus[];
 }
 
-/** Events of a volume's migrations. */
+/** A volume's recorded size changed ({@link ClusterVolume.resize}). */
+export interface VolumeResizedEvent {
+  volume: string;
+  oldSizeBytes: number;
+  newSizeBytes: number;
+}
+
+/** Events of a volume: its migrations, and resizes. */
 export type ClusterVolumeEvents = {
+  resized: (e: VolumeResizedEvent) => void;
   'migration-started': (m: MigrationInfo) => void;
   'migration-target-ready': (m: MigrationInfo) => void;
   'migration-handed-over': (m: HandOverResult) => void;
@@ -177,6 +185,7 @@ export interface VolumeOps {
   deleteSnapshot(name: string, snapshot: string): Promise<void>;
   exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }>;
   rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<ClusterVolumeStatus>;
+  resize(name: string, sizeBytes: number): Promise<VolumeResizedEvent>;
 }
 
 /**
@@ -336,5 +345,25 @@ export class ClusterVolume extends (EventEmitter as new () => TypedEmitter<Clust
    */
   rebuild(options: { host?: string; timeoutMs?: number } = {}): Promise<ClusterVolumeStatus> {
     return this.#ops.rebuild(this.name, options);
+  }
+
+  /**
+   * Grows the volume to `sizeBytes` (docs/cluster.md, "Resize"). Attached, it grows live:
+   * every RW replica records the new size durably, then the engine and its NBD export take
+   * it, and writes past the old end are refused until then. NBD connections opened from
+   * then on (nbdinfo, a reconnecting QEMU) see the new size; a connection negotiated before
+   * keeps its size, so a running QEMU needs a new connection and `block_resize` before its
+   * guest sees it (docs/nbd-frontend.md, "Resize"). Detached, each replica grows through its
+   * data engine. The size is recorded first: a resize that fails part-way is finished by
+   * calling it again, or when the volume is next attached. Emits `resized`. The same size
+   * does nothing (or finishes an interrupted resize).
+   *
+   * @throws MooringError INVALID_ARGUMENT (smaller: volumes only grow; not a multiple of
+   *   4096; above the volume limit), INVALID_STATE (migrating), NOT_FOUND, BUSY (a rebuild
+   *   runs: ask again when it is done), UNAVAILABLE, UNSUPPORTED (a data engine of a release
+   *   without resize)
+   */
+  resize(sizeBytes: number): Promise<VolumeResizedEvent> {
+    return this.#ops.resize(this.name, sizeBytes);
   }
 }

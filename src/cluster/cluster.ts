@@ -41,6 +41,7 @@ import { RepairController } from './repair-controller.js';
 import { upgradeStore } from './store-schema.js';
 import { VolumeLifecycle } from './volume-lifecycle.js';
 import { VolumeOperations } from './volume-operations.js';
+import { VolumeResize } from './volume-resize.js';
 import { volumeStatus } from './volume-status.js';
 
 export { EPOCH_ATTEMPTS_MAX } from './engine-lifecycle.js';
@@ -195,6 +196,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
     const attachment = this.#attachment;
     const migrations = this.#migrations;
     const operations = this.#operations;
+    const resize = new VolumeResize(state);
     this.#ops = {
       attach: (n, o) => attachment.attach(n, o),
       detach: (n, o) => attachment.detach(n, o),
@@ -223,6 +225,7 @@ export class Cluster extends (EventEmitter as new () => TypedEmitter<ClusterEven
       deleteSnapshot: (n, s) => operations.deleteSnapshot(n, s),
       exportSnapshot: (n, s, o) => operations.exportSnapshot(n, s, o),
       rebuild: (n, o) => operations.rebuild(n, o),
+      resize: (n, size) => resize.resize(n, size),
     };
   }
 
