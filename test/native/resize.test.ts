@@ -5,7 +5,8 @@
 // new one sees the new size. The size rule: replicas left at different sizes by a resize
 // cut short open at the largest size a RW replica recorded (the others grow), a replica
 // that is not RW does not count, and a rebuild gives its target the volume's size, larger
-// or smaller. Replicas behind replica servers grow over the wire (GROW).
+// or smaller; while a rebuild runs a resize is refused (BUSY). Replicas behind replica
+// servers grow over the wire (GROW).
 import { readFileSync, statSync, truncateSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -13,7 +14,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { NativeEngine } from '../../src/native/binding.js';
 import { CMD, NbdClient } from '../system/helpers/nbd-client.js';
 import { addon, assertDirsIdentical, codeOf, engineOptions, MiB, pattern, Scratch, withReplica } from './helpers.js';
-import { closeAll, endpoint, type Host, startHosts } from './remote-helpers.js';
+import { closeAll, endpoint, FrameProxy, type Host, REP_HEADER, startHosts } from './remote-helpers.js';
 
 const NBD_ENOSPC = 28;
 const NBD_EINVAL = 22;
@@ -214,6 +215,70 @@ describe('resize (grow) of replicas and engines', () => {
     await e.close();
     expect(sizesOf(r5!)).toEqual([8 * MiB]);
     await assertDirsIdentical([r3!, r4!, r5!]);
+  });
+
+  it('refuses a resize while a rebuild runs (BUSY, nothing changed), and grows the rebuilt replica too once it is done', async () => {
+    hosts = await startHosts(s, 1, 64 * MiB);
+    const proxy = new FrameProxy(hosts[0]!.server.port);
+    await proxy.start();
+    cleanups.push(() => proxy.close());
+    const [local] = await replicas(1, 64 * MiB);
+    let started!: () => void;
+    const rebuildStarted = new Promise<void>((r) => (started = r));
+    const e = await addon().openEngine(
+      engineOptions({
+        replicas: [local!],
+        members: ['r0'],
+        onEvents: (evs) => {
+          // Hold the target's replies from the first rebuild event on: the rebuild stays in flight.
+          if (evs.some((x) => x.type === 'rebuild-started')) {
+            proxy.mode = 'hold';
+            started();
+          }
+        },
+      }),
+    );
+    cleanups.push(() => e.close());
+    await e.write(0, pattern(18, 32 * MiB));
+    const rebuild = e.addReplica(endpoint(proxy.port), 'r1');
+    await rebuildStarted;
+    expect(await codeOf(e.resize(128 * MiB))).toBe('BUSY');
+    expect(e.sizeBytes).toBe(64 * MiB);
+    proxy.release();
+    await rebuild;
+    await e.resize(128 * MiB);
+    expect(e.replicas().map((r) => r.mode)).toEqual(['RW', 'RW']);
+    await e.close();
+    cleanups.length = 0;
+    await proxy.close();
+    await closeAll(hosts);
+    const dirs = [local!, join(hosts[0]!.root, 'vol')];
+    for (const d of dirs) expect(sizesOf(d), d).toEqual([128 * MiB]);
+    await assertDirsIdentical(dirs);
+  });
+
+  it('refuses a resize (UNSUPPORTED, nothing changed anywhere) when a replica server does not announce GROW, as one of an older release', async () => {
+    hosts = await startHosts(s, 1, 8 * MiB);
+    const proxy = new FrameProxy(hosts[0]!.server.port);
+    // The HELLO reply's feature bits (payload bytes 8..15) as a server before them sent them: zeros.
+    proxy.rewriteReply = (frame, n) => {
+      if (n === 0) frame.fill(0, REP_HEADER + 8, REP_HEADER + 16);
+      return frame;
+    };
+    await proxy.start();
+    cleanups.push(() => proxy.close());
+    const [local] = await replicas(1, 8 * MiB);
+    const engine = await addon().openEngine(engineOptions({ replicas: [local!, endpoint(proxy.port)] }));
+    cleanups.push(() => engine.close());
+    expect(await codeOf(engine.resize(16 * MiB))).toBe('UNSUPPORTED');
+    expect(engine.sizeBytes).toBe(8 * MiB);
+    expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW']);
+    await engine.write(8 * MiB - 4096, pattern(19, 4096));
+    await engine.close();
+    cleanups.length = 0;
+    await proxy.close();
+    await closeAll(hosts);
+    for (const d of [local!, join(hosts[0]!.root, 'vol')]) expect(sizesOf(d), d).toEqual([8 * MiB]);
   });
 
   it('grows replicas behind replica servers over the wire (GROW), alongside a local one', async () => {
