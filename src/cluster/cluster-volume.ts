@@ -128,6 +128,7 @@ export interface ClusterReplicaStatus {
 export interface ClusterVolumeStatus {
   name: string;
   uuid: string;
+  /** The size the cluster records: a resize writes it before the data grows, so it leads while a resize is under way or was cut short. */
   sizeBytes: number;
   replicaCount: number;
   accessMode: AccessMode;
