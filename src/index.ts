@@ -44,6 +44,7 @@ export type {
   VolumeEngineEvents,
   VolumeEvents,
   VolumeReplicaStatus,
+  VolumeResizedEvent,
   VolumeStatus,
   VolumeTicket,
 } from './volume/volume.js';

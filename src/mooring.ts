@@ -50,6 +50,7 @@ import { RepairController } from './cluster/repair-controller.js';
 import { upgradeStore } from './cluster/store-schema.js';
 import { VolumeLifecycle } from './cluster/volume-lifecycle.js';
 import { VolumeOperations } from './cluster/volume-operations.js';
+import { VolumeResize } from './cluster/volume-resize.js';
 import { volumeStatus } from './cluster/volume-status.js';
 
 export { EPOCH_ATTEMPTS_MAX } from './cluster/engine-lifecycle.js';
@@ -229,6 +230,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     const attachment = this.#attachment;
     const migrations = this.#migrations;
     const operations = this.#operations;
+    const resize = new VolumeResize(state);
     this.#ops = {
       attach: (n, o) => attachment.attach(n, o),
       detach: (n, o) => attachment.detach(n, o),
@@ -270,6 +272,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       deleteSnapshot: (n, s) => operations.deleteSnapshot(n, s),
       exportSnapshot: (n, s, o) => operations.exportSnapshot(n, s, o),
       rebuild: (n, o) => operations.rebuild(n, o),
+      resize: (n, size) => resize.resize(n, size),
     };
   }
 

@@ -13,6 +13,7 @@ import type { Frontend } from '../attachment/attachment-ticket.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, type EngineRecord } from './cluster-records.js';
 import type { ControlState, Observed } from './control-state.js';
 import { HOST_PROBE_TIMEOUT_MS } from './hosts.js';
+import { settleEngineSize } from './volume-resize.js';
 
 /**
  * Epochs one start or activation tries: a STALE_EPOCH refusal (a replica promised that epoch
@@ -33,6 +34,7 @@ export class EngineLifecycle {
     const rec: EngineRecord = { schema: CLUSTER_SCHEMA_VERSION, volume: name, hostId: host, nbd, frontendDisabled: frontend.disabled, epoch: info.epoch, startedMs: Date.now() };
     await this.state.store.put(KIND.engine, name, rec);
     await this.state.recordModes(name, info);
+    await settleEngineSize(this.state, name, host, info);
   }
 
   /**

@@ -292,6 +292,14 @@ export interface DataEngine {
   createReplica(name: string, sizeBytes: number, options?: ReplicaCreateOptions): Promise<HostedReplicaInfo>;
   /** Deletes a replica and its data. BUSY while it is in use, NOT_FOUND. */
   deleteReplica(name: string): Promise<void>;
+  /**
+   * Grows a replica that no engine uses (a detached volume's; docs/data-engine.md,
+   * "Resize"): every layer file, then one durable metadata commit. The same size does
+   * nothing. INVALID_ARGUMENT (smaller, or not a multiple of 4096 within the volume limit),
+   * NOT_FOUND, BUSY (open in an engine here or served to one elsewhere: resize through
+   * that engine instead), UNSUPPORTED (a data engine of a release without resize).
+   */
+  growReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo>;
   listReplicas(): Promise<HostedReplicaInfo[]>;
 
   /**
@@ -312,6 +320,17 @@ export interface DataEngine {
   addReplica(volume: string, replica: EngineReplicaRef): Promise<RebuildResult>;
   /** Removes a replica that is not RW from a running engine. */
   removeReplica(volume: string, replicaId: string): Promise<void>;
+  /**
+   * Grows the volume of a running engine while it serves: every RW replica (here or on
+   * other hosts) records the new size durably, then the engine and its NBD export take it;
+   * a replica that fails to grow is dropped as ERR and rebuilt at the new size. New NBD
+   * connections see the new size; connections negotiated before keep theirs. The same
+   * size does nothing. INVALID_ARGUMENT (smaller, or not a multiple of 4096 within the
+   * volume limit), NOT_FOUND (no engine), INVALID_STATE (standby), BUSY (a rebuild runs:
+   * ask again when it is done), UNSUPPORTED (a replica's data engine predates resize),
+   * STALE_EPOCH, NO_QUORUM.
+   */
+  resizeEngine(volume: string, sizeBytes: number): Promise<EngineInfo>;
 
   /**
    * Migration hand-over, source side: the active engine stops taking requests, drains those

@@ -54,6 +54,7 @@ import type {
   SnapshotCopyResult,
 } from './data-engine.js';
 import { checkReplicaBackingImage } from './replica-backing-image.js';
+import { growReplicaDir } from './replica-grow.js';
 import { Semaphore } from './semaphore.js';
 
 /** Defaults of {@link LocalDataEngineOptions}. */
@@ -375,6 +376,21 @@ export class LocalDataEngine implements DataEngine {
     });
   }
 
+  /** @inheritDoc DataEngine.growReplica */
+  async growReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
+    this.#assertOpen();
+    checkName('replica name', name);
+    checkVolumeSize(sizeBytes);
+    return this.#withReplicaOp(name, async () => {
+      const path = join(this.#replicasDir, name);
+      if (!(await pathExists(path))) throw new MooringError('NOT_FOUND', `no replica ${name} on ${this.hostId}`, { details: { name } });
+      const user = this.#engineUsing(name);
+      if (user) throw new MooringError('BUSY', `replica ${name} is open in the engine of volume ${user}: resize through that engine`, { details: { name, volume: user } });
+      await growReplicaDir(this.#addon, path, name, sizeBytes);
+      return this.#hosted(name, await this.#inspect(name));
+    });
+  }
+
   /** @inheritDoc DataEngine.listReplicas */
   async listReplicas(): Promise<HostedReplicaInfo[]> {
     this.#assertOpen();
@@ -568,6 +584,20 @@ export class LocalDataEngine implements DataEngine {
     await slot.engine.removeReplica(replicaId).catch((err: unknown) => {
       if (!(err instanceof MooringError && err.code === 'NOT_FOUND')) throw err;
     });
+  }
+
+  /** @inheritDoc DataEngine.resizeEngine */
+  async resizeEngine(volume: string, sizeBytes: number): Promise<EngineInfo> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkVolumeSize(sizeBytes);
+    if (slot.role === 'standby' || slot.handingOver) {
+      throw new MooringError('INVALID_STATE', `the engine of ${volume} on ${this.hostId} is a standby (or handing over): it resizes nothing`, { details: { volume } });
+    }
+    // The NBD export asks the engine for the size at each handshake, so new connections see
+    // the new size from here on.
+    await slot.engine.resize(sizeBytes);
+    return this.#engineInfo(slot);
   }
 
   /** @inheritDoc DataEngine.deactivateEngine */

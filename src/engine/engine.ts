@@ -29,7 +29,7 @@ import { loadAddon } from '../native/load.js';
 import { NbdExport, toNativeNbdOptions, type NbdExportOptions } from '../nbd/nbd-export.js';
 import { safeEmit } from '../util/emit.js';
 import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
-import { checkLabels, checkName, checkRange, describe } from '../util/validate.js';
+import { checkLabels, checkName, checkRange, checkVolumeSize, describe } from '../util/validate.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
@@ -352,8 +352,6 @@ export function toLayer(l: NativeLayerInfo): LayerInfo {
  * {@link LocalEngine.close}, which waits for calls in flight and closes its NBD exports first.
  */
 export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineEvents>) {
-  /** Volume size in bytes. */
-  readonly sizeBytes: number;
   /** Events that arrived while the engine opened (epoch claimed, reconcile, fenced replicas); later ones are emitted. */
   readonly openEvents: readonly EngineEvent[];
   readonly #native: NativeEngine;
@@ -369,8 +367,12 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
     super();
     this.#native = native;
     this.#specs = specs;
-    this.sizeBytes = native.sizeBytes;
     this.openEvents = openEvents;
+  }
+
+  /** Volume size in bytes ({@link LocalEngine.resize} grows it). */
+  get sizeBytes(): number {
+    return this.#native.sizeBytes;
   }
 
   /**
@@ -520,6 +522,28 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
       checkName('snapshot name', name);
       const labels = checkLabels(options.labels);
       return this.#native.snapshot(name, labels, options.userCreated !== false);
+    });
+  }
+
+  /**
+   * Grows the volume while it serves: every RW replica records the new size durably, then
+   * the engine takes it, so nothing is written past the old end before every RW replica has
+   * the room. NBD connections opened from then on see the new size; connections negotiated
+   * before keep theirs (docs/nbd-frontend.md, "Resize"). The same size does nothing.
+   *
+   * @throws MooringError INVALID_ARGUMENT (smaller, or not a multiple of 4096 up to the
+   *   volume limit), BUSY (a rebuild runs), UNSUPPORTED (a replica's server predates resize),
+   *   INVALID_STATE (standby), STALE_EPOCH, NO_QUORUM, CLOSED
+   */
+  resize(sizeBytes: number): Promise<void> {
+    return this.#call('resize', () => {
+      checkVolumeSize(sizeBytes);
+      if (sizeBytes < this.sizeBytes) {
+        throw new MooringError('INVALID_ARGUMENT', `the volume has ${this.sizeBytes} bytes: it can grow, not shrink to ${sizeBytes} (shrinking would cut off data the guest wrote)`, {
+          details: { sizeBytes, currentSizeBytes: this.sizeBytes },
+        });
+      }
+      return this.#native.resize(sizeBytes);
     });
   }
 
@@ -686,7 +710,7 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
   copySnapshotTo(name: string, target: LocalEngine): Promise<SnapshotCopyResult> {
     return this.#copy('copySnapshotTo', () => {
       checkName('snapshot name', name);
-      if (!(target instanceof LocalEngine)) throw new MooringError('INVALID_ARGUMENT', `target must be an Engine (got ${describe(target)})`);
+      if (!(target instanceof LocalEngine)) throw new MooringError('INVALID_ARGUMENT', `target must be a LocalEngine (got ${describe(target)})`);
       if (target === this) throw new MooringError('INVALID_ARGUMENT', 'a snapshot cannot be copied into its own engine');
       if (target.#state !== 'open') throw new MooringError('CLOSED', `the target engine is ${target.#state}`);
       if (target.sizeBytes !== this.sizeBytes) {

@@ -271,8 +271,16 @@ export interface NativeWriteZeroesOptions {
 }
 
 export interface NativeEngine {
+  /** The volume's size now (read at each access: {@link NativeEngine.resize} changes it). */
   readonly sizeBytes: number;
   epoch(): number;
+  /**
+   * Grows the volume while it serves (engine.h Resize): every RW replica records the new
+   * size, then the engine takes it. The same size: nothing. INVALID_ARGUMENT (smaller or
+   * not a multiple of 4096), BUSY (a rebuild runs), UNSUPPORTED (a replica server predates
+   * GROW), INVALID_STATE (standby), STALE_EPOCH, NO_QUORUM, CLOSED.
+   */
+  resize(sizeBytes: number): Promise<void>;
   /** True while it serves nothing: opened as standby, or after deactivate(). */
   standby(): boolean;
   replicas(): NativeReplicaState[];
@@ -342,9 +350,15 @@ export interface NativeReplicaSet {
  */
 export interface NativeReplica {
   readonly id: string;
+  /** Its size now (read at each access: {@link NativeReplica.grow} changes it). */
   readonly sizeBytes: number;
   epoch(): number;
   clean(): boolean;
+  /**
+   * Grows the replica (every layer file, then one metadata commit). The same size: nothing.
+   * INVALID_ARGUMENT (smaller, or not a multiple of 4096), CLOSED.
+   */
+  grow(sizeBytes: number): Promise<void>;
   /** Promise `epoch` (above epoch(), else STALE_EPOCH); resolves to the replica set stored here, or null. */
   claimEpoch(epoch: number): Promise<NativeReplicaSet | null>;
   /** Store a replica set (its epoch must be epoch() and it must be newer than the stored one, else STALE_EPOCH). */

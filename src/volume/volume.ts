@@ -151,6 +151,7 @@ export interface VolumeReplicaStatus {
 export interface VolumeStatus {
   name: string;
   uuid: string;
+  /** The size recorded: a resize writes it before the data grows, so it leads while a resize is under way or was cut short. */
   sizeBytes: number;
   replicaCount: number;
   accessMode: AccessMode;
@@ -185,8 +186,16 @@ export type VolumeEngineEvents = {
   [K in VolumeEngineEvent['type']]: (event: Extract<VolumeEngineEvent, { type: K }>) => void;
 };
 
-/** Events of a volume: its migrations, and what its engines report. */
+/** A volume's recorded size changed ({@link Volume.resize}). */
+export interface VolumeResizedEvent {
+  volume: string;
+  oldSizeBytes: number;
+  newSizeBytes: number;
+}
+
+/** Events of a volume: its migrations, resizes, and what its engines report. */
 export type VolumeEvents = VolumeEngineEvents & {
+  resized: (e: VolumeResizedEvent) => void;
   'migration-started': (m: MigrationInfo) => void;
   'migration-target-ready': (m: MigrationInfo) => void;
   'migration-handed-over': (m: HandOverResult) => void;
@@ -218,6 +227,7 @@ export interface VolumeOps {
   deleteSnapshot(name: string, snapshot: string): Promise<void>;
   exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }>;
   rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<VolumeStatus>;
+  resize(name: string, sizeBytes: number): Promise<VolumeResizedEvent>;
 }
 
 /**
@@ -404,5 +414,25 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
    */
   rebuild(options: { host?: string; timeoutMs?: number } = {}): Promise<VolumeStatus> {
     return this.#ops.rebuild(this.name, options);
+  }
+
+  /**
+   * Grows the volume to `sizeBytes` (docs/cluster.md, "Resize"). Attached, it grows live:
+   * every RW replica records the new size durably, then the engine and its NBD export take
+   * it, and writes past the old end are refused until then. NBD connections opened from
+   * then on (nbdinfo, a reconnecting QEMU) see the new size; a connection negotiated before
+   * keeps its size, so a running QEMU needs a new connection and `block_resize` before its
+   * guest sees it (docs/nbd-frontend.md, "Resize"). Detached, each replica grows through its
+   * data engine. The size is recorded first: a resize that fails part-way is finished by
+   * calling it again, or when the volume is next attached. Emits `resized`. The same size
+   * does nothing (or finishes an interrupted resize).
+   *
+   * @throws MooringError INVALID_ARGUMENT (smaller: volumes only grow; not a multiple of
+   *   4096; above the volume limit), INVALID_STATE (migrating), NOT_FOUND, BUSY (a rebuild
+   *   runs: ask again when it is done), UNAVAILABLE, UNSUPPORTED (a data engine of a release
+   *   without resize)
+   */
+  resize(sizeBytes: number): Promise<VolumeResizedEvent> {
+    return this.#ops.resize(this.name, sizeBytes);
   }
 }

@@ -78,7 +78,7 @@ function handshakeCase(rng: Rng): { what: string; bytes: Buffer; want: 'drop' | 
 function txCase(rng: Rng, seq: number, home: number): { what: string; req: Request; want: Expect; verify?: Buffer } {
   const off = home + rng.int(64) * 4096;
   const PE = CodeNum.PROTOCOL_ERROR;
-  switch (rng.int(22)) {
+  switch (rng.int(24)) {
     case 0: {
       const data = rng.bytes(4096);
       return { what: 'good write', req: { op: Op.WRITE, seq, offset: off, length: 4096, payload: data }, want: 'ok' };
@@ -86,7 +86,7 @@ function txCase(rng: Rng, seq: number, home: number): { what: string; req: Reque
     case 1:
       return { what: 'good read', req: { op: Op.READ, seq, offset: off, length: 4096 }, want: 'ok' };
     case 2:
-      return { what: 'unknown op', req: { op: rng.pick([0, 25, 26, 99, 128, 255]), seq, payload: rng.bytes(rng.int(100)) }, want: PE };
+      return { what: 'unknown op', req: { op: rng.pick([0, 26, 27, 99, 128, 255]), seq, payload: rng.bytes(rng.int(100)) }, want: PE };
     case 3:
       return { what: 'read beyond the I/O limit', req: { op: Op.READ, seq, offset: 0, length: 4 * MiB + 1 + rng.int(1e9) }, want: PE };
     case 4:
@@ -125,10 +125,15 @@ function txCase(rng: Rng, seq: number, home: number): { what: string; req: Reque
     case 20:
       // Well formed, for an epoch this replica never promised: refused, nothing stored.
       return { what: 'replica set of an unclaimed epoch', req: { op: Op.SET_REPLICA_SET, seq, epoch: 7, payload: replicaSetPayload(7, 1 + rng.int(5), ['a', 'b', 'c'], ['a']) }, want: CodeNum.STALE_EPOCH };
+    case 21:
+      // Volumes only grow, in whole blocks: refused, the size stays (later cases rely on it).
+      return { what: 'grow to a smaller or unaligned size', req: { op: Op.GROW, seq, length: rng.pick([0, 4096, SIZE - 4096, SIZE + 1 + rng.int(4095)]) }, want: CodeNum.INVALID_ARGUMENT };
+    case 22:
+      return { what: 'grow with a payload', req: { op: Op.GROW, seq, length: SIZE, payload: rng.bytes(1 + rng.int(16)) }, want: PE };
     default: {
       // Random header fields on a random op, small random payload: any coded answer.
       const op = 2 + rng.int(24);
-      if ([Op.CLAIM_EPOCH, Op.SET_REPLICA_SET, Op.MARK_CLEAN, Op.SNAPSHOT, Op.REVERT, Op.DELETE_SNAPSHOT, Op.ADOPT_CHAIN, Op.FINISH_REBUILD, Op.WRITE_LAYER, Op.UNMAP_LAYER, Op.TRIM, Op.WRITE_ZEROES, Op.WRITE].includes(op as never))
+      if ([Op.GROW, Op.CLAIM_EPOCH, Op.SET_REPLICA_SET, Op.MARK_CLEAN, Op.SNAPSHOT, Op.REVERT, Op.DELETE_SNAPSHOT, Op.ADOPT_CHAIN, Op.FINISH_REBUILD, Op.WRITE_LAYER, Op.UNMAP_LAYER, Op.TRIM, Op.WRITE_ZEROES, Op.WRITE].includes(op as never))
         return { what: 'random read-only op', req: { op: Op.BLOCK_STATUS, seq, offset: rng.int(SIZE * 2), length: rng.int(SIZE), payload: Buffer.from([0, 0, 0, 0]) }, want: 'coded' };
       return { what: `random op ${op}`, req: { op, seq, flags: rng.chance(0.5) ? 0 : rng.int(16), offset: rng.int(2 ** 40), length: rng.int(2 ** 24), payload: rng.bytes(rng.int(32)) }, want: 'coded' };
     }

@@ -40,6 +40,7 @@ export const Op = {
   ALLOCATED_BYTES: 22,
   SET_REPLICA_SET: 23,
   PEEK_REPLICA_SET: 24,
+  GROW: 25,
 } as const;
 
 /** Code numbers as util/status.h lists them. */
@@ -308,6 +309,8 @@ export class FrameProxy {
   port = 0;
   /** Called when a client connection of the proxy is closed by the client. */
   onClientClose: (() => void) | null = null;
+  /** Rewrites each reply frame (header and payload) before it is passed on; `n` counts the connection's replies from 0 (the HELLO reply). */
+  rewriteReply: ((frame: Buffer, n: number) => Buffer) | null = null;
   private sockets = new Set<Socket>();
 
   constructor(private readonly targetPort: number) {
@@ -319,6 +322,7 @@ export class FrameProxy {
       this.sockets.add(upstream);
       const up = new FrameSplitter(REQ_HEADER, 40);
       const down = new FrameSplitter(REP_HEADER, 20);
+      let replies = 0;
       client.on('data', (d: Buffer) => {
         for (const f of up.push(d)) {
           if (this.mode === 'blackhole') continue;
@@ -328,7 +332,9 @@ export class FrameProxy {
         }
       });
       upstream.on('data', (d: Buffer) => {
-        for (const f of down.push(d)) {
+        for (const raw of down.push(d)) {
+          const f = this.rewriteReply ? this.rewriteReply(raw, replies) : raw;
+          replies++;
           if (this.mode === 'blackhole') continue;
           if (this.mode === 'hold') {
             this.held.push({ to: client, frame: f });

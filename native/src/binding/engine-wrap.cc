@@ -66,7 +66,9 @@ Napi::Function EngineWrap::Define(Napi::Env env) {
   using W = EngineWrap;
   return DefineWithMethods<W>(env,
                      {
+                         Getter<W, &W::SizeBytes>("sizeBytes"),
                          Method<W, &W::Epoch>(env, "epoch"),
+                         Method<W, &W::Resize>(env, "resize"),
                          Method<W, &W::Standby>(env, "standby"),
                          Method<W, &W::Deactivate>(env, "deactivate"),
                          Method<W, &W::Activate>(env, "activate"),
@@ -98,7 +100,7 @@ EngineWrap::EngineWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Engine
   engine_ = std::move(init.engine);
   events_ = std::move(init.events);
   replica_count_ = engine_->Replicas().size();
-  AdoptThis(this, info, {{"sizeBytes", JsNum(env, engine_->size())}});
+  AdoptThis(this, info, {});
 }
 
 void EngineWrap::CheckOpen() const {
@@ -113,6 +115,17 @@ void EngineWrap::CheckRange(uint64_t off, uint64_t len) const {
 }
 
 Napi::Value EngineWrap::Epoch(const Napi::CallbackInfo& info) { return JsNum(info.Env(), engine_->epoch()); }
+
+Napi::Value EngineWrap::SizeBytes(const Napi::CallbackInfo& info) { return JsNum(info.Env(), engine_->size()); }
+
+Napi::Value EngineWrap::Resize(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    const uint64_t size = ToUint(Arg(info, 0), "sizeBytes");
+    auto engine = engine_;
+    return PinnedTask(info, [engine, size]() { return engine->Resize(size); });
+  });
+}
 
 Napi::Value EngineWrap::Standby(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), engine_->standby());

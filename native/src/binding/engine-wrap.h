@@ -75,6 +75,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   Napi::Value RemoveReplica(const Napi::CallbackInfo& info);
   Napi::Value ExportNbd(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
+  Napi::Value SizeBytes(const Napi::CallbackInfo& info);
+  Napi::Value Resize(const Napi::CallbackInfo& info);
   // Snapshot content (engine/snapshot-reader.h): into a new raw file, or into another
   // engine through its write path. Each runs on one pool thread for the whole copy;
   // progress goes out as snapshot-copy-progress events of this engine.

@@ -97,6 +97,13 @@ Napi::PropertyDescriptor Method(Napi::Env env, const char* name) {
                                          static_cast<napi_property_attributes>(napi_writable | napi_configurable));
 }
 
+// A read-only prototype property whose value the member computes at each read (a size
+// that a resize changes, where a value fixed at construction would go stale).
+template <typename T, Napi::Value (T::*M)(const Napi::CallbackInfo&)>
+Napi::PropertyDescriptor Getter(const char* name) {
+  return Napi::PropertyDescriptor::Accessor<Dispatch<T, M>>(name, napi_enumerable);
+}
+
 // Defines class T with `methods` on its prototype.
 template <typename T>
 Napi::Function DefineWithMethods(Napi::Env env, const std::vector<Napi::PropertyDescriptor>& methods) {

@@ -19,7 +19,9 @@ Napi::Function ReplicaWrap::Define(Napi::Env env) {
   using W = ReplicaWrap;
   return DefineWithMethods<W>(env,
                               {
+                                  Getter<W, &W::SizeBytes>("sizeBytes"),
                                   Method<W, &W::Epoch>(env, "epoch"),
+                                  Method<W, &W::Grow>(env, "grow"),
                                   Method<W, &W::Clean>(env, "clean"),
                                   Method<W, &W::ClaimEpoch>(env, "claimEpoch"),
                                   Method<W, &W::SetReplicaSet>(env, "setReplicaSet"),
@@ -41,7 +43,7 @@ ReplicaWrap::ReplicaWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Repl
   addon_ = AddonData::Get(env);
   replica_ = std::move(init.replica);
   native_closed_ = std::make_shared<std::atomic<bool>>(false);
-  AdoptThis(this, info, {{"id", Napi::String::New(env, replica_->id())}, {"sizeBytes", JsNum(env, replica_->size())}});
+  AdoptThis(this, info, {{"id", Napi::String::New(env, replica_->id())}});
 }
 
 void ReplicaWrap::CheckOpen() const {
@@ -57,6 +59,17 @@ void ReplicaWrap::CheckRange(uint64_t off, uint64_t len) const {
 }
 
 Napi::Value ReplicaWrap::Epoch(const Napi::CallbackInfo& info) { return JsNum(info.Env(), replica_->epoch()); }
+
+Napi::Value ReplicaWrap::SizeBytes(const Napi::CallbackInfo& info) { return JsNum(info.Env(), replica_->size()); }
+
+Napi::Value ReplicaWrap::Grow(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    const uint64_t size = ToUint(Arg(info, 0), "sizeBytes");
+    auto replica = replica_;
+    return PinnedTask(info, [replica, size]() { return replica->Grow(size); });
+  });
+}
 
 Napi::Value ReplicaWrap::Clean(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), replica_->clean());

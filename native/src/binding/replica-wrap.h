@@ -47,6 +47,8 @@ class ReplicaWrap : public Napi::ObjectWrap<ReplicaWrap> {
 
  private:
   Napi::Value Epoch(const Napi::CallbackInfo& info);
+  Napi::Value SizeBytes(const Napi::CallbackInfo& info);
+  Napi::Value Grow(const Napi::CallbackInfo& info);
   Napi::Value Clean(const Napi::CallbackInfo& info);
   Napi::Value ClaimEpoch(const Napi::CallbackInfo& info);
   Napi::Value SetReplicaSet(const Napi::CallbackInfo& info);

@@ -91,6 +91,16 @@ class ReplicaBackend {
   virtual Status PeekReplicaSet(ReplicaSet* out) = 0;
   // Durably marks the replica clean. Caller has flushed and will write no more.
   virtual Status MarkClean(uint64_t epoch) = 0;
+  // Grows the replica to size_bytes (a multiple of 4096, at most 2^60): every layer file
+  // is extended first (the new range is a hole in each, so it reads as zeros through the
+  // whole chain), then one metadata commit records the size (invariant 4). The same size
+  // again is a retry: Ok. kInvalidArgument for a smaller size (replicas only grow) or a
+  // malformed one. Not fenced by epoch, like Snapshot: a grow loses no data, and an engine
+  // grows its replicas only under its own checks (Engine::Resize).
+  virtual Status Grow(uint64_t size_bytes) = 0;
+  // False for a replica whose server predates GROW (remote/replica-protocol.h), so an
+  // engine can refuse a resize before it changes any replica.
+  virtual bool CanGrow() const { return true; }
 
   // Data path. `epoch` is the writer's epoch: refused with -kErrStaleEpoch unless it is
   // epoch() (an older writer, or one whose claim never reached this replica).

@@ -68,6 +68,8 @@ constexpr int kErrStandby = EPERM;
 constexpr size_t kMaxRebuildPasses = 64;
 // Snapshot reads (exports, copies) open at once on one engine; each holds a pool thread.
 constexpr uint32_t kMaxSnapshotReads = 16;
+// Largest volume a replica can record (ReplicaMetadata::kMaxSizeBytes).
+constexpr uint64_t kMaxVolumeBytes = 1ull << 60;
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -149,12 +151,13 @@ class ReplicatedEngine final : public Engine {
   void WatchBackend(ReplicaBackend* b);
   void OnBackendLost(const ReplicaBackend* b, int rc);
 
-  uint64_t size() const override { return size_; }
+  uint64_t size() const override { return size_.load(); }
   uint64_t epoch() const override { return epoch_.load(); }
   bool standby() const override { return standby_.load(); }
   std::vector<ReplicaState> Replicas() const override;
   Status Deactivate(HandOver* out) override;
   Status Activate(const HandOver& h, uint64_t epoch) override;
+  Status Resize(uint64_t size_bytes) override;
 
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override {
     if (!InRange(off, len, size_)) return -EINVAL;
@@ -319,6 +322,10 @@ class ReplicatedEngine final : public Engine {
   Status Control(Op op, bool to_wo);
 
   Status CheckLayers(Events* ev);
+  // The size rule (docs/data-engine.md, "Resize"): the volume is as large as the largest
+  // size a RW replica recorded; smaller RW replicas (a resize cut short by a crash) are
+  // grown to it, and one that cannot be is ERR. Sets size_. Caller holds gate_ exclusively.
+  void SettleSizeLocked(Events* ev);
   Status Reconcile(Events* ev);
   // Under the exclusive gate: the body of Activate once the states are checked.
   Status ActivateLocked(const HandOver& h, uint64_t epoch, Events* ev);
@@ -347,7 +354,10 @@ class ReplicatedEngine final : public Engine {
 
   std::vector<std::unique_ptr<Slot>> slots_;
   EngineEventSink sink_;
-  uint64_t size_ = 0;
+  // Grows (Resize) under gate_ exclusive, after every RW replica has the new size; read
+  // by the data path without the gate (a request checked against the old size is inside
+  // the new one too).
+  std::atomic<uint64_t> size_{0};
   std::atomic<uint64_t> epoch_{0};
   const uint64_t open_epoch_;        // Options.epoch: what Open claims
   const uint32_t quorum_hold_ms_;
@@ -860,6 +870,22 @@ Status ReplicatedEngine::CheckLayers(Events* ev) {
   return Status::Ok();
 }
 
+void ReplicatedEngine::SettleSizeLocked(Events* ev) {
+  uint64_t want = 0;
+  for (const auto& sl : slots_)
+    if (sl->mode.load() == ReplicaMode::kRW) want = std::max(want, sl->backend->size());
+  if (want == 0) return;  // no RW replica: the caller fails the open
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& sl = *slots_[i];
+    if (sl.mode.load() != ReplicaMode::kRW || sl.backend->size() == want) continue;
+    Status st = sl.backend->Grow(want);
+    if (!st.ok())
+      MarkErr(i, ErrnoOf(st), "replica " + sl.id + " has " + std::to_string(sl.backend->size()) + " bytes and could not grow to the volume's " +
+                                  std::to_string(want) + " (a resize cut short): " + st.message, ev);
+  }
+  size_ = want;
+}
+
 Status ReplicatedEngine::Reconcile(Events* ev) {
   uint64_t written = 0, trimmed = 0;
   size_t synced = 0;
@@ -915,17 +941,12 @@ Status ReplicatedEngine::Open() {
       return Status::Error(Code::kInvalidArgument, "member name " + s->member + " is listed twice");
   }
   for (const auto& s : slots_) WatchBackend(s->backend.get());
-  // A replica that could not be reached (MakeOfflineReplica) reports size 0: it takes no
-  // part in the size check and opens as ERR.
+  // Replicas of different sizes are a resize that a crash cut short: the size rule settles
+  // them once it is known which replicas are RW (SettleSizeLocked). Until then, and for a
+  // standby (which changes nothing), the largest: a replica that could not be reached
+  // (MakeOfflineReplica) reports 0 and opens as ERR.
   size_ = 0;
-  size_t sized = 0;
-  for (size_t i = 0; i < slots_.size() && size_ == 0; ++i) size_ = slots_[sized = i]->backend->size();
-  for (const auto& s : slots_) {
-    if (s->backend->size() != size_ && s->backend->size() != 0)
-      return Status::Error(Code::kInvalidArgument, "replica " + s->id + " has size " +
-                                                       std::to_string(s->backend->size()) + ", " +
-                                                       slots_[sized]->id + " has " + std::to_string(size_));
-  }
+  for (const auto& s : slots_) size_ = std::max(size_.load(), s->backend->size());
   if (standby_) return OpenStandby();
   if (open_epoch_ == 0)
     return Status::Error(Code::kInvalidArgument,
@@ -957,6 +978,7 @@ Status ReplicatedEngine::Open() {
     }
   }
   CheckLayers(&ev);
+  SettleSizeLocked(&ev);
 
   bool dirty = false;
   for (const auto& s : slots_)
@@ -1214,6 +1236,12 @@ Status ReplicatedEngine::ActivateLocked(const HandOver& h, uint64_t epoch, Event
       ev->push_back({EngineEvent::Type::kReplicaError, s.id, -EIO, 0, 0, why});
     }
   }
+  // The hand-over's replicas are equal, so this finds nothing to do unless the volume was
+  // resized after this standby opened (the claims brought the remote sizes up to date).
+  SettleSizeLocked(ev);
+  first.rw.clear();
+  for (const auto& sl : slots_)
+    if (sl->mode.load() == ReplicaMode::kRW) first.rw.push_back(sl->member);
   if (first.rw.empty()) return Status::Error(Code::kNoHealthyReplica, "no replica of the hand-over could be claimed");
   const uint64_t held = epoch_.load();
   epoch_ = epoch;
@@ -1236,6 +1264,65 @@ Status ReplicatedEngine::ActivateLocked(const HandOver& h, uint64_t epoch, Event
                  "claimed epoch " + std::to_string(epoch) + ": activated from the hand-over of replica set " +
                      std::to_string(h.epoch) + "/" + std::to_string(h.generation)});
   return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------
+// Resize (docs/data-engine.md, "Resize")
+
+Status ReplicatedEngine::Resize(uint64_t size_bytes) {
+  if (size_bytes == 0 || size_bytes % 4096 != 0 || size_bytes > kMaxVolumeBytes)
+    return Status::Error(Code::kInvalidArgument, "volume size " + std::to_string(size_bytes) + " must be a positive multiple of 4096 up to 2^60",
+                         EINVAL);
+  Events ev;
+  Status result;
+  {
+    // Exclusive: requests in flight finish first, and none starts until every RW replica
+    // and size_ agree. Requests are checked against size_, so nothing reaches the new range
+    // before every RW replica has it.
+    std::unique_lock<RwLock> lk(gate_);
+    const uint64_t old = size_.load();
+    if (closed_) return Status::Error(Code::kClosed, "engine is closed");
+    if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: it changes no replica until activated", EPERM);
+    if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
+    if (size_bytes < old)
+      return Status::Error(Code::kInvalidArgument, "the volume has " + std::to_string(old) + " bytes: it can grow, not shrink to " +
+                                                       std::to_string(size_bytes), EINVAL);
+    if (size_bytes == old) return Status::Ok();
+    // The rebuild copies a chain of the old size into a target that is not RW, so the grow
+    // would miss it: the caller asks again when the rebuild is done.
+    if (rebuilding_.load())
+      return Status::Error(Code::kBusy, "a replica is being rebuilt: resize the volume once the rebuild is done", EBUSY);
+    BusyFlag busy(control_busy_);
+    const Targets t = RwTargets();
+    if (t.n == 0) return Status::Error(Code::kNoHealthyReplica, "no RW replica to grow");
+    for (size_t k = 0; k < t.n; ++k) {
+      const Slot& sl = *slots_[t.idx[k]];
+      if (!sl.backend->CanGrow())
+        return Status::Error(Code::kUnsupported, "replica " + sl.id + " is served by a data engine of a release without resize: upgrade it first (nothing was changed)",
+                             ENOTSUP);
+    }
+    Status sts[kMaxReplicas];
+    ForEachParallel(t, [&](size_t k) { sts[k] = slots_[t.idx[k]]->backend->Grow(size_bytes); });
+    size_t grown = 0;
+    for (size_t k = 0; k < t.n; ++k) grown += sts[k].ok() ? 1 : 0;
+    if (grown == 0) {
+      // None grew, so the replicas still agree: nothing to drop, the size stays.
+      const Slot& sl = *slots_[t.idx[0]];
+      return Status::Error(sts[0].code, "growing replica " + sl.id + ": " + sts[0].message, sts[0].sys_errno);
+    }
+    // Those that failed are behind the others and must never serve the new range: ERR and
+    // out of the replica set before the new size is used, as for a failed write. Self-repair
+    // rebuilds them, and the rebuild gives them the new size (AdoptChain).
+    for (size_t k = 0; k < t.n; ++k)
+      if (!sts[k].ok()) MarkFailed(t.idx[k], ErrnoOf(sts[k]));
+    if (int rc = CommitDropsLocked(&ev); rc < 0) {
+      result = Status::FromErrno(rc, "fencing the replicas that failed to grow");
+    } else {
+      size_ = size_bytes;
+    }
+  }
+  Emit(ev);
+  return result;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1289,9 +1376,8 @@ Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& tar
   if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
   BusyFlag busy(control_busy_);
   const std::string id = target->id();
-  if (target->size() != size_)
-    return Status::Error(Code::kInvalidArgument, "replica " + id + " has size " + std::to_string(target->size()) +
-                                                     ", the volume " + std::to_string(size_));
+  // A target of another size (one that missed a resize while ERR) takes the source's with
+  // its chain (AdoptChain): its data is replaced either way.
   // Settles pending fences first, so no slot index is queued in unfenced_ while the list
   // changes, and the epoch the target adopts is the one the RW replicas hold.
   if (int rc = CommitDropsLocked(ev); rc < 0) return Status::FromErrno(rc, "fencing failed replicas before the rebuild");

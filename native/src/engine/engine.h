@@ -137,8 +137,8 @@ class Engine : public BlockDevice {
   struct Options {
     std::vector<std::shared_ptr<ReplicaBackend>> replicas;
     EngineEventSink on_event;  // may be empty
-    // Open as a migration standby (see the file comment): replicas are opened and their
-    // sizes checked, an unreachable one is ERR; nothing is claimed or changed.
+    // Open as a migration standby (see the file comment): replicas are opened, an
+    // unreachable one is ERR; nothing is claimed or changed.
     bool standby = false;
     // The writer epoch to claim (not for a standby): allocated by the caller so that no
     // other engine ever holds it (docs/single-writer.md). The engine never changes it.
@@ -150,7 +150,7 @@ class Engine : public BlockDevice {
   };
 
   // Fails with kNoHealthyReplica if no replica can be used, kInvalidArgument for 0 or
-  // more than 16 replicas, duplicates or differing sizes, no epoch or member names,
+  // more than 16 replicas, duplicates, no epoch or member names,
   // kStaleEpoch if a replica promised an epoch at or above ours (the message names the
   // highest seen), kNoQuorum without a majority. On failure the replicas have been closed.
   static Status Start(Options opts, std::unique_ptr<Engine>* out);
@@ -181,6 +181,22 @@ class Engine : public BlockDevice {
   // the hand-over's replicas could be claimed; kInvalidState if active. Afterwards the
   // engine is like a started one. Blocks: worker thread.
   virtual Status Activate(const HandOver& h, uint64_t epoch) = 0;
+
+  // Grows the volume to size_bytes (a positive multiple of 4096, at most 2^60) while it
+  // serves: with I/O quiesced, every RW replica grows (in parallel, one metadata commit
+  // each), then size(). Requests are checked against size(), so nothing reaches the new
+  // range before every RW replica has it. A replica whose grow fails while another's
+  // succeeds is ERR and dropped from the replica set (as for a failed write; its rebuild
+  // gives it the new size); if none grew, nothing changed and the error is returned. The
+  // size already: Ok. kInvalidArgument (smaller or malformed), kBusy (a rebuild runs: its
+  // target would miss the grow), kUnsupported (a RW replica's server predates GROW; nothing
+  // changed), kInvalidState (standby), kStaleEpoch, kClosed, kNoQuorum (the drop could not
+  // be committed; the size stays). ERR replicas are left alone. Blocks: worker thread.
+  //
+  // The size rule at Start and Activate: the volume is as large as the largest size a RW
+  // replica recorded, and smaller RW replicas are grown to it (one that cannot be is ERR),
+  // so a resize cut short by a crash is finished by the next engine, never undone.
+  virtual Status Resize(uint64_t size_bytes) = 0;
 
   virtual Status Snapshot(const std::string& name, const Labels& labels, bool user_created) = 0;
   // Every layer (snapshots, removed-but-kept ones, and the head), bottom first, from the

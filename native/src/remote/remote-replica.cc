@@ -94,6 +94,7 @@ Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<Replica
   r->rebuilding_.store(rh.state & kStateRebuilding);
   r->depth_ = std::max<uint32_t>(1, std::min<uint32_t>(kMaxInflight, Get32(extra)));
   r->max_io_ = std::min<uint32_t>(kMaxIoBytes, Get32(extra + 4));
+  r->features_ = Get64(extra + 8);
   if (r->max_io_ < 4096) return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": server I/O limit too small", EPROTO);
   r->last_send_ms_ = MonotonicMs();
   try {
@@ -188,6 +189,7 @@ Status RemoteReplica::RunStatus(const CallPtr& c, const char* what) {
 void RemoteReplica::TakeState(const CallPtr& c) {
   if (c->fail_errno || !(c->reply.state & kStateValid)) return;
   epoch_.store(c->reply.epoch);
+  if (CanGrow() && c->reply.value != 0) size_.store(c->reply.value);
   clean_.store(c->reply.state & kStateClean);
   rebuilding_.store(c->reply.state & kStateRebuilding);
 }
@@ -403,6 +405,12 @@ Status RemoteReplica::SetReplicaSet(const ReplicaSet& set) {
 }
 
 Status RemoteReplica::MarkClean(uint64_t epoch) { return RunStatus(NewCall(kOpMarkClean, epoch, 0, 0), "MARK_CLEAN"); }
+
+Status RemoteReplica::Grow(uint64_t size_bytes) {
+  if (!CanGrow())
+    return Status::Error(Code::kUnsupported, "replica " + id_ + " is served by a release without GROW: upgrade its data engine to resize the volume", ENOTSUP);
+  return RunStatus(NewCall(kOpGrow, 0, 0, size_bytes), "GROW");
+}
 
 int RemoteReplica::Read(uint64_t off, uint32_t len, uint8_t* buf) { return ReadData(kOpRead, nullptr, off, len, buf); }
 

@@ -13,7 +13,8 @@
 // When idle the sender pings every kKeepaliveMs, so a dead peer is noticed without I/O.
 //
 // epoch(), clean(), rebuilding() and size() answer from values the HELLO reply gave,
-// updated by the replies of the control operations that change them. AllocatedBytes()
+// updated by the replies of the control operations that change them (size: only from
+// servers that announce kFeatureGrow; an older server's replicas never change size). AllocatedBytes()
 // answers from a cached value and refreshes it in the background (it is asked for on the
 // JS thread, which must not wait for a network round trip).
 #pragma once
@@ -51,7 +52,8 @@ class RemoteReplica final : public ReplicaBackend {
 
   std::string id() const override { return id_; }
   bool remote() const override { return true; }
-  uint64_t size() const override { return size_; }
+  uint64_t size() const override { return size_.load(); }
+  bool CanGrow() const override { return (features_ & rp::kFeatureGrow) != 0; }
   uint64_t epoch() const override { return epoch_.load(); }
   bool clean() const override { return clean_.load(); }
   bool rebuilding() const override { return rebuilding_.load(); }
@@ -60,6 +62,7 @@ class RemoteReplica final : public ReplicaBackend {
   Status SetReplicaSet(const ReplicaSet& set) override;
   Status PeekReplicaSet(ReplicaSet* out) override;
   Status MarkClean(uint64_t epoch) override;
+  Status Grow(uint64_t size_bytes) override;
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override;
   int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
   void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingWrite* p) override;
@@ -128,7 +131,8 @@ class RemoteReplica final : public ReplicaBackend {
   const std::string id_;
   const uint32_t io_timeout_ms_;
   std::unique_ptr<Transport> t_;
-  uint64_t size_ = 0;
+  std::atomic<uint64_t> size_{0};  // from HELLO, then from the `value` of state replies
+  uint64_t features_ = 0;          // kFeature* the server announced in HELLO
   uint32_t depth_ = kMaxInflight;
   uint32_t max_io_ = rp::kMaxIoBytes;
   std::atomic<uint64_t> epoch_{0};

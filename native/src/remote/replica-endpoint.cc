@@ -25,6 +25,7 @@ class OfflineReplica final : public ReplicaBackend {
   Status SetReplicaSet(const ReplicaSet&) override { return Down(); }
   Status PeekReplicaSet(ReplicaSet*) override { return Down(); }
   Status MarkClean(uint64_t) override { return Down(); }
+  Status Grow(uint64_t) override { return Down(); }
   int Read(uint64_t, uint32_t, uint8_t*) override { return -ENOTCONN; }
   int Write(uint64_t, uint64_t, uint32_t, const uint8_t*, bool) override { return -ENOTCONN; }
   int Trim(uint64_t, uint64_t, uint64_t) override { return -ENOTCONN; }

@@ -78,7 +78,10 @@ enum Op : uint8_t {
   kOpAllocatedBytes = 22,
   kOpSetReplicaSet = 23,
   kOpPeekReplicaSet = 24,
-  kOpMax = 24,
+  // Grows the replica to `length` bytes. Sent only to a server whose HELLO reply announced
+  // kFeatureGrow: an older one answers it PROTOCOL_ERROR (unknown op).
+  kOpGrow = 25,
+  kOpMax = 25,
 };
 
 inline const char* OpName(uint8_t op) {
@@ -86,7 +89,8 @@ inline const char* OpName(uint8_t op) {
                                       "TRIM",       "WRITE_ZEROES",   "FLUSH",         "BLOCK_STATUS", "CLAIM_EPOCH",
                                       "MARK_CLEAN", "LIST_LAYERS",    "LAYER_EXTENTS", "READ_LAYER",   "SNAPSHOT",
                                       "DELETE_SNAPSHOT", "REVERT",    "ADOPT_CHAIN",   "LAYER_DIGEST", "WRITE_LAYER",
-                                      "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES", "SET_REPLICA_SET", "PEEK_REPLICA_SET"};
+                                      "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES", "SET_REPLICA_SET", "PEEK_REPLICA_SET",
+                                      "GROW"};
   return op <= kOpMax ? names[op] : "?";
 }
 
@@ -393,8 +397,13 @@ inline bool DecodeLabels(PayloadReader* r, Labels* out) {
 }
 
 // HELLO reply payload: u32 server's in-flight request limit per connection, u32 its
-// largest I/O payload (kMaxIoBytes), u64 reserved. Size in `value`, state in the header.
+// largest I/O payload (kMaxIoBytes), u64 feature bits (kFeature*; 0 from servers that
+// predate them, which sent the field as reserved zeros). Size in `value`, state in the header.
 constexpr uint32_t kHelloReplyBytes = 16;
+// The server knows kOpGrow, and every reply that carries state (kStateValid) carries the
+// replica's size in `value` (older servers leave it 0 there).
+constexpr uint64_t kFeatureGrow = 1;
+constexpr uint64_t kFeaturesKnown = kFeatureGrow;
 
 }  // namespace rp
 }  // namespace mooring

@@ -167,6 +167,7 @@ bool ReplicaServerConnection::Handshake() {
   EncodeReply(rh, out);
   Put32(out + kReplyHeaderBytes, ctx_->opts.max_inflight_per_connection);
   Put32(out + kReplyHeaderBytes + 4, kMaxIoBytes);
+  Put64(out + kReplyHeaderBytes + 8, kFeaturesKnown);
   iovec iov{out, sizeof out};
   if (WriteAll(t_.get(), &iov, 1, wait) != 0) return false;
   last_rx_ms_.store(MonotonicMs());
@@ -292,6 +293,8 @@ void ReplicaServerConnection::SetStatus(Request* r, const Status& st) {
 }
 
 void ReplicaServerConnection::SetState(Request* r) {
+  // The size rides along (kFeatureGrow): a grow or an adopted chain changes it.
+  r->reply.value = replica_->size();
   r->reply.epoch = replica_->epoch();
   r->reply.state = kStateValid | (replica_->clean() ? kStateClean : 0) | (replica_->rebuilding() ? kStateRebuilding : 0);
 }
@@ -536,6 +539,10 @@ void ReplicaServerConnection::Dispatch(Request* r) {
     case kOpFinishRebuild:
       if (!no_payload()) return;
       SetStatus(r, rep->FinishRebuild());
+      return SetState(r);
+    case kOpGrow:
+      if (!no_payload()) return;
+      SetStatus(r, rep->Grow(h.length));
       return SetState(r);
     case kOpAllocatedBytes:
       if (!no_payload()) return;

@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "util/fs-util.h"
+
 namespace mooring {
 
 namespace {
@@ -52,6 +54,16 @@ Status Layer::Open(uint64_t size_bytes) {
     ::close(fd);
     return Status::Error(Code::kCorrupt, "layer " + id_ + ": " + path_ + " is not a regular file");
   }
+  if (static_cast<uint64_t>(st.st_size) > size_bytes) {
+    // An interrupted size change (see layer.h): the committed size rules.
+    int rc = ::ftruncate(fd, static_cast<off_t>(size_bytes)) != 0 ? -errno : fsutil::FdataSync(fd);
+    if (rc != 0) {
+      const int err = -rc;
+      ::close(fd);
+      return Status::FromErrno(err, "cutting " + path_ + " back to " + std::to_string(size_bytes) + " bytes: " + std::strerror(err));
+    }
+    st.st_size = static_cast<off_t>(size_bytes);
+  }
   if (static_cast<uint64_t>(st.st_size) != size_bytes) {
     ::close(fd);
     return Status::Error(Code::kCorrupt, "layer " + id_ + ": " + path_ + " is " +
@@ -88,6 +100,13 @@ Status Layer::ScanExtents(uint64_t size_bytes) {
     pos = hole;
   }
   return Status::Ok();
+}
+
+int Layer::Resize(uint64_t size_bytes) {
+  if (fd_ < 0) return -EBADF;
+  if (::ftruncate(fd_, static_cast<off_t>(size_bytes)) != 0) return -errno;
+  // fdatasync covers the length: it is needed to read the file back.
+  return fsutil::FdataSync(fd_);
 }
 
 uint64_t Layer::AllocatedBytes() const {

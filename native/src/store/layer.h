@@ -18,9 +18,13 @@ class Layer {
   Layer& operator=(const Layer&) = delete;
 
   // Opens the existing file read-write and checks it is a regular file of size_bytes.
-  // A missing or mis-sized file is kCorrupt (the metadata names it); EMFILE says to raise
-  // RLIMIT_NOFILE.
+  // A missing or shorter file is kCorrupt (the metadata names it); EMFILE says to raise
+  // RLIMIT_NOFILE. A longer file is cut back to size_bytes: a size change extends files
+  // before the metadata commit that records it (Replica::Grow, AdoptChain), so a crash in
+  // between leaves files longer than the committed size, whose excess no reader can reach.
   Status Open(uint64_t size_bytes);
+  // Sets the file's length to size_bytes and syncs it (the new range is a hole). 0 or -errno.
+  int Resize(uint64_t size_bytes);
   // Rebuilds extents() from SEEK_DATA/SEEK_HOLE, rounded out to whole blocks.
   Status ScanExtents(uint64_t size_bytes);
   void CloseFile();

@@ -22,6 +22,7 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   Status SetReplicaSet(const ReplicaSet& set) override { return Live() ? r_->SetReplicaSet(set) : Closed(); }
   Status PeekReplicaSet(ReplicaSet* out) override { return Live() ? r_->PeekReplicaSet(out) : Closed(); }
   Status MarkClean(uint64_t e) override { return Live() ? r_->MarkClean(e) : Closed(); }
+  Status Grow(uint64_t size_bytes) override { return Live() ? r_->Grow(size_bytes) : Closed(); }
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override { return Live() ? r_->Read(off, len, buf) : -EBADF; }
   int Write(uint64_t e, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override {
     return Live() ? (WriterScope(token_), r_->Write(e, off, len, buf, fua)) : -EBADF;

@@ -380,6 +380,53 @@ Status Replica::MarkClean(uint64_t epoch) {
   return s;
 }
 
+Status Replica::ResizeLayers(uint64_t size_bytes, uint64_t undo_bytes) {
+  std::vector<Layer*> done;
+  for (const auto& kv : layers_) {
+    if (int rc = kv.second->Resize(size_bytes); rc != 0) {
+      for (Layer* l : done) l->Resize(undo_bytes);
+      return Status::FromErrno(-rc, "resizing " + kv.second->path() + " to " + std::to_string(size_bytes) + " bytes: " + ErrText(-rc));
+    }
+    done.push_back(kv.second.get());
+  }
+  return Status::Ok();
+}
+
+Status Replica::Grow(uint64_t size_bytes) {
+  std::lock_guard<std::mutex> ctl(ctl_mu_);
+  // Exclusive: no request is in flight while the files and size_ change.
+  std::unique_lock<RwLock> io(io_mu_);
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  const uint64_t old = size_.load();
+  if (size_bytes % kBlock != 0 || size_bytes > ReplicaMetadata::kMaxSizeBytes)
+    return Status::Error(Code::kInvalidArgument, "replica " + dir_ + ": size " + std::to_string(size_bytes) +
+                                                     " must be a multiple of 4096 up to 2^60", EINVAL);
+  if (size_bytes < old)
+    return Status::Error(Code::kInvalidArgument, "replica " + dir_ + " has " + std::to_string(old) + " bytes: it can grow, not shrink to " +
+                                                     std::to_string(size_bytes), EINVAL);
+  if (size_bytes == old) return Status::Ok();  // a retry, or an engine catching up with the others
+  // Files first, then the commit (invariant 4): a crash in between leaves files longer than
+  // the recorded size, which Open cuts back. Sparse: the new range is a hole in every
+  // layer, so it reads as zeros through the whole chain and costs no space.
+  s = ResizeLayers(size_bytes, old);
+  if (!s.ok()) return s;
+  ReplicaMetadata m;
+  {
+    std::lock_guard<std::mutex> g(meta_mu_);
+    m = meta_;
+  }
+  m.size_bytes = size_bytes;
+  for (LayerRecord& l : m.layers) l.size_bytes = size_bytes;
+  s = SaveMeta(m);
+  if (!s.ok()) {
+    ResizeLayers(old, old);
+    return s;
+  }
+  size_ = size_bytes;
+  return Status::Ok();
+}
+
 Status Replica::EnsureDirty() {
   // A write after MarkClean (a contract breach, but cheap to survive) must not leave the
   // replica claiming to be clean.
@@ -913,11 +960,11 @@ uint64_t Replica::AllocatedBytes() {
 // ---------------------------------------------------------------------------------------
 // Snapshots
 
-Status Replica::NewLayerFile(const LayerRecord& rec, std::unique_ptr<Layer>* out) {
+Status Replica::NewLayerFile(const LayerRecord& rec, uint64_t size_bytes, std::unique_ptr<Layer>* out) {
   const std::string path = fsutil::JoinPath(dir_, rec.file);
   // A file by this name can only be an orphan of a crashed operation (ids are never reused).
   ::unlink(path.c_str());
-  Status s = fsutil::CreateSparseFile(path, size_);
+  Status s = fsutil::CreateSparseFile(path, size_bytes);
   if (!s.ok()) return s;
   int rc = fsutil::FsyncDir(dir_);
   if (rc != 0) {
@@ -925,7 +972,7 @@ Status Replica::NewLayerFile(const LayerRecord& rec, std::unique_ptr<Layer>* out
     return Status::FromErrno(rc, "fsync directory " + dir_ + ": " + ErrText(rc));
   }
   auto layer = std::make_unique<Layer>(rec.num, rec.id, path);
-  s = layer->Open(size_);
+  s = layer->Open(size_bytes);
   if (!s.ok()) {
     ::unlink(path.c_str());
     return s;
@@ -983,7 +1030,7 @@ Status Replica::CommitNewHead(ReplicaMetadata m, std::string parent, int64_t cre
                               const std::function<void()>& before_switch) {
   LayerRecord rec = m.NewLayer(parent, created_ms);
   std::unique_ptr<Layer> layer;
-  Status s = NewLayerFile(rec, &layer);
+  Status s = NewLayerFile(rec, size_, &layer);
   if (!s.ok()) return s;
   m.layers.push_back(rec);
   m.head = rec.id;
@@ -1292,8 +1339,20 @@ Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch)
   // The source's head is always its newest layer (snapshot and revert allocate it last),
   // so this makes the next snapshot get the same id here as on the source.
   m.next_layer_num = max_num + 1;
+  // The target takes the source's size with its chain: it may have missed a resize while
+  // it was ERR, or been grown by one that never reached the engine that now rebuilds it
+  // (docs/replica-format.md, "Size"). Its data is replaced by the rebuild either way.
+  const uint64_t old_size = size_.load();
+  m.size_bytes = layers.front().size_bytes;
   s = m.Validate();
   if (!s.ok()) return Status::Error(Code::kInvalidArgument, "adopt chain: " + s.message);
+  const uint64_t new_size = m.size_bytes;
+  // Kept files grow before the commit and shrink after it, so a crash on either side leaves
+  // files at least as long as the recorded size (Open cuts longer ones back).
+  if (new_size > old_size) {
+    s = ResizeLayers(new_size, old_size);
+    if (!s.ok()) return s;
+  }
 
   // New files first (durable before the commit that names them); on failure nothing changed.
   std::vector<std::unique_ptr<Layer>> created;
@@ -1303,9 +1362,10 @@ Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch)
   for (const LayerRecord& rec : m.layers) {
     if (FindLayer(rec.id)) continue;
     std::unique_ptr<Layer> layer;
-    s = NewLayerFile(rec, &layer);
+    s = NewLayerFile(rec, new_size, &layer);
     if (!s.ok()) {
       unlink_created();
+      if (new_size > old_size) ResizeLayers(old_size, old_size);
       return s;
     }
     created.push_back(std::move(layer));
@@ -1313,6 +1373,7 @@ Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch)
   s = SaveMeta(m);
   if (!s.ok()) {
     unlink_created();
+    if (new_size > old_size) ResizeLayers(old_size, old_size);
     return s;
   }
   std::vector<std::string> dropped;
@@ -1336,6 +1397,16 @@ Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch)
   }
   // After the commit: a crash before these unlinks leaves orphans that Open removes.
   for (const auto& path : dropped) ::unlink(path.c_str());
+  if (new_size < old_size) {
+    // Best effort: a file left longer is cut back by Open. What lay beyond the new end
+    // leaves the extent sets with it.
+    std::unique_lock<RwLock> maps(map_mu_);
+    for (const auto& kv : layers_) {
+      kv.second->Resize(new_size);
+      kv.second->ScanExtents(new_size);
+    }
+  }
+  size_ = new_size;
   RebuildBase();
   epoch_ = epoch;
   writer_token_ = WriterScope::Current();

@@ -80,7 +80,7 @@ class Replica : public ReplicaBackend {
   Replica& operator=(const Replica&) = delete;
 
   std::string id() const override { return dir_; }
-  uint64_t size() const override { return size_; }
+  uint64_t size() const override { return size_.load(); }
   uint64_t epoch() const override { return epoch_.load(); }
   bool clean() const override { return clean_.load(); }
 
@@ -88,6 +88,7 @@ class Replica : public ReplicaBackend {
   Status SetReplicaSet(const ReplicaSet& set) override;
   Status PeekReplicaSet(ReplicaSet* out) override;
   Status MarkClean(uint64_t epoch) override;
+  Status Grow(uint64_t size_bytes) override;
 
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override;
   int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
@@ -165,7 +166,11 @@ class Replica : public ReplicaBackend {
   // --- control helpers (caller holds ctl_mu_ and io_mu_ exclusive) ---
   Status CheckOpen() const;
   Status SaveMeta(const ReplicaMetadata& m);
-  Status NewLayerFile(const LayerRecord& rec, std::unique_ptr<Layer>* out);
+  // A new empty layer file of size_bytes for `rec`, synced with the directory.
+  Status NewLayerFile(const LayerRecord& rec, uint64_t size_bytes, std::unique_ptr<Layer>* out);
+  // Sets every open layer file's length to size_bytes (synced). On failure the files
+  // already changed are set back to `undo_bytes` (best effort: Open cuts longer files back).
+  Status ResizeLayers(uint64_t size_bytes, uint64_t undo_bytes);
   void ForgetLayer(const std::string& id, bool unlink_file);
   // Makes a new, empty layer over `parent` the head: creates its file, commits `m` (meta_
   // with the caller's edits) plus the new layer, and installs the layer. When the commit
@@ -194,7 +199,8 @@ class Replica : public ReplicaBackend {
   int CheckRebuildOp(uint64_t epoch, uint64_t off, uint64_t len) const;
 
   const std::string dir_;
-  uint64_t size_ = 0;
+  // Changes only under io_mu_ exclusive (Grow, AdoptChain); read without locks by size().
+  std::atomic<uint64_t> size_{0};
   int lock_fd_ = -1;
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> epoch_{0};

@@ -172,6 +172,7 @@ export class DataEngineGrpcServer {
         await de.deleteReplica(requestString(r, 'name'));
         return {};
       }),
+      GrowReplica: unary(async (r) => hostedToMsg(await de.growReplica(requestString(r, 'name'), requestUint(r, 'sizeBytes')))),
       ListReplicas: unary(async () => ({ replicas: (await de.listReplicas()).map(hostedToMsg) })),
       StartEngine: unary(async (r) => {
         const nbd = requestString(r, 'nbd');
@@ -204,6 +205,7 @@ export class DataEngineGrpcServer {
         await de.removeReplica(requestString(r, 'volume'), requestString(r, 'replicaId'));
         return {};
       }),
+      ResizeEngine: unary(async (r) => engineToMsg(await de.resizeEngine(requestString(r, 'volume'), requestUint(r, 'sizeBytes')))),
       DeactivateEngine: unary(async (r) => handOverToMsg(await de.deactivateEngine(requestString(r, 'volume')))),
       ActivateEngine: unary(async (r) => {
         if (r.handOver === null || typeof r.handOver !== 'object') throw new MooringError('INVALID_ARGUMENT', 'handOver is required');

@@ -22,6 +22,8 @@ service DataEngine {
   rpc Info(Empty) returns (DataEngineInfo);
   rpc CreateReplica(CreateReplicaRequest) returns (HostedReplica);
   rpc DeleteReplica(ReplicaName) returns (Empty);
+  // Grows a replica that no engine uses: a detached volume's (docs/data-engine.md, "Resize").
+  rpc GrowReplica(GrowReplicaRequest) returns (HostedReplica);
   rpc ListReplicas(Empty) returns (ReplicaList);
   rpc StartEngine(StartEngineRequest) returns (EngineInfo);
   rpc StopEngine(VolumeName) returns (Empty);
@@ -29,6 +31,8 @@ service DataEngine {
   rpc ListEngines(Empty) returns (EngineList);
   rpc AddReplica(AddReplicaRequest) returns (RebuildResult);
   rpc RemoveReplica(RemoveReplicaRequest) returns (Empty);
+  // Grows a running engine's volume: its RW replicas, then the engine and its export.
+  rpc ResizeEngine(ResizeEngineRequest) returns (EngineInfo);
   // Migration hand-over (docs/data-engine.md).
   rpc DeactivateEngine(VolumeName) returns (HandOver);
   rpc ActivateEngine(ActivateEngineRequest) returns (EngineInfo);
@@ -90,6 +94,11 @@ message CreateReplicaRequest {
 }
 
 message ReplicaName { string name = 1; }
+
+message GrowReplicaRequest {
+  string name = 1;
+  uint64 size_bytes = 2;
+}
 
 message ReplicaList { repeated HostedReplica replicas = 1; }
 
@@ -162,6 +171,11 @@ message AddReplicaRequest {
 message RemoveReplicaRequest {
   string volume = 1;
   string replica_id = 2;
+}
+
+message ResizeEngineRequest {
+  string volume = 1;
+  uint64 size_bytes = 2;
 }
 
 message HandOver {

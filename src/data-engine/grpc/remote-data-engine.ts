@@ -183,6 +183,13 @@ export class RemoteDataEngine implements DataEngine {
     await this.#call('DeleteReplica', { name });
   }
 
+  /** @inheritDoc DataEngine.growReplica */
+  async growReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
+    // Shape only (what protobuf would encode wrongly); the data engine checks the value.
+    if (!isCount(sizeBytes)) throw new MooringError('INVALID_ARGUMENT', `sizeBytes must be a non-negative integer (got ${describe(sizeBytes)})`);
+    return hostedFromMsg(await this.#call('GrowReplica', { name, sizeBytes }, this.#longTimeoutMs));
+  }
+
   /** @inheritDoc DataEngine.listReplicas */
   async listReplicas(): Promise<HostedReplicaInfo[]> {
     const reply = await this.#call('ListReplicas', {});
@@ -238,6 +245,13 @@ export class RemoteDataEngine implements DataEngine {
   /** @inheritDoc DataEngine.removeReplica */
   async removeReplica(volume: string, replicaId: string): Promise<void> {
     await this.#call('RemoveReplica', { volume, replicaId });
+  }
+
+  /** @inheritDoc DataEngine.resizeEngine */
+  async resizeEngine(volume: string, sizeBytes: number): Promise<EngineInfo> {
+    if (!isCount(sizeBytes)) throw new MooringError('INVALID_ARGUMENT', `sizeBytes must be a non-negative integer (got ${describe(sizeBytes)})`);
+    // Long: the engine waits for the requests in flight, and each replica commits its size.
+    return engineFromMsg(await this.#call('ResizeEngine', { volume, sizeBytes }, this.#longTimeoutMs));
   }
 
   /** @inheritDoc DataEngine.deactivateEngine */

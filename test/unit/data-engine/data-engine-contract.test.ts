@@ -168,6 +168,42 @@ describe.each([
     await h.de.deleteReplica('vol1-r1');
   });
 
+  it('resizes a running engine (new NBD connections see the new size) and grows replicas no engine uses', async () => {
+    await h.de.createReplica('grow-r0', 4 * MiB);
+    await h.de.createReplica('grow-r1', 4 * MiB);
+    const refs: EngineReplicaRef[] = [
+      { id: 'r0', hostId: 'host-1', name: 'grow-r0', address: null },
+      { id: 'r1', hostId: 'host-1', name: 'grow-r1', address: null },
+    ];
+    const socket = join(h.root, 'grow.sock');
+    await h.de.startEngine({ volume: 'grow', replicas: refs, nbd: `unix:${socket}`, epoch: 9 });
+    expect(await codeOf(h.de.growReplica('grow-r0', 8 * MiB)), 'open in the engine').toBe('BUSY');
+    expect(await codeOf(h.de.resizeEngine('grow', 2 * MiB))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.resizeEngine('grow', 4 * MiB + 1))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.resizeEngine('none', 8 * MiB))).toBe('NOT_FOUND');
+    expect(await h.de.resizeEngine('grow', 8 * MiB)).toMatchObject({ volume: 'grow', sizeBytes: 8 * MiB });
+    expect((await h.de.engineInfo('grow')).sizeBytes).toBe(8 * MiB);
+    const client = await NbdClient.connect({ socketPath: socket });
+    expect(client.sizeBytes).toBe(8 * MiB);
+    const data = Buffer.alloc(4096, 0x5a);
+    await client.write(6 * MiB, data);
+    expect(Buffer.compare(await client.read(6 * MiB, data.length), data)).toBe(0);
+    await client.disconnect();
+    await h.de.stopEngine('grow');
+    expect((await h.de.listReplicas()).filter((r) => r.name.startsWith('grow-')).map((r) => r.sizeBytes)).toEqual([8 * MiB, 8 * MiB]);
+
+    // Detached: each replica on its own.
+    expect(await h.de.growReplica('grow-r0', 12 * MiB)).toMatchObject({ name: 'grow-r0', sizeBytes: 12 * MiB, inUse: false });
+    expect(await codeOf(h.de.growReplica('grow-r0', 4 * MiB))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.growReplica('missing', 12 * MiB))).toBe('NOT_FOUND');
+    // The engine's size rule: the largest size a replica recorded; the other grows to it.
+    expect(await h.de.startEngine({ volume: 'grow', replicas: refs, epoch: 10 })).toMatchObject({ sizeBytes: 12 * MiB });
+    await h.de.stopEngine('grow');
+    expect((await h.de.listReplicas()).filter((r) => r.name.startsWith('grow-')).map((r) => r.sizeBytes)).toEqual([12 * MiB, 12 * MiB]);
+    await h.de.deleteReplica('grow-r0');
+    await h.de.deleteReplica('grow-r1');
+  });
+
   it('refuses bad engine requests with coded errors', async () => {
     const ok: EngineReplicaRef = { id: 'r0', hostId: 'host-1', name: 'nothing', address: null };
     expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [ok], epoch: 1 }))).toBe('NOT_FOUND');

@@ -85,7 +85,7 @@ export function endpointId(ep: NativeReplicaEndpoint): string {
 }
 
 export class FakeEngine implements NativeEngine {
-  readonly sizeBytes: number;
+  sizeBytes: number;
   closed = false;
   /** While set, data-path calls wait for it (to hold calls in flight). */
   gate: Promise<void> | undefined;
@@ -342,6 +342,18 @@ export class FakeEngine implements NativeEngine {
   async listSnapshots(): Promise<NativeLayerInfo[]> {
     await this.#enter();
     return this.#rw()[0]!.layers.map((l) => ({ ...l, labels: { ...l.labels } }));
+  }
+
+  async resize(sizeBytes: number): Promise<void> {
+    await this.#enter();
+    this.#refuseStandby('resize');
+    if (sizeBytes % 4096 !== 0 || sizeBytes < this.sizeBytes) throw nativeError('INVALID_ARGUMENT', `cannot resize ${this.sizeBytes} bytes to ${sizeBytes}`, 22);
+    if (this.#rebuilding) throw nativeError('BUSY', 'a replica is being rebuilt', 16);
+    for (const r of this.#rw()) {
+      r.data = Buffer.concat([r.data, Buffer.alloc(sizeBytes - r.data.length)]);
+      r.sizeBytes = sizeBytes;
+    }
+    this.sizeBytes = sizeBytes;
   }
 
   async deleteSnapshot(name: string): Promise<void> {
@@ -625,6 +637,7 @@ export class FakeAddon implements NativeAddon {
       clean: () => r.clean,
       claimEpoch: unsupported,
       setReplicaSet: unsupported,
+      grow: unsupported,
       read: unsupported,
       write: unsupported,
       flush: unsupported,

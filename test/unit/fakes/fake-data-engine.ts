@@ -53,6 +53,7 @@ export interface FakeImageFile {
 
 interface FakeEngineState {
   volume: string;
+  sizeBytes: number;
   epoch: number;
   /** Generation of the replica set it last committed (0 for a standby that never was active). */
   generation: number;
@@ -71,8 +72,9 @@ export interface FakeEpochGiven {
   failed: string | null;
 }
 
-/** What a replica keeps (replica.json): the highest epoch promised and the last replica set committed to it. */
+/** What a replica keeps (replica.json): its size, the highest epoch promised and the last replica set committed to it. */
 interface FakeReplicaMeta {
+  sizeBytes: number;
   epoch: number;
   set: { epoch: number; generation: number } | null;
 }
@@ -93,6 +95,8 @@ export class FakeDataEngine implements DataEngine {
   readonly calls: string[] = [];
   /** When set, addReplica rejects with this code. */
   failAddReplica: string | null = null;
+  /** When set, resizeEngine rejects with this code and changes nothing. */
+  failResize: string | null = null;
   readonly #listeners = new Set<(e: DataEngineEvent) => void>();
 
   constructor(
@@ -127,7 +131,7 @@ export class FakeDataEngine implements DataEngine {
       if (bi.virtualSizeBytes > sizeBytes) throw new MooringError('INVALID_ARGUMENT', `backing image ${bi.dir} is larger than replica ${name}`);
     }
     this.replicas.set(name, { sizeBytes, inUse: false, backingImage: bi ? { ...bi } : null });
-    replicaMeta.set(name, { epoch: 0, set: null });
+    replicaMeta.set(name, { sizeBytes, epoch: 0, set: null });
     return { name, sizeBytes, epoch: 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: false, backingImage: bi ? { ...bi } : null };
   }
 
@@ -138,9 +142,20 @@ export class FakeDataEngine implements DataEngine {
     replicaMeta.delete(name);
   }
 
+  async growReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo> {
+    this.#check(`growReplica ${name} ${sizeBytes}`);
+    const r = this.replicas.get(name);
+    const m = replicaMeta.get(name);
+    if (!r || !m) throw new MooringError('NOT_FOUND', `no replica ${name}`);
+    if (r.inUse || [...this.engines.values()].some((e) => e.replicas.some((x) => x.name === name))) throw new MooringError('BUSY', `replica ${name} is in use`);
+    if (sizeBytes < m.sizeBytes) throw new MooringError('INVALID_ARGUMENT', `replica ${name} has ${m.sizeBytes} bytes: it can grow, not shrink to ${sizeBytes}`);
+    m.sizeBytes = r.sizeBytes = sizeBytes;
+    return (await this.listReplicas()).find((x) => x.name === name)!;
+  }
+
   async listReplicas(): Promise<HostedReplicaInfo[]> {
     this.#check('listReplicas');
-    return [...this.replicas].map(([name, r]) => ({ name, sizeBytes: r.sizeBytes, epoch: replicaMeta.get(name)?.epoch ?? 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: r.inUse, backingImage: r.backingImage ? { ...r.backingImage } : null }));
+    return [...this.replicas].map(([name, r]) => ({ name, sizeBytes: replicaMeta.get(name)?.sizeBytes ?? r.sizeBytes, epoch: replicaMeta.get(name)?.epoch ?? 0, clean: true, rebuilding: false, allocatedBytes: 0, inUse: r.inUse, backingImage: r.backingImage ? { ...r.backingImage } : null }));
   }
 
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
@@ -161,6 +176,8 @@ export class FakeDataEngine implements DataEngine {
     }
     this.engines.set(options.volume, {
       volume: options.volume,
+      // The size rule (engine.h): the largest size a replica recorded; a start grows the others to it.
+      sizeBytes: settleSize(names, !standby),
       epoch: standby ? 0 : options.epoch!,
       generation,
       nbd: options.nbd ?? null,
@@ -191,6 +208,18 @@ export class FakeDataEngine implements DataEngine {
     }
   }
 
+  /** The size a replica records now (any host). */
+  static replicaSize(name: string): number | undefined {
+    return replicaMeta.get(name)?.sizeBytes;
+  }
+
+  /** Sets the size a replica records, as a resize cut short by a crash would leave it. */
+  static setReplicaSize(name: string, sizeBytes: number): void {
+    const m = replicaMeta.get(name);
+    if (!m) throw new Error(`no fake replica ${name}`);
+    m.sizeBytes = sizeBytes;
+  }
+
   /** Sets the epoch a replica promised, as a replica written by a release whose engines chose their epochs would hold. */
   static setReplicaEpoch(name: string, epoch: number): void {
     const m = replicaMeta.get(name);
@@ -210,7 +239,7 @@ export class FakeDataEngine implements DataEngine {
     const e = this.#engine(volume);
     return {
       volume,
-      sizeBytes: 4096,
+      sizeBytes: e.sizeBytes,
       epoch: e.epoch,
       role: e.role,
       replicas: e.replicas.map((r) => ({ ...r })),
@@ -227,6 +256,9 @@ export class FakeDataEngine implements DataEngine {
     this.#check(`addReplica ${volume} ${replica.id}@${replica.hostId}`);
     const e = this.#engine(volume);
     if (this.failAddReplica) throw new MooringError(this.failAddReplica as 'IO_ERROR', 'fake rebuild failure');
+    // The target takes the engine's size with the chain it adopts.
+    const target = replicaMeta.get(replica.name);
+    if (target) target.sizeBytes = e.sizeBytes;
     const slot = e.replicas.find((r) => r.id === replica.id);
     if (slot) Object.assign(slot, replica, { mode: 'RW', lastError: 0 });
     else e.replicas.push({ ...replica, mode: 'RW', lastError: 0 });
@@ -238,6 +270,19 @@ export class FakeDataEngine implements DataEngine {
       commit(e.replicas.map((r) => r.name), e.epoch, e.generation);
     }
     return { replicaId: replica.id, scannedBytes: 0, sentBytes: 1234, unmappedBytes: 0, durationMs: 1 };
+  }
+
+  async resizeEngine(volume: string, sizeBytes: number): Promise<EngineInfo> {
+    this.#check(`resizeEngine ${volume} ${sizeBytes}`);
+    const e = this.#active(volume);
+    if (this.failResize) throw new MooringError(this.failResize as 'IO_ERROR', 'fake resize failure');
+    if (sizeBytes % 4096 !== 0 || sizeBytes < e.sizeBytes) throw new MooringError('INVALID_ARGUMENT', `cannot resize ${e.sizeBytes} bytes to ${sizeBytes}`);
+    for (const r of e.replicas) {
+      const m = replicaMeta.get(r.name);
+      if (r.mode === 'RW' && m) m.sizeBytes = sizeBytes;
+    }
+    e.sizeBytes = sizeBytes;
+    return this.engineInfo(volume);
   }
 
   async removeReplica(volume: string, replicaId: string): Promise<void> {
@@ -287,6 +332,7 @@ export class FakeDataEngine implements DataEngine {
       r.lastError = rw.has(r.id) ? 0 : -5;
     }
     commit(names, epoch, 1);
+    e.sizeBytes = settleSize(e.replicas.filter((r) => r.mode === 'RW').map((r) => r.name), true);
     e.epoch = epoch;
     e.generation = 1;
     epochs.set(volume, epoch);
@@ -581,6 +627,13 @@ function claim(names: string[], epoch: number): void {
     else m.epoch = epoch;
   }
   if (refused > 0) throw new MooringError('STALE_EPOCH', `epoch ${epoch} is not above the epoch ${refused} a replica promised`);
+}
+
+/** The size rule of the real engine: the largest size the replicas recorded; with `grow`, the smaller ones are grown to it. */
+function settleSize(names: string[], grow: boolean): number {
+  const size = Math.max(0, ...names.map((n) => replicaMeta.get(n)?.sizeBytes ?? 0));
+  if (grow) for (const n of names) if (replicaMeta.has(n)) replicaMeta.get(n)!.sizeBytes = size;
+  return size;
 }
 
 function commit(names: string[], epoch: number, generation: number): void {
