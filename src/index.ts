@@ -89,6 +89,11 @@ export type { AccessMode, AttachmentDecision, AttachmentInput } from './attachme
 export { LocalDataEngine } from './data-engine/local-data-engine.js';
 export type { LocalDataEngineOptions, DataEngineRepairOptions } from './data-engine/local-data-engine.js';
 export type {
+  BackingImageDownloadOptions,
+  BackingImageFileInfo,
+  BackingImageFileRef,
+  BackingImageFileState,
+  BackingImageWriteOptions,
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
@@ -102,6 +107,8 @@ export type {
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult as DataEngineRebuildResult,
+  ReplicaBackingImage,
+  ReplicaCreateOptions,
   SnapshotCopyResult,
 } from './data-engine/data-engine.js';
 export type { DataEngineTlsOptions } from './data-engine/addresses.js';
@@ -121,7 +128,7 @@ export { MemoryStateStore } from './state/memory-state-store.js';
 export * as limits from './limits.js';
 
 
-// --- locks (sanlock, seed 001): src/locks/ ---
+// --- locks (sanlock): src/locks/ ---
 export { Lockspace } from './locks/lockspace.js';
 export type {
   HolderKilledEvent,

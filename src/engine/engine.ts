@@ -36,7 +36,11 @@ type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 // accepts the same number).
 const HAND_OVER_IDS_MAX = 64;
 
-/** How the engine uses a replica: RW (read and written), WO (written only, being rebuilt), ERR (dropped). */
+/**
+ * How the engine uses a replica: RW (read and written), WO (written only, being rebuilt), ERR (dropped).
+ *
+ * @useDeclaredType
+ */
 export type ReplicaMode = NativeReplicaMode;
 
 /** One replica an engine opens. */
@@ -178,7 +182,11 @@ export interface RebuildFailedEvent extends RebuildEvent {
   message: string;
 }
 
-/** What {@link Engine.addReplica} did. */
+/**
+ * What {@link Engine.addReplica} did.
+ *
+ * @interface
+ */
 export type RebuildResult = NativeRebuildResult;
 
 /** What {@link Engine.exportSnapshot} and {@link Engine.copySnapshotTo} did. */
@@ -250,7 +258,11 @@ export interface WriteOptions {
   fua?: boolean;
 }
 
-/** Options of {@link Engine.writeZeroes}. */
+/**
+ * Options of {@link Engine.writeZeroes}.
+ *
+ * @interface
+ */
 export type WriteZeroesOptions = NativeWriteZeroesOptions;
 
 /**
