@@ -311,6 +311,10 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   /**
    * Offers a data engine for replicas and engines (or updates how to reach it, e.g. after
    * its process restarted on another port). Its replica address is recorded in the store.
+   * A host that does not answer is still added (with a `warning` event): it counts as
+   * unreachable until it does, and its last recorded address is kept.
+   *
+   * @throws MooringError INVALID_ARGUMENT (the data engine reports another host id), CLOSED
    */
   async addHost(engine: DataEngine): Promise<void> {
     this.#state.checkOpen();

@@ -407,15 +407,24 @@ export interface DataEngine {
    * Prepares the file by downloading it on this host; resolves when it is ready (verified),
    * rejects when it failed (the file stays `failed` with the reason) or was cancelled.
    * A ready file with the same ref is reused as it is. BUSY if a preparation of it runs.
+   *
+   * @throws MooringError BUSY, CHECKSUM_MISMATCH, DOWNLOAD_FAILED, CANCELLED, the image reader's codes (a file it refuses), INVALID_ARGUMENT
    */
   downloadBackingImageFile(ref: BackingImageFileRef, options: BackingImageDownloadOptions): Promise<BackingImageFileInfo>;
   /**
    * Prepares the file from a stream of its bytes (an upload, or a copy from another data
    * engine); resolves when all `sizeBytes` arrived and the file is verified. A stream that
    * ends early leaves the partial file for a resume (`offset` = its `receivedBytes`).
+   *
+   * @throws MooringError INVALID_ARGUMENT (a write at the wrong offset, past `sizeBytes`, or a chunk that is not bytes), UNAVAILABLE (the stream ended early; the partial file is kept), BUSY, CHECKSUM_MISMATCH, CANCELLED
    */
   writeBackingImageFile(ref: BackingImageFileRef, options: BackingImageWriteOptions, data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo>;
-  /** Reads a ready file from `offset` (default 0) to its end. NOT_FOUND, INVALID_STATE (not ready). */
+  /**
+   * Reads a ready file from `offset` (default 0) to its end, in chunks of
+   * `limits.BACKING_IMAGE_FILE_LIMITS.readChunkBytes` (1 MiB).
+   *
+   * @throws MooringError NOT_FOUND, INVALID_STATE (not ready), BUSY (3 reads of the file run already)
+   */
   readBackingImageFile(ref: BackingImageFileRef, options?: { offset?: number }): AsyncIterable<Uint8Array>;
   /**
    * Prepares the file from a snapshot of a volume whose active engine runs here (a raw
