@@ -165,14 +165,14 @@ interface EngineSlot {
 }
 
 /**
- * The {@link DataEngine} of this host, in this process. It owns a
- * directory (`DIR/replicas/<name>/` per replica, `DIR/data-engine.json`, a lock), serves its
- * replicas to engines elsewhere through the native replica server, runs engines (one per
- * volume, each optionally exported over NBD), and repairs them: a replica that is ERR is
- * re-added (rebuilt) with back-off until it is RW again, rebuilds bounded across engines.
- * Engines may run as migration standbys (exported, serving nothing, repairing nothing)
- * and hand a volume over between hosts (deactivateEngine on the source, activateEngine on
- * the target); docs/data-engine.md, "Hand-over".
+ * The {@link DataEngine} of this host, in this process. It owns a directory
+ * (`DIR/replicas/<name>/` per replica, `DIR/data-engine.json`, a lock), serves its replicas
+ * to engines elsewhere through the native replica server, runs engines (one per volume,
+ * each optionally exported over NBD), and repairs them: a replica that is ERR is re-added
+ * (rebuilt) with back-off until it is RW again, rebuilds bounded across engines. Engines
+ * may run as migration standbys (exported, serving nothing, repairing nothing) and hand a
+ * volume over between hosts (deactivateEngine on the source, activateEngine on the target);
+ * docs/data-engine.md, "Hand-over".
  */
 export class LocalDataEngine implements DataEngine {
   /** Host id. */

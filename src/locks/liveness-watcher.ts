@@ -94,6 +94,12 @@ export class LivenessWatcher extends (EventEmitter as new () => TypedEmitter<Liv
   #running = false;
   #polling: Promise<void> | undefined;
 
+  /**
+   * A watcher of `options.lockspace` (usually from {@link Lockspace.watch}); it polls once
+   * {@link LivenessWatcher.start} is called.
+   *
+   * @throws MooringError INVALID_ARGUMENT (pollIntervalMs out of range)
+   */
   constructor(options: LivenessWatcherOptions) {
     super();
     this.lockspace = options.lockspace;

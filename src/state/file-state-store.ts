@@ -43,9 +43,9 @@ async function fsyncDir(dir: string): Promise<void> {
 }
 
 /**
- * The default {@link StateStore}, one JSON file per document
- * (`DIR/<kind>/<key>.json`), written atomically (temporary file, fsync, rename, fsync of the
- * directory), so a crash leaves every document either at its old or at its new version.
+ * The default {@link StateStore}, one JSON file per document (`DIR/<kind>/<key>.json`),
+ * written atomically (temporary file, fsync, rename, fsync of the directory), so a crash
+ * leaves every document either at its old or at its new version.
  *
  * One process owns a store directory at a time (`DIR/state.lock`); a second opener gets
  * BUSY. Within the process, operations on one document run one after another, which makes

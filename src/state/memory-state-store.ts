@@ -3,9 +3,9 @@ import { checkCompareAndSet, checkExpectedVersion, checkKey, checkKind, serialis
 import type { StateStore, StateWriteOptions, StoredObject } from './state-store.js';
 
 /**
- * A {@link StateStore} in memory, for tests and embedders that keep
- * state elsewhere. Same validation and compare-and-set rules as {@link FileStateStore};
- * values are stored as JSON text, so callers never share objects with the store.
+ * A {@link StateStore} in memory, for tests and embedders that keep state elsewhere. Same
+ * validation and compare-and-set rules as {@link FileStateStore}; values are stored as JSON
+ * text, so callers never share objects with the store.
  */
 export class MemoryStateStore implements StateStore {
   readonly #docs = new Map<string, Map<string, { version: number; text: string }>>();

@@ -63,10 +63,10 @@ export interface DataEngineGrpcServerOptions {
 const BAD_REQUEST = Symbol('bad request');
 
 /**
- * Serves any {@link DataEngine} over gRPC, on a unix socket (same
- * host) or TCP (between hosts, mutual TLS when given; loopback only without TLS unless
- * allowed). Bad requests (garbage, wrong types, oversized) get a gRPC error carrying a
- * MooringError code; the server keeps serving.
+ * Serves any {@link DataEngine} over gRPC, on a unix socket (same host) or TCP (between
+ * hosts, mutual TLS when given; loopback only without TLS unless allowed). Bad requests
+ * (garbage, wrong types, oversized) get a gRPC error carrying a MooringError code; the
+ * server keeps serving.
  */
 export class DataEngineGrpcServer {
   /** Where it listens, with the bound port for TCP: `unix:PATH` or `tcp:HOST:PORT`. */

@@ -89,10 +89,10 @@ type Callback = (err: ServiceError | null, reply?: Msg) => void;
 type UnaryMethod = (req: Msg, md: Metadata, opts: { deadline: number }, cb: Callback) => void;
 
 /**
- * A {@link DataEngine} in another process (`mooring data-engine`),
- * reached over gRPC. Every call has a deadline; failures come back as the MooringError code
- * the data engine raised (or UNAVAILABLE when it cannot be reached). `watch()` keeps one
- * event stream open and reconnects it with back-off while anyone listens.
+ * A {@link DataEngine} in another process (`mooring data-engine`), reached over gRPC. Every
+ * call has a deadline; failures come back as the MooringError code the data engine raised
+ * (or UNAVAILABLE when it cannot be reached). `watch()` keeps one event stream open and
+ * reconnects it with back-off while anyone listens.
  */
 export class RemoteDataEngine implements DataEngine {
   /** Host id of the data engine (fetched once at connect). */
