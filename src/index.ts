@@ -25,6 +25,7 @@ export type { MooringErrorOptions } from './errors.js';
 // --- the entry point and its volumes ---
 export { Mooring } from './mooring.js';
 export type { MooringEvents, MooringOptions, ReplicaReplacedEvent } from './mooring.js';
+export type { DirectoryImport } from './volume/directory-import.js';
 export { Volume, Migration } from './volume/volume.js';
 export { Engine } from './volume/engine.js';
 export type { EngineReplica } from './volume/engine.js';
@@ -69,6 +70,11 @@ export type { AccessMode, AttachmentDecision, AttachmentInput } from './attachme
 export { LocalDataEngine } from './data-engine/local-data-engine.js';
 export type { LocalDataEngineOptions, DataEngineRepairOptions } from './data-engine/local-data-engine.js';
 export type {
+  BackingImageDownloadOptions,
+  BackingImageFileInfo,
+  BackingImageFileRef,
+  BackingImageFileState,
+  BackingImageWriteOptions,
   DataEngine,
   DataEngineEvent,
   DataEngineInfo,
@@ -82,6 +88,8 @@ export type {
   HostedReplicaInfo,
   RebuildProgress,
   RebuildResult as DataEngineRebuildResult,
+  ReplicaBackingImage,
+  ReplicaCreateOptions,
   SnapshotCopyResult,
 } from './data-engine/data-engine.js';
 export type { DataEngineTlsOptions } from './data-engine/addresses.js';
@@ -99,7 +107,7 @@ export { MemoryStateStore } from './state/memory-state-store.js';
 export * as limits from './limits.js';
 
 
-// --- locks (sanlock, seed 001): src/locks/ ---
+// --- locks (sanlock): src/locks/ ---
 export { Lockspace } from './locks/lockspace.js';
 export type {
   HolderKilledEvent,

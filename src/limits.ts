@@ -1,7 +1,8 @@
 /**
  * The package's `limits` object: every named default and bound a user of the public API may
  * need (sizes, names, option defaults and their ranges), in one place. Each value is declared
- * once, next to the code it governs, and only re-exported here; docs/api.md lists them.
+ * once, next to the code it governs, and only re-exported here; `import { limits } from
+ * 'mooring'`. docs/api.md groups them with the reasons behind them.
  *
  * @packageDocumentation
  */

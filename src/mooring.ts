@@ -1,10 +1,6 @@
 /**
- * Mooring: the one entry point. It hands out {@link Volume} handles, whose replicas live on
- * this host or on others; every volume is the same class. The embedded default
- * (`Mooring.open({ dir })`) is a cluster of one host: the control-plane store and this host's
- * data engine, both in `dir`, both in this process. More hosts join with
- * {@link Mooring.addHost} (their data engines reached over gRPC), and several VM managers
- * may share one store.
+ * Mooring, the one entry point (what it offers: the class comment below), and how it works
+ * inside.
  *
  * The data engines do the data work (replica servers, engines, rebuilds); a data engine
  * also re-adds a replica by itself when that replica's host comes back. The control plane
@@ -124,11 +120,17 @@ export interface MooringOptions {
 
 /** A replica that stayed ERR was replaced by a new one on another host. */
 export interface ReplicaReplacedEvent {
+  /** The volume. */
   volume: string;
+  /** The replica that stayed ERR (removed). */
   oldReplicaId: string;
+  /** Its host. */
   oldHostId: string;
+  /** The replica that took its place (rebuilt, RW). */
   newReplicaId: string;
+  /** Its host. */
   newHostId: string;
+  /** Bytes the rebuild wrote into it. */
   sentBytes: number;
 }
 
@@ -147,8 +149,13 @@ export type MooringEvents = {
 };
 
 /**
- * Volumes across hosts; see the module comment. Create with {@link Mooring.open}; always
- * {@link Mooring.close} (it stops the repair loop; engines keep running on their hosts).
+ * The one entry point: it hands out {@link Volume} handles, whose replicas live on this
+ * host or on others. Open it with {@link Mooring.open}: with `dir` it is the embedded
+ * default, a cluster of one host (the control-plane store and this host's data engine,
+ * both in `dir`, both in this process); more hosts join with {@link Mooring.addHost}, and
+ * several VM managers may share one store. What it decides is kept in the store, so a
+ * restarted VM manager finds its volumes, engines and replicas again; a repair loop
+ * reattaches, repairs and replaces in the background. Always {@link Mooring.close} it.
  */
 export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEvents>) {
   readonly #state: ControlState;
@@ -338,6 +345,10 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   /**
    * Offers a data engine for replicas and engines (or updates how to reach it, e.g. after
    * its process restarted on another port). Its replica address is recorded in the store.
+   * A host that does not answer is still added (with a `warning` event): it counts as
+   * unreachable until it does, and its last recorded address is kept.
+   *
+   * @throws MooringError INVALID_ARGUMENT (the data engine reports another host id), CLOSED
    */
   async addHost(engine: DataEngine): Promise<void> {
     this.#state.checkOpen();

@@ -25,7 +25,7 @@ if (!hostId || !path || !vmName || command.length === 0) {
   process.exit(2);
 }
 
-// The seed's initializer, once per storage: whoever comes first creates it.
+// Once per storage (Virtink's initializer does this): whoever comes first creates it.
 let ls;
 try {
   ls = await Lockspace.create({ name: o.name, path, maxLocks: 100, ioTimeoutSeconds: Number(o['io-timeout']) });

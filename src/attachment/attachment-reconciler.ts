@@ -1,5 +1,6 @@
 /**
- * The attach/detach reconciler (seed 002's AD controller, plus seed 000's migration rules):
+ * The attach/detach reconciler (Longhorn's attach/detach controller, plus the rules of its
+ * volume live migration design):
  * a pure function from a volume's tickets, its spec and what actually runs to the next spec
  * and every ticket's status. The cluster applies the spec (starts, stops, migrates engines)
  * and calls it again until nothing changes.
@@ -36,8 +37,9 @@ import {
 /** How a volume may be attached. */
 export type AccessMode = 'rwo' | 'migratable';
 
-/** What the reconciler needs to know about one volume. */
+/** What the attachment reconciler (`decideAttachment` in `mooring/internal`) needs to know about one volume. */
 export interface AttachmentInput {
+  /** The volume's access mode: only `migratable` volumes migrate. */
   accessMode: AccessMode;
   /** Spec: where the volume should be attached (null: detached). */
   desiredHost: string | null;
@@ -53,15 +55,21 @@ export interface AttachmentInput {
   attachedFrontend: Frontend | null;
   /** Reality: the migration target's engine runs on migrationHost. */
   migrationTargetReady: boolean;
+  /** Every ticket of the volume. */
   tickets: AttachmentTicket[];
 }
 
 /** The next spec and the ticket statuses. */
 export interface AttachmentDecision {
+  /** Where the volume should be attached (null: detached). */
   desiredHost: string | null;
+  /** Where it should migrate to (null: not migrating). */
   migrationHost: string | null;
+  /** The frontend the attached engine should run with. */
   frontend: Frontend;
+  /** The frontend of the migration target. */
   migrationFrontend: Frontend;
+  /** The status of every ticket. */
   statuses: AttachmentTicketStatus[];
 }
 

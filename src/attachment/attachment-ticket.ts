@@ -1,8 +1,8 @@
 /**
- * Attachment tickets (Longhorn's VolumeAttachment, seed 002): every party that needs a volume
+ * Attachment tickets (Longhorn's VolumeAttachment): every party that needs a volume
  * attached — the VM manager, a VM workload, or Mooring itself for an internal operation —
  * holds a ticket naming the host it needs. The attachment reconciler
- * ({@link decideAttachment}) turns the set of tickets into one decision: where the volume is
+ * (`decideAttachment`) turns the set of tickets into one decision: where the volume is
  * attached, whether it migrates, and which tickets are satisfied.
  *
  * @packageDocumentation
@@ -71,9 +71,11 @@ export interface AttachmentParameters {
 export interface AttachmentTicket {
   /** Unique within the volume ([A-Za-z0-9._-]{1,63}). */
   id: string;
+  /** Who asks: decides the ticket's priority. */
   type: AttacherType;
   /** Host id the volume is wanted on. */
   hostId: string;
+  /** The frontend wanted, the NBD address and who had it before. */
   parameters: AttachmentParameters;
   /** Increases each time the ticket's spec changes (set by the cluster). */
   generation: number;
@@ -90,16 +92,23 @@ export type AttachmentConditionReason =
 
 /** A condition of a ticket's status (Kubernetes style). */
 export interface AttachmentCondition {
+  /** The only condition type. */
   type: 'Satisfied';
+  /** Whether the ticket is satisfied. */
   status: boolean;
+  /** Why (not). */
   reason: AttachmentConditionReason;
+  /** The reason in words, for people. */
   message: string;
 }
 
 /** What the cluster observed about a ticket. */
 export interface AttachmentTicketStatus {
+  /** The ticket's id. */
   id: string;
+  /** Whether an engine that serves the ticket runs on its host. */
   satisfied: boolean;
+  /** Why it is (not) satisfied. */
   conditions: AttachmentCondition[];
   /** The ticket generation this status describes. */
   generation: number;
@@ -107,6 +116,7 @@ export interface AttachmentTicketStatus {
 
 /** The frontend an engine runs with. */
 export interface Frontend {
+  /** The engine runs without NBD export. */
   disabled: boolean;
   /** Export address when enabled (null: enabled but not exported; a cluster attach without `nbd`). */
   nbd: string | null;

@@ -1,5 +1,5 @@
 /**
- * BackingImageController: the reconcile loop of a cluster's backing images (seed 003's
+ * BackingImageController: the reconcile loop of a cluster's backing images (Longhorn's
  * BackingImageController, data source and manager, as one library object). Per image it
  * observes each host's file, asks {@link decideBackingImage} what to do, records spec and
  * status, and runs the actions in the background: prepare the first file from its source,
@@ -34,7 +34,7 @@ import {
 } from './backing-image-records.js';
 import { BackingImage, type BackingImageCreateOptions, type BackingImageFileStatus, type BackingImageOps, type BackingImageStatus } from './backing-image.js';
 
-/** Preparations of the first file of a download before the image stays failed (seed 003 resets the source while every file failed). */
+/** Preparations of the first file of a download before the image stays failed (Longhorn resets the source while every file failed). */
 export const FIRST_FILE_ATTEMPTS_MAX = 5;
 /** Wait after the second failure in a row of a copy (or a first file), doubled per failure up to {@link RETRY_DELAY_MAX_MS}; the first retry is immediate (a host that came back should not wait). */
 export const RETRY_DELAY_MS = 500;

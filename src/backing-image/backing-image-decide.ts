@@ -1,5 +1,5 @@
 /**
- * The backing image decision (seed 003's BackingImageController and the delivery part of its
+ * The backing image decision (Longhorn's BackingImageController and the delivery part of its
  * BackingImageManager): a pure function from what each disk holds, which disks replicas
  * need, and what runs, to the next spec and the actions that move towards it. The
  * controller observes, calls it, applies the actions, and calls it again.
@@ -25,15 +25,22 @@
  */
 import type { BackingImageFileState } from '../data-engine/data-engine.js';
 
-/** Copies one ready file may send at once (seed 003: 3). */
+/** Copies one ready file may send at once (3, as in Longhorn). */
 export const SENDS_PER_SOURCE_MAX = 3;
 
 /** One disk as the controller saw it. */
 export interface DiskObservation {
+  /** The host whose disk it is. */
   hostId: string;
+  /** Whether its data engine answered. */
   reachable: boolean;
   /** The file's state and size so far, or null if the disk holds none (unreachable: its last known state, as `unknown`). */
-  file: { state: BackingImageFileState; receivedBytes: number } | null;
+  file: {
+    /** The file's state. */
+    state: BackingImageFileState;
+    /** Bytes of it on the disk. */
+    receivedBytes: number;
+  } | null;
   /** A replica on this disk uses the file (its data engine says so, or the records do). */
   used: boolean;
   /** A volume waits for a file here (its replica is about to be created, or is being replaced). */
@@ -48,11 +55,15 @@ export interface DiskObservation {
   backingOff: boolean;
 }
 
-/** What {@link decideBackingImage} needs to know about one image. */
+/** What the backing image decision (`decideBackingImage` in `mooring/internal`) needs to know about one image. */
 export interface BackingImageDecisionInput {
+  /** The time of the decision, ms since the Unix epoch. */
   nowMs: number;
+  /** How long an unused file stays before it is deleted. */
   cleanupWaitMs: number;
+  /** Ready copies to keep. */
   minCopies: number;
+  /** Host that prepares the first file. */
   firstHost: string;
   /** A first file was ready once (currentChecksum is known): copies can be made. */
   firstFileKnown: boolean;
@@ -66,12 +77,15 @@ export interface BackingImageDecisionInput {
   sourceAttempted: boolean;
   /** Copies running per source host. */
   sendsBySource: Record<string, number>;
+  /** Every host offered, and every host with a recorded file. */
   disks: DiskObservation[];
 }
 
 /** A copy to start. */
 export interface Delivery {
+  /** Host whose ready file is sent. */
   source: string;
+  /** Host whose disk receives it. */
   target: string;
   /** The target's partial `receivedBytes` (0 for a new file). */
   offsetBytes: number;
@@ -85,6 +99,7 @@ export interface BackingImageDecision {
   lastRefAtMs: Record<string, number | null>;
   /** Host to prepare the first file on now, or null. */
   prepareFirstOn: string | null;
+  /** Copies to start now. */
   deliveries: Delivery[];
   /** Hosts whose file is deleted now. */
   deletions: string[];

@@ -1,5 +1,5 @@
 /**
- * The document a cluster keeps per backing image (seed 003's BackingImage object) in its
+ * The document a cluster keeps per backing image (Longhorn's BackingImage object) in its
  * {@link StateStore}: spec (source, expected checksum, minCopies, which disks should hold a
  * file) and status (current checksum, size, format, per-disk file states). One disk per
  * host: a data engine's directory is its disk. Validated on read, like the cluster records:
@@ -27,7 +27,10 @@ export const BACKING_IMAGE_DISKS_MAX = 1024;
 export const SHA512_PATTERN = /^[0-9a-f]{128}$/;
 const UUID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
-/** Where the first file of an image comes from. */
+/**
+ * Where the first file of an image comes from, told apart by `type`: `download` (`url`),
+ * `upload` (`sizeBytes`) or `volume-snapshot` (`volume`, `snapshot`).
+ */
 export type BackingImageSource =
   /** Downloaded over http(s) by the data engine of the first host. */
   | { type: 'download'; url: string }
@@ -42,6 +45,7 @@ export interface BackingImageDiskStatus {
   state: BackingImageFileState;
   /** Percent done (0..100). */
   progress: number;
+  /** Why it failed, or what it is doing; '' if nothing to say. */
   message: string;
   /** Bytes on the disk so far: a copy resumes from here. */
   receivedBytes: number;
@@ -51,11 +55,15 @@ export interface BackingImageDiskStatus {
 
 /** A backing image: spec and status. Key: its name. */
 export interface BackingImageRecord {
+  /** Schema version of the document. */
   schema: number;
+  /** The image's name. */
   name: string;
   /** Generated at creation and stored before anything else: its files live in `<name>-<uuid>`. */
   uuid: string;
+  /** When it was created, ms since the Unix epoch. */
   createdMs: number;
+  /** Where its first file comes from. */
   source: BackingImageSource;
   /** SHA-512 the file must have (hex), or null to take what the source gives. */
   expectedChecksum: string | null;
@@ -71,8 +79,11 @@ export interface BackingImageRecord {
   cancelled: boolean;
   /** Status: SHA-512 of the first ready file ('' until one is ready). Copies must match it. */
   currentChecksum: string;
+  /** Status: the file's size in bytes (0 until known). */
   sizeBytes: number;
+  /** Status: the size of the disk the image holds (0 until ready). */
   virtualSizeBytes: number;
+  /** Status: the file's format, null until ready. */
   format: 'raw' | 'qcow2' | null;
   /** Status: the file on each host's disk. */
   files: Record<string, BackingImageDiskStatus>;

@@ -1,11 +1,3 @@
-/**
- * BackingImage: one backing image of a {@link Mooring}, as the embedder uses it — status,
- * waiting for the first ready file, uploading its bytes, cancel, delete, cleanup of copies,
- * and events. Get one with `cluster.createBackingImage(...)` or `cluster.backingImage(name)`;
- * the same object is returned for the same name while the cluster is open.
- *
- * @packageDocumentation
- */
 import { EventEmitter } from 'node:events';
 import type * as TE from 'typed-emitter';
 
@@ -15,7 +7,7 @@ import type { BackingImageSource } from './backing-image-records.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
-/** Options of `Mooring.createBackingImage`. */
+/** Options of {@link Mooring.createBackingImage}. */
 export interface BackingImageCreateOptions {
   /** Image name ([A-Za-z0-9._-]{1,63}), unique in the cluster. */
   name: string;
@@ -31,11 +23,13 @@ export interface BackingImageCreateOptions {
 
 /** One disk's file of an image, as reported. */
 export interface BackingImageFileStatus {
+  /** The host whose disk holds (or should hold) the file. */
   hostId: string;
   /** unknown: its host cannot be reached. */
   state: BackingImageFileState;
   /** Percent done (0..100). */
   progress: number;
+  /** Why it failed, or what it is doing; '' if nothing to say. */
   message: string;
   /** Since when no replica on this disk uses it (ms since the epoch), or null. */
   lastRefAtMs: number | null;
@@ -43,19 +37,27 @@ export interface BackingImageFileStatus {
 
 /** A backing image as reported: spec and status. */
 export interface BackingImageStatus {
+  /** The image's name. */
   name: string;
+  /** Its UUID, given when it was created (its files live in `<name>-<uuid>` directories). */
   uuid: string;
   /** ready: a ready copy exists; in-progress: a file is being prepared or copied; pending: waits for its source (an upload); failed: every file failed and nothing is tried again. */
   state: 'pending' | 'in-progress' | 'ready' | 'failed';
+  /** Where its first file comes from. */
   source: BackingImageSource;
+  /** The SHA-512 asked for at creation, or null. */
   expectedChecksum: string | null;
   /** SHA-512 of the file ('' until the first file is ready). */
   currentChecksum: string;
+  /** The file's size in bytes (0 until known). */
   sizeBytes: number;
   /** The size a volume over it sees (qcow2: its virtual size), 0 until ready. */
   virtualSizeBytes: number;
+  /** The file's format, null until ready. */
   format: 'raw' | 'qcow2' | null;
+  /** Ready copies kept across disks (cleanup never goes below it). */
   minCopies: number;
+  /** When it was created, ms since the Unix epoch. */
   createdMs: number;
   /** Host that prepares the first file. */
   firstHost: string;
@@ -87,12 +89,19 @@ export interface BackingImageOps {
   cleanup(name: string, hostIds: string[]): Promise<BackingImageStatus>;
 }
 
-/** One backing image; see the module comment. */
+/**
+ * One backing image of a {@link Mooring}: a raw or qcow2 file beneath the replicas of the
+ * volumes created over it, kept once per disk and copied to the hosts that need it. The
+ * handle gives its status, waits for the first ready file, uploads its bytes, cancels,
+ * deletes, cleans up copies, and emits per-file events. Get it from
+ * {@link Mooring.createBackingImage} or {@link Mooring.backingImage}.
+ */
 export class BackingImage extends (EventEmitter as new () => TypedEmitter<BackingImageEvents>) {
   readonly #ops: BackingImageOps;
 
   /** @internal */
   constructor(
+    /** The image's name. */
     readonly name: string,
     ops: BackingImageOps,
   ) {
@@ -147,7 +156,7 @@ export class BackingImage extends (EventEmitter as new () => TypedEmitter<Backin
   }
 
   /**
-   * Deletes the copies on the given hosts now instead of after the cleanup wait (seed 003's
+   * Deletes the copies on the given hosts now instead of after the cleanup wait (as Longhorn's
    * CleanupDiskImages). If fewer than minCopies ready copies remain, the controller makes new
    * ones where it sees fit.
    *

@@ -19,9 +19,9 @@ import { VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 import { checkIntIn, describe } from '../util/validate.js';
 import { hashFileInto, newSha512 } from './sha512.js';
 
-/** Defaults of {@link DownloadOptions}. */
+/** Defaults of the download settings ({@link DownloadSettings}). */
 export const DOWNLOAD_DEFAULTS = {
-  /** Each attempt: the response headers must arrive within this time (seed 003: 30 s). */
+  /** Each attempt: the response headers must arrive within this time (30 s, as in Longhorn). */
   startTimeoutMs: 30_000,
   /** Mid-body: an attempt fails when no byte arrives for this long. */
   stallTimeoutMs: 60_000,
@@ -35,7 +35,7 @@ export const DOWNLOAD_DEFAULTS = {
   redirectsMax: 5,
 } as const;
 
-/** Bounds of {@link DownloadOptions}. */
+/** Bounds of the download settings ({@link DownloadSettings}) and of downloads. */
 export const DOWNLOAD_LIMITS = {
   /** Shortest start or stall timeout. */
   timeoutMsMin: 10,

@@ -1,4 +1,4 @@
-// SHA-512 of backing image files (seed 003): computed while bytes are written, and over
+// SHA-512 of backing image files: computed while bytes are written, and over
 // bytes already on disk (the prefix of a partial file being resumed, a ready file verified
 // again after a restart). Reads are bounded chunks, so memory does not grow with the file.
 import { createHash, type Hash } from 'node:crypto';

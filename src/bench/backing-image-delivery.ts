@@ -1,5 +1,5 @@
 /**
- * Backing image delivery (issue 6): two `mooring data-engine` processes on loopback. A file
+ * Backing image delivery: two `mooring data-engine` processes on loopback. A file
  * of random bytes is uploaded into h0 (writeBackingImageFile), then copied to h1 the way the
  * cluster's controller relays a copy: h0's readBackingImageFile stream fed into h1's
  * writeBackingImageFile, checked against the SHA-512 on arrival. Throughput = file bytes /

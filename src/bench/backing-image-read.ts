@@ -1,5 +1,5 @@
 /**
- * Backing image reads (seed 003): a Mooring volume (1 replica) whose chain sits on a qcow2
+ * Backing image reads: a Mooring volume (1 replica) whose chain sits on a qcow2
  * backing image, against `qemu-nbd -r` serving the same qcow2 file, read by fio over NBD.
  *
  * The image is `BACKING_IMAGE_BYTES_MAX` (or the test area, if smaller) of random data written into a fresh qcow2 by qemu-io

@@ -29,7 +29,7 @@ import { measureBackingImageRead, type BackingImageReadResults } from './backing
 
 export { parseBenchArgs, type BenchOptions } from './options.js';
 
-/** The RSS measurement: a 1 TiB sparse volume and 10,000 scattered 4 KiB writes (issue 2). */
+/** The RSS measurement: a 1 TiB sparse volume and 10,000 scattered 4 KiB writes. */
 const RSS_VOLUME_BYTES = 1024 ** 4;
 const RSS_WRITES = 10_000;
 /** A server given this long after Ctrl-C is killed: its data is thrown away anyway. */

@@ -1,5 +1,5 @@
 /**
- * Migration measurements (issue 4): three `mooring data-engine` processes on loopback, a
+ * Migration measurements: three `mooring data-engine` processes on loopback, a
  * migratable 3-replica volume migrated back and forth between h0 and h1 (each round: migrate,
  * hand over, confirm), with a client writing 4 KiB blocks one at a time throughout.
  *

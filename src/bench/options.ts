@@ -30,12 +30,12 @@ export interface BenchOptions {
   workloadIds: string[];
   /** Run the 1 TiB sparse-volume RSS measurement. */
   rss: boolean;
-  /** Measure full and incremental rebuilds over loopback (issue 3). */
+  /** Measure full and incremental rebuilds over loopback. */
   rebuild: boolean;
-  /** Migrations to measure (issue 4); 0 skips them. */
+  /** Migrations to measure; 0 skips them. */
   migrations: number;
   /**
-   * Backing images (issue 6): compare reads over a qcow2 backing image with qemu-nbd -r, and
+   * Backing images: compare reads over a qcow2 backing image with qemu-nbd -r, and
    * measure upload and delivery of an image between two hosts over loopback.
    */
   backingImage: boolean;
@@ -58,7 +58,7 @@ const QUICK_AREA_BYTES = 512 * 1024 ** 2;
 /** Far beyond any sensible run; catches typos such as --runtime 6000. */
 const RUNTIME_SEC_MAX = 600;
 /** The smallest area that still holds a few 1 MiB blocks per job. */
-/** Migrations measured by default (issue 4 asks for median and p99 over 50), and in --quick runs. */
+/** Migrations measured by default (median and p99 over 50), and in --quick runs. */
 const DEFAULT_MIGRATIONS = 50;
 const QUICK_MIGRATIONS = 10;
 const MIGRATIONS_MAX = 1000;

@@ -1,5 +1,5 @@
 /**
- * Rebuild measurements (issue 3): three `mooring data-engine` processes on loopback, an
+ * Rebuild measurements: three `mooring data-engine` processes on loopback, an
  * engine on h0 with one replica on h1 (the rebuild source) and one on h0, the volume
  * filled through NBD.
  *

@@ -71,7 +71,7 @@ export interface BenchResults {
 /** Above this 1-minute load average the report says the machine was shared. */
 export const BUSY_LOAD = 1;
 
-/** The RSS budget for a 1 TiB sparse volume (issue target). */
+/** The RSS budget for a 1 TiB sparse volume (a performance target). */
 export const RSS_TARGET_BYTES = 64 * 1024 * 1024;
 
 type Cell = string;
@@ -216,7 +216,7 @@ export function detailTable(r: BenchResults): Table {
   return { headers, align: headers.map((_, i) => (i < 2 ? 'l' : 'r')), rows };
 }
 
-/** One issue target, read against the table. */
+/** One performance target, read against the table. */
 export interface TargetVerdict {
   goal: string;
   /** 'pass' | 'miss' | 'not measured'. */
@@ -244,7 +244,7 @@ function judgeRatios(
   };
 }
 
-/** Reads the issue's targets against the results (printed, never asserted). */
+/** Reads the performance targets against the results (printed, never asserted). */
 export function judgeTargets(r: BenchResults): TargetVerdict[] {
   const idx = new ResultIndex(r.measurements);
   const random = r.workloads.filter((w) => w.family === 'random-4k');
@@ -374,7 +374,7 @@ function backingImageTable(b: BackingImageReadResults): Table {
 
 function backingImageIntro(b: BackingImageReadResults): string {
   return (
-    `Backing image (seed 003): a ${fmtMiB(b.imageBytes)} qcow2 (${b.clusterBytes / 1024} KiB clusters, random data written by qemu-io, every cluster allocated) ` +
+    `Backing image: a ${fmtMiB(b.imageBytes)} qcow2 (${b.clusterBytes / 1024} KiB clusters, random data written by qemu-io, every cluster allocated) ` +
     `beneath an empty 1-replica Mooring volume, against \`qemu-nbd -r -f qcow2 -t -e 8\` (default writeback cache) on the same file; ` +
     `both warmed by one sequential read, then each workload on Mooring and qemu-nbd in turn` +
     `${b.rounds > 1 ? `, median of ${b.rounds} rounds` : ''}. Ratio = Mooring / qemu-nbd (target ≥ 1.0×).`

@@ -1,5 +1,5 @@
 /**
- * BackingImageFiles: the backing image files on one data engine's disk (seed 003's
+ * BackingImageFiles: the backing image files on one data engine's disk (Longhorn's
  * BackingImageManager and data source, per disk). Layout:
  *
  * ```
@@ -47,9 +47,9 @@ const RECORD_SCHEMA = 'mooring-backing-image-file';
 
 /** Limits of backing image files on one disk. */
 export const BACKING_IMAGE_FILE_LIMITS = {
-  /** Reads (sends to other disks) of one file at once (seed 003: at most 3 sends per source file); more get BUSY. */
+  /** Reads (sends to other disks) of one file at once (as Longhorn: at most 3 sends per source file); more get BUSY. */
   readsPerFileMax: 3,
-  /** Size of each chunk {@link BackingImageFiles.read} yields (also the gRPC data message). */
+  /** Size of each chunk {@link DataEngine.readBackingImageFile} yields (also the gRPC data message). */
   readChunkBytes: 1024 * 1024,
   /** Progress events at most every 1 % ... */
   progressStepPercent: 1,

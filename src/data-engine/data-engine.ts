@@ -12,12 +12,13 @@
  *
  * @packageDocumentation
  */
-import type { NbdExportStats } from '../nbd/nbd-export.js';
+import type { NativeNbdStats } from '../native/binding.js';
 
 /** A replica this data engine holds. */
 export interface HostedReplicaInfo {
   /** Replica name, unique on this data engine ([A-Za-z0-9._-]{1,63}). */
   name: string;
+  /** Size of the replica (the volume's size) in bytes. */
   sizeBytes: number;
   /** Highest writer epoch promised on it: an engine must be given a higher one to start over it. */
   epoch: number;
@@ -34,7 +35,7 @@ export interface HostedReplicaInfo {
 }
 
 /**
- * The backing image beneath a replica's chain (seed 003): the bottom, read-only layer that
+ * The backing image beneath a replica's chain: the bottom, read-only layer that
  * every replica of a volume shares with the other replicas on its disk. The file is
  * `DISK/backing-images/<dir>/image`, where DISK is the directory two levels above the
  * replica's (a data engine's `DIR`, whose replicas are `DIR/replicas/<name>`).
@@ -62,11 +63,16 @@ export interface BackingImageFileRef {
   uuid: string;
 }
 
-/** State of one backing image file on one disk (seed 003). */
+/**
+ * State of one backing image file on one disk: `pending` (not started), `starting`,
+ * `in-progress` (downloading, receiving or exporting), `ready` (verified, usable), `failed`,
+ * `unknown` (its host cannot be reached).
+ */
 export type BackingImageFileState = 'pending' | 'starting' | 'in-progress' | 'ready' | 'failed' | 'unknown';
 
 /** One backing image file on a data engine's disk. */
 export interface BackingImageFileInfo extends BackingImageFileRef {
+  /** Where its preparation stands. */
   state: BackingImageFileState;
   /** Percent done (0..100) while in progress; 100 when ready. */
   progress: number;
@@ -80,6 +86,7 @@ export interface BackingImageFileInfo extends BackingImageFileRef {
   checksum: string;
   /** Format and virtual size as the native reader sees them, known once ready. */
   format: 'raw' | 'qcow2' | null;
+  /** The size of the disk the image holds (a qcow2 file's virtual size; a raw file's size), 0 until ready. */
   virtualSizeBytes: number;
   /** Replicas on this disk whose chain reads it (it is never deleted while any does). */
   usedBy: string[];
@@ -187,13 +194,17 @@ export interface EngineHandOver {
 
 /** Rebuild figures of a replica being rebuilt. */
 export interface RebuildProgress {
+  /** Bytes written to the replica so far (the blocks that differed). */
   sentBytes: number;
+  /** Bytes compared so far. */
   scannedBytes: number;
+  /** Bytes to compare in all: planned per layer, corrected as each layer is done. */
   totalBytes: number;
 }
 
 /** A replica as the engine sees it. */
 export interface EngineReplicaInfo extends EngineReplicaRef {
+  /** RW (read and written), WO (written only, being rebuilt) or ERR (dropped). */
   mode: 'RW' | 'WO' | 'ERR';
   /** Negative errno of the failure that made it ERR, else 0. */
   lastError: number;
@@ -203,48 +214,71 @@ export interface EngineReplicaInfo extends EngineReplicaRef {
 
 /** An engine running on a data engine. */
 export interface EngineInfo {
+  /** The volume it serves. */
   volume: string;
+  /** The volume's size in bytes. */
   sizeBytes: number;
   /** Writer epoch it holds (0 for a standby that was never active). */
   epoch: number;
   /** active: serves I/O; standby: a migration standby, or an engine that handed over (serves none). */
   role: 'active' | 'standby';
+  /** Its replicas and their modes. */
   replicas: EngineReplicaInfo[];
   /** The NBD export, or null. */
-  nbd: { address: string; uri: string } | null;
+  nbd: {
+    /** Where it listens: `unix:PATH` or `tcp:HOST:PORT`. */
+    address: string;
+    /** The NBD URI for clients (`nbd+unix:///?socket=PATH`, `nbd://HOST:PORT`). */
+    uri: string;
+  } | null;
   /** Counters of the NBD export since it started (absent from an older data engine, null when not exported). */
   nbdStats?: EngineNbdStats | null;
 }
 
 /** Counters of an engine's NBD export since it started. */
-export type EngineNbdStats = NbdExportStats;
+export type EngineNbdStats = NativeNbdStats;
 
 /** What a finished rebuild did. */
 export interface RebuildResult {
+  /** The replica rebuilt (now RW). */
   replicaId: string;
+  /** Bytes compared: what either the source or the new replica held allocated. */
   scannedBytes: number;
+  /** Bytes written to the new replica (the blocks that differed). */
   sentBytes: number;
+  /** Bytes unmapped on the new replica (it held them, the source did not). */
   unmappedBytes: number;
+  /** How long the rebuild took. */
   durationMs: number;
 }
 
-/** Events a data engine reports (about the engines it runs). */
+/**
+ * Events a data engine reports about the engines it runs, each naming its `volume` (except
+ * `backing-image-file`), told apart by `type`.
+ */
 export type DataEngineEvent =
+  /** A replica failed and was dropped (ERR): the OS `errno` and a message say why. */
   | { type: 'replica-error'; volume: string; replicaId: string; errno: number; message: string }
   /** An engine claimed its writer epoch (when it started, or was activated). */
   | { type: 'epoch-claimed'; volume: string; epoch: number }
   /**
    * An engine committed a new replica set to a majority of the volume's replicas (at start,
    * at activation, after dropping a failed replica, when a rebuilt one became RW or one was
-   * removed); `rwReplicaIds` are replica ids ({@link EngineReplicaRef.id}).
+   * removed): `epoch` and `generation` name the set, `rwReplicaIds` are replica ids
+   * ({@link EngineReplicaRef.id}).
    */
   | { type: 'replica-set-changed'; volume: string; epoch: number; generation: number; rwReplicaIds: string[] }
+  /** A rebuild of `replicaId` started (the replica is WO). */
   | ({ type: 'rebuild-started'; volume: string; replicaId: string } & RebuildProgress)
+  /** A rebuild advanced (at most every 64 MiB compared). */
   | ({ type: 'rebuild-progress'; volume: string; replicaId: string } & RebuildProgress)
+  /** A rebuild finished: the replica is RW. */
   | ({ type: 'rebuild-completed'; volume: string; replicaId: string } & RebuildProgress)
+  /** A rebuild failed: `code` (a {@link MooringErrorCode}) and `message` say why; the replica is ERR. */
   | ({ type: 'rebuild-failed'; volume: string; replicaId: string; code: string; message: string } & RebuildProgress)
   /** Self-repair: the replica is ERR (`code`/`message` say why, or why the last attempt failed); it is re-added after `delayMs`. */
   | { type: 'repair-scheduled'; volume: string; replicaId: string; attempt: number; delayMs: number; code: string; message: string }
+  /** The volume's engine stopped. */
   | { type: 'engine-stopped'; volume: string }
   /** A standby engine became the writer ({@link DataEngine.activateEngine}). */
   | { type: 'engine-activated'; volume: string; epoch: number }
@@ -257,15 +291,21 @@ export type DataEngineEvent =
 
 /** A snapshot of a volume, as an engine lists it. */
 export interface EngineSnapshotInfo {
+  /** The snapshot's name. */
   name: string;
   /** Stable layer id. */
   id: string;
   /** Name of the snapshot below it, null for the first. */
   parent: string | null;
+  /** When it was taken, ms since the Unix epoch. */
   createdMs: number;
+  /** Labels given when it was taken. */
   labels: Record<string, string>;
+  /** The volume's size when it was taken. */
   sizeBytes: number;
+  /** Disk space its layer uses on the replica it was listed from. */
   allocatedBytes: number;
+  /** Taken by a user (false: taken by Mooring itself, e.g. for a clone or an export). */
   userCreated: boolean;
 }
 
@@ -275,13 +315,22 @@ export interface SnapshotCopyResult {
   sizeBytes: number;
   /** Data bytes written (holes are not written). */
   copiedBytes: number;
+  /** How long the copy took. */
   durationMs: number;
 }
 
-/** The per-host host of replicas and engines; see the module comment. */
+/**
+ * The per-host host of replicas and engines (Longhorn's instance manager): it owns a
+ * directory (`DIR/replicas/<name>/` per replica), serves its replicas to engines on other
+ * hosts through its replica server, and runs engines (one per volume attached on its host),
+ * each optionally exported over NBD. {@link LocalDataEngine} runs in the embedding process;
+ * {@link RemoteDataEngine} reaches a `mooring data-engine` process over gRPC. A
+ * {@link Mooring} drives data engines; an embedder may also call them directly.
+ */
 export interface DataEngine {
   /** Host id (known without a round trip). */
   readonly hostId: string;
+  /** Who it is and how other hosts reach its replicas (a round trip for a remote one). */
   info(): Promise<DataEngineInfo>;
 
   /**
@@ -300,6 +349,7 @@ export interface DataEngine {
    * that engine instead), UNSUPPORTED (a data engine of a release without resize).
    */
   growReplica(name: string, sizeBytes: number): Promise<HostedReplicaInfo>;
+  /** Every replica this data engine holds. */
   listReplicas(): Promise<HostedReplicaInfo[]>;
 
   /**
@@ -311,7 +361,9 @@ export interface DataEngine {
   startEngine(options: EngineStartOptions): Promise<EngineInfo>;
   /** Stops an engine: unexports, drains, flushes, marks replicas clean. NOT_FOUND. */
   stopEngine(volume: string): Promise<void>;
+  /** The engine of a volume running here. NOT_FOUND if none runs. */
   engineInfo(volume: string): Promise<EngineInfo>;
+  /** Every engine running here. */
   listEngines(): Promise<EngineInfo[]>;
   /**
    * Adds (or re-adds) a replica to a running engine and rebuilds it; resolves when it is RW.
@@ -369,7 +421,7 @@ export interface DataEngine {
    */
   copySnapshot(volume: string, snapshot: string, toVolume: string): Promise<SnapshotCopyResult>;
 
-  // --- Backing image files on this data engine's disk (seed 003's BackingImageManager and
+  // --- Backing image files on this data engine's disk (Longhorn's backing image manager and
   // data source): one file per image per disk, shared by the replicas on it.
 
   /** The files on this disk, as last known (a ready file found after a restart is verified before it is ready again). */
@@ -380,15 +432,24 @@ export interface DataEngine {
    * Prepares the file by downloading it on this host; resolves when it is ready (verified),
    * rejects when it failed (the file stays `failed` with the reason) or was cancelled.
    * A ready file with the same ref is reused as it is. BUSY if a preparation of it runs.
+   *
+   * @throws MooringError BUSY, CHECKSUM_MISMATCH, DOWNLOAD_FAILED, CANCELLED, the image reader's codes (a file it refuses), INVALID_ARGUMENT
    */
   downloadBackingImageFile(ref: BackingImageFileRef, options: BackingImageDownloadOptions): Promise<BackingImageFileInfo>;
   /**
    * Prepares the file from a stream of its bytes (an upload, or a copy from another data
    * engine); resolves when all `sizeBytes` arrived and the file is verified. A stream that
    * ends early leaves the partial file for a resume (`offset` = its `receivedBytes`).
+   *
+   * @throws MooringError INVALID_ARGUMENT (a write at the wrong offset, past `sizeBytes`, or a chunk that is not bytes), UNAVAILABLE (the stream ended early; the partial file is kept), BUSY, CHECKSUM_MISMATCH, CANCELLED
    */
   writeBackingImageFile(ref: BackingImageFileRef, options: BackingImageWriteOptions, data: AsyncIterable<Uint8Array>): Promise<BackingImageFileInfo>;
-  /** Reads a ready file from `offset` (default 0) to its end. NOT_FOUND, INVALID_STATE (not ready). */
+  /**
+   * Reads a ready file from `offset` (default 0) to its end, in chunks of
+   * `limits.BACKING_IMAGE_FILE_LIMITS.readChunkBytes` (1 MiB).
+   *
+   * @throws MooringError NOT_FOUND, INVALID_STATE (not ready), BUSY (3 reads of the file run already)
+   */
   readBackingImageFile(ref: BackingImageFileRef, options?: { offset?: number }): AsyncIterable<Uint8Array>;
   /**
    * Prepares the file from a snapshot of a volume whose active engine runs here (a raw

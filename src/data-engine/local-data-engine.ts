@@ -1,13 +1,3 @@
-/**
- * LocalDataEngine: the {@link DataEngine} of this host, in this process. It owns a
- * directory (`DIR/replicas/<name>/` per replica, `DIR/data-engine.json`, a lock), serves its
- * replicas to engines elsewhere through the native replica server, runs engines (one per
- * volume, each optionally exported over NBD), and repairs them: a replica that is ERR is
- * re-added (rebuilt) with back-off until it is RW again, rebuilds bounded across engines.
- * Engines may run as migration standbys (exported, serving nothing, repairing nothing)
- * and hand a volume over between hosts (deactivateEngine on the source, activateEngine on
- * the target); docs/data-engine.md, "Hand-over".
- */
 import { mkdir, readdir, rm } from 'node:fs/promises';
 import { isAbsolute, join, resolve } from 'node:path';
 
@@ -81,15 +71,21 @@ export const DATA_ENGINE_DEFAULTS = {
 
 /** Bounds of {@link LocalDataEngineOptions}. */
 export const DATA_ENGINE_LIMITS = {
+  /** Largest `maxConcurrentRebuilds`. */
   maxConcurrentRebuildsMax: 64,
   /** Rebuilds waiting for a permit (all engines); more is refused with BUSY. */
   rebuildWaitersMax: 4096,
+  /** Largest `maxConcurrentSnapshotCopies`. */
   maxConcurrentSnapshotCopiesMax: 16,
   /** Snapshot exports and copies waiting for a permit; more is refused with BUSY. */
   snapshotCopyWaitersMax: 1024,
+  /** Shortest `repair.firstRetryMs` and `repair.maxRetryMs`. */
   repairRetryMsMin: 10,
+  /** Longest `repair.firstRetryMs` and `repair.maxRetryMs`. */
   repairRetryMsMax: 3_600_000,
+  /** Shortest engine-to-replica I/O timeout. */
   ioTimeoutMsMin: 100,
+  /** Longest engine-to-replica I/O timeout. */
   ioTimeoutMsMax: 600_000,
   /** Listeners of {@link LocalDataEngine.watch}. */
   watchersMax: 1024,
@@ -170,7 +166,16 @@ interface EngineSlot {
   handingOver: boolean;
 }
 
-/** The {@link DataEngine} of this host, in this process; see the module comment. */
+/**
+ * The {@link DataEngine} of this host, in this process. It owns a directory
+ * (`DIR/replicas/<name>/` per replica, `DIR/data-engine.json`, a lock), serves its replicas
+ * to engines elsewhere through the native replica server, runs engines (one per volume,
+ * each optionally exported over NBD), and repairs them: a replica that is ERR is re-added
+ * (rebuilt) with back-off until it is RW again, rebuilds bounded across engines. Engines
+ * may run as migration standbys (exported, serving nothing, repairing nothing) and hand a
+ * volume over between hosts (deactivateEngine on the source, activateEngine on the target);
+ * docs/data-engine.md, "Hand-over".
+ */
 export class LocalDataEngine implements DataEngine {
   /** Host id. */
   readonly hostId: string;

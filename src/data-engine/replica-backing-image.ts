@@ -1,4 +1,4 @@
-// Validation of the backing image reference a replica is created over (seed 003). The
+// Validation of the backing image reference a replica is created over. The
 // native store checks the same rules again (and opens the file); checking here gives the
 // caller a clear INVALID_ARGUMENT before any directory is made.
 import { MooringError } from '../errors.js';

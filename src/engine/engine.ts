@@ -37,7 +37,11 @@ type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 // accepts the same number).
 const HAND_OVER_IDS_MAX = 64;
 
-/** How the engine uses a replica: RW (read and written), WO (written only, being rebuilt), ERR (dropped). */
+/**
+ * How the engine uses a replica: RW (read and written), WO (written only, being rebuilt), ERR (dropped).
+ *
+ * @useDeclaredType
+ */
 export type ReplicaMode = NativeReplicaMode;
 
 /** One replica an engine opens. */
@@ -179,7 +183,11 @@ export interface RebuildFailedEvent extends RebuildEvent {
   message: string;
 }
 
-/** What {@link LocalEngine.addReplica} did. */
+/**
+ * What {@link LocalEngine.addReplica} did.
+ *
+ * @interface
+ */
 export type RebuildResult = NativeRebuildResult;
 
 /** What {@link LocalEngine.exportSnapshot} and {@link LocalEngine.copySnapshotTo} did. */
@@ -251,7 +259,11 @@ export interface WriteOptions {
   fua?: boolean;
 }
 
-/** Options of {@link LocalEngine.writeZeroes}. */
+/**
+ * Options of {@link LocalEngine.writeZeroes}.
+ *
+ * @interface
+ */
 export type WriteZeroesOptions = NativeWriteZeroesOptions;
 
 /**

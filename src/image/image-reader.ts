@@ -1,6 +1,6 @@
 /**
  * Raw and qcow2 images read natively (native/src/image): the bottom, read-only layer a
- * volume can be created on (seed 003). The native reader treats every image as hostile;
+ * volume can be created on (a backing image). The native reader treats every image as hostile;
  * rules, limits and what is refused: docs/image-reader.md.
  *
  * @packageDocumentation

@@ -1,11 +1,11 @@
 /**
- * LivenessWatcher: the seed's detector, per lockspace. It polls the host states the local
+ * LivenessWatcher: Virtink's host failure detector, per lockspace. It polls the host states the local
  * daemon reports (sanlock_get_hosts) and emits one typed event per change: a host turned
  * live, fail, dead, free or unknown. A host's state is per lockspace, so a host whose
  * access to one storage failed is dead in that lockspace and still live in another; run
  * one watcher per lockspace.
  *
- * When to act (seed 001, N = io_timeout): `fail` arrives between 6N and 12N after the
+ * When to act (Virtink's VM HA design, N = io_timeout): `fail` arrives between 6N and 12N after the
  * failure (T3: stop scheduling VMs with locks there); `dead` between 6N + 60 s and
  * 11N + 60 s (T4: the host's locks can be taken over, rebuild its HA VMs elsewhere).
  *
@@ -28,8 +28,11 @@ export const POLL_INTERVAL_MS_MAX = 600_000;
 
 /** What a watcher needs of a lockspace (a {@link Lockspace} satisfies it). */
 export interface WatchedLockspace {
+  /** The lockspace's name. */
   readonly name: string;
+  /** Its io_timeout (the default poll interval derives from it). */
   readonly ioTimeoutSeconds: number;
+  /** Every host's state as the local daemon reports it. */
   hosts(): Promise<HostStatus[]>;
   /** Reports (once) that this host lost the lockspace; see Lockspace. */
   checkLost?(): Promise<string | undefined>;
@@ -40,7 +43,7 @@ export interface LivenessWatcherOptions {
   /** The lockspace to watch (this host must have joined it). */
   lockspace: WatchedLockspace;
   /**
-   * Poll interval (default: the renewal interval 2 × io_timeout, as the seed's detector;
+   * Poll interval (default: the renewal interval 2 × io_timeout, as Virtink's detector;
    * states cannot change faster than renewals arrive, so polling faster only narrows the
    * detection delay).
    */
@@ -51,6 +54,7 @@ export interface LivenessWatcherOptions {
 
 /** A host changed state; `atMs` is when the watcher saw it (Date.now()). */
 export interface HostEvent extends HostStateChange {
+  /** When the watcher saw the change, ms since the Unix epoch. */
   atMs: number;
 }
 
@@ -72,9 +76,17 @@ export type LivenessEvents = {
   error: (err: MooringError) => void;
 };
 
-/** Polls one lockspace's host states and emits their changes. */
+/**
+ * Polls one lockspace's host states (as the local sanlock daemon reports them) and emits
+ * one event per change. A host's state is per lockspace: run one watcher per lockspace.
+ * `fail` comes 6N to 12N after a host failed (N = io_timeout: stop placing locked VMs
+ * there), `dead` 6N + 60 s to 11N + 60 s after (its locks can be taken over: restart its
+ * HA VMs elsewhere).
+ */
 export class LivenessWatcher extends (EventEmitter as new () => TypedEmitter<LivenessEvents>) {
+  /** The lockspace watched. */
   readonly lockspace: WatchedLockspace;
+  /** How often it polls. */
   readonly pollIntervalMs: number;
   readonly #hostIds: Set<number> | undefined;
   #hosts = new Map<number, HostStatus>();
@@ -82,6 +94,12 @@ export class LivenessWatcher extends (EventEmitter as new () => TypedEmitter<Liv
   #running = false;
   #polling: Promise<void> | undefined;
 
+  /**
+   * A watcher of `options.lockspace` (usually from {@link Lockspace.watch}); it polls once
+   * {@link LivenessWatcher.start} is called.
+   *
+   * @throws MooringError INVALID_ARGUMENT (pollIntervalMs out of range)
+   */
   constructor(options: LivenessWatcherOptions) {
     super();
     this.lockspace = options.lockspace;

@@ -1,6 +1,6 @@
 /**
  * Lock: a disk lock (a sanlock paxos lease) in a {@link Lockspace}, one per disk image
- * (seed 001's lock controller creates it). A VM process holds it while it runs, so two
+ * (Virtink's lock controller creates one per disk). A VM process holds it while it runs, so two
  * VMs never write the same disk: acquiring a lock another process or host holds fails with
  * LOCK_HELD. Locks are held by processes registered with the daemon (see
  * {@link LockedProcess}); the library acquires and releases them on the process's behalf.
@@ -42,14 +42,23 @@ export interface LockAcquireOptions {
 
 /** A lock as stored. */
 export interface LockInfo {
+  /** The lockspace it lives in. */
   lockspace: string;
+  /** Its name. */
   name: string;
   /** Byte offset of the lease on the lockspace's storage. */
   offset: number;
   /** Lease version: incremented by every exclusive acquire; kept by release. */
   version: number;
   /** Hosts that hold it now (empty when free). */
-  owners: Array<{ hostId: number; generation: number; timestamp: number }>;
+  owners: Array<{
+    /** The holder's host id. */
+    hostId: number;
+    /** That host's generation in the lockspace (it grows each time the host joins). */
+    generation: number;
+    /** sanlock's timestamp of the ownership, on the holder's clock (seconds; 0: not held). */
+    timestamp: number;
+  }>;
 }
 
 /** A disk lock in a lockspace. */

@@ -52,6 +52,7 @@ export type RestrictMode = 'none' | 'sigkill' | 'sigterm';
 
 /** A lock to hold, with how. */
 export interface LockRequest {
+  /** The lock. */
   lock: Lock;
   /** Shared instead of exclusive. */
   shared?: boolean;
@@ -63,6 +64,7 @@ export interface LockRequest {
 export interface LockedProcessOptions {
   /** The VM program (looked up in PATH) and its arguments. */
   command: string;
+  /** Its arguments. */
   args?: string[];
   /** Locks the process holds before the command runs (up to 8; none: registered only, e.g. a migration target). */
   locks?: Array<Lock | LockRequest>;
@@ -72,7 +74,12 @@ export interface LockedProcessOptions {
    * A program the daemon runs (with the pid appended) instead of SIGTERM when the
    * lockspace fails, to stop the VM gracefully; SIGKILL follows if it does not exit.
    */
-  killPath?: { path: string; args?: string };
+  killPath?: {
+    /** The program (under 128 bytes). */
+    path: string;
+    /** Its arguments, one string (under 128 bytes). */
+    args?: string;
+  };
   /**
    * Signals sanlock may not use (sanlock_restrict): 'sigterm' makes it go straight to
    * SIGKILL, 'sigkill' leaves only SIGTERM. Default 'none'.
@@ -80,7 +87,9 @@ export interface LockedProcessOptions {
   restrict?: RestrictMode;
   /** stdio of the process (default inherit). */
   stdio?: [IOType | number, IOType | number, IOType | number];
+  /** Environment of the process (default: this process's). */
   env?: NodeJS.ProcessEnv;
+  /** Working directory of the process (default: this process's). */
   cwd?: string;
   /** The native addon (default this package's). */
   addon?: NativeAddon;
@@ -90,28 +99,44 @@ export interface LockedProcessOptions {
 
 /** One lease a process holds, as sanlock reports it. */
 export interface HeldLease {
+  /** The lockspace of the lock. */
   lockspace: string;
+  /** The lock's name. */
   name: string;
   /** Lease version (0 for shared leases, which carry none). */
   version: number;
+  /** Held shared. */
   shared: boolean;
-  disks: Array<{ path: string; offset: number }>;
+  /** Where the lease lives. */
+  disks: Array<{
+    /** The lockspace's file or block device. */
+    path: string;
+    /** Byte offset of the lease on it. */
+    offset: number;
+  }>;
 }
 
 /** What a migration source hands to the target: the leases and their versions. JSON-safe. */
 export interface LockHandover {
   /** sanlock's own state string (`ls:res:path:off:lver ...`), for logs and other tools. */
   state: string;
+  /** The leases handed over. */
   leases: HeldLease[];
 }
 
 /** How the process ended. */
 export interface LockedProcessExit {
+  /** The process. */
   pid: number;
+  /** Its exit code, or null when a signal ended it. */
   code: number | null;
+  /** The signal that ended it, or null. */
   signal: NodeJS.Signals | null;
   /** Set when sanlock stopped it because a lockspace failed on this host (or was left). */
-  stoppedBySanlock?: Omit<HolderKilledEvent, 'pid' | 'ownerName' | 'signal' | 'exitCode'> & { lockspaces: string[] };
+  stoppedBySanlock?: Omit<HolderKilledEvent, 'pid' | 'ownerName' | 'signal' | 'exitCode'> & {
+    /** Every lockspace whose failure (or leaving) stopped it. */
+    lockspaces: string[];
+  };
 }
 
 /** Events of a {@link LockedProcess}. */
@@ -125,10 +150,19 @@ interface HeldLock {
   shared: boolean;
 }
 
-/** A VM process started through the lock-exec helper. */
+/**
+ * A VM process that holds disk locks: started through the `mooring-lock-exec` helper, which
+ * registers with the sanlock daemon and execs the VM command only once the locks are held,
+ * so the VM never runs without them; when it exits, the daemon releases them. For live
+ * migration the locks follow the VM: {@link LockedProcess.handOver} on the source,
+ * {@link LockedProcess.takeOver} on the target (see {@link MigrationLocks}).
+ */
 export class LockedProcess extends (EventEmitter as new () => TypedEmitter<LockedProcessEvents>) {
+  /** The child process (the helper, then the VM command in the same process). */
   readonly child: ChildProcess;
+  /** Its pid. */
   readonly pid: number;
+  /** The owner name given (the VM name), if any. */
   readonly ownerName: string | undefined;
   /** Resolves when the process ended (after the sanlock check). */
   readonly exited: Promise<LockedProcessExit>;

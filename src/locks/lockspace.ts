@@ -1,5 +1,5 @@
 /**
- * Lockspace: one per storage (seed 001). It lives on a file or block device shared by every
+ * Lockspace: one per storage (as in Virtink's VM HA design). It lives on a file or block device shared by every
  * host: 1 MiB of host (delta) leases, a 2 MiB resource index, then 1 MiB per lock, so a
  * lockspace for `maxLocks` locks is (maxLocks + 3) MiB and never grows.
  *
@@ -36,7 +36,7 @@ export const MAX_LOCKS_MAX = 10_000;
 export const IO_TIMEOUT_SECONDS_MIN = 1;
 /** io_timeout bounds, seconds. */
 export const IO_TIMEOUT_SECONDS_MAX = 60;
-/** Default io_timeout, seconds (sanlock's and the seed's). */
+/** Default io_timeout, seconds (sanlock's default). */
 export const DEFAULT_IO_TIMEOUT_SECONDS = 10;
 
 const MIB = 1024 * 1024;
@@ -69,7 +69,7 @@ export interface LockspaceCreateOptions extends LockspaceOptions {
   maxLocks: number;
   /**
    * io_timeout of this lockspace in seconds (default 10). Every recovery time scales with
-   * it (see {@link failureTimings}); it is written into the lockspace and used on join.
+   * it (see {@link FailureTimings}); it is written into the lockspace and used on join.
    */
   ioTimeoutSeconds?: number;
 }
@@ -87,8 +87,11 @@ export interface JoinOptions {
 
 /** What {@link Lockspace.status} reports. */
 export interface LockspaceStatus {
+  /** The lockspace's name. */
   name: string;
+  /** Its file or block device. */
   path: string;
+  /** Byte offset of its area on `path`. */
   offset: number;
   /** Locks it can hold. */
   maxLocks: number;
@@ -102,7 +105,9 @@ export interface LockspaceStatus {
 
 /** This host lost the lockspace without leaving it: its renewals failed. */
 export interface LockspaceLostEvent {
+  /** The lockspace. */
   lockspace: string;
+  /** This host's id in it, when it joined through this object. */
   hostId: number | undefined;
   /** Why: the host lease could not be renewed (storage unreachable from this host). */
   reason: 'renewal-failed';
@@ -110,6 +115,7 @@ export interface LockspaceLostEvent {
 
 /** A process holding locks in this lockspace was stopped by sanlock. */
 export interface HolderKilledEvent {
+  /** The lockspace. */
   lockspace: string;
   /** The process. */
   pid: number;
@@ -184,7 +190,7 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
   }
 
   /**
-   * Initialises a lockspace (the seed's initializer): creates the file at (maxLocks + 3) MiB
+   * Initialises a lockspace (what Virtink's initializer does): creates the file at (maxLocks + 3) MiB
    * when it does not exist (a block device must be at least that large), writes the host
    * leases with the io_timeout, and formats the resource index. Needs the local sanlock
    * daemon (the writes go through it) but not a join.
@@ -241,7 +247,7 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
     return this.#hostId;
   }
 
-  /** The seed's recovery timings (T1..T5) for this lockspace's io_timeout. */
+  /** The recovery timings (T1..T5) for this lockspace's io_timeout. */
   timings(watchdogSeconds?: number): FailureTimings {
     return failureTimings(this.ioTimeoutSeconds, watchdogSeconds);
   }
@@ -257,7 +263,7 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
   }
 
   /**
-   * Joins as host `hostId` (the seed's attacher): the local daemon acquires the host lease
+   * Joins as host `hostId` (what Virtink's attacher does): the local daemon acquires the host lease
    * and renews it from then on. Takes about 2 × io_timeout + 1 s on a free lease.
    *
    * Before asking the daemon, the host lease is read from storage: when another host name
@@ -364,7 +370,7 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
     return new LivenessWatcher({ ...options, lockspace: this });
   }
 
-  /** Creates a lock (a paxos lease) in this lockspace (the seed's lock controller). Needs this host joined. */
+  /** Creates a lock (a paxos lease) in this lockspace (what Virtink's lock controller does). Needs this host joined. */
   createLock(name: string): Promise<Lock> {
     return Lock.create(this, name);
   }

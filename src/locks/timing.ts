@@ -1,5 +1,5 @@
 /**
- * Failure-recovery timings of seed 001 (Virtink VM HA with sanlock), as pure functions of
+ * Failure-recovery timings of VM HA with sanlock (Virtink's design), as pure functions of
  * a lockspace's io_timeout N and the watchdog fire timeout W (60 s). Times are seconds
  * after the failure happens; each is an open interval (min, max).
  *
@@ -14,7 +14,7 @@
  * @packageDocumentation
  */
 
-/** sanlock's default watchdog fire timeout, seconds (the seed's 60 s). */
+/** sanlock's default watchdog fire timeout, seconds (60 s, as Virtink assumes). */
 export const WATCHDOG_FIRE_TIMEOUT_SECONDS = 60;
 
 /** An open interval of seconds after a failure. */
@@ -25,7 +25,11 @@ export interface TimingWindow {
   maxSeconds: number;
 }
 
-/** The seed's T1..T5 for one lockspace. */
+/**
+ * When recovery steps happen after a failure, for one lockspace (T1..T5 of Virtink's VM HA
+ * design): windows of seconds after the failure, derived from io_timeout N and the
+ * watchdog fire timeout W.
+ */
 export interface FailureTimings {
   /** Storage failure on a host: its daemon starts killing the lock holders (6N, 8N). */
   t1HoldersKilled: TimingWindow;
@@ -85,7 +89,7 @@ export function hostDeadSeconds(ioTimeoutSeconds: number, watchdogSeconds: numbe
 }
 
 /**
- * Size in bytes of a lockspace for `maxLocks` locks, as the seed sizes its volume:
+ * Size in bytes of a lockspace for `maxLocks` locks, as Virtink sizes its volume:
  * (n + 3) MiB = 1 MiB of host (delta) leases, 2 MiB of resource index, 1 MiB per lock.
  */
 export function lockspaceSizeBytes(maxLocks: number): number {

@@ -12,7 +12,11 @@
  * - Buffers handed to `write` are pinned by the native side until the promise settles.
  */
 
-/** Replica mode as the engine sees it. */
+/**
+ * Replica mode as the engine sees it.
+ *
+ * @inline
+ */
 export type NativeReplicaMode = 'RW' | 'WO' | 'ERR';
 
 export interface NativeReplicaState {
@@ -80,7 +84,11 @@ export type NativeEngineEvent =
   /** exportSnapshot/copySnapshotTo: data bytes of the snapshot handled so far, of totalBytes (every 64 MiB). */
   | { type: 'snapshot-copy-progress'; snapshot: string; copiedBytes: number; totalBytes: number };
 
-/** Mutual TLS material, PEM text. Enabled when all three are given. */
+/**
+ * Mutual TLS material, PEM text. Enabled when all three are given.
+ *
+ * @inline
+ */
 export interface NativeTlsOptions {
   /** Our certificate (chain). */
   cert: string;
@@ -92,13 +100,19 @@ export interface NativeTlsOptions {
   serverName?: string;
 }
 
-/** A replica on another host, served by a replica server. */
+/**
+ * A replica on another host, served by a replica server.
+ *
+ * @inline
+ */
 export interface NativeRemoteReplica {
   /** Replica server host (IP literal or name). */
   host: string;
+  /** Replica server port. */
   port: number;
   /** Replica name on that server ([A-Za-z0-9._-]{1,63}). */
   name: string;
+  /** Mutual TLS towards the replica server. */
   tls?: NativeTlsOptions;
   /** Engine-to-replica I/O timeout (default 8000 ms). */
   ioTimeoutMs?: number;
@@ -107,19 +121,33 @@ export interface NativeRemoteReplica {
 /** How an engine reaches a replica: a local replica directory, or a remote replica. */
 export type NativeReplicaEndpoint = string | NativeRemoteReplica;
 
+/**
+ * What a rebuild did.
+ *
+ * @inline
+ */
 export interface NativeRebuildResult {
+  /** Bytes walked: the union of what the source and the target hold allocated, layer by layer. */
   scannedBytes: number;
+  /** Bytes written to the target (the blocks whose digests differed). */
   sentBytes: number;
+  /** Bytes unmapped on the target: blocks it held that the source does not. */
   unmappedBytes: number;
+  /** How long the rebuild took. */
   durationMs: number;
 }
 
-/** What exportSnapshot/copySnapshotTo did. */
+/**
+ * What exportSnapshot/copySnapshotTo did.
+ *
+ * @inline
+ */
 export interface NativeSnapshotCopyResult {
   /** Volume size: the length of the image written. */
   sizeBytes: number;
   /** Bytes written as data (holes and blocks of zeros are not written). */
   copiedBytes: number;
+  /** How long it took. */
   durationMs: number;
 }
 
@@ -237,19 +265,23 @@ export interface NativeNbdOptions {
   maxConnections?: number;
 }
 
-/** Counters of an NBD server since it started. */
+/**
+ * Counters of an NBD server since it started.
+ *
+ * @inline
+ */
 export interface NativeNbdStats {
-  /** Connections accepted. */
+  /** Client connections accepted. */
   connectionsTotal: number;
-  /** Connections open now. */
+  /** Client connections open now. */
   connectionsOpen: number;
-  /** Requests answered. */
+  /** Requests executed (every command after the handshake). */
   requests: number;
-  /** Bytes read by clients. */
+  /** Bytes sent to clients by reads. */
   bytesRead: number;
-  /** Bytes written by clients. */
+  /** Bytes received from clients by writes. */
   bytesWritten: number;
-  /** Requests refused as malformed (the connection is dropped). */
+  /** Protocol violations and timeouts of clients (each ends or refuses what the client sent). */
   protocolErrors: number;
 }
 
@@ -261,6 +293,11 @@ export interface NativeNbdServer {
   close(): Promise<void>;
 }
 
+/**
+ * Options of a write-zeroes request.
+ *
+ * @inline
+ */
 export interface NativeWriteZeroesOptions {
   /** Storage may be released (default true). */
   mayTrim?: boolean;

@@ -13,10 +13,11 @@ import { checkExportName, formatNbdAddress, nbdUri, parseNbdAddress, type NbdAdd
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
-/** Bounds of the tunables in {@link NbdExportOptions}. */
+/** Bounds of the NBD server's tunables (request size, I/O threads, connections) of an engine's export. */
 export const NBD_LIMITS = {
-  /** Smallest and largest `maxRequestBytes` (the native server's cap is 32 MiB). */
+  /** Smallest `maxRequestBytes`. */
   maxRequestBytesMin: 4096,
+  /** Largest `maxRequestBytes` (the native server's cap, 32 MiB). */
   maxRequestBytesMax: 32 * 1024 * 1024,
   /** Largest `ioThreads`. */
   ioThreadsMax: 64,
@@ -39,7 +40,11 @@ export interface NbdExportOptions
   nbd?: string | NbdAddress;
 }
 
-/** Counters of an NBD export since it started. */
+/**
+ * Counters of an NBD export since it started.
+ *
+ * @interface
+ */
 export type NbdExportStats = NativeNbdStats;
 
 /** Events of an {@link NbdExport}. */

@@ -1,12 +1,3 @@
-/**
- * FileStateStore: the default {@link StateStore}, one JSON file per document
- * (`DIR/<kind>/<key>.json`), written atomically (temporary file, fsync, rename, fsync of the
- * directory), so a crash leaves every document either at its old or at its new version.
- *
- * One process owns a store directory at a time (`DIR/state.lock`); a second opener gets
- * BUSY. Within the process, operations on one document run one after another, which makes
- * compare-and-set exact.
- */
 import { mkdir, open, readdir, unlink } from 'node:fs/promises';
 import { isAbsolute, join, resolve } from 'node:path';
 
@@ -51,7 +42,15 @@ async function fsyncDir(dir: string): Promise<void> {
   }
 }
 
-/** The default, file-backed {@link StateStore}; see the module comment. */
+/**
+ * The default {@link StateStore}, one JSON file per document (`DIR/<kind>/<key>.json`),
+ * written atomically (temporary file, fsync, rename, fsync of the directory), so a crash
+ * leaves every document either at its old or at its new version.
+ *
+ * One process owns a store directory at a time (`DIR/state.lock`); a second opener gets
+ * BUSY. Within the process, operations on one document run one after another, which makes
+ * compare-and-set exact.
+ */
 export class FileStateStore implements StateStore {
   /** The store directory (absolute). */
   readonly dir: string;

@@ -1,13 +1,12 @@
-/**
- * MemoryStateStore: a {@link StateStore} in memory, for tests and embedders that keep
- * state elsewhere. Same validation and compare-and-set rules as {@link FileStateStore};
- * values are stored as JSON text, so callers never share objects with the store.
- */
 import { MooringError } from '../errors.js';
 import { checkCompareAndSet, checkExpectedVersion, checkKey, checkKind, serialiseValue } from './state-keys.js';
 import type { StateStore, StateWriteOptions, StoredObject } from './state-store.js';
 
-/** An in-memory {@link StateStore}; see the module comment. */
+/**
+ * A {@link StateStore} in memory, for tests and embedders that keep state elsewhere. Same
+ * validation and compare-and-set rules as {@link FileStateStore}; values are stored as JSON
+ * text, so callers never share objects with the store.
+ */
 export class MemoryStateStore implements StateStore {
   readonly #docs = new Map<string, Map<string, { version: number; text: string }>>();
   #closed = false;

@@ -1,5 +1,6 @@
 /**
- * Named limits of the control plane. Each one is documented in docs/api.md.
+ * Named limits of volumes, names, labels and I/O, re-exported in the package's `limits`
+ * object (src/limits.ts) and grouped in docs/api.md.
  */
 
 /** Volumes, offsets and lengths are multiples of this for sizes (I/O may be unaligned). */

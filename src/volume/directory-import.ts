@@ -25,8 +25,11 @@ export const IMPORTED_SPEC_FILE = `${VOLUME_SPEC_FILE}.imported`;
 
 /** What an import did. */
 export interface DirectoryImport {
+  /** The volume's name (from its volume.json). */
   volume: string;
+  /** How many replica directories moved under this host's data engine. */
   replicas: number;
+  /** Where its writer epoch counter starts (volume.json's `lastEpoch`). */
   lastEpoch: number;
 }
 

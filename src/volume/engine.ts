@@ -10,6 +10,7 @@ import type { EngineInfo, EngineNbdStats, RebuildProgress } from '../data-engine
 
 /** A replica as the engine sees it. */
 export interface EngineReplica {
+  /** Its id in the volume (`r0`, `r1`, ...). */
   id: string;
   /** The host that holds it. */
   hostId: string;
@@ -33,9 +34,15 @@ export class Engine {
   readonly role: 'active' | 'standby';
   /** Size of the volume it serves, in bytes. */
   readonly sizeBytes: number;
+  /** Its replicas, with their modes and rebuild progress. */
   readonly replicas: readonly EngineReplica[];
   /** Its NBD export, or null. */
-  readonly nbd: { readonly address: string; readonly uri: string } | null;
+  readonly nbd: {
+    /** Where it listens: `unix:PATH` or `tcp:HOST:PORT`. */
+    readonly address: string;
+    /** The NBD URI for clients. */
+    readonly uri: string;
+  } | null;
   /** Counters of the NBD export since it started, or null (not exported, or a data engine too old to tell). */
   readonly nbdStats: Readonly<EngineNbdStats> | null;
   /** When the reading was taken (ms since the epoch). */

@@ -1,11 +1,3 @@
-/**
- * Volume: one volume of a {@link Mooring}, as the VM manager uses it — attach and
- * detach by attachment tickets, live migration with confirm and rollback, snapshots, and the
- * operations that attach the volume by themselves. Get one with `cluster.volume(name)`; the
- * same object is returned for the same name while the cluster is open.
- *
- * @packageDocumentation
- */
 import { EventEmitter } from 'node:events';
 import type * as TE from 'typed-emitter';
 
@@ -70,24 +62,43 @@ export interface DetachOptions {
 
 /** A ticket and its status. */
 export interface VolumeTicket extends AttachmentTicket {
+  /** Whether the ticket is satisfied and why not, or null before the reconciler has looked at it. */
   status: AttachmentTicketStatus | null;
 }
 
 /** Options of {@link Volume.setTicket}: a raw ticket for an embedder's own attacher. */
 export interface TicketOptions {
+  /** Ticket id, unique per volume; setting it again updates the ticket. */
   id: string;
+  /** Who asks: decides the ticket's priority (see {@link AttacherType}). */
   type: AttacherType;
+  /** The host that should run the volume's engine. */
   host: string;
+  /** Frontend wanted, NBD address and who had it before (defaults: any frontend, no address). */
   parameters?: Partial<AttachmentParameters>;
 }
 
 /**
- * Moves the disk locks of a VM with its volume (issue 5's LockedProcess fits): at hand-over
- * the source releases and reports its leases, the target acquires them at those versions.
+ * Moves the disk locks of a VM with its volume (two {@link LockedProcess}es fit): at
+ * hand-over the source releases and reports its leases, the target acquires them at those
+ * versions. On rollback after hand-over they move back the same way.
  */
 export interface MigrationLocks {
-  source: { handOver(): Promise<LockHandover>; takeOver(handover: LockHandover, lockspaces: Lockspace[]): Promise<void> };
-  target: { handOver(): Promise<LockHandover>; takeOver(handover: LockHandover, lockspaces: Lockspace[]): Promise<void> };
+  /** The source VM's lock holder: it hands its leases over (and takes them back on rollback). */
+  source: {
+    /** Releases the leases and reports their versions. */
+    handOver(): Promise<LockHandover>;
+    /** Acquires the leases at the versions handed over. */
+    takeOver(handover: LockHandover, lockspaces: Lockspace[]): Promise<void>;
+  };
+  /** The target VM's lock holder (registered, holding nothing): it takes the leases over. */
+  target: {
+    /** Releases the leases and reports their versions. */
+    handOver(): Promise<LockHandover>;
+    /** Acquires the leases at the versions handed over. */
+    takeOver(handover: LockHandover, lockspaces: Lockspace[]): Promise<void>;
+  };
+  /** The lockspaces the leases live in (joined on both hosts). */
   lockspaces: Lockspace[];
 }
 
@@ -112,7 +123,9 @@ export interface MigrateOptions {
   nbd?: string | null;
   /** Ticket id of the target attachment (default `<attacher>-<target>`). */
   ticketId?: string;
+  /** Who attaches on the target: `api` (default) or `workload`. */
   attacher?: 'api' | 'workload';
+  /** Called at the steps of this migration (and kept for later ones, as {@link Volume.setMigrationHooks}). */
   hooks?: MigrationHooks;
   /** Disk locks to carry with the volume at hand-over. */
   locks?: MigrationLocks;
@@ -120,9 +133,13 @@ export interface MigrateOptions {
 
 /** A migration as reported. */
 export interface MigrationInfo {
+  /** The volume migrating. */
   volume: string;
+  /** The host it moves from. */
   sourceHost: string;
+  /** The host it moves to. */
   targetHost: string;
+  /** The step it is at. */
   phase: MigrationPhase;
   /** Writer epoch the target claimed (0 before hand-over). */
   epoch: number;
@@ -140,20 +157,29 @@ export interface HandOverResult extends MigrationInfo {
 
 /** A replica as the cluster reports it. */
 export interface VolumeReplicaStatus {
+  /** Replica id within the volume (`r0`, `r1`, ...; a replacement gets a new id). */
   id: string;
+  /** The host whose data engine holds it. */
   hostId: string;
+  /** Its name on that data engine. */
   name: string;
+  /** As the writing engine reports it; as last recorded (or `unknown`) when detached or unreachable. */
   mode: 'RW' | 'WO' | 'ERR' | 'unknown';
+  /** Present while it is being rebuilt. */
   rebuild?: RebuildProgress;
 }
 
 /** A volume as the cluster reports it. */
 export interface VolumeStatus {
+  /** The volume's name. */
   name: string;
+  /** Its UUID, given when it was created. */
   uuid: string;
   /** The size recorded: a resize writes it before the data grows, so it leads while a resize is under way or was cut short. */
   sizeBytes: number;
+  /** How many replicas it should have (`healthy` needs that many RW). */
   replicaCount: number;
+  /** `rwo` or `migratable`. */
   accessMode: AccessMode;
   /** The backing image beneath its replicas, or null. */
   backingImage: string | null;
@@ -167,14 +193,25 @@ export interface VolumeStatus {
   frontend: Frontend | null;
   /** A migration in progress, or null. */
   migration: MigrationInfo | null;
+  /** The writer epoch of its engine (0 when detached). */
   epoch: number;
-  nbd: { address: string; uri: string } | null;
+  /** Its NBD export, or null. */
+  nbd: {
+    /** Where it listens: `unix:PATH` or `tcp:HOST:PORT`. */
+    address: string;
+    /** The NBD URI for clients (`nbd+unix:///?socket=PATH`, `nbd://HOST:PORT`). */
+    uri: string;
+  } | null;
+  /** Its replicas. */
   replicas: VolumeReplicaStatus[];
 }
 
 /** Events of a volume's migrations. */
 /** What an engine of the volume reported, with the host it runs on. */
-export type VolumeEngineEvent = Exclude<DataEngineEvent, { type: 'backing-image-file' }> & { hostId: string };
+export type VolumeEngineEvent = Exclude<DataEngineEvent, { type: 'backing-image-file' }> & {
+  /** The host whose engine reported it. */
+  hostId: string;
+};
 
 /**
  * The engine events of a volume, one event name per kind: replica errors, epochs claimed,
@@ -188,19 +225,29 @@ export type VolumeEngineEvents = {
 
 /** A volume's recorded size changed ({@link Volume.resize}). */
 export interface VolumeResizedEvent {
+  /** The volume's name. */
   volume: string;
+  /** Its recorded size before. */
   oldSizeBytes: number;
+  /** Its recorded size now. */
   newSizeBytes: number;
 }
 
 /** Events of a volume: its migrations, resizes, and what its engines report. */
 export type VolumeEvents = VolumeEngineEvents & {
+  /** The volume's recorded size grew ({@link Volume.resize}, or an attach that finished a resize cut short). */
   resized: (e: VolumeResizedEvent) => void;
+  /** A migration was recorded; the target's standby engine is starting. */
   'migration-started': (m: MigrationInfo) => void;
+  /** The target's standby engine serves (its export exists; I/O waits for the hand-over). */
   'migration-target-ready': (m: MigrationInfo) => void;
+  /** The target claimed the volume and writes; `pauseMs` and `drainMs` say how long it took. */
   'migration-handed-over': (m: HandOverResult) => void;
+  /** The migration ended on the target; `automatic` when Mooring ended it by itself (source host lost after hand-over, or an interrupted confirm finished). */
   'migration-confirmed': (m: MigrationInfo & { automatic: boolean }) => void;
+  /** The migration ended on the source; `automatic` when Mooring ended it by itself (target lost, or an interrupted rollback finished); `reason` says why. */
   'migration-rolled-back': (m: MigrationInfo & { automatic: boolean; reason: string }) => void;
+  /** A step (`step`: e.g. `deactivate-source`, `locks`, `activate-target`, or a hook's name) failed with `error`. */
   'migration-failed': (m: MigrationInfo & { step: string; error: MooringError }) => void;
 };
 
@@ -241,8 +288,11 @@ export class Migration {
 
   /** @internal */
   constructor(
+    /** The volume migrating. */
     readonly volume: string,
+    /** The host it moves from. */
     readonly sourceHost: string,
+    /** The host it moves to. */
     readonly targetHost: string,
     ops: VolumeOps,
   ) {
@@ -259,7 +309,7 @@ export class Migration {
    * a writer epoch newly allocated by the cluster and serves. From then on the source cannot change any replica. Call it
    * at QEMU's `pre-switchover`. Idempotent after success.
    *
-   * @throws MooringError INVALID_STATE (no migration), LOCK_VERSION_MISMATCH/LOCK_HELD (locks refused: rolled back to the source), UNAVAILABLE
+   * @throws MooringError INVALID_STATE (no migration), LOCK_VERSION_MISMATCH/LOCK_HELD (the locks were refused: the source serves again and the migration stays target-ready), UNAVAILABLE
    */
   handOver(): Promise<HandOverResult> {
     return this.#ops.handOver(this.volume);
@@ -276,12 +326,19 @@ export class Migration {
   }
 }
 
-/** One volume of a cluster; see the module comment. */
+/**
+ * One volume, whatever hosts its replicas are on: attach and detach by tickets, live
+ * migration with confirm and rollback, snapshots, clone, export and rebuild (these
+ * operations attach a detached volume by themselves for their run), status and migration
+ * events. Get it from {@link Mooring.volume} or {@link Mooring.createVolume}: one object per
+ * name while the Mooring is open.
+ */
 export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents>) {
   readonly #ops: VolumeOps;
 
   /** @internal */
   constructor(
+    /** The volume's name. */
     readonly name: string,
     ops: VolumeOps,
   ) {
@@ -379,7 +436,12 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
    *
    * @throws MooringError NOT_FOUND (no such snapshot), ALREADY_EXISTS, UNAVAILABLE, INVALID_ARGUMENT
    */
-  clone(options: VolumeCloneOptions): Promise<{ volume: Volume; copiedBytes: number }> {
+  clone(options: VolumeCloneOptions): Promise<{
+    /** The new volume (detached, unless this one was attached). */
+    volume: Volume;
+    /** Data bytes written into it. */
+    copiedBytes: number;
+  }> {
     return this.#ops.clone(this.name, options);
   }
 
@@ -403,7 +465,10 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
    * attached host; for a detached volume `host`, default the first replica's host, where it
    * attaches itself without frontend).
    */
-  exportSnapshot(snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }> {
+  exportSnapshot(snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & {
+    /** The host the file was written on. */
+    hostId: string;
+  }> {
     return this.#ops.exportSnapshot(this.name, snapshot, options);
   }
 

@@ -1,9 +1,3 @@
-/**
- * DataEngineGrpcServer: serves any {@link DataEngine} over gRPC, on a unix socket (same
- * host) or TCP (between hosts, mutual TLS when given; loopback only without TLS unless
- * allowed). Bad requests (garbage, wrong types, oversized) get a gRPC error carrying a
- * MooringError code; the server keeps serving.
- */
 import { connect } from 'node:net';
 import { lstat, unlink } from 'node:fs/promises';
 
@@ -68,7 +62,12 @@ export interface DataEngineGrpcServerOptions {
 // Marks a request that did not decode; the handler answers it with PROTOCOL_ERROR.
 const BAD_REQUEST = Symbol('bad request');
 
-/** A running gRPC server of a data engine; see the module comment. */
+/**
+ * Serves any {@link DataEngine} over gRPC, on a unix socket (same host) or TCP (between
+ * hosts, mutual TLS when given; loopback only without TLS unless allowed). Bad requests
+ * (garbage, wrong types, oversized) get a gRPC error carrying a MooringError code; the
+ * server keeps serving.
+ */
 export class DataEngineGrpcServer {
   /** Where it listens, with the bound port for TCP: `unix:PATH` or `tcp:HOST:PORT`. */
   readonly address: string;

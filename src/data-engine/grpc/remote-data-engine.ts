@@ -1,9 +1,3 @@
-/**
- * RemoteDataEngine: a {@link DataEngine} in another process (`mooring data-engine`),
- * reached over gRPC. Every call has a deadline; failures come back as the MooringError code
- * the data engine raised (or UNAVAILABLE when it cannot be reached). `watch()` keeps one
- * event stream open and reconnects it with back-off while anyone listens.
- */
 import {
   ChannelCredentials,
   Metadata,
@@ -65,8 +59,9 @@ export const REMOTE_DATA_ENGINE_DEFAULTS = {
   timeoutMs: 30_000,
   /** Deadline of addReplica (a whole rebuild), stopEngine and deactivateEngine (a drain), exportSnapshot and copySnapshot (a whole copy). */
   longCallTimeoutMs: 6 * 3600_000,
-  /** First and largest delay before the watch stream reconnects. */
+  /** First delay before the watch stream reconnects; it doubles per failed attempt. */
   watchRetryFirstMs: 250,
+  /** Largest delay before the watch stream reconnects. */
   watchRetryMaxMs: 5000,
 } as const;
 
@@ -93,7 +88,12 @@ export interface RemoteDataEngineOptions {
 type Callback = (err: ServiceError | null, reply?: Msg) => void;
 type UnaryMethod = (req: Msg, md: Metadata, opts: { deadline: number }, cb: Callback) => void;
 
-/** A data engine in another process, over gRPC; see the module comment. */
+/**
+ * A {@link DataEngine} in another process (`mooring data-engine`), reached over gRPC. Every
+ * call has a deadline; failures come back as the MooringError code the data engine raised
+ * (or UNAVAILABLE when it cannot be reached). `watch()` keeps one event stream open and
+ * reconnects it with back-off while anyone listens.
+ */
 export class RemoteDataEngine implements DataEngine {
   /** Host id of the data engine (fetched once at connect). */
   readonly hostId: string;
