@@ -36,8 +36,7 @@ import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, type HostRecord } from './cluster/cluster-records.js';
 import { importDirectoryVolume, type DirectoryImport } from './volume/directory-import.js';
-import { Engine } from './volume/engine.js';
-import { Volume, type VolumeCloneOptions, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
+import { Volume, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
 import { ControlState } from './cluster/control-state.js';
 import { EngineLifecycle } from './cluster/engine-lifecycle.js';
 import { HOST_PROBE_TIMEOUT_MS, Hosts } from './cluster/hosts.js';
@@ -47,7 +46,7 @@ import { upgradeStore } from './cluster/store-schema.js';
 import { VolumeLifecycle } from './cluster/volume-lifecycle.js';
 import { VolumeOperations } from './cluster/volume-operations.js';
 import { VolumeResize } from './cluster/volume-resize.js';
-import { volumeStatus } from './cluster/volume-status.js';
+import { volumeEngine, volumeStatus } from './cluster/volume-status.js';
 
 export { EPOCH_ATTEMPTS_MAX } from './cluster/engine-lifecycle.js';
 export { HOST_PROBE_TIMEOUT_MS } from './cluster/hosts.js';
@@ -258,18 +257,11 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       },
       migration: (n) => migrations.current(n),
       defaultHost: () => this.hostId,
-      engine: async (n) => {
-        await state.volume(n);
-        const eng = await state.engineRecord(n);
-        if (!eng) return null;
-        const mig = await state.migrationRecord(n);
-        const writer = mig?.targetActivated ? mig.targetHost : eng.hostId;
-        const found = await state.hosts.probe(writer, n);
-        if (found === 'stopped') return null;
-        if (found === 'unreachable') throw new MooringError('UNAVAILABLE', `the engine of ${n} on ${writer} does not answer`, { details: { hostId: writer } });
-        return new Engine(writer, found);
+      engine: (n) => volumeEngine(state, n),
+      clone: async (n, o) => {
+        const made = await this.#volumes.clone(n, o);
+        return { volume: this.volume(made.name), copiedBytes: made.copiedBytes };
       },
-      clone: (n, o) => this.#clone(n, o),
       handOver: (n) => this.#migrationStep(n, () => migrations.handOver(n), false),
       confirm: (n) => this.#migrationStep(n, () => migrations.confirm(n, false), true),
       rollback: (n) => this.#migrationStep(n, () => migrations.rollback(n, false, 'asked by the embedder'), true),
@@ -417,25 +409,6 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       this.#handles.set(name, v);
     }
     return v;
-  }
-
-  // Volume.clone: a new volume with the source's size and backing image, written from a
-  // snapshot of the source through its own engine (both attach themselves on one host).
-  async #clone(from: string, options: VolumeCloneOptions): Promise<{ volume: Volume; copiedBytes: number }> {
-    this.#state.checkOpen();
-    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `clone options must be an object (got ${describe(options)})`);
-    const src = await this.#state.volume(from);
-    checkName('snapshot name', options.snapshot);
-    await this.#attachment.operationHost(src.name, undefined);
-    const { snapshot, ...create } = options;
-    const created = await this.createVolume({ ...create, sizeBytes: src.sizeBytes, ...(src.backingImage ? { backingImage: src.backingImage } : {}) });
-    try {
-      const res = await this.#volumes.copyInto({ from, snapshot }, created.name);
-      return { volume: created, copiedBytes: res.copiedBytes };
-    } catch (err) {
-      await this.deleteVolume(created.name).catch((e: unknown) => safeEmit(this, 'warning', toMooringError(e, `removing the failed clone ${created.name}`)));
-      throw toMooringError(err, `cloning ${src.name}@${snapshot} into ${created.name}`);
-    }
   }
 
   /**

@@ -14,7 +14,7 @@ import { BLOCK_SIZE_BYTES } from '../util/limits.js';
 import { checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
 import type { AttachmentController } from './attachment-controller.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, NO_FRONTEND_CHOSEN, type AttachmentRecord, type ReplicaRecord, type VolumeRecord } from './cluster-records.js';
-import type { VolumeCreateOptions } from '../volume/volume.js';
+import type { VolumeCloneOptions, VolumeCreateOptions } from '../volume/volume.js';
 import type { ControlState } from './control-state.js';
 
 /** Replicas of a new volume when the caller does not say (fewer when fewer hosts are offered). */
@@ -133,15 +133,31 @@ export class VolumeLifecycle {
   }
 
   /**
-   * Writes a snapshot of `from` into the new volume `created` (made by the caller): both
-   * attach themselves on one host (the source's attached host, or its first reachable
-   * replica host; frontends off unless the source is attached) and detach again.
+   * A new volume with the size and backing image of `from`, written from its snapshot
+   * through the new volume's own engine: both attach themselves on one host (the source's
+   * attached host, or its first reachable replica host; frontends off unless the source is
+   * attached) and detach again. A failed copy deletes the new volume.
+   *
+   * @throws MooringError NOT_FOUND (volume or snapshot), ALREADY_EXISTS, UNAVAILABLE, INVALID_ARGUMENT
    */
-  async copyInto(options: { from: string; snapshot: string }, created: string): Promise<{ copiedBytes: number }> {
-    const { attachment } = this;
-    const host = await attachment.operationHost(options.from, undefined);
-    return attachment.withTicket(options.from, 'volume-clone', host, async () =>
-      attachment.withTicket(created, 'volume-clone', host, async (writer) => this.state.hosts.engineOf(writer).copySnapshot(options.from, options.snapshot, created)),
-    );
+  async clone(from: string, options: VolumeCloneOptions): Promise<{ name: string; copiedBytes: number }> {
+    const { state, attachment } = this;
+    state.checkOpen();
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `clone options must be an object (got ${describe(options)})`);
+    const src = await state.volume(from);
+    checkName('snapshot name', options.snapshot);
+    const host = await attachment.operationHost(src.name, undefined);
+    const { snapshot, ...create } = options;
+    await this.create({ ...create, sizeBytes: src.sizeBytes, ...(src.backingImage ? { backingImage: src.backingImage } : {}) });
+    const name = create.name;
+    try {
+      const copied = await attachment.withTicket(from, 'volume-clone', host, async () =>
+        attachment.withTicket(name, 'volume-clone', host, async (writer) => state.hosts.engineOf(writer).copySnapshot(from, snapshot, name)),
+      );
+      return { name, copiedBytes: copied.copiedBytes };
+    } catch (err) {
+      await state.serial(name, () => this.delete(name)).catch((e: unknown) => state.events.cluster('warning', toMooringError(e, `removing the failed clone ${name}`)));
+      throw toMooringError(err, `cloning ${from}@${snapshot} into ${name}`);
+    }
   }
 }

@@ -1,10 +1,13 @@
 /**
  * A volume's status as the control plane reports it: its records, and what the engine that
- * writes reports about its replicas (bounded by the host probe timeout).
+ * writes reports about its replicas (bounded by the host probe timeout); and the handle of
+ * that engine.
  *
  * @packageDocumentation
  */
 import type { EngineInfo } from '../data-engine/data-engine.js';
+import { MooringError } from '../errors.js';
+import { Engine } from '../volume/engine.js';
 import { withTimeout } from '../util/async.js';
 import type { VolumeStatus } from '../volume/volume.js';
 import { migrationInfo, type ControlState } from './control-state.js';
@@ -53,4 +56,23 @@ export async function volumeStatus(state: ControlState, name: string): Promise<V
     state: rw === 0 ? 'faulted' : rw >= vol.replicaCount && info.replicas.every((r) => r.mode === 'RW') ? 'healthy' : 'degraded',
     replicas: info.replicas.map((r) => ({ id: r.id, hostId: r.hostId, name: r.name, mode: r.mode, ...(r.rebuild ? { rebuild: { ...r.rebuild } } : {}) })),
   };
+}
+
+/**
+ * The engine that writes the volume now (during a migration after hand-over: the target's),
+ * as its data engine reports it; null when detached, or while its engine is being started
+ * again.
+ *
+ * @throws MooringError NOT_FOUND, UNAVAILABLE (the engine's host does not answer)
+ */
+export async function volumeEngine(state: ControlState, name: string): Promise<Engine | null> {
+  await state.volume(name);
+  const eng = await state.engineRecord(name);
+  if (!eng) return null;
+  const mig = await state.migrationRecord(name);
+  const writer = mig?.targetActivated ? mig.targetHost : eng.hostId;
+  const found = await state.hosts.probe(writer, name);
+  if (found === 'stopped') return null;
+  if (found === 'unreachable') throw new MooringError('UNAVAILABLE', `the engine of ${name} on ${writer} does not answer`, { details: { hostId: writer } });
+  return new Engine(writer, found);
 }
