@@ -8,7 +8,7 @@
  * @packageDocumentation
  */
 import { toLayer, type ReplicaMode } from '../engine/engine.js';
-import { MooringError, callNative, toMooringError } from '../errors.js';
+import { callNative, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
 import { visibleSnapshots, type SnapshotInfo } from './directory-volume.js';
 import { VolumeLock } from './volume-lock.js';
@@ -80,10 +80,11 @@ export async function inspectVolume(dir: string, addon: NativeAddon): Promise<Vo
 }
 
 // Snapshots as the first RW replica holds them (every RW replica holds the same chain),
-// read by opening it alone: no epoch is claimed, nothing is written.
+// read by opening it alone: no epoch is claimed, nothing is written. None without a
+// readable RW replica: info still shows the replicas, which say what is wrong.
 async function snapshotsOf(replicas: InspectedReplica[], addon: NativeAddon): Promise<SnapshotInfo[]> {
   const source = replicas.find((r) => r.mode === 'RW' && r.unreadable === undefined);
-  if (!source) throw new MooringError('NO_HEALTHY_REPLICA', 'no RW replica to read the snapshots from');
+  if (!source) return []; // nothing trustworthy to list them from; the replicas say why
   const replica = await callNative(() => addon.openReplica(source.path), `opening replica ${source.id}`);
   try {
     return visibleSnapshots((await callNative(() => replica.listLayers(), `listing the layers of ${source.id}`)).map(toLayer));
