@@ -194,6 +194,23 @@ export function parseVolumeRecord(v: unknown, key: string): VolumeRecord {
 /** The frontend recorded before any ticket chose one. */
 export const NO_FRONTEND_CHOSEN: Readonly<Frontend> = Object.freeze({ disabled: false, nbd: null });
 
+/** The record of a volume just made: detached, no ticket has chosen a host or frontend yet. */
+export function newVolumeRecord(v: Pick<VolumeRecord, 'name' | 'uuid' | 'sizeBytes' | 'replicaCount' | 'createdMs' | 'accessMode' | 'backingImage'>): VolumeRecord {
+  return {
+    schema: CLUSTER_SCHEMA_VERSION,
+    ...v,
+    desiredHost: null,
+    migrationHost: null,
+    frontend: { ...NO_FRONTEND_CHOSEN },
+    migrationFrontend: { ...NO_FRONTEND_CHOSEN },
+  };
+}
+
+/** The attachment record of a volume without tickets. */
+export function emptyAttachmentRecord(volume: string): AttachmentRecord {
+  return { schema: CLUSTER_SCHEMA_VERSION, volume, tickets: [], statuses: [] };
+}
+
 function optName(o: Record<string, unknown>, k: string, kind: string, key: string): string | null {
   const v = o[k];
   if (v === null || v === undefined) return null;

@@ -18,6 +18,7 @@ import { checkName } from '../util/validate.js';
 import {
   CLUSTER_SCHEMA_VERSION,
   KIND,
+  emptyAttachmentRecord,
   parseAttachmentRecord,
   parseEngineRecord,
   parseHostRecord,
@@ -152,7 +153,7 @@ export class ControlState {
 
   async attachment(volume: string): Promise<{ rec: AttachmentRecord; version: number }> {
     const d = await this.store.get<unknown>(KIND.attachment, volume);
-    if (!d) return { rec: { schema: CLUSTER_SCHEMA_VERSION, volume, tickets: [], statuses: [] }, version: 0 };
+    if (!d) return { rec: emptyAttachmentRecord(volume), version: 0 };
     return { rec: parseAttachmentRecord(d.value, d.key), version: d.version };
   }
 

@@ -13,7 +13,7 @@ import { MooringError, toMooringError } from '../errors.js';
 import { BLOCK_SIZE_BYTES } from '../util/limits.js';
 import { checkName, checkReplicaCount, checkVolumeSize, describe } from '../util/validate.js';
 import type { AttachmentController } from './attachment-controller.js';
-import { CLUSTER_SCHEMA_VERSION, KIND, NO_FRONTEND_CHOSEN, type AttachmentRecord, type ReplicaRecord, type VolumeRecord } from './cluster-records.js';
+import { KIND, emptyAttachmentRecord, newVolumeRecord, type ReplicaRecord } from './cluster-records.js';
 import type { VolumeCloneOptions, VolumeCreateOptions } from '../volume/volume.js';
 import type { ControlState } from './control-state.js';
 
@@ -59,23 +59,10 @@ export class VolumeLifecycle {
       throw new MooringError('INVALID_ARGUMENT', `volume ${name} needs ${count} distinct hosts (got ${hosts.join(', ') || 'none'})`);
     }
     for (const h of hosts) state.hosts.engineOf(h);
-    const vol: VolumeRecord = {
-      schema: CLUSTER_SCHEMA_VERSION,
-      name,
-      uuid: randomUUID(),
-      sizeBytes,
-      replicaCount: count,
-      createdMs: Date.now(),
-      accessMode,
-      desiredHost: null,
-      migrationHost: null,
-      frontend: { ...NO_FRONTEND_CHOSEN },
-      migrationFrontend: { ...NO_FRONTEND_CHOSEN },
-      backingImage: imageName,
-    };
+    const vol = newVolumeRecord({ name, uuid: randomUUID(), sizeBytes, replicaCount: count, createdMs: Date.now(), accessMode, backingImage: imageName });
     // Reserve the name first (compare-and-set), so two creators cannot both proceed.
     await state.store.put(KIND.volume, name, vol, { expectedVersion: 0 });
-    await state.store.put(KIND.attachment, name, { schema: CLUSTER_SCHEMA_VERSION, volume: name, tickets: [], statuses: [] } satisfies AttachmentRecord);
+    await state.store.put(KIND.attachment, name, emptyAttachmentRecord(name));
     const made: ReplicaRecord[] = [];
     let lease: { backingImage: ReplicaBackingImage; release: () => void } | null = null;
     try {

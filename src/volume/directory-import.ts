@@ -11,7 +11,7 @@
 import { mkdir, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { CLUSTER_SCHEMA_VERSION, KIND, NO_FRONTEND_CHOSEN, parseReplicaRecord, parseVolumeRecord, type AttachmentRecord, type ReplicaRecord, type VolumeEpochRecord, type VolumeRecord } from '../cluster/cluster-records.js';
+import { CLUSTER_SCHEMA_VERSION, KIND, emptyAttachmentRecord, newVolumeRecord, parseReplicaRecord, parseVolumeRecord, type ReplicaRecord, type VolumeEpochRecord } from '../cluster/cluster-records.js';
 import { replicaName } from '../cluster/control-state.js';
 import { DATA_ENGINE_REPLICAS_SUBDIR } from '../data-engine/local-data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
@@ -53,22 +53,9 @@ export async function importDirectoryVolume(dir: string, store: StateStore, host
     const now = Date.now();
     // 1. The records (kept from an interrupted import: same uuid, same replica names).
     if (!existing) {
-      const vol: VolumeRecord = {
-        schema: CLUSTER_SCHEMA_VERSION,
-        name: spec.name,
-        uuid: spec.uuid,
-        sizeBytes: spec.sizeBytes,
-        replicaCount: spec.replicas.length,
-        createdMs: spec.createdMs,
-        accessMode: 'rwo',
-        desiredHost: null,
-        migrationHost: null,
-        frontend: { ...NO_FRONTEND_CHOSEN },
-        migrationFrontend: { ...NO_FRONTEND_CHOSEN },
-        backingImage: null,
-      };
+      const vol = newVolumeRecord({ name: spec.name, uuid: spec.uuid, sizeBytes: spec.sizeBytes, replicaCount: spec.replicas.length, createdMs: spec.createdMs, accessMode: 'rwo', backingImage: null });
       await store.put(KIND.volume, spec.name, vol, { expectedVersion: 0 });
-      await store.put(KIND.attachment, spec.name, { schema: CLUSTER_SCHEMA_VERSION, volume: spec.name, tickets: [], statuses: [] } satisfies AttachmentRecord);
+      await store.put(KIND.attachment, spec.name, emptyAttachmentRecord(spec.name));
     }
     const lastEpoch = spec.lastEpoch ?? 0;
     if (!(await store.get(KIND.volumeEpoch, spec.name))) {
