@@ -5,13 +5,10 @@
  *
  * @packageDocumentation
  */
-import type { EngineInfo } from '../data-engine/data-engine.js';
 import { MooringError } from '../errors.js';
 import { Engine } from '../volume/engine.js';
-import { withTimeout } from '../util/async.js';
 import type { VolumeStatus } from '../volume/volume.js';
 import { migrationInfo, type ControlState } from './control-state.js';
-import { HOST_PROBE_TIMEOUT_MS } from './hosts.js';
 
 /**
  * The volume's state, replicas and export, as its engine reports them (or as last recorded).
@@ -41,12 +38,8 @@ export async function volumeStatus(state: ControlState, name: string): Promise<V
     replicas: replicas.map((r) => ({ id: r.id, hostId: r.hostId, name: r.name, mode: r.mode })),
   };
   if (!eng || !writerHost) return base;
-  let info: EngineInfo;
-  try {
-    info = await withTimeout(state.hosts.engineOf(writerHost).engineInfo(name), HOST_PROBE_TIMEOUT_MS, `engine of ${name} on ${writerHost}`);
-  } catch {
-    return { ...base, state: 'unknown' };
-  }
+  const info = await state.hosts.probe(writerHost, name);
+  if (typeof info === 'string') return { ...base, state: 'unknown' };
   if (base.migration) base.migration.epoch = mig?.targetActivated ? info.epoch : 0;
   const rw = info.replicas.filter((r) => r.mode === 'RW').length;
   return {
