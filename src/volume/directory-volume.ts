@@ -28,6 +28,7 @@ import {
   type WriteOptions,
   type WriteZeroesOptions,
 } from '../engine/engine.js';
+import type { EngineSnapshotInfo } from '../data-engine/data-engine.js';
 import { MooringError, callNative, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
@@ -84,25 +85,8 @@ export interface DirectoryVolumeOpenOptions {
 /** Options of {@link DirectoryVolume.export}: as {@link NbdExportOptions}; `nbd` defaults to `unix:DIR/nbd.sock`. */
 export type DirectoryExportOptions = NbdExportOptions;
 
-/** A snapshot as listed to users. */
-export interface SnapshotInfo {
-  /** Snapshot name. */
-  name: string;
-  /** Stable layer id. */
-  id: string;
-  /** Name of the snapshot below it, null for the first. */
-  parent: string | null;
-  /** Creation time, ms since the epoch. */
-  createdMs: number;
-  /** User labels. */
-  labels: Record<string, string>;
-  /** Volume size when it was taken. */
-  sizeBytes: number;
-  /** Disk space the snapshot's own data uses (on the first RW replica). */
-  allocatedBytes: number;
-  /** False for snapshots Mooring took itself. */
-  userCreated: boolean;
-}
+/** A snapshot as listed to users: the same shape a data engine lists. */
+export type SnapshotInfo = EngineSnapshotInfo;
 
 /** Options of {@link DirectoryVolume.createSnapshot}. */
 export interface CreateSnapshotOptions {
