@@ -269,6 +269,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       createSnapshot: (n, s, l) => operations.createSnapshot(n, s, l),
       listSnapshots: (n) => operations.listSnapshots(n),
       deleteSnapshot: (n, s) => operations.deleteSnapshot(n, s),
+      revertSnapshot: (n, s) => operations.revertSnapshot(n, s),
       exportSnapshot: (n, s, o) => operations.exportSnapshot(n, s, o),
       rebuild: (n, o) => operations.rebuild(n, o),
       resize: (n, size) => resize.resize(n, size),

@@ -47,6 +47,23 @@ export class VolumeOperations {
     await this.attachment.withTicket(name, 'snapshot', host, (w) => this.state.hosts.engineOf(w).deleteSnapshot(name, snapshot));
   }
 
+  /**
+   * Makes the volume's content that of a snapshot. Its engine must not be exported (clients
+   * would see their disk change under them): an attached volume with a frontend is refused.
+   *
+   * @throws MooringError INVALID_STATE (attached with a frontend), NOT_FOUND
+   */
+  async revertSnapshot(name: string, snapshot: string): Promise<void> {
+    this.state.checkOpen();
+    checkName('snapshot name', snapshot);
+    const eng = await this.state.engineRecord(name);
+    if (eng && !eng.frontendDisabled) {
+      throw new MooringError('INVALID_STATE', `volume ${name} is attached on ${eng.hostId} with a frontend: detach it before reverting to ${snapshot}`, { details: { volume: name, host: eng.hostId } });
+    }
+    const host = await this.attachment.operationHost(name, undefined);
+    await this.attachment.withTicket(name, 'snapshot', host, (w) => this.state.hosts.engineOf(w).revertSnapshot(name, snapshot));
+  }
+
   async exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }> {
     this.state.checkOpen();
     checkName('snapshot name', snapshot);

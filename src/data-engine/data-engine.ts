@@ -409,6 +409,12 @@ export interface DataEngine {
   /** Deletes a snapshot through the active engine. NOT_FOUND, BUSY (a rebuild runs). */
   deleteSnapshot(volume: string, name: string): Promise<void>;
   /**
+   * Makes the volume's content that of snapshot `name`, through its active engine, which
+   * must not be exported over NBD (clients would see the data change under them).
+   * NOT_FOUND, INVALID_STATE (exported, or standby).
+   */
+  revertSnapshot(volume: string, name: string): Promise<void>;
+  /**
    * Writes the volume's content as of `snapshot` into a new sparse raw file at `path` on this
    * data engine's host (`path` must be absolute, its directory must exist, the file must not).
    * ALREADY_EXISTS, NOT_FOUND, INVALID_ARGUMENT, NO_SPACE.

@@ -683,6 +683,14 @@ export class LocalDataEngine implements DataEngine {
     await slot.engine.deleteSnapshot(name);
   }
 
+  /** @inheritDoc DataEngine.revertSnapshot */
+  async revertSnapshot(volume: string, name: string): Promise<void> {
+    this.#assertOpen();
+    const slot = this.#slot(volume);
+    checkName('snapshot name', name);
+    await slot.engine.revert(name);
+  }
+
   /**
    * @inheritDoc DataEngine.exportSnapshot
    *

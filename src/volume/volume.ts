@@ -272,6 +272,7 @@ export interface VolumeOps {
   createSnapshot(name: string, snapshot: string, labels: Record<string, string> | undefined): Promise<EngineSnapshotInfo>;
   listSnapshots(name: string): Promise<EngineSnapshotInfo[]>;
   deleteSnapshot(name: string, snapshot: string): Promise<void>;
+  revertSnapshot(name: string, snapshot: string): Promise<void>;
   exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }>;
   rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<VolumeStatus>;
   resize(name: string, sizeBytes: number): Promise<VolumeResizedEvent>;
@@ -458,6 +459,17 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
   /** Deletes a snapshot (a detached volume attaches itself for it). */
   deleteSnapshot(name: string): Promise<void> {
     return this.#ops.deleteSnapshot(this.name, name);
+  }
+
+  /**
+   * Makes the volume's content that of snapshot `name` (a new head on top of it). Refused while
+   * the volume is attached with a frontend: its NBD clients would see their disk change
+   * under them. A detached volume attaches itself (frontend disabled) for it.
+   *
+   * @throws MooringError INVALID_STATE (attached with a frontend), NOT_FOUND
+   */
+  revertToSnapshot(name: string): Promise<void> {
+    return this.#ops.revertSnapshot(this.name, name);
   }
 
   /**

@@ -177,6 +177,20 @@ describe.each([
     expect(readFileSync(path).equals(at.s2!)).toBe(true);
   });
 
+  it('reverts to a snapshot through an engine without export; refused while exported', async () => {
+    await writeNbd(nbd, [[0, pattern(6, MiB)]]);
+    expect(await codeOf(h.de.revertSnapshot('src', 's2'))).toBe('INVALID_STATE');
+    expect((await readAllNbd(nbd, SIZE)).equals(at.s2!)).toBe(false);
+    await h.de.stopEngine('src');
+    await h.de.startEngine({ volume: 'src', replicas: [ref('r0', 'src-r0'), ref('r1', 'src-r1')], epoch: 2 });
+    expect(await codeOf(h.de.revertSnapshot('src', 'nope'))).toBe('NOT_FOUND');
+    await h.de.revertSnapshot('src', 's2');
+    await h.de.stopEngine('src');
+    await h.de.startEngine({ volume: 'src', replicas: [ref('r0', 'src-r0'), ref('r1', 'src-r1')], nbd: `unix:${nbd}`, epoch: 3 });
+    expect((await readAllNbd(nbd, SIZE)).equals(at.s2!)).toBe(true);
+    expect((await h.de.listSnapshots('src')).map((x) => x.name)).toEqual(['s2']);
+  });
+
   it('reports progress of a long copy as data-engine events', async () => {
     const big = 96 * MiB;
     await h.de.createReplica('big-r0', big);

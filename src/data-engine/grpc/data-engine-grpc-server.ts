@@ -219,6 +219,10 @@ export class DataEngineGrpcServer {
         await de.deleteSnapshot(requestString(r, 'volume'), requestString(r, 'name'));
         return {};
       }),
+      RevertSnapshot: unary(async (r) => {
+        await de.revertSnapshot(requestString(r, 'volume'), requestString(r, 'name'));
+        return {};
+      }),
       ExportSnapshot: unary(async (r) =>
         copyResultToMsg(await de.exportSnapshot(requestString(r, 'volume'), requestString(r, 'snapshot'), requestString(r, 'path'))),
       ),

@@ -43,6 +43,7 @@ service DataEngine {
   rpc CreateSnapshot(CreateSnapshotRequest) returns (Snapshot);
   rpc ListSnapshots(VolumeName) returns (SnapshotList);
   rpc DeleteSnapshot(SnapshotRef) returns (Empty);
+  rpc RevertSnapshot(SnapshotRef) returns (Empty);
   rpc ExportSnapshot(ExportSnapshotRequest) returns (SnapshotCopyResult);
   rpc CopySnapshot(CopySnapshotRequest) returns (SnapshotCopyResult);
   // Backing image files on this data engine's disk (docs/data-engine.md, "Backing image

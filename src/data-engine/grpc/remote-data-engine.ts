@@ -292,6 +292,11 @@ export class RemoteDataEngine implements DataEngine {
     await this.#call('DeleteSnapshot', { volume, name });
   }
 
+  /** @inheritDoc DataEngine.revertSnapshot */
+  async revertSnapshot(volume: string, name: string): Promise<void> {
+    await this.#call('RevertSnapshot', { volume, name });
+  }
+
   /** @inheritDoc DataEngine.exportSnapshot */
   async exportSnapshot(volume: string, snapshot: string, path: string): Promise<SnapshotCopyResult> {
     return copyResultFromMsg(await this.#call('ExportSnapshot', { volume, snapshot, path }, this.#longTimeoutMs));

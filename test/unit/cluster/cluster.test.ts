@@ -66,6 +66,21 @@ describe('Mooring', () => {
     await expect(cluster.volume('v').status()).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 
+  it('reverts a snapshot only without a frontend: refused while exported, done by a ticket of its own when detached', async () => {
+    const { hosts, cluster } = await setup(1);
+    const v = await cluster.createVolume({ name: 'v', sizeBytes: SIZE });
+    await v.attach({ host: 'a', nbd: 'unix:/tmp/v.sock' });
+    await v.createSnapshot('s1');
+    await expect(v.revertToSnapshot('s1')).rejects.toMatchObject({ code: 'INVALID_STATE', details: { host: 'a' } });
+    expect(hosts[0]!.calls.filter((c) => c.startsWith('revertSnapshot'))).toEqual([]);
+    await v.detach();
+    await v.revertToSnapshot('s1');
+    expect(hosts[0]!.calls.filter((c) => c.startsWith('revertSnapshot'))).toEqual(['revertSnapshot v s1']);
+    await expect(v.revertToSnapshot('nope')).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    // The operation's own ticket is gone again: the volume is detached.
+    expect((await v.status()).state).toBe('detached');
+  });
+
   it('takes a volume over from an unreachable host with a newer epoch, then stops the stray engine', async () => {
     const { hosts, cluster } = await setup();
     await cluster.createVolume({ name: 'v', sizeBytes: SIZE });

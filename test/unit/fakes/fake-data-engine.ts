@@ -380,6 +380,13 @@ export class FakeDataEngine implements DataEngine {
     snapshots.set(volume, list.filter((x) => x.name !== name));
   }
 
+  async revertSnapshot(volume: string, name: string): Promise<void> {
+    this.#check(`revertSnapshot ${volume} ${name}`);
+    this.#active(volume);
+    const list = snapshots.get(volume) ?? [];
+    if (!list.some((x) => x.name === name)) throw new MooringError('NOT_FOUND', `no snapshot ${name}`);
+  }
+
   async exportSnapshot(volume: string, snapshot: string, path: string): Promise<SnapshotCopyResult> {
     this.#check(`exportSnapshot ${volume} ${snapshot} ${path}`);
     this.#active(volume);
