@@ -66,9 +66,9 @@ const ENGINE_IO_TIMEOUT_MS_MAX = 600_000;
 export const DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS = 3_600_000;
 
 /** Where the embedded default keeps the control-plane store, under `dir`. */
-const STATE_SUBDIR = 'state';
+export const STATE_SUBDIR = 'state';
 /** Where the embedded default's data engine keeps its replicas and backing image files, under `dir`. */
-const HOST_SUBDIR = 'host';
+export const HOST_SUBDIR = 'host';
 
 /** What {@link Mooring.open} opened itself (the embedded default) and closes with the Mooring. */
 interface Owned {

@@ -3,11 +3,11 @@
 // their disks.
 import { resolve } from 'node:path';
 
-import type { DataEngineEvent } from '../data-engine/data-engine.js';
 import { DataEngineGrpcServer } from '../data-engine/grpc/data-engine-grpc-server.js';
 import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, LocalDataEngine } from '../data-engine/local-data-engine.js';
 import { TLS_PEM_BYTES_MAX, type DataEngineTlsOptions } from '../data-engine/addresses.js';
 import { readFileLimited } from '../util/files.js';
+import { describeEvent } from './describe-event.js';
 import { UsageError, addonOf, installStopSignals, parseCommandArgs, requireDir, type CliContext } from './common.js';
 
 /** The JSON that follows `READY ` on the data engine's stdout (the CLI contract). */
@@ -51,36 +51,6 @@ Logs (engine events) go to stderr. SIGINT/SIGTERM stop the gRPC server, stop eve
 exits 1 at once.
 `;
 
-function describeEvent(e: DataEngineEvent): string {
-  switch (e.type) {
-    case 'replica-error':
-      return `volume ${e.volume}: replica ${e.replicaId} failed (errno ${e.errno}): ${e.message}`;
-    case 'epoch-claimed':
-      return `volume ${e.volume}: writer epoch ${e.epoch} claimed`;
-    case 'replica-set-changed':
-      return `volume ${e.volume}: replica set ${e.epoch}/${e.generation} committed (RW: ${e.rwReplicaIds.join(', ') || 'none'})`;
-    case 'rebuild-started':
-      return `volume ${e.volume}: rebuilding replica ${e.replicaId} (${e.totalBytes} bytes to compare)`;
-    case 'rebuild-progress':
-      return `volume ${e.volume}: rebuild of ${e.replicaId}: ${e.scannedBytes}/${e.totalBytes} compared, ${e.sentBytes} sent`;
-    case 'rebuild-completed':
-      return `volume ${e.volume}: replica ${e.replicaId} rebuilt (${e.sentBytes} bytes sent)`;
-    case 'rebuild-failed':
-      return `volume ${e.volume}: rebuild of ${e.replicaId} failed (${e.code}): ${e.message}`;
-    case 'repair-scheduled':
-      return `volume ${e.volume}: replica ${e.replicaId} is ERR (${e.code}: ${e.message}); repair attempt ${e.attempt} in ${e.delayMs} ms`;
-    case 'engine-stopped':
-      return `volume ${e.volume}: engine stopped`;
-    case 'engine-activated':
-      return `volume ${e.volume}: engine activated (writer epoch ${e.epoch})`;
-    case 'engine-deactivated':
-      return `volume ${e.volume}: engine handed over at epoch ${e.epoch} (standby now)`;
-    case 'snapshot-copy-progress':
-      return `volume ${e.volume}: snapshot ${e.snapshot}: ${e.copiedBytes}/${e.totalBytes} bytes copied`;
-    case 'backing-image-file':
-      return `backing image ${e.name} (${e.uuid}): ${e.state} ${e.progress}%${e.message ? `: ${e.message}` : ''}`;
-  }
-}
 
 /** Runs `mooring data-engine`; resolves to the exit status once it has stopped. */
 export async function runDataEngine(argv: string[], ctx: CliContext): Promise<number> {

@@ -1,57 +1,59 @@
-// `mooring serve`: create or open a volume, export it over NBD until SIGINT/SIGTERM.
-import { join, resolve } from 'node:path';
+// `mooring serve`: the embedded default in --dir serves one volume over NBD from this host
+// until SIGINT/SIGTERM (created first when the store has none of that name).
+import { join } from 'node:path';
 
 import { MooringError, toMooringError } from '../errors.js';
-import { VOLUME_SPEC_FILE } from '../volume/volume-spec.js';
-import { DEFAULT_REPLICA_COUNT, DEFAULT_SOCKET_FILE, DirectoryVolume } from '../volume/directory-volume.js';
-import { directoryState, pathExists } from '../util/files.js';
 import { formatBytes } from '../util/size.js';
-import {
-  UsageError,
-  addonOf,
-  parseCommandArgs,
-  parseReplicasOption,
-  parseSizeOption,
-  installStopSignals,
-  requireDir,
-  type CliContext,
-} from './common.js';
+import type { Volume } from '../volume/volume.js';
+import { UsageError, parseCommandArgs, parseReplicasOption, parseSizeOption, installStopSignals, type CliContext } from './common.js';
+import { describeEvent } from './describe-event.js';
+import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 import { STATUS_SOCKET_FILE, serveStatus, type StatusServer } from './status-socket.js';
+import { liveReport } from './volume-report.js';
+
+/** Where serve exports by default, under --dir. */
+export const DEFAULT_SOCKET_FILE = 'nbd.sock';
 
 /** The JSON that follows `READY ` on serve's stdout (the CLI contract). */
 export interface ReadyInfo {
-  /** NBD URI for clients: `nbd+unix:///?socket=PATH` or `nbd://127.0.0.1:PORT/`. */
+  /** NBD URI for clients: `nbd+unix:///?socket=PATH` or `nbd://127.0.0.1:PORT`. */
   uri: string;
   /** The address in `--nbd` form, with the bound port for TCP. */
   nbd: string;
+  /** The volume served. */
+  volume: string;
+  /** This host's id (where the engine runs). */
+  hostId: string;
   /** Volume size in bytes. */
   sizeBytes: number;
   /** Number of replicas. */
   replicas: number;
-  /** The writer epoch this server claimed (allocated from the volume's counter in volume.json). */
+  /** The writer epoch of the engine serving it (handed out by the store's counter for the volume). */
   epoch: number;
 }
 
 /** Help text of `mooring serve`. */
-export const SERVE_HELP = `Usage: mooring serve --dir DIR [--size SIZE] [--replicas N] [--nbd ADDRESS] [--export-name NAME]
+export const SERVE_HELP = `Usage: mooring serve --dir DIR [--volume NAME] [--size SIZE] [--replicas N] [--host ADDRESS ...] [--nbd ADDRESS]
 
-Serve the volume in DIR over NBD until SIGINT or SIGTERM. When DIR is missing or empty
-the volume is created first (--size is then required); otherwise the existing volume is
-opened, and a given --size or --replicas must match it.
+Serve a volume over NBD from this host until SIGINT or SIGTERM. When DIR holds no volume
+of that name it is created first (--size is then required); otherwise the existing one is
+served, and a given --size or --replicas must match it. Its engine runs in this process;
+its replicas are on this host and on the hosts given with --host.
 
 Options:
-  --dir DIR            volume directory (required)
-  --size SIZE          volume size: bytes, or K, M, G, T (KiB, MiB, GiB, TiB; binary)
-  --replicas N         replicas when creating, 1..16 (default ${DEFAULT_REPLICA_COUNT})
+${EMBEDDED_HELP}
+  --size SIZE          size of a new volume: bytes, or K, M, G, T (KiB, MiB, GiB, TiB; binary)
+  --replicas N         replicas of a new volume, 1..16, one per host (default: 3, or one
+                       per host when fewer hosts are given)
   --nbd ADDRESS        unix:PATH or tcp:HOST:PORT (port 0 = ephemeral)
                        (default unix:DIR/${DEFAULT_SOCKET_FILE})
-  --export-name NAME   NBD export name (default: the default export '')
   -h, --help           show this help
 
 Once serving, one line is printed to stdout:
-  READY {"uri":"nbd+unix:///?socket=/abs/nbd.sock","nbd":"unix:/abs/nbd.sock","sizeBytes":N,"replicas":N,"epoch":N}
+  READY {"uri":"nbd+unix:///?socket=/abs/nbd.sock","nbd":"unix:/abs/nbd.sock","volume":"v","hostId":"h","sizeBytes":N,"replicas":N,"epoch":N}
 Logs go to stderr. While serving, DIR/${STATUS_SOCKET_FILE} answers mooring info. SIGINT/SIGTERM
-stop the export (drain, flush), close the volume and exit 0; a second signal exits 1 at once.
+stop the export (drain, flush), detach the volume and exit 0; a second signal exits 1 at once.
+After a crash the next serve of DIR attaches the volume again with a newer writer epoch.
 `;
 
 /** Runs `mooring serve`; resolves to the exit status once the server has stopped. */
@@ -60,11 +62,10 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     'serve',
     argv,
     {
-      dir: { type: 'string' },
+      ...EMBEDDED_OPTIONS,
       size: { type: 'string' },
       replicas: { type: 'string' },
       nbd: { type: 'string' },
-      'export-name': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     { min: 0, max: 0 },
@@ -73,74 +74,64 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     ctx.stdout(SERVE_HELP);
     return 0;
   }
-  const dir = resolve(ctx.cwd ?? process.cwd(), requireDir('serve', values.dir));
   const sizeBytes = values.size === undefined ? undefined : parseSizeOption('serve', values.size);
   const replicas = values.replicas === undefined ? undefined : parseReplicasOption('serve', values.replicas);
-  const nbd = values.nbd ?? `unix:${join(dir, DEFAULT_SOCKET_FILE)}`;
-  const addon = addonOf(ctx);
   if (values.nbd !== undefined && !/^(unix|tcp):/.test(values.nbd)) {
     throw new UsageError('serve', `--nbd must be unix:PATH or tcp:HOST:PORT (got ${JSON.stringify(values.nbd)})`);
   }
 
   const stop = installStopSignals(ctx, 'the drain');
-  let volume: DirectoryVolume | undefined;
+  let embedded: Embedded | null = null;
   let status: StatusServer | null = null;
   try {
-    const state = await directoryState(dir);
-    if (state === 'missing' || state === 'empty') {
-      if (sizeBytes === undefined) throw new UsageError('serve', `${dir} holds no volume yet: --size is required to create one`);
-      ctx.stderr(`mooring: creating volume in ${dir} (${formatBytes(sizeBytes)}, ${replicas ?? DEFAULT_REPLICA_COUNT} replicas)\n`);
-      volume = await DirectoryVolume.create({ dir, sizeBytes, replicas: replicas ?? DEFAULT_REPLICA_COUNT, addon });
+    embedded = await openEmbedded('serve', values, ctx);
+    const { mooring: m, dir } = embedded;
+    const hostId = m.hostId!;
+    const picked = await pickVolume('serve', m, dir, values.volume, true);
+    let v: Volume;
+    if (!picked.exists) {
+      if (sizeBytes === undefined) throw new UsageError('serve', `${dir} holds no volume ${picked.name} yet: --size is required to create one`);
+      v = await m.createVolume({ name: picked.name, sizeBytes, ...(replicas !== undefined ? { replicas } : {}) });
+      const st = await v.status();
+      ctx.stderr(`mooring: created volume ${v.name} (${formatBytes(sizeBytes)}, ${st.replicaCount} replicas on ${[...new Set(st.replicas.map((r) => r.hostId))].join(', ')})\n`);
     } else {
-      if (!(await pathExists(join(dir, VOLUME_SPEC_FILE)))) {
-        throw new MooringError('NOT_FOUND', `${dir} is not empty and holds no ${VOLUME_SPEC_FILE}; use an empty directory to create a volume`);
+      v = m.volume(picked.name);
+      const st = await v.status();
+      if (sizeBytes !== undefined && sizeBytes !== st.sizeBytes) {
+        throw new MooringError('INVALID_ARGUMENT', `--size ${sizeBytes} does not match the ${st.sizeBytes} bytes of volume ${v.name} (grow it with Volume.resize)`);
       }
-      volume = await DirectoryVolume.open(dir, { addon });
-      if (sizeBytes !== undefined && sizeBytes !== volume.sizeBytes) {
-        throw new MooringError('INVALID_ARGUMENT', `--size ${sizeBytes} does not match the volume's ${volume.sizeBytes} bytes (${dir}); resizing is not supported`);
-      }
-      if (replicas !== undefined && replicas !== volume.replicaCount) {
-        throw new MooringError('INVALID_ARGUMENT', `--replicas ${replicas} does not match the volume's ${volume.replicaCount} replicas (${dir})`);
+      if (replicas !== undefined && replicas !== st.replicaCount) {
+        throw new MooringError('INVALID_ARGUMENT', `--replicas ${replicas} does not match the ${st.replicaCount} replicas of volume ${v.name}`);
       }
     }
-    const v = volume;
-    v.on('replica-error', (e) => ctx.stderr(`mooring: replica ${e.replicaId} failed (${e.code}, errno ${e.errno}): ${e.message}; serving from the others\n`));
-    v.on('epoch-claimed', (e) => ctx.stderr(`mooring: writer epoch ${e.epoch} claimed\n`));
-    v.on('replica-set-changed', (e) => ctx.stderr(`mooring: replica set ${e.epoch}/${e.generation} committed (RW: ${e.rwReplicaIds.join(', ') || 'none'})\n`));
-    v.on('reconciled', (e) => ctx.stderr(`mooring: reconciled replicas after an unclean stop (${e.bytes} bytes copied): ${e.message}\n`));
-    v.on('warning', (e) => ctx.stderr(`mooring: warning: ${e.code}: ${e.message}\n`));
-    for (const e of v.engine?.openEvents ?? []) {
-      if (e.type === 'reconciled') ctx.stderr(`mooring: reconciled replicas after an unclean stop (${e.bytes} bytes copied): ${e.message}\n`);
-      if (e.type === 'replica-error') ctx.stderr(`mooring: replica ${e.replicaId} is out of date or failed (${e.message}); serving from the others\n`);
-    }
-
+    m.on('data-engine-event', (host, e) => {
+      if (e.type === 'backing-image-file' || e.volume === v.name) ctx.stderr(`mooring: ${host}: ${describeEvent(e)}\n`);
+    });
     if (stop.pending) {
-      ctx.stderr(`mooring: ${stop.pending} before serving started: closing the volume\n`);
-      await v.close();
+      ctx.stderr(`mooring: ${stop.pending} before serving started: closing\n`);
       return 0;
     }
-    const exp = await v.export({ nbd, ...(values['export-name'] !== undefined ? { exportName: values['export-name'] } : {}) });
-    // `mooring info` asks here while this process serves (opening the volume would fence it).
-    status = await serveStatus(join(dir, STATUS_SOCKET_FILE), async () => ({ ...(await v.status()), lastEpoch: v.epoch, replicaCount: v.replicaCount, snapshots: await v.listSnapshots() })).catch((err: unknown) => {
+    const st = await v.attach({ nbd: values.nbd ?? `unix:${join(dir, DEFAULT_SOCKET_FILE)}` });
+    if (!st.nbd) throw new MooringError('UNAVAILABLE', `volume ${v.name} attached on ${hostId} without its NBD export`);
+    // `mooring info` asks here while this process serves (the store is locked meanwhile).
+    status = await serveStatus(join(dir, STATUS_SOCKET_FILE), () => liveReport(m, v, dir)).catch((err: unknown) => {
       ctx.stderr(`mooring: warning: no status socket (mooring info cannot ask this process): ${toMooringError(err).message}\n`);
       return null;
     });
-    const ready: ReadyInfo = { uri: exp.uri, nbd: exp.addressString, sizeBytes: v.sizeBytes, replicas: v.replicaCount, epoch: v.epoch };
+    const ready: ReadyInfo = { uri: st.nbd.uri, nbd: st.nbd.address, volume: v.name, hostId, sizeBytes: st.sizeBytes, replicas: st.replicaCount, epoch: st.epoch };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
-    ctx.stderr(`mooring: serving ${v.name} (${formatBytes(v.sizeBytes)}, ${v.replicaCount} replicas, epoch ${ready.epoch}) at ${exp.uri}\n`);
+    ctx.stderr(`mooring: serving ${v.name} (${formatBytes(st.sizeBytes)}, ${st.replicaCount} replicas, ${st.state}, writer epoch ${st.epoch}) at ${st.nbd.uri}\n`);
 
     const signal = await stop.wait();
-    ctx.stderr(`mooring: ${signal}: stopping the export (drain, flush) and closing the volume\n`);
-    const stats = exp.closed ? undefined : exp.stats();
+    ctx.stderr(`mooring: ${signal}: stopping the export (drain, flush) and detaching ${v.name}\n`);
+    const stats = (await v.engine().catch(() => null))?.nbdStats;
     await status?.close();
-    await v.close();
-    ctx.stderr(
-      `mooring: stopped${stats ? ` after ${stats.connectionsTotal} connections, ${stats.requests} requests` : ''}\n`,
-    );
+    await v.detach({ host: hostId });
+    ctx.stderr(`mooring: stopped${stats ? ` after ${stats.connectionsTotal} connections, ${stats.requests} requests` : ''}\n`);
     return 0;
   } finally {
     await status?.close();
-    if (volume && volume.state !== 'closed') await volume.close().catch(() => undefined);
+    await closeEmbedded(embedded, ctx);
     stop.dispose();
   }
 }

@@ -1,18 +1,17 @@
 // `mooring snapshot create|list|delete|revert`.
-import { resolve } from 'node:path';
-
-import { DirectoryVolume } from '../volume/directory-volume.js';
 import { formatBytes } from '../util/size.js';
-import { UsageError, isoTime, parseCommandArgs, printJson, requireDir, addonOf, type CliContext } from './common.js';
+import { UsageError, isoTime, parseCommandArgs, printJson, type CliContext } from './common.js';
+import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 
 /** Help text of `mooring snapshot`. */
-export const SNAPSHOT_HELP = `Usage: mooring snapshot create --dir DIR NAME [--label KEY=VALUE ...] [--json]
-       mooring snapshot list   --dir DIR [--json]
-       mooring snapshot delete --dir DIR NAME
-       mooring snapshot revert --dir DIR NAME
+export const SNAPSHOT_HELP = `Usage: mooring snapshot create --dir DIR [--volume V] NAME [--label KEY=VALUE ...] [--json]
+       mooring snapshot list   --dir DIR [--volume V] [--json]
+       mooring snapshot delete --dir DIR [--volume V] NAME
+       mooring snapshot revert --dir DIR [--volume V] NAME
 
-Manage the snapshots of a volume that is not being served (these commands open the
-volume; they are refused with BUSY while mooring serve has it open).
+Manage the snapshots of a volume while no process has DIR open (they are refused with
+BUSY while mooring serve runs there). The volume attaches itself on one of its hosts,
+without NBD export, for the command, and detaches again.
 
   create   take a snapshot NAME ([A-Za-z0-9._-]{1,63}); O(1), no data copied
   list     list snapshots, oldest first
@@ -20,7 +19,7 @@ volume; they are refused with BUSY while mooring serve has it open).
   revert   make the volume's content that of snapshot NAME
 
 Options:
-  --dir DIR            volume directory (required)
+${EMBEDDED_HELP}
   --label KEY=VALUE    label stored with a new snapshot (repeatable, at most 64)
   --json               machine-readable output
   -h, --help           show this help
@@ -57,7 +56,7 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
     'snapshot',
     argv.slice(1),
     {
-      dir: { type: 'string' },
+      ...EMBEDDED_OPTIONS,
       label: { type: 'string', multiple: true },
       json: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
@@ -68,14 +67,15 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
     ctx.stdout(SNAPSHOT_HELP);
     return 0;
   }
-  const dir = resolve(ctx.cwd ?? process.cwd(), requireDir('snapshot', values.dir));
   const name = positionals[0];
   if (needsName && name === undefined) throw new UsageError('snapshot', `snapshot ${command} needs a snapshot NAME`);
   if (command !== 'create' && values.label !== undefined) throw new UsageError('snapshot', `--label only applies to snapshot create`);
   const labels = parseLabels(values.label);
 
-  const volume = await DirectoryVolume.open(dir, { addon: addonOf(ctx) });
+  let embedded: Embedded | null = null;
   try {
+    embedded = await openEmbedded('snapshot', values, ctx, { repairIntervalMs: 0 });
+    const volume = embedded.mooring.volume((await pickVolume('snapshot', embedded.mooring, embedded.dir, values.volume)).name);
     switch (command) {
       case 'create': {
         const snap = await volume.createSnapshot(name!, { labels });
@@ -109,7 +109,7 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
         break;
     }
   } finally {
-    await volume.close();
+    await closeEmbedded(embedded, ctx);
   }
   return 0;
 }
