@@ -11,7 +11,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { mergeTallies, MiB, newTally, runHandshakeWorker, runTransmissionWorker, type FuzzLayout } from './helpers/fuzz.js';
 import { NbdClient, parseTarget } from './helpers/nbd-client.js';
 import { Rng } from './helpers/pattern.js';
-import { loadAddon, readVolumeJson } from './helpers/replicas.js';
+import { loadAddon } from './helpers/replicas.js';
 import { killAllServers, startServe } from './helpers/serve.js';
 import { qemuIo, TempDir } from './helpers/tools.js';
 import { expectSameBytes, readRange, readWholeVolume, VolumeFixture } from './helpers/volume.js';
@@ -129,8 +129,8 @@ describe('bad NBD input', () => {
     await vol.start();
     await qemuIo(vol.uri, ['write -P 0x42 0 64k']);
     await vol.stop();
-    const vj = readVolumeJson(vol.dir);
-    const r1 = join(vol.dir, vj.replicas[1]!.path);
+    // This host's replica (the peers' data engines keep running, with theirs).
+    const r1 = vol.replicaDirs()[0]!;
     const metaFile = join(r1, 'replica.json');
     const original = readFileSync(metaFile);
 
@@ -155,7 +155,7 @@ describe('bad NBD input', () => {
       expect(err!.code, `${what}: ${err!.message}`).toMatch(/^(CORRUPT_METADATA|INVALID_ARGUMENT|NOT_FOUND|IO_ERROR)$/);
       // The CLI: exit 1 with `mooring: CODE: message`, or it opens without the damaged
       // replica; it must never die of a signal.
-      const s = await startServe({ dir: vol.dir }).catch((e: Error) => e);
+      const s = await startServe({ dir: vol.dir, hosts: vol.peers.map((p) => `unix:${p.grpcSocket}`) }).catch((e: Error) => e);
       if (s instanceof Error) {
         expect(s.message).toMatch(/mooring: [A-Z_]+: /);
         expect(s.message).toMatch(/exited code=1 signal=null/);

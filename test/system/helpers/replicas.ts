@@ -5,9 +5,7 @@
 // reports as one hole are not read: their digest is that of zeros). A volume that is still
 // being served holds the replicas' locks, so the check fails with BUSY instead of reading
 // under a running server.
-import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { isAbsolute, join } from 'node:path';
 import type { NativeAddon } from '../../../src/native/binding.js';
 import { sha256 } from './pattern.js';
 import { repoRoot } from './tools.js';
@@ -25,15 +23,6 @@ export function loadAddon(): NativeAddon {
     addon = nodeGypBuild(repoRoot);
   }
   return addon;
-}
-
-interface VolumeJson {
-  sizeBytes: number;
-  replicas: { id: string; path: string; mode?: string }[];
-}
-
-export function readVolumeJson(dir: string): VolumeJson {
-  return JSON.parse(readFileSync(join(dir, 'volume.json'), 'utf8')) as VolumeJson;
 }
 
 export interface ReplicaContent {
@@ -79,22 +68,19 @@ export function chunkedDigest(data: Buffer): string {
 }
 
 /**
- * Asserts every replica of the volume in `dir` (which must not be served right now) holds
- * the same bytes; if `expected` is given, also that they equal it. Returns the replica count
- * checked (0 with the qemu-nbd stand-in, which has no replicas).
+ * Asserts every replica directory in `dirs` (whose volume must not be served right now)
+ * holds the same bytes; if `expected` is given, also that they equal it. Returns how many
+ * were checked.
  */
-export async function assertReplicasIdentical(dir: string, expected?: Buffer): Promise<number> {
-  const vol = readVolumeJson(dir);
+export async function assertReplicasIdentical(dirs: string[], sizeBytes: number, expected?: Buffer): Promise<number> {
+  if (dirs.length === 0) throw new Error('no replica directories to compare');
   const contents: ReplicaContent[] = [];
-  for (const r of vol.replicas) {
-    const p = isAbsolute(r.path) ? r.path : join(dir, r.path);
-    contents.push(await readReplica(p, vol.sizeBytes, r.id));
-  }
+  for (const d of dirs) contents.push(await readReplica(d, sizeBytes, d));
   const ref = expected ? { id: 'expected', chunks: chunkDigests(expected) } : contents[0]!;
   for (const c of contents) {
     const bad = c.chunks.findIndex((h, i) => h !== ref.chunks[i]);
     if (bad >= 0 || c.chunks.length !== ref.chunks.length) {
-      throw new Error(`replica ${c.id} differs from ${ref.id} in the MiB at offset ${bad * CHUNK} (of ${vol.replicas.length} replicas in ${dir})`);
+      throw new Error(`replica ${c.id} differs from ${ref.id} in the MiB at offset ${bad * CHUNK} (of ${dirs.length} replicas)`);
     }
   }
   return contents.length;

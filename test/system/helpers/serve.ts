@@ -11,13 +11,15 @@ export type { ReadyInfo };
 export const cliPath = join(repoRoot, 'dist', 'cli.js');
 
 export interface ServeOptions {
+  /** Mooring's directory (--dir). */
   dir: string;
-  /** Required when the directory does not hold a volume yet. */
+  /** Required when the directory does not hold the volume yet. */
   size?: string | number;
   replicas?: number;
+  /** gRPC addresses of other hosts' data engines (--host, one each). */
+  hosts?: string[];
   /** `unix:PATH` or `tcp:HOST:PORT` (default: unix:DIR/nbd.sock). */
   nbd?: string;
-  exportName?: string;
   extraArgs?: string[];
   /** How long to wait for READY (default 30 s). */
   readyTimeoutMs?: number;
@@ -101,8 +103,8 @@ export async function startServe(opts: ServeOptions): Promise<MooringServer> {
   const args = ['serve', '--dir', opts.dir];
   if (opts.size !== undefined) args.push('--size', String(opts.size));
   if (opts.replicas !== undefined) args.push('--replicas', String(opts.replicas));
+  for (const h of opts.hosts ?? []) args.push('--host', h);
   if (opts.nbd) args.push('--nbd', opts.nbd);
-  if (opts.exportName !== undefined) args.push('--export-name', opts.exportName);
   args.push(...(opts.extraArgs ?? []));
   const s = await startCliProcess(args, `mooring serve --dir ${opts.dir}`, opts.readyTimeoutMs);
   s.ready = JSON.parse(s.readyLine) as ReadyInfo;

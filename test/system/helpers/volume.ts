@@ -1,6 +1,10 @@
-// A volume under test: a temp directory, `mooring serve` on it, clean stop/restart, whole
-// volume reads through NBD, and the replica check on the way out.
+// A volume under test: a temp directory, `mooring serve` on it (with one `mooring
+// data-engine` process per other replica: replicas go one per host), clean stop/restart,
+// whole volume reads through NBD, and the replica check on the way out.
+import { readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { expect } from 'vitest';
+import { HostProcess } from './hosts.js';
 import { NbdClient } from './nbd-client.js';
 import { firstDifference } from './pattern.js';
 import { assertReplicasIdentical } from './replicas.js';
@@ -43,9 +47,18 @@ export function expectSameBytes(actual: Buffer, expected: Buffer, what: string):
   }
 }
 
+/** Replica directories held by the data engine in `engineDir`. */
+export function replicaDirsOf(engineDir: string): string[] {
+  const root = join(engineDir, 'replicas');
+  return readdirSync(root).sort().map((n) => join(root, n));
+}
+
 export class VolumeFixture {
   readonly tmp = new TempDir();
+  /** Mooring's directory (serve's --dir); this host's data engine is DIR/host. */
   readonly dir: string;
+  /** The other hosts: one data-engine process per replica beyond the first. */
+  readonly peers: HostProcess[];
   server: MooringServer | null = null;
   private created = false;
 
@@ -55,6 +68,12 @@ export class VolumeFixture {
     readonly extra: Partial<ServeOptions> = {},
   ) {
     this.dir = this.tmp.join('vol');
+    this.peers = Array.from({ length: replicas - 1 }, (_, i) => new HostProcess({ hostId: `peer${i + 1}`, dir: this.tmp.join(`peer${i + 1}`), ip: '127.0.0.1', replicaPort: 0 }));
+  }
+
+  /** Every replica directory of the volume: this host's, then each peer's. */
+  replicaDirs(): string[] {
+    return [join(this.dir, 'host'), ...this.peers.map((p) => p.opts.dir)].flatMap(replicaDirsOf);
   }
 
   get uri(): string {
@@ -65,8 +84,10 @@ export class VolumeFixture {
   /** Serves the volume (creating it the first time). */
   async start(): Promise<MooringServer> {
     if (this.server?.alive) throw new Error('already serving');
+    for (const p of this.peers) if (!p.proc?.alive) await p.start();
     this.server = await startServe({
       dir: this.dir,
+      hosts: this.peers.map((p) => `unix:${p.grpcSocket}`),
       ...(this.created ? {} : { size: this.sizeBytes, replicas: this.replicas }),
       ...this.extra,
     });
@@ -101,22 +122,26 @@ export class VolumeFixture {
   }
 
   /**
-   * Stops the server if running, then checks every replica holds the same bytes (and equals
-   * `expected` when given). Leaves the server stopped.
+   * Stops the server and the peers if running, then checks every replica holds the same
+   * bytes (and equals `expected` when given). Leaves them stopped (start() starts them all).
    */
   async checkReplicas(expected?: Buffer): Promise<void> {
     await this.stop();
-    const n = await assertReplicasIdentical(this.dir, expected);
-    if (n !== 0) expect(n).toBe(this.replicas);
+    for (const p of this.peers) await p.stop();
+    const dirs = this.replicaDirs();
+    expect(dirs, 'replica directories').toHaveLength(this.replicas);
+    expect(await assertReplicasIdentical(dirs, this.sizeBytes, expected)).toBe(this.replicas);
   }
 
   diagnostics(): string {
-    return this.server?.diagnostics() ?? '';
+    return (this.server?.diagnostics() ?? '') + this.peers.map((p) => (p.proc?.alive === false ? p.diagnostics() : '')).join('');
   }
 
   async cleanup(): Promise<void> {
     if (this.server) await this.server.crash();
     this.server = null;
+    for (const p of this.peers) await p.crash().catch(() => undefined);
+    for (const p of this.peers) await p.client?.close().catch(() => undefined);
     this.tmp.cleanup();
   }
 }
