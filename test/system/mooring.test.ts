@@ -3,8 +3,8 @@
 // volume attached without naming a host is served here; the host id sticks to the
 // directory; a second opener of the directory is refused; after a restart a volume that
 // was attached serves again by itself; bad options are coded errors; and a directory the
-// single-directory release made (test/fixtures/legacy-volume, written by that release's
-// DirectoryVolume) opens in place, its data, snapshot and epochs kept.
+// last single-directory release wrote (test/fixtures/legacy-volume) opens in place, its
+// data, snapshot and epochs kept.
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
