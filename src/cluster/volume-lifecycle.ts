@@ -38,6 +38,7 @@ export class VolumeLifecycle {
   async create(options: VolumeCreateOptions): Promise<void> {
     const state = this.state;
     state.checkOpen();
+    if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `create options must be an object (got ${describe(options)})`);
     const name = checkName('volume name', options.name);
     const imageName = options.backingImage === undefined ? null : checkName('backing image name', options.backingImage);
     let sizeBytes: number;

@@ -10,7 +10,6 @@ import type { NbdExport } from '../nbd/nbd-export.js';
 import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
 import { checkEpoch, checkIntIn, checkLabels, checkName, checkVolumeSize, describe } from '../util/validate.js';
-import { visibleSnapshots } from '../volume/directory-volume.js';
 import { VolumeLock } from '../volume/volume-lock.js';
 import {
   checkLoopbackRule,
@@ -46,6 +45,7 @@ import type {
 import { checkReplicaBackingImage } from './replica-backing-image.js';
 import { growReplicaDir } from './replica-grow.js';
 import { Semaphore } from './semaphore.js';
+import { visibleSnapshots } from './snapshots.js';
 
 /** Defaults of {@link LocalDataEngineOptions}. */
 export const DATA_ENGINE_DEFAULTS = {

@@ -8,9 +8,10 @@
  * @packageDocumentation
  */
 import { toLayer, type ReplicaMode } from '../engine/engine.js';
+import type { EngineSnapshotInfo } from '../data-engine/data-engine.js';
+import { visibleSnapshots } from '../data-engine/snapshots.js';
 import { callNative, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
-import { visibleSnapshots, type SnapshotInfo } from './directory-volume.js';
 import { VolumeLock } from './volume-lock.js';
 import { readVolumeSpec, replicaDir, type ReplicaErrorRecord } from './volume-spec.js';
 
@@ -41,7 +42,7 @@ export interface VolumeInspection {
   /** Every replica RW in volume.json and readable. */
   healthy: boolean;
   replicas: InspectedReplica[];
-  snapshots: SnapshotInfo[];
+  snapshots: EngineSnapshotInfo[];
 }
 
 /**
@@ -82,7 +83,7 @@ export async function inspectVolume(dir: string, addon: NativeAddon): Promise<Vo
 // Snapshots as the first RW replica holds them (every RW replica holds the same chain),
 // read by opening it alone: no epoch is claimed, nothing is written. None without a
 // readable RW replica: info still shows the replicas, which say what is wrong.
-async function snapshotsOf(replicas: InspectedReplica[], addon: NativeAddon): Promise<SnapshotInfo[]> {
+async function snapshotsOf(replicas: InspectedReplica[], addon: NativeAddon): Promise<EngineSnapshotInfo[]> {
   const source = replicas.find((r) => r.mode === 'RW' && r.unreadable === undefined);
   if (!source) return []; // nothing trustworthy to list them from; the replicas say why
   const replica = await callNative(() => addon.openReplica(source.path), `opening replica ${source.id}`);

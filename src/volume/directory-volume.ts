@@ -19,7 +19,6 @@ import {
   type EngineReplicaSpec,
   type EpochClaimedEvent,
   type Extent,
-  type LayerInfo,
   type LifecycleState,
   type ReconciledEvent,
   type ReplicaErrorEvent,
@@ -29,6 +28,7 @@ import {
   type WriteZeroesOptions,
 } from '../engine/engine.js';
 import type { EngineSnapshotInfo } from '../data-engine/data-engine.js';
+import { visibleSnapshots } from '../data-engine/snapshots.js';
 import { MooringError, callNative, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
@@ -570,37 +570,4 @@ async function promisedEpochMax(addon: NativeAddon, replicas: EngineReplicaSpec[
     }),
   );
   return Math.max(0, ...epochs);
-}
-
-/**
- * Snapshots as users see them: not the head, not removed layers; each with the name of the
- * nearest visible ancestor as parent.
- *
- * @internal
- */
-export function visibleSnapshots(layers: LayerInfo[]): SnapshotInfo[] {
-  const byId = new Map(layers.map((l) => [l.id, l]));
-  const visible = (l: LayerInfo): boolean => !l.head && !l.removed;
-  return layers.filter(visible).map((l) => {
-    let parent: string | null = null;
-    let p = byId.get(l.parentId);
-    // Bounded by the number of layers: a cycle in hostile metadata must not hang us.
-    for (let hops = 0; p && hops < layers.length; hops++) {
-      if (visible(p)) {
-        parent = p.name;
-        break;
-      }
-      p = byId.get(p.parentId);
-    }
-    return {
-      name: l.name,
-      id: l.id,
-      parent,
-      createdMs: l.createdMs,
-      labels: { ...l.labels },
-      sizeBytes: l.sizeBytes,
-      allocatedBytes: l.allocatedBytes,
-      userCreated: l.userCreated,
-    };
-  });
 }

@@ -7,13 +7,28 @@
 // the same disk and copied with `qemu-img convert -f raw -O raw`, once with its default
 // cache mode (unsafe: no flush) and once with `-t writeback` (flushes at the end). Page
 // cache warm for both (each source is read once before timing). Also copySnapshotTo into a
-// fresh 1-replica volume (its write path, flushed at the end). Median of 5 runs.
+// fresh 1-replica volume (its write path, flushed at the end). Median of 5 runs. Each volume
+// is a LocalEngine over one replica directory, its epoch from a counter (this script is the
+// only writer of its replicas).
 import { execFileSync } from 'node:child_process';
 import { closeSync, mkdtempSync, openSync, rmSync, writeSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 
-import { DirectoryVolume as Volume } from '../../dist/internal.js';
+import { LocalEngine } from '../../dist/internal.js';
+
+// The addon as the library loads it (build/Release first, then prebuilds/).
+const addon = createRequire(import.meta.url)('node-gyp-build')(fileURLToPath(new URL('../..', import.meta.url)));
+// Epochs are allocated by whoever starts engines (docs/single-writer.md); here, a counter.
+let lastEpoch = 0;
+
+/** A fresh volume: one new replica in `dir`, and an engine over it. */
+async function createVolume(dir, sizeBytes) {
+  await addon.createReplica(dir, sizeBytes);
+  return LocalEngine.open({ replicas: [{ id: 'r0', path: dir }], epoch: ++lastEpoch });
+}
 
 const MiB = 1024 * 1024;
 const SIZE = 256 * MiB;
@@ -54,7 +69,7 @@ const mibps = (ms) => (SIZE / MiB / 2 / (ms / 1000)).toFixed(0);
 
 for (const kind of ['1m-runs', 'random-64k']) {
   const extents = layout(kind);
-  const vol = await Volume.create({ dir: join(root, `vol-${kind}`), sizeBytes: SIZE, replicas: 1 });
+  const vol = await createVolume(join(root, `vol-${kind}`), SIZE);
   const raw = join(root, `src-${kind}.raw`);
   const fd = openSync(raw, 'w');
   for (const [off, len] of extents) {
@@ -70,14 +85,14 @@ for (const kind of ['1m-runs', 'random-64k']) {
 
   const times = { export: [], convert: [], convertFlush: [], copy: [] };
   // Warm-up reads (page cache) for both sources.
-  await vol.engine.exportSnapshot('s', join(root, 'warm.raw'));
+  await vol.exportSnapshot('s', join(root, 'warm.raw'));
   rmSync(join(root, 'warm.raw'));
   execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'raw', raw, join(root, 'warm.raw')]);
   rmSync(join(root, 'warm.raw'));
   for (let i = 0; i < RUNS; i++) {
     const out = join(root, `out-${i}.raw`);
     let t = performance.now();
-    await vol.engine.exportSnapshot('s', out);
+    await vol.exportSnapshot('s', out);
     times.export.push(performance.now() - t);
     rmSync(out);
     t = performance.now();
@@ -89,9 +104,9 @@ for (const kind of ['1m-runs', 'random-64k']) {
     times.convertFlush.push(performance.now() - t);
     rmSync(out);
     // A clone into a fresh 1-replica volume (through its write path, flushed).
-    const clone = await Volume.create({ dir: join(root, `clone-${kind}-${i}`), sizeBytes: SIZE, replicas: 1 });
+    const clone = await createVolume(join(root, `clone-${kind}-${i}`), SIZE);
     t = performance.now();
-    await vol.engine.copySnapshotTo('s', clone.engine);
+    await vol.copySnapshotTo('s', clone);
     times.copy.push(performance.now() - t);
     await clone.close();
     rmSync(join(root, `clone-${kind}-${i}`), { recursive: true, force: true });

@@ -4,7 +4,7 @@
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, mkdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { isAbsolute, join } from 'node:path';
+import { join } from 'node:path';
 
 import type { NativeAddon, NativeEngineOptions, NativeReplica, NativeReplicaEndpoint } from '../../src/native/binding.js';
 import { loadAddon } from '../../src/native/load.js';
@@ -166,21 +166,27 @@ export async function replicaImage(r: NativeReplica): Promise<Buffer> {
 /** Largest read used when comparing replicas. */
 const COMPARE_CHUNK = 4 * MiB;
 
-interface VolumeJson {
-  sizeBytes: number;
-  replicas: Array<{ id: string; path: string; mode?: string; lastError?: { code: string; errno: number; message: string } }>;
+/** A replica directory of a test volume, as {@link LocalEngine.open} takes it. */
+export interface ReplicaDir {
+  /** Its id in the engine (r0, r1, ...). */
+  id: string;
+  /** Its absolute directory. */
+  path: string;
 }
 
-/** volume.json of a volume directory, parsed. */
-export function readVolumeJson(volumeDir: string): VolumeJson {
-  return JSON.parse(readFileSync(join(volumeDir, 'volume.json'), 'utf8')) as VolumeJson;
+/** Creates empty replicas `r0` .. `r{count-1}` of `sizeBytes` under `root` (created if missing). */
+export async function createReplicas(root: string, count: number, sizeBytes: number): Promise<ReplicaDir[]> {
+  mkdirSync(root, { recursive: true });
+  const dirs = Array.from({ length: count }, (_, i) => ({ id: `r${i}`, path: join(root, `r${i}`) }));
+  for (const d of dirs) await addon().createReplica(d.path, sizeBytes);
+  return dirs;
 }
 
-/** Absolute directory of replica `id` of a volume. */
-export function replicaPath(volumeDir: string, id: string): string {
-  const r = readVolumeJson(volumeDir).replicas.find((x) => x.id === id);
-  if (!r) throw new Error(`no replica ${id} in ${volumeDir}/volume.json`);
-  return isAbsolute(r.path) ? r.path : join(volumeDir, r.path);
+/** The replica of `replicas` with id `id`. */
+export function replicaDir(replicas: ReplicaDir[], id: string): string {
+  const r = replicas.find((x) => x.id === id);
+  if (!r) throw new Error(`no replica ${id} among ${replicas.map((x) => x.id).join(', ')}`);
+  return r.path;
 }
 
 export interface IdenticalOptions {
@@ -198,19 +204,18 @@ export interface IdenticalResult {
 }
 
 /**
- * Asserts that the replicas of a CLOSED volume hold identical data: opens each replica
+ * Asserts that the replicas of a CLOSED engine hold identical data: opens each replica
  * directly (openReplica: no epoch is claimed, nothing is changed), takes the union of the
  * ranges any of them holds data in, and compares those bytes across replicas (everything
  * outside the union is a hole, so zeros, in all of them). With `expected`, each replica must
  * also equal it, including zeros outside the union. Throws naming the first differing
- * offset. An open volume makes openReplica fail with BUSY, which is reported as such.
+ * offset. An open engine makes openReplica fail with BUSY, which is reported as such.
  */
-export async function assertReplicasIdentical(volumeDir: string, options: IdenticalOptions = {}): Promise<IdenticalResult> {
-  const vol = readVolumeJson(volumeDir);
-  const specs = vol.replicas.filter((r) => !(options.exclude ?? []).includes(r.id));
-  if (specs.length === 0) throw new Error(`no replicas left to compare in ${volumeDir}`);
-  const dirs = specs.map((s) => ({ id: s.id, dir: isAbsolute(s.path) ? s.path : join(volumeDir, s.path) }));
-  return compareReplicas(dirs, vol.sizeBytes, volumeDir, options.expected);
+export async function assertReplicasIdentical(replicas: ReplicaDir[], options: IdenticalOptions = {}): Promise<IdenticalResult> {
+  const specs = replicas.filter((r) => !(options.exclude ?? []).includes(r.id));
+  if (specs.length === 0) throw new Error(`no replicas left to compare of ${replicas.map((r) => r.id).join(', ')}`);
+  const size = await withReplica(specs[0]!.path, async (r) => r.sizeBytes);
+  return compareReplicas(specs.map((s) => ({ id: s.id, dir: s.path })), size, specs.map((s) => s.path).join(', '), options.expected);
 }
 
 /** assertReplicasIdentical for replica directories that belong to no volume (closed engines). */

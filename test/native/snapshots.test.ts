@@ -1,11 +1,28 @@
-// Snapshots through the real addon: O(1) create, listing, name checks, delete by merge and
-// by prune with real space reclaimed, revert (refused while exported), on a 3-replica
-// Volume whose replicas are compared afterwards; and a chain of 1,000 snapshots.
+// Snapshots through the real addon: O(1) create, listing as users see them (the data
+// engine's visibleSnapshots), name checks, delete by merge and by prune with real space
+// reclaimed, revert (refused while exported), on a LocalEngine over three replicas that are
+// compared afterwards; and a chain of 1,000 snapshots.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
+import { visibleSnapshots } from '../../src/data-engine/snapshots.js';
+import type { EngineSnapshotInfo } from '../../src/data-engine/data-engine.js';
 import { LocalEngine } from '../../src/engine/engine.js';
-import { DirectoryVolume } from '../../src/volume/directory-volume.js';
-import { BLOCK, MiB, KiB, Scratch, addon, assertReplicasIdentical, codeOf, pattern, replicaPath, withReplica, nextEpoch, engineOptions } from './helpers.js';
+import {
+  BLOCK,
+  MiB,
+  KiB,
+  Scratch,
+  addon,
+  assertReplicasIdentical,
+  codeOf,
+  createReplicas,
+  pattern,
+  replicaDir,
+  withReplica,
+  nextEpoch,
+  engineOptions,
+  type ReplicaDir,
+} from './helpers.js';
 
 function expectSame(actual: Buffer, expected: Buffer, what: string): void {
   if (!actual.equals(expected)) {
@@ -14,11 +31,11 @@ function expectSame(actual: Buffer, expected: Buffer, what: string): void {
   }
 }
 
-describe('snapshots on a 3-replica volume (real addon)', () => {
+describe('snapshots on a 3-replica engine (real addon)', () => {
   const size = 32 * MiB;
   let s: Scratch;
-  let dir: string;
-  let vol: DirectoryVolume;
+  let replicas: ReplicaDir[];
+  let vol: LocalEngine;
   const model = Buffer.alloc(size);
 
   async function write(off: number, data: Buffer): Promise<void> {
@@ -26,16 +43,26 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
     data.copy(model, off);
   }
   async function allocated(): Promise<number[]> {
-    return (await vol.status()).replicas.map((r) => r.allocatedBytes);
+    return vol.replicas().map((r) => r.allocatedBytes);
   }
   async function checkData(what: string): Promise<void> {
     expectSame(await vol.read(0, size), model, what);
   }
+  async function listSnapshots(): Promise<EngineSnapshotInfo[]> {
+    return visibleSnapshots(await vol.listLayers());
+  }
+  // Takes a snapshot and returns it as listed.
+  async function createSnapshot(name: string, labels?: Record<string, string>): Promise<EngineSnapshotInfo> {
+    await vol.createSnapshot(name, labels === undefined ? {} : { labels });
+    const found = (await listSnapshots()).find((x) => x.name === name);
+    if (!found) throw new Error(`snapshot ${name} is not listed`);
+    return found;
+  }
 
   beforeAll(async () => {
     s = new Scratch('mooring-native-snap-');
-    dir = s.path('vol');
-    vol = await DirectoryVolume.create({ dir, sizeBytes: size, replicas: 3 });
+    replicas = await createReplicas(s.path('vol'), 3, size);
+    vol = await LocalEngine.open({ replicas, epoch: nextEpoch() });
   });
   afterAll(async () => {
     await vol.close().catch(() => undefined);
@@ -46,10 +73,10 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
     await write(0, pattern(1, 4 * MiB));
     await vol.flush();
     const before = await allocated();
-    const headBefore = (await vol.engine!.listLayers()).find((l) => l.head)!;
+    const headBefore = (await vol.listLayers()).find((l) => l.head)!;
     expect(headBefore.allocatedBytes).toBeGreaterThanOrEqual(4 * MiB);
     const t0 = Date.now();
-    const snap = await vol.createSnapshot('s1', { labels: { owner: 'tests', 'example.com/purpose': 'o(1)' } });
+    const snap = await createSnapshot('s1', { owner: 'tests', 'example.com/purpose': 'o(1)' });
     const t1 = Date.now();
     expect(snap).toMatchObject({
       name: 's1',
@@ -62,7 +89,7 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
     expect(snap.createdMs).toBeGreaterThanOrEqual(t0);
     expect(snap.createdMs).toBeLessThanOrEqual(t1);
     expect(await allocated()).toEqual(before);
-    const layers = await vol.engine!.listLayers();
+    const layers = await vol.listLayers();
     expect(layers.map((l) => [l.name, l.head, l.parentId === '' ? '' : 'p'])).toEqual([
       ['s1', false, ''],
       ['', true, 'p'],
@@ -71,10 +98,10 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
     await checkData('after snapshot');
 
     await write(5 * MiB, pattern(2, MiB));
-    const s2 = await vol.createSnapshot('s2');
+    const s2 = await createSnapshot('s2');
     expect(s2.parent).toBe('s1');
     expect(s2.labels).toEqual({});
-    expect((await vol.listSnapshots()).map((x) => [x.name, x.parent])).toEqual([
+    expect((await listSnapshots()).map((x) => [x.name, x.parent])).toEqual([
       ['s1', null],
       ['s2', 's1'],
     ]);
@@ -86,8 +113,8 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
     }
     expect(await codeOf(vol.createSnapshot('s1'))).toBe('ALREADY_EXISTS');
     expect(await codeOf(vol.deleteSnapshot('nope'))).toBe('NOT_FOUND');
-    expect(await codeOf(vol.revertToSnapshot('nope'))).toBe('NOT_FOUND');
-    expect((await vol.listSnapshots()).map((x) => x.name)).toEqual(['s1', 's2']);
+    expect(await codeOf(vol.revert('nope'))).toBe('NOT_FOUND');
+    expect((await listSnapshots()).map((x) => x.name)).toEqual(['s1', 's2']);
   });
 
   it('deletes a snapshot with a snapshot child by merging: one layer less, data intact, space reclaimed', async () => {
@@ -96,17 +123,17 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
     await vol.deleteSnapshot('s2');
     await write(0, pattern(3, MiB));
     await write(8 * MiB, pattern(4, MiB));
-    await vol.createSnapshot('s3');
+    await createSnapshot('s3');
     await write(12 * MiB, pattern(5, MiB));
     await checkData('before merge');
-    const layersBefore = await vol.engine!.listLayers();
+    const layersBefore = await vol.listLayers();
     const before = await allocated();
 
     await vol.deleteSnapshot('s1');
-    const layersAfter = await vol.engine!.listLayers();
+    const layersAfter = await vol.listLayers();
     expect(layersAfter.length).toBeLessThan(layersBefore.length);
     expect(layersAfter.find((l) => l.name === 's1')).toBeUndefined();
-    expect((await vol.listSnapshots()).map((x) => [x.name, x.parent])).toEqual([['s3', null]]);
+    expect((await listSnapshots()).map((x) => [x.name, x.parent])).toEqual([['s3', null]]);
     await checkData('after merge');
     // s1's first MiB was shadowed by s3's copy: merging dropped it, so each replica frees
     // about 1 MiB (the other 3 MiB moved into the child).
@@ -119,13 +146,13 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
   });
 
   it('deletes a snapshot whose only child is the head by pruning: hidden, space reclaimed, data intact', async () => {
-    const s3 = (await vol.listSnapshots()).find((x) => x.name === 's3')!;
+    const s3 = (await listSnapshots()).find((x) => x.name === 's3')!;
     await write(8 * MiB, pattern(6, 2 * MiB)); // the head shadows s3's [8M, 9M) (and more)
     await vol.flush();
     const before = await allocated();
     await vol.deleteSnapshot('s3');
-    expect(await vol.listSnapshots()).toEqual([]);
-    const layers = await vol.engine!.listLayers();
+    expect(await listSnapshots()).toEqual([]);
+    const layers = await vol.listLayers();
     const kept = layers.find((l) => l.id === s3.id)!;
     expect(kept.removed).toBe(true); // still under the head, hidden
     await checkData('after prune');
@@ -138,21 +165,21 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
   });
 
   it('reverts to a snapshot, and refuses while exported', async () => {
-    await vol.createSnapshot('good');
+    await createSnapshot('good');
     const good = Buffer.from(model);
     await write(20 * MiB, pattern(7, MiB));
     await write(100, pattern(8, 5000));
-    const exp = await vol.export();
+    const exp = await vol.exportNbd({ nbd: `unix:${s.path('nbd.sock')}` });
     try {
-      expect(await codeOf(vol.revertToSnapshot('good'))).toBe('INVALID_STATE');
+      expect(await codeOf(vol.revert('good'))).toBe('INVALID_STATE');
       await checkData('after refused revert');
     } finally {
       await exp.close();
     }
-    await vol.revertToSnapshot('good');
+    await vol.revert('good');
     good.copy(model);
     await checkData('after revert');
-    expect((await vol.listSnapshots()).map((x) => x.name)).toEqual(['good']);
+    expect((await listSnapshots()).map((x) => x.name)).toEqual(['good']);
     // The volume is writable after revert, and the snapshot stays as it was.
     await write(0, pattern(9, BLOCK));
     await checkData('write after revert');
@@ -160,11 +187,11 @@ describe('snapshots on a 3-replica volume (real addon)', () => {
 
   it('leaves the three replicas identical, with the same layers', async () => {
     await vol.close();
-    const r = await assertReplicasIdentical(dir, { expected: model });
+    const r = await assertReplicasIdentical(replicas, { expected: model });
     expect(r.ids).toEqual(['r0', 'r1', 'r2']);
     const lists = [];
     for (const id of r.ids) {
-      lists.push(await withReplica(replicaPath(dir, id), async (rep) => (await rep.listLayers()).map((l) => [l.id, l.parent, l.name, l.removed])));
+      lists.push(await withReplica(replicaDir(replicas, id), async (rep) => (await rep.listLayers()).map((l) => [l.id, l.parent, l.name, l.removed])));
     }
     expect(lists[1]).toEqual(lists[0]);
     expect(lists[2]).toEqual(lists[0]);

@@ -3,19 +3,28 @@
 // volume attached without naming a host is served here; the host id sticks to the
 // directory; a second opener of the directory is refused; after a restart a volume that
 // was attached serves again by itself; bad options are coded errors; and a directory the
-// single-directory release made opens in place, its data and epochs kept.
-import { existsSync, readdirSync } from 'node:fs';
+// last single-directory release wrote (test/fixtures/legacy-volume) opens in place, its
+// data, snapshot and epochs kept.
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { Mooring } from '../../src/mooring.js';
 import { MemoryStateStore } from '../../src/state/memory-state-store.js';
 import { importDirectoryVolume } from '../../src/volume/directory-import.js';
-import { DirectoryVolume } from '../../src/volume/directory-volume.js';
+import { VolumeLock } from '../../src/volume/volume-lock.js';
 import { waitFor } from './helpers/hosts.js';
 import { qemuIo, requireTool, run, TempDir } from './helpers/tools.js';
 
-const MiB = 1024 * 1024;
+const KiB = 1024;
+const MiB = 1024 * KiB;
+
+// A volume directory of the last single-directory release: 2 replicas, 8 MiB, snapshot
+// release-1, lastEpoch 2, fills 0x6c at 0, 0x6d at 3M, 0x6e at 8M-4k (before the snapshot)
+// and 0x6f at 1M (after it). How it was made: test/fixtures/legacy-volume/README.md.
+const LEGACY_VOLUME = fileURLToPath(new URL('../fixtures/legacy-volume/legacy-volume.tar.gz', import.meta.url));
+const extractLegacyVolume = (dir: string) => run('tar', ['-xzf', LEGACY_VOLUME, '-C', dir]);
 
 describe('Mooring (embedded defaults)', () => {
   const dirs: TempDir[] = [];
@@ -104,34 +113,51 @@ describe('Mooring over a directory of the single-directory release', () => {
   const t = new TempDir('mooring-imp-');
   afterEach(() => t.cleanup());
 
-  it('opens the volume in place: records in the store, replicas moved under this host, data and epochs kept', async () => {
+  it('opens the volume in place: records in the store, replicas moved under this host, data, snapshot and epochs kept', async () => {
     const dir = t.path;
-    // A volume as `mooring serve --dir DIR` (DirectoryVolume) made and left it.
-    const old = await DirectoryVolume.create({ dir, sizeBytes: 8 * MiB, replicas: 2, name: 'legacy' });
-    await old.write(3 * MiB, Buffer.alloc(64 * 1024, 0x6d));
-    await old.flush();
-    const oldEpoch = old.epoch;
-    await old.close();
-    // Served by it right now: the import waits for it (BUSY), nothing moves.
-    const serving = await DirectoryVolume.open(dir);
-    await expect(Mooring.open({ dir, hostId: 'h1', repairIntervalMs: 0 })).rejects.toMatchObject({ code: 'BUSY' });
-    const servedEpoch = serving.epoch;
-    await serving.close();
+    await extractLegacyVolume(dir);
+    // Held by another opener right now (as `mooring serve` holds it): the import waits for it (BUSY), nothing moves.
+    const held = await VolumeLock.acquire(dir);
+    try {
+      await expect(Mooring.open({ dir, hostId: 'h1', repairIntervalMs: 0 })).rejects.toMatchObject({ code: 'BUSY' });
+    } finally {
+      await held.release();
+    }
     expect(existsSync(join(dir, 'volume.json'))).toBe(true);
+    expect(readdirSync(join(dir, 'replicas')).sort()).toEqual(['r0', 'r1']);
 
     const m = await Mooring.open({ dir, hostId: 'h1', repairIntervalMs: 0 });
     try {
-      expect(m.imported).toEqual({ volume: 'legacy', replicas: 2, lastEpoch: servedEpoch });
+      expect(m.imported).toEqual({ volume: 'legacy', replicas: 2, lastEpoch: 2 });
       expect(existsSync(join(dir, 'volume.json'))).toBe(false);
       expect(existsSync(join(dir, 'volume.json.imported'))).toBe(true);
       expect(readdirSync(join(dir, 'replicas'))).toEqual([]);
       const [st] = await m.listVolumes();
       expect(st).toMatchObject({ name: 'legacy', sizeBytes: 8 * MiB, replicaCount: 2, state: 'detached' });
       expect(st!.replicas.map((r) => `${r.id}@${r.hostId}`)).toEqual(['r0@h1', 'r1@h1']);
-      const attached = await m.volume('legacy').attach({ nbd: `unix:${join(dir, 'legacy.sock')}` });
+      const vol = m.volume('legacy');
+      const attached = await vol.attach({ nbd: `unix:${join(dir, 'legacy.sock')}` });
       expect(attached.state).toBe('healthy');
-      expect(attached.epoch).toBeGreaterThan(Math.max(oldEpoch, servedEpoch));
-      await qemuIo(attached.nbd!.uri, ['read -P 0x6d 3M 64k', 'read -P 0 0 1M', 'write -P 0x6e 0 4k']);
+      // Above every epoch the last release handed out: its replicas refuse no write.
+      expect(attached.epoch).toBeGreaterThan(m.imported!.lastEpoch);
+      await qemuIo(attached.nbd!.uri, [
+        'read -P 0x6c 0 64k',
+        'read -P 0 64k 960k',
+        'read -P 0x6f 1M 4k',
+        'read -P 0 1028k 2044k',
+        'read -P 0x6d 3M 64k',
+        'read -P 0x6e 8188k 4k',
+        'write -P 0x70 0 4k',
+      ]);
+      const snapshots = await vol.listSnapshots();
+      expect(snapshots.map((x) => [x.name, x.parent, x.labels, x.sizeBytes])).toEqual([['release-1', null, { purpose: 'upgrade-test' }, 8 * MiB]]);
+      // The snapshot holds the data as it was when taken: without the second serve's fill, nor ours.
+      const raw = join(dir, 'release-1.raw');
+      await vol.exportSnapshot('release-1', { path: raw });
+      const image = readFileSync(raw);
+      const expected = Buffer.alloc(8 * MiB);
+      expected.fill(0x6c, 0, 64 * KiB).fill(0x6d, 3 * MiB, 3 * MiB + 64 * KiB).fill(0x6e, 8 * MiB - 4 * KiB);
+      expect(image.equals(expected), 'release-1 as exported').toBe(true);
     } finally {
       await m.close();
     }
@@ -142,7 +168,7 @@ describe('Mooring over a directory of the single-directory release', () => {
       expect(again.hostId).toBe('h1');
       const vol = again.volume('legacy');
       expect(await waitFor(async () => (await vol.status()).state === 'healthy', 30_000, 50)).toBe(true);
-      await qemuIo((await vol.status()).nbd!.uri, ['read -P 0x6e 0 4k', 'read -P 0x6d 3M 64k']);
+      await qemuIo((await vol.status()).nbd!.uri, ['read -P 0x70 0 4k', 'read -P 0x6f 1M 4k', 'read -P 0x6d 3M 64k']);
     } finally {
       await again.close();
     }
@@ -155,10 +181,9 @@ describe('importing a single-directory volume, interrupted', () => {
 
   it('finishes at the next try wherever it stopped, with the same records and no replica lost', async () => {
     const dir = t.path;
-    const old = await DirectoryVolume.create({ dir, sizeBytes: 4 * MiB, replicas: 3, name: 'v' });
-    await old.close();
+    await extractLegacyVolume(dir);
     const store = new MemoryStateStore();
-    // The store fails the write of the second replica's record, once: r0 has moved, r1 and r2 not.
+    // The store fails the write of the second replica's record, once: r0 has moved, r1 not.
     let puts = 0;
     const flakyPut: MemoryStateStore['put'] = async (kind, key, value, opts) => {
       if (kind === 'replica' && ++puts === 2) throw new Error('power cut');
@@ -173,11 +198,11 @@ describe('importing a single-directory volume, interrupted', () => {
     });
     const engineDir = join(dir, 'host');
     await expect(importDirectoryVolume(dir, flaky, 'h1', engineDir)).rejects.toThrow(/power cut/);
-    expect(readdirSync(join(dir, 'replicas')).sort()).toEqual(['r1', 'r2']);
+    expect(readdirSync(join(dir, 'replicas'))).toEqual(['r1']);
     expect(existsSync(join(dir, 'volume.json'))).toBe(true);
-    expect(await importDirectoryVolume(dir, store, 'h1', engineDir)).toMatchObject({ volume: 'v', replicas: 3 });
+    expect(await importDirectoryVolume(dir, store, 'h1', engineDir)).toEqual({ volume: 'legacy', replicas: 2, lastEpoch: 2 });
     const records = (await store.list<{ id: string; name: string }>('replica')).map((d) => d.value);
-    expect(records.map((r) => r.id).sort()).toEqual(['r0', 'r1', 'r2']);
+    expect(records.map((r) => r.id).sort()).toEqual(['r0', 'r1']);
     expect(readdirSync(join(engineDir, 'replicas')).sort()).toEqual(records.map((r) => r.name).sort());
     expect(await importDirectoryVolume(dir, store, 'h1', engineDir)).toBeNull();
   });

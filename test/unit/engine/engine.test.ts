@@ -101,6 +101,34 @@ describe('LocalEngine', () => {
     await e.close();
   });
 
+  it('close waits for calls in flight; calls after close reject with CLOSED', async () => {
+    const e = await LocalEngine.open({ epoch: ++epoch, replicas: specs(), addon });
+    let release!: () => void;
+    addon.engine.gate = new Promise((res) => (release = res));
+    const write = e.write(0, Buffer.alloc(4096, 1));
+    const read = e.read(0, 4096);
+    let closed = false;
+    const closing = e.close().then(() => (closed = true));
+    expect(e.state).toBe('closing');
+    await expect(e.read(0, 1)).rejects.toMatchObject({ code: 'CLOSED' });
+    // The fake completes a call in one turn of the event loop: ten turns are ample for a
+    // close that did not wait to have closed the native engine.
+    for (let i = 0; i < 10; i++) await addon.tick();
+    expect(closed).toBe(false);
+    expect(addon.engine.closed).toBe(false);
+    release();
+    await closing;
+    await expect(write).resolves.toBeUndefined();
+    expect((await read).length).toBe(4096);
+    expect(addon.engine.closed).toBe(true);
+    expect(e.state).toBe('closed');
+    for (const call of [() => e.write(0, Buffer.alloc(1)), () => e.flush(), () => e.listLayers(), () => e.createSnapshot('s'), () => e.exportNbd({ nbd: 'tcp:127.0.0.1:0' })]) {
+      await expect(call()).rejects.toMatchObject({ code: 'CLOSED' });
+    }
+    expect(() => e.replicas()).toThrow(expect.objectContaining({ code: 'CLOSED' }));
+    await e.close(); // idempotent
+  });
+
   it('closes its exports before the native engine, and is idempotent', async () => {
     const e = await LocalEngine.open({ epoch: ++epoch, replicas: specs(), addon });
     const x1 = await e.exportNbd({ nbd: `unix:${join(root, 's1')}` });

@@ -372,6 +372,11 @@ export class FakeEngine implements NativeEngine {
     for (const r of this.#rw()) {
       if (!r.layers.some((x) => x.name === name && !x.removed && !x.head)) throw nativeError('NOT_FOUND', `snapshot ${name} not found`);
     }
+    // The content becomes the snapshot's again, as a new head on it does natively.
+    for (const r of this.#rw()) {
+      const l = r.layers.find((x) => x.name === name && !x.removed && !x.head)!;
+      r.frozen?.get(l.id)?.copy(r.data);
+    }
     this.addon.reverts.push(name);
   }
 
