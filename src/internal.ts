@@ -8,9 +8,7 @@
  * @packageDocumentation
  */
 
-// --- single-directory volumes (volume.json + replicas/, what the CLI serves) ---
-export { DirectoryVolume } from './volume/directory-volume.js';
-export { DEFAULT_SOCKET_FILE, OPEN_EPOCH_ATTEMPTS_MAX } from './volume/directory-volume.js';
+// --- volume directories of the first releases (volume.json + replicas/), imported by Mooring.open ---
 export { VOLUME_SPEC_FILE, VOLUME_SPEC_FORMAT, VOLUME_SPEC_VERSION, parseVolumeSpec } from './volume/volume-spec.js';
 
 // --- the engine of one volume in this process (a data engine runs one per attached volume) ---

@@ -483,7 +483,9 @@ export function renderMarkdownReport(r: BenchResults): string {
       `${r.rampSec > 0 ? ` \`--ramp_time=${r.rampSec}\`` : ''} \`--group_reporting --output-format=json\`; ` +
       `random workloads use \`--norandommap --randrepeat=0\`. Latencies are fio completion-latency (clat) percentiles.`,
     '- NBD targets are driven by fio `--ioengine=nbd --uri=nbd+unix:///?socket=...` (libnbd; `numjobs=4` opens 4 connections):',
-    `  - **Mooring**: \`node dist/cli.js serve --dir D --size ${r.areaBytes} --replicas N --nbd unix:S\`; ` +
+    `  - **Mooring**: 1 replica: \`node dist/cli.js serve --dir D --size ${r.areaBytes} --nbd unix:S\`; ` +
+      '3 replicas: an engine started over gRPC in a `mooring data-engine` process, with its three replica directories on the same host ' +
+      '(or, remote, on three other data-engine processes reached over loopback TCP). ' +
       'Mooring serves through the page cache (buffered pwrite/pread, fdatasync on FLUSH).',
     '  - **qemu-nbd**: `qemu-nbd -f raw|qcow2 -t -e 8 -k S FILE` with its default `cache=writeback` (also the page cache: ' +
       'the same cache family as Mooring, so this is the primary peer). The qcow2 image is fully allocated by the pre-write.' +
@@ -494,7 +496,7 @@ export function renderMarkdownReport(r: BenchResults): string {
       (r.targets.includes('file-direct') ? ' `file io_uring direct=1` (O_DIRECT, the device itself) is shown for reference only.' : ''),
     '- Server CPU is the server process\'s user+system time during the workload (from /proc/PID/stat), in % of one core. ' +
       'fio and the server share the same cores, so client CPU competes with the server.',
-    '- RSS: `mooring serve --size 1T --replicas 1` on a fresh sparse volume, then fio `randwrite bs=4k --number_ios=10000 --size=1T`; ' +
+    '- RSS: `mooring serve --size 1T` (one replica) on a fresh sparse volume, then fio `randwrite bs=4k --number_ios=10000 --size=1T`; ' +
       'the figure is VmHWM from /proc/PID/status (peak resident set of the whole Node process, including Node\'s own baseline).',
     '',
     '## Results',

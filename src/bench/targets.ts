@@ -84,9 +84,9 @@ export async function startTarget(id: TargetId, ctx: TargetContext): Promise<Run
     case 'mooring-1':
       return startMooring(id, 1, ctx.areaBytes, ctx);
     case 'mooring-3':
-      return startMooring(id, 3, ctx.areaBytes, ctx);
+      return startMooringEngine(id, 'local', ctx);
     case 'mooring-3-remote':
-      return startMooringRemote(id, ctx);
+      return startMooringEngine(id, 'remote', ctx);
     case 'qemu-raw':
       return startQemuNbd(id, 'raw', false, ctx);
     case 'qemu-qcow2':
@@ -109,8 +109,8 @@ export async function startTarget(id: TargetId, ctx: TargetContext): Promise<Run
 }
 
 /**
- * Starts `node CLI serve` on a fresh volume directory and waits for its READY line.
- * Exported for the RSS measurement, which serves a 1 TiB volume.
+ * Starts `node CLI serve` on a fresh directory (one host, one replica) and waits for its
+ * READY line. Exported for the RSS measurement, which serves a 1 TiB volume.
  */
 export async function startMooring(
   id: TargetId,
@@ -160,25 +160,28 @@ export async function startMooring(
   };
 }
 
-/** Replica ports of the remote target's hosts (127.0.0.101.. on loopback). */
+/** Replica ports of the 3-replica targets' hosts (127.0.0.101.. on loopback). */
 const REMOTE_BASE_PORT = 17810;
 
 /**
- * Four `mooring data-engine` processes on loopback: the engine on h0, its three replicas on
- * h1..h3, every replica reached over TCP (the replica protocol); exported over NBD by h0.
+ * Three replicas under one engine, run by `mooring data-engine` processes on loopback: the
+ * engine on h0 and its replicas either on h0 too (`local`: three replica directories on the
+ * engine's host, the fan-out without a network) or on h1..h3 (`remote`: every replica reached
+ * over TCP, the replica protocol); exported over NBD by h0.
  */
-async function startMooringRemote(id: TargetId, ctx: TargetContext): Promise<RunningTarget> {
+async function startMooringEngine(id: TargetId, where: 'local' | 'remote', ctx: TargetContext): Promise<RunningTarget> {
   const hosts: BenchHost[] = [];
   const stopAll = async (): Promise<void> => {
     for (const h of hosts.reverse()) await h.stop();
   };
   try {
-    for (let i = 0; i < 4; i++) hosts.push(await startBenchHost(ctx, i, REMOTE_BASE_PORT + i));
-    const [engineHost, ...replicaHosts] = hosts as [BenchHost, ...BenchHost[]];
+    for (let i = 0; i < (where === 'local' ? 1 : 4); i++) hosts.push(await startBenchHost(ctx, i, REMOTE_BASE_PORT + i));
+    const engineHost = hosts[0]!;
+    const replicaHosts = where === 'local' ? [engineHost, engineHost, engineHost] : hosts.slice(1);
     const refs = [];
     for (const [i, h] of replicaHosts.entries()) {
       await h.engine.createReplica(`bench-r${i}`, ctx.areaBytes);
-      refs.push(refOn(h, `r${i}`, `bench-r${i}`));
+      refs.push(where === 'local' ? { id: `r${i}`, hostId: h.hostId, name: `bench-r${i}`, address: null } : refOn(h, `r${i}`, `bench-r${i}`));
     }
     const socket = join(ctx.dir, 'nbd.sock');
     checkSocketPath(socket);

@@ -17,7 +17,7 @@ import { MooringError, callNative, toMooringError } from '../errors.js';
 import { HOST_SUBDIR, STATE_SUBDIR } from '../mooring.js';
 import type { NativeAddon } from '../native/binding.js';
 import { FileStateStore } from '../state/file-state-store.js';
-import { visibleSnapshots } from './directory-volume.js';
+import { visibleSnapshots } from '../data-engine/snapshots.js';
 import { VolumeLock } from './volume-lock.js';
 
 /** A replica as its record and (on this host) its files say. */
