@@ -14,9 +14,9 @@ export const MAIN_HELP = `Usage: mooring <command> [options]
 Replicated block volumes served over NBD.
 
 Commands:
-  serve      create or open a volume and serve it over NBD until SIGINT/SIGTERM
-  create     create a volume directory
-  info       show a volume's size, replicas, epoch and snapshots
+  serve      serve a volume (created first if new) over NBD until SIGINT/SIGTERM
+  create     create a volume (detached)
+  info       show volumes: size, replicas, epoch and snapshots (changes nothing)
   snapshot   create, list, delete or revert snapshots
   bench      benchmark Mooring against qemu-nbd and the raw disk (needs fio, qemu-nbd)
   data-engine  run this host's data engine (replicas, engines) as a process, served over gRPC
