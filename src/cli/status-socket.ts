@@ -1,8 +1,8 @@
 /**
- * The status socket of `mooring serve`: a unix socket in the volume directory where the
- * serving process answers one question, "status", with one JSON line (the live volume's
- * status and snapshots). `mooring info` asks it when the volume is served, instead of
- * opening the volume (which would claim a writer epoch and fence the server). The socket is
+ * The status socket of `mooring serve`: a unix socket in its --dir where the serving
+ * process answers one question, "status", with one JSON line (the live volume's status and
+ * snapshots). `mooring info` asks it while the directory is open in a server, whose store
+ * lock keeps info from reading the directory itself. The socket is
  * owner-only (0600); every connection is bounded in time and bytes.
  *
  * @packageDocumentation
@@ -12,7 +12,7 @@ import { connect, createServer, type Server, type Socket } from 'node:net';
 
 import { MooringError, MooringErrorCode, toMooringError } from '../errors.js';
 
-/** File name of the status socket inside the volume directory. */
+/** File name of the status socket inside serve's --dir. */
 export const STATUS_SOCKET_FILE = 'status.sock';
 /** The one request. */
 const REQUEST = 'status';
@@ -42,7 +42,7 @@ export interface StatusServer {
 
 /**
  * Listens on `path` and answers `status` with `provide()`. A stale socket file left by a
- * crashed server is replaced (the caller holds the volume's lock, so no live server owns it).
+ * crashed server is replaced (the caller holds the directory's store lock, so no live server owns it).
  *
  * @throws MooringError INVALID_ARGUMENT (path too long for a unix socket), ADDRESS_IN_USE, IO_ERROR
  */
