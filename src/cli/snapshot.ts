@@ -43,9 +43,14 @@ function parseLabels(items: string[] | undefined): Record<string, string> {
 /** Runs `mooring snapshot ...`. */
 export async function runSnapshot(argv: string[], ctx: CliContext): Promise<number> {
   const sub = argv[0];
-  if (sub === undefined || sub === '--help' || sub === '-h' || sub === 'help') {
+  if (sub === undefined) {
+    // A usage error: the help goes where errors go.
+    ctx.stderr(SNAPSHOT_HELP);
+    return 2;
+  }
+  if (sub === '--help' || sub === '-h' || sub === 'help') {
     ctx.stdout(SNAPSHOT_HELP);
-    return sub === undefined ? 2 : 0;
+    return 0;
   }
   if (!(SUBCOMMANDS as readonly string[]).includes(sub)) {
     throw new UsageError('snapshot', `unknown snapshot command ${JSON.stringify(sub)} (expected ${SUBCOMMANDS.join(', ')})`);

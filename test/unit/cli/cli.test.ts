@@ -60,6 +60,11 @@ describe('mooring CLI', () => {
     }
     expect(await runCli(['snapshot', 'list', '--help'], ctx)).toBe(0);
     expect(await runCli([], ctx)).toBe(2);
+    ctx.out.length = 0;
+    ctx.err.length = 0;
+    expect(await runCli(['snapshot'], ctx)).toBe(2);
+    expect(ctx.out, 'usage errors print nothing on stdout').toEqual([]);
+    expect(ctx.err.join('')).toContain('mooring snapshot create');
   });
 
   it.each([
