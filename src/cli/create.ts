@@ -36,7 +36,7 @@ export async function runCreate(argv: string[], ctx: CliContext): Promise<number
   try {
     embedded = await openEmbedded('create', values, ctx, { repairIntervalMs: 0 });
     const m = embedded.mooring;
-    const name = values.volume ?? (await pickVolume('create', m, embedded.dir, undefined, true)).name;
+    const { name } = await pickVolume('create', m, embedded.dir, values.volume, true);
     const volume = await m.createVolume({ name, sizeBytes, ...(replicas !== undefined ? { replicas } : {}) });
     const status = await volume.status();
     if (values.json) printJson(ctx, status);

@@ -17,6 +17,7 @@ import { MooringError, callNative, toMooringError } from '../errors.js';
 import { HOST_SUBDIR, STATE_SUBDIR } from '../mooring.js';
 import type { NativeAddon } from '../native/binding.js';
 import { FileStateStore } from '../state/file-state-store.js';
+import { pathExists } from '../util/files.js';
 import { visibleSnapshots } from '../data-engine/snapshots.js';
 import { VolumeLock } from './volume-lock.js';
 
@@ -66,6 +67,8 @@ export interface StoredInspection {
  * @throws MooringError BUSY (a process has DIR open: ask its status socket), NOT_FOUND, CORRUPT_METADATA
  */
 export async function inspectStoredVolumes(dir: string, addon: NativeAddon, name?: string): Promise<StoredInspection> {
+  // Opening a store creates it: a directory without one is reported, not changed.
+  if (!(await pathExists(join(dir, STATE_SUBDIR)))) throw new MooringError('NOT_FOUND', `${dir} holds no Mooring store (${STATE_SUBDIR}/) and no volume.json`);
   const store = await FileStateStore.open(join(dir, STATE_SUBDIR));
   try {
     const hostDir = join(dir, HOST_SUBDIR);

@@ -1,6 +1,6 @@
 import { EventEmitter } from 'node:events';
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -80,6 +80,7 @@ describe('mooring CLI', () => {
     [['serve', '--dir', 'v', '--size', '1M', '--host', 'h2:1234'], '--host must be'],
     [['serve', '--dir', 'v', '--size', '1M', '--host-id', 'a/b'], '--host-id must match'],
     [['info', '--dir', 'v', '--volume', ''], '--volume needs a NAME'],
+    [['create', '--dir', 'v', '--size', '1M', '--volume', '../x'], '--volume must match'],
     [['serve', '--dir'], "Option '--dir <value>' argument missing"],
     [['create', '--dir', 'v'], '--size SIZE is required'],
     [['snapshot', 'frobnicate', '--dir', 'v'], 'unknown snapshot command'],
@@ -98,6 +99,12 @@ describe('mooring CLI', () => {
   it('reports operating errors with their code (exit 1)', async () => {
     expect(await runCli(['info', '--dir', 'missing'], ctx)).toBe(1);
     expect(ctx.err.join('')).toMatch(/^mooring: NOT_FOUND: /);
+    // A directory that holds no store is reported, and left as it was.
+    await mkdir(join(root, 'plain'));
+    ctx.err.length = 0;
+    expect(await runCli(['info', '--dir', 'plain'], ctx)).toBe(1);
+    expect(ctx.err.join('')).toMatch(/^mooring: NOT_FOUND: .*holds no Mooring store/);
+    expect(await readdir(join(root, 'plain'))).toEqual([]);
     ctx.err.length = 0;
     expect(await runCli(['create', '--dir', 'v', '--size', '1000'], ctx)).toBe(1);
     expect(ctx.err.join('')).toMatch(/^mooring: INVALID_ARGUMENT: sizeBytes must be/);
