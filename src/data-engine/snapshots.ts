@@ -5,7 +5,9 @@
  *
  * @packageDocumentation
  */
-import type { LayerInfo } from '../engine/engine.js';
+import { toLayer, type LayerInfo } from '../engine/engine.js';
+import { callNative } from '../errors.js';
+import type { NativeAddon } from '../native/binding.js';
 import type { EngineSnapshotInfo } from './data-engine.js';
 
 /**
@@ -39,4 +41,20 @@ export function visibleSnapshots(layers: LayerInfo[]): EngineSnapshotInfo[] {
       userCreated: l.userCreated,
     };
   });
+}
+
+/**
+ * The snapshots of the replica in directory `path` (replica `id`, for messages), read by
+ * opening it alone: no epoch is claimed, nothing is written. Read-only inspection lists a
+ * volume's snapshots so, from one RW replica (every RW replica holds the same chain).
+ *
+ * @internal
+ */
+export async function replicaSnapshots(addon: NativeAddon, path: string, id: string): Promise<EngineSnapshotInfo[]> {
+  const replica = await callNative(() => addon.openReplica(path), `opening replica ${id}`);
+  try {
+    return visibleSnapshots((await callNative(() => replica.listLayers(), `listing the layers of ${id}`)).map(toLayer));
+  } finally {
+    await replica.close().catch(() => undefined);
+  }
 }

@@ -7,9 +7,9 @@
  *
  * @packageDocumentation
  */
-import { toLayer, type ReplicaMode } from '../engine/engine.js';
+import type { ReplicaMode } from '../engine/engine.js';
 import type { EngineSnapshotInfo } from '../data-engine/data-engine.js';
-import { visibleSnapshots } from '../data-engine/snapshots.js';
+import { replicaSnapshots } from '../data-engine/snapshots.js';
 import { callNative, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
 import { VolumeLock } from './volume-lock.js';
@@ -86,10 +86,5 @@ export async function inspectVolume(dir: string, addon: NativeAddon): Promise<Vo
 async function snapshotsOf(replicas: InspectedReplica[], addon: NativeAddon): Promise<EngineSnapshotInfo[]> {
   const source = replicas.find((r) => r.mode === 'RW' && r.unreadable === undefined);
   if (!source) return []; // nothing trustworthy to list them from; the replicas say why
-  const replica = await callNative(() => addon.openReplica(source.path), `opening replica ${source.id}`);
-  try {
-    return visibleSnapshots((await callNative(() => replica.listLayers(), `listing the layers of ${source.id}`)).map(toLayer));
-  } finally {
-    await replica.close().catch(() => undefined);
-  }
+  return replicaSnapshots(addon, source.path, source.id);
 }

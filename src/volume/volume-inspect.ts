@@ -12,13 +12,12 @@ import { join } from 'node:path';
 import { KIND, parseEngineRecord, parseReplicaRecord, parseVolumeEpochRecord, parseVolumeRecord } from '../cluster/cluster-records.js';
 import { DATA_ENGINE_LOCK_FILE, DATA_ENGINE_REPLICAS_SUBDIR, readDataEngineHostId } from '../data-engine/local-data-engine.js';
 import type { EngineSnapshotInfo } from '../data-engine/data-engine.js';
-import { toLayer } from '../engine/engine.js';
 import { MooringError, callNative, toMooringError } from '../errors.js';
 import { HOST_SUBDIR, STATE_SUBDIR } from '../mooring.js';
 import type { NativeAddon } from '../native/binding.js';
 import { FileStateStore } from '../state/file-state-store.js';
 import { pathExists } from '../util/files.js';
-import { visibleSnapshots } from '../data-engine/snapshots.js';
+import { replicaSnapshots } from '../data-engine/snapshots.js';
 import { VolumeLock } from './volume-lock.js';
 
 /** A replica as its record and (on this host) its files say. */
@@ -121,11 +120,5 @@ export async function inspectStoredVolumes(dir: string, addon: NativeAddon, name
 // the same chain), read by opening it alone: no epoch is claimed, nothing is written.
 async function snapshotsOf(replicas: StoredReplica[], addon: NativeAddon): Promise<EngineSnapshotInfo[]> {
   const source = replicas.find((r) => r.path !== null && r.mode === 'RW' && r.unreadable === undefined);
-  if (!source) return [];
-  const replica = await callNative(() => addon.openReplica(source.path!), `opening replica ${source.id}`);
-  try {
-    return visibleSnapshots((await callNative(() => replica.listLayers(), `listing the layers of ${source.id}`)).map(toLayer));
-  } finally {
-    await replica.close().catch(() => undefined);
-  }
+  return source ? replicaSnapshots(addon, source.path!, source.id) : [];
 }
