@@ -7,6 +7,7 @@ import { MooringError, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
 import { parseSize } from '../util/size.js';
+import { checkName } from '../util/validate.js';
 
 /** Where commands write and what they run against. Everything is optional but output. */
 export interface CliContext {
@@ -136,6 +137,15 @@ export function parseCommandArgs<O extends Options>(
 export function requireDir(command: string, dir: string | undefined): string {
   if (dir === undefined || dir === '') throw new UsageError(command, '--dir DIR is required');
   return dir;
+}
+
+/** A name option (`--volume`, `--host-id`) as checkName checks names, a usage error when it is none. */
+export function parseNameOption(command: string, option: string, value: string): string {
+  try {
+    return checkName(option, value);
+  } catch (err) {
+    throw new UsageError(command, toMooringError(err).message);
+  }
 }
 
 /** Parses a --size value as a usage error when malformed. */

@@ -4,11 +4,10 @@
 import { basename, resolve } from 'node:path';
 
 import { MooringError, toMooringError } from '../errors.js';
-import type { DataEngine } from '../data-engine/data-engine.js';
 import { RemoteDataEngine } from '../data-engine/grpc/remote-data-engine.js';
 import { Mooring, type MooringOptions } from '../mooring.js';
-import { NAME_PATTERN } from '../util/limits.js';
-import { UsageError, addonOf, requireDir, type CliContext } from './common.js';
+import { checkName } from '../util/validate.js';
+import { UsageError, addonOf, parseNameOption, requireDir, type CliContext } from './common.js';
 
 /** The options every volume command takes (for parseCommandArgs). */
 export const EMBEDDED_OPTIONS = {
@@ -54,12 +53,10 @@ export interface Embedded {
  */
 export async function openEmbedded(command: string, values: EmbeddedValues, ctx: CliContext, extra: Partial<MooringOptions> = {}): Promise<Embedded> {
   const dir = resolve(ctx.cwd ?? process.cwd(), requireDir(command, values.dir));
-  if (values['host-id'] !== undefined && !NAME_PATTERN.test(values['host-id'])) {
-    throw new UsageError(command, `--host-id must match [A-Za-z0-9._-]{1,63} (got ${JSON.stringify(values['host-id'])})`);
-  }
-  const hosts: DataEngine[] = [];
+  if (values['host-id'] !== undefined) parseNameOption(command, '--host-id', values['host-id']);
+  const hosts: RemoteDataEngine[] = [];
   const closeHosts = async (): Promise<void> => {
-    for (const h of hosts) await (h as RemoteDataEngine).close().catch(() => undefined);
+    for (const h of hosts) await h.close().catch(() => undefined);
   };
   try {
     for (const address of values.host ?? []) {
@@ -101,7 +98,7 @@ export async function openEmbedded(command: string, values: EmbeddedValues, ctx:
 export async function pickVolume(command: string, m: Mooring, dir: string, name: string | undefined, orNew = false): Promise<{ name: string; exists: boolean }> {
   const names = (await m.listVolumes()).map((v) => v.name);
   if (name !== undefined) {
-    if (!NAME_PATTERN.test(name) || name === '.' || name === '..') throw new UsageError(command, `--volume must match [A-Za-z0-9._-]{1,63} (got ${JSON.stringify(name)})`);
+    parseNameOption(command, '--volume', name);
     if (!orNew && !names.includes(name)) throw new MooringError('NOT_FOUND', `${dir} holds no volume ${name} (it holds: ${names.join(', ') || 'none'})`);
     return { name, exists: names.includes(name) };
   }
@@ -109,10 +106,11 @@ export async function pickVolume(command: string, m: Mooring, dir: string, name:
   if (names.length > 1) throw new UsageError(command, `${dir} holds ${names.length} volumes (${names.join(', ')}): name one with --volume`);
   if (!orNew) throw new MooringError('NOT_FOUND', `${dir} holds no volume`);
   const fromDir = basename(dir);
-  if (!NAME_PATTERN.test(fromDir) || fromDir === '.' || fromDir === '..') {
+  try {
+    return { name: checkName('volume name', fromDir), exists: false };
+  } catch {
     throw new UsageError(command, `${JSON.stringify(fromDir)} (the directory's name) is no volume name: give one with --volume`);
   }
-  return { name: fromDir, exists: false };
 }
 
 /** Closes `e`, reporting a failure on stderr instead of hiding what went before. */
