@@ -59,6 +59,8 @@ export const MooringErrorCode = {
   NATIVE_LOAD_FAILED: 'NATIVE_LOAD_FAILED',
   /** A long operation (a download, a copy) was stopped on request. */
   CANCELLED: 'CANCELLED',
+  /** What an operation needs does not hold now; `details.reasons` lists every reason, each with its own code. */
+  PRECONDITION_FAILED: 'PRECONDITION_FAILED',
   // --- TypeScript only: backing images ---
   /** A file's SHA-512 is not the one expected; the message gives both. */
   CHECKSUM_MISMATCH: 'CHECKSUM_MISMATCH',

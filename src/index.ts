@@ -51,6 +51,23 @@ export type {
 } from './volume/volume.js';
 export type { MigrationPhase } from './cluster/cluster-records.js';
 // --- backing images ---
+export { UpgradeSession } from './upgrade/upgrade-session.js';
+export type {
+  DataEngineLauncher,
+  HostUpgradeState,
+  HostUpgradeStatus,
+  NewDataEngine,
+  RecordedError,
+  UpgradeBlock,
+  UpgradeBlockCode,
+  UpgradeMethod,
+  UpgradeMethodChoice,
+  UpgradeOptions,
+  UpgradeSessionEvents,
+  UpgradeSessionStatus,
+  UpgradeState,
+  VolumeUpgradeStatus,
+} from './upgrade/upgrade-session.js';
 export { BackingImage } from './backing-image/backing-image.js';
 export type { BackingImageCreateOptions, BackingImageEvents, BackingImageFileStatus, BackingImageStatus } from './backing-image/backing-image.js';
 export type { BackingImageSource, BackingImageRecord, BackingImageDiskStatus } from './backing-image/backing-image-records.js';

@@ -28,6 +28,10 @@ export { GRPC_LIMITS } from './data-engine/grpc/data-engine-grpc-server.js';
 export { BACKING_IMAGE_FILE_LIMITS } from './data-engine/backing-image-files.js';
 export { DOWNLOAD_DEFAULTS, DOWNLOAD_LIMITS } from './backing-image/download.js';
 
+// Upgrades of the data engines.
+export { DEFAULT_UPGRADE_STEP_TIMEOUT_MS, UPGRADE_LEASE_MS } from './upgrade/upgrade-controller.js';
+export { UPGRADE_VOLUMES_PER_HOST_MAX } from './upgrade/upgrade-records.js';
+
 // State store documents.
 export { STATE_DOCUMENT_BYTES_MAX, STATE_KIND_PATTERN } from './state/state-keys.js';
 

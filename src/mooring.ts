@@ -47,6 +47,8 @@ import { VolumeLifecycle } from './cluster/volume-lifecycle.js';
 import { VolumeOperations } from './cluster/volume-operations.js';
 import { VolumeResize } from './cluster/volume-resize.js';
 import { volumeEngine, volumeStatus } from './cluster/volume-status.js';
+import { UpgradeController } from './upgrade/upgrade-controller.js';
+import type { DataEngineLauncher, UpgradeOptions, UpgradeSession } from './upgrade/upgrade-session.js';
 
 export { EPOCH_ATTEMPTS_MAX } from './cluster/engine-lifecycle.js';
 export { HOST_PROBE_TIMEOUT_MS } from './cluster/hosts.js';
@@ -115,6 +117,11 @@ export interface MooringOptions {
    * counts it as lost.
    */
   engineIoTimeoutMs?: number;
+  /**
+   * How the new version of a host's data engine is started during an upgrade
+   * ({@link Mooring.startUpgrade}); without it, upgrades are refused (NO_LAUNCHER).
+   */
+  dataEngineLauncher?: DataEngineLauncher;
 }
 
 /** A replica that stayed ERR was replaced by a new one on another host. */
@@ -164,6 +171,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   readonly #operations: VolumeOperations;
   readonly #volumes: VolumeLifecycle;
   readonly #images: BackingImageController;
+  readonly #upgrade: UpgradeController;
   readonly #repairIntervalMs: number;
   #timer: NodeJS.Timeout | null = null;
   #repairing: Promise<void> | null = null;
@@ -237,6 +245,15 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     const migrations = this.#migrations;
     const operations = this.#operations;
     const resize = new VolumeResize(state);
+    this.#upgrade = new UpgradeController({
+      state,
+      launcher: options.dataEngineLauncher ?? null,
+      inProcess: (h) => state.hosts.get(h) instanceof LocalDataEngine,
+      snapshot: async (v, snap, labels) => void (await operations.createSnapshot(v, snap, labels)),
+      converge: (v) => state.serial(v, () => attachment.converge(v)),
+      repair: (v) => this.#repairVolume(v),
+      addHost: (de) => this.addHost(de),
+    });
     this.#ops = {
       attach: (n, o) => attachment.attach(n, o),
       detach: (n, o) => attachment.detach(n, o),
@@ -433,19 +450,45 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       });
     }
     for (const { volume } of await state.engineRecords()) {
-      // The record is read again inside the volume's turn: an attach queued before this
-      // pass may have moved the engine, and acting on the old record would take the new
-      // engine for a stray one.
-      await state.serial(volume, async () => {
-        const eng = await state.engineRecord(volume);
-        // A migrating volume is left alone (its writer moves); the reconcile above recovers it.
-        if (eng && !(await state.migrationRecord(volume))) await this.#repair.repair(eng);
-      }).catch((err: unknown) => {
+      await this.#repairVolume(volume).catch((err: unknown) => {
         safeEmit(this, 'warning', toMooringError(err, `repairing ${volume}`));
       });
     }
     // Backing images last: copies for replacements made above, cleanup of unused files.
     if (!state.closed) await this.#images.reconcileAll().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'reconciling backing images')));
+    // An upgrade session that needs a driver (after a restart, or a lease that ran out) gets one.
+    if (!state.closed) this.#upgrade.kick();
+  }
+
+  // One repair step for an attached volume, in its turn. The engine record is read inside
+  // the turn: an attach queued before may have moved the engine, and acting on the old
+  // record would take the new engine for a stray one.
+  #repairVolume(volume: string): Promise<void> {
+    return this.#state.serial(volume, async () => {
+      const eng = await this.#state.engineRecord(volume);
+      // A migrating volume is left alone (its writer moves); the reconcile recovers it.
+      if (eng && !(await this.#state.migrationRecord(volume))) await this.#repair.repair(eng);
+    });
+  }
+
+  // --- upgrades of the data engines (src/upgrade/) ---
+
+  /**
+   * Starts a live upgrade of the data engines, host by host (seed 004): checks every
+   * precondition on every host first and reports them all together, then records the
+   * session and drives it in the background. Follow it through the returned handle's
+   * events and `done()`. One session per cluster at a time; docs/upgrade.md.
+   *
+   * @throws MooringError INVALID_ARGUMENT, BUSY (a session is in progress), PRECONDITION_FAILED (`details.reasons`: each with a code, host and volume), CLOSED
+   */
+  startUpgrade(options: UpgradeOptions): Promise<UpgradeSession> {
+    return this.#upgrade.start(options);
+  }
+
+  /** The cluster's upgrade session (in progress, paused, or the last one ended), or null if none was ever started. */
+  upgradeSession(): Promise<UpgradeSession | null> {
+    this.#state.checkOpen();
+    return this.#upgrade.current();
   }
 
   // --- backing images (src/backing-image/) ---
@@ -484,6 +527,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = null;
     await this.#repairing?.catch(() => undefined);
+    await this.#upgrade.close();
     this.#state.hosts.clear();
     this.#migrations.close();
     this.#attachment.close();

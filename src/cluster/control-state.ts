@@ -35,6 +35,7 @@ import {
 import type { MooringEvents } from '../mooring.js';
 import type { VolumeEvents, MigrationInfo } from '../volume/volume.js';
 import { EpochAllocator } from './epochs.js';
+import { HOST_UPGRADE_ACTIVE, UPGRADE_KIND, parseHostUpgradeRecord } from '../upgrade/upgrade-records.js';
 import { Hosts } from './hosts.js';
 
 /** Settings every controller reads (validated by the facade). */
@@ -222,16 +223,27 @@ export class ControlState {
     return out;
   }
 
+  /** Hosts an upgrade session holds now (src/upgrade/): no new replicas go there, and their replicas are not replaced. */
+  async unschedulableHosts(): Promise<Set<string>> {
+    const out = new Set<string>();
+    for (const d of await this.store.list<unknown>(UPGRADE_KIND.host)) {
+      const h = parseHostUpgradeRecord(d.value, d.key);
+      if (HOST_UPGRADE_ACTIVE.has(h.state)) out.add(h.hostId);
+    }
+    return out;
+  }
+
   /**
-   * Reachable hosts not in `exclude`, fewest replicas first.
+   * Reachable, schedulable hosts not in `exclude`, fewest replicas first.
    *
    * @throws MooringError UNAVAILABLE (fewer than `count`)
    */
   async pickHosts(count: number, exclude: Set<string>): Promise<string[]> {
     const load = new Map<string, number>();
     for (const r of await this.allReplicas()) load.set(r.hostId, (load.get(r.hostId) ?? 0) + 1);
+    const held = await this.unschedulableHosts();
     const candidates: string[] = [];
-    for (const id of this.hosts.ids) if (!exclude.has(id) && (await this.hosts.reachable(id))) candidates.push(id);
+    for (const id of this.hosts.ids) if (!exclude.has(id) && !held.has(id) && (await this.hosts.reachable(id))) candidates.push(id);
     candidates.sort((a, b) => (load.get(a) ?? 0) - (load.get(b) ?? 0) || a.localeCompare(b));
     if (candidates.length < count) {
       throw new MooringError('UNAVAILABLE', `need ${count} reachable host(s) for replicas, have ${candidates.length} (${candidates.join(', ') || 'none'})`);

@@ -54,6 +54,8 @@ export class RepairController {
       }
       // Replace only while fewer than the wanted replicas are healthy, and only after the wait.
       if (healthy >= vol.replicaCount) continue;
+      // A host being upgraded comes back with its replicas (seed 004: no replenishing meanwhile).
+      if ((await this.state.unschedulableHosts()).has(r.hostId)) continue;
       if (r.failedSinceMs === null || now - r.failedSinceMs < this.state.settings.replacementWaitMs) continue;
       const used = new Set(records.map((x) => x.hostId));
       let target: string;

@@ -126,6 +126,12 @@ export interface DataEngineInfo {
   replicaAddress: string | null;
   /** Whether host-to-host traffic (gRPC and replica protocol) uses mutual TLS. */
   tls: boolean;
+  /**
+   * A random id this data engine drew when it started: another id at the same address means
+   * another process (a restart, or a new version after an upgrade). '' from a data engine
+   * older than the field.
+   */
+  instanceId: string;
 }
 
 /** How an engine reaches one replica of its volume. */

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { mkdir, readdir, rm } from 'node:fs/promises';
 import { isAbsolute, join, resolve } from 'node:path';
 
@@ -185,6 +186,7 @@ export class LocalDataEngine implements DataEngine {
   readonly #addon: NativeAddon;
   readonly #lock: VolumeLock;
   readonly #tls: DataEngineTlsOptions | undefined;
+  readonly #instanceId = randomUUID();
   readonly #server: NativeReplicaServer | null;
   readonly #replicaAddress: TcpAddress | null;
   readonly #rebuilds: Semaphore;
@@ -325,6 +327,7 @@ export class LocalDataEngine implements DataEngine {
       dir: this.dir,
       replicaAddress: this.#replicaAddress ? formatTcpAddress(this.#replicaAddress) : null,
       tls: this.#tls !== undefined,
+      instanceId: this.#instanceId,
     };
   }
 

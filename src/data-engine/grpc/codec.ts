@@ -56,6 +56,7 @@ const statusOf: Record<MooringErrorCode, GrpcStatus> = {
   HOST_ID_IN_USE: GrpcStatus.ALREADY_EXISTS,
   LOCKSPACE_NOT_JOINED: GrpcStatus.FAILED_PRECONDITION,
   CANCELLED: GrpcStatus.CANCELLED,
+  PRECONDITION_FAILED: GrpcStatus.FAILED_PRECONDITION,
   CHECKSUM_MISMATCH: GrpcStatus.DATA_LOSS,
   DOWNLOAD_FAILED: GrpcStatus.UNAVAILABLE,
 };
@@ -112,10 +113,10 @@ const str = (v: unknown): string => (typeof v === 'string' ? v : '');
 const num = (v: unknown): number => (typeof v === 'number' ? v : Number.NaN);
 
 export function infoToMsg(i: DataEngineInfo): Msg {
-  return { hostId: i.hostId, version: i.version, dir: i.dir, replicaAddress: i.replicaAddress ?? '', tls: i.tls };
+  return { hostId: i.hostId, version: i.version, dir: i.dir, replicaAddress: i.replicaAddress ?? '', tls: i.tls, instanceId: i.instanceId };
 }
 export function infoFromMsg(m: Msg): DataEngineInfo {
-  return { hostId: str(m.hostId), version: str(m.version), dir: str(m.dir), replicaAddress: str(m.replicaAddress) || null, tls: m.tls === true };
+  return { hostId: str(m.hostId), version: str(m.version), dir: str(m.dir), replicaAddress: str(m.replicaAddress) || null, tls: m.tls === true, instanceId: str(m.instanceId) };
 }
 
 export function hostedToMsg(r: HostedReplicaInfo): Msg {

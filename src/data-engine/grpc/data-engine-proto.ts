@@ -69,6 +69,7 @@ message DataEngineInfo {
   string dir = 3;
   string replica_address = 4;  // "" = serves no replicas
   bool tls = 5;
+  string instance_id = 6;  // "" from data engines older than the field
 }
 
 message HostedReplica {

@@ -90,6 +90,9 @@ const snapshots = new Map<string, EngineSnapshotInfo[]>();
 
 export class FakeDataEngine implements DataEngine {
   reachable = true;
+  /** What info() reports; {@link restart} changes both. */
+  instanceId = 'fake-1';
+  version = 'fake';
   readonly replicas = new Map<string, { sizeBytes: number; inUse: boolean; backingImage?: ReplicaBackingImage | null }>();
   readonly engines = new Map<string, FakeEngineState>();
   readonly calls: string[] = [];
@@ -115,9 +118,16 @@ export class FakeDataEngine implements DataEngine {
     return e;
   }
 
+  /** A new process on the same directory and addresses: its engines are gone, its replicas stay. */
+  restart(version = this.version): void {
+    this.engines.clear();
+    this.version = version;
+    this.instanceId = `fake-${Number(this.instanceId.slice(5)) + 1}`;
+  }
+
   async info(): Promise<DataEngineInfo> {
     this.#check('info');
-    return { hostId: this.hostId, version: 'fake', dir: `/fake/${this.hostId}`, replicaAddress: this.replicaAddress, tls: false };
+    return { hostId: this.hostId, version: this.version, dir: `/fake/${this.hostId}`, replicaAddress: this.replicaAddress, tls: false, instanceId: this.instanceId };
   }
 
   async createReplica(name: string, sizeBytes: number, options: ReplicaCreateOptions = {}): Promise<HostedReplicaInfo> {

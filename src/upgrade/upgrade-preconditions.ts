@@ -1,0 +1,124 @@
+/**
+ * What must hold before a host's data engine is replaced, as a pure function of what the
+ * control plane sees: every reason a session cannot start (or a host cannot go on) is
+ * reported together, each with a code, the host and the volume concerned. The session
+ * checks them for every host up front, and again for each host when its turn comes.
+ *
+ * Seed 004 refuses a volume whose only replica is on the node being upgraded, because its
+ * engine must switch over to another node. With `restart`, an engine on the host restarts
+ * with it, so a volume with its engine and its only replica there is fine; what is refused
+ * is a volume attached elsewhere whose every RW replica is on the host (ONLY_REPLICAS_ON_HOST).
+ *
+ * @packageDocumentation
+ */
+import type { ReplicaMode } from '../engine/engine.js';
+import { UPGRADE_VOLUMES_PER_HOST_MAX, type UpgradeMethod, type UpgradeMethodChoice } from './upgrade-records.js';
+
+/** Why a host cannot be upgraded now. */
+export type UpgradeBlockCode =
+  /** No {@link DataEngineLauncher} was given to `Mooring.open`: nothing can start the new version. */
+  | 'NO_LAUNCHER'
+  /** The host is not offered to this control plane. */
+  | 'HOST_UNKNOWN'
+  /** The host's data engine does not answer. */
+  | 'HOST_UNREACHABLE'
+  /** The host's data engine runs inside the VM manager (the embedded default): replacing it is restarting the VM manager. */
+  | 'IN_PROCESS_DATA_ENGINE'
+  /** A volume on the host is migrating. */
+  | 'MIGRATION_IN_PROGRESS'
+  /** A volume on the host has a replica being rebuilt. */
+  | 'REBUILD_RUNNING'
+  /** A volume on the host has a replica in ERR (or its engine cannot be asked). */
+  | 'VOLUME_NOT_HEALTHY'
+  /** A volume attached on another host keeps every RW replica on this one: its engine would lose them all. */
+  | 'ONLY_REPLICAS_ON_HOST'
+  /** An operation (snapshot export, clone, rebuild) holds a volume's engine on the host. */
+  | 'OPERATION_RUNNING'
+  /** An NBD client is connected to an engine on the host; `restart` would drop its connection. Ask for `restart` explicitly to accept that. */
+  | 'CLIENTS_WOULD_RECONNECT'
+  /** More volumes on the host than one host's document can list. */
+  | 'TOO_MANY_VOLUMES';
+
+/** One reason, as reported in `details.reasons` of PRECONDITION_FAILED. */
+export interface UpgradeBlock {
+  code: UpgradeBlockCode;
+  host: string;
+  volume?: string;
+  message: string;
+}
+
+/** A volume as the check needs it. */
+export interface VolumeLayout {
+  name: string;
+  /** Host of its engine, or null when detached. */
+  engineHost: string | null;
+  /** Whether that engine serves an NBD export (false: an operation attached it without one). */
+  frontend: boolean;
+  migrating: boolean;
+  /** Its replicas with the modes its engine reports (`unknown` when detached or not asked). */
+  replicas: { hostId: string; mode: ReplicaMode | 'unknown' }[];
+  /** False when it is attached but its engine could not be asked. */
+  engineAnswered: boolean;
+}
+
+/** Everything the check looks at. */
+export interface UpgradeLayout {
+  /** Hosts to upgrade. */
+  hosts: string[];
+  offered: ReadonlySet<string>;
+  reachable: ReadonlySet<string>;
+  inProcess: ReadonlySet<string>;
+  hasLauncher: boolean;
+  method: UpgradeMethodChoice;
+  volumes: VolumeLayout[];
+}
+
+/** The volumes with their engine or a replica on `host`. */
+export function volumesOn(host: string, volumes: VolumeLayout[]): VolumeLayout[] {
+  return volumes.filter((v) => v.engineHost === host || v.replicas.some((r) => r.hostId === host));
+}
+
+/** The method a host gets and why (today there is one; `auto` refuses what would drop a client). */
+export function chooseMethod(choice: UpgradeMethodChoice): { method: UpgradeMethod; reason: string } {
+  return choice === 'restart'
+    ? { method: 'restart', reason: 'asked for: the host\'s engines restart with it and their NBD clients reconnect' }
+    : { method: 'restart', reason: 'no NBD client is connected to an engine on the host, so a restart disturbs none' };
+}
+
+/** Every reason the hosts cannot be upgraded now (empty: go). */
+export function upgradeBlocks(l: UpgradeLayout): UpgradeBlock[] {
+  const out: UpgradeBlock[] = [];
+  const add = (code: UpgradeBlockCode, host: string, message: string, volume?: string): void => {
+    out.push({ code, host, ...(volume !== undefined ? { volume } : {}), message });
+  };
+  for (const host of l.hosts) {
+    if (!l.hasLauncher) add('NO_LAUNCHER', host, 'no data engine launcher was given to Mooring.open, so nothing can start the new version');
+    if (!l.offered.has(host)) {
+      add('HOST_UNKNOWN', host, `host ${host} is not a host of this cluster`);
+      continue;
+    }
+    if (l.inProcess.has(host)) add('IN_PROCESS_DATA_ENGINE', host, `host ${host}'s data engine runs inside this VM manager; upgrade it by restarting the VM manager with the new package`);
+    if (!l.reachable.has(host)) add('HOST_UNREACHABLE', host, `host ${host}'s data engine does not answer`);
+    const on = volumesOn(host, l.volumes);
+    if (on.length > UPGRADE_VOLUMES_PER_HOST_MAX) add('TOO_MANY_VOLUMES', host, `host ${host} holds ${on.length} volumes; one session step lists at most ${UPGRADE_VOLUMES_PER_HOST_MAX}`);
+    for (const v of on) {
+      if (v.migrating) add('MIGRATION_IN_PROGRESS', host, `volume ${v.name} is migrating; confirm or roll it back first`, v.name);
+      if (v.engineHost === null) continue;
+      if (!v.engineAnswered) {
+        add('VOLUME_NOT_HEALTHY', host, `the engine of volume ${v.name} on ${v.engineHost} does not answer`, v.name);
+        continue;
+      }
+      if (v.replicas.some((r) => r.mode === 'WO')) add('REBUILD_RUNNING', host, `volume ${v.name} is rebuilding a replica; wait for it to finish`, v.name);
+      if (v.replicas.some((r) => r.mode === 'ERR')) add('VOLUME_NOT_HEALTHY', host, `volume ${v.name} has a replica in ERR; let it be repaired first`, v.name);
+      const rw = v.replicas.filter((r) => r.mode === 'RW');
+      if (v.engineHost !== host && rw.length > 0 && rw.every((r) => r.hostId === host)) {
+        add('ONLY_REPLICAS_ON_HOST', host, `volume ${v.name} is attached on ${v.engineHost} and every RW replica of it is on ${host}; add a replica on another host first`, v.name);
+      }
+      if (v.engineHost === host && !v.frontend) add('OPERATION_RUNNING', host, `an operation holds volume ${v.name} on ${host}; wait for it to end`, v.name);
+      if (v.engineHost === host && v.frontend && l.method === 'auto') {
+        add('CLIENTS_WOULD_RECONNECT', host, `volume ${v.name} is attached on ${host} with its NBD export; a restart drops its clients' connections (ask for method 'restart' if they reconnect)`, v.name);
+      }
+    }
+  }
+  return out;
+}
