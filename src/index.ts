@@ -64,7 +64,9 @@ export type {
   UpgradeMethodChoice,
   UpgradeOptions,
   UpgradeSessionEvents,
+  UpgradeSessionInfo,
   UpgradeSessionStatus,
+  UpgradeSpec,
   UpgradeState,
   VolumeUpgradeStatus,
 } from './upgrade/upgrade-session.js';

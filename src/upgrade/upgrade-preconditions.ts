@@ -41,9 +41,13 @@ export type UpgradeBlockCode =
 
 /** One reason, as reported in `details.reasons` of PRECONDITION_FAILED. */
 export interface UpgradeBlock {
+  /** Why. */
   code: UpgradeBlockCode;
+  /** The host that cannot be upgraded. */
   host: string;
+  /** The volume concerned, if one is. */
   volume?: string;
+  /** What to do about it, for people. */
   message: string;
 }
 

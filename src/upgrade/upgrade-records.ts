@@ -81,23 +81,31 @@ export interface NewDataEngine {
 
 /** A coded error as recorded. */
 export interface RecordedError {
+  /** Its {@link MooringErrorCode}. */
   code: MooringErrorCode;
+  /** Its message, for people. */
   message: string;
 }
 
-/** The session document. */
-export interface UpgradeSessionRecord {
-  schema: number;
+/** What an upgrade session was asked to do. */
+export interface UpgradeSpec {
+  /** Hosts in the order they are upgraded (all offered hosts when the embedder named none). */
+  hosts: string[];
+  /** The new data engine. */
+  dataEngine: NewDataEngine;
+  /** The method asked for. */
+  method: UpgradeMethodChoice;
+  /** How long one wait of a host's step may take (the new process answering, the volumes healthy again). */
+  stepTimeoutMs: number;
+}
+
+/** A session as reported (the document without its bookkeeping). */
+export interface UpgradeSessionInfo {
   /** The session's id (a UUID). */
   id: string;
-  spec: {
-    /** Hosts in the order they are upgraded (all offered hosts when the embedder named none). */
-    hosts: string[];
-    dataEngine: NewDataEngine;
-    method: UpgradeMethodChoice;
-    /** How long one wait of a host's step may take (the new process answering, the volumes healthy again). */
-    stepTimeoutMs: number;
-  };
+  /** What it was asked to do. */
+  spec: UpgradeSpec;
+  /** Where it is. */
   state: UpgradeState;
   /** Paused: the step in progress finishes, then nothing moves until resumed. */
   paused: boolean;
@@ -105,12 +113,20 @@ export interface UpgradeSessionRecord {
   cancelRequested: boolean;
   /** The host being upgraded, or null. */
   upgradingHost: string | null;
+  /** Why it ended in `error`, else null. */
   error: RecordedError | null;
+  /** When it was started (ms since the epoch). */
+  createdMs: number;
+  /** When its document last changed. */
+  updatedMs: number;
+}
+
+/** The session document. */
+export interface UpgradeSessionRecord extends UpgradeSessionInfo {
+  schema: number;
   /** Which control plane drives the session, and until when (a lease renewed while it runs). */
   ownerId: string;
   leaseUntilMs: number;
-  createdMs: number;
-  updatedMs: number;
 }
 
 /** One volume on a host being upgraded. */
@@ -123,25 +139,37 @@ export interface VolumeUpgradeStatus {
   state: 'listed' | 'snapshotted' | 'healthy';
 }
 
-/** A host's document. Key: the host id. */
-export interface HostUpgradeRecord {
-  schema: number;
-  /** The session it belongs to. */
-  session: string;
+/** One host's part of a session (seed 004's NodeDataEngineUpgrade status). */
+export interface HostUpgradeStatus {
+  /** The host. */
   hostId: string;
+  /** Its step, or how it ended. */
   state: HostUpgradeState;
+  /** How its data engine is replaced. */
   method: UpgradeMethod;
   /** Why that method (what `auto` saw). */
   methodReason: string;
-  /** The data engine that ran before the upgrade (`DataEngineInfo.instanceId`, `version`), once seen. */
+  /** The data engine that ran before (`DataEngineInfo.instanceId`), once seen. */
   instanceBefore: string | null;
+  /** Its version. */
   versionBefore: string | null;
-  /** What runs after it. */
+  /** The version that runs after the upgrade. */
   versionAfter: string | null;
+  /** The volumes with their engine or a replica on the host, by name. */
   volumes: Record<string, VolumeUpgradeStatus>;
+  /** Why it ended in `error`, else null. */
   error: RecordedError | null;
+  /** When its turn began (ms since the epoch). */
   startedMs: number | null;
+  /** When it ended. */
   doneMs: number | null;
+}
+
+/** A host's document. Key: the host id. */
+export interface HostUpgradeRecord extends HostUpgradeStatus {
+  schema: number;
+  /** The session it belongs to. */
+  session: string;
 }
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;

@@ -12,19 +12,21 @@ import type * as TE from 'typed-emitter';
 import type { DataEngine } from '../data-engine/data-engine.js';
 import { MooringError } from '../errors.js';
 import type { UpgradeBlock } from './upgrade-preconditions.js';
-import type {
-  HostUpgradeRecord,
+import type { HostUpgradeState, HostUpgradeStatus, NewDataEngine, RecordedError, UpgradeMethod, UpgradeSessionInfo, UpgradeState } from './upgrade-records.js';
+
+export type { UpgradeBlock, UpgradeBlockCode } from './upgrade-preconditions.js';
+export type {
   HostUpgradeState,
+  HostUpgradeStatus,
   NewDataEngine,
   RecordedError,
   UpgradeMethod,
   UpgradeMethodChoice,
-  UpgradeSessionRecord,
+  UpgradeSessionInfo,
+  UpgradeSpec,
   UpgradeState,
+  VolumeUpgradeStatus,
 } from './upgrade-records.js';
-
-export type { UpgradeBlock, UpgradeBlockCode } from './upgrade-preconditions.js';
-export type { HostUpgradeState, NewDataEngine, RecordedError, UpgradeMethod, UpgradeMethodChoice, UpgradeState, VolumeUpgradeStatus } from './upgrade-records.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
@@ -51,16 +53,13 @@ export interface UpgradeOptions {
   /** The new data engine: its version and how the launcher starts it. */
   dataEngine: NewDataEngine;
   /** `auto` (default): only what disturbs no NBD client, else PRECONDITION_FAILED; `restart`: a host's engines restart with it and their clients reconnect. */
-  method?: UpgradeMethodChoice;
+  method?: 'auto' | UpgradeMethod;
   /** How long one wait of a host's step may take: the new process answering, engines back, replicas RW again (default 600,000 ms). */
   stepTimeoutMs?: number;
 }
 
-/** One host's part of a session (seed 004's NodeDataEngineUpgrade status). */
-export type HostUpgradeStatus = Omit<HostUpgradeRecord, 'schema' | 'session'>;
-
-/** A session as reported. */
-export interface UpgradeSessionStatus extends Omit<UpgradeSessionRecord, 'schema' | 'ownerId' | 'leaseUntilMs'> {
+/** A session as reported, with its hosts. */
+export interface UpgradeSessionStatus extends UpgradeSessionInfo {
   /** Every host of the session, by id. */
   hosts: Record<string, HostUpgradeStatus>;
 }
