@@ -6,8 +6,11 @@
  *
  * Seed 004 refuses a volume whose only replica is on the node being upgraded, because its
  * engine must switch over to another node. With `restart`, an engine on the host restarts
- * with it, so a volume with its engine and its only replica there is fine; what is refused
- * is a volume attached elsewhere whose every RW replica is on the host (ONLY_REPLICAS_ON_HOST).
+ * with it, so a volume with its engine and its only replica there is fine. What is refused
+ * is a volume attached elsewhere that would keep no majority of its replicas while the
+ * host restarts (QUORUM_NEEDS_HOST): its engine could then neither serve nor drop the
+ * missing replica (docs/single-writer.md, "Quorum"). A 2-replica volume attached on another
+ * host is such a volume for either of its replicas' hosts.
  *
  * @packageDocumentation
  */
@@ -30,8 +33,8 @@ export type UpgradeBlockCode =
   | 'REBUILD_RUNNING'
   /** A volume on the host has a replica in ERR (or its engine cannot be asked). */
   | 'VOLUME_NOT_HEALTHY'
-  /** A volume attached on another host keeps every RW replica on this one: its engine would lose them all. */
-  | 'ONLY_REPLICAS_ON_HOST'
+  /** A volume attached on another host would keep no majority of its replicas without this one (its only replica, or one of two). */
+  | 'QUORUM_NEEDS_HOST'
   /** An operation (snapshot export, clone, rebuild) holds a volume's engine on the host. */
   | 'OPERATION_RUNNING'
   /** An NBD client is connected to an engine on the host; `restart` would drop its connection. Ask for `restart` explicitly to accept that. */
@@ -114,9 +117,9 @@ export function upgradeBlocks(l: UpgradeLayout): UpgradeBlock[] {
       }
       if (v.replicas.some((r) => r.mode === 'WO')) add('REBUILD_RUNNING', host, `volume ${v.name} is rebuilding a replica; wait for it to finish`, v.name);
       if (v.replicas.some((r) => r.mode === 'ERR')) add('VOLUME_NOT_HEALTHY', host, `volume ${v.name} has a replica in ERR; let it be repaired first`, v.name);
-      const rw = v.replicas.filter((r) => r.mode === 'RW');
-      if (v.engineHost !== host && rw.length > 0 && rw.every((r) => r.hostId === host)) {
-        add('ONLY_REPLICAS_ON_HOST', host, `volume ${v.name} is attached on ${v.engineHost} and every RW replica of it is on ${host}; add a replica on another host first`, v.name);
+      const left = v.replicas.filter((r) => r.mode === 'RW' && r.hostId !== host).length;
+      if (v.engineHost !== host && left * 2 <= v.replicas.length) {
+        add('QUORUM_NEEDS_HOST', host, `volume ${v.name} is attached on ${v.engineHost}; without ${host}, ${left} of its ${v.replicas.length} replicas are left, not a majority; add a replica on another host first`, v.name);
       }
       if (v.engineHost === host && !v.frontend) add('OPERATION_RUNNING', host, `an operation holds volume ${v.name} on ${host}; wait for it to end`, v.name);
       if (v.engineHost === host && v.frontend && l.method === 'auto') {

@@ -61,4 +61,14 @@ describe('examples', () => {
     expect(out).toMatch(/delete while used: BUSY/);
     expect(out).toMatch(/volume and image deleted/);
   });
+
+  it('upgrade: three data-engine processes replaced one after another by an upgrade session', async () => {
+    const out = await runExample('examples/upgrade/demo.mjs');
+    expect(out).toMatch(/auto refused: PRECONDITION_FAILED: CLIENTS_WOULD_RECONNECT on a/);
+    for (const h of ['a', 'b', 'c']) expect(out).toMatch(new RegExp(`launcher: replacing ${h}'s data engine`));
+    expect(out).toMatch(/a: snapshot upgrade-[0-9a-f]{8} of disk0/);
+    expect(out).toMatch(/c: completed\nsession completed/);
+    // The engine came back on a at a new epoch, with every replica caught up.
+    expect(out).toMatch(/volume healthy on a, writer epoch 2; r0@a=RW r1@b=RW r2@c=RW/);
+  });
 });

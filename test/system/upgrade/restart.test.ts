@@ -65,10 +65,10 @@ describe('upgrade session over three data-engine hosts (method restart)', () => 
     await cluster.volume('lonely').attach({ host: 'a', nbd: `unix:${sock('lonely')}` });
     const err = (await cluster.startUpgrade({ dataEngine: { version, command: ['mooring'] }, method: 'restart' }).catch((e: unknown) => e)) as MooringError;
     expect(err.code, String(err)).toBe('PRECONDITION_FAILED');
-    expect(err.details!['reasons']).toEqual([expect.objectContaining({ code: 'ONLY_REPLICAS_ON_HOST', host: 'c', volume: 'lonely' })]);
+    expect(err.details!['reasons']).toEqual([expect.objectContaining({ code: 'QUORUM_NEEDS_HOST', host: 'c', volume: 'lonely' })]);
     // `auto` also refuses to restart a under the NBD client of lonely.
     const auto = (await cluster.startUpgrade({ dataEngine: { version, command: ['mooring'] } }).catch((e: unknown) => e)) as MooringError;
-    expect((auto.details!['reasons'] as { code: string }[]).map((r) => r.code).sort()).toEqual(['CLIENTS_WOULD_RECONNECT', 'ONLY_REPLICAS_ON_HOST']);
+    expect((auto.details!['reasons'] as { code: string }[]).map((r) => r.code).sort()).toEqual(['CLIENTS_WOULD_RECONNECT', 'QUORUM_NEEDS_HOST']);
     expect(replaced).toEqual([]);
     expect(await cluster.upgradeSession()).toBeNull();
     await cluster.volume('lonely').detach();

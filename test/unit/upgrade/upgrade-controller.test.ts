@@ -149,7 +149,8 @@ describe('a session over three hosts (method restart)', () => {
     f.fakes[2]!.reachable = false;
     const err = (await cp.upgrade.start({ dataEngine: NEW }).catch((e: unknown) => e)) as MooringError;
     expect(err).toMatchObject({ code: 'PRECONDITION_FAILED' });
-    expect((err.details!['reasons'] as { code: string; host: string }[]).map((r) => `${r.code} ${r.host}`)).toEqual(['CLIENTS_WOULD_RECONNECT a', 'HOST_UNREACHABLE c']);
+    // b holds one of v's two replicas: without it, no majority is left for v's engine on a.
+    expect((err.details!['reasons'] as { code: string; host: string }[]).map((r) => `${r.code} ${r.host}`)).toEqual(['CLIENTS_WOULD_RECONNECT a', 'QUORUM_NEEDS_HOST b', 'HOST_UNREACHABLE c']);
     expect(await f.store.list('upgrade-session')).toEqual([]);
     expect(await cp.upgrade.current()).toBeNull();
     expect(await f.fakes[0]!.listSnapshots(v)).toEqual([]);
@@ -270,7 +271,7 @@ describe('a control plane that stops at any recorded step', () => {
   for (let k = 0; k < 12; k++) {
     it(`resumes after a stop at step ${k}`, async () => {
       const { f, l, cp, volume } = await setup();
-      const v = await volume(['a', 'b']);
+      const v = await volume(['a', 'b', 'c']);
       await cp.attachment.attach(v, { host: 'a', nbd: 'unix:/tmp/z.sock' });
       const session = await cp.upgrade.start({ dataEngine: NEW, method: 'restart', hosts: ['a', 'b'] });
       let n = 0;
