@@ -149,6 +149,10 @@ export class RemoteDataEngine implements DataEngine {
     const client = new Ctor(target, creds, {
       'grpc.max_receive_message_length': GRPC_LIMITS.messageBytesMax,
       'grpc.max_send_message_length': GRPC_LIMITS.messageBytesMax,
+      // A connection of its own: grpc-js otherwise shares one per address across clients,
+      // and a new client to a data engine that just restarted would inherit the old
+      // client's reconnect back-off and fail at once ("No connection established").
+      'grpc.use_local_subchannel_pool': 1,
     });
     const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port: addr.port });
     try {
