@@ -172,6 +172,8 @@ export interface HostUpgradeRecord extends HostUpgradeStatus {
   session: string;
 }
 
+// NAME_PATTERN without `.` and `..` (what checkName allows).
+const NAME = new RegExp(`^(?!\\.\\.?$)${NAME_PATTERN.source.slice(1)}`);
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 const MS_MAX = Number.MAX_SAFE_INTEGER;
 const TEXT_MAX = 1024;
@@ -210,7 +212,7 @@ export function parseUpgradeSessionRecord(v: unknown, key: string): UpgradeSessi
   const f = new RecordFields(UPGRADE_KIND.session, key, v);
   const spec = f.obj('spec');
   const hosts = spec.list('hosts', UPGRADE_HOSTS_MAX);
-  if (hosts.some((h) => typeof h !== 'string' || !NAME_PATTERN.test(h)) || new Set(hosts).size !== hosts.length) spec.fail('spec.hosts is not a list of distinct host ids');
+  if (hosts.some((h) => typeof h !== 'string' || !NAME.test(h)) || new Set(hosts).size !== hosts.length) spec.fail('spec.hosts is not a list of distinct host ids');
   return {
     schema: schemaOf(f),
     id: f.str('id', UUID),
@@ -223,7 +225,7 @@ export function parseUpgradeSessionRecord(v: unknown, key: string): UpgradeSessi
     state: f.oneOf('state', UPGRADE_STATES),
     paused: f.bool('paused'),
     cancelRequested: f.bool('cancelRequested'),
-    upgradingHost: f.optStr('upgradingHost', NAME_PATTERN),
+    upgradingHost: f.optStr('upgradingHost', NAME),
     error: errorOf(f, 'error'),
     ownerId: f.str('ownerId', UUID),
     leaseUntilMs: f.int('leaseUntilMs', 0, MS_MAX),
@@ -237,14 +239,14 @@ export function parseHostUpgradeRecord(v: unknown, key: string): HostUpgradeReco
   const f = new RecordFields(UPGRADE_KIND.host, key, v);
   const volumes: Record<string, VolumeUpgradeStatus> = {};
   const vf = f.obj('volumes');
-  for (const name of f.mapKeys('volumes', UPGRADE_VOLUMES_PER_HOST_MAX, NAME_PATTERN)) {
+  for (const name of f.mapKeys('volumes', UPGRADE_VOLUMES_PER_HOST_MAX, NAME)) {
     const e = vf.obj(name);
-    volumes[name] = { role: e.oneOf('role', ['engine', 'replica'] as const), snapshot: e.optStr('snapshot', NAME_PATTERN), state: e.oneOf('state', ['listed', 'snapshotted', 'healthy'] as const) };
+    volumes[name] = { role: e.oneOf('role', ['engine', 'replica'] as const), snapshot: e.optStr('snapshot', NAME), state: e.oneOf('state', ['listed', 'snapshotted', 'healthy'] as const) };
   }
   const r: HostUpgradeRecord = {
     schema: schemaOf(f),
     session: f.str('session', UUID),
-    hostId: f.str('hostId', NAME_PATTERN),
+    hostId: f.str('hostId', NAME),
     state: f.oneOf('state', HOST_UPGRADE_STATES),
     method: f.oneOf('method', ['restart'] as const),
     methodReason: f.str('methodReason', undefined, TEXT_MAX),
