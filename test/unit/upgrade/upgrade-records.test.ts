@@ -53,7 +53,7 @@ describe('upgrade records', () => {
     ['an unknown error code', (_s, h) => (h.error = { code: 'EVIL', message: '' } as never), 'host'],
     ['a key that is not its host', (_s, h) => (h.hostId = 'b'), 'host'],
     ['a volume entry with a bad role', (_s, h) => (h.volumes.v1.role = 'boss' as never), 'host'],
-    ['a bad volume name', (_s, h) => (h.volumes = { '..': h.volumes.v1 }), 'host'],
+    ['a bad volume name', (_s, h) => (h.volumes = { '..': h.volumes.v1 } as never), 'host'],
     ['volumes as a list', (_s, h) => (h.volumes = [] as never), 'host'],
     ['a string for a number', (_s, h) => (h.startedMs = '1' as never), 'host'],
   ];
