@@ -1,0 +1,263 @@
+// Hand-off of a live NBD export between two node processes (docs/nbd-frontend.md, "Hand-off
+// of an export between processes"). Each process is test/native/nbd-handoff-peer.mjs with
+// the real addon: O serves the export, N takes it over through a hand-off channel, and the
+// clients live in this process (the in-repo NBD client, qemu-io, nbdinfo). What must hold:
+// the client's socket never closes, every request is answered exactly once (the client
+// treats a second answer for a cookie as a protocol violation and drops the socket), the
+// data read back and the replica afterwards equal a model of every acknowledged write, and
+// the connection keeps its id.
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+
+import { CMD, ERRNO, NbdClient, NbdReplyError, SocketReader, requestFrame } from '../../src/bench/nbd-client.js';
+import { KiB, MiB, Scratch, addon, assertDirsIdentical, nextEpoch, pattern, waitFor } from './helpers.js';
+
+const PEER = join(__dirname, 'nbd-handoff-peer.mjs');
+const SIZE = 16 * MiB;
+/** Generous: these machines are shared, and a freeze that times out is a failure here. */
+const FREEZE_TIMEOUT_MS = 10_000;
+
+type Json = Record<string, unknown>;
+
+/** A peer process, driven by JSON lines; its stderr goes to ours, prefixed. */
+class Peer {
+  private nextId = 1;
+  private readonly calls = new Map<number, { resolve: (v: Json) => void; reject: (e: Error) => void; op: string }>();
+  private readonly events: Json[] = [];
+  private eventWaiters: Array<() => void> = [];
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+
+  private constructor(
+    readonly name: string,
+    readonly child: ChildProcess,
+  ) {
+    let buf = '';
+    child.stdout!.on('data', (d: Buffer) => {
+      buf += d.toString();
+      for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        this.onLine(line);
+      }
+    });
+    child.stderr!.on('data', (d: Buffer) => process.stderr.write(`[${name} stderr] ${d.toString()}`));
+    this.exited = new Promise((resolve) => {
+      child.on('exit', (code, signal) => {
+        for (const c of this.calls.values()) c.reject(new Error(`${name} exited (${code ?? signal}) during ${c.op}`));
+        this.calls.clear();
+        resolve({ code, signal });
+      });
+    });
+  }
+
+  static async start(name: string): Promise<Peer> {
+    const child = spawn(process.execPath, [PEER], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const p = new Peer(name, child);
+    await p.waitEvent('ready', 30_000);
+    return p;
+  }
+
+  private onLine(line: string): void {
+    let msg: Json;
+    try {
+      msg = JSON.parse(line) as Json;
+    } catch {
+      process.stderr.write(`[${this.name} stdout] ${line}\n`);
+      return;
+    }
+    if (typeof msg.event === 'string') {
+      this.events.push(msg);
+      const ws = this.eventWaiters;
+      this.eventWaiters = [];
+      for (const w of ws) w();
+      return;
+    }
+    const c = this.calls.get(msg.id as number);
+    if (!c) return;
+    this.calls.delete(msg.id as number);
+    if (msg.ok) c.resolve((msg.result ?? {}) as Json);
+    else {
+      const e = msg.error as { code: string; message: string };
+      c.reject(Object.assign(new Error(`${this.name} ${c.op}: ${e.code}: ${e.message}`), { code: e.code }));
+    }
+  }
+
+  call<T = Json>(op: string, args: Json = {}): Promise<T> {
+    const id = this.nextId++;
+    return new Promise<T>((resolve, reject) => {
+      this.calls.set(id, { resolve: resolve as (v: Json) => void, reject, op });
+      this.child.stdin!.write(JSON.stringify({ id, op, ...args }) + '\n');
+    });
+  }
+
+  async waitEvent(name: string, timeoutMs = 20_000): Promise<Json> {
+    const until = Date.now() + timeoutMs;
+    for (;;) {
+      const e = this.events.find((x) => x.event === name);
+      if (e) return e;
+      if (Date.now() > until) throw new Error(`${this.name}: no '${name}' event within ${timeoutMs} ms`);
+      await new Promise<void>((r) => {
+        const t = setTimeout(r, until - Date.now());
+        this.eventWaiters.push(() => {
+          clearTimeout(t);
+          r();
+        });
+      });
+    }
+  }
+
+  async stop(): Promise<void> {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return;
+    this.child.stdin!.end();  // the peer closes what it holds, then exits
+    const r = await Promise.race([this.exited, new Promise<null>((res) => setTimeout(() => res(null), 20_000))]);
+    if (r === null) this.child.kill('SIGKILL');
+  }
+}
+
+interface Setup {
+  s: Scratch;
+  dir: string;
+  sock: string;
+  hsock: string;
+  o: Peer;
+  n: Peer;
+}
+
+/** O serving a fresh replica at `sock`, listening for its successor at `hsock`; N started. */
+async function setup(): Promise<Setup> {
+  const s = new Scratch('mooring-handoff-');
+  const dir = s.path('r0');
+  await addon().createReplica(dir, SIZE);
+  const sock = s.path('nbd.sock');
+  const hsock = s.path('handoff.sock');
+  const [o, n] = await Promise.all([Peer.start('O'), Peer.start('N')]);
+  await o.call('openEngine', { dir, epoch: nextEpoch() });
+  await o.call('exportNbd', { nbd: { unixPath: sock } });
+  await o.call('listen', { path: hsock });
+  return { s, dir, sock, hsock, o, n };
+}
+
+interface HandOffResult {
+  committed: boolean;
+  pauseMs: number;
+  sent: { connectionIds: number[]; pendingBytes: number; connectionsTotal: number };
+  reply?: Json;
+}
+
+/** One whole hand-off O → N (the protocol is in nbd-handoff-peer.mjs). */
+async function handOff(t: Setup, opts: { holdBeforeReady?: boolean } = {}): Promise<{ o: Promise<HandOffResult>; n: Promise<Json> }> {
+  const accepted = t.o.call('accept', { timeoutMs: 20_000 });
+  const n = t.n.call('takeOver', { path: t.hsock, dir: t.dir, epoch: nextEpoch(), timeoutMs: 20_000, ...opts });
+  n.catch(() => {});  // observed by the caller, or the peer is killed on purpose
+  await accepted;
+  const o = t.o.call<HandOffResult>('handOff', { freezeTimeoutMs: FREEZE_TIMEOUT_MS, readyTimeoutMs: 30_000, spareEpoch: nextEpoch() });
+  return { o, n };
+}
+
+async function teardown(t: Setup | undefined): Promise<void> {
+  if (!t) return;
+  await Promise.all([t.o.stop(), t.n.stop()]);
+  t.s.cleanup();
+}
+
+/**
+ * Queue-depth `workers` I/O from one NBD client: worker i owns the slice [i*slice, (i+1)*slice)
+ * and alternates writes (recorded in the model when acknowledged) and reads checked against
+ * the model, so concurrent requests never overlap and every read has one right answer.
+ */
+class Load {
+  readonly model = Buffer.alloc(SIZE);
+  ops = 0;
+  stop = false;
+  private seed: number;
+  readonly done: Promise<void>;
+
+  constructor(
+    readonly client: NbdClient,
+    readonly workers: number,
+    seed: number,
+    readonly sliceBytes = 512 * KiB,
+  ) {
+    this.seed = seed;
+    this.done = Promise.all(Array.from({ length: workers }, (_, i) => this.worker(i))).then(() => {});
+  }
+
+  private rand(n: number): number {
+    this.seed = (this.seed * 1103515245 + 12345) >>> 0;
+    return this.seed % n;
+  }
+
+  private async worker(i: number): Promise<void> {
+    const base = i * this.sliceBytes;
+    while (!this.stop) {
+      const len = (1 + this.rand(16)) * 4 * KiB;
+      const off = base + this.rand(this.sliceBytes / (4 * KiB) - len / (4 * KiB) + 1) * 4 * KiB;
+      if (this.rand(2) === 0) {
+        const data = pattern(this.seed, len);
+        await this.client.write(off, data);
+        data.copy(this.model, off);
+      } else {
+        const got = await this.client.read(off, len);
+        const want = this.model.subarray(off, off + len);
+        if (!got.equals(want)) throw new Error(`worker ${i}: read ${off}+${len} differs from the model`);
+      }
+      this.ops++;
+    }
+  }
+}
+
+function fdCount(): number {
+  return readdirSync('/proc/self/fd').length;
+}
+
+describe('NBD export hand-off between processes', () => {
+  let t: Setup | undefined;
+  beforeEach(async () => {
+    t = await setup();
+  });
+  afterEach(async () => {
+    await teardown(t);
+    t = undefined;
+  });
+
+  it('keeps a client with 12 requests in flight connected: each answered once, data intact, same connection id', async () => {
+    const seed = Date.now() % 100000;
+    console.log(`nbd-handoff in-flight seed=${seed}`);
+    const client = await NbdClient.connect({ socketPath: t!.sock });
+    let socketClosed = false;
+    client.socket.on('close', () => (socketClosed = true));
+    const before = await t!.o.call<{ connectionIds: number[]; connectionsTotal: number }>('stats');
+    expect(before.connectionIds).toEqual([1]);
+
+    const load = new Load(client, 12, seed);
+    await waitFor('some I/O before the hand-off', () => load.ops >= 100, 20_000);
+    const h = await handOff(t!);
+    const [res, taken] = await Promise.all([h.o, h.n]);
+    expect(res.committed).toBe(true);
+    expect(res.sent.connectionIds).toEqual([1]);
+    expect((taken.record as Json).connectionIds).toEqual([1]);
+    const opsAtCommit = load.ops;
+    console.log(`nbd-handoff pause (freeze called to COMMIT sent): ${res.pauseMs.toFixed(1)} ms, adopt ${(taken.adoptMs as number).toFixed(1)} ms`);
+    await waitFor('I/O through the new process', () => load.ops >= opsAtCommit + 200, 20_000);
+    load.stop = true;
+    await load.done;
+
+    expect(client.protocolViolation).toBeNull();
+    expect(client.isClosed).toBe(false);
+    expect(socketClosed).toBe(false);
+    const after = await t!.n.call<{ connectionIds: number[]; connectionsTotal: number; connectionsOpen: number }>('stats');
+    expect(after.connectionIds).toEqual([1]);
+    expect(after.connectionsTotal).toBe(before.connectionsTotal);
+
+    // New clients are the new process's, and ids go on from where O left them.
+    const second = await NbdClient.connect({ socketPath: t!.sock });
+    expect((await t!.n.call<{ connectionIds: number[] }>('stats')).connectionIds).toEqual([1, 2]);
+    expect((await second.read(0, 64 * KiB)).equals(load.model.subarray(0, 64 * KiB))).toBe(true);
+    await second.disconnect();
+    await client.disconnect();
+    await t!.n.call('close');
+    await assertDirsIdentical([t!.dir], load.model);
+  });
+});
