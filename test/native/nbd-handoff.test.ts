@@ -8,6 +8,7 @@
 // the connection keeps its id.
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { readdirSync } from 'node:fs';
+import net from 'node:net';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
@@ -260,4 +261,126 @@ describe('NBD export hand-off between processes', () => {
     await t!.n.call('close');
     await assertDirsIdentical([t!.dir], load.model);
   });
+
+  it('honours structured replies, base:allocation and a pre-resize size negotiated before the hand-off', async () => {
+    const old = await NbdClient.connect({ socketPath: t!.sock });  // structured + base:allocation
+    const simple = await NbdClient.connect({ socketPath: t!.sock }, { structured: false });
+    expect(old.structured).toBe(true);
+    expect(old.metaContextId).toBe(1);
+    expect(old.sizeBytes).toBe(SIZE);
+    await t!.o.call('resize', { sizeBytes: 2 * SIZE });
+    const grown = await NbdClient.connect({ socketPath: t!.sock });
+    expect(grown.sizeBytes).toBe(2 * SIZE);
+    const data = pattern(7, 64 * KiB);
+    await old.write(1 * MiB, data);
+
+    const h = await handOff(t!);
+    expect((await h.o).committed).toBe(true);
+    await h.n;
+    expect((await t!.n.call<{ connectionIds: number[] }>('stats')).connectionIds).toEqual([1, 2, 3]);
+
+    // Block status still answers with context id 1, as negotiated with O.
+    const ext = await old.blockStatus(0, 4 * MiB);
+    expect(ext.length).toBeGreaterThan(1);
+    expect(ext.reduce((a, e) => a + e.length, 0)).toBe(4 * MiB);
+    expect(ext.find((e) => e.flags === 0)).toBeDefined();
+    // Structured reads: holes come back as hole chunks (type 2), data as data chunks (type 1).
+    const r = await old.rawRequest(CMD.READ, 0, 1 * MiB - 64 * KiB, 128 * KiB);
+    expect(r.error).toBe(0);
+    expect(r.chunkTypes).toEqual([2, 1]);
+    expect(r.data!.subarray(64 * KiB).equals(data)).toBe(true);
+    // Each connection keeps the size its own handshake gave.
+    await expect(old.write(SIZE, pattern(8, 4 * KiB))).rejects.toMatchObject({ errno: ERRNO.ENOSPC });
+    await grown.write(SIZE, pattern(8, 4 * KiB));
+    // The client that never negotiated structured replies still gets simple ones.
+    expect((await simple.read(1 * MiB, 64 * KiB)).equals(data)).toBe(true);
+    await expect(simple.blockStatus(0, 4096)).rejects.toBeInstanceOf(NbdReplyError);
+    for (const c of [old, simple, grown]) {
+      expect(c.protocolViolation).toBeNull();
+      await c.disconnect();
+    }
+  });
+
+  it('handles a WRITE whose payload arrives after the freeze began', async () => {
+    const c = await NbdClient.connect({ socketPath: t!.sock }, { structured: false });
+    const raw = c.detach();  // from here on this test reads and writes the socket itself
+    const payload = pattern(11, 256 * KiB);
+    const header = requestFrame(CMD.WRITE, 0, 77n, BigInt(2 * MiB), payload.length);
+    c.socket.write(Buffer.concat([header, payload.subarray(0, 100 * KiB)]));
+
+    const h = await handOff(t!);
+    await t!.o.waitEvent('freezing');
+    // The freeze has begun once O stops accepting: a new client then waits in the backlog,
+    // with no greeting (N greets it after the hand-off).
+    const probe = await backlogProbe(t!.sock);
+    let settled = false;
+    void h.o.finally(() => (settled = true));
+    expect(settled).toBe(false);  // it cannot finish: a WRITE is half received
+    c.socket.write(payload.subarray(100 * KiB));
+    const reply = await raw.readExact(16);
+    expect(reply.readUInt32BE(4)).toBe(0);
+    expect(reply.readBigUInt64BE(8)).toBe(77n);
+    const res = await h.o;
+    expect(res.committed).toBe(true);
+    expect(res.sent.pendingBytes).toBe(0);
+    await h.n;
+
+    c.socket.write(requestFrame(CMD.READ, 0, 78n, BigInt(2 * MiB), payload.length));
+    const r = await raw.readExact(16 + payload.length);
+    expect(r.readUInt32BE(4)).toBe(0);
+    expect(r.readBigUInt64BE(8)).toBe(78n);
+    expect(r.subarray(16).equals(payload)).toBe(true);
+    expect((await probe.readExact(18)).readBigUInt64BE(0)).toBe(0x4e42444d41474943n);  // N's greeting
+    expect(raw.isEnded).toBe(false);
+    c.destroy();
+    probe.socket.destroy();
+  });
+
+  it('carries bytes read but not parsed (a request header cut in two) to the new process', async () => {
+    const c = await NbdClient.connect({ socketPath: t!.sock }, { structured: false });
+    await c.write(3 * MiB, pattern(12, 64 * KiB));
+    const raw = c.detach();
+    const read = requestFrame(CMD.READ, 0, 91n, BigInt(3 * MiB), 64 * KiB);
+    // A whole FLUSH and the first 10 bytes of a READ, in one write: once the FLUSH is
+    // answered, O's reader holds the 10 bytes (it read them with the FLUSH).
+    c.socket.write(Buffer.concat([requestFrame(CMD.FLUSH, 0, 90n, 0n, 0), read.subarray(0, 10)]));
+    expect((await raw.readExact(16)).readBigUInt64BE(8)).toBe(90n);
+
+    const h = await handOff(t!);
+    const res = await h.o;
+    expect(res.committed).toBe(true);
+    expect(res.sent.pendingBytes).toBe(10);
+    await h.n;
+    c.socket.write(read.subarray(10));
+    const r = await raw.readExact(16 + 64 * KiB);
+    expect(r.readUInt32BE(4)).toBe(0);
+    expect(r.readBigUInt64BE(8)).toBe(91n);
+    expect(r.subarray(16).equals(pattern(12, 64 * KiB))).toBe(true);
+    c.destroy();
+  });
 });
+
+/**
+ * A client that connected while the server does not accept: it gets no greeting within
+ * 300 ms. Until the freeze has paused the acceptor, probes are greeted: those are closed at
+ * once (a client left in its handshake would make the freeze fail, as documented).
+ */
+async function backlogProbe(path: string): Promise<SocketReader> {
+  for (let i = 0; i < 50; i++) {
+    const probe = await connectRaw(path);
+    const greeted = await waitFor('a greeting', () => probe.peek().length > 0, 300).then(() => true, () => false);
+    if (!greeted) return probe;
+    probe.socket.destroy();
+  }
+  throw new Error(`the server at ${path} kept accepting: it never froze`);
+}
+
+/** A bare connection to `path` with a byte reader (no handshake). */
+async function connectRaw(path: string): Promise<SocketReader> {
+  const sock = await new Promise<net.Socket>((resolve, reject) => {
+    const so = net.createConnection({ path });
+    so.once('connect', () => resolve(so));
+    so.once('error', reject);
+  });
+  return new SocketReader(sock);
+}
