@@ -358,6 +358,103 @@ describe('NBD export hand-off between processes', () => {
     expect(r.subarray(16).equals(pattern(12, 64 * KiB))).toBe(true);
     c.destroy();
   });
+
+  it('rolls back when the receiver is SIGKILLed before READY: O reopens with a spare epoch and serves the same connections', async () => {
+    const seed = (Date.now() >> 3) % 100000;
+    console.log(`nbd-handoff rollback seed=${seed}`);
+    const client = await NbdClient.connect({ socketPath: t!.sock });
+    let socketClosed = false;
+    client.socket.on('close', () => (socketClosed = true));
+    const load = new Load(client, 8, seed);
+    await waitFor('I/O before the hand-off', () => load.ops >= 100, 20_000);
+    const h = await handOff(t!, { holdBeforeReady: true });
+    await t!.n.waitEvent('adopted');  // N holds every fd and the replica: kill it now
+    t!.n.child.kill('SIGKILL');
+    expect((await t!.n.exited).signal).toBe('SIGKILL');
+    const res = await h.o;
+    expect(res.committed).toBe(false);
+    expect(res.reply).toMatchObject({ type: 'error', code: 'UNAVAILABLE' });
+    const opsAtRollback = load.ops;
+    await waitFor('I/O after the rollback', () => load.ops >= opsAtRollback + 200, 20_000);
+    load.stop = true;
+    await load.done;
+    expect(client.protocolViolation).toBeNull();
+    expect(socketClosed).toBe(false);
+    expect((await t!.o.call<{ connectionIds: number[] }>('stats')).connectionIds).toEqual([1]);
+    // New clients are served again too (the acceptor resumed).
+    const second = await NbdClient.connect({ socketPath: t!.sock });
+    expect((await second.read(0, 4 * KiB)).equals(load.model.subarray(0, 4 * KiB))).toBe(true);
+    await second.disconnect();
+    await client.disconnect();
+    await t!.o.call('close');
+    await assertDirsIdentical([t!.dir], load.model);
+  });
+
+  it('fails a freeze cleanly when a client does not read its replies, and the connection carries on', async () => {
+    const c = await NbdClient.connect({ socketPath: t!.sock }, { structured: false });
+    const raw = c.detach();
+    c.socket.pause();  // stop reading: replies pile up in the server's output queue
+    const n = 48;
+    const parts: Buffer[] = [];
+    for (let i = 0; i < n; i++) parts.push(requestFrame(CMD.READ, 0, BigInt(1000 + i), BigInt(i * 256 * KiB), 256 * KiB));
+    c.socket.write(Buffer.concat(parts));
+    const t0 = Date.now();
+    const err = await t!.o.call('freeze', { timeoutMs: 500 }).then(() => null, (e: { code: string }) => e);
+    expect(err).toMatchObject({ code: 'BUSY' });
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(450);
+    c.socket.resume();
+    const cookies = new Set<bigint>();
+    for (let i = 0; i < n; i++) {
+      const r = await raw.readExact(16 + 256 * KiB);
+      expect(r.readUInt32BE(4)).toBe(0);
+      cookies.add(r.readBigUInt64BE(8));
+    }
+    expect(cookies.size).toBe(n);  // each answered exactly once
+    // Still the same connection, still served; the server accepts again and can freeze now.
+    c.socket.write(requestFrame(CMD.FLUSH, 0, 5n, 0n, 0));
+    expect((await raw.readExact(16)).readBigUInt64BE(8)).toBe(5n);
+    const other = await NbdClient.connect({ socketPath: t!.sock });
+    await other.disconnect();
+    await t!.o.call('freeze', { timeoutMs: FREEZE_TIMEOUT_MS });
+    await t!.o.call('unfreeze');
+    c.socket.write(requestFrame(CMD.FLUSH, 0, 6n, 0n, 0));
+    expect((await raw.readExact(16)).readBigUInt64BE(8)).toBe(6n);
+    expect((await t!.o.call<{ connectionIds: number[] }>('stats')).connectionIds).toEqual([1]);
+    c.destroy();
+  });
+
+  it('keeps an interactive qemu-io connected across the hand-off; nbdinfo --list works after', async () => {
+    const qemu = spawn('qemu-io', ['-f', 'raw', `nbd+unix:///?socket=${t!.sock}`], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let out = '';
+    qemu.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    qemu.stderr.on('data', (d: Buffer) => process.stderr.write(`[qemu-io stderr] ${d.toString()}`));
+    const exited = new Promise<number | null>((r) => qemu.on('exit', (code) => r(code)));
+    const run = async (cmd: string, expectText: string): Promise<void> => {
+      const from = out.length;
+      qemu.stdin.write(cmd + '\n');
+      await waitFor(`qemu-io: ${cmd}`, () => out.slice(from).includes(expectText), 20_000);
+    };
+    await run('write -P 0xab 0 1M', 'wrote 1048576/1048576');
+    await waitFor('qemu-io connected', async () => (await t!.o.call<{ connectionIds: number[] }>('stats')).connectionIds.length === 1);
+    const ids = (await t!.o.call<{ connectionIds: number[] }>('stats')).connectionIds;
+
+    const h = await handOff(t!);
+    expect((await h.o).committed).toBe(true);
+    await h.n;
+    expect((await t!.n.call<{ connectionIds: number[] }>('stats')).connectionIds).toEqual(ids);
+    await run('read -P 0xab 0 1M', 'read 1048576/1048576');
+    await run('write -P 0xcd 1M 1M', 'wrote 1048576/1048576');
+    await run('read -P 0xcd 1M 1M', 'read 1048576/1048576');
+    await run('flush', 'qemu-io>');
+    qemu.stdin.write('quit\n');
+    expect(await exited).toBe(0);
+    expect(out).not.toMatch(/error|failed|Pattern verification/i);
+
+    const list = spawnSync('nbdinfo', ['--list', `nbd+unix:///?socket=${t!.sock}`], { encoding: 'utf8', timeout: 30_000 });
+    if (list.stderr) process.stderr.write(`[nbdinfo stderr] ${list.stderr}`);
+    expect(list.status).toBe(0);
+    expect(list.stdout).toMatch(/size:\s+16777216/);
+  });
 });
 
 /**
