@@ -141,6 +141,9 @@ const ops = {
   async receive({ timeoutMs }) {
     return recv(timeoutMs);
   },
+  async closeChannel() {
+    state.channel.close();
+  },
   async close() {
     if (state.server) await state.server.close();
     if (state.engine) await state.engine.close();

@@ -53,8 +53,10 @@ class Peer {
     });
   }
 
-  static async start(name: string): Promise<Peer> {
-    const child = spawn(process.execPath, [PEER], { stdio: ['pipe', 'pipe', 'pipe'] });
+  /** `wrapper`: a command that runs node (e.g. prlimit). */
+  static async start(name: string, wrapper: string[] = []): Promise<Peer> {
+    const argv = [...wrapper, process.execPath, PEER];
+    const child = spawn(argv[0]!, argv.slice(1), { stdio: ['pipe', 'pipe', 'pipe'] });
     const p = new Peer(name, child);
     await p.waitEvent('ready', 30_000);
     return p;
@@ -481,3 +483,68 @@ async function connectRaw(path: string): Promise<SocketReader> {
   });
   return new SocketReader(sock);
 }
+
+describe('hand-off channel against a hostile peer', () => {
+  const HOSTILE = join(__dirname, 'handoff-hostile-peer.py');
+  const cases: Array<[string, RegExp]> = [
+    ['bad-magic', /bad magic/],
+    ['oversized', /2097152 bytes is over the limit/],
+    ['too-many-fds', /5000 fds is over the limit/],
+    ['fd-count', /announced 3 fds, carried 2/],
+    ['message-with-fds', /\(message\) carries fds/],
+    ['garbage-record', /NBD hand-off record: bad magic/],
+    ['record-fd-count', /carries 1 fds for 1 connections \(expected 2\)/],
+    ['record-not-socket', /the listening fd is not a socket/],
+    ['truncated', /short message \(0 bytes\)/],
+  ];
+
+  it.each(cases)('%s: PROTOCOL_ERROR, the fds it carried closed, the channel broken', async (variant, message) => {
+    const s = new Scratch('mooring-hostile-');
+    try {
+      const before = fdCount();
+      const listener = await addon().handOff!.listen(s.path('h.sock'));
+      const py = spawn('python3', [HOSTILE, s.path('h.sock'), variant], { stdio: ['ignore', 'inherit', 'pipe'] });
+      py.stderr.on('data', (d: Buffer) => process.stderr.write(`[hostile ${variant} stderr] ${d.toString()}`));
+      const exited = new Promise<number | null>((r) => py.on('exit', (code) => r(code)));
+      const ch = await listener.accept(20_000);
+      expect(ch.peerPid).toBe(py.pid);
+      const err = await ch.receive(20_000).then(() => null, (e: { code: string; message: string }) => e);
+      expect(err?.code).toBe('PROTOCOL_ERROR');
+      expect(err?.message).toMatch(message);
+      // Broken for good: the next call fails the same way, without reading.
+      expect(await ch.receive(1000).then(() => null, (e: { code: string }) => e.code)).toBe('PROTOCOL_ERROR');
+      ch.close();
+      listener.close();
+      expect(await exited).toBe(0);
+      await waitFor('every fd of the hostile record closed', () => fdCount() === before, 5000);
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  it('a receiver out of fds (MSG_CTRUNC) refuses the record and closes the fds it did get', async () => {
+    const s = new Scratch('mooring-hostile-');
+    // A peer whose fd limit leaves room for some of the 200 fds sent, not all of them.
+    const probe = await Peer.start('probe');
+    const base = await probe.call<number>('fdCount');
+    await probe.stop();
+    const peer = await Peer.start('R', ['prlimit', `--nofile=${base + 60}`, '--']);
+    try {
+      await peer.call('listen', { path: s.path('h.sock') });
+      const before = await peer.call<number>('fdCount');
+      const accepted = peer.call('accept', { timeoutMs: 20_000 });
+      const py = spawn('python3', [HOSTILE, s.path('h.sock'), 'many-fds'], { stdio: ['ignore', 'inherit', 'inherit'] });
+      const exited = new Promise<number | null>((r) => py.on('exit', (code) => r(code)));
+      await accepted;
+      const err = await peer.call('receive', { timeoutMs: 20_000 }).then(() => null, (e: { code: string; message: string }) => e);
+      expect(err?.code).toBe('PROTOCOL_ERROR');
+      expect(err?.message).toMatch(/MSG_CTRUNC/);
+      await peer.call('closeChannel');
+      expect(await exited).toBe(0);
+      await waitFor('the fds it received closed', async () => (await peer.call<number>('fdCount')) === before, 5000);
+    } finally {
+      await peer.stop();
+      s.cleanup();
+    }
+  });
+});

@@ -151,13 +151,16 @@ Napi::Value HandOffChannelWrap::Receive(const Napi::CallbackInfo& info) {
         [ch, msg, nbd, timeout]() -> Status {
           Status st = ch->Receive(timeout, msg.get());
           if (!st.ok()) return st;
-          if (msg->kind == kHandOffKindNbdServer) return NbdHandOffRecords::Decode(msg.get(), nbd.get());
+          if (msg->kind == kHandOffKindNbdServer) {
+            st = NbdHandOffRecords::Decode(msg.get(), nbd.get());
+            return st.ok() ? st : ch->Abort(st);  // a bad record breaks the channel, as bad framing does
+          }
           if (msg->kind == kHandOffKindMessage && msg->fds.size() == 0) return Status::Ok();
           msg->fds.CloseAll();
-          return Status::Error(Code::kProtocolError,
-                               "hand-off channel: record kind " + std::to_string(msg->kind) +
-                                   (msg->kind == kHandOffKindMessage ? " (message) carries fds" : " is unknown"),
-                               EPROTO);
+          return ch->Abort(Status::Error(Code::kProtocolError,
+                                         "hand-off channel: record kind " + std::to_string(msg->kind) +
+                                             (msg->kind == kHandOffKindMessage ? " (message) carries fds" : " is unknown"),
+                                         EPROTO));
         },
         [msg, nbd](Napi::Env env) -> Napi::Value {
           Napi::Object o = Napi::Object::New(env);
@@ -178,6 +181,7 @@ Napi::Value HandOffChannelWrap::Close(const Napi::CallbackInfo& info) {
     closed_ = true;
     channel_->Close();  // wakes a pending send/receive; the socket closes with the last user
     addon_->handoff_channels.erase(channel_.get());
+    channel_.reset();  // now, not when this object is collected
     Unref();
   }
   return info.Env().Undefined();
@@ -241,6 +245,7 @@ Napi::Value HandOffListenerWrap::Close(const Napi::CallbackInfo& info) {
     closed_ = true;
     listener_->Close();  // wakes a pending accept, removes the socket file if still ours
     addon_->handoff_listeners.erase(listener_.get());
+    listener_.reset();
     Unref();
   }
   return info.Env().Undefined();

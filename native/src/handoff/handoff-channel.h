@@ -80,6 +80,8 @@ class HandOffChannel {
   Status Receive(int timeout_ms, HandOffRecord* out);
   // Wakes blocked calls (they fail with kClosed); the socket is closed with the object.
   void Close();
+  // For a record the caller found bad after Receive: every later call fails with `st`.
+  Status Abort(Status st) { return Break(std::move(st)); }
 
   pid_t peer_pid() const { return peer_pid_; }
   uid_t peer_uid() const { return peer_uid_; }
