@@ -144,21 +144,16 @@ Status HandOffChannel::Connect(const std::string& path, int timeout_ms, std::sha
   if (!FillAddr(path, &addr)) return Status::Error(Code::kInvalidArgument, "hand-off socket path too long or empty: " + path);
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno(errno, "socket");
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  const int64_t deadline = DeadlineOf(timeout_ms);
+  // A unix connect never completes later: EAGAIN (a full backlog) means try again.
+  while (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     int err = errno;
-    if (err != EINPROGRESS && err != EAGAIN) {
+    if (err == EINTR) continue;
+    if (err != EAGAIN || (deadline != 0 && NowMs() >= deadline)) {
       close(fd);
       return Errno(err, "connecting to hand-off socket " + path);
     }
-    // A full backlog: wait for the listener to take us.
-    pollfd p{fd, POLLOUT, 0};
-    int n = poll(&p, 1, timeout_ms > 0 ? timeout_ms : -1);
-    int so_err = 0;
-    socklen_t len = sizeof so_err;
-    if (n <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &len) != 0 || so_err != 0) {
-      close(fd);
-      return Errno(n == 0 ? ETIMEDOUT : (so_err ? so_err : errno), "connecting to hand-off socket " + path);
-    }
+    poll(nullptr, 0, 10);
   }
   return Adopt(fd, out);
 }
