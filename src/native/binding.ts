@@ -293,6 +293,100 @@ export interface NativeNbdServer {
   close(): Promise<void>;
 }
 
+// ---------------------------------------------------------------------------------------
+// Hand-off of an NBD export between two processes of one host (native/src/handoff,
+// native/src/binding/handoff-wrap.h; docs/nbd-frontend.md "Hand-off of an export between
+// processes"). The listening socket and every client connection move, with what each
+// client negotiated; the clients stay connected. Optional on NativeAddon: fakes and addons
+// built before it lack it. Rejections: BUSY (freeze timed out; nothing changed),
+// INVALID_STATE (wrong server state, a record used twice), PROTOCOL_ERROR (a bad record or
+// peer; the channel is then broken), UNAVAILABLE (the peer closed, or a timeout), CLOSED.
+// ---------------------------------------------------------------------------------------
+
+/**
+ * What a frozen NBD export hands over: opaque, but for a summary. It owns the fds it
+ * carries and closes them once sent, adopted, closed or collected; it is used at most once.
+ */
+export interface NativeNbdHandOffRecord {
+  /** Ids of the connections it carries (they keep them in the adopting server). */
+  readonly connectionIds: number[];
+  /** The export's unix socket path, '' for TCP. */
+  readonly unixPath: string;
+  /** The export's TCP port, 0 for unix. */
+  readonly tcpPort: number;
+  readonly exportName: string;
+  /** Bytes received from clients and not parsed yet (each less than one request header). */
+  readonly pendingBytes: number;
+  /** The export's connectionsTotal, which the adopting server continues. */
+  readonly connectionsTotal: number;
+  /** Closes its fds now (the frozen server keeps its own). */
+  close(): void;
+}
+
+/** What {@link NativeHandOffChannel.receive} resolves with. */
+export type NativeHandOffItem =
+  | { type: 'message'; data: Buffer }
+  | { type: 'nbd-server'; record: NativeNbdHandOffRecord };
+
+/**
+ * A hand-off link (AF_UNIX SOCK_SEQPACKET) to a process of the same uid, or root.
+ * Plain messages (bytes, at most 1 MiB) are the caller's protocol (HELLO, READY, COMMIT).
+ */
+export interface NativeHandOffChannel {
+  /** The peer's pid and uid (SO_PEERCRED). */
+  readonly peerPid: number;
+  readonly peerUid: number;
+  /** Sends a message, or an NBD record (used up, sent or not). timeoutMs 0/absent: none. */
+  send(item: Uint8Array | NativeNbdHandOffRecord, timeoutMs?: number): Promise<void>;
+  /** The next item; a bad one rejects PROTOCOL_ERROR (its fds closed) and breaks the channel. */
+  receive(timeoutMs?: number): Promise<NativeHandOffItem>;
+  /** Wakes pending calls (they reject CLOSED); the peer sees the channel close. */
+  close(): void;
+}
+
+export interface NativeHandOffListener {
+  readonly path: string;
+  /** The next peer of our uid or root. */
+  accept(timeoutMs?: number): Promise<NativeHandOffChannel>;
+  /** Stops accepting; removes the socket file if it is still the one it created. */
+  close(): void;
+}
+
+export interface NativeHandOff {
+  /** Listens at `path` (absolute, must not exist), mode 0600. ADDRESS_IN_USE if it exists. */
+  listen(path: string): Promise<NativeHandOffListener>;
+  connect(path: string, timeoutMs?: number): Promise<NativeHandOffChannel>;
+}
+
+/** Options of {@link NativeAddon.adoptNbdServer}: the rest comes from the record. */
+export interface NativeNbdAdoptOptions {
+  ioThreads?: number;
+  maxConnections?: number;
+}
+
+/** The NBD server of an addon built with the hand-off (every server it makes). */
+export interface NativeNbdHandOffServer extends NativeNbdServer {
+  /** Ids of the open connections, ascending; a connection keeps its id across hand-offs. */
+  connectionIds(): number[];
+  /**
+   * Stops accepting (new clients wait in the backlog) and brings every connection to a
+   * request boundary with nothing in flight. BUSY if one does not get there in timeoutMs:
+   * then everything carries on as before.
+   */
+  freeze(timeoutMs: number): Promise<void>;
+  /**
+   * Frozen only: the record to send. The server stays frozen with its own fds (unfreeze()
+   * rolls back) and no longer counts against its engine, which may now close; close()
+   * then releases the sockets (closes its fds, no shutdown, no unlink).
+   */
+  detach(): Promise<NativeNbdHandOffRecord>;
+  /**
+   * Serve again where it stopped (an adopted server: start). `engine`: serve that engine
+   * from now on (required when the one it served was closed meanwhile).
+   */
+  unfreeze(engine?: NativeEngine): Promise<void>;
+}
+
 /**
  * Options of a write-zeroes request.
  *
@@ -429,6 +523,15 @@ export interface NativeAddon {
   startReplicaServer(options: NativeReplicaServerOptions): Promise<NativeReplicaServer>;
   /** Open a raw or qcow2 image (and its backing chain) read-only; see {@link NativeImage}. */
   openImage(path: string, options?: NativeImageOpenOptions): Promise<NativeImage>;
+  /** Hand-off links between processes (absent from fakes and older addons). */
+  readonly handOff?: NativeHandOff;
+  /**
+   * An NBD server built from a received record, serving `engine` (the same volume, at
+   * least as large). It starts frozen: unfreeze() starts it; close() before that only
+   * closes its fds (the sender may still take the export back). PROTOCOL_ERROR when it
+   * cannot keep what a connection was promised. Absent from fakes and older addons.
+   */
+  adoptNbdServer?(record: NativeNbdHandOffRecord, engine: NativeEngine, options?: NativeNbdAdoptOptions): Promise<NativeNbdHandOffServer>;
 }
 
 // ---------------------------------------------------------------------------------------

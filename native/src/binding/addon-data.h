@@ -11,6 +11,7 @@
 #include "binding/event-queue.h"
 #include "binding/wrap-init.h"
 #include "engine/engine.h"
+#include "handoff/handoff-channel.h"
 #include "image/image-reader.h"
 #include "nbd/nbd-server.h"
 #include "remote/replica-server.h"
@@ -19,7 +20,10 @@
 namespace mooring {
 
 struct EngineInit;
+struct HandOffChannelInit;
+struct HandOffListenerInit;
 struct ImageInit;
+struct NbdHandOffRecordInit;
 struct NbdServerInit;
 struct ReplicaInit;
 struct ReplicaServerInit;
@@ -32,6 +36,10 @@ struct AddonData {
   NativeClass<ReplicaInit> replica_class;
   NativeClass<ReplicaServerInit> replica_server_class;
   NativeClass<ImageInit> image_class;  // images (native/src/image): openImage
+  // NBD hand-off between processes (handoff-wrap.h).
+  NativeClass<NbdHandOffRecordInit> nbd_record_class;
+  NativeClass<HandOffChannelInit> handoff_channel_class;
+  NativeClass<HandOffListenerInit> handoff_listener_class;
 
   // Everything still open, so the env cleanup hook can close it when the process or
   // worker exits without close(). JS thread only.
@@ -44,11 +52,19 @@ struct AddonData {
   std::map<const Replica*, std::shared_ptr<Replica>> replicas;  // opened by openReplica
   std::map<const ReplicaServer*, std::shared_ptr<ReplicaServer>> replica_servers;
   std::map<const ImageReader*, std::shared_ptr<ImageReader>> images;  // opened by openImage
+  std::map<const HandOffChannel*, std::shared_ptr<HandOffChannel>> handoff_channels;
+  std::map<const HandOffListener*, std::shared_ptr<HandOffListener>> handoff_listeners;
 
   // Env teardown: servers first (they use engines), then engines (drain, flush, mark
   // clean), then replicas opened directly. Blocks, which is acceptable only here: nothing
   // else runs any more.
   void CloseAll() {
+    // Hand-off links first: a peer waiting on one sees it close. A listener removes its
+    // socket file.
+    for (auto& kv : handoff_channels) kv.second->Close();
+    handoff_channels.clear();
+    for (auto& kv : handoff_listeners) kv.second->Close();
+    handoff_listeners.clear();
     auto servers = std::move(nbd_servers);
     nbd_servers.clear();
     for (auto& kv : servers) kv.second->Close();

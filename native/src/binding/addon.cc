@@ -9,6 +9,7 @@
 #include "binding/async-worker.h"
 #include "binding/engine-wrap.h"
 #include "binding/event-queue.h"
+#include "binding/handoff-wrap.h"
 #include "binding/image-wrap.h"
 #include "binding/js-args.h"
 #include "binding/nbd-server-wrap.h"
@@ -216,6 +217,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   data->replica_class.ctor = Napi::Persistent(ReplicaWrap::Define(env));
   data->replica_server_class.ctor = Napi::Persistent(ReplicaServerWrap::Define(env));
   data->image_class.ctor = Napi::Persistent(ImageWrap::Define(env));
+  data->nbd_record_class.ctor = Napi::Persistent(NbdHandOffRecordWrap::Define(env));
+  data->handoff_channel_class.ctor = Napi::Persistent(HandOffChannelWrap::Define(env));
+  data->handoff_listener_class.ctor = Napi::Persistent(HandOffListenerWrap::Define(env));
   env.SetInstanceData<AddonData>(data);  // deleted by Node after the cleanup hook ran
   napi_add_env_cleanup_hook(env, CleanupHook, data);
   {
@@ -237,6 +241,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("sanlock", CreateSanlockBinding(env));
   // --- images (raw, qcow2 and their chains), see image-wrap.h ---
   exports.Set("openImage", Napi::Function::New(env, ImageWrap::OpenImageJs, "openImage"));
+  // --- NBD hand-off between processes, see handoff-wrap.h and nbd-server-wrap.h ---
+  exports.Set("handOff", CreateHandOffBinding(env));
+  exports.Set("adoptNbdServer", Napi::Function::New(env, NbdServerWrap::AdoptJs, "adoptNbdServer"));
   return exports;
 }
 

@@ -52,8 +52,11 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   explicit EngineWrap(const Napi::CallbackInfo& info);
 
-  // Called by NbdServerWrap (JS thread).
+  // Called by NbdServerWrap (JS thread): servers counted against close().
+  void ServerOpened() { ++servers_; }
   void ServerClosed() { --servers_; }
+  bool closing() const { return closing_; }
+  const std::shared_ptr<Engine>& engine() const { return engine_; }
 
  private:
   Napi::Value Epoch(const Napi::CallbackInfo& info);

@@ -4,6 +4,12 @@
 // server holds a raw BlockDevice pointer into it) and the engine's JS object, whose
 // wrapper counts open servers to refuse close() with BUSY. An open server also keeps
 // its own JS object alive; close() releases all three.
+//
+// Hand-off (docs/nbd-frontend.md): freeze() and detach() as NbdServer's. A detached server
+// no longer counts against its engine (so that engine can be closed before another process
+// opens the same replicas); unfreeze(engine?) counts it again, against `engine` if given
+// (a rollback onto an engine reopened meanwhile). adoptNbdServer() makes a server from a
+// received record; it starts frozen, and unfreeze() starts it.
 #pragma once
 
 #include <napi.h>
@@ -30,18 +36,25 @@ class NbdServerWrap : public Napi::ObjectWrap<NbdServerWrap> {
   static constexpr const char* kClassName = "NativeNbdServer";
 
   static Napi::Function Define(Napi::Env env);
+  // adoptNbdServer(record, engine, options?)
+  static Napi::Value AdoptJs(const Napi::CallbackInfo& info);
 
   explicit NbdServerWrap(const Napi::CallbackInfo& info);
 
  private:
   Napi::Value Stats(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
+  Napi::Value ConnectionIds(const Napi::CallbackInfo& info);
+  Napi::Value Freeze(const Napi::CallbackInfo& info);
+  Napi::Value Detach(const Napi::CallbackInfo& info);
+  Napi::Value Unfreeze(const Napi::CallbackInfo& info);
 
   AddonData* addon_ = nullptr;
   std::shared_ptr<NbdServer> server_;
   std::shared_ptr<Engine> engine_;
   EngineWrap* owner_ = nullptr;
   Napi::ObjectReference owner_ref_;
+  bool counted_ = true;  // counted in owner_'s open servers (not while detached)
   bool closed_ = false;
   NbdServerStats final_stats_;
 };

@@ -1,5 +1,6 @@
 #include "nbd/nbd-connection.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 
@@ -27,8 +29,21 @@ int64_t NowMs() {
 
 }  // namespace
 
-NbdConnection::NbdConnection(NbdServerContext* ctx, int fd) : ctx_(ctx), dev_(ctx->device), fd_(fd) {
+NbdConnection::NbdConnection(NbdServerContext* ctx, int fd, uint64_t id)
+    : ctx_(ctx), dev_(ctx->device), fd_(fd), id_(id) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+}
+
+NbdConnection::NbdConnection(NbdServerContext* ctx, int fd, const NbdConnectionRecord& rec)
+    : ctx_(ctx), dev_(ctx->device), fd_(fd), id_(rec.id), adopted_(true) {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  no_zeroes_ = rec.no_zeroes;
+  structured_ = rec.structured;
+  meta_base_allocation_ = rec.meta_base_allocation;
+  size_ = rec.size;
+  rbuf_.reset(new uint8_t[kRecvBufferBytes]);
+  memcpy(rbuf_.get(), rec.pending.data(), rec.pending.size());  // Honours() bounded it
+  rend_ = rec.pending.size();
 }
 
 NbdConnection::~NbdConnection() {
@@ -47,7 +62,11 @@ void NbdConnection::Start() {
 }
 
 void NbdConnection::RequestStop() {
-  stop_requested_.store(true);
+  {
+    std::lock_guard<std::mutex> lock(freeze_mu_);  // a parked thread checks it under this lock
+    stop_requested_.store(true);
+  }
+  freeze_cv_.notify_all();
   Signal();
 }
 
@@ -64,7 +83,7 @@ void NbdConnection::Signal() {
 
 void NbdConnection::Run() {
   try {
-    if (wake_fd_ >= 0 && Handshake()) Transmission();
+    if (wake_fd_ >= 0 && (adopted_ || Handshake())) Transmission();
   } catch (...) {
     // Allocation, or a device exception during the handshake: lose this one connection.
     std::lock_guard<std::mutex> lock(send_mu_);
@@ -82,13 +101,133 @@ void NbdConnection::Run() {
     (void)n;
   }
   { std::lock_guard<std::mutex> lock(send_mu_); }  // the last completer has left the lock
-  shutdown(fd_, SHUT_RDWR);
-  finished_.store(true);
+  // A released socket belongs to another process now: closing our fd (the destructor) is
+  // all we may do with it.
+  if (!released_) shutdown(fd_, SHUT_RDWR);
+  {
+    std::lock_guard<std::mutex> lock(freeze_mu_);
+    finished_.store(true);
+  }
+  freeze_cv_.notify_all();
   if (ctx_->server_wake_fd >= 0) {
     uint64_t one = 1;
     ssize_t n = write(ctx_->server_wake_fd, &one, sizeof one);
     (void)n;
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Freeze and hand-off. The server side calls RequestFreeze/WaitFreeze/Unfreeze/Snapshot/
+// Release; the connection thread answers in Transmission() (FreezeFailed, ParkFrozen).
+// freeze_state_ is the one source of truth, under freeze_mu_.
+
+Status NbdConnection::Honours(const NbdServerContext& ctx, const NbdConnectionRecord& rec) {
+  auto refuse = [&](const std::string& why) {
+    return Status::Error(Code::kProtocolError, "NBD connection " + std::to_string(rec.id) + ": " + why, EPROTO);
+  };
+  if (rec.transmission_flags != TransmissionFlags(ctx.opts, rec.structured)) {
+    return refuse("was promised transmission flags this server would not advertise");
+  }
+  if (rec.max_request_bytes != ctx.opts.max_request_bytes) return refuse("was promised another maximum block size");
+  if (rec.meta_base_allocation && rec.meta_context_id != kMetaBaseAllocationId) {
+    return refuse("base:allocation has context id " + std::to_string(rec.meta_context_id) + ", this build serves it as " +
+                  std::to_string(kMetaBaseAllocationId));
+  }
+  // Engines only grow: a size past the device's means the record is for another volume.
+  if (rec.size > ctx.device->size()) return refuse("its export size is larger than the device");
+  if (rec.pending.size() >= kRecvBufferBytes) return refuse("too many pending bytes");
+  return Status::Ok();
+}
+
+void NbdConnection::RequestFreeze(int64_t deadline_ms) {
+  {
+    std::lock_guard<std::mutex> lock(freeze_mu_);
+    if (freeze_state_ != FreezeState::kNone) return;
+    freeze_state_ = FreezeState::kRequested;
+    freeze_deadline_ms_ = deadline_ms;
+    freeze_requested_.store(true);
+  }
+  Signal();
+}
+
+NbdConnection::FreezeResult NbdConnection::WaitFreeze(int64_t until_ms) {
+  std::unique_lock<std::mutex> lock(freeze_mu_);
+  for (;;) {
+    if (finished_.load()) return FreezeResult::kFinished;
+    if (freeze_state_ == FreezeState::kFrozen) return FreezeResult::kFrozen;
+    if (freeze_state_ == FreezeState::kFailed) break;
+    int64_t left = until_ms - NowMs();
+    if (left <= 0) break;  // still in its handshake, most likely: give up on it
+    freeze_cv_.wait_for(lock, std::chrono::milliseconds(left));
+  }
+  freeze_state_ = FreezeState::kNone;
+  freeze_requested_.store(false);
+  lock.unlock();
+  Signal();
+  return FreezeResult::kFailed;
+}
+
+void NbdConnection::FreezeFailed() {
+  {
+    std::lock_guard<std::mutex> lock(freeze_mu_);
+    if (freeze_state_ == FreezeState::kRequested) freeze_state_ = FreezeState::kFailed;
+    freeze_requested_.store(false);
+  }
+  freeze_cv_.notify_all();
+}
+
+NbdConnection::Frozen NbdConnection::ParkFrozen() {
+  std::unique_lock<std::mutex> lock(freeze_mu_);
+  if (freeze_state_ != FreezeState::kRequested) return Frozen::kResume;  // cancelled meanwhile
+  freeze_state_ = FreezeState::kFrozen;
+  freeze_requested_.store(false);
+  freeze_cv_.notify_all();
+  freeze_cv_.wait(lock, [this] { return freeze_state_ != FreezeState::kFrozen || stop_requested_.load(); });
+  if (freeze_state_ == FreezeState::kReleased) return Frozen::kRelease;
+  freeze_state_ = FreezeState::kNone;
+  return stop_requested_.load() ? Frozen::kStop : Frozen::kResume;
+}
+
+void NbdConnection::Unfreeze(BlockDevice* device) {
+  {
+    std::lock_guard<std::mutex> lock(freeze_mu_);
+    if (freeze_state_ == FreezeState::kReleased) return;
+    // Nothing is in flight while frozen, and the thread reads dev_ only after this lock.
+    if (device && freeze_state_ == FreezeState::kFrozen) dev_ = device;
+    freeze_state_ = FreezeState::kNone;
+    freeze_requested_.store(false);
+  }
+  freeze_cv_.notify_all();
+  Signal();
+}
+
+Status NbdConnection::Snapshot(NbdConnectionRecord* out, int* fd) const {
+  std::lock_guard<std::mutex> lock(freeze_mu_);
+  if (freeze_state_ != FreezeState::kFrozen) {
+    return Status::Error(Code::kInvalidState, "NBD connection " + std::to_string(id_) + " is not frozen");
+  }
+  // The parked thread last touched these before taking freeze_mu_ to park.
+  out->id = id_;
+  out->size = size_;
+  out->max_request_bytes = ctx_->opts.max_request_bytes;
+  out->transmission_flags = TransmissionFlags();
+  out->no_zeroes = no_zeroes_;
+  out->structured = structured_;
+  out->meta_base_allocation = meta_base_allocation_;
+  out->meta_context_id = meta_base_allocation_ ? kMetaBaseAllocationId : 0;
+  out->pending.assign(rbuf_.get() + rpos_, rbuf_.get() + rend_);
+  *fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  if (*fd < 0) return Status::FromErrno(errno, "dup of NBD connection " + std::to_string(id_) + ": " + strerror(errno));
+  return Status::Ok();
+}
+
+void NbdConnection::Release() {
+  {
+    std::lock_guard<std::mutex> lock(freeze_mu_);
+    if (freeze_state_ != FreezeState::kFrozen) return;
+    freeze_state_ = FreezeState::kReleased;
+  }
+  freeze_cv_.notify_all();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -189,15 +328,17 @@ bool NbdConnection::NameMatches(const uint8_t* name, uint32_t len) const {
   return len == want.size() && memcmp(name, want.data(), len) == 0;
 }
 
-uint16_t NbdConnection::TransmissionFlags() const {
+uint16_t NbdConnection::TransmissionFlags() const { return TransmissionFlags(ctx_->opts, structured_); }
+
+uint16_t NbdConnection::TransmissionFlags(const NbdServerOptions& o, bool structured) {
   uint16_t f = kTxHasFlags | kTxSendFlush | kTxSendFua | kTxSendCache | kTxCanMultiConn;
-  if (ctx_->opts.read_only) {
+  if (o.read_only) {
     f |= kTxReadOnly;
   } else {
     f |= kTxSendTrim | kTxSendWriteZeroes | kTxSendFastZero;
   }
   // DF only means something with structured replies.
-  if (structured_) f |= kTxSendDf;
+  if (structured) f |= kTxSendDf;
   return f;
 }
 
@@ -509,10 +650,11 @@ NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
   }
 }
 
-int NbdConnection::RecvSome() {
+int NbdConnection::RecvSome(bool exact) {
   ssize_t n;
-  if (cur_ && rpos_ == rend_ && cur_->length - cur_got_ >= kDirectRecvMinBytes) {
-    // Large payload: skip the copy through the receive buffer.
+  if (cur_ && rpos_ == rend_ && (exact || cur_->length - cur_got_ >= kDirectRecvMinBytes)) {
+    // Straight into the request: skips the copy for a large payload, and while freezing it
+    // is what keeps the next request's bytes in the socket (never past this payload).
     n = recv(fd_, cur_->data.get() + cur_got_, cur_->length - cur_got_, 0);
     if (n > 0) cur_got_ += static_cast<size_t>(n);
   } else {
@@ -538,7 +680,7 @@ void NbdConnection::ReleaseUnsent(NbdRequest* r) {
 
 void NbdConnection::Transmission() {
   deadline_ms_ = 0;
-  rbuf_.reset(new uint8_t[kRecvBufferBytes]);
+  if (!rbuf_) rbuf_.reset(new uint8_t[kRecvBufferBytes]);
   bool eof = false;
   bool clean = true;
   int64_t drain_deadline = 0;
@@ -550,7 +692,8 @@ void NbdConnection::Transmission() {
     ParseResult pr = ParseResult::kNeedMore;
     if (!eof && !disc_ && !abandoned) {
       // After a stop request, requests already buffered are still parsed, and answered
-      // with ESHUTDOWN.
+      // with ESHUTDOWN. While freezing they are parsed and executed as usual: only the
+      // socket stops being read.
       WorkerPool::Batch batch;
       pr = Parse(&batch);
       ctx_->pool->Submit(&batch);
@@ -577,14 +720,41 @@ void NbdConnection::Transmission() {
       if (drain_deadline == 0) drain_deadline = NowMs() + kDrainTimeoutMs;
     }
 
+    // Freezing: done at a request boundary (no WRITE payload pending, less than a header
+    // buffered) with nothing in flight and nothing queued to send.
+    const bool freezing = !stopping && FreezeRequested();
+    int64_t freeze_deadline = 0;
+    if (freezing) {
+      if (!cur_ && rend_ - rpos_ < kRequestHeaderBytes && inflight_.load() == 0 && !out_pending_.load()) {
+        Frozen f = ParkFrozen();
+        if (f == Frozen::kRelease) {
+          released_ = true;
+          return;
+        }
+        continue;  // resumed, or stopping: look again
+      }
+      {
+        std::lock_guard<std::mutex> lock(freeze_mu_);
+        freeze_deadline = freeze_deadline_ms_;
+      }
+      if (NowMs() >= freeze_deadline) {
+        FreezeFailed();
+        continue;
+      }
+    }
+
     // Publish that we may sleep on in-flight work before re-checking it, so a completion
     // racing with us either is seen here or signals the wake fd.
     bool paused = pr == ParseResult::kPaused;
-    waiting_.store(stopping || paused);
+    waiting_.store(stopping || paused || freezing);
     if (paused && CanAcceptMore()) continue;
+    if (freezing && inflight_.load() == 0 && !out_pending_.load() && !cur_ && !paused) {
+      // Raced with the last completion: re-check at the top rather than sleep.
+      if (rend_ - rpos_ < kRequestHeaderBytes) continue;
+    }
     bool want_write = out_pending_.load();
     if (stopping && inflight_.load() == 0 && !want_write) break;
-    bool want_read = !stopping && !paused;
+    bool want_read = !stopping && !paused && (!freezing || cur_ != nullptr);
 
     int timeout = -1;
     if (stopping) {
@@ -594,6 +764,8 @@ void NbdConnection::Transmission() {
         break;
       }
       timeout = static_cast<int>(left);
+    } else if (freezing) {
+      timeout = static_cast<int>(std::max<int64_t>(freeze_deadline - NowMs(), 0));
     }
     pollfd p[2];
     p[0].fd = (want_read || want_write) ? fd_ : -1;  // -1: a hung-up socket must not spin us
@@ -617,7 +789,7 @@ void NbdConnection::Transmission() {
       FlushPendingLocked();
     }
     if (want_read && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-      int r = RecvSome();
+      int r = RecvSome(freezing);
       if (r == 0) {
         eof = true;
         if (cur_ || rend_ != rpos_) {  // the client vanished mid-request

@@ -3,9 +3,17 @@
 // (possibly out of order) under the connection's send lock. Sends never block a worker: a
 // reply the socket cannot take yet is queued and the connection thread finishes it when
 // the socket is writable, so a client that stops reading stalls only itself.
+//
+// Hand-off (docs/nbd-frontend.md, "Hand-off of an export between processes"): a freeze
+// brings the connection to a request boundary with nothing in flight and its thread parked;
+// from there it resumes (Unfreeze), or gives its state away (Snapshot) and leaves the socket
+// to another process (Release). A connection built from such a state (the adopting
+// constructor) skips the handshake. None of this ever shutdown()s the socket: shutdown acts
+// on the socket, not on this process's fd, so it would cut the connection in the new owner.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -14,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "nbd/nbd-handoff-record.h"
 #include "nbd/nbd-request.h"
 #include "nbd/nbd-server-context.h"
 
@@ -37,7 +46,13 @@ class NbdConnection {
   static constexpr int kDrainTimeoutMs = 10000;                // waiting for a client to take its replies
   static constexpr uint32_t kPreferredBlockBytes = 4096;
 
-  NbdConnection(NbdServerContext* ctx, int fd);
+  enum class FreezeResult { kFrozen, kFailed, kFinished };
+
+  // An accepted client: the handshake comes first.
+  NbdConnection(NbdServerContext* ctx, int fd, uint64_t id);
+  // A client adopted from another process: no handshake; `rec.pending` is parsed before
+  // anything is read from fd. Check Honours(rec) first.
+  NbdConnection(NbdServerContext* ctx, int fd, const NbdConnectionRecord& rec);
   ~NbdConnection();
   NbdConnection(const NbdConnection&) = delete;
   NbdConnection& operator=(const NbdConnection&) = delete;
@@ -47,6 +62,24 @@ class NbdConnection {
   void RequestStop();
   bool finished() const { return finished_.load(); }
   void Join();
+  uint64_t id() const { return id_; }
+
+  // Whether this server can keep what `rec` promised its client (same flags, limits, ids).
+  static Status Honours(const NbdServerContext& ctx, const NbdConnectionRecord& rec);
+
+  // Asks the thread to stop at a request boundary: it reads nothing more from the socket
+  // except the rest of a WRITE payload already begun (exactly that many bytes), parses
+  // what it holds, and parks once nothing is in flight and no reply is queued. Past
+  // deadline_ms it gives up and carries on as if never asked. Returns at once.
+  void RequestFreeze(int64_t deadline_ms);
+  // Waits (until until_ms) for the thread's answer; on kFailed it runs normally again.
+  FreezeResult WaitFreeze(int64_t until_ms);
+  // Frozen, or a freeze under way: carry on exactly where it stopped, on `device` if given.
+  void Unfreeze(BlockDevice* device);
+  // Frozen only: its state, with a dup of its socket in *fd.
+  Status Snapshot(NbdConnectionRecord* out, int* fd) const;
+  // Frozen only: the thread ends without touching the socket (no reply, no shutdown).
+  void Release();
 
  private:
   enum class ParseResult { kNeedMore, kPaused, kDisc, kProtocolError };
@@ -65,11 +98,19 @@ class NbdConnection {
   WaitResult WaitFd(short events);
   bool NameMatches(const uint8_t* name, uint32_t len) const;
   uint16_t TransmissionFlags() const;
+  static uint16_t TransmissionFlags(const NbdServerOptions& o, bool structured);
+
+  enum class Frozen { kResume, kStop, kRelease };
+  bool FreezeRequested() const { return freeze_requested_.load(); }
+  void FreezeFailed();
+  Frozen ParkFrozen();  // the thread, frozen: waits for Unfreeze, Release or RequestStop
 
   void Transmission();
   ParseResult Parse(WorkerPool::Batch* batch);
   uint32_t Validate(const NbdRequest* r) const;
-  int RecvSome();  // >0 bytes, 0 EOF, -EAGAIN, or another negative errno
+  // >0 bytes, 0 EOF, -EAGAIN, or another negative errno. `exact`: of a WRITE payload begun,
+  // receive no byte past its end.
+  int RecvSome(bool exact);
   bool CanAcceptMore() const;
 
   static void RunJob(WorkerPool::Job* job);
@@ -92,8 +133,10 @@ class NbdConnection {
   void Signal();
 
   NbdServerContext* const ctx_;
-  BlockDevice* const dev_;
+  BlockDevice* dev_;  // changed only while frozen (Unfreeze), when nothing is in flight
   const int fd_;
+  const uint64_t id_;
+  const bool adopted_ = false;
   int wake_fd_ = -1;
   std::thread thread_;
   std::atomic<bool> finished_{false};
@@ -128,6 +171,15 @@ class NbdConnection {
   std::mutex free_mu_;
   NbdRequest* free_ = nullptr;
   size_t pooled_bytes_ = 0;
+
+  // Freeze, between the connection thread and the server.
+  enum class FreezeState { kNone, kRequested, kFrozen, kFailed, kReleased };
+  mutable std::mutex freeze_mu_;
+  std::condition_variable freeze_cv_;
+  FreezeState freeze_state_ = FreezeState::kNone;  // guarded by freeze_mu_
+  int64_t freeze_deadline_ms_ = 0;                 // guarded by freeze_mu_
+  std::atomic<bool> freeze_requested_{false};      // freeze_state_ == kRequested, lock-free
+  bool released_ = false;                          // the connection thread only
 };
 
 }  // namespace mooring

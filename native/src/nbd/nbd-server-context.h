@@ -16,6 +16,7 @@ struct NbdServerContext {
   NbdServerOptions opts;
   WorkerPool* pool = nullptr;
   int server_wake_fd = -1;  // a connection writes here when it has finished (to be reaped)
+  std::atomic<uint64_t> next_connection_id{1};  // ids are never reused, across hand-offs too
 
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> bytes_read{0};

@@ -1,10 +1,13 @@
 #include "nbd/nbd-server.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -30,6 +33,15 @@ constexpr uint32_t kIoThreadsMax = 256;
 constexpr uint32_t kMaxConnectionsLimit = 4096;
 constexpr uint32_t kMaxInflightLimit = 4096;
 constexpr size_t kNameLimit = NbdConnection::kNameMax;
+// How long past a freeze's deadline the server waits for a connection to answer (one still
+// in its handshake does not answer: it is given up on and left running).
+constexpr int64_t kFreezeAnswerGraceMs = 100;
+
+int64_t NowMs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}
 
 class NbdServerImpl final : public NbdServer {
  public:
@@ -53,9 +65,7 @@ class NbdServerImpl final : public NbdServer {
     try {
       pool_.reset(new WorkerPool(ctx_.opts.io_threads));
       ctx_.pool = pool_.get();
-      acceptor_.Start(listen_fd_, ctx_.opts.max_connections, tcp,
-                      [this](int fd) { return std::make_unique<NbdConnection>(&ctx_, fd); });
-      listen_fd_ = -1;  // the acceptor's now
+      StartAcceptor();
     } catch (const std::exception& e) {
       return Status::Error(Code::kIoError, std::string("starting NBD server threads: ") + e.what());
     }
@@ -67,20 +77,30 @@ class NbdServerImpl final : public NbdServer {
   NbdServerStats stats() const override {
     NbdServerStats s;
     s.connections_total = acceptor_.total();
-    s.connections_open = acceptor_.open();
     s.requests = ctx_.requests.load();
     s.bytes_read = ctx_.bytes_read.load();
     s.bytes_written = ctx_.bytes_written.load();
     s.protocol_errors = ctx_.protocol_errors.load();
+    {
+      std::lock_guard<std::mutex> lock(adopted_mu_);
+      for (const auto& c : adopted_) s.connection_ids.push_back(c->id());
+    }
+    acceptor_.ForEachOpen([&s](const NbdConnection& c) { s.connection_ids.push_back(c.id()); });
+    std::sort(s.connection_ids.begin(), s.connection_ids.end());
+    s.connections_open = s.connection_ids.size();
     return s;
   }
+
+  bool detached() const override { return state_.load() == State::kDetached; }
 
   Status Close() override {
     std::lock_guard<std::mutex> lock(close_mu_);
     if (closed_) return close_status_;
+    const State state = state_.load();
+    if (state == State::kDetached || state == State::kAdopted) return CloseWithoutTouching();
     std::list<std::unique_ptr<NbdConnection>> conns = acceptor_.Stop();
     RemoveSocketFile();
-    for (auto& c : conns) c->RequestStop();
+    for (auto& c : conns) c->RequestStop();  // also wakes a frozen one, which then stops
     for (auto& c : conns) c->Join();  // each answers what it has in flight, then closes
     conns.clear();
 
@@ -101,7 +121,188 @@ class NbdServerImpl final : public NbdServer {
     return close_status_;
   }
 
+  // --- Hand-off ---
+
+  Status Freeze(int timeout_ms) override {
+    std::lock_guard<std::mutex> lock(close_mu_);
+    if (closed_ || state_.load() != State::kServing) return NotIn("serving", "freeze");
+    acceptor_.Pause();
+    std::vector<NbdConnection*> conns = acceptor_.Connections();  // stable while paused
+    const int64_t deadline = NowMs() + timeout_ms;
+    for (NbdConnection* c : conns) c->RequestFreeze(deadline);
+    uint64_t failed_id = 0;
+    for (NbdConnection* c : conns) {
+      if (c->WaitFreeze(deadline + kFreezeAnswerGraceMs) == NbdConnection::FreezeResult::kFailed && failed_id == 0) {
+        failed_id = c->id();
+      }
+    }
+    if (failed_id != 0) {
+      for (NbdConnection* c : conns) c->Unfreeze(nullptr);
+      acceptor_.Resume();
+      return Status::Error(Code::kBusy,
+                           "NBD connection " + std::to_string(failed_id) + " did not reach a request boundary with " +
+                               "nothing in flight within " + std::to_string(timeout_ms) + " ms (a client that does " +
+                               "not read its replies, or a request or handshake that does not arrive); nothing was frozen",
+                           ETIMEDOUT);
+    }
+    state_.store(State::kFrozen);
+    return Status::Ok();
+  }
+
+  Status Detach(NbdServerRecord* out) override {
+    std::lock_guard<std::mutex> lock(close_mu_);
+    const State state = state_.load();
+    if (closed_ || (state != State::kFrozen && state != State::kDetached)) return NotIn("frozen", "detach");
+    NbdServerRecord rec;
+    rec.unix_path = ctx_.opts.unix_path;
+    rec.tcp_port = port_;
+    rec.export_name = ctx_.opts.export_name;
+    rec.description = ctx_.opts.description;
+    rec.read_only = ctx_.opts.read_only;
+    rec.max_request_bytes = ctx_.opts.max_request_bytes;
+    rec.own_socket_file = own_socket_file_;
+    rec.sock_dev = sock_dev_;
+    rec.sock_ino = sock_ino_;
+    rec.next_connection_id = ctx_.next_connection_id.load();
+    rec.connections_total = acceptor_.total();
+    rec.requests = ctx_.requests.load();
+    rec.bytes_read = ctx_.bytes_read.load();
+    rec.bytes_written = ctx_.bytes_written.load();
+    rec.protocol_errors = ctx_.protocol_errors.load();
+    int lfd = fcntl(acceptor_.listen_fd(), F_DUPFD_CLOEXEC, 0);
+    if (lfd < 0) return SocketStatus(errno, "dup of the NBD listening socket");
+    rec.fds.Add(lfd);
+    for (NbdConnection* c : acceptor_.Connections()) {
+      if (c->finished()) continue;  // the client left before the freeze ended
+      NbdConnectionRecord cr;
+      int fd = -1;
+      Status st = c->Snapshot(&cr, &fd);
+      if (!st.ok()) return st;  // rec closes the dups made so far
+      rec.fds.Add(fd);
+      rec.connections.push_back(std::move(cr));
+    }
+    *out = std::move(rec);
+    state_.store(State::kDetached);
+    return Status::Ok();
+  }
+
+  Status Unfreeze(BlockDevice* device) override {
+    std::lock_guard<std::mutex> lock(close_mu_);
+    const State state = state_.load();
+    if (closed_ || state == State::kServing) return NotIn("frozen", "unfreeze");
+    if (device == ctx_.device) device = nullptr;
+    if (device && state == State::kAdopted) {
+      return Status::Error(Code::kInvalidArgument, "unfreeze: an adopted server serves the device it was adopted for");
+    }
+    if (device && device->size() < ctx_.device->size()) {
+      return Status::Error(Code::kInvalidArgument, "unfreeze: the new device is smaller than the one served");
+    }
+    if (device) ctx_.device = device;
+    if (state == State::kAdopted) {
+      std::list<std::unique_ptr<NbdConnection>> conns;
+      {
+        std::lock_guard<std::mutex> l(adopted_mu_);
+        conns.swap(adopted_);
+      }
+      for (auto& c : conns) acceptor_.Adopt(std::move(c));  // one that cannot start closes its fd only
+      // From here on the socket file is this server's to remove (the sender released it).
+      own_socket_file_ = adopted_owns_socket_file_;
+      state_.store(State::kServing);
+      try {
+        StartAcceptor();
+      } catch (const std::exception& e) {
+        return Status::Error(Code::kIoError, std::string("starting the NBD accept thread: ") + e.what());
+      }
+      return Status::Ok();
+    }
+    for (NbdConnection* c : acceptor_.Connections()) c->Unfreeze(device);
+    acceptor_.Resume();
+    state_.store(State::kServing);
+    return Status::Ok();
+  }
+
+  // Adopt, after the checks in NbdServer::Adopt.
+  Status InitAdopted(NbdServerRecord* rec) {
+    state_.store(State::kAdopted);  // from here on, closing touches nothing (even on failure)
+    Status s = acceptor_.Init();
+    if (!s.ok()) return s;
+    ctx_.server_wake_fd = acceptor_.wake_fd();
+    ctx_.next_connection_id.store(rec->next_connection_id);
+    ctx_.requests.store(rec->requests);
+    ctx_.bytes_read.store(rec->bytes_read);
+    ctx_.bytes_written.store(rec->bytes_written);
+    ctx_.protocol_errors.store(rec->protocol_errors);
+    acceptor_.SetTotal(rec->connections_total);
+    port_ = rec->tcp_port;
+    sock_dev_ = static_cast<dev_t>(rec->sock_dev);
+    sock_ino_ = static_cast<ino_t>(rec->sock_ino);
+    adopted_owns_socket_file_ = rec->own_socket_file;
+    listen_fd_ = rec->fds.Take(0);
+    for (size_t i = 0; i < rec->connections.size(); ++i) {
+      s = NbdConnection::Honours(ctx_, rec->connections[i]);
+      if (!s.ok()) return s;
+    }
+    try {
+      pool_.reset(new WorkerPool(ctx_.opts.io_threads));
+      ctx_.pool = pool_.get();
+      std::lock_guard<std::mutex> l(adopted_mu_);
+      for (size_t i = 0; i < rec->connections.size(); ++i) {
+        int fd = rec->fds.Take(i + 1);
+        try {
+          adopted_.push_back(std::make_unique<NbdConnection>(&ctx_, fd, rec->connections[i]));
+        } catch (...) {
+          close(fd);
+          throw;
+        }
+      }
+    } catch (const std::exception& e) {
+      return Status::Error(Code::kIoError, std::string("adopting the NBD export: ") + e.what());
+    }
+    return Status::Ok();
+  }
+
  private:
+  enum class State { kServing, kFrozen, kDetached, kAdopted };
+
+  Status NotIn(const char* want, const char* what) const {
+    static const char* const names[] = {"serving", "frozen", "detached", "adopted, not started"};
+    std::string now = closed_ ? "closed" : names[static_cast<int>(state_.load())];
+    return Status::Error(Code::kInvalidState, std::string("cannot ") + what + " an NBD server that is " + now +
+                                                  " (it must be " + want + ")");
+  }
+
+  void StartAcceptor() {
+    const bool tcp = ctx_.opts.unix_path.empty();
+    acceptor_.Start(listen_fd_, ctx_.opts.max_connections, tcp, [this](int fd) {
+      return std::make_unique<NbdConnection>(&ctx_, fd, ctx_.next_connection_id.fetch_add(1));
+    });
+    listen_fd_ = -1;  // the acceptor's now
+  }
+
+  // Close() of a detached server (the hand-off committed) or of an adopted one never
+  // started (it may still go back to the sender): the sockets are not ours to touch, so
+  // every fd is closed and nothing else happens. No flush either: the device is not
+  // served from here any more.
+  Status CloseWithoutTouching() {
+    std::list<std::unique_ptr<NbdConnection>> conns = acceptor_.Stop();  // closes the listening fd
+    for (auto& c : conns) c->Release();  // frozen threads end; the finished ones have
+    for (auto& c : conns) c->Join();
+    conns.clear();  // destructors: close(fd) only
+    {
+      std::lock_guard<std::mutex> l(adopted_mu_);
+      adopted_.clear();  // never started: close(fd) only
+    }
+    if (listen_fd_ >= 0) {
+      close(listen_fd_);
+      listen_fd_ = -1;
+    }
+    own_socket_file_ = false;
+    if (pool_) pool_->Stop();
+    closed_ = true;
+    close_status_ = Status::Ok();
+    return close_status_;
+  }
+
   Status ListenUnix() {
     const std::string& path = ctx_.opts.unix_path;
     sockaddr_un addr{};
@@ -156,9 +357,13 @@ class NbdServerImpl final : public NbdServer {
   bool own_socket_file_ = false;
   dev_t sock_dev_ = 0;
   ino_t sock_ino_ = 0;
+  bool adopted_owns_socket_file_ = false;
+  std::atomic<State> state_{State::kServing};
   // Declared after ctx_ and pool_: destroyed first, so no connection outlives them.
   Acceptor<NbdConnection> acceptor_;
-  std::mutex close_mu_;
+  mutable std::mutex adopted_mu_;
+  std::list<std::unique_ptr<NbdConnection>> adopted_;  // built by Adopt, not started yet
+  std::mutex close_mu_;  // serialises Close and the hand-off calls
   bool closed_ = false;
   Status close_status_;
 };
@@ -184,6 +389,35 @@ Status CheckOptions(BlockDevice* device, const NbdServerOptions& o) {
 }
 
 }  // namespace
+
+Status NbdServer::Adopt(BlockDevice* device, const NbdServerOptions& runtime, NbdServerRecord* rec,
+                        std::unique_ptr<NbdServer>* out) {
+  HandOffFds fds = std::move(rec->fds);  // closed on every failure below
+  NbdServerOptions opts = runtime;
+  opts.unix_path = rec->unix_path;
+  opts.tcp_port = rec->tcp_port;
+  opts.export_name = rec->export_name;
+  opts.description = rec->description;
+  opts.read_only = rec->read_only;
+  opts.max_request_bytes = rec->max_request_bytes;
+  Status s = CheckOptions(device, opts);
+  if (!s.ok()) return Status::Error(Code::kProtocolError, "NBD hand-off record: " + s.message, EPROTO);
+  if (fds.size() != rec->connections.size() + 1) {
+    return Status::Error(Code::kProtocolError, "NBD hand-off record: fds do not match its connections", EPROTO);
+  }
+  try {
+    std::unique_ptr<NbdServerImpl> server(new NbdServerImpl(device, opts));
+    rec->fds = std::move(fds);
+    s = server->InitAdopted(rec);
+    rec->fds.CloseAll();  // whatever InitAdopted did not take
+    if (!s.ok()) return s;  // the destructor closes what it took, touching nothing else
+    *out = std::move(server);
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    rec->fds.CloseAll();
+    return Status::Error(Code::kIoError, std::string("adopting NBD export: ") + e.what());
+  }
+}
 
 Status NbdServer::Start(BlockDevice* device, const NbdServerOptions& opts, std::unique_ptr<NbdServer>* out) {
   Status s = CheckOptions(device, opts);

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "block/block-device.h"
+#include "nbd/nbd-handoff-record.h"
 #include "util/status.h"
 
 namespace mooring {
@@ -33,6 +35,7 @@ struct NbdServerStats {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   uint64_t protocol_errors = 0;  // connections dropped for malformed traffic
+  std::vector<uint64_t> connection_ids;  // of the open connections, ascending; kept across hand-offs
 };
 
 class NbdServer {
@@ -48,6 +51,35 @@ class NbdServer {
   // answered, flushes the device, closes every connection, removes the unix socket file.
   // Idempotent; blocks (call it off the JS thread).
   virtual Status Close() = 0;
+
+  // --- Hand-off to another process (docs/nbd-frontend.md, "Hand-off of an export between
+  // processes"). All of these block: call them off the JS thread.
+
+  // Builds a server from a record received from another process: the listening socket and
+  // the connections are taken over as they are (no handshake), the protocol-visible options
+  // come from the record, io_threads/max_connections/max_inflight_per_connection from
+  // `runtime`. The server starts frozen: it serves nothing until Unfreeze(), and until then
+  // it only closes its fds if closed (the sender may still take the export back). Takes
+  // rec->fds (closed on failure too). kProtocolError when it cannot keep what a connection
+  // was promised.
+  static Status Adopt(BlockDevice* device, const NbdServerOptions& runtime, NbdServerRecord* rec,
+                      std::unique_ptr<NbdServer>* out);
+
+  // Stops accepting (the listening socket stays open: new clients wait in its backlog) and
+  // brings every connection to a request boundary with nothing in flight (see
+  // NbdConnection::RequestFreeze). kBusy if one does not get there within timeout_ms (a
+  // client that does not read its replies, a WRITE payload or a handshake that does not
+  // arrive): everything then runs on as if never frozen. kInvalidState unless serving.
+  virtual Status Freeze(int timeout_ms) = 0;
+  // Frozen only: the record of the export, with dup()ed fds. The server stays frozen and
+  // keeps its own fds, for Unfreeze (rollback), until Close(), which then releases them: it
+  // closes its fds only (no reply, no shutdown(), no unlink of the socket file).
+  virtual Status Detach(NbdServerRecord* out) = 0;
+  // Frozen, detached or adopted: serve again exactly where it stopped (adopted: start), on
+  // `device` if not null (the engine was closed and reopened meanwhile; it must be the same
+  // volume, at least as large).
+  virtual Status Unfreeze(BlockDevice* device) = 0;
+  virtual bool detached() const = 0;
 };
 
 }  // namespace mooring

@@ -5,6 +5,10 @@
 // Conn needs: a constructor the `make` callback calls, Start() (may throw), finished()
 // (thread-safe), and a destructor that joins its threads and closes its socket. A finished
 // connection writes to wake_fd() so that the accept thread reaps it.
+//
+// Pause() stops accepting without closing the listening socket (new clients wait in its
+// backlog) and stops reaping, so that Connections() stays valid until Resume(): the NBD
+// hand-off freezes each connection meanwhile (docs/nbd-frontend.md).
 #pragma once
 
 #include <poll.h>
@@ -23,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "util/status.h"
 
@@ -88,6 +93,40 @@ class Acceptor {
     return conns;
   }
 
+  // After Pause() returns, nothing is accepted or reaped until Resume().
+  void Pause() {
+    std::lock_guard<std::mutex> l(loop_mu_);
+    paused_.store(true);
+    Wake();  // the loop polls again, without the listening socket
+  }
+  void Resume() {
+    {
+      std::lock_guard<std::mutex> l(loop_mu_);
+      paused_.store(false);
+    }
+    Wake();  // and reaps what finished meanwhile
+  }
+  // The connections held now. Stable while paused (only reaping and Stop free them).
+  std::vector<Conn*> Connections() const {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<Conn*> out;
+    for (const auto& c : conns_) out.push_back(c.get());
+    return out;
+  }
+  // Takes a connection built elsewhere (a hand-off) and starts it; false if it could not
+  // start (it is freed, closing its socket).
+  bool Adopt(std::unique_ptr<Conn> c) { return Admit(std::move(c)); }
+  void SetTotal(uint64_t n) { total_.store(n); }
+  // f(conn) for every connection not finished, under the lock (keep f short).
+  template <typename F>
+  void ForEachOpen(F f) const {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& c : conns_) {
+      if (!c->finished()) f(*c);
+    }
+  }
+  int listen_fd() const { return listen_fd_; }
+
   uint64_t total() const { return total_.load(); }
   // Connections not finished yet (counted now: reaping happens lazily on the accept thread).
   uint64_t open() const {
@@ -125,18 +164,20 @@ class Acceptor {
   void Loop() {
     bool backoff = false;
     while (!closing_.load()) {
-      pollfd p[2] = {{backoff ? -1 : listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      const bool paused = paused_.load();
+      pollfd p[2] = {{backoff || paused ? -1 : listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
       int n = poll(p, 2, backoff ? kAcceptBackoffMs : -1);
       backoff = false;
       if (n < 0 && errno != EINTR) backoff = true;
+      std::lock_guard<std::mutex> pause_lock(loop_mu_);
       if (p[1].revents) {
         uint64_t v;
         ssize_t r = read(wake_fd_, &v, sizeof v);
         (void)r;
-        Reap();
+        if (!paused_.load()) Reap();
       }
       if (closing_.load()) break;
-      if (!(p[0].revents & POLLIN)) continue;
+      if (paused_.load() || !(p[0].revents & POLLIN)) continue;
       for (;;) {
         int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -175,6 +216,10 @@ class Acceptor {
       close(fd);
       return false;
     }
+    return Admit(std::move(c));
+  }
+
+  bool Admit(std::unique_ptr<Conn> c) {
     if (!c) return false;
     Conn* raw = c.get();
     std::lock_guard<std::mutex> l(mu_);
@@ -200,6 +245,8 @@ class Acceptor {
   Make make_;
   std::thread thread_;
   std::atomic<bool> closing_{false};
+  std::atomic<bool> paused_{false};
+  std::mutex loop_mu_;  // held by the loop while it accepts or reaps; Pause() waits for it
   mutable std::mutex mu_;
   std::list<std::unique_ptr<Conn>> conns_;  // guarded by mu_
   uint64_t held_ = 0;                       // conns_.size(), guarded by mu_
