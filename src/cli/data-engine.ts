@@ -6,8 +6,10 @@ import { resolve } from 'node:path';
 import { DataEngineGrpcServer } from '../data-engine/grpc/data-engine-grpc-server.js';
 import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, LocalDataEngine } from '../data-engine/local-data-engine.js';
 import { TLS_PEM_BYTES_MAX, type DataEngineTlsOptions } from '../data-engine/addresses.js';
+import { MooringError } from '../errors.js';
 import { readFileLimited } from '../util/files.js';
 import { describeEvent } from './describe-event.js';
+import { checkSuccessorArgv, spawnSuccessor } from './successor.js';
 import { UsageError, addonOf, installStopSignals, parseCommandArgs, requireDir, type CliContext } from './common.js';
 
 /** The JSON that follows `READY ` on the data engine's stdout (the CLI contract). */
@@ -41,6 +43,9 @@ Options:
   --tls-ca FILE                 (all three, PEM)
   --allow-insecure-remote       allow non-loopback TCP addresses without TLS
   --max-concurrent-rebuilds N   rebuilds at once, 1..${DATA_ENGINE_LIMITS.maxConcurrentRebuildsMax} (default ${DATA_ENGINE_DEFAULTS.maxConcurrentRebuilds})
+  --allow-successor-exec PREFIX let a gRPC caller replace this process by a program under
+                                PREFIX (an upgrade: it stops as on SIGTERM, then starts
+                                PROGRAM data-engine <these arguments>, detached)
   -h, --help                    show this help
 
 Without TLS, TCP addresses must be loopback unless --allow-insecure-remote is given.
@@ -67,6 +72,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       'tls-ca': { type: 'string' },
       'allow-insecure-remote': { type: 'boolean' },
       'max-concurrent-rebuilds': { type: 'string' },
+      'allow-successor-exec': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     { min: 0, max: 0 },
@@ -103,7 +109,13 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     tls = { cert: cert!, key: key!, ca: ca! };
   }
   const allowInsecureRemote = values['allow-insecure-remote'] === true;
+  const successorPrefix = values['allow-successor-exec'] === undefined ? null : resolve(cwd, values['allow-successor-exec']);
   const addon = addonOf(ctx);
+  // ReplaceProcess: once the successor's argv passed its checks, this process stops as on
+  // SIGTERM and starts it.
+  let successor: string[] | null = null;
+  let successorAsked: (() => void) | undefined;
+  const successorWanted = new Promise<string>((res) => (successorAsked = () => res('a successor was asked for')));
 
   const stop = installStopSignals(ctx, 'engines to drain');
   let de: LocalDataEngine | undefined;
@@ -119,17 +131,29 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ...(maxConcurrentRebuilds !== undefined ? { maxConcurrentRebuilds } : {}),
     });
     de.watch((e) => ctx.stderr(`mooring: ${describeEvent(e)}\n`));
-    server = await DataEngineGrpcServer.start({ engine: de, listen, allowInsecureRemote, ...(tls ? { tls } : {}) });
+    const replaceProcess = successorPrefix === null
+      ? undefined
+      : async (argv: string[]): Promise<void> => {
+          if (successor) throw new MooringError('BUSY', 'a successor is being started already');
+          await checkSuccessorArgv(argv, successorPrefix);
+          successor = argv;
+          successorAsked!();
+        };
+    server = await DataEngineGrpcServer.start({ engine: de, listen, allowInsecureRemote, ...(tls ? { tls } : {}), ...(replaceProcess ? { replaceProcess } : {}) });
     const info = await de.info();
     const ready: DataEngineReadyInfo = { hostId, grpc: server.address, replicaAddress: info.replicaAddress, tls: tls !== undefined, version: info.version };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
     ctx.stderr(`mooring: data engine ${hostId} serving ${dir} at ${server.address}${info.replicaAddress ? `, replicas at ${info.replicaAddress}` : ''}${tls ? ' (mutual TLS)' : ''}\n`);
 
-    const signal = await stop.wait();
+    const signal = await Promise.race([stop.wait(), successorWanted]);
     ctx.stderr(`mooring: ${signal}: stopping the gRPC server and every engine (drain, flush)\n`);
     await server.close();
     await de.close();
     ctx.stderr('mooring: data engine stopped\n');
+    if (successor) {
+      const pid = spawnSuccessor(successor, argv);
+      ctx.stderr(`mooring: started the successor ${(successor as string[]).join(' ')} (pid ${pid})\n`);
+    }
     return 0;
   } finally {
     if (server) await server.close().catch(() => undefined);

@@ -132,6 +132,12 @@ export interface DataEngineInfo {
    * older than the field.
    */
   instanceId: string;
+  /**
+   * Whether this data engine can be asked to replace its own process by a new version
+   * (`mooring data-engine --allow-successor-exec`; the default launcher of an upgrade,
+   * docs/upgrade.md). False in process and from older data engines.
+   */
+  successorExec: boolean;
 }
 
 /** How an engine reaches one replica of its volume. */

@@ -328,6 +328,7 @@ export class LocalDataEngine implements DataEngine {
       replicaAddress: this.#replicaAddress ? formatTcpAddress(this.#replicaAddress) : null,
       tls: this.#tls !== undefined,
       instanceId: this.#instanceId,
+      successorExec: false,
     };
   }
 

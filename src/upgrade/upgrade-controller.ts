@@ -34,12 +34,14 @@ import {
   parseUpgradeSessionRecord,
   type HostUpgradeRecord,
   type HostUpgradeState,
+  type NewDataEngine,
   type RecordedError,
   type UpgradeSessionRecord,
   type UpgradeState,
   type VolumeUpgradeStatus,
 } from './upgrade-records.js';
 import { RecordFields } from '../state/record-fields.js';
+import { successorLauncher } from './successor-launcher.js';
 import { UpgradeSession, blocksMessage, type DataEngineLauncher, type UpgradeOptions, type UpgradeSessionEvents, type UpgradeSessionStatus } from './upgrade-session.js';
 
 /** How long a control plane's hold on a session lasts without renewal. */
@@ -54,6 +56,7 @@ const CANCELLABLE: ReadonlySet<HostUpgradeState> = new Set(['pending', 'initiali
 /** What the controller needs from the rest of the control plane. */
 export interface UpgradeDeps {
   state: ControlState;
+  /** The embedder's launcher, or null: hosts whose data engine starts its successor use that. */
   launcher: DataEngineLauncher | null;
   /** Whether the host's data engine runs in this process. */
   inProcess(hostId: string): boolean;
@@ -116,7 +119,7 @@ export class UpgradeController {
       const prev = parseUpgradeSessionRecord(old.value, old.key);
       if (!UPGRADE_FINISHED.has(prev.state)) throw new MooringError('BUSY', `upgrade session ${prev.id} is ${prev.state}; one session at a time`, { details: { session: prev.id } });
     }
-    const blocks = upgradeBlocks(await this.#layout(hosts, method));
+    const blocks = upgradeBlocks(await this.#layout(hosts, method, dataEngine));
     if (blocks.length > 0) throw new MooringError('PRECONDITION_FAILED', blocksMessage(blocks), { details: { reasons: blocks } });
 
     const now = Date.now();
@@ -276,7 +279,7 @@ export class UpgradeController {
 
   // Lists the host's volumes, checks the host's preconditions again, snapshots each volume.
   async #initialize(s: UpgradeSessionRecord, h: HostUpgradeRecord): Promise<HostUpgradeRecord> {
-    const layout = await this.#layout([h.hostId], s.spec.method);
+    const layout = await this.#layout([h.hostId], s.spec.method, s.spec.dataEngine);
     const blocks = upgradeBlocks(layout);
     if (blocks.length > 0) throw new MooringError('PRECONDITION_FAILED', blocksMessage(blocks), { details: { reasons: blocks } });
     const info = await this.#info(h.hostId);
@@ -318,12 +321,13 @@ export class UpgradeController {
   // Has the launcher replace the host's process (unless it was replaced already) and waits
   // until the new one answers.
   async #replaceProcess(s: UpgradeSessionRecord, h: HostUpgradeRecord): Promise<DataEngineInfo> {
-    const { launcher, state } = this.deps;
-    if (!launcher) throw new MooringError('PRECONDITION_FAILED', 'no data engine launcher was given to Mooring.open');
+    const { state } = this.deps;
     this.#emit('progress', { host: h.hostId, step: 'upgrading-instance-manager', done: 0, total: 1 });
     const now = await this.#info(h.hostId).catch(() => null);
     if (now && now.instanceId === h.instanceBefore) {
-      const handle = await launcher.replace(h.hostId, s.spec.dataEngine);
+      const launcher = this.deps.launcher ?? (now.successorExec ? successorLauncher : null);
+      if (!launcher) throw new MooringError('PRECONDITION_FAILED', `nothing can start the new version on ${h.hostId} (no launcher, and its data engine does not start its successor)`);
+      const handle = await launcher.replace(h.hostId, s.spec.dataEngine, { engine: state.hosts.engineOf(h.hostId) });
       if (handle) await this.deps.addHost(handle);
     }
     const info = await this.#waitFor(s, `host ${h.hostId}'s new data engine to answer`, async () => {
@@ -399,10 +403,16 @@ export class UpgradeController {
   }
 
   // What the preconditions look at: the hosts, and every volume with its engine's view of its replicas.
-  async #layout(hosts: string[], method: UpgradeLayout['method']): Promise<UpgradeLayout> {
+  async #layout(hosts: string[], method: UpgradeLayout['method'], dataEngine: NewDataEngine): Promise<UpgradeLayout> {
     const { state } = this.deps;
     const reachable = new Set<string>();
-    for (const h of hosts) if (state.hosts.has(h) && (await state.hosts.reachable(h))) reachable.add(h);
+    const launchable = new Set<string>();
+    for (const h of hosts) {
+      const info = state.hosts.has(h) ? await this.#info(h).catch(() => null) : null;
+      if (!info) continue;
+      reachable.add(h);
+      if (this.deps.launcher !== null || (info.successorExec && dataEngine.command !== undefined)) launchable.add(h);
+    }
     const replicas = await state.allReplicas();
     const migrating = new Set((await state.store.list<unknown>(KIND.migration)).map((d) => d.key));
     const volumes: VolumeLayout[] = [];
@@ -424,7 +434,7 @@ export class UpgradeController {
     }
     const offered = new Set(state.hosts.ids);
     const inProcess = new Set(state.hosts.ids.filter((h) => this.deps.inProcess(h)));
-    return { hosts, offered, reachable, inProcess, hasLauncher: this.deps.launcher !== null, method, volumes };
+    return { hosts, offered, reachable, inProcess, launchable, method, volumes };
   }
 
   // --- records ---

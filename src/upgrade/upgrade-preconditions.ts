@@ -19,7 +19,7 @@ import { UPGRADE_VOLUMES_PER_HOST_MAX, type UpgradeMethod, type UpgradeMethodCho
 
 /** Why a host cannot be upgraded now. */
 export type UpgradeBlockCode =
-  /** No {@link DataEngineLauncher} was given to `Mooring.open`: nothing can start the new version. */
+  /** Nothing can start the new version there: no launcher was given to `Mooring.open`, and the host's data engine does not start its successor itself (or `dataEngine` has no `command` for it). */
   | 'NO_LAUNCHER'
   /** The host is not offered to this control plane. */
   | 'HOST_UNKNOWN'
@@ -75,7 +75,8 @@ export interface UpgradeLayout {
   offered: ReadonlySet<string>;
   reachable: ReadonlySet<string>;
   inProcess: ReadonlySet<string>;
-  hasLauncher: boolean;
+  /** Hosts where something can start the new version (the embedder's launcher, or the data engine itself). */
+  launchable: ReadonlySet<string>;
   method: UpgradeMethodChoice;
   volumes: VolumeLayout[];
 }
@@ -99,10 +100,12 @@ export function upgradeBlocks(l: UpgradeLayout): UpgradeBlock[] {
     out.push({ code, host, ...(volume !== undefined ? { volume } : {}), message });
   };
   for (const host of l.hosts) {
-    if (!l.hasLauncher) add('NO_LAUNCHER', host, 'no data engine launcher was given to Mooring.open, so nothing can start the new version');
     if (!l.offered.has(host)) {
       add('HOST_UNKNOWN', host, `host ${host} is not a host of this cluster`);
       continue;
+    }
+    if (l.reachable.has(host) && !l.launchable.has(host)) {
+      add('NO_LAUNCHER', host, `nothing can start the new version on ${host}: give Mooring.open a dataEngineLauncher, or run its data engine with --allow-successor-exec and give dataEngine a command`);
     }
     if (l.inProcess.has(host)) add('IN_PROCESS_DATA_ENGINE', host, `host ${host}'s data engine runs inside this VM manager; upgrade it by restarting the VM manager with the new package`);
     if (!l.reachable.has(host)) add('HOST_UNREACHABLE', host, `host ${host}'s data engine does not answer`);

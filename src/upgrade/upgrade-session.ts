@@ -31,8 +31,10 @@ export type {
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
 /**
- * How the embedder starts a new data engine on a host: Mooring decides when, the launcher
- * knows how the host runs its processes (systemd, a container, a test's child process).
+ * How a new data engine is started on a host: Mooring decides when, the launcher knows how
+ * the host runs its processes (systemd, a container, a test's child process). Without one,
+ * a host whose data engine runs with `--allow-successor-exec` starts the new version itself
+ * (`dataEngine.command`; docs/upgrade.md).
  */
 export interface DataEngineLauncher {
   /**
@@ -43,7 +45,7 @@ export interface DataEngineLauncher {
    * address changed); Mooring offers it in place of the old one. After a VM manager restart
    * it may be called again for a host it already replaced: it must then do nothing harmful.
    */
-  replace(hostId: string, dataEngine: NewDataEngine): Promise<DataEngine | void>;
+  replace(hostId: string, dataEngine: NewDataEngine, context: { engine: DataEngine }): Promise<DataEngine | void>;
 }
 
 /** Options of `Mooring.startUpgrade`. */

@@ -57,6 +57,12 @@ export interface DataEngineGrpcServerOptions {
   tls?: DataEngineTlsOptions;
   /** Allow TCP beyond loopback without TLS (default false). */
   allowInsecureRemote?: boolean;
+  /**
+   * Serves ReplaceProcess: checks the successor's argv and arranges for this process to
+   * stop and start it (`mooring data-engine --allow-successor-exec`). Without it the call is
+   * UNSUPPORTED and `info()` reports `successorExec: false`.
+   */
+  replaceProcess?: (argv: string[]) => Promise<void>;
 }
 
 // Marks a request that did not decode; the handler answers it with PROTOCOL_ERROR.
@@ -121,7 +127,7 @@ export class DataEngineGrpcServer {
     });
     const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port });
     const self = new DataEngineGrpcServer(server, address, tls !== undefined, addr.kind === 'unix' ? addr.path : undefined);
-    server.addService(guardedService(), self.#implementation(options.engine));
+    server.addService(guardedService(), self.#implementation(options.engine, options.replaceProcess));
     return self;
   }
 
@@ -144,7 +150,7 @@ export class DataEngineGrpcServer {
     return this.#closing;
   }
 
-  #implementation(de: DataEngine): UntypedServiceImplementation {
+  #implementation(de: DataEngine, replaceProcess: DataEngineGrpcServerOptions['replaceProcess']): UntypedServiceImplementation {
     const unary =
       (body: (req: Msg) => Promise<Msg>) =>
       (call: ServerUnaryCall<Msg, Msg>, callback: sendUnaryData<Msg>): void => {
@@ -162,7 +168,7 @@ export class DataEngineGrpcServer {
           );
       };
     return {
-      Info: unary(async () => infoToMsg(await de.info())),
+      Info: unary(async () => infoToMsg({ ...(await de.info()), successorExec: replaceProcess !== undefined })),
       CreateReplica: unary(async (r) => {
         const backingImage = replicaBackingImageFromMsg(r.backingImage);
         return hostedToMsg(await de.createReplica(requestString(r, 'name'), r.sizeBytes as number, backingImage ? { backingImage } : {}));
@@ -221,6 +227,15 @@ export class DataEngineGrpcServer {
       }),
       RevertSnapshot: unary(async (r) => {
         await de.revertSnapshot(requestString(r, 'volume'), requestString(r, 'name'));
+        return {};
+      }),
+      ReplaceProcess: unary(async (r) => {
+        if (!replaceProcess) throw new MooringError('UNSUPPORTED', 'this data engine was not started with --allow-successor-exec');
+        const argv = (r as Msg).argv;
+        if (!Array.isArray(argv) || argv.length === 0 || argv.length > 64 || argv.some((a) => typeof a !== 'string' || a === '' || a.length > 4096 || a.includes('\0'))) {
+          throw new MooringError('INVALID_ARGUMENT', 'argv must be 1 to 64 non-empty strings');
+        }
+        await replaceProcess(argv as string[]);
         return {};
       }),
       ExportSnapshot: unary(async (r) =>

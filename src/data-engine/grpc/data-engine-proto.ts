@@ -44,6 +44,9 @@ service DataEngine {
   rpc ListSnapshots(VolumeName) returns (SnapshotList);
   rpc DeleteSnapshot(SnapshotRef) returns (Empty);
   rpc RevertSnapshot(SnapshotRef) returns (Empty);
+  // Stops this process and starts its successor (an upgrade, docs/upgrade.md); UNSUPPORTED
+  // unless the process was started with --allow-successor-exec.
+  rpc ReplaceProcess(ReplaceProcessRequest) returns (Empty);
   rpc ExportSnapshot(ExportSnapshotRequest) returns (SnapshotCopyResult);
   rpc CopySnapshot(CopySnapshotRequest) returns (SnapshotCopyResult);
   // Backing image files on this data engine's disk (docs/data-engine.md, "Backing image
@@ -70,6 +73,11 @@ message DataEngineInfo {
   string replica_address = 4;  // "" = serves no replicas
   bool tls = 5;
   string instance_id = 6;  // "" from data engines older than the field
+  bool successor_exec = 7;  // ReplaceProcess is allowed
+}
+
+message ReplaceProcessRequest {
+  repeated string argv = 1;  // the new version's command line, before its "data-engine" arguments
 }
 
 message HostedReplica {

@@ -153,6 +153,9 @@ export class RemoteDataEngine implements DataEngine {
       // and a new client to a data engine that just restarted would inherit the old
       // client's reconnect back-off and fail at once ("No connection established").
       'grpc.use_local_subchannel_pool': 1,
+      // A data engine that restarted (an upgrade, a crash) is found again within seconds.
+      'grpc.initial_reconnect_backoff_ms': 250,
+      'grpc.max_reconnect_backoff_ms': 5000,
     });
     const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port: addr.port });
     try {
@@ -294,6 +297,17 @@ export class RemoteDataEngine implements DataEngine {
   /** @inheritDoc DataEngine.deleteSnapshot */
   async deleteSnapshot(volume: string, name: string): Promise<void> {
     await this.#call('DeleteSnapshot', { volume, name });
+  }
+
+  /**
+   * Asks the data engine's process to stop (drain, flush) and start `argv` + its own
+   * `data-engine` arguments in its place: the default launcher of an upgrade
+   * (docs/upgrade.md). Resolves once the process accepted; it then stops by itself.
+   *
+   * @throws MooringError UNSUPPORTED (not started with --allow-successor-exec), INVALID_ARGUMENT (argv refused), UNAVAILABLE
+   */
+  async replaceProcess(argv: string[]): Promise<void> {
+    await this.#call('ReplaceProcess', { argv });
   }
 
   /** @inheritDoc DataEngine.revertSnapshot */

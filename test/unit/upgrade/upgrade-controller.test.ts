@@ -157,6 +157,15 @@ describe('a session over three hosts (method restart)', () => {
     expect(l.calls).toEqual([]);
   });
 
+  it('without a launcher, refuses hosts whose data engine does not start its successor (NO_LAUNCHER)', async () => {
+    const f = await controlFixture();
+    const cp = controlPlane(f, null);
+    planes.push(cp);
+    const err = (await cp.upgrade.start({ dataEngine: NEW, hosts: ['a', 'b'] }).catch((e: unknown) => e)) as MooringError;
+    expect(err.code).toBe('PRECONDITION_FAILED');
+    expect((err.details!['reasons'] as { code: string; host: string }[]).map((r) => `${r.code} ${r.host}`)).toEqual(['NO_LAUNCHER a', 'NO_LAUNCHER b']);
+  });
+
   it('rejects bad options with INVALID_ARGUMENT and a second session with BUSY', async () => {
     const { l, cp, volume } = await setup();
     for (const bad of [{}, { dataEngine: { version: '1' } }, { dataEngine: { version: '1', command: [], path: '/x' } }, { dataEngine: NEW, hosts: ['a', 'a'] }, { dataEngine: NEW, method: 'teleport' }, { dataEngine: NEW, hosts: ['../x'] }]) {

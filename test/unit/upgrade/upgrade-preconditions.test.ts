@@ -25,7 +25,7 @@ function vol(name: string, layout: string): VolumeLayout {
 }
 
 function layout(hosts: string[], volumes: VolumeLayout[], over: Partial<UpgradeLayout> = {}): UpgradeLayout {
-  return { hosts, offered: new Set(HOSTS), reachable: new Set(HOSTS), inProcess: new Set(), hasLauncher: true, method: 'restart', volumes, ...over };
+  return { hosts, offered: new Set(HOSTS), reachable: new Set(HOSTS), inProcess: new Set(), launchable: new Set(HOSTS), method: 'restart', volumes, ...over };
 }
 
 const codes = (l: UpgradeLayout) => upgradeBlocks(l).map((b) => `${b.code} ${b.host}${b.volume ? ` ${b.volume}` : ''}`);
@@ -66,16 +66,8 @@ describe('the seed\'s test plan (004), with method restart', () => {
 
 describe('every block', () => {
   it('names the host: no launcher, unknown, unreachable, in-process', () => {
-    const l = layout(['h1', 'h2', 'h3', 'hx'], [], { hasLauncher: false, reachable: new Set(['h1', 'h3']), inProcess: new Set(['h3']), offered: new Set(HOSTS) });
-    expect(codes(l)).toEqual([
-      'NO_LAUNCHER h1',
-      'NO_LAUNCHER h2',
-      'HOST_UNREACHABLE h2',
-      'NO_LAUNCHER h3',
-      'IN_PROCESS_DATA_ENGINE h3',
-      'NO_LAUNCHER hx',
-      'HOST_UNKNOWN hx',
-    ]);
+    const l = layout(['h1', 'h2', 'h3', 'hx'], [], { launchable: new Set(['h3']), reachable: new Set(['h1', 'h3']), inProcess: new Set(['h3']), offered: new Set(HOSTS) });
+    expect(codes(l)).toEqual(['NO_LAUNCHER h1', 'HOST_UNREACHABLE h2', 'IN_PROCESS_DATA_ENGINE h3', 'HOST_UNKNOWN hx']);
   });
 
   it('names the volume: migrating, rebuilding, ERR, silent engine, operation', () => {
