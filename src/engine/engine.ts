@@ -16,6 +16,7 @@ import type {
   NativeEngine,
   NativeEngineEvent,
   NativeExtent,
+  NativeNbdHandOffRecord,
   NativeLayerInfo,
   NativeRebuildResult,
   NativeRemoteReplica,
@@ -26,6 +27,7 @@ import type {
   NativeWriteZeroesOptions,
 } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
+import { parseNbdAddress } from '../nbd/nbd-address.js';
 import { NbdExport, toNativeNbdOptions, type NbdExportOptions } from '../nbd/nbd-export.js';
 import { safeEmit } from '../util/emit.js';
 import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
@@ -367,6 +369,7 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
   /** Events that arrived while the engine opened (epoch claimed, reconcile, fenced replicas); later ones are emitted. */
   readonly openEvents: readonly EngineEvent[];
   readonly #native: NativeEngine;
+  readonly #addon: NativeAddon;
   // Changes as replicas are added and removed (addReplica, removeReplica).
   #specs: ResolvedReplica[];
   readonly #exports = new Set<NbdExport>();
@@ -375,9 +378,10 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
   #drained: (() => void) | undefined;
   #closing: Promise<void> | undefined;
 
-  private constructor(native: NativeEngine, specs: ResolvedReplica[], openEvents: EngineEvent[]) {
+  private constructor(native: NativeEngine, addon: NativeAddon, specs: ResolvedReplica[], openEvents: EngineEvent[]) {
     super();
     this.#native = native;
+    this.#addon = addon;
     this.#specs = specs;
     this.openEvents = openEvents;
   }
@@ -436,7 +440,7 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
         }),
       `opening ${standby ? 'a standby engine' : 'engine'} over ${specs.map((s) => s.id).join(', ')}`,
     );
-    engine = new LocalEngine(native, specs, early);
+    engine = new LocalEngine(native, addon, specs, early);
     return engine;
   }
 
@@ -682,11 +686,48 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
     return this.#call('exportNbd', async () => {
       const { address, exportName, native } = toNativeNbdOptions(options);
       const server = await this.#native.exportNbd(native);
-      const exp = new NbdExport(server, address, exportName, native.readOnly === true);
-      this.#exports.add(exp);
-      exp.once('closed', () => this.#exports.delete(exp));
+      return this.#own(new NbdExport(server, address, exportName, native.readOnly === true));
+    });
+  }
+
+  /**
+   * Serves this engine through an export handed over by another engine (`NbdExport.detach`,
+   * here or in another process): same socket, same client connections, same negotiated
+   * options. It starts serving at once.
+   *
+   * @throws MooringError UNSUPPORTED (an addon without hand-off), INVALID_STATE (a record used twice), PROTOCOL_ERROR (a bad record), CLOSED
+   */
+  adoptNbd(record: NativeNbdHandOffRecord): Promise<NbdExport> {
+    return this.#call('adoptNbd', async () => {
+      if (!this.#addon.adoptNbdServer) throw new MooringError('UNSUPPORTED', 'this addon cannot adopt an NBD export');
+      const server = await this.#addon.adoptNbdServer(record, this.#native);
+      const address = parseNbdAddress(record.unixPath !== '' ? `unix:${record.unixPath}` : `tcp:0.0.0.0:${record.tcpPort}`);
+      const exp = this.#own(new NbdExport(server, address, record.exportName, false));
+      await exp.unfreeze();
       return exp;
     });
+  }
+
+  /**
+   * Rollback of a hand-off: serves this engine (a new one over the same replicas, say) through
+   * an export that was frozen and detached from another engine of this process.
+   *
+   * @throws MooringError INVALID_STATE (the export is not detached), CLOSED
+   */
+  resumeExport(exp: NbdExport): Promise<void> {
+    return this.#call('resumeExport', async () => {
+      if (!exp.detached) throw new MooringError('INVALID_STATE', `NBD export ${exp.addressString} was not detached`);
+      await exp.unfreeze(this.#native);
+      this.#own(exp);
+    });
+  }
+
+  // This engine closes the export when it closes, until the export closes or is detached.
+  #own(exp: NbdExport): NbdExport {
+    this.#exports.add(exp);
+    exp.once('closed', () => this.#exports.delete(exp));
+    exp.once('detached', () => this.#exports.delete(exp));
+    return exp;
   }
 
   /**

@@ -6,7 +6,7 @@ import { EventEmitter } from 'node:events';
 import type * as TE from 'typed-emitter';
 
 import { MooringError, callNative, callNativeSync } from '../errors.js';
-import type { NativeNbdOptions, NativeNbdServer, NativeNbdStats } from '../native/binding.js';
+import type { NativeEngine, NativeNbdHandOffRecord, NativeNbdHandOffServer, NativeNbdOptions, NativeNbdServer, NativeNbdStats } from '../native/binding.js';
 import { safeEmit } from '../util/emit.js';
 import { describe } from '../util/validate.js';
 import { checkExportName, formatNbdAddress, nbdUri, parseNbdAddress, type NbdAddress } from './nbd-address.js';
@@ -51,6 +51,8 @@ export type NbdExportStats = NativeNbdStats;
 export type NbdExportEvents = {
   /** The export stopped: it no longer accepts clients and every request was answered. */
   closed: () => void;
+  /** The export was detached for a hand-off: its engine no longer owns it (it may close). */
+  detached: () => void;
 };
 
 function checkIntIn(name: string, value: unknown, min: number, max: number): number | undefined {
@@ -114,6 +116,7 @@ export class NbdExport extends (EventEmitter as new () => TypedEmitter<NbdExport
   readonly #server: NativeNbdServer;
   #closing: Promise<void> | undefined;
   #closed = false;
+  #detached = false;
 
   /** @internal Created by `Engine.exportNbd`. */
   constructor(server: NativeNbdServer, requested: NbdAddress, exportName: string, readOnly: boolean) {
@@ -143,6 +146,60 @@ export class NbdExport extends (EventEmitter as new () => TypedEmitter<NbdExport
   stats(): NbdExportStats {
     if (this.#closed) throw new MooringError('CLOSED', `NBD export ${this.addressString} is closed`);
     return callNativeSync(() => this.#server.stats(), `NBD export ${this.addressString}`);
+  }
+
+  /** Ids of the open connections (a connection keeps its id across a hand-off). */
+  connectionIds(): number[] {
+    return callNativeSync(() => this.#handOffServer().connectionIds(), `NBD export ${this.addressString}`);
+  }
+
+  /**
+   * Hand-off, step 1: stops accepting (new clients wait in the listen backlog) and brings
+   * every connection to a request boundary with nothing in flight. BUSY if one does not
+   * get there in `timeoutMs`; then it carries on as before. (docs/nbd-frontend.md,
+   * "Hand-off of an export between processes".)
+   *
+   * @throws MooringError BUSY, INVALID_STATE, CLOSED, UNSUPPORTED (an addon without hand-off)
+   */
+  freeze(timeoutMs: number): Promise<void> {
+    return callNative(() => this.#handOffServer().freeze(timeoutMs), `freezing NBD export ${this.addressString}`);
+  }
+
+  /**
+   * Hand-off, step 2 (frozen only): the record another engine (in this process or, sent
+   * over a hand-off channel, in another) adopts. This export stays frozen with its own
+   * sockets and no longer belongs to its engine, which may now close; {@link unfreeze}
+   * rolls back, {@link close} then only releases its sockets.
+   *
+   * @throws MooringError INVALID_STATE (not frozen), CLOSED
+   */
+  async detach(): Promise<NativeNbdHandOffRecord> {
+    const record = await callNative(() => this.#handOffServer().detach(), `detaching NBD export ${this.addressString}`);
+    this.#detached = true;
+    safeEmit(this, 'detached');
+    return record;
+  }
+
+  /**
+   * Serves again where the freeze stopped: a rollback (with `engine`, the engine that serves
+   * from now on, required once the old one was closed), or the start of an adopted export.
+   *
+   * @internal Called through `LocalEngine.adoptNbd` / `LocalEngine.resumeExport`.
+   */
+  unfreeze(engine?: NativeEngine): Promise<void> {
+    return callNative(() => this.#handOffServer().unfreeze(engine), `unfreezing NBD export ${this.addressString}`);
+  }
+
+  /** Whether {@link detach} handed it over (its engine no longer owns it). */
+  get detached(): boolean {
+    return this.#detached;
+  }
+
+  #handOffServer(): NativeNbdHandOffServer {
+    if (this.#closed) throw new MooringError('CLOSED', `NBD export ${this.addressString} is closed`);
+    const s = this.#server as Partial<NativeNbdHandOffServer>;
+    if (typeof s.freeze !== 'function') throw new MooringError('UNSUPPORTED', 'this addon cannot hand an NBD export over');
+    return this.#server as NativeNbdHandOffServer;
   }
 
   /**
