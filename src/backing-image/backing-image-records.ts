@@ -8,7 +8,7 @@
  * @packageDocumentation
  */
 import type { BackingImageFileState } from '../data-engine/data-engine.js';
-import { MooringError } from '../errors.js';
+import { RecordFields } from '../state/record-fields.js';
 import { NAME_PATTERN, REPLICA_COUNT_MAX, VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 
 /** Schema of backing image documents (their own kind: volumes and replicas keep schema 2). */
@@ -89,27 +89,7 @@ export interface BackingImageRecord {
   files: Record<string, BackingImageDiskStatus>;
 }
 
-function fail(key: string, why: string): never {
-  throw new MooringError('CORRUPT_METADATA', `state store: ${BACKING_IMAGE_KIND} ${key}: ${why}`, { details: { kind: BACKING_IMAGE_KIND, key } });
-}
-
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-function str(o: Record<string, unknown>, k: string, key: string, pattern?: RegExp, maxLength = 4096): string {
-  const v = o[k];
-  if (typeof v !== 'string' || v.length > maxLength || (pattern && !pattern.test(v))) fail(key, `${k} is not a valid string`);
-  return v;
-}
-
-function int(o: Record<string, unknown>, k: string, key: string, min: number, max: number): number {
-  const v = o[k];
-  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) fail(key, `${k} is not an integer in [${min}, ${max}]`);
-  return v;
-}
-
-const FILE_STATES = new Set<string>(['pending', 'starting', 'in-progress', 'ready', 'failed', 'unknown']);
+const FILE_STATES: readonly BackingImageFileState[] = ['pending', 'starting', 'in-progress', 'ready', 'failed', 'unknown'];
 
 /** Checks a download URL: http or https, bounded, parseable. */
 export function isDownloadUrl(url: unknown): url is string {
@@ -122,68 +102,66 @@ export function isDownloadUrl(url: unknown): url is string {
   }
 }
 
-function parseSource(v: unknown, key: string): BackingImageSource {
-  if (!isObject(v)) fail(key, 'source is not an object');
-  switch (v['type']) {
-    case 'download':
-      if (!isDownloadUrl(v['url'])) fail(key, 'source.url is not an http(s) URL');
-      return { type: 'download', url: v['url'] };
+function parseSource(f: RecordFields): BackingImageSource {
+  switch (f.raw('type')) {
+    case 'download': {
+      const url = f.raw('url');
+      if (!isDownloadUrl(url)) f.fail('source.url is not an http(s) URL');
+      return { type: 'download', url };
+    }
     case 'upload':
-      return { type: 'upload', sizeBytes: int(v, 'sizeBytes', key, 1, VOLUME_SIZE_MAX_BYTES) };
+      return { type: 'upload', sizeBytes: f.int('sizeBytes', 1, VOLUME_SIZE_MAX_BYTES) };
     case 'volume-snapshot':
-      return { type: 'volume-snapshot', volume: str(v, 'volume', key, NAME_PATTERN), snapshot: str(v, 'snapshot', key, NAME_PATTERN) };
+      return { type: 'volume-snapshot', volume: f.str('volume', NAME_PATTERN), snapshot: f.str('snapshot', NAME_PATTERN) };
     default:
-      return fail(key, 'source.type is not download, upload or volume-snapshot');
+      return f.fail('source.type is not download, upload or volume-snapshot');
   }
 }
 
 /** @internal */
 export function parseBackingImageRecord(v: unknown, key: string): BackingImageRecord {
-  if (!isObject(v)) fail(key, 'not an object');
-  const schema = int(v, 'schema', key, 1, Number.MAX_SAFE_INTEGER);
-  if (schema > BACKING_IMAGE_SCHEMA_VERSION) fail(key, `schema ${schema} is newer than this release understands (${BACKING_IMAGE_SCHEMA_VERSION})`);
-  const disks = v['disks'];
-  if (!Array.isArray(disks) || disks.length > BACKING_IMAGE_DISKS_MAX || !disks.every((d) => typeof d === 'string' && NAME_PATTERN.test(d))) fail(key, 'disks is not a list of host ids');
-  const filesRaw = v['files'];
-  if (!isObject(filesRaw) || Object.keys(filesRaw).length > BACKING_IMAGE_DISKS_MAX) fail(key, 'files is not a map of disks');
+  const f: RecordFields = new RecordFields(BACKING_IMAGE_KIND, key, v);
+  const schema = f.int('schema', 1, Number.MAX_SAFE_INTEGER);
+  if (schema > BACKING_IMAGE_SCHEMA_VERSION) f.fail(`schema ${schema} is newer than this release understands (${BACKING_IMAGE_SCHEMA_VERSION})`);
+  const disks = f.list('disks', BACKING_IMAGE_DISKS_MAX);
+  if (!disks.every((d) => typeof d === 'string' && NAME_PATTERN.test(d))) f.fail('disks is not a list of host ids');
+  const filesOf = f.obj('files');
   const files: Record<string, BackingImageDiskStatus> = {};
-  for (const [host, f] of Object.entries(filesRaw)) {
-    if (!NAME_PATTERN.test(host) || !isObject(f)) fail(key, `files.${host.slice(0, 64)} is not a disk status`);
-    const state = f['state'];
-    if (typeof state !== 'string' || !FILE_STATES.has(state)) fail(key, `files.${host}.state is not a file state`);
-    const lastRef = f['lastRefAtMs'];
+  for (const host of f.mapKeys('files', BACKING_IMAGE_DISKS_MAX, NAME_PATTERN)) {
+    const d = filesOf.obj(host);
+    const message = d.raw('message');
     files[host] = {
-      state: state as BackingImageFileState,
-      progress: int(f, 'progress', key, 0, 100),
-      message: typeof f['message'] === 'string' ? f['message'].slice(0, BACKING_IMAGE_MESSAGE_LENGTH_MAX) : '',
-      receivedBytes: int(f, 'receivedBytes', key, 0, Number.MAX_SAFE_INTEGER),
-      lastRefAtMs: lastRef === null || lastRef === undefined ? null : int(f, 'lastRefAtMs', key, 0, Number.MAX_SAFE_INTEGER),
+      state: d.oneOf('state', FILE_STATES),
+      progress: d.int('progress', 0, 100),
+      message: typeof message === 'string' ? message.slice(0, BACKING_IMAGE_MESSAGE_LENGTH_MAX) : '',
+      receivedBytes: d.int('receivedBytes', 0, Number.MAX_SAFE_INTEGER),
+      lastRefAtMs: d.optInt('lastRefAtMs', 0, Number.MAX_SAFE_INTEGER),
     };
   }
-  const expected = v['expectedChecksum'];
-  if (expected !== null && (typeof expected !== 'string' || !SHA512_PATTERN.test(expected))) fail(key, 'expectedChecksum is not a SHA-512 or null');
-  const current = v['currentChecksum'];
-  if (current !== '' && (typeof current !== 'string' || !SHA512_PATTERN.test(current))) fail(key, 'currentChecksum is not a SHA-512 or empty');
-  const format = v['format'];
-  if (format !== null && format !== 'raw' && format !== 'qcow2') fail(key, 'format is not raw, qcow2 or null');
+  const expected = f.raw('expectedChecksum');
+  if (expected !== null && (typeof expected !== 'string' || !SHA512_PATTERN.test(expected))) f.fail('expectedChecksum is not a SHA-512 or null');
+  const current = f.raw('currentChecksum');
+  if (current !== '' && (typeof current !== 'string' || !SHA512_PATTERN.test(current))) f.fail('currentChecksum is not a SHA-512 or empty');
+  const format = f.raw('format');
+  if (format !== null && format !== 'raw' && format !== 'qcow2') f.fail('format is not raw, qcow2 or null');
   const r: BackingImageRecord = {
     schema,
-    name: str(v, 'name', key, NAME_PATTERN),
-    uuid: str(v, 'uuid', key, UUID_PATTERN),
-    createdMs: int(v, 'createdMs', key, 0, Number.MAX_SAFE_INTEGER),
-    source: parseSource(v['source'], key),
-    expectedChecksum: expected,
-    minCopies: int(v, 'minCopies', key, 1, BACKING_IMAGE_MIN_COPIES_MAX),
-    firstHost: str(v, 'firstHost', key, NAME_PATTERN),
+    name: f.str('name', NAME_PATTERN),
+    uuid: f.str('uuid', UUID_PATTERN),
+    createdMs: f.int('createdMs', 0, Number.MAX_SAFE_INTEGER),
+    source: parseSource(f.obj('source')),
+    expectedChecksum: expected as string | null,
+    minCopies: f.int('minCopies', 1, BACKING_IMAGE_MIN_COPIES_MAX),
+    firstHost: f.str('firstHost', NAME_PATTERN),
     disks: [...new Set(disks as string[])],
-    sourceAttempts: int(v, 'sourceAttempts', key, 0, Number.MAX_SAFE_INTEGER),
-    cancelled: v['cancelled'] === true,
-    currentChecksum: current,
-    sizeBytes: int(v, 'sizeBytes', key, 0, Number.MAX_SAFE_INTEGER),
-    virtualSizeBytes: int(v, 'virtualSizeBytes', key, 0, Number.MAX_SAFE_INTEGER),
+    sourceAttempts: f.int('sourceAttempts', 0, Number.MAX_SAFE_INTEGER),
+    cancelled: f.raw('cancelled') === true,
+    currentChecksum: current as string,
+    sizeBytes: f.int('sizeBytes', 0, Number.MAX_SAFE_INTEGER),
+    virtualSizeBytes: f.int('virtualSizeBytes', 0, Number.MAX_SAFE_INTEGER),
     format,
     files,
   };
-  if (r.name !== key) fail(key, `name ${r.name} does not match its key`);
+  if (r.name !== key) f.fail(`name ${r.name} does not match its key`);
   return r;
 }
