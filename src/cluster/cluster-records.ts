@@ -10,6 +10,7 @@
 import type { AccessMode } from '../attachment/attachment-reconciler.js';
 import { checkParameters, checkTicketIdentity, type AttachmentTicket, type AttachmentTicketStatus, type Frontend } from '../attachment/attachment-ticket.js';
 import { MooringError } from '../errors.js';
+import { RecordFields } from '../state/record-fields.js';
 import { NAME_PATTERN, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN, VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 
 /**
@@ -135,58 +136,38 @@ export interface HostRecord {
   lastSeenMs: number;
 }
 
-function fail(kind: string, key: string, why: string): never {
-  throw new MooringError('CORRUPT_METADATA', `state store: ${kind} ${key}: ${why}`, { details: { kind, key } });
-}
-
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-function str(o: Record<string, unknown>, k: string, kind: string, key: string, pattern?: RegExp): string {
-  const v = o[k];
-  if (typeof v !== 'string' || (pattern && !pattern.test(v))) fail(kind, key, `${k} is not a valid string`);
-  return v;
-}
-
-function int(o: Record<string, unknown>, k: string, kind: string, key: string, min: number, max: number): number {
-  const v = o[k];
-  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) fail(kind, key, `${k} is not an integer in [${min}, ${max}]`);
-  return v;
-}
-
-function schemaOf(o: Record<string, unknown>, kind: string, key: string): number {
-  const s = int(o, 'schema', kind, key, 1, Number.MAX_SAFE_INTEGER);
-  if (s > CLUSTER_SCHEMA_VERSION) fail(kind, key, `schema ${s} is newer than this release understands (${CLUSTER_SCHEMA_VERSION})`);
+function schemaOf(f: RecordFields): number {
+  const s = f.int('schema', 1, Number.MAX_SAFE_INTEGER);
+  if (s > CLUSTER_SCHEMA_VERSION) f.fail(`schema ${s} is newer than this release understands (${CLUSTER_SCHEMA_VERSION})`);
   return s;
 }
 
 /** @internal */
 export function parseVolumeRecord(v: unknown, key: string): VolumeRecord {
-  if (!isObject(v)) fail(KIND.volume, key, 'not an object');
+  const f: RecordFields = new RecordFields(KIND.volume, key, v);
   const r: VolumeRecord = {
-    schema: schemaOf(v, KIND.volume, key),
-    name: str(v, 'name', KIND.volume, key, NAME_PATTERN),
-    uuid: str(v, 'uuid', KIND.volume, key, /^[0-9a-f-]{36}$/),
-    sizeBytes: int(v, 'sizeBytes', KIND.volume, key, 4096, VOLUME_SIZE_MAX_BYTES),
-    replicaCount: int(v, 'replicaCount', KIND.volume, key, REPLICA_COUNT_MIN, REPLICA_COUNT_MAX),
-    createdMs: int(v, 'createdMs', KIND.volume, key, 0, Number.MAX_SAFE_INTEGER),
+    schema: schemaOf(f),
+    name: f.str('name', NAME_PATTERN),
+    uuid: f.str('uuid', /^[0-9a-f-]{36}$/),
+    sizeBytes: f.int('sizeBytes', 4096, VOLUME_SIZE_MAX_BYTES),
+    replicaCount: f.int('replicaCount', REPLICA_COUNT_MIN, REPLICA_COUNT_MAX),
+    createdMs: f.int('createdMs', 0, Number.MAX_SAFE_INTEGER),
     accessMode: 'rwo',
     desiredHost: null,
     migrationHost: null,
     frontend: { ...NO_FRONTEND_CHOSEN },
     migrationFrontend: { ...NO_FRONTEND_CHOSEN },
-    backingImage: optName(v, 'backingImage', KIND.volume, key),
+    backingImage: f.optStr('backingImage', NAME_PATTERN),
   };
-  if (r.name !== key) fail(KIND.volume, key, `name ${r.name} does not match its key`);
+  if (r.name !== key) f.fail(`name ${r.name} does not match its key`);
   if (r.schema >= 2) {
-    const mode = v['accessMode'];
-    if (mode !== 'rwo' && mode !== 'migratable') fail(KIND.volume, key, 'accessMode is not rwo or migratable');
+    const mode = f.raw('accessMode');
+    if (mode !== 'rwo' && mode !== 'migratable') f.fail('accessMode is not rwo or migratable');
     r.accessMode = mode;
-    r.desiredHost = optName(v, 'desiredHost', KIND.volume, key);
-    r.migrationHost = optName(v, 'migrationHost', KIND.volume, key);
-    r.frontend = frontendField(v, 'frontend', KIND.volume, key);
-    r.migrationFrontend = frontendField(v, 'migrationFrontend', KIND.volume, key);
+    r.desiredHost = f.optStr('desiredHost', NAME_PATTERN);
+    r.migrationHost = f.optStr('migrationHost', NAME_PATTERN);
+    r.frontend = frontendField(f, 'frontend');
+    r.migrationFrontend = frontendField(f, 'migrationFrontend');
   }
   return r;
 }
@@ -211,43 +192,29 @@ export function emptyAttachmentRecord(volume: string): AttachmentRecord {
   return { schema: CLUSTER_SCHEMA_VERSION, volume, tickets: [], statuses: [] };
 }
 
-function optName(o: Record<string, unknown>, k: string, kind: string, key: string): string | null {
-  const v = o[k];
-  if (v === null || v === undefined) return null;
-  return str(o, k, kind, key, NAME_PATTERN);
-}
-
-function frontendField(o: Record<string, unknown>, k: string, kind: string, key: string): Frontend {
-  const v = o[k];
-  if (!isObject(v) || typeof v['disabled'] !== 'boolean') fail(kind, key, `${k} is not a frontend`);
-  const nbd = v['nbd'];
-  if (nbd !== null && typeof nbd !== 'string') fail(kind, key, `${k}.nbd is not a string or null`);
-  return { disabled: v['disabled'], nbd };
+function frontendField(f: RecordFields, k: string): Frontend {
+  const o = f.obj(k);
+  const nbd = o.raw('nbd');
+  if (nbd !== null && typeof nbd !== 'string') f.fail(`${k}.nbd is not a string or null`);
+  return { disabled: o.bool('disabled'), nbd };
 }
 
 /** @internal */
 export function parseAttachmentRecord(v: unknown, key: string): AttachmentRecord {
-  if (!isObject(v)) fail(KIND.attachment, key, 'not an object');
-  const tickets = v['tickets'];
-  const statuses = v['statuses'];
-  if (!Array.isArray(tickets) || tickets.length > ATTACHMENT_TICKETS_MAX) fail(KIND.attachment, key, `tickets is not a list of at most ${ATTACHMENT_TICKETS_MAX}`);
-  if (!Array.isArray(statuses) || statuses.length > ATTACHMENT_TICKETS_MAX) fail(KIND.attachment, key, 'statuses is not a list');
+  const f: RecordFields = new RecordFields(KIND.attachment, key, v);
+  const tickets = f.list('tickets', ATTACHMENT_TICKETS_MAX);
+  const statuses = f.list('statuses', ATTACHMENT_TICKETS_MAX);
+  const isObject = (x: unknown): x is Record<string, unknown> => typeof x === 'object' && x !== null && !Array.isArray(x);
   const r: AttachmentRecord = {
-    schema: schemaOf(v, KIND.attachment, key),
-    volume: str(v, 'volume', KIND.attachment, key, NAME_PATTERN),
-    tickets: tickets.map((t: unknown) => {
-      if (!isObject(t)) fail(KIND.attachment, key, 'a ticket is not an object');
+    schema: schemaOf(f),
+    volume: f.str('volume', NAME_PATTERN),
+    tickets: tickets.map((raw, i) => {
+      const t = new RecordFields(KIND.attachment, key, raw, `tickets[${i}]`);
       try {
-        const { id, type } = checkTicketIdentity(t['id'], t['type']);
-        return {
-          id,
-          type,
-          hostId: str(t, 'hostId', KIND.attachment, key, NAME_PATTERN),
-          parameters: checkParameters(t['parameters']),
-          generation: int(t, 'generation', KIND.attachment, key, 1, Number.MAX_SAFE_INTEGER),
-        };
+        const { id, type } = checkTicketIdentity(t.raw('id'), t.raw('type'));
+        return { id, type, hostId: t.str('hostId', NAME_PATTERN), parameters: checkParameters(t.raw('parameters')), generation: t.int('generation', 1, Number.MAX_SAFE_INTEGER) };
       } catch (err) {
-        if (err instanceof MooringError && err.code === 'INVALID_ARGUMENT') fail(KIND.attachment, key, err.message);
+        if (err instanceof MooringError && err.code === 'INVALID_ARGUMENT') f.fail(err.message);
         throw err;
       }
     }),
@@ -259,8 +226,8 @@ export function parseAttachmentRecord(v: unknown, key: string): AttachmentRecord
       generation: typeof s['generation'] === 'number' ? s['generation'] : 0,
     })),
   };
-  if (r.volume !== key) fail(KIND.attachment, key, 'volume does not match its key');
-  if (new Set(r.tickets.map((t) => t.id)).size !== r.tickets.length) fail(KIND.attachment, key, 'two tickets share an id');
+  if (r.volume !== key) f.fail('volume does not match its key');
+  if (new Set(r.tickets.map((t) => t.id)).size !== r.tickets.length) f.fail('two tickets share an id');
   return r;
 }
 
@@ -271,34 +238,33 @@ const PHASES = new Set(['starting', 'target-ready', 'handing-over', 'handed-over
 
 /** @internal */
 export function parseMigrationRecord(v: unknown, key: string): MigrationRecord {
-  if (!isObject(v)) fail(KIND.migration, key, 'not an object');
-  const phase = v['phase'];
-  if (typeof phase !== 'string' || !PHASES.has(phase)) fail(KIND.migration, key, 'phase is not a migration phase');
-  const h = v['handOver'];
+  const f: RecordFields = new RecordFields(KIND.migration, key, v);
+  const phase = f.raw('phase');
+  if (typeof phase !== 'string' || !PHASES.has(phase)) f.fail('phase is not a migration phase');
+  const h = f.optObj('handOver');
   let handOver: MigrationRecord['handOver'] = null;
-  if (h !== null && h !== undefined) {
-    if (!isObject(h) || !Array.isArray(h['rwReplicaIds']) || h['rwReplicaIds'].length > REPLICA_COUNT_MAX) fail(KIND.migration, key, 'handOver is not a hand-over');
-    const ids = h['rwReplicaIds'] as unknown[];
-    if (!ids.every((x) => typeof x === 'string' && NAME_PATTERN.test(x))) fail(KIND.migration, key, 'handOver.rwReplicaIds holds a bad id');
+  if (h) {
+    const ids = h.list('rwReplicaIds', REPLICA_COUNT_MAX);
+    if (!ids.every((x) => typeof x === 'string' && NAME_PATTERN.test(x))) f.fail('handOver.rwReplicaIds holds a bad id');
     handOver = {
-      epoch: int(h, 'epoch', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+      epoch: h.int('epoch', 0, Number.MAX_SAFE_INTEGER),
       // Absent in records of releases before replica-set generations.
-      generation: h['generation'] === undefined ? 0 : int(h, 'generation', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+      generation: h.raw('generation') === undefined ? 0 : h.int('generation', 0, Number.MAX_SAFE_INTEGER),
       rwReplicaIds: ids as string[],
     };
   }
   const r: MigrationRecord = {
-    schema: schemaOf(v, KIND.migration, key),
-    volume: str(v, 'volume', KIND.migration, key, NAME_PATTERN),
-    sourceHost: str(v, 'sourceHost', KIND.migration, key, NAME_PATTERN),
-    targetHost: str(v, 'targetHost', KIND.migration, key, NAME_PATTERN),
+    schema: schemaOf(f),
+    volume: f.str('volume', NAME_PATTERN),
+    sourceHost: f.str('sourceHost', NAME_PATTERN),
+    targetHost: f.str('targetHost', NAME_PATTERN),
     phase: phase as MigrationPhase,
     handOver,
-    targetActivated: v['targetActivated'] === true,
-    startedMs: int(v, 'startedMs', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
-    updatedMs: int(v, 'updatedMs', KIND.migration, key, 0, Number.MAX_SAFE_INTEGER),
+    targetActivated: f.raw('targetActivated') === true,
+    startedMs: f.int('startedMs', 0, Number.MAX_SAFE_INTEGER),
+    updatedMs: f.int('updatedMs', 0, Number.MAX_SAFE_INTEGER),
   };
-  if (r.volume !== key) fail(KIND.migration, key, 'volume does not match its key');
+  if (r.volume !== key) f.fail('volume does not match its key');
   return r;
 }
 
@@ -306,67 +272,66 @@ const MODES = new Set(['RW', 'WO', 'ERR', 'unknown']);
 
 /** @internal */
 export function parseReplicaRecord(v: unknown, key: string): ReplicaRecord {
-  if (!isObject(v)) fail(KIND.replica, key, 'not an object');
-  const mode = v['mode'];
-  if (typeof mode !== 'string' || !MODES.has(mode)) fail(KIND.replica, key, 'mode is not RW, WO, ERR or unknown');
-  const failed = v['failedSinceMs'];
-  const lastError = v['lastError'];
+  const f: RecordFields = new RecordFields(KIND.replica, key, v);
+  const mode = f.raw('mode');
+  if (typeof mode !== 'string' || !MODES.has(mode)) f.fail('mode is not RW, WO, ERR or unknown');
+  const lastError = f.raw('lastError');
   const r: ReplicaRecord = {
-    schema: schemaOf(v, KIND.replica, key),
-    volume: str(v, 'volume', KIND.replica, key, NAME_PATTERN),
-    id: str(v, 'id', KIND.replica, key, NAME_PATTERN),
-    hostId: str(v, 'hostId', KIND.replica, key, NAME_PATTERN),
-    name: str(v, 'name', KIND.replica, key, NAME_PATTERN),
+    schema: schemaOf(f),
+    volume: f.str('volume', NAME_PATTERN),
+    id: f.str('id', NAME_PATTERN),
+    hostId: f.str('hostId', NAME_PATTERN),
+    name: f.str('name', NAME_PATTERN),
     mode: mode as ReplicaRecord['mode'],
-    failedSinceMs: failed === null || failed === undefined ? null : int(v, 'failedSinceMs', KIND.replica, key, 0, Number.MAX_SAFE_INTEGER),
+    failedSinceMs: f.optInt('failedSinceMs', 0, Number.MAX_SAFE_INTEGER),
     lastError: typeof lastError === 'string' ? lastError.slice(0, 4096) : null,
   };
-  if (r.name !== key) fail(KIND.replica, key, 'name does not match its key');
+  if (r.name !== key) f.fail('name does not match its key');
   return r;
 }
 
 /** @internal */
 export function parseEngineRecord(v: unknown, key: string): EngineRecord {
-  if (!isObject(v)) fail(KIND.engine, key, 'not an object');
-  const nbd = v['nbd'];
-  if (nbd !== null && typeof nbd !== 'string') fail(KIND.engine, key, 'nbd is not a string or null');
+  const f: RecordFields = new RecordFields(KIND.engine, key, v);
+  const nbd = f.raw('nbd');
+  if (nbd !== null && typeof nbd !== 'string') f.fail('nbd is not a string or null');
   const r: EngineRecord = {
-    schema: schemaOf(v, KIND.engine, key),
-    volume: str(v, 'volume', KIND.engine, key, NAME_PATTERN),
-    hostId: str(v, 'hostId', KIND.engine, key, NAME_PATTERN),
+    schema: schemaOf(f),
+    volume: f.str('volume', NAME_PATTERN),
+    hostId: f.str('hostId', NAME_PATTERN),
     nbd,
-    frontendDisabled: v['frontendDisabled'] === true,
-    epoch: int(v, 'epoch', KIND.engine, key, 0, Number.MAX_SAFE_INTEGER),
-    startedMs: int(v, 'startedMs', KIND.engine, key, 0, Number.MAX_SAFE_INTEGER),
+    frontendDisabled: f.raw('frontendDisabled') === true,
+    epoch: f.int('epoch', 0, Number.MAX_SAFE_INTEGER),
+    startedMs: f.int('startedMs', 0, Number.MAX_SAFE_INTEGER),
   };
-  if (r.volume !== key) fail(KIND.engine, key, 'volume does not match its key');
+  if (r.volume !== key) f.fail('volume does not match its key');
   return r;
 }
 
 /** @internal */
 export function parseHostRecord(v: unknown, key: string): HostRecord {
-  if (!isObject(v)) fail(KIND.host, key, 'not an object');
-  const addr = v['replicaAddress'];
-  if (addr !== null && typeof addr !== 'string') fail(KIND.host, key, 'replicaAddress is not a string or null');
+  const f: RecordFields = new RecordFields(KIND.host, key, v);
+  const addr = f.raw('replicaAddress');
+  if (addr !== null && typeof addr !== 'string') f.fail('replicaAddress is not a string or null');
   const r: HostRecord = {
-    schema: schemaOf(v, KIND.host, key),
-    hostId: str(v, 'hostId', KIND.host, key, NAME_PATTERN),
+    schema: schemaOf(f),
+    hostId: f.str('hostId', NAME_PATTERN),
     replicaAddress: addr,
-    lastSeenMs: int(v, 'lastSeenMs', KIND.host, key, 0, Number.MAX_SAFE_INTEGER),
+    lastSeenMs: f.int('lastSeenMs', 0, Number.MAX_SAFE_INTEGER),
   };
-  if (r.hostId !== key) fail(KIND.host, key, 'hostId does not match its key');
+  if (r.hostId !== key) f.fail('hostId does not match its key');
   return r;
 }
 
 /** @internal */
 export function parseVolumeEpochRecord(v: unknown, key: string): VolumeEpochRecord {
-  if (!isObject(v)) fail(KIND.volumeEpoch, key, 'not an object');
+  const f: RecordFields = new RecordFields(KIND.volumeEpoch, key, v);
   const r: VolumeEpochRecord = {
-    schema: schemaOf(v, KIND.volumeEpoch, key),
-    volume: str(v, 'volume', KIND.volumeEpoch, key, NAME_PATTERN),
-    last: int(v, 'last', KIND.volumeEpoch, key, 0, Number.MAX_SAFE_INTEGER),
-    updatedMs: int(v, 'updatedMs', KIND.volumeEpoch, key, 0, Number.MAX_SAFE_INTEGER),
+    schema: schemaOf(f),
+    volume: f.str('volume', NAME_PATTERN),
+    last: f.int('last', 0, Number.MAX_SAFE_INTEGER),
+    updatedMs: f.int('updatedMs', 0, Number.MAX_SAFE_INTEGER),
   };
-  if (r.volume !== key) fail(KIND.volumeEpoch, key, 'volume does not match its key');
+  if (r.volume !== key) f.fail('volume does not match its key');
   return r;
 }
