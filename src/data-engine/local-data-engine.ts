@@ -4,7 +4,7 @@ import { isAbsolute, join, resolve } from 'node:path';
 
 import { MooringError, callNative, codeFromErrno, toMooringError } from '../errors.js';
 import { LocalEngine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent } from '../engine/engine.js';
-import type { NativeAddon, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
+import type { NativeAddon, NativeNbdHandOffRecord, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
 import { loadAddon, packageVersion } from '../native/load.js';
 import type { DownloadSettings } from '../backing-image/download.js';
 import type { NbdExport } from '../nbd/nbd-export.js';
@@ -150,11 +150,26 @@ interface RepairState {
   promise?: Promise<RebuildResult>;
 }
 
+/**
+ * An engine handed over by {@link LocalDataEngine.detachEnginesForHandOff}: how to start it
+ * again, its frozen export (kept for a rollback) and the record the successor adopts.
+ *
+ * @internal
+ */
+export interface HandedEngine {
+  volume: string;
+  refs: EngineReplicaRef[];
+  ioTimeoutMs: number;
+  quorumHoldMs: number | undefined;
+  nbd: { export: NbdExport; record: NativeNbdHandOffRecord } | null;
+}
+
 interface EngineSlot {
   volume: string;
   engine: LocalEngine;
   refs: EngineReplicaRef[];
   ioTimeoutMs: number;
+  quorumHoldMs: number | undefined;
   nbd: NbdExport | null;
   progress: Map<string, RebuildProgress>;
   repairs: Map<string, RepairState>;
@@ -494,6 +509,7 @@ export class LocalDataEngine implements DataEngine {
         engine,
         refs,
         ioTimeoutMs,
+        quorumHoldMs,
         nbd: null,
         progress: new Map(),
         repairs: new Map(),
@@ -520,6 +536,62 @@ export class LocalDataEngine implements DataEngine {
     } finally {
       this.#starting.delete(volume);
     }
+  }
+
+  /**
+   * In-place upgrade, the old process's side (docs/upgrade.md): freezes the NBD export of
+   * every engine (clients stay connected, nothing in flight), detaches the exports, then
+   * stops the engines (flushed, replicas marked clean). The exports stay frozen, with their
+   * client connections, in the caller's hands: it sends them to the successor, or serves
+   * them here again with {@link startEngineOver} if the successor fails.
+   *
+   * @internal
+   * @throws MooringError INVALID_STATE (a standby or a hand-over in progress), BUSY (an export did not freeze in time: nothing changed)
+   */
+  async detachEnginesForHandOff(freezeTimeoutMs: number): Promise<HandedEngine[]> {
+    this.#assertOpen();
+    const slots = [...this.#engines.values()];
+    const odd = slots.find((s) => s.role !== 'active' || s.handingOver || s.stopping)?.volume ?? [...this.#starting][0];
+    if (odd !== undefined) throw new MooringError('INVALID_STATE', `the engine of ${odd} on ${this.hostId} is migrating, starting or stopping; hand over once it is settled`);
+    const frozen: NbdExport[] = [];
+    try {
+      for (const s of slots) if (s.nbd) frozen.push(await s.nbd.freeze(freezeTimeoutMs).then(() => s.nbd!));
+    } catch (err) {
+      await Promise.allSettled(frozen.map((e) => e.unfreeze()));
+      throw err;
+    }
+    const out: HandedEngine[] = [];
+    for (const s of slots) {
+      const nbd = s.nbd ? { export: s.nbd, record: await s.nbd.detach() } : null;
+      out.push({ volume: s.volume, refs: s.refs.map((r) => ({ ...r })), ioTimeoutMs: s.ioTimeoutMs, quorumHoldMs: s.quorumHoldMs, nbd });
+      s.nbd = null;
+      await this.#stop(s);
+    }
+    return out;
+  }
+
+  /**
+   * In-place upgrade: starts an engine (options as {@link startEngine}, without `nbd`) with
+   * an export handed over by the old process (`record`: adopted frozen; the caller unfreezes
+   * it once the hand-off is committed) or kept frozen by this one (`resume`, a rollback:
+   * it serves again at once). Its clients carry on where they stopped.
+   *
+   * @internal
+   */
+  async startEngineOver(options: Omit<EngineStartOptions, 'nbd' | 'standby'>, from: { record: NativeNbdHandOffRecord } | { resume: NbdExport }): Promise<NbdExport> {
+    await this.startEngine({ ...options, nbd: null });
+    const slot = this.#slot(options.volume);
+    try {
+      if ('record' in from) slot.nbd = await slot.engine.adoptNbd(from.record);
+      else {
+        await slot.engine.resumeExport(from.resume);
+        slot.nbd = from.resume;
+      }
+    } catch (err) {
+      await this.#stop(slot).catch(() => undefined);
+      throw err;
+    }
+    return slot.nbd;
   }
 
   /** @inheritDoc DataEngine.stopEngine */

@@ -693,7 +693,8 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
   /**
    * Serves this engine through an export handed over by another engine (`NbdExport.detach`,
    * here or in another process): same socket, same client connections, same negotiated
-   * options. It starts serving at once.
+   * options. It is frozen until `NbdExport.unfreeze()` (once the hand-off is committed: the
+   * old side may still take it back until then).
    *
    * @throws MooringError UNSUPPORTED (an addon without hand-off), INVALID_STATE (a record used twice), PROTOCOL_ERROR (a bad record), CLOSED
    */
@@ -702,9 +703,7 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
       if (!this.#addon.adoptNbdServer) throw new MooringError('UNSUPPORTED', 'this addon cannot adopt an NBD export');
       const server = await this.#addon.adoptNbdServer(record, this.#native);
       const address = parseNbdAddress(record.unixPath !== '' ? `unix:${record.unixPath}` : `tcp:0.0.0.0:${record.tcpPort}`);
-      const exp = this.#own(new NbdExport(server, address, record.exportName, false));
-      await exp.unfreeze();
-      return exp;
+      return this.#own(new NbdExport(server, address, record.exportName, false));
     });
   }
 

@@ -181,10 +181,9 @@ export class NbdExport extends (EventEmitter as new () => TypedEmitter<NbdExport
   }
 
   /**
-   * Serves again where the freeze stopped: a rollback (with `engine`, the engine that serves
-   * from now on, required once the old one was closed), or the start of an adopted export.
-   *
-   * @internal Called through `LocalEngine.adoptNbd` / `LocalEngine.resumeExport`.
+   * Serves again where the freeze stopped: the start of an adopted export, or a rollback
+   * (with `engine`, the engine that serves from now on, required once the old one was
+   * closed: `LocalEngine.resumeExport` passes it).
    */
   unfreeze(engine?: NativeEngine): Promise<void> {
     return callNative(() => this.#handOffServer().unfreeze(engine), `unfreezing NBD export ${this.addressString}`);

@@ -76,13 +76,18 @@ describe('LocalEngine: NBD export hand-off between engines', () => {
     }
   }
 
-  async function handOff(exp: NbdExport, from: LocalEngine, to: () => Promise<LocalEngine>): Promise<{ exp: NbdExport; engine: LocalEngine }> {
+  async function handOff(exp: NbdExport, from: LocalEngine, to: () => Promise<LocalEngine>, w: { answered: () => number }): Promise<{ exp: NbdExport; engine: LocalEngine }> {
     await exp.freeze(5000);
     const record = await exp.detach();
     // The old engine no longer owns the export: closing it leaves the clients connected.
     await from.close();
     const engine = await to();
     const adopted = await engine.adoptNbd(record);
+    // Frozen until the hand-off is committed: nothing is answered meanwhile.
+    const before = w.answered();
+    await new Promise((r) => setTimeout(r, 50));
+    expect(w.answered()).toBe(before);
+    await adopted.unfreeze();
     // The detached export only releases its copies of the sockets.
     await exp.close();
     return { exp: adopted, engine };
@@ -98,7 +103,7 @@ describe('LocalEngine: NBD export hand-off between engines', () => {
     const w = writer(client);
     await waitAnswered(w, 200);
 
-    const moved = await handOff(exp, first, open);
+    const moved = await handOff(exp, first, open, w);
     expect(moved.exp.addressString).toBe(`unix:${sock}`);
     expect(moved.exp.connectionIds()).toEqual(ids);
     await waitAnswered(w, 200);
