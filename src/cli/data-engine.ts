@@ -1,10 +1,11 @@
 // `mooring data-engine`: run this host's data engine as its own process, serving it over
 // gRPC until SIGINT/SIGTERM, so a VM manager can restart without cutting its VMs off
 // their disks.
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 
 import { DataEngineGrpcServer } from '../data-engine/grpc/data-engine-grpc-server.js';
 import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, LocalDataEngine } from '../data-engine/local-data-engine.js';
+import { handOffToSuccessor, takeOverFromPredecessor, type HandOffEpochs, type HandOffProcessResult } from '../data-engine/process-handoff.js';
 import { TLS_PEM_BYTES_MAX, type DataEngineTlsOptions } from '../data-engine/addresses.js';
 import { MooringError } from '../errors.js';
 import { readFileLimited } from '../util/files.js';
@@ -44,8 +45,11 @@ Options:
   --allow-insecure-remote       allow non-loopback TCP addresses without TLS
   --max-concurrent-rebuilds N   rebuilds at once, 1..${DATA_ENGINE_LIMITS.maxConcurrentRebuildsMax} (default ${DATA_ENGINE_DEFAULTS.maxConcurrentRebuilds})
   --allow-successor-exec PREFIX let a gRPC caller replace this process by a program under
-                                PREFIX (an upgrade: it stops as on SIGTERM, then starts
-                                PROGRAM data-engine <these arguments>, detached)
+                                PREFIX (an upgrade): it stops as on SIGTERM and starts
+                                PROGRAM data-engine <these arguments>, detached, or hands
+                                its engines, NBD clients connected, to it (in place)
+  --take-over SOCK              (started by the above) take the engines over from the
+                                process listening on the hand-off socket SOCK
   -h, --help                    show this help
 
 Without TLS, TCP addresses must be loopback unless --allow-insecure-remote is given.
@@ -73,6 +77,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       'allow-insecure-remote': { type: 'boolean' },
       'max-concurrent-rebuilds': { type: 'string' },
       'allow-successor-exec': { type: 'string' },
+      'take-over': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     { min: 0, max: 0 },
@@ -111,17 +116,9 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
   const allowInsecureRemote = values['allow-insecure-remote'] === true;
   const successorPrefix = values['allow-successor-exec'] === undefined ? null : resolve(cwd, values['allow-successor-exec']);
   const addon = addonOf(ctx);
-  // ReplaceProcess: once the successor's argv passed its checks, this process stops as on
-  // SIGTERM and starts it.
-  let successor: string[] | null = null;
-  let successorAsked: (() => void) | undefined;
-  const successorWanted = new Promise<string>((res) => (successorAsked = () => res('a successor was asked for')));
-
-  const stop = installStopSignals(ctx, 'engines to drain');
-  let de: LocalDataEngine | undefined;
-  let server: DataEngineGrpcServer | undefined;
-  try {
-    de = await LocalDataEngine.start({
+  const takeOver = values['take-over'] === undefined ? undefined : resolve(cwd, values['take-over']);
+  const openDataEngine = async (): Promise<LocalDataEngine> => {
+    const opened = await LocalDataEngine.start({
       dir,
       hostId,
       addon,
@@ -130,34 +127,128 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ...(tls ? { tls } : {}),
       ...(maxConcurrentRebuilds !== undefined ? { maxConcurrentRebuilds } : {}),
     });
-    de.watch((e) => ctx.stderr(`mooring: ${describeEvent(e)}\n`));
-    const replaceProcess = successorPrefix === null
-      ? undefined
-      : async (argv: string[]): Promise<void> => {
-          if (successor) throw new MooringError('BUSY', 'a successor is being started already');
-          await checkSuccessorArgv(argv, successorPrefix);
-          successor = argv;
-          successorAsked!();
-        };
-    server = await DataEngineGrpcServer.start({ engine: de, listen, allowInsecureRemote, ...(tls ? { tls } : {}), ...(replaceProcess ? { replaceProcess } : {}) });
+    opened.watch((e) => ctx.stderr(`mooring: ${describeEvent(e)}\n`));
+    return opened;
+  };
+  // What ends or changes the serving: a signal, a successor to start (ReplaceProcess), an
+  // in-place hand-off that committed or rolled back (HandOffProcess). One at a time.
+  let wake!: (w: Wake) => void;
+  let woken = new Promise<Wake>((r) => (wake = r));
+  let changing = false;
+  const claim = (): void => {
+    if (changing) throw new MooringError('BUSY', 'a successor is being started already');
+    changing = true;
+  };
+
+  const stop = installStopSignals(ctx, 'engines to drain');
+  void stop.wait().then((signal) => wake({ kind: 'signal', signal }));
+  let de: LocalDataEngine | undefined;
+  let server: DataEngineGrpcServer | undefined;
+  try {
+    if (takeOver !== undefined) {
+      const taken = await takeOverFromPredecessor({ addon, socketPath: takeOver, start: openDataEngine });
+      de = taken.de;
+      ctx.stderr(`mooring: took over ${taken.engines} engine(s) from the previous process, clients connected\n`);
+    } else {
+      de = await openDataEngine();
+    }
+    const prefix = successorPrefix;
+    const hooks =
+      prefix === null
+        ? {}
+        : {
+            replaceProcess: async (successor: string[]): Promise<void> => {
+              claim();
+              await checkSuccessorArgv(successor, prefix).catch((err: unknown) => {
+                changing = false;
+                throw err;
+              });
+              wake({ kind: 'successor', argv: successor });
+            },
+            handOffProcess: async (successor: string[], epochs: Map<string, HandOffEpochs>): Promise<HandOffProcessResult> => {
+              claim();
+              try {
+                await checkSuccessorArgv(successor, prefix);
+                const running = de!;
+                const out = await handOffToSuccessor({
+                  addon,
+                  socketPath: join(dir, HANDOFF_SOCKET_FILE),
+                  de: running,
+                  epochs,
+                  startSuccessor: (sock) => spawnSuccessor(successor, [...withoutTakeOver(argv), '--take-over', sock]),
+                  reopen: openDataEngine,
+                });
+                if (out.committed) {
+                  wake({ kind: 'handed-off', release: out.release });
+                  return { committed: true, error: null, pauseMs: out.pauseMs, engines: out.engines };
+                }
+                ctx.stderr(`mooring: hand-off to ${successor.join(' ')} rolled back: ${out.reason.code}: ${out.reason.message}\n`);
+                if (out.de !== running) wake({ kind: 'rolled-back', de: out.de });
+                else changing = false;
+                return { committed: false, error: { code: out.reason.code, message: out.reason.message }, pauseMs: 0, engines: 0 };
+              } catch (err) {
+                changing = false;
+                throw err;
+              }
+            },
+          };
+    const serve = (): Promise<DataEngineGrpcServer> => DataEngineGrpcServer.start({ engine: de!, listen, allowInsecureRemote, ...(tls ? { tls } : {}), ...hooks });
+    server = await serve();
     const info = await de.info();
     const ready: DataEngineReadyInfo = { hostId, grpc: server.address, replicaAddress: info.replicaAddress, tls: tls !== undefined, version: info.version };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
     ctx.stderr(`mooring: data engine ${hostId} serving ${dir} at ${server.address}${info.replicaAddress ? `, replicas at ${info.replicaAddress}` : ''}${tls ? ' (mutual TLS)' : ''}\n`);
 
-    const signal = await Promise.race([stop.wait(), successorWanted]);
-    ctx.stderr(`mooring: ${signal}: stopping the gRPC server and every engine (drain, flush)\n`);
-    await server.close();
-    await de.close();
-    ctx.stderr('mooring: data engine stopped\n');
-    if (successor) {
-      const pid = spawnSuccessor(successor, argv);
-      ctx.stderr(`mooring: started the successor ${(successor as string[]).join(' ')} (pid ${pid})\n`);
+    for (;;) {
+      const w = await woken;
+      woken = new Promise<Wake>((r) => (wake = r));
+      if (w.kind === 'rolled-back') {
+        // A data engine opened again serves the same engines: the gRPC server follows it.
+        de = w.de;
+        server.setEngine(de);
+        changing = false;
+        continue;
+      }
+      if (w.kind === 'handed-off') {
+        await server.close();
+        server = undefined;
+        de = undefined; // closed by the hand-off
+        await w.release();
+        ctx.stderr('mooring: handed every engine over to the successor; exiting\n');
+        return 0;
+      }
+      ctx.stderr(`mooring: ${w.kind === 'signal' ? w.signal : 'a successor was asked for'}: stopping the gRPC server and every engine (drain, flush)\n`);
+      await server.close();
+      await de.close();
+      ctx.stderr('mooring: data engine stopped\n');
+      if (w.kind === 'successor') {
+        const { pid } = spawnSuccessor(w.argv, withoutTakeOver(argv));
+        ctx.stderr(`mooring: started the successor ${w.argv.join(' ')} (pid ${pid})\n`);
+      }
+      return 0;
     }
-    return 0;
   } finally {
     if (server) await server.close().catch(() => undefined);
     if (de) await de.close().catch(() => undefined);
     stop.dispose();
   }
+}
+
+/** The hand-off channel's socket, in the data engine's directory. */
+const HANDOFF_SOCKET_FILE = 'handoff.sock';
+
+type Wake =
+  | { kind: 'signal'; signal: string }
+  | { kind: 'successor'; argv: string[] }
+  | { kind: 'handed-off'; release: () => Promise<void> }
+  | { kind: 'rolled-back'; de: LocalDataEngine };
+
+// This process's arguments without --take-over (a successor gets its own).
+function withoutTakeOver(args: string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    if (args[i] === '--take-over') i++;
+    else if (!args[i]!.startsWith('--take-over=')) out.push(args[i]!);
+  }
+  return out;
 }

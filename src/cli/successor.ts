@@ -39,8 +39,12 @@ export async function checkSuccessorArgv(argv: string[], prefix: string): Promis
  * Starts the successor, detached from this process (its own session), with this process's
  * standard output and error, so its READY line and logs go where this one's went.
  */
-export function spawnSuccessor(argv: string[], dataEngineArgs: string[]): number {
+export function spawnSuccessor(argv: string[], dataEngineArgs: string[]): { pid: number; exited: Promise<number | string> } {
   const child = spawn(argv[0]!, [...argv.slice(1), 'data-engine', ...dataEngineArgs], { detached: true, stdio: ['ignore', 'inherit', 'inherit'] });
   child.unref();
-  return child.pid ?? 0;
+  const exited = new Promise<number | string>((res) => {
+    child.once('exit', (code, signal) => res(code ?? signal ?? 'exit'));
+    child.once('error', (err) => res(err.message));
+  });
+  return { pid: child.pid ?? 0, exited };
 }

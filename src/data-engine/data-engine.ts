@@ -127,18 +127,22 @@ export interface DataEngineInfo {
   /** Whether host-to-host traffic (gRPC and replica protocol) uses mutual TLS. */
   tls: boolean;
   /**
-   * A random id this data engine drew when it started: another id at the same address means
-   * another process (a restart, or a new version after an upgrade). '' from a data engine
-   * older than the field.
+   * A random id drawn when the data engine's process started: another id at the same
+   * address means another process (a restart, or a new version after an upgrade). '' from
+   * a data engine older than the field.
    */
   instanceId: string;
   /**
-   * Whether this data engine can be asked to replace its own process by a new version
-   * (`mooring data-engine --allow-successor-exec`; the default launcher of an upgrade,
-   * docs/upgrade.md). False in process and from older data engines.
+   * What this data engine offers beyond the base service ({@link DATA_ENGINE_FEATURES}):
+   * `successor-exec` (it replaces its own process by a new version: `mooring data-engine
+   * --allow-successor-exec`) and `in-place-handoff` (it hands its engines, clients
+   * connected, to that successor). Empty in process and from older data engines.
    */
-  successorExec: boolean;
+  features: string[];
 }
+
+/** Features a data engine may announce in {@link DataEngineInfo.features} (docs/upgrade.md). */
+export const DATA_ENGINE_FEATURES = { successorExec: 'successor-exec', inPlaceHandOff: 'in-place-handoff' } as const;
 
 /** How an engine reaches one replica of its volume. */
 export interface EngineReplicaRef {

@@ -164,6 +164,10 @@ export interface HandedEngine {
   nbd: { export: NbdExport; record: NativeNbdHandOffRecord } | null;
 }
 
+// DataEngineInfo.instanceId: one per process, so a data engine reopened in the same process
+// (a rolled-back hand-off) still reads as the process that was there.
+const PROCESS_INSTANCE_ID = randomUUID();
+
 interface EngineSlot {
   volume: string;
   engine: LocalEngine;
@@ -201,7 +205,6 @@ export class LocalDataEngine implements DataEngine {
   readonly #addon: NativeAddon;
   readonly #lock: VolumeLock;
   readonly #tls: DataEngineTlsOptions | undefined;
-  readonly #instanceId = randomUUID();
   readonly #server: NativeReplicaServer | null;
   readonly #replicaAddress: TcpAddress | null;
   readonly #rebuilds: Semaphore;
@@ -342,8 +345,8 @@ export class LocalDataEngine implements DataEngine {
       dir: this.dir,
       replicaAddress: this.#replicaAddress ? formatTcpAddress(this.#replicaAddress) : null,
       tls: this.#tls !== undefined,
-      instanceId: this.#instanceId,
-      successorExec: false,
+      instanceId: PROCESS_INSTANCE_ID,
+      features: [],
     };
   }
 

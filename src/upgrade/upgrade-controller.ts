@@ -15,7 +15,7 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import type { DataEngine, DataEngineInfo } from '../data-engine/data-engine.js';
+import { DATA_ENGINE_FEATURES, type DataEngine, type DataEngineInfo } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
 import type { ControlState } from '../cluster/control-state.js';
 import { KIND } from '../cluster/cluster-records.js';
@@ -325,7 +325,7 @@ export class UpgradeController {
     this.#emit('progress', { host: h.hostId, step: 'upgrading-instance-manager', done: 0, total: 1 });
     const now = await this.#info(h.hostId).catch(() => null);
     if (now && now.instanceId === h.instanceBefore) {
-      const launcher = this.deps.launcher ?? (now.successorExec ? successorLauncher : null);
+      const launcher = this.deps.launcher ?? (now.features.includes(DATA_ENGINE_FEATURES.successorExec) ? successorLauncher : null);
       if (!launcher) throw new MooringError('PRECONDITION_FAILED', `nothing can start the new version on ${h.hostId} (no launcher, and its data engine does not start its successor)`);
       const handle = await launcher.replace(h.hostId, s.spec.dataEngine, { engine: state.hosts.engineOf(h.hostId) });
       if (handle) await this.deps.addHost(handle);
@@ -411,7 +411,7 @@ export class UpgradeController {
       const info = state.hosts.has(h) ? await this.#info(h).catch(() => null) : null;
       if (!info) continue;
       reachable.add(h);
-      if (this.deps.launcher !== null || (info.successorExec && dataEngine.command !== undefined)) launchable.add(h);
+      if (this.deps.launcher !== null || (info.features.includes(DATA_ENGINE_FEATURES.successorExec) && dataEngine.command !== undefined)) launchable.add(h);
     }
     const replicas = await state.allReplicas();
     const migrating = new Set((await state.store.list<unknown>(KIND.migration)).map((d) => d.key));

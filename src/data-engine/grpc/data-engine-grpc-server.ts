@@ -7,7 +7,8 @@ import { MooringError, toMooringError } from '../../errors.js';
 import { parseNbdAddress } from '../../nbd/nbd-address.js';
 import { describe } from '../../util/validate.js';
 import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
-import type { DataEngine } from '../data-engine.js';
+import { DATA_ENGINE_FEATURES, type DataEngine } from '../data-engine.js';
+import type { HandOffEpochs, HandOffProcessResult } from '../process-handoff.js';
 import { BACKING_IMAGE_FILE_LIMITS } from '../backing-image-files.js';
 import {
   copyResultToMsg,
@@ -60,9 +61,14 @@ export interface DataEngineGrpcServerOptions {
   /**
    * Serves ReplaceProcess: checks the successor's argv and arranges for this process to
    * stop and start it (`mooring data-engine --allow-successor-exec`). Without it the call is
-   * UNSUPPORTED and `info()` reports `successorExec: false`.
+   * UNSUPPORTED and `info().features` lacks `successor-exec`.
    */
   replaceProcess?: (argv: string[]) => Promise<void>;
+  /**
+   * Serves HandOffProcess: hands every engine, clients connected, to a successor started
+   * from argv (src/data-engine/process-handoff.ts). Without it the call is UNSUPPORTED.
+   */
+  handOffProcess?: (argv: string[], epochs: Map<string, HandOffEpochs>) => Promise<HandOffProcessResult>;
 }
 
 // Marks a request that did not decode; the handler answers it with PROTOCOL_ERROR.
@@ -81,6 +87,7 @@ export class DataEngineGrpcServer {
   readonly tls: boolean;
   readonly #server: Server;
   readonly #watchers = new Set<{ end: () => void }>();
+  #engine!: DataEngine;
   readonly #unixPath: string | undefined;
   #closing: Promise<void> | undefined;
 
@@ -127,8 +134,26 @@ export class DataEngineGrpcServer {
     });
     const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port });
     const self = new DataEngineGrpcServer(server, address, tls !== undefined, addr.kind === 'unix' ? addr.path : undefined);
-    server.addService(guardedService(), self.#implementation(options.engine, options.replaceProcess));
+    self.#engine = options.engine;
+    // Calls go to whichever data engine serves now (setEngine).
+    const current = new Proxy({} as DataEngine, {
+      get: (_target, prop) => {
+        const v = (self.#engine as unknown as Record<string | symbol, unknown>)[prop];
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(self.#engine) : v;
+      },
+    });
+    server.addService(guardedService(), self.#implementation(current, options));
     return self;
+  }
+
+  /**
+   * Serves another data engine from now on: one this process opened again over the same
+   * directory (a rolled-back in-place hand-off). Watch streams end, so their clients watch
+   * the new one.
+   */
+  setEngine(engine: DataEngine): void {
+    this.#engine = engine;
+    for (const w of [...this.#watchers]) w.end();
   }
 
   /** Ends watch streams, waits (a bounded time) for calls in flight and stops listening. Idempotent. */
@@ -150,7 +175,8 @@ export class DataEngineGrpcServer {
     return this.#closing;
   }
 
-  #implementation(de: DataEngine, replaceProcess: DataEngineGrpcServerOptions['replaceProcess']): UntypedServiceImplementation {
+  #implementation(de: DataEngine, { replaceProcess, handOffProcess }: DataEngineGrpcServerOptions): UntypedServiceImplementation {
+    const features = [...(replaceProcess ? [DATA_ENGINE_FEATURES.successorExec] : []), ...(handOffProcess ? [DATA_ENGINE_FEATURES.inPlaceHandOff] : [])];
     const unary =
       (body: (req: Msg) => Promise<Msg>) =>
       (call: ServerUnaryCall<Msg, Msg>, callback: sendUnaryData<Msg>): void => {
@@ -168,7 +194,7 @@ export class DataEngineGrpcServer {
           );
       };
     return {
-      Info: unary(async () => infoToMsg({ ...(await de.info()), successorExec: replaceProcess !== undefined })),
+      Info: unary(async () => infoToMsg({ ...(await de.info()), features })),
       CreateReplica: unary(async (r) => {
         const backingImage = replicaBackingImageFromMsg(r.backingImage);
         return hostedToMsg(await de.createReplica(requestString(r, 'name'), r.sizeBytes as number, backingImage ? { backingImage } : {}));
@@ -231,12 +257,24 @@ export class DataEngineGrpcServer {
       }),
       ReplaceProcess: unary(async (r) => {
         if (!replaceProcess) throw new MooringError('UNSUPPORTED', 'this data engine was not started with --allow-successor-exec');
-        const argv = (r as Msg).argv;
-        if (!Array.isArray(argv) || argv.length === 0 || argv.length > 64 || argv.some((a) => typeof a !== 'string' || a === '' || a.length > 4096 || a.includes('\0'))) {
-          throw new MooringError('INVALID_ARGUMENT', 'argv must be 1 to 64 non-empty strings');
-        }
-        await replaceProcess(argv as string[]);
+        await replaceProcess(checkArgv((r as Msg).argv));
         return {};
+      }),
+      HandOffProcess: unary(async (r) => {
+        if (!handOffProcess) throw new MooringError('UNSUPPORTED', 'this data engine was not started with --allow-successor-exec');
+        const argv = checkArgv((r as Msg).argv);
+        const raw = (r as Msg).epochs;
+        if (!Array.isArray(raw) || raw.length > 100_000) throw new MooringError('INVALID_ARGUMENT', 'epochs must be a list');
+        const epochs = new Map<string, HandOffEpochs>();
+        for (const e of raw as Msg[]) {
+          const volume = requestString(e, 'volume');
+          const epoch = requestUint(e, 'epoch');
+          const rollbackEpoch = requestUint(e, 'rollbackEpoch');
+          if (epoch < 1 || rollbackEpoch <= epoch) throw new MooringError('INVALID_ARGUMENT', `epochs of ${volume}: need 1 <= epoch < rollbackEpoch`);
+          epochs.set(volume, { epoch, rollbackEpoch });
+        }
+        const out = await handOffProcess(argv, epochs);
+        return { committed: out.committed, errorCode: out.error?.code ?? '', errorMessage: out.error?.message ?? '', pauseMs: out.pauseMs, engines: out.engines };
       }),
       ExportSnapshot: unary(async (r) =>
         copyResultToMsg(await de.exportSnapshot(requestString(r, 'volume'), requestString(r, 'snapshot'), requestString(r, 'path'))),
@@ -466,3 +504,10 @@ async function removeStaleSocket(path: string): Promise<void> {
   await unlink(path).catch((err: unknown) => Promise.reject(toMooringError(err, `removing stale socket ${path}`)));
 }
 
+// A successor's command line as a request carries it.
+function checkArgv(argv: unknown): string[] {
+  if (!Array.isArray(argv) || argv.length === 0 || argv.length > 64 || argv.some((a) => typeof a !== 'string' || a === '' || a.length > 4096 || a.includes('\0'))) {
+    throw new MooringError('INVALID_ARGUMENT', 'argv must be 1 to 64 non-empty strings');
+  }
+  return argv as string[];
+}

@@ -47,6 +47,9 @@ service DataEngine {
   // Stops this process and starts its successor (an upgrade, docs/upgrade.md); UNSUPPORTED
   // unless the process was started with --allow-successor-exec.
   rpc ReplaceProcess(ReplaceProcessRequest) returns (Empty);
+  // Hands every engine, with its NBD clients connected, to a successor process started from
+  // argv (an in-place upgrade); "in-place-handoff" in Info.features.
+  rpc HandOffProcess(HandOffProcessRequest) returns (HandOffProcessReply);
   rpc ExportSnapshot(ExportSnapshotRequest) returns (SnapshotCopyResult);
   rpc CopySnapshot(CopySnapshotRequest) returns (SnapshotCopyResult);
   // Backing image files on this data engine's disk (docs/data-engine.md, "Backing image
@@ -73,11 +76,30 @@ message DataEngineInfo {
   string replica_address = 4;  // "" = serves no replicas
   bool tls = 5;
   string instance_id = 6;  // "" from data engines older than the field
-  bool successor_exec = 7;  // ReplaceProcess is allowed
+  repeated string features = 7;  // DATA_ENGINE_FEATURES it offers ("successor-exec", "in-place-handoff")
 }
 
 message ReplaceProcessRequest {
   repeated string argv = 1;  // the new version's command line, before its "data-engine" arguments
+}
+
+message HandOffEpochs {
+  string volume = 1;
+  uint64 epoch = 2;           // the successor's engine claims it
+  uint64 rollback_epoch = 3;  // this process's engine claims it if the hand-off is rolled back
+}
+
+message HandOffProcessRequest {
+  repeated string argv = 1;
+  repeated HandOffEpochs epochs = 2;  // one per engine it runs
+}
+
+message HandOffProcessReply {
+  bool committed = 1;         // false: rolled back, every engine serves here at its rollback_epoch
+  string error_code = 2;      // why not (a MooringErrorCode)
+  string error_message = 3;
+  double pause_ms = 4;        // exports frozen until COMMIT
+  uint32 engines = 5;
 }
 
 message HostedReplica {

@@ -50,6 +50,7 @@ import {
   snapshotFromMsg,
   type Msg,
 } from './codec.js';
+import type { HandOffEpochs, HandOffProcessResult } from '../process-handoff.js';
 import { GRPC_LIMITS } from './data-engine-grpc-server.js';
 import { dataEnginePackageDefinition } from './data-engine-proto.js';
 
@@ -308,6 +309,25 @@ export class RemoteDataEngine implements DataEngine {
    */
   async replaceProcess(argv: string[]): Promise<void> {
     await this.#call('ReplaceProcess', { argv });
+  }
+
+  /**
+   * Asks the data engine's process to hand every engine, with its NBD clients connected, to
+   * a successor started from `argv` (an in-place upgrade, docs/upgrade.md). `epochs` gives
+   * each engine's epoch in the successor and the one it takes back here if the hand-off is
+   * rolled back. Resolves when it committed or rolled back (never an error to the clients).
+   *
+   * @throws MooringError UNSUPPORTED (no `in-place-handoff` feature), INVALID_ARGUMENT, UNAVAILABLE
+   */
+  async handOffProcess(argv: string[], epochs: Map<string, HandOffEpochs>): Promise<HandOffProcessResult> {
+    const reply = await this.#call('HandOffProcess', { argv, epochs: [...epochs].map(([volume, e]) => ({ volume, epoch: e.epoch, rollbackEpoch: e.rollbackEpoch })) }, this.#longTimeoutMs);
+    const code = typeof reply.errorCode === 'string' ? reply.errorCode : '';
+    return {
+      committed: reply.committed === true,
+      error: code === '' ? null : { code, message: typeof reply.errorMessage === 'string' ? reply.errorMessage : '' },
+      pauseMs: typeof reply.pauseMs === 'number' ? reply.pauseMs : 0,
+      engines: typeof reply.engines === 'number' ? reply.engines : 0,
+    };
   }
 
   /** @inheritDoc DataEngine.revertSnapshot */

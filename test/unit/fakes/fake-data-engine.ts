@@ -127,7 +127,7 @@ export class FakeDataEngine implements DataEngine {
 
   async info(): Promise<DataEngineInfo> {
     this.#check('info');
-    return { hostId: this.hostId, version: this.version, dir: `/fake/${this.hostId}`, replicaAddress: this.replicaAddress, tls: false, instanceId: this.instanceId, successorExec: false };
+    return { hostId: this.hostId, version: this.version, dir: `/fake/${this.hostId}`, replicaAddress: this.replicaAddress, tls: false, instanceId: this.instanceId, features: [] };
   }
 
   async createReplica(name: string, sizeBytes: number, options: ReplicaCreateOptions = {}): Promise<HostedReplicaInfo> {
