@@ -51,6 +51,7 @@ export type {
 } from './volume/volume.js';
 export type { MigrationPhase } from './cluster/cluster-records.js';
 // --- backing images ---
+export type { HandOffEpochs, HandOffProcessResult } from './data-engine/process-handoff.js';
 export { UpgradeSession } from './upgrade/upgrade-session.js';
 export type {
   DataEngineLauncher,

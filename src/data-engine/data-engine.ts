@@ -133,7 +133,7 @@ export interface DataEngineInfo {
    */
   instanceId: string;
   /**
-   * What this data engine offers beyond the base service ({@link DATA_ENGINE_FEATURES}):
+   * What this data engine offers beyond the base service:
    * `successor-exec` (it replaces its own process by a new version: `mooring data-engine
    * --allow-successor-exec`) and `in-place-handoff` (it hands its engines, clients
    * connected, to that successor). Empty in process and from older data engines.

@@ -32,6 +32,7 @@ import type { NbdExport } from '../nbd/nbd-export.js';
 import { sleep } from '../util/async.js';
 import type { EngineReplicaRef } from './data-engine.js';
 import type { HandedEngine, LocalDataEngine } from './local-data-engine.js';
+import type { RecordedError } from '../upgrade/upgrade-records.js';
 
 /** Version of the hand-off messages; a successor speaking another is refused before anything moves. */
 export const HANDOFF_PROTOCOL_VERSION = 1;
@@ -52,7 +53,9 @@ export const HANDOFF_LIMITS = {
 
 /** Epochs of one volume: the one the successor claims, and the spare one for a rollback. */
 export interface HandOffEpochs {
+  /** The successor's engine claims it. */
   epoch: number;
+  /** This process's engine claims it if the hand-off is rolled back (above `epoch`). */
   rollbackEpoch: number;
 }
 
@@ -100,8 +103,8 @@ function handOffApi(addon: NativeAddon): NonNullable<NativeAddon['handOff']> {
 export interface HandOffProcessResult {
   /** True: the successor serves every engine. False: rolled back, every engine serves here at its rollback epoch (or nothing had moved). */
   committed: boolean;
-  /** Why it was not committed. */
-  error: { code: string; message: string } | null;
+  /** Why it was not committed: a MooringErrorCode and a message. */
+  error: RecordedError | null;
   /** How long the exports were frozen (0 if nothing moved). */
   pauseMs: number;
   /** Engines handed over. */

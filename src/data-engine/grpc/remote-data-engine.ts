@@ -9,7 +9,7 @@ import {
   type ServiceError,
 } from '@grpc/grpc-js';
 
-import { MooringError } from '../../errors.js';
+import { MooringError, isMooringErrorCode } from '../../errors.js';
 import { parseNbdAddress } from '../../nbd/nbd-address.js';
 import { QUORUM_HOLD_MS_MAX } from '../../util/limits.js';
 import { checkEpoch, checkIntIn, describe } from '../../util/validate.js';
@@ -321,10 +321,10 @@ export class RemoteDataEngine implements DataEngine {
    */
   async handOffProcess(argv: string[], epochs: Map<string, HandOffEpochs>): Promise<HandOffProcessResult> {
     const reply = await this.#call('HandOffProcess', { argv, epochs: [...epochs].map(([volume, e]) => ({ volume, epoch: e.epoch, rollbackEpoch: e.rollbackEpoch })) }, this.#longTimeoutMs);
-    const code = typeof reply.errorCode === 'string' ? reply.errorCode : '';
+    const code = reply.errorCode;
     return {
       committed: reply.committed === true,
-      error: code === '' ? null : { code, message: typeof reply.errorMessage === 'string' ? reply.errorMessage : '' },
+      error: code === '' || code === undefined ? null : { code: isMooringErrorCode(code) ? code : 'IO_ERROR', message: typeof reply.errorMessage === 'string' ? reply.errorMessage : '' },
       pauseMs: typeof reply.pauseMs === 'number' ? reply.pauseMs : 0,
       engines: typeof reply.engines === 'number' ? reply.engines : 0,
     };
