@@ -15,7 +15,9 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import { DATA_ENGINE_FEATURES, type DataEngine, type DataEngineInfo } from '../data-engine/data-engine.js';
+import { DATA_ENGINE_FEATURES, type DataEngine, type DataEngineInfo, type EngineInfo } from '../data-engine/data-engine.js';
+import { RemoteDataEngine } from '../data-engine/grpc/remote-data-engine.js';
+import type { HandOffEpochs } from '../data-engine/process-handoff.js';
 import { MooringError, toMooringError } from '../errors.js';
 import type { ControlState } from '../cluster/control-state.js';
 import { KIND } from '../cluster/cluster-records.js';
@@ -48,6 +50,8 @@ import { UpgradeSession, blocksMessage, type DataEngineLauncher, type UpgradeOpt
 export const UPGRADE_LEASE_MS = 15_000;
 /** Default of {@link UpgradeOptions.stepTimeoutMs}. */
 export const DEFAULT_UPGRADE_STEP_TIMEOUT_MS = 600_000;
+/** How long a host may take to answer again after an in-place hand-off. */
+const HANDOFF_ANSWER_MS = 30_000;
 /** How often a waiting step looks again. */
 const WAIT_POLL_MS = 200;
 /** Host states a cancel can still undo (the data engine was not replaced yet). */
@@ -119,7 +123,8 @@ export class UpgradeController {
       const prev = parseUpgradeSessionRecord(old.value, old.key);
       if (!UPGRADE_FINISHED.has(prev.state)) throw new MooringError('BUSY', `upgrade session ${prev.id} is ${prev.state}; one session at a time`, { details: { session: prev.id } });
     }
-    const blocks = upgradeBlocks(await this.#layout(hosts, method, dataEngine));
+    const layout = await this.#layout(hosts, method, dataEngine);
+    const blocks = upgradeBlocks(layout);
     if (blocks.length > 0) throw new MooringError('PRECONDITION_FAILED', blocksMessage(blocks), { details: { reasons: blocks } });
 
     const now = Date.now();
@@ -142,8 +147,8 @@ export class UpgradeController {
       throw toMooringError(err).code === 'CONFLICT' ? new MooringError('BUSY', 'another upgrade session was started at the same time', { cause: err }) : err;
     });
     for (const d of await state.store.list<unknown>(UPGRADE_KIND.host)) await state.store.delete(UPGRADE_KIND.host, d.key);
-    const { method: chosen, reason } = chooseMethod(method);
     for (const hostId of hosts) {
+      const { method: chosen, reason } = chooseMethod(method, layout.inPlace.has(hostId));
       const h: HostUpgradeRecord = {
         schema: UPGRADE_SCHEMA_VERSION,
         session: rec.id,
@@ -251,8 +256,10 @@ export class UpgradeController {
           h = await step('switching-over');
           break;
         case 'switching-over':
-          // `restart` moves no engine away: they stop with the process and start again after it.
-          this.#emit('progress', { host: h.hostId, step: 'switching-over', done: 0, total: 0 });
+          // `in-place` hands the engines to the new process here; `restart` moves none away
+          // (they stop with the process and start again after it).
+          if (h.method === 'in-place') await this.#handOffInPlace(s, h);
+          else this.#emit('progress', { host: h.hostId, step: 'switching-over', done: 0, total: 0 });
           h = await step('upgrading-instance-manager');
           break;
         case 'upgrading-instance-manager': {
@@ -316,6 +323,58 @@ export class UpgradeController {
       this.#emit('progress', { host: h.hostId, step: 'initializing', done: ++done, total: names.length });
     }
     return h;
+  }
+
+  // In place: the host's data engine hands every engine, NBD clients connected, to the new
+  // version's process. Each engine gets two new epochs from its volume's counter: the one the
+  // successor claims, and the one the old process claims back on a rollback.
+  async #handOffInPlace(s: UpgradeSessionRecord, h: HostUpgradeRecord): Promise<void> {
+    const { state } = this.deps;
+    const de = state.hosts.engineOf(h.hostId);
+    const now = await this.#info(h.hostId);
+    // Handed over already (the VM manager stopped after the call): the successor answers.
+    if (now.instanceId !== h.instanceBefore) return void (await this.#recordEpochs(h.hostId));
+    if (!(de instanceof RemoteDataEngine)) throw new MooringError('UNSUPPORTED', `host ${h.hostId}'s data engine is not reached over gRPC`);
+    const engines = await de.listEngines();
+    const epochs = new Map<string, HandOffEpochs>();
+    for (const e of engines) {
+      const epoch = await state.epochs.allocate(e.volume, e.epoch);
+      epochs.set(e.volume, { epoch, rollbackEpoch: await state.epochs.allocate(e.volume) });
+    }
+    this.#emit('progress', { host: h.hostId, step: 'switching-over', done: 0, total: engines.length });
+    const out = await de.handOffProcess(s.spec.dataEngine.command!, epochs);
+    await this.#recordEpochs(h.hostId);
+    if (!out.committed) {
+      const e = out.error ?? { code: 'IO_ERROR' as const, message: 'no reason given' };
+      throw new MooringError(e.code, `the in-place hand-off on ${h.hostId} was rolled back; its engines serve on in the old process: ${e.message}`, { details: { host: h.hostId, rolledBack: true } });
+    }
+    this.#emit('progress', { host: h.hostId, step: 'switching-over', done: engines.length, total: engines.length });
+    this.#emit('handed-off', { host: h.hostId, engines: out.engines, pauseMs: out.pauseMs });
+  }
+
+  // The engine records of a host's volumes take the epochs their engines claimed.
+  async #recordEpochs(hostId: string): Promise<void> {
+    const { state } = this.deps;
+    const infos = await this.#waitForEngines(hostId);
+    for (const info of infos) {
+      await state.serial(info.volume, async () => {
+        const eng = await state.engineRecord(info.volume);
+        if (eng && eng.hostId === hostId && eng.epoch !== info.epoch) await state.store.put(KIND.engine, info.volume, { ...eng, epoch: info.epoch });
+      });
+    }
+  }
+
+  // The host's engines, once its data engine answers (the successor may still be binding gRPC).
+  async #waitForEngines(hostId: string): Promise<EngineInfo[]> {
+    const deadline = Date.now() + HANDOFF_ANSWER_MS;
+    for (;;) {
+      try {
+        return await this.deps.state.hosts.engineOf(hostId).listEngines();
+      } catch (err) {
+        if (Date.now() >= deadline) throw toMooringError(err, `asking ${hostId} for its engines after the hand-off`);
+        await sleep(WAIT_POLL_MS);
+      }
+    }
   }
 
   // Has the launcher replace the host's process (unless it was replaced already) and waits
@@ -407,11 +466,13 @@ export class UpgradeController {
     const { state } = this.deps;
     const reachable = new Set<string>();
     const launchable = new Set<string>();
+    const inPlace = new Set<string>();
     for (const h of hosts) {
       const info = state.hosts.has(h) ? await this.#info(h).catch(() => null) : null;
       if (!info) continue;
       reachable.add(h);
       if (this.deps.launcher !== null || (info.features.includes(DATA_ENGINE_FEATURES.successorExec) && dataEngine.command !== undefined)) launchable.add(h);
+      if (info.features.includes(DATA_ENGINE_FEATURES.inPlaceHandOff) && dataEngine.command !== undefined && state.hosts.get(h) instanceof RemoteDataEngine) inPlace.add(h);
     }
     const replicas = await state.allReplicas();
     const migrating = new Set((await state.store.list<unknown>(KIND.migration)).map((d) => d.key));
@@ -434,7 +495,7 @@ export class UpgradeController {
     }
     const offered = new Set(state.hosts.ids);
     const inProcess = new Set(state.hosts.ids.filter((h) => this.deps.inProcess(h)));
-    return { hosts, offered, reachable, inProcess, launchable, method, volumes };
+    return { hosts, offered, reachable, inProcess, launchable, inPlace, method, volumes };
   }
 
   // --- records ---

@@ -37,8 +37,10 @@ export type UpgradeBlockCode =
   | 'QUORUM_NEEDS_HOST'
   /** An operation (snapshot export, clone, rebuild) holds a volume's engine on the host. */
   | 'OPERATION_RUNNING'
-  /** An NBD client is connected to an engine on the host; `restart` would drop its connection. Ask for `restart` explicitly to accept that. */
+  /** An NBD client is connected to an engine on the host and the host cannot hand over in place; `restart` would drop its connection. Ask for `restart` explicitly to accept that. */
   | 'CLIENTS_WOULD_RECONNECT'
+  /** `in-place` was asked for, but the host's data engine cannot hand over in place (no `in-place-handoff` feature, or `dataEngine` has no `command`). */
+  | 'IN_PLACE_UNAVAILABLE'
   /** More volumes on the host than one host's document can list. */
   | 'TOO_MANY_VOLUMES';
 
@@ -77,6 +79,8 @@ export interface UpgradeLayout {
   inProcess: ReadonlySet<string>;
   /** Hosts where something can start the new version (the embedder's launcher, or the data engine itself). */
   launchable: ReadonlySet<string>;
+  /** Hosts whose data engine can hand its engines to the new version in place. */
+  inPlace: ReadonlySet<string>;
   method: UpgradeMethodChoice;
   volumes: VolumeLayout[];
 }
@@ -86,11 +90,11 @@ export function volumesOn(host: string, volumes: VolumeLayout[]): VolumeLayout[]
   return volumes.filter((v) => v.engineHost === host || v.replicas.some((r) => r.hostId === host));
 }
 
-/** The method a host gets and why (today there is one; `auto` refuses what would drop a client). */
-export function chooseMethod(choice: UpgradeMethodChoice): { method: UpgradeMethod; reason: string } {
-  return choice === 'restart'
-    ? { method: 'restart', reason: 'asked for: the host\'s engines restart with it and their NBD clients reconnect' }
-    : { method: 'restart', reason: 'no NBD client is connected to an engine on the host, so a restart disturbs none' };
+/** The method a host gets and why: `auto` takes in-place where the host can, else restart. */
+export function chooseMethod(choice: UpgradeMethodChoice, inPlace: boolean): { method: UpgradeMethod; reason: string } {
+  if (choice === 'restart') return { method: 'restart', reason: 'asked for: the host\'s engines restart with it and their NBD clients reconnect' };
+  if (inPlace) return { method: 'in-place', reason: choice === 'in-place' ? 'asked for' : 'the host\'s data engine hands its engines over in place: NBD clients stay connected' };
+  return { method: 'restart', reason: 'the host\'s data engine cannot hand over in place; no NBD client is connected to an engine there, so a restart disturbs none' };
 }
 
 /** Every reason the hosts cannot be upgraded now (empty: go). */
@@ -104,7 +108,10 @@ export function upgradeBlocks(l: UpgradeLayout): UpgradeBlock[] {
       add('HOST_UNKNOWN', host, `host ${host} is not a host of this cluster`);
       continue;
     }
-    if (l.reachable.has(host) && !l.launchable.has(host)) {
+    if (l.method === 'in-place' && l.reachable.has(host) && !l.inPlace.has(host)) {
+      add('IN_PLACE_UNAVAILABLE', host, `host ${host}'s data engine cannot hand over in place: run it with --allow-successor-exec (a release with the in-place hand-off) and give dataEngine a command`);
+    }
+    if (l.reachable.has(host) && !l.launchable.has(host) && !l.inPlace.has(host)) {
       add('NO_LAUNCHER', host, `nothing can start the new version on ${host}: give Mooring.open a dataEngineLauncher, or run its data engine with --allow-successor-exec and give dataEngine a command`);
     }
     if (l.inProcess.has(host)) add('IN_PROCESS_DATA_ENGINE', host, `host ${host}'s data engine runs inside this VM manager; upgrade it by restarting the VM manager with the new package`);
@@ -125,7 +132,7 @@ export function upgradeBlocks(l: UpgradeLayout): UpgradeBlock[] {
         add('QUORUM_NEEDS_HOST', host, `volume ${v.name} is attached on ${v.engineHost}; without ${host}, ${left} of its ${v.replicas.length} replicas are left, not a majority; add a replica on another host first`, v.name);
       }
       if (v.engineHost === host && !v.frontend) add('OPERATION_RUNNING', host, `an operation holds volume ${v.name} on ${host}; wait for it to end`, v.name);
-      if (v.engineHost === host && v.frontend && l.method === 'auto') {
+      if (v.engineHost === host && v.frontend && l.method === 'auto' && !l.inPlace.has(host)) {
         add('CLIENTS_WOULD_RECONNECT', host, `volume ${v.name} is attached on ${host} with its NBD export; a restart drops its clients' connections (ask for method 'restart' if they reconnect)`, v.name);
       }
     }

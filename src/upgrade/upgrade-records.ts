@@ -56,11 +56,14 @@ export const HOST_UPGRADE_ACTIVE: ReadonlySet<HostUpgradeState> = new Set(['init
 export const UPGRADE_FINISHED: ReadonlySet<UpgradeState> = new Set(['completed', 'error', 'cancelled']);
 
 /**
- * How a host's data engine is replaced. `restart`: the old process stops (its engines drain
- * and flush, NBD clients lose their connection and reconnect), the new one starts on the
- * same directory and addresses, and the host's engines are started again at a new epoch.
+ * How a host's data engine is replaced. `in-place`: the old process hands its engines, with
+ * their NBD clients connected, to the new one on the same host (a pause, no reconnect).
+ * `restart`: the old process stops (its engines drain and flush, NBD clients lose their
+ * connection and reconnect), the new one starts on the same directory and addresses, and
+ * the host's engines are started again at a new epoch.
  */
-export type UpgradeMethod = 'restart';
+export type UpgradeMethod = 'in-place' | 'restart';
+export const UPGRADE_METHODS: readonly UpgradeMethod[] = ['in-place', 'restart'];
 /** What the embedder asks for: `auto` picks the method that disturbs no client, or refuses. */
 export type UpgradeMethodChoice = 'auto' | UpgradeMethod;
 
@@ -219,7 +222,7 @@ export function parseUpgradeSessionRecord(v: unknown, key: string): UpgradeSessi
     spec: {
       hosts: hosts as string[],
       dataEngine: parseNewDataEngine(spec.obj('dataEngine')),
-      method: spec.oneOf('method', ['auto', 'restart'] as const),
+      method: spec.oneOf('method', ['auto', ...UPGRADE_METHODS] as const),
       stepTimeoutMs: spec.int('stepTimeoutMs', 1, MS_MAX),
     },
     state: f.oneOf('state', UPGRADE_STATES),
@@ -248,7 +251,7 @@ export function parseHostUpgradeRecord(v: unknown, key: string): HostUpgradeReco
     session: f.str('session', UUID),
     hostId: f.str('hostId', NAME),
     state: f.oneOf('state', HOST_UPGRADE_STATES),
-    method: f.oneOf('method', ['restart'] as const),
+    method: f.oneOf('method', UPGRADE_METHODS),
     methodReason: f.str('methodReason', undefined, TEXT_MAX),
     instanceBefore: f.optStr('instanceBefore', undefined, 128),
     versionBefore: f.optStr('versionBefore', undefined, 128),

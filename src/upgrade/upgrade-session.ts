@@ -12,7 +12,7 @@ import type * as TE from 'typed-emitter';
 import type { DataEngine } from '../data-engine/data-engine.js';
 import { MooringError } from '../errors.js';
 import type { UpgradeBlock } from './upgrade-preconditions.js';
-import type { HostUpgradeState, HostUpgradeStatus, NewDataEngine, RecordedError, UpgradeMethod, UpgradeSessionInfo, UpgradeState } from './upgrade-records.js';
+import type { HostUpgradeState, HostUpgradeStatus, NewDataEngine, RecordedError, UpgradeMethod, UpgradeMethodChoice, UpgradeSessionInfo, UpgradeState } from './upgrade-records.js';
 
 export type { UpgradeBlock, UpgradeBlockCode } from './upgrade-preconditions.js';
 export type {
@@ -54,8 +54,13 @@ export interface UpgradeOptions {
   hosts?: string[];
   /** The new data engine: its version and how the launcher starts it. */
   dataEngine: NewDataEngine;
-  /** `auto` (default): only what disturbs no NBD client, else PRECONDITION_FAILED; `restart`: a host's engines restart with it and their clients reconnect. */
-  method?: 'auto' | UpgradeMethod;
+  /**
+   * `auto` (default): `in-place` where the host's data engine can hand over (NBD clients
+   * stay connected), else `restart` where no NBD client is connected to an engine there,
+   * else PRECONDITION_FAILED. `in-place`: every host in place, or PRECONDITION_FAILED.
+   * `restart`: every host restarts; its engines restart with it and their clients reconnect.
+   */
+  method?: UpgradeMethodChoice;
   /** How long one wait of a host's step may take: the new process answering, engines back, replicas RW again (default 600,000 ms). */
   stepTimeoutMs?: number;
 }
@@ -78,6 +83,8 @@ export type UpgradeSessionEvents = {
   'volume-snapshotted': (e: { host: string; volume: string; snapshot: string }) => void;
   /** Progress of a host's step: `done` of `total` volumes (or 0 of 1, 1 of 1 for the process itself). */
   progress: (e: { host: string; step: HostUpgradeState; done: number; total: number }) => void;
+  /** A host's data engine handed its engines, NBD clients connected, to the new version (in place): how many, and how long their exports were frozen. */
+  'handed-off': (e: { host: string; engines: number; pauseMs: number }) => void;
   /** The session stopped on an error (its state is `error`; the host concerned, if any). */
   failed: (e: { host: string | null; error: MooringError }) => void;
 };

@@ -5,7 +5,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 
-import { upgradeBlocks, type UpgradeLayout, type VolumeLayout } from '../../../src/upgrade/upgrade-preconditions.js';
+import { chooseMethod, upgradeBlocks, type UpgradeLayout, type VolumeLayout } from '../../../src/upgrade/upgrade-preconditions.js';
 
 const HOSTS = ['h1', 'h2', 'h3'];
 
@@ -25,7 +25,7 @@ function vol(name: string, layout: string): VolumeLayout {
 }
 
 function layout(hosts: string[], volumes: VolumeLayout[], over: Partial<UpgradeLayout> = {}): UpgradeLayout {
-  return { hosts, offered: new Set(HOSTS), reachable: new Set(HOSTS), inProcess: new Set(), launchable: new Set(HOSTS), method: 'restart', volumes, ...over };
+  return { hosts, offered: new Set(HOSTS), reachable: new Set(HOSTS), inProcess: new Set(), launchable: new Set(HOSTS), inPlace: new Set(), method: 'restart', volumes, ...over };
 }
 
 const codes = (l: UpgradeLayout) => upgradeBlocks(l).map((b) => `${b.code} ${b.host}${b.volume ? ` ${b.volume}` : ''}`);
@@ -61,6 +61,25 @@ describe('the seed\'s test plan (004), with method restart', () => {
 
   it('succeed 3 — one engine per host, replicas everywhere', () => {
     expect(codes(layout(HOSTS, [vol('a', 'e@h1 r@h1,h2,h3'), vol('b', 'e@h2 r@h1,h2,h3'), vol('c', 'e@h3 r@h1,h2,h3')]))).toEqual([]);
+  });
+});
+
+describe('in place', () => {
+  it('auto upgrades hosts that hand over in place under their NBD clients, and restarts the others only where no client is connected', () => {
+    const vols = [vol('a', 'e@h1 r@h1,h2,h3'), vol('b', 'e@h2 r@h1,h2,h3')];
+    expect(codes(layout(HOSTS, vols, { method: 'auto', inPlace: new Set(['h1', 'h2']) }))).toEqual([]);
+    expect(codes(layout(HOSTS, vols, { method: 'auto', inPlace: new Set(['h1']) }))).toEqual(['CLIENTS_WOULD_RECONNECT h2 b']);
+    expect(chooseMethod('auto', true).method).toBe('in-place');
+    expect(chooseMethod('auto', false).method).toBe('restart');
+    expect(chooseMethod('restart', true).method).toBe('restart');
+  });
+
+  it('in-place asked for is refused where a host cannot, naming it', () => {
+    expect(codes(layout(HOSTS, [], { method: 'in-place', inPlace: new Set(['h1', 'h3']) }))).toEqual(['IN_PLACE_UNAVAILABLE h2']);
+  });
+
+  it('a host that hands over in place needs no launcher', () => {
+    expect(codes(layout(['h1'], [], { launchable: new Set(), inPlace: new Set(['h1']) }))).toEqual([]);
   });
 });
 

@@ -1,0 +1,111 @@
+// A whole upgrade session with the in-place method, chosen by `auto`: three real hosts whose
+// `mooring data-engine` runs with --allow-successor-exec, no launcher given to Mooring, a
+// 3-replica volume attached on host a with an NBD client writing at queue depth 8 through
+// the entire session. Every host's process is replaced by a successor; the client never sees
+// an error and never reconnects (its socket stays open; the export's connection count stays
+// 1); the engine on a serves at a newer epoch, in another process; every acknowledged write
+// reads back, and every replica is RW at the end.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { NbdClient } from '../../../src/bench/nbd-client.js';
+import { Mooring } from '../../../src/mooring.js';
+import { packageVersion } from '../../../src/native/load.js';
+import { FileStateStore } from '../../../src/state/file-state-store.js';
+import { makeHosts, type HostProcess } from '../helpers/hosts.js';
+import { killAllServers } from '../helpers/serve.js';
+import { TempDir, repoRoot } from '../helpers/tools.js';
+
+const MiB = 1 << 20;
+const SIZE = 16 * MiB;
+const BLOCK = 4096;
+
+describe('upgrade session in place: NBD client connected throughout', () => {
+  const tmp = new TempDir();
+  let hosts: HostProcess[] = [];
+  let cluster: Mooring;
+  let store: FileStateStore;
+  const successors = new Set<number>();
+
+  beforeAll(async () => {
+    hosts = makeHosts(tmp.path, 3, 17910 + 40);
+    for (const h of hosts) {
+      h.opts.extraArgs = ['--allow-successor-exec', repoRoot];
+      await h.start();
+    }
+    store = await FileStateStore.open(join(tmp.path, 'state'));
+    cluster = await Mooring.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 500 });
+  });
+
+  afterAll(async () => {
+    await cluster?.close();
+    await store?.close();
+    for (const h of hosts) await h.stop().catch(() => undefined);
+    for (const pid of successors) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // gone
+      }
+    }
+    await killAllServers();
+    tmp.cleanup();
+  });
+
+  it('replaces all three processes while the client writes; no error, no reconnect, data intact', async () => {
+    const sock = tmp.join('vm.sock');
+    await cluster.createVolume({ name: 'vm', sizeBytes: SIZE, replicas: 3 });
+    const before = await cluster.volume('vm').attach({ host: 'a', nbd: `unix:${sock}` });
+    const client = await NbdClient.connect({ socketPath: sock });
+    let closed = false;
+    client.socket.once('close', () => (closed = true));
+    const model = new Map<number, number>();
+    const failures: string[] = [];
+    let stop = false;
+    let n = 0;
+    const lanes = Array.from({ length: 8 }, async () => {
+      while (!stop) {
+        const block = n++ % (SIZE / BLOCK);
+        const byte = (block * 13 + n) & 0xff;
+        try {
+          await client.write(block * BLOCK, Buffer.alloc(BLOCK, byte));
+          model.set(block, byte);
+        } catch (err) {
+          failures.push(String(err));
+        }
+      }
+    });
+
+    const session = await cluster.startUpgrade({ dataEngine: { version: packageVersion(), command: [process.execPath, join(repoRoot, 'dist/cli.js')] }, stepTimeoutMs: 120_000 });
+    const log: string[] = [];
+    const pauses: number[] = [];
+    session.on('method-chosen', (e) => log.push(`${e.host} ${e.method}`));
+    session.on('host-state-changed', (e) => log.push(`${e.host} ${e.state}`));
+    session.on('handed-off', (e) => pauses.push(e.pauseMs));
+    const done = await session.done().catch((err: unknown) => {
+      throw new Error(`${String(err)}\n${log.join(', ')}${hosts.map((h) => h.diagnostics()).join('')}`);
+    });
+    stop = true;
+    await Promise.all(lanes);
+
+    expect(done.state).toBe('completed');
+    expect(log.filter((l) => /in-place|restart/.test(l))).toEqual(['a in-place', 'b in-place', 'c in-place']);
+    expect(pauses).toHaveLength(3);
+    expect(failures).toEqual([]);
+    expect(closed).toBe(false);
+    for (const h of hosts) successors.add((JSON.parse(readFileSync(join(h.opts.dir, 'data-engine.lock'), 'utf8')) as { pid: number }).pid);
+    const engine = await cluster.volume('vm').engine();
+    expect(engine).toMatchObject({ hostId: 'a', role: 'active' });
+    expect(engine!.nbdStats!.connectionsTotal).toBe(1);
+    const st = await cluster.volume('vm').status();
+    expect(st.epoch).toBeGreaterThan(before.epoch);
+    expect(st.state, JSON.stringify(st.replicas)).toBe('healthy');
+    for (const [block, byte] of model) {
+      const got = await client.read(block * BLOCK, BLOCK);
+      if (!got.equals(Buffer.alloc(BLOCK, byte))) throw new Error(`block ${block}: expected 0x${byte.toString(16)}, got 0x${got[0]!.toString(16)}`);
+    }
+    await client.disconnect();
+    console.log(`in-place session: exports frozen ${pauses.map((p) => p.toFixed(1)).join(', ')} ms on a, b, c; ${model.size} blocks checked`);
+  });
+});
