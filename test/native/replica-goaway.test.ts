@@ -11,7 +11,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
-import type { NativeEngine, NativeRemoteReplica } from '../../src/native/binding.js';
+import type { NativeEngine, NativeRemoteReplica, NativeTlsOptions } from '../../src/native/binding.js';
 import { addon, MiB, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
 import {
   closeAll,
@@ -19,6 +19,7 @@ import {
   endpoint,
   FrameProxy,
   type Host,
+  makePki,
   modeOf,
   Op,
   RawClient,
@@ -55,9 +56,9 @@ class ServerPeer {
     this.exited = new Promise((resolve) => child.on('exit', () => resolve()));
   }
 
-  static async start(root: string, port = 0): Promise<ServerPeer> {
+  static async start(root: string, port = 0, tls?: NativeTlsOptions): Promise<ServerPeer> {
     const p = new ServerPeer(spawn(process.execPath, [PEER], { stdio: ['pipe', 'pipe', 'pipe'] }));
-    p.port = ((await p.call('start', { root, port })) as { port: number }).port;
+    p.port = ((await p.call('start', { root, port, tls })) as { port: number }).port;
     return p;
   }
 
@@ -199,45 +200,57 @@ describe('replica server GOAWAY', () => {
   });
 
   /** A root holding replica `vol`, served by a server in its own process. */
-  async function peerHost(): Promise<{ root: string; peer: ServerPeer }> {
+  async function peerHost(tls?: NativeTlsOptions): Promise<{ root: string; peer: ServerPeer }> {
     const root = s.dir(`peer-${Math.random().toString(36).slice(2, 8)}`);
     await addon().createReplica(join(root, 'vol'), SIZE);
-    const peer = await ServerPeer.start(root);
+    const peer = await ServerPeer.start(root, 0, tls);
     cleanups.push(() => peer.stop());
     return { root, peer };
   }
 
-  it('moves an engine to a successor server with I/O in flight: no error, the replica stays RW, no rebuild, data identical', async () => {
-    hosts = await startHosts(s, 2, SIZE);
-    const victim = await peerHost();
-    const ev = collectEvents();
-    const engine = await open([endpoint(hosts[0]!.server.port), endpoint(victim.peer.port), endpoint(hosts[1]!.server.port)], ev.onEvents);
-    const id = `127.0.0.1:${victim.peer.port}/vol`;
-    const model = Buffer.alloc(SIZE);
-    const load = io(engine, model, 12);
-    await waitFor('I/O flowing', () => load.rounds() > 100);
-    ev.events.length = 0; // from here on: none of the events a lost replica causes
+  for (const tls of [false, true]) {
+    it(`moves an engine to a successor server with I/O in flight${tls ? ' (mutual TLS)' : ''}: no error, the replica stays RW, no rebuild, data identical`, async () => {
+      hosts = await startHosts(s, 2, SIZE);
+      let serverTls: NativeTlsOptions | undefined;
+      let clientTls: NativeTlsOptions | undefined;
+      if (tls) {
+        const pki = makePki(s.dir(`pki-${Math.random().toString(36).slice(2, 8)}`));
+        serverTls = { cert: pki.serverCert, key: pki.serverKey, ca: pki.ca };
+        clientTls = { cert: pki.clientCert, key: pki.clientKey, ca: pki.ca, serverName: 'replica.test' };
+      }
+      const victim = await peerHost(serverTls);
+      const ev = collectEvents();
+      const engine = await open(
+        [endpoint(hosts[0]!.server.port), endpoint(victim.peer.port, 'vol', clientTls ? { tls: clientTls } : {}), endpoint(hosts[1]!.server.port)],
+        ev.onEvents,
+      );
+      const id = `127.0.0.1:${victim.peer.port}/vol`;
+      const model = Buffer.alloc(SIZE);
+      const load = io(engine, model, 12);
+      await waitFor('I/O flowing', () => load.rounds() > 100);
+      ev.events.length = 0; // from here on: none of the events a lost replica causes
 
-    expect(await victim.peer.goAway(5_000)).toEqual({ goaway: 1, timedOut: 0, closed: 0 });
-    await victim.peer.stop(); // closes its listening socket: connects are refused until the successor listens
-    const next = await ServerPeer.start(victim.root, victim.peer.port);
-    cleanups.push(() => next.stop());
-    const atStart = load.rounds();
-    await waitFor('the client reconnected to the successor', async () => (await next.stats()).connectionsOpen === 1, 8_000);
-    await waitFor('I/O continues through the successor', async () => load.rounds() > atStart + 200 && (await next.stats()).bytesWritten > 0, 10_000);
-    await load.stop(); // no request failed
-    expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
-    expect(modeOf(engine, id)).toBe('RW');
-    const bad = ev.events.filter((e) => e.type === 'replica-error' || e.type.startsWith('rebuild') || e.type === 'replica-set-changed');
-    expect(JSON.stringify(bad), 'no ERR, no rebuild, no new replica set').toBe('[]');
-    expect((await next.stats()).protocolErrors).toBe(0);
-    expect((await engine.read(0, 12 * 64 * BLOCK)).equals(model.subarray(0, 12 * 64 * BLOCK))).toBe(true);
-    await engine.close();
-    cleanups.length = 0;
-    await next.stop();
-    await closeAll(hosts);
-    await expectIdentical([hosts[0]!.root, victim.root, hosts[1]!.root], model);
-  });
+      expect(await victim.peer.goAway(5_000)).toEqual({ goaway: 1, timedOut: 0, closed: 0 });
+      await victim.peer.stop(); // closes its listening socket: connects are refused until the successor listens
+      const next = await ServerPeer.start(victim.root, victim.peer.port, serverTls);
+      cleanups.push(() => next.stop());
+      const atStart = load.rounds();
+      await waitFor('the client reconnected to the successor', async () => (await next.stats()).connectionsOpen === 1, 8_000);
+      await waitFor('I/O continues through the successor', async () => load.rounds() > atStart + 200 && (await next.stats()).bytesWritten > 0, 10_000);
+      await load.stop(); // no request failed
+      expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
+      expect(modeOf(engine, id)).toBe('RW');
+      const bad = ev.events.filter((e) => e.type === 'replica-error' || e.type.startsWith('rebuild') || e.type === 'replica-set-changed');
+      expect(JSON.stringify(bad), 'no ERR, no rebuild, no new replica set').toBe('[]');
+      expect((await next.stats()).protocolErrors).toBe(0);
+      expect((await engine.read(0, 12 * 64 * BLOCK)).equals(model.subarray(0, 12 * 64 * BLOCK))).toBe(true);
+      await engine.close();
+      cleanups.length = 0;
+      await next.stop();
+      await closeAll(hosts);
+      await expectIdentical([hosts[0]!.root, victim.root, hosts[1]!.root], model);
+    });
+  }
 
   it('a client that predates GOAWAY (its server announced no bits) is never sent one and loses its connection: ERR', async () => {
     hosts = await startHosts(s, 3, SIZE);

@@ -3,7 +3,7 @@
 // libuv's worker threads, which the server's own close() and a successor's start also need.
 // It loads the addon from the package root as the library does (node-gyp-build) and obeys
 // JSON commands, one per stdin line: {id, op, ...}; each answer is one stdout line
-// {id, ok, result} or {id, ok: false, error}. Ops: start {root, port}, goAway {timeoutMs},
+// {id, ok, result} or {id, ok: false, error}. Ops: start {root, port, tls}, goAway {timeoutMs},
 // stats, close. stderr is the test's to show.
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
@@ -16,8 +16,8 @@ const addon = createRequire(join(root, 'package.json'))('node-gyp-build')(root);
 let server = null;
 
 const ops = {
-  async start({ root: dir, port }) {
-    server = await addon.startReplicaServer({ root: dir, port });
+  async start({ root: dir, port, tls }) {
+    server = await addon.startReplicaServer({ root: dir, port, tls });
     return { port: server.port };
   },
   goAway: ({ timeoutMs }) => server.goAway(timeoutMs),
