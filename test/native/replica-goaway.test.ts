@@ -6,6 +6,7 @@
 // never sees a GOAWAY and loses its connection as before (ERR); so does one whose server
 // never comes back, once ioTimeoutMs has passed.
 import { type ChildProcess, spawn } from 'node:child_process';
+import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -18,12 +19,15 @@ import {
   collectEvents,
   endpoint,
   FrameProxy,
+  FrameSplitter,
   type Host,
   makePki,
   modeOf,
   Op,
   RawClient,
   REP_HEADER,
+  REP_MAGIC,
+  REQ_HEADER,
   startHosts,
 } from './remote-helpers.js';
 
@@ -87,6 +91,74 @@ class ServerPeer {
       await this.exited;
     })();
     return this.stopping;
+  }
+}
+
+/**
+ * A proxy in front of a real server that can hold replies and inject a GOAWAY itself, and
+ * passes half-closes through: a client can be sent a GOAWAY while requests it sent are
+ * still unanswered. Records the seq of every request frame, by connection.
+ */
+class GoAwayProxy {
+  readonly conns: Array<{ seqs: bigint[]; held: Buffer[]; hold: boolean; halfClosed: boolean; closed: boolean; client: Socket }> = [];
+  private server: Server;
+  private sockets = new Set<Socket>();
+  port = 0;
+  constructor(targetPort: number) {
+    this.server = createServer({ allowHalfOpen: true }, (client) => {
+      const upstream = createConnection({ port: targetPort, host: '127.0.0.1', allowHalfOpen: true });
+      const c = { seqs: [] as bigint[], held: [] as Buffer[], hold: false, halfClosed: false, closed: false, client };
+      this.conns.push(c);
+      for (const so of [client, upstream]) {
+        this.sockets.add(so);
+        so.setNoDelay(true);
+        so.on('error', () => {});
+      }
+      const up = new FrameSplitter(REQ_HEADER, 40);
+      const down = new FrameSplitter(REP_HEADER, 20);
+      client.on('data', (d: Buffer) => {
+        for (const f of up.push(d)) {
+          c.seqs.push(f.readBigUInt64LE(8));
+          upstream.write(f);
+        }
+      });
+      upstream.on('data', (d: Buffer) => {
+        for (const f of down.push(d)) {
+          if (c.hold) c.held.push(f);
+          else client.write(f);
+        }
+      });
+      client.on('end', () => {
+        c.halfClosed = !c.closed;
+        upstream.end();
+      });
+      upstream.on('end', () => client.end());
+      client.on('close', () => {
+        c.closed = true;
+        upstream.destroy();
+      });
+      upstream.on('close', () => client.destroy());
+    });
+  }
+  async start(): Promise<number> {
+    await new Promise<void>((resolve) => this.server.listen(0, '127.0.0.1', resolve));
+    this.port = (this.server.address() as { port: number }).port;
+    return this.port;
+  }
+  goAway(i: number): void {
+    const f = Buffer.alloc(REP_HEADER);
+    f.writeUInt32LE(REP_MAGIC, 0);
+    f.writeUInt16LE(CODE_GOAWAY, 4);
+    this.conns[i]!.client.write(f);
+  }
+  release(i: number): void {
+    const c = this.conns[i]!;
+    c.hold = false;
+    for (const f of c.held.splice(0)) c.client.write(f);
+  }
+  async close(): Promise<void> {
+    for (const so of this.sockets) so.destroy();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 }
 
@@ -251,6 +323,42 @@ describe('replica server GOAWAY', () => {
       await expectIdentical([hosts[0]!.root, victim.root, hosts[1]!.root], model);
     });
   }
+
+  it('a GOAWAY that arrives with requests unanswered: the client waits for them, half-closes, resends nothing, holds its callers', async () => {
+    hosts = await startHosts(s, 3, SIZE);
+    const proxy = new GoAwayProxy(hosts[1]!.server.port);
+    const port = await proxy.start();
+    cleanups.push(() => proxy.close());
+    const ev = collectEvents();
+    const engine = await open([endpoint(hosts[0]!.server.port), endpoint(port), endpoint(hosts[2]!.server.port)], ev.onEvents);
+    const model = Buffer.alloc(SIZE);
+    const load = io(engine, model, 8);
+    await waitFor('I/O flowing', () => load.rounds() > 50);
+    ev.events.length = 0;
+    const first = proxy.conns[0]!;
+    first.hold = true;
+    await waitFor('replies held', () => first.held.length >= 4);
+    proxy.goAway(0);
+    const seqsAtGoAway = first.seqs.length;
+    const rounds = load.rounds();
+    expect(first.halfClosed, 'not while requests it sent are unanswered').toBe(false);
+    proxy.release(0);
+    await waitFor('the client half-closed the first connection', () => first.halfClosed);
+    await waitFor('the client reconnected', () => proxy.conns.length === 2);
+    await waitFor('I/O continues', () => load.rounds() > rounds + 100);
+    await load.stop(); // no request failed
+    const second = proxy.conns[1]!;
+    expect(second.seqs.length).toBeGreaterThan(0);
+    // Frames sent after the GOAWAY on the first connection: at most those of a batch the
+    // sender had already taken; nothing sent on both connections.
+    expect(first.seqs.length - seqsAtGoAway).toBeLessThanOrEqual(64);
+    const onFirst = new Set(first.seqs.filter((q) => q !== 0n));
+    expect(second.seqs.filter((q) => q !== 0n && onFirst.has(q)), 'nothing resent').toEqual([]);
+    expect(Math.min(...second.seqs.filter((q) => q !== 0n).map(Number))).toBeGreaterThan(Math.max(...[...onFirst].map(Number)));
+    expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
+    expect(JSON.stringify(ev.events.filter((e) => e.type === 'replica-error' || e.type.startsWith('rebuild')))).toBe('[]');
+    expect((await engine.read(0, 8 * 64 * BLOCK)).equals(model.subarray(0, 8 * 64 * BLOCK))).toBe(true);
+  });
 
   it('a client that predates GOAWAY (its server announced no bits) is never sent one and loses its connection: ERR', async () => {
     hosts = await startHosts(s, 3, SIZE);
