@@ -181,6 +181,25 @@ export interface NativeReplicaServer {
   stats(): NativeReplicaServerStats;
   /** Stop accepting, close connections, release the replicas it opened. Idempotent. */
   close(): Promise<void>;
+  /**
+   * Hands its clients over gracefully (docs/replica-protocol.md, "GOAWAY"): stops accepting
+   * (the listening socket stays open until close(), connects wait in its backlog), sends
+   * GOAWAY to every client that announced it and answers all it receives until that client
+   * half-closes; other connections are closed as by close(). After `timeoutMs` (at most
+   * 3600000) the connections still open are closed. Resolves once every connection has
+   * closed and released its replica; the server accepts nothing more: close() it next.
+   */
+  goAway(timeoutMs: number): Promise<NativeReplicaServerGoAway>;
+}
+
+/** What NativeReplicaServer.goAway() did, by connection. */
+export interface NativeReplicaServerGoAway {
+  /** Sent GOAWAY; the client drained and half-closed within the timeout. */
+  goaway: number;
+  /** Sent GOAWAY; still open when the timeout passed, closed by the server. */
+  timedOut: number;
+  /** Clients that did not announce GOAWAY (older releases), closed as by close(). */
+  closed: number;
 }
 
 /**

@@ -86,7 +86,7 @@ function txCase(rng: Rng, seq: number, home: number): { what: string; req: Reque
     case 1:
       return { what: 'good read', req: { op: Op.READ, seq, offset: off, length: 4096 }, want: 'ok' };
     case 2:
-      return { what: 'unknown op', req: { op: rng.pick([0, 26, 27, 99, 128, 255]), seq, payload: rng.bytes(rng.int(100)) }, want: PE };
+      return { what: 'unknown op', req: { op: rng.pick([0, 27, 28, 99, 128, 255]), seq, payload: rng.bytes(rng.int(100)) }, want: PE };
     case 3:
       return { what: 'read beyond the I/O limit', req: { op: Op.READ, seq, offset: 0, length: 4 * MiB + 1 + rng.int(1e9) }, want: PE };
     case 4:

@@ -10,6 +10,8 @@ namespace {
 
 // Bounds of startReplicaServer options (the server checks them again).
 constexpr uint32_t kMaxConnectionsOption = 4096;
+// goAway(timeoutMs) at most.
+constexpr uint32_t kMaxGoAwayTimeoutMs = 3600 * 1000;
 
 ReplicaServerOptions ParseServerOptions(const Napi::Value& v) {
   Napi::Object o = ToObject(v, "options");
@@ -34,6 +36,7 @@ Napi::Function ReplicaServerWrap::Define(Napi::Env env) {
   return DefineWithMethods<W>(env, {
                                        Method<W, &W::Stats>(env, "stats"),
                                        Method<W, &W::Close>(env, "close"),
+                                       Method<W, &W::GoAway>(env, "goAway"),
                                    });
 }
 
@@ -93,6 +96,24 @@ Napi::Value ReplicaServerWrap::Close(const Napi::CallbackInfo& info) {
           final_stats_ = server_->stats();
           addon_->replica_servers.erase(server_.get());
           Unref();
+        });
+  });
+}
+
+Napi::Value ReplicaServerWrap::GoAway(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    const uint32_t timeout_ms = static_cast<uint32_t>(ToUint(Arg(info, 0), "timeoutMs", kMaxGoAwayTimeoutMs));
+    if (closed_) throw JsError(Code::kClosed, "replica server is closed");
+    auto server = server_;
+    auto result = std::make_shared<ReplicaServerGoAway>();
+    return PinnedTask(
+        info, [server, timeout_ms, result]() { return server->GoAway(timeout_ms, result.get()); },
+        [result](Napi::Env env) -> Napi::Value {
+          Napi::Object o = Napi::Object::New(env);
+          o.Set("goaway", JsNum(env, result->goaway));
+          o.Set("timedOut", JsNum(env, result->timed_out));
+          o.Set("closed", JsNum(env, result->closed));
+          return o;
         });
   });
 }

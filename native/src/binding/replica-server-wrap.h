@@ -29,6 +29,7 @@ class ReplicaServerWrap : public Napi::ObjectWrap<ReplicaServerWrap> {
  private:
   Napi::Value Stats(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
+  Napi::Value GoAway(const Napi::CallbackInfo& info);
 
   AddonData* addon_ = nullptr;
   std::shared_ptr<ReplicaServer> server_;

@@ -59,16 +59,41 @@ int ErrnoOfReply(const ReplyHeader& r) {
   return ErrnoForCode(static_cast<Code>(r.code));
 }
 
+
+// CLIENT_FEATURES on a fresh connection (seq 0, like HELLO): announces `bits`, returns the
+// bits both sides know in *agreed.
+Status ClientFeatures(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t deadline_ms, uint64_t bits,
+                      uint64_t* agreed) {
+  WaitFn wait = [&](short want) -> int {
+    int64_t left = deadline_ms - MonotonicMs();
+    if (left <= 0) return -ETIMEDOUT;
+    int p = PollFdOrWake(t->fd(), want, -1, static_cast<int>(left));
+    return p < 0 ? p : 0;
+  };
+  RequestHeader h;
+  h.op = kOpClientFeatures;
+  h.seq = 0;
+  h.length = bits;
+  uint8_t hb[kRequestHeaderBytes];
+  EncodeRequest(h, hb);
+  iovec iov{hb, sizeof hb};
+  int rc = WriteAll(t, &iov, 1, wait);
+  uint8_t rb[kReplyHeaderBytes];
+  if (rc == 0) rc = rbuf->ReadExact(t, rb, sizeof rb, wait);
+  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": handshake failed (CLIENT_FEATURES)", -rc);
+  ReplyHeader rh;
+  if (!DecodeReply(rb, &rh) || rh.seq != 0 || rh.code != 0 || rh.payload_len != 0)
+    return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": CLIENT_FEATURES refused", EPROTO);
+  *agreed = rh.value & bits;
+  return Status::Ok();
+}
+
 }  // namespace
 
-Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<ReplicaBackend>* out) {
-  const int64_t deadline = MonotonicMs() + ep.io_timeout_ms;
-  if (!ValidReplicaName(ep.name.data(), ep.name.size()))
-    return Status::Error(Code::kInvalidArgument, "replica name " + ep.name + " is not [A-Za-z0-9._-]{1,63}");
+Status RemoteReplica::Dial(const ReplicaEndpoint& ep, int64_t deadline, Dialed* d) {
   int fd = -1;
   Status st = ConnectTcp(ep.host, ep.port, deadline, &fd);
   if (!st.ok()) return Status::Error(st.code, "replica " + ep.Id() + ": " + st.message, st.sys_errno);
-  std::unique_ptr<Transport> t;
   if (ep.tls.enabled()) {
     std::shared_ptr<TlsContext> tls;
     st = TlsContext::Create(ep.tls, false, &tls);
@@ -76,26 +101,38 @@ Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<Replica
       close(fd);
       return st;
     }
-    st = tls->Wrap(fd, ep.tls.server_name, &t);  // the SSL object keeps what it needs of the context
+    st = tls->Wrap(fd, ep.tls.server_name, &d->t);  // the SSL object keeps what it needs of the context
     if (!st.ok()) return st;
-    st = t->Handshake(deadline, -1);
+    st = d->t->Handshake(deadline, -1);
     if (!st.ok()) return Status::Error(st.code, "replica " + ep.Id() + ": " + st.message, st.sys_errno);
   } else {
-    t = MakePlainTransport(fd);
+    d->t = MakePlainTransport(fd);
   }
-  std::shared_ptr<RemoteReplica> r(new RemoteReplica(ep, std::move(t)));
-  ReplyHeader rh;
   uint8_t extra[kHelloReplyBytes];
-  st = Hello(r->t_.get(), &r->rbuf_, ep, deadline, &rh, extra);
-  if (!st.ok()) return st;  // the destructor closes the socket; no threads yet
-  r->size_ = rh.value;
-  r->epoch_.store(rh.epoch);
-  r->clean_.store(rh.state & kStateClean);
-  r->rebuilding_.store(rh.state & kStateRebuilding);
-  r->depth_ = std::max<uint32_t>(1, std::min<uint32_t>(kMaxInflight, Get32(extra)));
-  r->max_io_ = std::min<uint32_t>(kMaxIoBytes, Get32(extra + 4));
-  r->features_ = Get64(extra + 8);
-  if (r->max_io_ < 4096) return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": server I/O limit too small", EPROTO);
+  st = Hello(d->t.get(), &d->rbuf, ep, deadline, &d->hello, extra);
+  if (!st.ok()) return st;  // the caller's Dialed closes the socket
+  d->depth = std::max<uint32_t>(1, std::min<uint32_t>(kMaxInflight, Get32(extra)));
+  d->max_io = std::min<uint32_t>(kMaxIoBytes, Get32(extra + 4));
+  d->features = Get64(extra + 8);
+  if (d->max_io < 4096) return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": server I/O limit too small", EPROTO);
+  d->goaway = false;
+  if (d->features & kFeatureGoAway) {  // only such a server knows CLIENT_FEATURES
+    uint64_t agreed = 0;
+    st = ClientFeatures(d->t.get(), &d->rbuf, ep, deadline, kFeatureGoAway, &agreed);
+    if (!st.ok()) return st;
+    d->goaway = (agreed & kFeatureGoAway) != 0;
+  }
+  return Status::Ok();
+}
+
+Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<ReplicaBackend>* out) {
+  const int64_t deadline = MonotonicMs() + ep.io_timeout_ms;
+  if (!ValidReplicaName(ep.name.data(), ep.name.size()))
+    return Status::Error(Code::kInvalidArgument, "replica name " + ep.name + " is not [A-Za-z0-9._-]{1,63}");
+  Dialed d;
+  Status st = Dial(ep, deadline, &d);
+  if (!st.ok()) return st;
+  std::shared_ptr<RemoteReplica> r(new RemoteReplica(ep, &d));
   r->last_send_ms_ = MonotonicMs();
   try {
     r->sender_ = std::thread([p = r.get()] { p->SenderLoop(); });
@@ -109,8 +146,18 @@ Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<Replica
   return Status::Ok();
 }
 
-RemoteReplica::RemoteReplica(const ReplicaEndpoint& ep, std::unique_ptr<Transport> t)
-    : id_(ep.Id()), io_timeout_ms_(ep.io_timeout_ms), t_(std::move(t)) {}
+RemoteReplica::RemoteReplica(const ReplicaEndpoint& ep, Dialed* d)
+    : ep_(ep), id_(ep.Id()), io_timeout_ms_(ep.io_timeout_ms), t_(std::move(d->t)) {
+  rbuf_ = std::move(d->rbuf);
+  size_ = d->hello.value;
+  epoch_.store(d->hello.epoch);
+  clean_.store(d->hello.state & kStateClean);
+  rebuilding_.store(d->hello.state & kStateRebuilding);
+  depth_ = d->depth;
+  max_io_ = d->max_io;
+  features_ = d->features;
+  goaway_ok_ = d->goaway;
+}
 
 RemoteReplica::~RemoteReplica() { Close(); }
 
@@ -235,11 +282,15 @@ void RemoteReplica::TeardownLocked(int err) {
   t_->Shutdown();  // wakes the reader and a blocked sender
   slot_cv_.notify_all();
   send_cv_.notify_all();
+  sending_cv_.notify_all();
+  reconnect_cv_.notify_all();
 }
 
 bool RemoteReplica::DeadlinePassedLocked(int64_t now) const {
   // Deadlines grow with seq: the oldest queued or sent call decides.
   if (!sent_.empty() && sent_.begin()->second->deadline_ms <= now) return true;
+  // After a GOAWAY, queued calls wait for the new connection; goaway_deadline_ms_ bounds that.
+  if (goaway_) return now >= goaway_deadline_ms_;
   return !queue_.empty() && queue_.front()->deadline_ms <= now;
 }
 
@@ -265,6 +316,10 @@ void RemoteReplica::SenderLoop() {
       std::unique_lock<std::mutex> lk(mu_);
       for (;;) {
         if (dead_errno_ != 0) return;
+        if (goaway_) {  // nothing more on this connection; Reconnect wakes us
+          send_cv_.wait(lk);
+          continue;
+        }
         if (!queue_.empty()) break;
         const int64_t idle = MonotonicMs() - last_send_ms_;
         if (outstanding_ == 0 && idle >= kKeepaliveMs) {
@@ -285,6 +340,7 @@ void RemoteReplica::SenderLoop() {
         batch.push_back(std::move(c));
       }
       last_send_ms_ = MonotonicMs();
+      sending_ = true;  // t_ stays until this batch is written
     }
     heads.resize(batch.size() * kRequestHeaderBytes);
     iov.clear();
@@ -298,6 +354,11 @@ void RemoteReplica::SenderLoop() {
     // The payloads are on the wire (or the connection is gone): free them now.
     for (CallPtr& c : batch) c->payload = std::vector<uint8_t>();
     batch.clear();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      sending_ = false;
+      sending_cv_.notify_all();
+    }
     if (rc != 0) {
       Teardown(ECONNRESET);
       return;
@@ -326,12 +387,36 @@ void RemoteReplica::ReaderLoop() {
       if (p != 0) return 0;
     }
   };
+  // After a GOAWAY: true once every request sent on this connection has been answered.
+  auto drained = [&]() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return goaway_ && sent_.empty();
+  };
   for (;;) {
+    if (drained()) {
+      if (!Reconnect()) return;
+      last_check = MonotonicMs();
+      continue;
+    }
     uint8_t hb[kReplyHeaderBytes];
     int rc = rbuf_.ReadExact(t_.get(), hb, sizeof hb, wait);
     ReplyHeader rh;
     CallPtr c;
-    if (rc == 0 && (!DecodeReply(hb, &rh) || !ValidCode(rh.code))) rc = -EPROTO;
+    if (rc == 0 && !DecodeReply(hb, &rh)) rc = -EPROTO;
+    if (rc == 0 && rh.seq == 0 && rh.code == kCodeGoAway) {
+      // GOAWAY: only on a connection that announced it, once, without a payload.
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!goaway_ok_ || goaway_ || rh.payload_len != 0) {
+        rc = -EPROTO;
+      } else {
+        goaway_ = true;
+        goaway_deadline_ms_ = MonotonicMs() + io_timeout_ms_;
+        send_cv_.notify_all();
+        continue;
+      }
+    }
+    if (rc == 0 && !ValidCode(rh.code)) rc = -EPROTO;
+    if (rc == -ECONNRESET && drained()) continue;  // the server closed first: Reconnect
     if (rc == 0) {
       std::lock_guard<std::mutex> lk(mu_);
       auto it = sent_.find(rh.seq);
@@ -366,6 +451,87 @@ void RemoteReplica::ReaderLoop() {
       return;
     }
   }
+}
+
+bool RemoteReplica::Reconnect() {
+  int64_t deadline;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (sending_ && dead_errno_ == 0) sending_cv_.wait(lk);  // the last batch's write returning
+    if (dead_errno_ != 0) return false;
+    deadline = goaway_deadline_ms_;
+  }
+  // Half-close: the server has answered everything we sent and closes once it reads EOF.
+  t_->ShutdownWrite();
+  {
+    WaitFn wait = [&](short want) -> int {
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (dead_errno_ != 0) return -ENOTCONN;
+        }
+        const int64_t left = deadline - MonotonicMs();
+        if (left <= 0) return -ETIMEDOUT;
+        int p = PollFdOrWake(t_->fd(), want, -1, static_cast<int>(std::min<int64_t>(left, kDeadlineCheckMs)));
+        if (p != 0) return p < 0 ? p : 0;
+      }
+    };
+    uint8_t b;
+    int rc = rbuf_.ReadExact(t_.get(), &b, 1, wait);
+    if (rc != -ECONNRESET) {  // anything but the server's close
+      Teardown(rc == 0 ? EPROTO : rc == -ETIMEDOUT ? ETIMEDOUT : ECONNRESET);
+      return false;
+    }
+  }
+  // Connect again, as Connect does, until the deadline.
+  int backoff = kReconnectFirstMs;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (dead_errno_ != 0) return false;  // closed meanwhile
+    }
+    const int64_t now = MonotonicMs();
+    if (now >= deadline) break;
+    Dialed d;
+    if (Dial(ep_, std::min<int64_t>(deadline, now + kReconnectAttemptMs), &d).ok()) {
+      // The same replica, never older: its durable epoch and its size only grow, and the
+      // frames already split for this connection must still fit.
+      if (d.hello.epoch < epoch_.load() || d.hello.value < size_.load() || d.max_io < max_io_) {
+        Teardown(EPROTO);
+        return false;
+      }
+      std::unique_ptr<Transport> old;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (dead_errno_ != 0) return false;
+        old = std::move(t_);
+        t_ = std::move(d.t);
+        rbuf_ = std::move(d.rbuf);
+        // What Connect takes from a HELLO reply, taken again.
+        size_.store(d.hello.value);
+        epoch_.store(d.hello.epoch);
+        clean_.store(d.hello.state & kStateClean);
+        rebuilding_.store(d.hello.state & kStateRebuilding);
+        depth_ = d.depth;
+        features_.store(d.features);
+        goaway_ok_ = d.goaway;
+        goaway_ = false;
+        const int64_t t = MonotonicMs();
+        for (const CallPtr& c : queue_) c->deadline_ms = t + io_timeout_ms_;  // never sent: their time starts now
+        last_send_ms_ = t;
+        reconnects_.fetch_add(1);
+        send_cv_.notify_all();
+        slot_cv_.notify_all();
+      }
+      return true;  // `old` closes its socket here
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    const int64_t wait_ms = std::min<int64_t>(backoff, deadline - MonotonicMs());
+    if (wait_ms > 0) reconnect_cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [this] { return dead_errno_ != 0; });
+    backoff = std::min(backoff * 2, kReconnectMaxMs);
+  }
+  Teardown(ETIMEDOUT);  // not connected again in time, whatever the last attempt said
+  return false;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,6 +12,16 @@
 // could replay writes out of order; the control plane adds a fresh backend instead.
 // When idle the sender pings every kKeepaliveMs, so a dead peer is noticed without I/O.
 //
+// GOAWAY (docs/replica-protocol.md): with a server that announces kFeatureGoAway the client
+// announces it too (CLIENT_FEATURES right after HELLO). On GOAWAY it stops sending (new
+// calls wait in the queue, their callers held), lets every request already sent be answered,
+// half-closes, waits for the server to close, then connects again to the same address with
+// back-off and redoes exactly what Connect does (TLS, HELLO, CLIENT_FEATURES; the cached
+// epoch, state and size from the new HELLO reply) and sends what was queued. Nothing is
+// resent: only requests that never reached the wire travel on the new connection. If that
+// does not succeed within io_timeout_ms of the GOAWAY (or a request sent before it fails),
+// the connection is lost as above.
+//
 // epoch(), clean(), rebuilding() and size() answer from values the HELLO reply gave,
 // updated by the replies of the control operations that change them (size: only from
 // servers that announce kFeatureGrow; an older server's replicas never change size). AllocatedBytes()
@@ -42,6 +52,9 @@ class RemoteReplica final : public ReplicaBackend {
   static constexpr int kKeepaliveMs = 2000;           // ping after this long without sending
   static constexpr int kDeadlineCheckMs = 100;        // how often outstanding requests are checked
   static constexpr int kAllocatedRefreshMs = 1000;    // AllocatedBytes() refreshes at most this often
+  static constexpr int kReconnectFirstMs = 20;        // GOAWAY reconnect back-off: first wait...
+  static constexpr int kReconnectMaxMs = 500;         // ...doubling up to this
+  static constexpr int kReconnectAttemptMs = 1000;    // one connect + handshake attempt at most
 
   // Connects, handshakes, starts the threads. kUnavailable if the server cannot be reached
   // (or the TLS handshake fails) within ep.io_timeout_ms; the server's code otherwise
@@ -53,7 +66,9 @@ class RemoteReplica final : public ReplicaBackend {
   std::string id() const override { return id_; }
   bool remote() const override { return true; }
   uint64_t size() const override { return size_.load(); }
-  bool CanGrow() const override { return (features_ & rp::kFeatureGrow) != 0; }
+  bool CanGrow() const override { return (features_.load() & rp::kFeatureGrow) != 0; }
+  // Connections made again after a GOAWAY (for tests and stats).
+  uint64_t reconnects() const { return reconnects_.load(); }
   uint64_t epoch() const override { return epoch_.load(); }
   bool clean() const override { return clean_.load(); }
   bool rebuilding() const override { return rebuilding_.load(); }
@@ -102,7 +117,19 @@ class RemoteReplica final : public ReplicaBackend {
   };
   using CallPtr = std::shared_ptr<Call>;
 
-  RemoteReplica(const ReplicaEndpoint& ep, std::unique_ptr<Transport> t);
+  // A connection made and handshaken (TLS, HELLO, CLIENT_FEATURES).
+  struct Dialed {
+    std::unique_ptr<Transport> t;
+    RecvBuffer rbuf;
+    rp::ReplyHeader hello;
+    uint32_t depth = 0;
+    uint32_t max_io = 0;
+    uint64_t features = 0;
+    bool goaway = false;  // both sides announced kFeatureGoAway
+  };
+  static Status Dial(const ReplicaEndpoint& ep, int64_t deadline_ms, Dialed* d);
+
+  RemoteReplica(const ReplicaEndpoint& ep, Dialed* d);
 
   static CallPtr NewCall(uint8_t op, uint64_t epoch, uint64_t off, uint64_t len, uint16_t flags = 0);
   // READ / READ_LAYER (with layer_id) in frames of at most max_io_ bytes, all in flight at once.
@@ -127,12 +154,17 @@ class RemoteReplica final : public ReplicaBackend {
 
   void SenderLoop();
   void ReaderLoop();
+  // After a GOAWAY, once nothing sent is unanswered: half-close, connect again, resume.
+  // False when the connection is lost instead (torn down, or closed).
+  bool Reconnect();
 
+  const ReplicaEndpoint ep_;
   const std::string id_;
   const uint32_t io_timeout_ms_;
-  std::unique_ptr<Transport> t_;
+  std::unique_ptr<Transport> t_;  // replaced only by Reconnect, under mu_, with nothing being sent
   std::atomic<uint64_t> size_{0};  // from HELLO, then from the `value` of state replies
-  uint64_t features_ = 0;          // kFeature* the server announced in HELLO
+  std::atomic<uint64_t> features_{0};  // kFeature* the server announced in HELLO
+  std::atomic<uint64_t> reconnects_{0};
   uint32_t depth_ = kMaxInflight;
   uint32_t max_io_ = rp::kMaxIoBytes;
   std::atomic<uint64_t> epoch_{0};
@@ -151,6 +183,12 @@ class RemoteReplica final : public ReplicaBackend {
   int dead_errno_ = 0;                       // set once: the connection is gone
   bool closed_ = false;
   int64_t last_send_ms_ = 0;
+  bool goaway_ok_ = false;         // this connection may carry a GOAWAY (both announced it)
+  bool goaway_ = false;            // GOAWAY received: send nothing more on this connection
+  int64_t goaway_deadline_ms_ = 0; // connected again by then, or the connection is lost
+  bool sending_ = false;           // the sender is writing a batch
+  std::condition_variable sending_cv_;
+  std::condition_variable reconnect_cv_;
   std::mutex close_mu_;
   std::mutex listener_mu_;                   // held while the listener runs, and by Set
   FailureListener on_failure_;

@@ -81,7 +81,11 @@ enum Op : uint8_t {
   // Grows the replica to `length` bytes. Sent only to a server whose HELLO reply announced
   // kFeatureGrow: an older one answers it PROTOCOL_ERROR (unknown op).
   kOpGrow = 25,
-  kOpMax = 25,
+  // u64 bits (kFeature*) the client implements, in `length`; no payload. Sent once, right
+  // after HELLO, and only to a server whose HELLO reply announced kFeatureGoAway (an older
+  // server never sees it). Answered with OK and, in `value`, the bits both sides know.
+  kOpClientFeatures = 26,
+  kOpMax = 26,
 };
 
 inline const char* OpName(uint8_t op) {
@@ -90,7 +94,7 @@ inline const char* OpName(uint8_t op) {
                                       "MARK_CLEAN", "LIST_LAYERS",    "LAYER_EXTENTS", "READ_LAYER",   "SNAPSHOT",
                                       "DELETE_SNAPSHOT", "REVERT",    "ADOPT_CHAIN",   "LAYER_DIGEST", "WRITE_LAYER",
                                       "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES", "SET_REPLICA_SET", "PEEK_REPLICA_SET",
-                                      "GROW"};
+                                      "GROW",       "CLIENT_FEATURES"};
   return op <= kOpMax ? names[op] : "?";
 }
 
@@ -403,7 +407,15 @@ constexpr uint32_t kHelloReplyBytes = 16;
 // The server knows kOpGrow, and every reply that carries state (kStateValid) carries the
 // replica's size in `value` (older servers leave it 0 there).
 constexpr uint64_t kFeatureGrow = 1;
-constexpr uint64_t kFeaturesKnown = kFeatureGrow;
+// GOAWAY. From a server: it knows kOpClientFeatures and may send GOAWAY to clients that
+// announced this bit with it. From a client (in CLIENT_FEATURES): it handles GOAWAY.
+constexpr uint64_t kFeatureGoAway = 2;
+constexpr uint64_t kFeaturesKnown = kFeatureGrow | kFeatureGoAway;
+
+// GOAWAY: a reply frame with seq 0 and this code (outside util/status.h's Code range, so no
+// client that did not ask for it could take it for an answer), errno 0, no payload. The
+// server answers every request it receives until the client half-closes, then closes.
+constexpr uint16_t kCodeGoAway = 0x100;
 
 }  // namespace rp
 }  // namespace mooring

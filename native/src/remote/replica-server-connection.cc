@@ -251,6 +251,10 @@ void ReplicaServerConnection::ReadLoop() {
       }
       last_rx_ms_.store(MonotonicMs());
     }
+    if (h.op == kOpClientFeatures) {
+      ClientFeatures(std::move(r));
+      continue;
+    }
     uint64_t reply_bytes = (h.op == kOpRead || h.op == kOpReadLayer) ? std::min<uint64_t>(h.length, kMaxIoBytes) : 0;
     r->budget_bytes = h.payload_len + reply_bytes + kRequestHeaderBytes;
     {
@@ -264,6 +268,46 @@ void ReplicaServerConnection::ReadLoop() {
     r.release();
     ctx_->pool->Submit(&b);
   }
+}
+
+void ReplicaServerConnection::ClientFeatures(std::unique_ptr<Request> r) {
+  const RequestHeader& h = r->h;
+  r->reply = ReplyHeader();
+  r->reply.seq = h.seq;
+  r->budget_bytes = 0;
+  ctx_->requests.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (h.flags != 0 || h.reserved != 0 || h.payload_len != 0 || h.offset != 0 || h.epoch != 0) {
+    SetError(r.get(), Code::kProtocolError, "CLIENT_FEATURES: malformed");
+  } else if (client_features_seen_) {
+    SetError(r.get(), Code::kProtocolError, "CLIENT_FEATURES: sent twice");
+  } else {
+    client_features_seen_ = true;
+    client_features_ = h.length & kFeaturesKnown;  // bits we do not know are ignored
+    r->reply.value = client_features_;
+  }
+  r->payload = std::vector<uint8_t>();
+  r->reply.payload_len = static_cast<uint32_t>(r->reply_payload.size());
+  EncodeReply(r->reply, r->reply_head);
+  ++inflight_;
+  out_.push_back(r.release());
+  out_cv_.notify_one();
+}
+
+bool ReplicaServerConnection::GoAway() {
+  std::unique_ptr<Request> r(new Request());
+  r->conn = this;
+  r->reply.seq = 0;
+  r->reply.code = kCodeGoAway;
+  EncodeReply(r->reply, r->reply_head);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!(client_features_ & kFeatureGoAway) || writer_exit_ || dead_.load()) return false;
+  if (goaway_sent_) return true;
+  goaway_sent_ = true;
+  ++inflight_;  // the writer frees it like a reply
+  out_.push_back(r.release());
+  out_cv_.notify_one();
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -548,6 +592,8 @@ void ReplicaServerConnection::Dispatch(Request* r) {
       if (!no_payload()) return;
       r->reply.value = rep->AllocatedBytes();
       return;
+    case kOpClientFeatures:  // handled by the reader (ClientFeatures); never dispatched
+      return bad("unexpected");
     default:
       return bad("unknown op " + std::to_string(h.op));
   }

@@ -56,6 +56,10 @@ class ReplicaServerConnection {
   void RequestStop();
   bool finished() const { return finished_.load(); }
   void Join();
+  // Sends GOAWAY if the client announced kFeatureGoAway (CLIENT_FEATURES) and returns true:
+  // the connection keeps reading and answering until the client half-closes, then closes.
+  // False (nothing sent) for a client that did not announce it.
+  bool GoAway();
 
  private:
   struct Request : WorkerPool::Job {
@@ -85,6 +89,9 @@ class ReplicaServerConnection {
   void SetStatus(Request* r, const Status& st);
   void SetState(Request* r);
   void Enqueue(Request* r);
+  // CLIENT_FEATURES, on the reader thread: records the bits and queues the reply under the
+  // same lock GoAway() takes, so a GOAWAY never overtakes that reply.
+  void ClientFeatures(std::unique_ptr<Request> r);
 
   ReplicaServerContext* const ctx_;
   std::unique_ptr<Transport> t_;
@@ -108,6 +115,9 @@ class ReplicaServerConnection {
   uint32_t inflight_ = 0;
   uint64_t inflight_bytes_ = 0;
   bool writer_exit_ = false;
+  uint64_t client_features_ = 0;     // under mu_: what CLIENT_FEATURES announced
+  bool client_features_seen_ = false;  // under mu_
+  bool goaway_sent_ = false;           // under mu_
 };
 
 }  // namespace mooring

@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "net/acceptor.h"
 #include "remote/replica-server-connection.h"
@@ -32,6 +34,8 @@ constexpr uint32_t kTimeoutMaxMs = 3600 * 1000;
 
 class ReplicaServerImpl final : public ReplicaServer {
  public:
+  static constexpr int kGoAwayPollMs = 5;
+
   explicit ReplicaServerImpl(const ReplicaServerOptions& opts) { ctx_.opts = opts; }
 
   ~ReplicaServerImpl() override {
@@ -79,6 +83,43 @@ class ReplicaServerImpl final : public ReplicaServer {
     s.bytes_read = ctx_.bytes_read.load();
     s.bytes_written = ctx_.bytes_written.load();
     return s;
+  }
+
+  Status GoAway(uint32_t timeout_ms, ReplicaServerGoAway* out) override {
+    std::lock_guard<std::mutex> lock(close_mu_);
+    *out = ReplicaServerGoAway();
+    if (closed_) return Status::Error(Code::kClosed, "replica server is closed", EBADF);
+    acceptor_.Pause();  // connections stay listed (no reaping) until Close()
+    const int64_t deadline = MonotonicMs() + timeout_ms;
+    std::vector<ReplicaServerConnection*> all = acceptor_.Connections();
+    std::vector<ReplicaServerConnection*> draining;
+    for (ReplicaServerConnection* c : all) {
+      if (c->finished()) continue;
+      if (c->GoAway()) {
+        draining.push_back(c);
+      } else {
+        c->RequestStop();
+        ++out->closed;
+      }
+    }
+    auto all_finished = [](const std::vector<ReplicaServerConnection*>& v) {
+      for (ReplicaServerConnection* c : v)
+        if (!c->finished()) return false;
+      return true;
+    };
+    while (!all_finished(draining) && MonotonicMs() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(kGoAwayPollMs));
+    for (ReplicaServerConnection* c : draining) {
+      if (c->finished()) {
+        ++out->goaway;
+      } else {
+        c->RequestStop();
+        ++out->timed_out;
+      }
+    }
+    // Stopped connections answer what they have in flight, then release their replicas.
+    while (!all_finished(all)) std::this_thread::sleep_for(std::chrono::milliseconds(kGoAwayPollMs));
+    return Status::Ok();
   }
 
   Status Close() override {

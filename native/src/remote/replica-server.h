@@ -48,6 +48,13 @@ struct ReplicaServerStats {
   uint64_t bytes_written = 0;    // data written to replicas for clients
 };
 
+// What GoAway() did, by connection.
+struct ReplicaServerGoAway {
+  uint64_t goaway = 0;     // sent GOAWAY; the client half-closed within the timeout
+  uint64_t timed_out = 0;  // sent GOAWAY; closed by the server when the timeout passed
+  uint64_t closed = 0;     // client without the feature (or mid-handshake): closed as by Close()
+};
+
 class ReplicaServer {
  public:
   virtual ~ReplicaServer() = default;
@@ -60,6 +67,14 @@ class ReplicaServer {
   // (bounded by a drain timeout), closes every connection and releases its replica.
   // Idempotent; blocks (call it off the JS thread).
   virtual Status Close() = 0;
+  // Graceful hand-over of the clients (docs/replica-protocol.md, "GOAWAY"): stops accepting
+  // (the listening socket stays open: new connects wait in its backlog until Close(), which
+  // resets them, or a successor takes the socket); sends GOAWAY to every connection whose
+  // client announced kFeatureGoAway and answers everything it receives until that client
+  // half-closes; closes the other connections as Close() does. After timeout_ms, connections
+  // still open are closed as Close() does. Returns once every connection has closed and
+  // released its replica. The server accepts nothing afterwards: Close() it. Blocks.
+  virtual Status GoAway(uint32_t timeout_ms, ReplicaServerGoAway* out) = 0;
 };
 
 }  // namespace mooring

@@ -32,6 +32,8 @@ Transport::~Transport() { close(fd_); }
 
 void Transport::Shutdown() { shutdown(fd_, SHUT_RDWR); }
 
+void Transport::ShutdownWrite() { shutdown(fd_, SHUT_WR); }
+
 namespace {
 
 class PlainTransport final : public Transport {
@@ -111,6 +113,16 @@ class TlsTransport final : public Transport {
     int r = SSL_write_ex(ssl_, gather_, n, &put);
     if (r == 1) return static_cast<ssize_t>(put);
     return Failure(r, want, false);
+  }
+
+  void ShutdownWrite() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ERR_clear_error();
+      SSL_shutdown(ssl_);  // sends close_notify (non-blocking: best effort)
+      ERR_clear_error();
+    }
+    Transport::ShutdownWrite();
   }
 
   Status Handshake(int64_t deadline_ms, int wake_fd) override {

@@ -41,6 +41,9 @@ class Transport {
   virtual Status Handshake(int64_t deadline_ms, int wake_fd) { return Status::Ok(); }
   // Any thread: ends both directions, so blocked pollers wake up.
   void Shutdown();
+  // Ends our direction only (TLS: close_notify first, best effort); the peer reads EOF and
+  // may still send. The GOAWAY half-close (docs/replica-protocol.md).
+  virtual void ShutdownWrite();
 
  protected:
   const int fd_;

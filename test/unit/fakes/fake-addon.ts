@@ -29,6 +29,7 @@ import type {
   NativeReplicaMode,
   NativeReplicaServer,
   NativeReplicaSet,
+  NativeReplicaServerGoAway,
   NativeReplicaServerOptions,
   NativeReplicaServerStats,
   NativeReplicaState,
@@ -540,6 +541,10 @@ export class FakeReplicaServer implements NativeReplicaServer {
   async close(): Promise<void> {
     this.closed = true;
     if (this.addon.replicaServers.get(this.port) === this) this.addon.replicaServers.delete(this.port);
+  }
+  /** No connections in the fake: nothing to hand over. */
+  async goAway(_timeoutMs: number): Promise<NativeReplicaServerGoAway> {
+    return { goaway: 0, timedOut: 0, closed: 0 };
   }
 }
 
