@@ -574,6 +574,22 @@ export class LocalDataEngine implements DataEngine {
   }
 
   /**
+   * In-place upgrade: tells every engine elsewhere that reads a replica here to drain and
+   * reconnect (replica protocol GOAWAY, docs/replica-protocol.md), so they reach the
+   * successor's replica server at the same address without dropping the replica. Waits
+   * until they have let go, or `timeoutMs`. Clients that predate GOAWAY are disconnected
+   * (their replica goes ERR and is rebuilt, as after a crash).
+   *
+   * @internal
+   */
+  async goAwayReplicaClients(timeoutMs: number): Promise<{ goaway: number; timedOut: number; closed: number }> {
+    this.#assertOpen();
+    if (!this.#server) return { goaway: 0, timedOut: 0, closed: 0 };
+    const server = this.#server;
+    return callNative(() => server.goAway(timeoutMs), `data engine ${this.hostId}: sending GOAWAY to replica clients`);
+  }
+
+  /**
    * In-place upgrade: starts an engine (options as {@link startEngine}, without `nbd`) with
    * an export handed over by the old process (`record`: adopted frozen; the caller unfreezes
    * it once the hand-off is committed) or kept frozen by this one (`resume`, a rollback:

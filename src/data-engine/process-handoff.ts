@@ -8,8 +8,9 @@
  * which connects. Then, over the channel:
  *
  *   N → O  HELLO {version}
- *          O freezes every export, stops its engines (flushed, clean), closes its data engine
- *          (replica server, directory lock)
+ *          O freezes every export, stops its engines (flushed, clean), sends GOAWAY to the
+ *          engines elsewhere that read its replicas, closes its data engine (replica server,
+ *          directory lock)
  *   O → N  MANIFEST {engines: [{volume, refs, ioTimeoutMs, quorumHoldMs, epoch, nbd}]}, then
  *          one NBD record per engine with `nbd`, in manifest order
  *          N opens the data engine, starts each engine at `epoch`, adopts its export frozen
@@ -47,6 +48,8 @@ export const HANDOFF_LIMITS = {
   readyTimeoutMs: 60_000,
   /** From READY to COMMIT, and from COMMIT to RELEASED, on the successor's side. */
   commitTimeoutMs: 30_000,
+  /** How long O waits for replica clients elsewhere to let go after GOAWAY. */
+  goAwayTimeoutMs: 5_000,
   /** How long O waits for an aborted successor to exit before it kills it. */
   abortExitMs: 10_000,
 } as const;
@@ -182,6 +185,9 @@ export async function handOffToSuccessor(o: HandOffOptions): Promise<HandOffOutc
   }
   let reason: MooringError;
   try {
+    // Engines elsewhere reading replicas here drain and reconnect (to the successor's
+    // replica server, at the same address) instead of dropping them.
+    await o.de.goAwayReplicaClients(HANDOFF_LIMITS.goAwayTimeoutMs);
     await o.de.close();
     const engines: ManifestEngine[] = handed.map((h) => ({ volume: h.volume, refs: h.refs, ioTimeoutMs: h.ioTimeoutMs, quorumHoldMs: h.quorumHoldMs ?? null, epoch: o.epochs.get(h.volume)!.epoch, nbd: h.nbd !== null }));
     await send(ch, { type: 'MANIFEST', engines });

@@ -4,7 +4,8 @@
 // the entire session. Every host's process is replaced by a successor; the client never sees
 // an error and never reconnects (its socket stays open; the export's connection count stays
 // 1); the engine on a serves at a newer epoch, in another process; every acknowledged write
-// reads back, and every replica is RW at the end.
+// reads back, every replica is RW at the end, and none was ever dropped or rebuilt: the
+// engine's connections to the replica servers of b and c drain and reconnect on GOAWAY.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -77,6 +78,11 @@ describe('upgrade session in place: NBD client connected throughout', () => {
       }
     });
 
+    // Replicas that drop out of an engine (and get rebuilt) would show here.
+    const dropped: string[] = [];
+    cluster.on('data-engine-event', (host, e) => {
+      if (e.type === 'replica-error' || e.type === 'rebuild-started') dropped.push(`${host}: ${e.type} ${e.volume}/${e.replicaId}`);
+    });
     const session = await cluster.startUpgrade({ dataEngine: { version: packageVersion(), command: [process.execPath, join(repoRoot, 'dist/cli.js')] }, stepTimeoutMs: 120_000 });
     const log: string[] = [];
     const pauses: number[] = [];
@@ -94,6 +100,8 @@ describe('upgrade session in place: NBD client connected throughout', () => {
     expect(pauses).toHaveLength(3);
     expect(failures).toEqual([]);
     expect(closed).toBe(false);
+    // Replica clients were told to go away and came back: no replica dropped, none rebuilt.
+    expect(dropped).toEqual([]);
     for (const h of hosts) successors.add((JSON.parse(readFileSync(join(h.opts.dir, 'data-engine.lock'), 'utf8')) as { pid: number }).pid);
     const engine = await cluster.volume('vm').engine();
     expect(engine).toMatchObject({ hostId: 'a', role: 'active' });
