@@ -3,7 +3,7 @@
 // its own gRPC unix socket. A host can be killed (SIGKILL), stopped and resumed
 // (SIGSTOP/SIGCONT: a network partition as far as its peers can tell) and restarted on the
 // same addresses with the same directory, as a rebooted host would be.
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
@@ -87,16 +87,48 @@ export class HostProcess {
     this.proc?.child.kill('SIGCONT');
   }
 
-  /** SIGTERM: a clean stop (engines drain and flush). */
+  /**
+   * SIGTERM: a clean stop (engines drain and flush). A successor that took the directory
+   * over (an upgrade started it, detached: not our child) is stopped the same way.
+   */
   async stop(): Promise<void> {
     await this.client?.close().catch(() => undefined);
     this.client = null;
     if (this.proc?.alive) await this.proc.stop('SIGTERM', 30_000);
+    await stopDirectoryOwner(this.opts.dir);
   }
 
   diagnostics(): string {
     return this.proc ? this.proc.diagnostics() : `\n(host ${this.hostId} never started)`;
   }
+}
+
+/** The pid in a data-engine directory's lock file (the process that owns it), or null. */
+export function directoryOwner(dir: string): number | null {
+  try {
+    return (JSON.parse(readFileSync(join(dir, 'data-engine.lock'), 'utf8')) as { pid: number }).pid;
+  } catch {
+    return null;
+  }
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+// SIGTERM to the process owning the directory, if it still runs; SIGKILL after 30 s.
+async function stopDirectoryOwner(dir: string): Promise<void> {
+  const pid = directoryOwner(dir);
+  if (pid === null || pid === process.pid || !alive(pid)) return;
+  process.kill(pid, 'SIGTERM');
+  const deadline = Date.now() + 30_000;
+  while (alive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  if (alive(pid)) process.kill(pid, 'SIGKILL');
 }
 
 /** N hosts a, b, c... on 127.0.0.11.. with replica ports basePort + i. */

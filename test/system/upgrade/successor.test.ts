@@ -4,7 +4,6 @@
 // real hosts; a 3-replica volume attached on a keeps its data and comes back at a new
 // epoch. A successor outside the allowed prefix is refused while the old process keeps
 // serving, and the session ends in error saying why.
-import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
@@ -12,16 +11,11 @@ import type { MooringError } from '../../../src/errors.js';
 import { Mooring } from '../../../src/mooring.js';
 import { packageVersion } from '../../../src/native/load.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
-import { makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
+import { directoryOwner, makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { killAllServers } from '../helpers/serve.js';
 import { TempDir, qemuIo, repoRoot } from '../helpers/tools.js';
 
 const MiB = 1 << 20;
-
-// The pid holding a host's data-engine directory (the successor, once it runs).
-function ownerPid(h: HostProcess): number {
-  return (JSON.parse(readFileSync(join(h.opts.dir, 'data-engine.lock'), 'utf8')) as { pid: number }).pid;
-}
 
 function alive(pid: number): boolean {
   try {
@@ -38,7 +32,6 @@ describe('upgrade with the data engines starting their own successors', () => {
   let cluster: Mooring;
   let store: FileStateStore;
   const version = packageVersion();
-  const successors = new Set<number>();
   const uri = (): string => `nbd+unix:///?socket=${tmp.join('vm.sock')}`;
 
   beforeAll(async () => {
@@ -58,8 +51,6 @@ describe('upgrade with the data engines starting their own successors', () => {
     await cluster?.close();
     await store?.close();
     for (const h of hosts) await h.stop().catch(() => undefined);
-    // The successors run detached from the test's children: stop them by pid.
-    for (const pid of successors) if (alive(pid)) process.kill(pid, 'SIGKILL');
     await killAllServers();
     tmp.cleanup();
   });
@@ -80,7 +71,7 @@ describe('upgrade with the data engines starting their own successors', () => {
 
   it('replaces every host by its successor; the volume keeps its data, at a new epoch', async () => {
     const epoch = (await cluster.volume('vm').status()).epoch;
-    const pids = hosts.map(ownerPid);
+    const pids = hosts.map((h) => directoryOwner(h.opts.dir)!);
     const command = [process.execPath, join(repoRoot, 'dist/cli.js')];
     const session = await cluster.startUpgrade({ dataEngine: { version, command }, method: 'restart', stepTimeoutMs: 120_000 });
     const log: string[] = [];
@@ -90,8 +81,7 @@ describe('upgrade with the data engines starting their own successors', () => {
     });
     expect(done.state).toBe('completed');
     for (const [i, h] of hosts.entries()) {
-      const pid = ownerPid(h);
-      successors.add(pid);
+      const pid = directoryOwner(h.opts.dir)!;
       expect(pid).not.toBe(pids[i]);
       expect(alive(pid)).toBe(true);
       // The old process exited by itself once its successor was started.
