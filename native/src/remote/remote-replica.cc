@@ -13,15 +13,20 @@ using namespace rp;  // NOLINT: wire constants
 
 namespace {
 
-// Handshake on a connected transport: HELLO out, its reply in, before deadline_ms.
-Status Hello(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t deadline_ms, ReplyHeader* rh,
-             uint8_t* extra) {
-  WaitFn wait = [&](short want) -> int {
+// Waits for `t` to be ready until an absolute deadline (the handshake's bound).
+WaitFn UntilDeadline(Transport* t, int64_t deadline_ms) {
+  return [t, deadline_ms](short want) -> int {
     int64_t left = deadline_ms - MonotonicMs();
     if (left <= 0) return -ETIMEDOUT;
     int p = PollFdOrWake(t->fd(), want, -1, static_cast<int>(left));
     return p < 0 ? p : 0;
   };
+}
+
+// Handshake on a connected transport: HELLO out, its reply in, before deadline_ms.
+Status Hello(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t deadline_ms, ReplyHeader* rh,
+             uint8_t* extra) {
+  const WaitFn wait = UntilDeadline(t, deadline_ms);
   RequestHeader h;
   h.op = kOpHello;
   h.seq = 0;
@@ -64,12 +69,7 @@ int ErrnoOfReply(const ReplyHeader& r) {
 // bits both sides know in *agreed.
 Status ClientFeatures(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t deadline_ms, uint64_t bits,
                       uint64_t* agreed) {
-  WaitFn wait = [&](short want) -> int {
-    int64_t left = deadline_ms - MonotonicMs();
-    if (left <= 0) return -ETIMEDOUT;
-    int p = PollFdOrWake(t->fd(), want, -1, static_cast<int>(left));
-    return p < 0 ? p : 0;
-  };
+  const WaitFn wait = UntilDeadline(t, deadline_ms);
   RequestHeader h;
   h.op = kOpClientFeatures;
   h.seq = 0;
