@@ -112,7 +112,8 @@ export function directoryOwner(dir: string): number | null {
   }
 }
 
-function alive(pid: number): boolean {
+/** Whether a process with this pid exists. */
+export function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;

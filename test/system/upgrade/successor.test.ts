@@ -11,20 +11,11 @@ import type { MooringError } from '../../../src/errors.js';
 import { Mooring } from '../../../src/mooring.js';
 import { packageVersion } from '../../../src/native/load.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
-import { directoryOwner, makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
+import { alive, directoryOwner, makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { killAllServers } from '../helpers/serve.js';
 import { TempDir, qemuIo, repoRoot } from '../helpers/tools.js';
 
 const MiB = 1 << 20;
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 describe('upgrade with the data engines starting their own successors', () => {
   const tmp = new TempDir();
