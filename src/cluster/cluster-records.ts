@@ -10,7 +10,7 @@
 import type { AccessMode } from '../attachment/attachment-reconciler.js';
 import { checkParameters, checkTicketIdentity, type AttachmentTicket, type AttachmentTicketStatus, type Frontend } from '../attachment/attachment-ticket.js';
 import { MooringError } from '../errors.js';
-import { RecordFields } from '../state/record-fields.js';
+import { RecordFields, isObject } from '../state/record-fields.js';
 import { NAME_PATTERN, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN, VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 
 /**
@@ -204,7 +204,6 @@ export function parseAttachmentRecord(v: unknown, key: string): AttachmentRecord
   const f: RecordFields = new RecordFields(KIND.attachment, key, v);
   const tickets = f.list('tickets', ATTACHMENT_TICKETS_MAX);
   const statuses = f.list('statuses', ATTACHMENT_TICKETS_MAX);
-  const isObject = (x: unknown): x is Record<string, unknown> => typeof x === 'object' && x !== null && !Array.isArray(x);
   const r: AttachmentRecord = {
     schema: schemaOf(f),
     volume: f.str('volume', NAME_PATTERN),

@@ -10,7 +10,8 @@ import { MooringError } from '../errors.js';
 /** Longest string a field may hold unless told otherwise. */
 const STRING_LENGTH_MAX = 4096;
 
-function isObject(v: unknown): v is Record<string, unknown> {
+/** Whether a stored value is a plain object (not null, not an array). */
+export function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
