@@ -301,5 +301,6 @@ async function stopProcess(pid: number): Promise<void> {
   const deadline = Date.now() + HANDOFF_LIMITS.abortExitMs;
   while (!gone() && Date.now() < deadline) await sleep(50);
   if (!gone()) process.kill(pid, 'SIGKILL');
-  while (!gone()) await sleep(20);
+  // Bounded: a child that is not reaped yet still answers kill(pid, 0).
+  for (let i = 0; i < 250 && !gone(); i++) await sleep(20);
 }
