@@ -166,6 +166,14 @@ describe('a session over three hosts (method restart)', () => {
     expect((err.details!['reasons'] as { code: string; host: string }[]).map((r) => `${r.code} ${r.host}`)).toEqual(['NO_LAUNCHER a', 'NO_LAUNCHER b']);
   });
 
+  it('takes method in-place, and refuses it up front where the host cannot hand over in place', async () => {
+    const { cp, volume } = await setup();
+    await volume(['a']);
+    const err = (await cp.upgrade.start({ dataEngine: NEW, method: 'in-place', hosts: ['a'] }).catch((e: unknown) => e)) as MooringError;
+    expect(err.code).toBe('PRECONDITION_FAILED');
+    expect((err.details!['reasons'] as { code: string; host: string }[]).map((r) => `${r.code} ${r.host}`)).toContain('IN_PLACE_UNAVAILABLE a');
+  });
+
   it('rejects bad options with INVALID_ARGUMENT and a second session with BUSY', async () => {
     const { l, cp, volume } = await setup();
     for (const bad of [{}, { dataEngine: { version: '1' } }, { dataEngine: { version: '1', command: [], path: '/x' } }, { dataEngine: NEW, hosts: ['a', 'a'] }, { dataEngine: NEW, method: 'teleport' }, { dataEngine: NEW, hosts: ['../x'] }]) {
