@@ -92,6 +92,39 @@ describe('engine over real replicas', () => {
       await assertReplicasIdentical(replicas, { expected });
     });
 
+    it('reconciles at open only when a replica was not closed cleanly before the claim', async () => {
+      const replicas = await createReplicas(s.path('clean-open'), 3, 4 * MiB);
+      // The open's events come in one batch (the claim, then any reconcile), possibly after
+      // open resolved: wait for the claim's.
+      const kinds = async (e: LocalEngine): Promise<string[]> => {
+        const got = e.openEvents.map((x) => x.type);
+        e.on('epoch-claimed', () => got.push('epoch-claimed'));
+        e.on('reconciled', () => got.push('reconciled'));
+        await waitFor('the open events', () => got.includes('epoch-claimed'));
+        return got;
+      };
+      const first = await openEngine(replicas);
+      await first.write(0, pattern(80, 64 * 1024));
+      await first.close();
+      // Closed cleanly: the next engine's claim finds every replica clean, so nothing is
+      // compared or copied (the claim's own "not clean" mark does not count).
+      const second = await openEngine(replicas);
+      expect(await kinds(second)).not.toContain('reconciled');
+      await second.write(64 * 1024, pattern(81, 4096));
+      await second.close();
+      // A writer that claimed r1 alone and wrote there went away without closing: r1 is not
+      // clean and differs, so the next engine reconciles, and the replicas end identical.
+      const stray = nextEpoch();
+      await withReplica(replicaDir(replicas, 'r1'), async (x) => {
+        await x.claimEpoch(stray);
+        await x.write(stray, 0, Buffer.alloc(8192, 0xee));
+      });
+      const third = await openEngine(replicas);
+      expect(await kinds(third)).toContain('reconciled');
+      await third.close();
+      await assertReplicasIdentical(replicas);
+    });
+
     it('fences an older writer that comes back after a newer engine claimed the replicas', async () => {
       const replicas = await createReplicas(s.path('fence-old-writer'), 3, 4 * MiB);
       await (await openEngine(replicas)).close();

@@ -8,9 +8,9 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NativeEngine } from '../../src/native/binding.js';
-import { addon, codeOf, MiB, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
+import { addon, codeOf, MiB, nextEpoch, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
 import { NbdClient } from '../system/helpers/nbd-client.js';
-import { closeAll, CodeNum, endpoint, FrameProxy, type Host, Op, RawClient, startHosts } from './remote-helpers.js';
+import { closeAll, CodeNum, collectEvents, endpoint, FrameProxy, type Host, Op, RawClient, startHosts } from './remote-helpers.js';
 
 const SIZE = 16 * MiB;
 
@@ -95,6 +95,42 @@ describe('engine over remote replicas', () => {
         await r.close();
       }
     }
+  });
+
+  it('skips the reconcile at open when the servers say every replica was clean before the claim', async () => {
+    hosts = await startHosts(s, 3, SIZE);
+    const ports = hosts.map((h) => h.server.port);
+    const open = async (): Promise<{ engine: NativeEngine; kinds: () => string[] }> => {
+      const ev = collectEvents();
+      const engine = await addon().openEngine(engineOptions({ replicas: ports.map((p) => endpoint(p)), onEvents: ev.onEvents }));
+      cleanups.push(() => engine.close());
+      await waitFor('the open events', () => ev.events.some((e) => e.type === 'epoch-claimed'));
+      return { engine, kinds: () => ev.events.map((e) => e.type) };
+    };
+    const first = await open();
+    await first.engine.write(0, pattern(90, 65536));
+    await first.engine.close();
+    // Closed cleanly: the CLAIM_EPOCH replies carry "was clean" (kStateWasClean).
+    const second = await open();
+    expect(second.kinds()).not.toContain('reconciled');
+    await second.engine.write(65536, pattern(91, 4096));
+    await second.engine.close();
+    // A writer claims r0 and goes away without closing: the first claim's reply says the
+    // replica was clean (state bit 4), a second one's does not, and the next engine reconciles.
+    const claimer = await RawClient.open(ports[0]!, 'vol');
+    cleanups.push(async () => claimer.close());
+    claimer.send({ op: Op.CLAIM_EPOCH, seq: 1, epoch: nextEpoch() });
+    const firstClaim = await claimer.reply(1);
+    expect(firstClaim?.code).toBe(CodeNum.OK);
+    expect(firstClaim!.state & 4).toBe(4);
+    claimer.send({ op: Op.CLAIM_EPOCH, seq: 2, epoch: nextEpoch() });
+    const secondClaim = await claimer.reply(2);
+    expect(secondClaim?.code).toBe(CodeNum.OK);
+    expect(secondClaim!.state & 4).toBe(0);
+    claimer.close();
+    const third = await open();
+    expect(third.kinds()).toContain('reconciled');
+    await third.engine.close();
   });
 
   it('keeps up to its depth of requests in flight and no more, and completes them all', async () => {

@@ -82,7 +82,7 @@ Napi::Value ReplicaWrap::ClaimEpoch(const Napi::CallbackInfo& info) {
     auto replica = replica_;
     auto stored = std::make_shared<ReplicaSet>();
     return PinnedTask(
-        info, [replica, epoch, stored]() { return replica->ClaimEpoch(epoch, stored.get()); },
+        info, [replica, epoch, stored]() { return replica->ClaimEpoch(epoch, stored.get(), nullptr); },
         [stored](Napi::Env env) -> Napi::Value {
           if (stored->empty()) return env.Null();
           Napi::Object o = Napi::Object::New(env);

@@ -81,8 +81,11 @@ class ReplicaBackend {
   // replica not clean. After this returns, writes carrying an older epoch are refused
   // with -kErrStaleEpoch and no write carrying an older epoch is still in progress.
   // `stored` (may be null) receives the replica set stored on the replica when the claim
-  // took effect (docs/single-writer.md).
-  virtual Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored) = 0;
+  // took effect (docs/single-writer.md). `was_clean` (may be null) receives whether the
+  // replica was clean just before this claim, read under the same lock as the claim (false
+  // when it cannot be known, e.g. from a replica server that predates the answer): the
+  // engine skips the reconcile only when every RW replica it claimed was.
+  virtual Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored, bool* was_clean) = 0;
   // Durably stores `set` as this replica's replica set. Refused with kStaleEpoch unless
   // set.epoch == epoch() and `set` is newer than the stored one (the same set again is
   // accepted: a retry). kInvalidArgument for a malformed set.

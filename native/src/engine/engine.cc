@@ -113,6 +113,7 @@ struct Slot {
   int last_error = 0;            // guarded by state_mu_
   uint64_t closed_epoch = 0;     // guarded by state_mu_; Replicas() after Close
   bool reported = false;         // guarded by state_mu_: its replica-error event went out already
+  bool clean_at_claim = false;   // under the gate: clean just before this engine's claim (ClaimLocked)
   std::atomic<uint64_t> cached_allocated{0};
 };
 
@@ -576,7 +577,12 @@ Status ReplicatedEngine::ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev)
   }
   Status sts[kMaxReplicas];
   ReplicaSet sets[kMaxReplicas];
-  ForEachParallel(reach, [&](size_t k) { sts[k] = slots_[reach.idx[k]]->backend->ClaimEpoch(e, &sets[k]); });
+  ForEachParallel(reach, [&](size_t k) {
+    Slot& sl = *slots_[reach.idx[k]];
+    bool was_clean = false;
+    sts[k] = sl.backend->ClaimEpoch(e, &sets[k], &was_clean);
+    sl.clean_at_claim = sts[k].ok() && was_clean;
+  });
   uint64_t highest = 0;
   std::string refused;
   for (size_t k = 0; k < reach.n; ++k) {
@@ -980,9 +986,11 @@ Status ReplicatedEngine::Open() {
   CheckLayers(&ev);
   SettleSizeLocked(&ev);
 
+  // The claim itself marks every replica not clean: what counts is whether each was clean
+  // just before it (the last engine flushed them, found them identical and wrote no more).
   bool dirty = false;
   for (const auto& s : slots_)
-    if (s->mode.load() == ReplicaMode::kRW && !s->backend->clean()) dirty = true;
+    if (s->mode.load() == ReplicaMode::kRW && !s->clean_at_claim) dirty = true;
   if (dirty && RwCount() > 1) Reconcile(&ev);
   if (RwCount() == 0) {
     lk.unlock();
@@ -1486,7 +1494,7 @@ Status ReplicatedEngine::FinishRebuildLocked(Slot* slot, const std::vector<std::
   if (sig(want) != sig(have))
     return Status::Error(Code::kIoError, "rebuild target " + slot->id + " ended with a different layer list than " + src.id);
   if (slot->backend->epoch() < epoch_.load()) {
-    st = slot->backend->ClaimEpoch(epoch_.load(), nullptr);
+    st = slot->backend->ClaimEpoch(epoch_.load(), nullptr, nullptr);
     if (!st.ok()) return st;
   }
   st = slot->backend->FinishRebuild();

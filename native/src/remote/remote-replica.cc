@@ -537,7 +537,7 @@ bool RemoteReplica::Reconnect() {
 // ---------------------------------------------------------------------------------------
 // ReplicaBackend.
 
-Status RemoteReplica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
+Status RemoteReplica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored, bool* was_clean) {
   CallPtr c = NewCall(kOpClaimEpoch, epoch, 0, 0);
   c->max_reply = 64 * 1024;  // a replica set: at most 32 + 32 names of 63 bytes
   Status st = RunStatus(c, "CLAIM_EPOCH");
@@ -547,6 +547,7 @@ Status RemoteReplica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
   if (!DecodeReplicaSet(&in, &set) || !in.done())
     return Status::Error(Code::kProtocolError, "replica " + id_ + ": malformed replica set in the CLAIM_EPOCH reply", EPROTO);
   if (stored) *stored = std::move(set);
+  if (was_clean) *was_clean = (c->reply.state & kStateValid) && (c->reply.state & kStateWasClean);
   return Status::Ok();
 }
 

@@ -73,7 +73,7 @@ class RemoteReplica final : public ReplicaBackend {
   bool clean() const override { return clean_.load(); }
   bool rebuilding() const override { return rebuilding_.load(); }
 
-  Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored) override;
+  Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored, bool* was_clean) override;
   Status SetReplicaSet(const ReplicaSet& set) override;
   Status PeekReplicaSet(ReplicaSet* out) override;
   Status MarkClean(uint64_t epoch) override;

@@ -21,7 +21,7 @@ class OfflineReplica final : public ReplicaBackend {
   uint64_t epoch() const override { return 0; }
   bool clean() const override { return false; }
   bool rebuilding() const override { return false; }
-  Status ClaimEpoch(uint64_t, ReplicaSet*) override { return Down(); }
+  Status ClaimEpoch(uint64_t, ReplicaSet*, bool*) override { return Down(); }
   Status SetReplicaSet(const ReplicaSet&) override { return Down(); }
   Status PeekReplicaSet(ReplicaSet*) override { return Down(); }
   Status MarkClean(uint64_t) override { return Down(); }

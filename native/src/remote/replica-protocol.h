@@ -109,6 +109,9 @@ constexpr uint16_t kFlagsKnown = 15;
 constexpr uint16_t kStateValid = 0x8000;
 constexpr uint16_t kStateClean = 1;
 constexpr uint16_t kStateRebuilding = 2;
+// In a CLAIM_EPOCH reply: the replica was clean just before this claim (servers that
+// predate it never set it, and their clients then reconcile, as they always did).
+constexpr uint16_t kStateWasClean = 4;
 
 // --- Little-endian access. ---
 inline void Put16(uint8_t* p, uint16_t v) { p[0] = uint8_t(v); p[1] = uint8_t(v >> 8); }

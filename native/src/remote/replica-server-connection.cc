@@ -439,13 +439,16 @@ void ReplicaServerConnection::Dispatch(Request* r) {
     case kOpClaimEpoch: {
       if (!no_payload()) return;
       ReplicaSet stored;
-      Status st = rep->ClaimEpoch(h.epoch, &stored);
+      bool was_clean = false;
+      Status st = rep->ClaimEpoch(h.epoch, &stored, &was_clean);
       SetStatus(r, st);
       if (st.ok()) {
         PayloadWriter w(&r->reply_payload);
         EncodeReplicaSet(stored, &w);
       }
-      return SetState(r);
+      SetState(r);
+      if (st.ok() && was_clean) r->reply.state |= kStateWasClean;
+      return;
     }
     case kOpPeekReplicaSet: {
       if (!no_payload()) return;

@@ -18,7 +18,7 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   uint64_t epoch() const override { return r_->epoch(); }
   bool clean() const override { return r_->clean(); }
   bool rebuilding() const override { return r_->rebuilding(); }
-  Status ClaimEpoch(uint64_t e, ReplicaSet* stored) override { return Live() ? (WriterScope(token_), r_->ClaimEpoch(e, stored)) : Closed(); }
+  Status ClaimEpoch(uint64_t e, ReplicaSet* stored, bool* was_clean) override { return Live() ? (WriterScope(token_), r_->ClaimEpoch(e, stored, was_clean)) : Closed(); }
   Status SetReplicaSet(const ReplicaSet& set) override { return Live() ? r_->SetReplicaSet(set) : Closed(); }
   Status PeekReplicaSet(ReplicaSet* out) override { return Live() ? r_->PeekReplicaSet(out) : Closed(); }
   Status MarkClean(uint64_t e) override { return Live() ? r_->MarkClean(e) : Closed(); }

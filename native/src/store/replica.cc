@@ -294,7 +294,7 @@ WriterScope::WriterScope(uint64_t token) : prev_(tls_writer_token) { tls_writer_
 WriterScope::~WriterScope() { tls_writer_token = prev_; }
 uint64_t WriterScope::Current() { return tls_writer_token; }
 
-Status Replica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
+Status Replica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored, bool* was_clean) {
   std::lock_guard<std::mutex> ctl(ctl_mu_);
   // Exclusive against the data path: once we hold it no older-epoch write is in flight,
   // and every write that starts after we release it sees the new epoch.
@@ -310,10 +310,12 @@ Status Replica::ClaimEpoch(uint64_t epoch, ReplicaSet* stored) {
     std::lock_guard<std::mutex> g(meta_mu_);
     m = meta_;
   }
+  const bool clean_before = m.clean;
   m.epoch = epoch;
   m.clean = false;
   s = SaveMeta(m);
   if (!s.ok()) return s;
+  if (was_clean) *was_clean = clean_before;
   epoch_ = epoch;
   writer_token_ = WriterScope::Current();
   clean_ = false;

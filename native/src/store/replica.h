@@ -84,7 +84,7 @@ class Replica : public ReplicaBackend {
   uint64_t epoch() const override { return epoch_.load(); }
   bool clean() const override { return clean_.load(); }
 
-  Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored) override;
+  Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored, bool* was_clean) override;
   Status SetReplicaSet(const ReplicaSet& set) override;
   Status PeekReplicaSet(ReplicaSet* out) override;
   Status MarkClean(uint64_t epoch) override;
