@@ -35,7 +35,7 @@ import {
 import type { MooringEvents } from '../mooring.js';
 import type { VolumeEvents, MigrationInfo } from '../volume/volume.js';
 import { EpochAllocator } from './epochs.js';
-import { HOST_UPGRADE_ACTIVE, UPGRADE_KIND, parseHostUpgradeRecord } from '../upgrade/upgrade-records.js';
+import { HOST_UPGRADE_ACTIVE, HOST_UPGRADE_REPLACING, UPGRADE_KIND, parseHostUpgradeRecord } from '../upgrade/upgrade-records.js';
 import { Hosts } from './hosts.js';
 
 /** Settings every controller reads (validated by the facade). */
@@ -196,7 +196,12 @@ export class ControlState {
     let engInfo: EngineInfo | null = null;
     if (eng) {
       const p = await this.hosts.probe(eng.hostId, name);
-      if (p === 'stopped') {
+      if (p === 'stopped' && (await this.#replacing(eng.hostId))) {
+        // Its host's process is being replaced (an upgrade): the engine is between the old
+        // process and the new one, and the upgrade controller brings it back. Starting it
+        // here would restart it under its NBD clients.
+        engState = 'unreachable';
+      } else if (p === 'stopped') {
         if (!mig) await this.store.delete(KIND.engine, name);
         eng = null;
       } else if (p === 'unreachable') {
@@ -221,6 +226,15 @@ export class ControlState {
     for (const r of await this.replicas(volume)) out.push(await this.refOf(r));
     if (out.length === 0) throw new MooringError('NO_HEALTHY_REPLICA', `volume ${volume} has no replicas`);
     return out;
+  }
+
+  // Whether an upgrade session is replacing the host's process now.
+  async #replacing(hostId: string): Promise<boolean> {
+    for (const d of await this.store.list<unknown>(UPGRADE_KIND.host)) {
+      const h = parseHostUpgradeRecord(d.value, d.key);
+      if (h.hostId === hostId && HOST_UPGRADE_REPLACING.has(h.state)) return true;
+    }
+    return false;
   }
 
   /** Hosts an upgrade session holds now (src/upgrade/): no new replicas go there, and their replicas are not replaced. */

@@ -52,6 +52,8 @@ export const HOST_UPGRADE_STATES: readonly HostUpgradeState[] = [
 ];
 /** Host states that keep the host unschedulable (no new replicas, no replacements there). */
 export const HOST_UPGRADE_ACTIVE: ReadonlySet<HostUpgradeState> = new Set(['initializing', 'switching-over', 'upgrading-instance-manager', 'switching-back', 'rebuilding-replica']);
+/** Host states in which its process is being replaced: its engines stop, move or start under the upgrade controller. */
+export const HOST_UPGRADE_REPLACING: ReadonlySet<HostUpgradeState> = new Set(['switching-over', 'upgrading-instance-manager', 'switching-back']);
 /** Session states after which nothing more happens. */
 export const UPGRADE_FINISHED: ReadonlySet<UpgradeState> = new Set(['completed', 'error', 'cancelled']);
 

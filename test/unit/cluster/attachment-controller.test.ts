@@ -2,9 +2,11 @@
 // tickets decide where the engine runs, each start gets a newly allocated epoch, a volume
 // whose host cannot be reached is taken over, an operation's own ticket attaches a detached
 // volume without frontend and leaves nothing behind, and a withdrawn ticket detaches.
+import { randomUUID } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 
 import { KIND } from '../../../src/cluster/cluster-records.js';
+import { UPGRADE_KIND, UPGRADE_SCHEMA_VERSION } from '../../../src/upgrade/upgrade-records.js';
 import { FakeDataEngine } from '../fakes/fake-data-engine.js';
 import { controlFixture } from './control-fixture.js';
 
@@ -33,6 +35,26 @@ describe('AttachmentController', () => {
     expect(events).toContainEqual(['engine-taken-over', { volume: v, fromHost: 'a', toHost: 'c', epoch: st.epoch }]);
     // The old host's ticket went with it.
     expect((await attachment.tickets(v)).map((t) => t.id)).toEqual(['api-c']);
+  });
+
+  it('leaves an engine alone while an upgrade replaces its host\'s process (it is between the old process and the new)', async () => {
+    const { fakes, store, attachment, newVolume } = await controlFixture();
+    const v = await newVolume('rwo', ['a', 'b', 'c']);
+    const st = await attachment.attach(v, { host: 'a', nbd: 'unix:/run/a.sock' });
+    const hostUpgrade = (state: string) => ({
+      schema: UPGRADE_SCHEMA_VERSION, session: randomUUID(), hostId: 'a', state, method: 'in-place', methodReason: 'test',
+      instanceBefore: null, versionBefore: null, versionAfter: null, volumes: {}, error: null, startedMs: null, doneMs: null,
+    });
+    // The old process stopped the engine for the hand-off; the successor has not started it yet.
+    await store.put(UPGRADE_KIND.host, 'a', hostUpgrade('switching-over'));
+    fakes[0]!.engines.delete(v);
+    await attachment.converge(v);
+    expect((await store.get<{ hostId: string; epoch: number }>(KIND.engine, v))?.value).toMatchObject({ hostId: 'a', epoch: st.epoch });
+    expect(FakeDataEngine.epochsGivenFor(v).map((e) => e.call)).toEqual(['startEngine']);
+    // Outside such a step, an engine that stopped is started again (at a new epoch).
+    await store.put(UPGRADE_KIND.host, 'a', hostUpgrade('rebuilding-replica'));
+    await attachment.converge(v);
+    expect(fakes[0]!.engines.get(v)?.epoch).toBeGreaterThan(st.epoch);
   });
 
   it("holds an operation's own ticket: a detached volume attaches without frontend for it, then detaches", async () => {
