@@ -148,7 +148,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     if (takeOver !== undefined) {
       const taken = await takeOverFromPredecessor({ addon, socketPath: takeOver, start: openDataEngine });
       de = taken.de;
-      ctx.stderr(`mooring: took over ${taken.engines} engine(s) from the previous process, clients connected\n`);
+      ctx.stderr(`mooring: took over ${taken.engines} engine(s) from the previous process, clients connected (data engine opened in ${taken.openMs.toFixed(1)} ms, engines started in ${taken.startMs.toFixed(1)} ms)\n`);
     } else {
       de = await openDataEngine();
     }
@@ -179,6 +179,11 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
                   reopen: openDataEngine,
                 });
                 if (out.committed) {
+                  const st = out.steps;
+                  ctx.stderr(
+                    `mooring: ${out.engines} engine(s) handed over, exports frozen ${out.pauseMs.toFixed(1)} ms (detach ${st.detachMs.toFixed(1)}, ` +
+                      `replica clients away ${st.goAwayMs.toFixed(1)}, close ${st.closeMs.toFixed(1)}, successor ready ${st.successorMs.toFixed(1)})\n`,
+                  );
                   wake({ kind: 'handed-off', release: out.release });
                   return { committed: true, error: null, pauseMs: out.pauseMs, engines: out.engines };
                 }

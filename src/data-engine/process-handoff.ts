@@ -114,6 +114,18 @@ export interface HandOffProcessResult {
   engines: number;
 }
 
+/** Where the frozen time of a committed hand-off went, in ms (for the log). */
+export interface HandOffSteps {
+  /** Freezing the exports, detaching them and stopping the engines (drain, flush). */
+  detachMs: number;
+  /** Replica clients elsewhere draining and letting go (GOAWAY). */
+  goAwayMs: number;
+  /** Closing this process's data engine. */
+  closeMs: number;
+  /** Sending the exports, and the successor opening its data engine and starting the engines (until READY). */
+  successorMs: number;
+}
+
 /** What the old side needs. */
 export interface HandOffOptions {
   addon: NativeAddon;
@@ -132,7 +144,7 @@ export interface HandOffOptions {
 /** How a hand-off ended on the old side. */
 export type HandOffOutcome =
   /** The successor serves every engine; send RELEASED once the gRPC address is free, then exit. */
-  | { committed: true; pauseMs: number; engines: number; release(): Promise<void> }
+  | { committed: true; pauseMs: number; engines: number; steps: HandOffSteps; release(): Promise<void> }
   /** Nothing moved for good: `de` (a new data engine, or the same one if nothing had been touched) serves every engine again. */
   | { committed: false; reason: MooringError; de: LocalDataEngine };
 
@@ -187,21 +199,27 @@ export async function handOffToSuccessor(o: HandOffOptions): Promise<HandOffOutc
   try {
     // Engines elsewhere reading replicas here drain and reconnect (to the successor's
     // replica server, at the same address) instead of dropping them.
+    const t1 = performance.now();
     await o.de.goAwayReplicaClients(HANDOFF_LIMITS.goAwayTimeoutMs);
+    const t2 = performance.now();
     await o.de.close();
+    const t3 = performance.now();
     const engines: ManifestEngine[] = handed.map((h) => ({ volume: h.volume, refs: h.refs, ioTimeoutMs: h.ioTimeoutMs, quorumHoldMs: h.quorumHoldMs ?? null, epoch: o.epochs.get(h.volume)!.epoch, nbd: h.nbd !== null }));
     await send(ch, { type: 'MANIFEST', engines });
     for (const h of handed) if (h.nbd) await callNative(() => ch.send(h.nbd!.record, HANDOFF_LIMITS.commitTimeoutMs), `hand-off: sending the export of ${h.volume}`);
     const reply = await receive(ch, HANDOFF_LIMITS.readyTimeoutMs, 'READY');
     if (reply.type === 'READY') {
       await send(ch, { type: 'COMMIT' });
-      const pauseMs = performance.now() - t0;
+      const t4 = performance.now();
+      const pauseMs = t4 - t0;
+      const steps = { detachMs: t1 - t0, goAwayMs: t2 - t1, closeMs: t3 - t2, successorMs: t4 - t3 };
       // Our copies of the sockets go; the successor's serve.
       for (const h of handed) if (h.nbd) await h.nbd.export.close().catch(() => undefined);
       return {
         committed: true,
         pauseMs,
         engines: handed.length,
+        steps,
         release: async () => {
           await send(ch, { type: 'RELEASED' }).catch(() => undefined);
           ch.close();
@@ -240,11 +258,13 @@ export interface TakeOverOptions {
  *
  * @throws MooringError on ABORT or any failure, after closing what it opened (the old process keeps the clients)
  */
-export async function takeOverFromPredecessor(o: TakeOverOptions): Promise<{ de: LocalDataEngine; engines: number }> {
+export async function takeOverFromPredecessor(o: TakeOverOptions): Promise<{ de: LocalDataEngine; engines: number; openMs: number; startMs: number }> {
   const api = handOffApi(o.addon);
   const ch = await callNative(() => api.connect(o.socketPath, HANDOFF_LIMITS.helloTimeoutMs), 'hand-off: connecting to the old process');
   let de: LocalDataEngine | null = null;
   const exports: NbdExport[] = [];
+  let t1 = 0;
+  let t2 = 0;
   try {
     await send(ch, { type: 'HELLO', version: HANDOFF_PROTOCOL_VERSION, pid: process.pid });
     const manifest = await receive(ch, HANDOFF_LIMITS.readyTimeoutMs, 'MANIFEST');
@@ -257,14 +277,17 @@ export async function takeOverFromPredecessor(o: TakeOverOptions): Promise<{ de:
       if (r.type !== 'record') throw new MooringError('PROTOCOL_ERROR', `hand-off: expected the export of ${e.volume}, got ${r.type}`);
       records.push(r.record);
     }
+    const t0 = performance.now();
     try {
       de = await o.start();
+      t1 = performance.now();
       let next = 0;
       for (const e of manifest.engines) {
         const options = { volume: e.volume, replicas: e.refs, epoch: e.epoch, ioTimeoutMs: e.ioTimeoutMs, ...(e.quorumHoldMs !== null ? { quorumHoldMs: e.quorumHoldMs } : {}) };
         if (e.nbd) exports.push(await de.startEngineOver(options, { record: records[next++]! }));
         else await de.startEngine(options);
       }
+      t2 = performance.now();
     } catch (err) {
       for (const r of records) r.close();
       await send(ch, { type: 'REFUSED', reason: toMooringError(err).message.slice(0, 1000) }).catch(() => undefined);
@@ -277,7 +300,7 @@ export async function takeOverFromPredecessor(o: TakeOverOptions): Promise<{ de:
     const released = await receive(ch, HANDOFF_LIMITS.commitTimeoutMs, 'RELEASED').catch(() => null);
     if (released !== null && released.type !== 'RELEASED') throw new MooringError('PROTOCOL_ERROR', `hand-off: expected RELEASED, got ${released.type}`);
     ch.close();
-    return { de, engines: manifest.engines.length };
+    return { de, engines: manifest.engines.length, openMs: t1 - t0, startMs: t2 - t1 };
   } catch (err) {
     ch.close();
     // Not committed: our copies of the sockets close without touching the connections
