@@ -574,6 +574,18 @@ export class LocalDataEngine implements DataEngine {
   }
 
   /**
+   * In-place upgrade, before {@link detachEnginesForHandOff}: flushes every engine while its
+   * clients still run, so the flush in the frozen stop has only the last moments' writes to
+   * make durable. A failure is left to that stop, which reports it.
+   *
+   * @internal
+   */
+  async flushEnginesBeforeHandOff(): Promise<void> {
+    this.#assertOpen();
+    await Promise.allSettled([...this.#engines.values()].map((s) => s.engine.flush()));
+  }
+
+  /**
    * In-place upgrade: tells every engine elsewhere that reads a replica here to drain and
    * reconnect (replica protocol GOAWAY, docs/replica-protocol.md), so they reach the
    * successor's replica server at the same address without dropping the replica. Waits

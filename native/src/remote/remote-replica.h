@@ -52,7 +52,7 @@ class RemoteReplica final : public ReplicaBackend {
   static constexpr int kKeepaliveMs = 2000;           // ping after this long without sending
   static constexpr int kDeadlineCheckMs = 100;        // how often outstanding requests are checked
   static constexpr int kAllocatedRefreshMs = 1000;    // AllocatedBytes() refreshes at most this often
-  static constexpr int kReconnectFirstMs = 20;        // GOAWAY reconnect back-off: first wait...
+  static constexpr int kReconnectFirstMs = 5;         // GOAWAY reconnect back-off: first wait...
   static constexpr int kReconnectMaxMs = 500;         // ...doubling up to this
   static constexpr int kReconnectAttemptMs = 1000;    // one connect + handshake attempt at most
 
