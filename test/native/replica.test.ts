@@ -3,7 +3,7 @@
 // index, and damaged metadata. Replicas are opened directly (openReplica) or through a
 // 1-replica LocalEngine where an operation (snapshot, trim) only exists there.
 import { execFileSync, spawnSync } from 'node:child_process';
-import { readFileSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, fsyncSync, openSync, readFileSync, readdirSync, truncateSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -104,6 +104,39 @@ describe('native replica store (real addon)', () => {
         const head = (await r.listLayers()).find((l) => l.head)!;
         // Rebuilt from SEEK_DATA/SEEK_HOLE: whole blocks reached the disk.
         expect(await r.layerExtents(head.id)).toEqual(touchedBlocks(writes));
+      });
+    });
+
+    it('rebuilds its index at open from the file: a thousand extents, and a preallocated range only where written', async () => {
+      const dir = s.path('scan');
+      await addon().createReplica(dir, 16 * MiB);
+      const writes: Array<[number, number]> = [];
+      await withReplica(dir, async (r) => {
+        const epoch = r.epoch();
+        // Every other block of the first 8 MiB: a thousand separate extents.
+        for (let i = 0; i < 1000; i++) {
+          await r.write(epoch, i * 2 * BLOCK, pattern(i, BLOCK));
+          writes.push([i * 2 * BLOCK, BLOCK]);
+        }
+      });
+      const layer = join(dir, readdirSync(dir).find((f) => f.startsWith('layer-'))!);
+      // 1 MiB preallocated (unwritten: it reads as zeros) with one block written into it,
+      // outside the store, the way a crash can leave a file: only that block is data.
+      execFileSync('fallocate', ['-o', String(12 * MiB), '-l', String(MiB), layer]);
+      const fd = openSync(layer, 'r+');
+      try {
+        writeSync(fd, pattern(5000, BLOCK), 0, BLOCK, 12 * MiB + 2 * BLOCK);
+        fsyncSync(fd);
+      } finally {
+        closeSync(fd);
+      }
+      writes.push([12 * MiB + 2 * BLOCK, BLOCK]);
+      await withReplica(dir, async (r) => {
+        const head = (await r.listLayers()).find((l) => l.head)!;
+        expect(await r.layerExtents(head.id)).toEqual(touchedBlocks(writes));
+        expectSame(await r.read(12 * MiB, 2 * BLOCK), Buffer.alloc(2 * BLOCK), 'the preallocated blocks');
+        expectSame(await r.read(12 * MiB + 2 * BLOCK, BLOCK), pattern(5000, BLOCK), 'the block written into them');
+        expectSame(await r.read(998 * 2 * BLOCK, BLOCK), pattern(998, BLOCK), 'a written block');
       });
     });
 

@@ -2,6 +2,8 @@
 // Its metadata (name, parent...) lives in ReplicaMetadata; this is the runtime half.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -25,7 +27,8 @@ class Layer {
   Status Open(uint64_t size_bytes);
   // Sets the file's length to size_bytes and syncs it (the new range is a hole). 0 or -errno.
   int Resize(uint64_t size_bytes);
-  // Rebuilds extents() from SEEK_DATA/SEEK_HOLE, rounded out to whole blocks.
+  // Rebuilds extents() from the file's allocation (FIEMAP, or SEEK_DATA/SEEK_HOLE where
+  // FIEMAP is missing or an extent is preallocated), rounded out to whole blocks.
   Status ScanExtents(uint64_t size_bytes);
   void CloseFile();
 
@@ -43,6 +46,9 @@ class Layer {
   uint32_t num_;
   std::string id_;
   std::string path_;
+  Status ScanRange(off_t from, off_t to);
+  int ScanWithFiemap(off_t end);
+
   int fd_ = -1;
   ExtentMap extents_;
 };

@@ -8,7 +8,7 @@
 // Layers form a tree through `parent`; the head is the only writable layer and the
 // chain read through is head -> parent -> ... -> bottom. Which layer holds each 4 KiB
 // block is kept in memory as extent maps (store/extent-map.h), whose memory grows with
-// allocated extents, not volume size. They are rebuilt on open from SEEK_DATA/SEEK_HOLE.
+// allocated extents, not volume size. They are rebuilt on open from the files (FIEMAP, SEEK_DATA).
 // docs/replica-format.md describes the format and the crash-safety of each operation.
 #pragma once
 
