@@ -35,7 +35,7 @@ import {
 import type { MooringEvents } from '../mooring.js';
 import type { VolumeEvents, MigrationInfo } from '../volume/volume.js';
 import { EpochAllocator } from './epochs.js';
-import { HOST_UPGRADE_ACTIVE, HOST_UPGRADE_REPLACING, UPGRADE_KIND, parseHostUpgradeRecord } from '../upgrade/upgrade-records.js';
+import { HOST_UPGRADE_ACTIVE, HOST_UPGRADE_HANDING_OFF, UPGRADE_KIND, parseHostUpgradeRecord } from '../upgrade/upgrade-records.js';
 import { Hosts } from './hosts.js';
 
 /** Settings every controller reads (validated by the facade). */
@@ -196,9 +196,9 @@ export class ControlState {
     let engInfo: EngineInfo | null = null;
     if (eng) {
       const p = await this.hosts.probe(eng.hostId, name);
-      if (p === 'stopped' && (await this.#replacing(eng.hostId))) {
-        // Its host's process is being replaced (an upgrade): the engine is between the old
-        // process and the new one, and the upgrade controller brings it back. Starting it
+      if (p === 'stopped' && (await this.#handingOff(eng.hostId))) {
+        // Its host's process is handing its engines to a new one (an in-place upgrade): the
+        // engine is between the two, and the upgrade controller brings it back. Starting it
         // here would restart it under its NBD clients.
         engState = 'unreachable';
       } else if (p === 'stopped') {
@@ -228,11 +228,11 @@ export class ControlState {
     return out;
   }
 
-  // Whether an upgrade session is replacing the host's process now.
-  async #replacing(hostId: string): Promise<boolean> {
+  // Whether an upgrade session is handing the host's engines to a new process now.
+  async #handingOff(hostId: string): Promise<boolean> {
     for (const d of await this.store.list<unknown>(UPGRADE_KIND.host)) {
       const h = parseHostUpgradeRecord(d.value, d.key);
-      if (h.hostId === hostId && HOST_UPGRADE_REPLACING.has(h.state)) return true;
+      if (h.hostId === hostId && HOST_UPGRADE_HANDING_OFF.has(h.state)) return true;
     }
     return false;
   }

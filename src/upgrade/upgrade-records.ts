@@ -52,8 +52,13 @@ export const HOST_UPGRADE_STATES: readonly HostUpgradeState[] = [
 ];
 /** Host states that keep the host unschedulable (no new replicas, no replacements there). */
 export const HOST_UPGRADE_ACTIVE: ReadonlySet<HostUpgradeState> = new Set(['initializing', 'switching-over', 'upgrading-instance-manager', 'switching-back', 'rebuilding-replica']);
-/** Host states in which its process is being replaced: its engines stop, move or start under the upgrade controller. */
-export const HOST_UPGRADE_REPLACING: ReadonlySet<HostUpgradeState> = new Set(['switching-over', 'upgrading-instance-manager', 'switching-back']);
+/**
+ * Host states in which its engines may be between two processes (an in-place hand-off):
+ * an engine found stopped there is the upgrade controller's to bring back, not the
+ * reconcile's to start again. (A restart's engines are started again by the reconcile, in
+ * switching-back.)
+ */
+export const HOST_UPGRADE_HANDING_OFF: ReadonlySet<HostUpgradeState> = new Set(['switching-over']);
 /** Session states after which nothing more happens. */
 export const UPGRADE_FINISHED: ReadonlySet<UpgradeState> = new Set(['completed', 'error', 'cancelled']);
 

@@ -51,8 +51,8 @@ describe('AttachmentController', () => {
     await attachment.converge(v);
     expect((await store.get<{ hostId: string; epoch: number }>(KIND.engine, v))?.value).toMatchObject({ hostId: 'a', epoch: st.epoch });
     expect(FakeDataEngine.epochsGivenFor(v).map((e) => e.call)).toEqual(['startEngine']);
-    // Outside such a step, an engine that stopped is started again (at a new epoch).
-    await store.put(UPGRADE_KIND.host, 'a', hostUpgrade('rebuilding-replica'));
+    // In any other step (a restart's switching-back relies on it), an engine that stopped is started again.
+    await store.put(UPGRADE_KIND.host, 'a', hostUpgrade('switching-back'));
     await attachment.converge(v);
     expect(fakes[0]!.engines.get(v)?.epoch).toBeGreaterThan(st.epoch);
   });
