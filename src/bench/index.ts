@@ -24,6 +24,7 @@ import { startMooring, startTarget, type RunningTarget, type TargetContext } fro
 import { isWrite, workloadById, type Workload } from './workloads.js';
 import { measureMigration, type MigrationResults } from './migration.js';
 import { measureRebuild, type RebuildResults } from './rebuild.js';
+import { measureUpgrade, type UpgradeResults } from './upgrade.js';
 import { measureBackingImageDelivery, type BackingImageDeliveryResults } from './backing-image-delivery.js';
 import { measureBackingImageRead, type BackingImageReadResults } from './backing-image-read.js';
 
@@ -248,6 +249,10 @@ function measureMigrationStep(s: RunState): Promise<MigrationResults | undefined
   return hostStep(s, 'migration', `3 data-engine processes on loopback, ${s.opts.migrations} migrations of a 3-replica volume`, (ctx) => measureMigration(ctx, s.opts.migrations));
 }
 
+function measureUpgradeStep(s: RunState): Promise<UpgradeResults | undefined> {
+  return hostStep(s, 'upgrade', `3 data-engine processes on loopback, ${s.opts.upgrades} in-place hand-offs of a 3-replica volume's engine host`, (ctx) => measureUpgrade(ctx, s.opts.upgrades));
+}
+
 function measureBackingImageReadStep(s: RunState): Promise<BackingImageReadResults | undefined> {
   return hostStep(s, 'backing-image-read', '1-replica volume over a qcow2 backing image vs qemu-nbd -r on the same file', (ctx) =>
     measureBackingImageRead(ctx, s.opts.runtimeSec, s.opts.rampSec, s.opts.repeat),
@@ -261,8 +266,8 @@ function measureBackingImageDeliveryStep(s: RunState): Promise<BackingImageDeliv
 /** Checks tools, the build and free space before minutes of work are spent. */
 async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
   const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
-  const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-')) || s.opts.backingImage;
-  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0;
+  const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-')) || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0;
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
   const orUndefined = (err: unknown): undefined => {
@@ -383,6 +388,7 @@ export async function runBench(argv: string[]): Promise<number> {
     const rss = opts.rss ? await measureRss(s) : undefined;
     const rebuild = opts.rebuild ? await measureRebuildStep(s) : undefined;
     const migration = opts.migrations > 0 ? await measureMigrationStep(s) : undefined;
+    const upgrade = opts.upgrades > 0 ? await measureUpgradeStep(s) : undefined;
     const backingImageRead = opts.backingImage ? await measureBackingImageReadStep(s) : undefined;
     const backingImageDelivery = opts.backingImage ? await measureBackingImageDeliveryStep(s) : undefined;
 
@@ -405,6 +411,7 @@ export async function runBench(argv: string[]): Promise<number> {
       rss,
       rebuild,
       migration,
+      upgrade,
       backingImageRead,
       backingImageDelivery,
       failures: s.failures,

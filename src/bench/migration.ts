@@ -51,7 +51,7 @@ export interface MigrationResults {
   peer: { name: string; rounds: number; clientPauseMs: Spread };
 }
 
-function spread(xs: number[]): Spread {
+export function spread(xs: number[]): Spread {
   const s = [...xs].sort((a, b) => a - b);
   const at = (q: number): number => s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)] ?? 0;
   return { median: at(0.5), p99: at(0.99), max: s.at(-1) ?? 0 };
@@ -154,7 +154,8 @@ export async function measureMigration(ctx: TargetContext, rounds: number): Prom
   }
 }
 
-async function startQemuNbd(ctx: TargetContext, image: string, socket: string): Promise<ReturnType<TargetContext['tracker']['spawn']>> {
+/** Starts qemu-nbd on `socket` over a raw image and waits until it accepts connections. */
+export async function startQemuNbd(ctx: TargetContext, image: string, socket: string): Promise<ReturnType<TargetContext['tracker']['spawn']>> {
   const child = ctx.tracker.spawn('qemu-nbd', ['-f', 'raw', '-t', '-e', '2', '-k', socket, image]);
   child.stdout?.resume();
   child.stderr?.resume();

@@ -34,6 +34,8 @@ export interface BenchOptions {
   rebuild: boolean;
   /** Migrations to measure; 0 skips them. */
   migrations: number;
+  /** In-place hand-offs of the engine's host to measure (upgrade sessions); 0 skips the upgrade step. */
+  upgrades: number;
   /**
    * Backing images: compare reads over a qcow2 backing image with qemu-nbd -r, and
    * measure upload and delivery of an image between two hosts over loopback.
@@ -62,6 +64,10 @@ const RUNTIME_SEC_MAX = 600;
 const DEFAULT_MIGRATIONS = 50;
 const QUICK_MIGRATIONS = 10;
 const MIGRATIONS_MAX = 1000;
+/** In-place hand-offs measured by default (p50/p99/max over 20), and in --quick runs. */
+const DEFAULT_UPGRADES = 20;
+const QUICK_UPGRADES = 5;
+const UPGRADES_MAX = 200;
 /** Rounds are whole passes over every workload and target; more than a few is a typo. */
 const REPEAT_MAX = 20;
 const AREA_BYTES_MIN = 16 * 1024 ** 2;
@@ -114,6 +120,7 @@ Options:
                       qemu-nbd -r, and delivery of an image between 2 data-engine processes
   --backing-image-only  run only those (no report written unless --out is given)
   --migrations N      live migrations to measure (default ${DEFAULT_MIGRATIONS}, --quick ${QUICK_MIGRATIONS}; 0 skips them)
+  --upgrades N        in-place data-engine hand-offs to measure (default ${DEFAULT_UPGRADES}, --quick ${QUICK_UPGRADES}; 0 skips them)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
 `;
@@ -139,6 +146,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let rss = true;
   let rebuild = true;
   let migrations: number | undefined;
+  let upgrades: number | undefined;
   let backingImage = true;
   let backingImageOnly = false;
   let runtimeSec: number | undefined;
@@ -177,6 +185,11 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '--migrations': {
         migrations = parsePositiveNumber(value(), arg, MIGRATIONS_MAX, true);
         if (!Number.isInteger(migrations)) throw new BenchUsageError('--migrations must be a whole number');
+        break;
+      }
+      case '--upgrades': {
+        upgrades = parsePositiveNumber(value(), arg, UPGRADES_MAX, true);
+        if (!Number.isInteger(upgrades)) throw new BenchUsageError('--upgrades must be a whole number');
         break;
       }
       case '--runtime': runtimeSec = parsePositiveNumber(value(), arg, RUNTIME_SEC_MAX, false); break;
@@ -230,6 +243,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       rss: false,
       rebuild: false,
       migrations: 0,
+      upgrades: 0,
       outPath: outPath === null ? undefined : outPath,
       outPathIsDefault: false,
     };
@@ -241,6 +255,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     rebuild,
     backingImage,
     migrations: migrations ?? (quick ? QUICK_MIGRATIONS : DEFAULT_MIGRATIONS),
+    upgrades: upgrades ?? (quick ? QUICK_UPGRADES : DEFAULT_UPGRADES),
     runtimeSec: runtimeSec ?? (quick ? QUICK_RUNTIME_SEC : DEFAULT_RUNTIME_SEC),
     repeat,
     rampSec: rampSec ?? (quick ? 0 : 1),

@@ -37,14 +37,14 @@ export interface BenchHost {
   stop(): Promise<void>;
 }
 
-/** Starts host `hostId` in `dir` with its replica server on 127.0.0.(101 + index):port. */
-export async function startBenchHost(ctx: TargetContext, index: number, port: number): Promise<BenchHost> {
+/** Starts host `hostId` in `dir` with its replica server on 127.0.0.(101 + index):port; `extraArgs` go to `mooring data-engine`. */
+export async function startBenchHost(ctx: TargetContext, index: number, port: number, extraArgs: string[] = []): Promise<BenchHost> {
   if (!ctx.mooringCli) throw new BenchError('BENCH_NOT_BUILT', 'no Mooring CLI to start data engines with');
   const hostId = `h${index}`;
   const dir = join(ctx.dir, hostId);
   mkdirSync(dir, { recursive: true });
   const socket = join(dir, 'grpc.sock');
-  const args = [ctx.mooringCli, 'data-engine', '--dir', dir, '--host-id', hostId, '--listen', `unix:${socket}`, '--replica-listen', `tcp:127.0.0.${LOOPBACK_BASE + index}:${port}`];
+  const args = [ctx.mooringCli, 'data-engine', '--dir', dir, '--host-id', hostId, '--listen', `unix:${socket}`, '--replica-listen', `tcp:127.0.0.${LOOPBACK_BASE + index}:${port}`, ...extraArgs];
   ctx.log(`  start: node ${args.join(' ')}`);
   const child = ctx.tracker.spawn(process.execPath, args);
   const stderr = new TailBuffer(STDERR_TAIL_CHARS);

@@ -4,6 +4,7 @@
 import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
 import type { MigrationResults } from './migration.js';
+import type { UpgradeResults } from './upgrade.js';
 import type { BackingImageDeliveryResults } from './backing-image-delivery.js';
 import type { BackingImageReadResults, BackingImageRow } from './backing-image-read.js';
 import type { RebuildResults } from './rebuild.js';
@@ -60,6 +61,8 @@ export interface BenchResults {
   rebuild?: RebuildResults | undefined;
   /** Live migrations over loopback; undefined when skipped or failed. */
   migration?: MigrationResults | undefined;
+  /** In-place data-engine hand-offs over loopback; undefined when skipped or failed. */
+  upgrade?: UpgradeResults | undefined;
   /** Reads over a qcow2 backing image against qemu-nbd; undefined when skipped or failed. */
   backingImageRead?: BackingImageReadResults | undefined;
   /** Backing image upload and copy between two hosts over loopback; undefined when skipped or failed. */
@@ -302,6 +305,17 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       detail: `median ${mg.handOverMs.median.toFixed(1)} ms, p99 ${mg.handOverMs.p99.toFixed(1)} ms over ${mg.rounds} migrations; client pause ${fmtRatio(mg.clientPauseMs.median / mg.peer.clientPauseMs.median)} of qemu-nbd moved between sockets`,
     });
   }
+  const up = r.upgrade;
+  const upGoal = 'in-place upgrade: longest client pause < 100 ms, no reconnect (4k randwrite qd16)';
+  if (!up) verdicts.push({ goal: upGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  else {
+    const worst = Math.max(up.engineHost.clientPauseMs.max, up.replicaHosts.clientPauseMs.max);
+    verdicts.push({
+      goal: upGoal,
+      verdict: worst < 100 && up.reconnects === 0 && up.writeErrors === 0 ? 'pass' : 'miss',
+      detail: `max ${worst.toFixed(1)} ms over ${up.engineHost.handOffs + up.replicaHosts.handOffs} hand-offs, ${up.reconnects} reconnects, ${up.writeErrors} write errors; restart fallback median ${up.restart.clientPauseMs.median.toFixed(0)} ms, qemu-nbd restarted ${up.peer.clientPauseMs.median.toFixed(0)} ms, Longhorn's published 10–20 s`,
+    });
+  }
   const bi = r.backingImageRead;
   const biReadGoal = 'reads over a qcow2 backing image ≥ 1.0× qemu-nbd -r on the same image';
   if (!bi) verdicts.push({ goal: biReadGoal, verdict: 'not measured', detail: 'skipped or failed' });
@@ -338,6 +352,21 @@ function migrationText(m: MigrationResults): string {
     `a client writing 4 KiB blocks one at a time): hand-over (source drain start → target accepting writes) ${f(m.handOverMs)}; ` +
     `of which the source's drain and flush ${f(m.drainMs)}; client pause (last write acknowledged by the source → first by the target) ${f(m.clientPauseMs)}. ` +
     `Peer: ${m.peer.name}, client pause ${f(m.peer.clientPauseMs)} over ${m.peer.rounds} moves; ratio of medians ${fmtRatio(m.clientPauseMs.median / m.peer.clientPauseMs.median)} (lower is better).`
+  );
+}
+
+function upgradeText(u: UpgradeResults): string {
+  const f = (x: UpgradeResults['restart']['clientPauseMs']): string => `median ${x.median.toFixed(1)} ms, p99 ${x.p99.toFixed(1)} ms, max ${x.max.toFixed(1)} ms`;
+  return (
+    `Upgrade of a data engine (3 data-engine processes on loopback, a 3-replica volume attached on h0, a client writing 4 KiB blocks at random offsets at queue depth 16; ` +
+    `one upgrade session per hand-off; the client pause is the longest stretch without a write acknowledged that overlaps the hand-off, from the host's switching-over to its process handed over). ` +
+    `In place, engine host: client pause ${f(u.engineHost.clientPauseMs)} over ${u.engineHost.handOffs} hand-offs; export frozen ${f(u.engineHost.frozenMs)}; ` +
+    `longest pause over the whole session, the volume's snapshot in its first step included, ${f(u.engineHost.sessionPauseMs)}. ` +
+    `In place, replica hosts: client pause ${f(u.replicaHosts.clientPauseMs)} over ${u.replicaHosts.handOffs} hand-offs. ` +
+    `${u.reconnects} reconnects and ${u.writeErrors} failed writes in all in-place sessions; the longest gap between acknowledgements in ${(u.quietMs / 1000).toFixed(0)} s of the same writes with no session was ${u.quietGapMs.toFixed(1)} ms. ` +
+    `Fallback (method restart; the client connects again at once): client pause ${f(u.restart.clientPauseMs)} over ${u.restart.rounds} restarts. ` +
+    `Peer: ${u.peer.name}, client pause ${f(u.peer.clientPauseMs)} over ${u.peer.rounds} restarts; ratio of maxima in place / peer ` +
+    `${fmtRatio(Math.max(u.engineHost.clientPauseMs.max, u.replicaHosts.clientPauseMs.max) / u.peer.clientPauseMs.max)} (lower is better). Longhorn publishes 10–20 s for its instance-manager restart.`
   );
 }
 
@@ -433,6 +462,7 @@ export function renderStdout(r: BenchResults): string {
   }
   if (r.rebuild) parts.push(rebuildText(r.rebuild), '');
   if (r.migration) parts.push(migrationText(r.migration), '');
+  if (r.upgrade) parts.push(upgradeText(r.upgrade), '');
   if (r.backingImageRead) parts.push(backingImageIntro(r.backingImageRead), renderText(backingImageTable(r.backingImageRead)), '');
   if (r.backingImageDelivery) parts.push(backingImageText(r.backingImageDelivery), '');
   if (r.serverPeaks.length > 0) {
@@ -523,6 +553,8 @@ export function renderMarkdownReport(r: BenchResults): string {
   out.push(r.rebuild ? rebuildText(r.rebuild) : 'Not measured in this run.', '');
   out.push('### Live migration over loopback', '');
   out.push(r.migration ? migrationText(r.migration) : 'Not measured in this run.', '');
+  out.push('### Upgrade of a data engine, in place, over loopback', '');
+  out.push(r.upgrade ? upgradeText(r.upgrade) : 'Not measured in this run.', '');
   out.push('### Reads over a qcow2 backing image', '');
   if (r.backingImageRead) out.push(backingImageIntro(r.backingImageRead), '', renderMarkdown(backingImageTable(r.backingImageRead)), '');
   else out.push('Not measured in this run.', '');

@@ -66,19 +66,24 @@ describe('bench smoke run', () => {
       stdout += String(chunk);
       return true;
     });
-    const errSpy = vi.spyOn(process.stderr, 'write').mockImplementation(() => true);
+    // The harness's log (stderr) is kept for the failure message, not printed.
+    let stderr = '';
+    const errSpy = vi.spyOn(process.stderr, 'write').mockImplementation((chunk: string | Uint8Array) => {
+      stderr += String(chunk);
+      return true;
+    });
     let code: number;
     try {
       code = await runBench([
         '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work,
         '--targets', targets.join(','), '--workloads', 'randread-4k-qd16-j1,write-1m-qd8',
-        '--no-rss', '--migrations', '3', '--out', out,
+        '--no-rss', '--migrations', '3', '--upgrades', '2', '--out', out,
       ]);
     } finally {
       outSpy.mockRestore();
       errSpy.mockRestore();
     }
-    expect(code).toBe(0);
+    expect(code, `mooring bench exited ${code}; its log:\n${stderr.slice(-8000)}`).toBe(0);
     expect(stdout).toContain('4k randread qd16 j1');
     expect(stdout).toContain('qemu-nbd raw (writeback)');
     expect(stdout).toMatch(/\d+(\.\d)?k?\s/);
@@ -94,6 +99,9 @@ describe('bench smoke run', () => {
     // The migration step migrated three times and compared the pause with qemu-nbd's.
     expect(md).toMatch(/migrated 3 times between two hosts/);
     expect(md).toMatch(/live-migration hand-over < 50 ms median on loopback \| \*\*(pass|miss)\*\*/);
+    // The upgrade step handed the engine's host over in place twice, restarted it, and compared with qemu-nbd restarted.
+    expect(md).toMatch(/In place, engine host: client pause median [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms over 2 hand-offs/);
+    expect(md).toMatch(/in-place upgrade: longest client pause < 100 ms, no reconnect \(4k randwrite qd16\) \| \*\*(pass|miss)\*\*/);
     // The backing image step compared reads over a qcow2 image with qemu-nbd -r.
     expect(md).toContain('### Reads over a qcow2 backing image');
     expect(md).toMatch(/reads over a qcow2 backing image ≥ 1\.0× qemu-nbd -r on the same image \| \*\*(pass|miss)\*\*/);
@@ -102,5 +110,5 @@ describe('bench smoke run', () => {
     expect(md).toMatch(/backing image copy between hosts ≥ 0\.8× the disk's sequential write rate \| \*\*(pass|miss)\*\*/);
     // The scratch directory and every child are gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
-  });
+  }, 300_000);
 });
