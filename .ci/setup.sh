@@ -24,7 +24,9 @@ cd "$(dirname "$0")/.."
 #   spin                      the SPIN model checker: test/model checks the single-writer protocol (with gcc)
 #   nftables                  nft: the fault tests' network partitions (bridge-family drop rules in their
 #                             own network namespaces; ip netns/veth/bridge come from iproute2)
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables)
+#   qemu-system-x86           qemu-system-x86_64: a real guest (TCG; its kernel and busybox are fetched
+#                             by the test with apt-get download) writing through an upgrade session
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -51,7 +53,7 @@ if (( node_major < 20 )); then
   echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
   exit 1
 fi
-for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft; do
+for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft qemu-system-x86_64; do
   command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
 done
 

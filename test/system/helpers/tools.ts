@@ -18,6 +18,7 @@ const PACKAGE_OF: Record<string, string> = {
   nbdinfo: 'libnbd-bin',
   nbdcopy: 'libnbd-bin',
   fio: 'fio',
+  'qemu-system-x86_64': 'qemu-system-x86',
 };
 
 const checkedTools = new Set<string>();
