@@ -29,6 +29,7 @@ import { chooseMethod, upgradeBlocks, volumesOn, type UpgradeLayout, type Volume
 import {
   UPGRADE_FINISHED,
   UPGRADE_KIND,
+  UPGRADE_METHODS,
   UPGRADE_SCHEMA_VERSION,
   UPGRADE_SESSION_KEY,
   parseHostUpgradeRecord,
@@ -109,7 +110,7 @@ export class UpgradeController {
       }
     })();
     const method = options.method ?? 'auto';
-    if (method !== 'auto' && method !== 'restart') throw new MooringError('INVALID_ARGUMENT', `method must be 'auto' or 'restart' (got ${describe(method)})`);
+    if (method !== 'auto' && !UPGRADE_METHODS.includes(method)) throw new MooringError('INVALID_ARGUMENT', `method must be 'auto', 'in-place' or 'restart' (got ${describe(method)})`);
     const stepTimeoutMs = checkIntIn('stepTimeoutMs', options.stepTimeoutMs, 1, MS_SETTING_MAX, DEFAULT_UPGRADE_STEP_TIMEOUT_MS);
     let hosts: string[];
     if (options.hosts === undefined || (Array.isArray(options.hosts) && options.hosts.length === 0)) hosts = state.hosts.ids;
