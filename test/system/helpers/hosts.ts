@@ -26,6 +26,8 @@ export interface HostOptions {
   grpcListen?: string;
   /** Where the test's client reaches that server (default: the grpcListen address). */
   grpcConnect?: string;
+  /** The cli.js the process runs (default: this repository's dist/cli.js). */
+  cli?: string;
 }
 
 interface DataEngineReady {
@@ -66,7 +68,7 @@ export class HostProcess {
       ...(this.opts.extraArgs ?? []),
     ];
     const wrap = this.opts.netns ? ['ip', 'netns', 'exec', this.opts.netns] : undefined;
-    this.proc = await startCliProcess(args, `data-engine ${this.hostId}`, 30_000, undefined, wrap);
+    this.proc = await startCliProcess(args, `data-engine ${this.hostId}${this.opts.cli ? ` (${this.opts.cli})` : ''}`, 30_000, undefined, wrap, this.opts.cli);
     this.ready = JSON.parse(this.proc.readyLine) as DataEngineReady;
     await this.client?.close().catch(() => undefined);
     this.client = await RemoteDataEngine.connect({ address: this.opts.grpcConnect ?? this.opts.grpcListen ?? `unix:${this.grpcSocket}`, timeoutMs: 10_000 });

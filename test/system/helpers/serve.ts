@@ -114,12 +114,13 @@ export async function startServe(opts: ServeOptions): Promise<MooringServer> {
 /**
  * Starts `node dist/cli.js ARGS` (a long-running command: serve, data-engine) and waits for
  * its `READY {json}` line, kept in `readyLine`. `wrap` runs it through a command that execs
- * it (e.g. `ip netns exec NS`).
+ * it (e.g. `ip netns exec NS`). `cli`: another build's cli.js (the version-skew test runs the
+ * previous release's); default this repository's dist/cli.js.
  */
-export async function startCliProcess(args: string[], description: string, readyTimeoutMs = 30_000, env?: NodeJS.ProcessEnv, wrap?: string[]): Promise<MooringServer> {
-  requireCli();
+export async function startCliProcess(args: string[], description: string, readyTimeoutMs = 30_000, env?: NodeJS.ProcessEnv, wrap?: string[], cli?: string): Promise<MooringServer> {
+  if (cli === undefined) requireCli();
   // `wrap`: a command that execs the rest (e.g. `ip netns exec NS`), so the pid stays node's.
-  const argv = [process.execPath, cliPath, ...args];
+  const argv = [process.execPath, cli ?? cliPath, ...args];
   const full = wrap && wrap.length > 0 ? [...wrap, ...argv] : argv;
   const child = spawn(full[0]!, full.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], ...(env ? { env } : {}) });
   const s = new MooringServer(child, description);

@@ -166,12 +166,14 @@ describe('a session over three hosts (method restart)', () => {
     expect((err.details!['reasons'] as { code: string; host: string }[]).map((r) => `${r.code} ${r.host}`)).toEqual(['NO_LAUNCHER a', 'NO_LAUNCHER b']);
   });
 
-  it('takes method in-place, and refuses it up front where the host cannot hand over in place', async () => {
-    const { cp, volume } = await setup();
-    await volume(['a']);
-    const err = (await cp.upgrade.start({ dataEngine: NEW, method: 'in-place', hosts: ['a'] }).catch((e: unknown) => e)) as MooringError;
-    expect(err.code).toBe('PRECONDITION_FAILED');
-    expect((err.details!['reasons'] as { code: string; host: string }[]).map((r) => `${r.code} ${r.host}`)).toContain('IN_PLACE_UNAVAILABLE a');
+  it('method in-place is taken, and refused up front (IN_PLACE_UNAVAILABLE) where a data engine does not announce in-place-handoff', async () => {
+    // The fakes announce no features, as data engines before the in-place hand-off did.
+    const { l, cp } = await setup();
+    const err = (await cp.upgrade.start({ dataEngine: NEW, method: 'in-place', hosts: ['a', 'b'] }).catch((e: unknown) => e)) as MooringError;
+    expect(err.code, String(err)).toBe('PRECONDITION_FAILED');
+    expect((err.details!['reasons'] as { code: string; host: string }[]).map((r) => `${r.code} ${r.host}`)).toEqual(['IN_PLACE_UNAVAILABLE a', 'IN_PLACE_UNAVAILABLE b']);
+    expect(l.calls).toEqual([]);
+    expect(await cp.upgrade.current()).toBeNull();
   });
 
   it('rejects bad options with INVALID_ARGUMENT and a second session with BUSY', async () => {
