@@ -3,10 +3,17 @@
 // sockets, starts (or, when one is recorded, goes on with) an upgrade session, and prints
 // one line per host step. Its launcher asks the test (the parent, which owns the host
 // processes) over the IPC channel to replace a host, then connects to it again.
-//   argv: STATE_DIR VERSION HOST_ID=GRPC_ADDRESS...
+// With --in-place (controller-crash-in-place.test.ts) it needs no launcher: the data
+// engines start their successors, and the session hands each host over in place.
+//   argv: [--in-place] STATE_DIR VERSION HOST_ID=GRPC_ADDRESS...
+import { fileURLToPath } from 'node:url';
+
 import { FileStateStore, Mooring, RemoteDataEngine } from '../../../dist/index.js';
 
-const [stateDir, version, ...hostArgs] = process.argv.slice(2);
+const args = process.argv.slice(2);
+const inPlace = args[0] === '--in-place';
+if (inPlace) args.shift();
+const [stateDir, version, ...hostArgs] = args;
 const addresses = new Map(hostArgs.map((a) => a.split('=')));
 let seq = 0;
 const pending = new Map();
@@ -26,11 +33,13 @@ const launcher = {
 const hosts = [];
 for (const address of addresses.values()) hosts.push(await RemoteDataEngine.connect({ address }));
 const store = await FileStateStore.open(stateDir);
-const mooring = await Mooring.open({ store, hosts, repairIntervalMs: 300, dataEngineLauncher: launcher });
+const mooring = await Mooring.open({ store, hosts, repairIntervalMs: 300, ...(inPlace ? {} : { dataEngineLauncher: launcher }) });
 mooring.on('warning', (e) => process.stderr.write(`warning: ${e.code}: ${e.message}\n`));
 let session = await mooring.upgradeSession();
 if (!session || ['completed', 'error', 'cancelled'].includes((await session.status()).state)) {
-  session = await mooring.startUpgrade({ dataEngine: { version, command: ['mooring'] }, method: 'restart', stepTimeoutMs: 120_000 });
+  session = inPlace
+    ? await mooring.startUpgrade({ dataEngine: { version, command: [process.execPath, fileURLToPath(new URL('../../../dist/cli.js', import.meta.url))] }, method: 'in-place', stepTimeoutMs: 120_000 })
+    : await mooring.startUpgrade({ dataEngine: { version, command: ['mooring'] }, method: 'restart', stepTimeoutMs: 120_000 });
 }
 process.stdout.write(`SESSION ${session.id}\n`);
 session.on('host-state-changed', (e) => process.stdout.write(`STEP ${e.host} ${e.state}\n`));
