@@ -359,7 +359,7 @@ function upgradeText(u: UpgradeResults): string {
   const f = (x: UpgradeResults['restart']['clientPauseMs']): string => `median ${x.median.toFixed(1)} ms, p99 ${x.p99.toFixed(1)} ms, max ${x.max.toFixed(1)} ms`;
   return (
     `Upgrade of a data engine (3 data-engine processes on loopback, a 3-replica volume attached on h0, a client writing 4 KiB blocks at random offsets at queue depth 16; ` +
-    `one upgrade session per hand-off; the client pause is the longest stretch without a write acknowledged that overlaps the hand-off, from the host's switching-over to its process handed over). ` +
+    `one upgrade session per hand-off, its snapshot deleted after it; the client pause is the longest stretch without a write acknowledged that overlaps the hand-off, from the host's switching-over to its process handed over). ` +
     `In place, engine host: client pause ${f(u.engineHost.clientPauseMs)} over ${u.engineHost.handOffs} hand-offs; export frozen ${f(u.engineHost.frozenMs)}; ` +
     `longest pause over the whole session, the volume's snapshot in its first step included, ${f(u.engineHost.sessionPauseMs)}. ` +
     `In place, replica hosts: client pause ${f(u.replicaHosts.clientPauseMs)} over ${u.replicaHosts.handOffs} hand-offs. ` +

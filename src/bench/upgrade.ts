@@ -213,7 +213,8 @@ export async function measureUpgrade(ctx: TargetContext, handOffs: number): Prom
       if (done.state !== 'completed') throw new BenchError('BENCH_TARGET_FAILED', `upgrade session of ${host} ended ${done.state}`);
       // The pause may end after the session does (the client's next acknowledgement).
       await writer!.progress(QUEUE_DEPTH * 4);
-      const sessionPauseMs = writer!.longestGap(from, performance.now());
+      const pauseTo = performance.now();
+      const sessionPauseMs = writer!.longestGap(from, pauseTo);
       // A restart's pause is its reconnect, in a later step: the whole session's counts.
       const pauseMs = method === 'restart' || Number.isNaN(switchAt) || Number.isNaN(handedAt) ? sessionPauseMs : writer!.longestGap(switchAt, handedAt);
       ctx.log(
@@ -223,6 +224,11 @@ export async function measureUpgrade(ctx: TargetContext, handOffs: number): Prom
       // A client that had to connect again during an in-place hand-off is a failure to explain.
       if (method === 'in-place' && writer!.reconnects > reconnectsBefore) {
         for (const h of hosts) ctx.log(`  ${h.hostId} stderr (tail):\n${h.stderr.toString()}`);
+      }
+      // The session's snapshot goes, as an embedder drops it once the upgrade is done: each
+      // round would otherwise add a layer, and an engine's start grows with its layers.
+      for (const snap of await cluster!.volume('up').listSnapshots()) {
+        if (snap.name.startsWith('upgrade-')) await cluster!.volume('up').deleteSnapshot(snap.name);
       }
       return { pauseMs, frozenMs, sessionPauseMs };
     };
