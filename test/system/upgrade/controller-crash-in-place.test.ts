@@ -6,9 +6,8 @@
 // process writes at queue depth 8 through the whole run: it never sees an error, its
 // connection never drops, and every acknowledged write reads back. Each host is handed over
 // exactly once; the engine serves on a, in the last successor, at a newer epoch.
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { NbdClient } from '../../../src/bench/nbd-client.js';
@@ -18,6 +17,8 @@ import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { makeHosts, type HostProcess } from '../helpers/hosts.js';
 import { killAllServers } from '../helpers/serve.js';
 import { TempDir, repoRoot } from '../helpers/tools.js';
+import { startWriteLanes } from '../helpers/write-lanes.js';
+import { runDriver } from './driver-runner.js';
 
 const MiB = 1 << 20;
 const BLOCK = 4096;
@@ -53,53 +54,16 @@ describe('in-place upgrade session: the driving VM manager is SIGKILLed mid-hand
     tmp.cleanup();
   });
 
-  function runDriver(stepsSoFar: { n: number }, log: string[]): Promise<'killed' | string> {
-    const args = [join(repoRoot, 'test/system/upgrade/upgrade-driver.mjs'), '--in-place', join(tmp.path, 'state'), packageVersion(), ...hosts.map((h) => `${h.hostId}=unix:${h.grpcSocket}`)];
-    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    drivers.push(child);
-    let stderr = '';
-    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
-    return new Promise((resolve, reject) => {
-      let ended = false;
-      createInterface({ input: child.stdout! }).on('line', (line) => {
-        log.push(line);
-        if (line.startsWith('STEP ')) {
-          if (KILL_AT.includes(stepsSoFar.n++) && !ended) {
-            ended = true;
-            child.kill('SIGKILL');
-            resolve('killed');
-          }
-        } else if (line.startsWith('DONE ')) {
-          ended = true;
-          resolve(line.slice('DONE '.length));
-        }
-      });
-      child.on('exit', (code, signal) => {
-        if (!ended) reject(new Error(`driver exited (${code ?? signal}) before the session ended\n${log.join('\n')}\n${stderr}${hosts.map((h) => h.diagnostics()).join('')}`));
-      });
-    });
+  function driver(steps: { n: number }, log: string[]): Promise<'killed' | string> {
+    const args = ['--in-place', join(tmp.path, 'state'), packageVersion(), ...hosts.map((h) => `${h.hostId}=unix:${h.grpcSocket}`)];
+    return runDriver({ args, killAt: KILL_AT, steps, log, drivers, diagnostics: () => hosts.map((h) => h.diagnostics()).join('') });
   }
 
   it('is taken over after each kill and completes; the client never notices; every host handed over once', async () => {
     const client = await NbdClient.connect({ socketPath: sock() });
     let closed = false;
     client.socket.once('close', () => (closed = true));
-    const model = new Map<number, number>();
-    const failures: string[] = [];
-    let stop = false;
-    let n = 0;
-    const lanes = Array.from({ length: 8 }, async () => {
-      while (!stop) {
-        const block = n++ % CLIENT_BLOCKS;
-        const byte = (block * 7 + n) & 0xff;
-        try {
-          await client.write(block * BLOCK, Buffer.alloc(BLOCK, byte));
-          model.set(block, byte);
-        } catch (err) {
-          failures.push(String(err));
-        }
-      }
-    });
+    const writes = startWriteLanes(client, CLIENT_BLOCKS, 8);
 
     const steps = { n: 0 };
     const log: string[] = [];
@@ -107,20 +71,19 @@ describe('in-place upgrade session: the driving VM manager is SIGKILLed mid-hand
     let kills = 0;
     try {
       for (;;) {
-        outcome = await runDriver(steps, log);
+        outcome = await driver(steps, log);
         if (outcome !== 'killed') break;
         kills++;
         expect(kills, log.join('\n')).toBeLessThanOrEqual(KILL_AT.length);
       }
     } finally {
-      stop = true;
-      await Promise.all(lanes);
+      await writes.stop();
     }
     const why = `${log.join('\n')}${hosts.map((h) => h.diagnostics()).join('')}`;
     expect(outcome, why).toBe('completed');
     expect(kills).toBe(KILL_AT.length);
     expect(new Set(log.filter((l) => l.startsWith('SESSION ')))).toHaveProperty('size', 1);
-    expect(failures, why).toEqual([]);
+    expect(writes.failures, why).toEqual([]);
     expect(closed, why).toBe(false);
     // Handed over exactly once each: one successor took over on every host.
     for (const h of hosts) expect(h.diagnostics().match(/took over \d+ engine\(s\) from the previous process/g) ?? [], `${h.hostId}${why}`).toHaveLength(1);
@@ -138,11 +101,8 @@ describe('in-place upgrade session: the driving VM manager is SIGKILLed mid-hand
       await m.close();
       await store.close();
     }
-    for (const [block, byte] of model) {
-      const got = await client.read(block * BLOCK, BLOCK);
-      if (!got.equals(Buffer.alloc(BLOCK, byte))) throw new Error(`block ${block}: expected 0x${byte.toString(16)}, got 0x${got[0]!.toString(16)}`);
-    }
+    await writes.verify();
     await client.disconnect();
-    console.log(`in-place session with ${kills} drivers killed: ${model.size} blocks written and read back, ${n} writes acknowledged, no error, no reconnect`);
+    console.log(`in-place session with ${kills} drivers killed: ${writes.model.size} blocks written and read back, ${writes.started()} writes started, no error, no reconnect`);
   }, 300_000);
 });

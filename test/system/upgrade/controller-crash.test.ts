@@ -6,9 +6,8 @@
 // replacement in flight when its driver dies still finishes. At the end: the session
 // completed, each host was replaced exactly once, the volume's data is intact and its
 // engine runs on a again at a newer epoch with every replica RW.
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { Mooring } from '../../../src/mooring.js';
@@ -16,7 +15,8 @@ import { packageVersion } from '../../../src/native/load.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { makeHosts, type HostProcess } from '../helpers/hosts.js';
 import { killAllServers } from '../helpers/serve.js';
-import { TempDir, qemuIo, repoRoot } from '../helpers/tools.js';
+import { TempDir, qemuIo } from '../helpers/tools.js';
+import { runDriver } from './driver-runner.js';
 
 const MiB = 1 << 20;
 // The driver is killed when it reports these steps (counted over all drivers, 0-based);
@@ -52,43 +52,23 @@ describe('upgrade session: the driving VM manager is SIGKILLed at one step after
     tmp.cleanup();
   });
 
-  // Runs one driver; resolves with how it ended: killed at a step, or done.
-  function runDriver(stepsSoFar: { n: number }, log: string[]): Promise<'killed' | string> {
-    const args = [join(repoRoot, 'test/system/upgrade/upgrade-driver.mjs'), join(tmp.path, 'state'), version, ...hosts.map((h) => `${h.hostId}=unix:${h.grpcSocket}`)];
-    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
-    drivers.push(child);
-    let stderr = '';
-    child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
-    child.on('message', (m: { id: number; replace: string }) => {
-      // The host is replaced even if the driver that asked dies meanwhile.
-      replaced.push(m.replace);
-      const h = hosts.find((x) => x.hostId === m.replace)!;
-      void h
-        .stop()
-        .then(() => h.start())
-        .then(
-          () => child.connected && child.send({ id: m.id }),
-          (err: unknown) => child.connected && child.send({ id: m.id, error: String(err) }),
-        );
-    });
-    return new Promise((resolve, reject) => {
-      let ended = false;
-      createInterface({ input: child.stdout! }).on('line', (line) => {
-        log.push(line);
-        if (line.startsWith('STEP ')) {
-          if (KILL_AT.includes(stepsSoFar.n++) && !ended) {
-            ended = true;
-            child.kill('SIGKILL');
-            resolve('killed');
-          }
-        } else if (line.startsWith('DONE ')) {
-          ended = true;
-          resolve(line.slice('DONE '.length));
-        }
-      });
-      child.on('exit', (code, signal) => {
-        if (!ended) reject(new Error(`driver exited (${code ?? signal}) before the session ended\n${log.join('\n')}\n${stderr}`));
-      });
+  // Runs one driver; the host it asks to replace (over IPC) is replaced even if it dies meanwhile.
+  function driver(steps: { n: number }, log: string[]): Promise<'killed' | string> {
+    const args = [join(tmp.path, 'state'), version, ...hosts.map((h) => `${h.hostId}=unix:${h.grpcSocket}`)];
+    return runDriver({
+      args, killAt: KILL_AT, steps, log, drivers,
+      onMessage: (child, msg) => {
+        const m = msg as { id: number; replace: string };
+        replaced.push(m.replace);
+        const h = hosts.find((x) => x.hostId === m.replace)!;
+        void h
+          .stop()
+          .then(() => h.start())
+          .then(
+            () => child.connected && child.send({ id: m.id }),
+            (err: unknown) => child.connected && child.send({ id: m.id, error: String(err) }),
+          );
+      },
     });
   }
 
@@ -98,7 +78,7 @@ describe('upgrade session: the driving VM manager is SIGKILLed at one step after
     let outcome: string;
     let kills = 0;
     for (;;) {
-      outcome = await runDriver(steps, log);
+      outcome = await driver(steps, log);
       if (outcome !== 'killed') break;
       kills++;
       expect(kills, log.join('\n')).toBeLessThanOrEqual(KILL_AT.length);

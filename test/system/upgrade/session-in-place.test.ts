@@ -18,6 +18,7 @@ import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { killAllServers } from '../helpers/serve.js';
 import { TempDir, parseFioJson, qemuIo, repoRoot, run, type RunResult } from '../helpers/tools.js';
+import { startWriteLanes } from '../helpers/write-lanes.js';
 
 const MiB = 1 << 20;
 const SIZE = 32 * MiB;
@@ -77,22 +78,7 @@ describe('upgrade session in place: NBD client connected throughout', () => {
     const connections = (await vmStats()).connectionsTotal;
     let closed = false;
     client.socket.once('close', () => (closed = true));
-    const model = new Map<number, number>();
-    const failures: string[] = [];
-    let stop = false;
-    let n = 0;
-    const lanes = Array.from({ length: 8 }, async () => {
-      while (!stop) {
-        const block = n++ % (CLIENT_BYTES / BLOCK);
-        const byte = (block * 13 + n) & 0xff;
-        try {
-          await client.write(block * BLOCK, Buffer.alloc(BLOCK, byte));
-          model.set(block, byte);
-        } catch (err) {
-          failures.push(String(err));
-        }
-      }
-    });
+    const writes = startWriteLanes(client, CLIENT_BYTES / BLOCK, 8);
 
     // Replicas that drop out of an engine (and get rebuilt) would show here.
     const dropped: string[] = [];
@@ -108,8 +94,7 @@ describe('upgrade session in place: NBD client connected throughout', () => {
     const done = await session.done().catch((err: unknown) => {
       throw new Error(`${String(err)}\n${log.join(', ')}${hosts.map((h) => h.diagnostics()).join('')}`);
     });
-    stop = true;
-    await Promise.all(lanes);
+    await writes.stop();
     fioStop = true;
     await fioLoop;
 
@@ -125,7 +110,7 @@ describe('upgrade session in place: NBD client connected throughout', () => {
     expect(solo.epoch).toBeGreaterThan(soloBefore.epoch);
     expect(log.filter((l) => /in-place|restart/.test(l))).toEqual(['a in-place', 'b in-place', 'c in-place']);
     expect(pauses).toHaveLength(3);
-    expect(failures).toEqual([]);
+    expect(writes.failures).toEqual([]);
     expect(closed).toBe(false);
     // Replica clients were told to go away and came back: no replica dropped, none rebuilt.
     expect(dropped).toEqual([]);
@@ -135,13 +120,10 @@ describe('upgrade session in place: NBD client connected throughout', () => {
     const st = await cluster.volume('vm').status();
     expect(st.epoch).toBeGreaterThan(before.epoch);
     expect(st.state, JSON.stringify(st.replicas)).toBe('healthy');
-    for (const [block, byte] of model) {
-      const got = await client.read(block * BLOCK, BLOCK);
-      if (!got.equals(Buffer.alloc(BLOCK, byte))) throw new Error(`block ${block}: expected 0x${byte.toString(16)}, got 0x${got[0]!.toString(16)}`);
-    }
+    await writes.verify();
     await client.disconnect();
     // qemu-io's patterns, written before the session, read back after it.
     expect(await qemuIo(vmUri, ['read -P 0x5c 20M 2M', 'read -P 0xc5 30M 1M', 'read -P 0 24M 1M'])).not.toMatch(/Pattern verification failed|error/i);
-    console.log(`in-place session: exports frozen ${pauses.map((p) => p.toFixed(1)).join(', ')} ms on a, b, c; ${model.size} blocks checked; ${fioRuns.length} fio verify runs on the 1-replica volume`);
+    console.log(`in-place session: exports frozen ${pauses.map((p) => p.toFixed(1)).join(', ')} ms on a, b, c; ${writes.model.size} blocks checked; ${fioRuns.length} fio verify runs on the 1-replica volume`);
   });
 });
