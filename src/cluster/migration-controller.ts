@@ -176,6 +176,14 @@ export class MigrationController {
   /** Ends a migration on the source. Caller holds the volume's turn. */
   async rollback(name: string, automatic: boolean, reason: string): Promise<void> {
     let m = (await this.state.migrationRecord(name))!;
+    // Once the target writes, it gives that up only to a source that can take it back:
+    // else the volume would be left with no writer (the source's engine a standby, the
+    // target's stopped) while its status said attached on the source.
+    if (m.targetActivated && !(await this.state.hosts.reachable(m.sourceHost))) {
+      throw new MooringError('UNAVAILABLE', `volume ${name}: the migration source ${m.sourceHost} cannot be reached, so the target on ${m.targetHost} keeps writing; confirm, or roll back once ${m.sourceHost} is back`, {
+        details: { volume: name, sourceHost: m.sourceHost, targetHost: m.targetHost },
+      });
+    }
     m = await this.state.putMigration({ ...m, phase: 'rolling-back' });
     const target = this.state.hosts.get(m.targetHost);
     if (m.targetActivated) {
@@ -195,6 +203,11 @@ export class MigrationController {
         }
         const role = await src.engineInfo(name).then((i) => i.role, () => null);
         if (role === 'standby') await this.engines.activate(src, name, ho);
+        else if (role === null) {
+          // Gone since the check: the record stays rolling-back, and the next pass finishes it
+          // (the target, handed back, starts nothing; the source takes over with a new epoch).
+          throw new MooringError('UNAVAILABLE', `volume ${name}: the migration source ${m.sourceHost} stopped answering during the rollback; it is finished once ${m.sourceHost} is back`);
+        }
       } else {
         // The target cannot hand back (its host is gone, or it was fenced): the source takes
         // the volume over as after a crash. A fresh engine claims a newly allocated epoch,
