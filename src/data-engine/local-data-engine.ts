@@ -576,13 +576,17 @@ export class LocalDataEngine implements DataEngine {
   /**
    * In-place upgrade, before {@link detachEnginesForHandOff}: flushes every engine while its
    * clients still run, so the flush in the frozen stop has only the last moments' writes to
-   * make durable. A failure is left to that stop, which reports it.
+   * make durable. A failure is left to that stop, which reports it; after `timeoutMs` it
+   * stops waiting (the frozen stop flushes anyway).
    *
    * @internal
    */
-  async flushEnginesBeforeHandOff(): Promise<void> {
+  async flushEnginesBeforeHandOff(timeoutMs: number): Promise<void> {
     this.#assertOpen();
-    await Promise.allSettled([...this.#engines.values()].map((s) => s.engine.flush()));
+    let timer: NodeJS.Timeout | undefined;
+    const bound = new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs)));
+    await Promise.race([Promise.allSettled([...this.#engines.values()].map((s) => s.engine.flush())), bound]);
+    clearTimeout(timer);
   }
 
   /**

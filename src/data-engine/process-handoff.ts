@@ -183,7 +183,7 @@ export async function handOffToSuccessor(o: HandOffOptions): Promise<HandOffOutc
   }
   listener.close();
   const ch = channel;
-  await o.de.flushEnginesBeforeHandOff();
+  await o.de.flushEnginesBeforeHandOff(HANDOFF_LIMITS.freezeTimeoutMs);
   // From here the engines move. The clients pause until COMMIT (or the rollback).
   const t0 = performance.now();
   let handed: HandedEngine[];
