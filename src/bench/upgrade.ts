@@ -19,10 +19,12 @@
 import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 
+import { DATA_ENGINE_LOCK_FILE } from '../data-engine/local-data-engine.js';
 import { Mooring } from '../mooring.js';
 import { packageVersion } from '../native/load.js';
 import { MemoryStateStore } from '../state/memory-state-store.js';
 import type { UpgradeMethod } from '../upgrade/upgrade-records.js';
+import { processAlive } from '../util/processes.js';
 import { spread, startQemuNbd, type Spread } from './migration.js';
 import { NbdClient } from './nbd-client.js';
 import { BenchError, stopChild } from './processes.js';
@@ -147,7 +149,7 @@ class Writer {
 // The process that owns a host's directory now: after an in-place hand-off, the successor.
 function directoryOwner(host: BenchHost): number | null {
   try {
-    return (JSON.parse(readFileSync(join(host.dir, 'data-engine.lock'), 'utf8')) as { pid: number }).pid;
+    return (JSON.parse(readFileSync(join(host.dir, DATA_ENGINE_LOCK_FILE), 'utf8')) as { pid: number }).pid;
   } catch {
     return null;
   }
@@ -156,14 +158,7 @@ function directoryOwner(host: BenchHost): number | null {
 async function stopSuccessor(host: BenchHost): Promise<void> {
   const pid = directoryOwner(host);
   if (pid === null || pid === host.child.pid || pid === process.pid) return;
-  const alive = (): boolean => {
-    try {
-      process.kill(pid, 0);
-      return true;
-    } catch {
-      return false;
-    }
-  };
+  const alive = (): boolean => processAlive(pid);
   if (!alive()) return;
   process.kill(pid, 'SIGTERM');
   const deadline = Date.now() + 30_000;

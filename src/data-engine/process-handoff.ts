@@ -31,6 +31,7 @@ import { MooringError, callNative, toMooringError } from '../errors.js';
 import type { NativeAddon, NativeHandOffChannel, NativeNbdHandOffRecord } from '../native/binding.js';
 import type { NbdExport } from '../nbd/nbd-export.js';
 import { sleep } from '../util/async.js';
+import { processAlive } from '../util/processes.js';
 import type { EngineReplicaRef } from './data-engine.js';
 import type { HandedEngine, LocalDataEngine } from './local-data-engine.js';
 import type { RecordedError } from '../upgrade/upgrade-records.js';
@@ -314,14 +315,7 @@ export async function takeOverFromPredecessor(o: TakeOverOptions): Promise<{ de:
 // Waits for a process to exit, killing it if it does not within the bound.
 async function stopProcess(pid: number): Promise<void> {
   if (pid <= 0) return;
-  const gone = (): boolean => {
-    try {
-      process.kill(pid, 0);
-      return false;
-    } catch {
-      return true;
-    }
-  };
+  const gone = (): boolean => !processAlive(pid);
   const deadline = Date.now() + HANDOFF_LIMITS.abortExitMs;
   while (!gone() && Date.now() < deadline) await sleep(50);
   if (!gone()) process.kill(pid, 'SIGKILL');

@@ -6,6 +6,7 @@
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
+import { processAlive } from '../../../src/util/processes.js';
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
 import { Mooring } from '../../../src/mooring.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
@@ -115,14 +116,7 @@ export function directoryOwner(dir: string): number | null {
 }
 
 /** Whether a process with this pid exists. */
-export function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
+export const alive = processAlive;
 
 // SIGTERM to the process owning the directory, if it still runs; SIGKILL after 30 s.
 async function stopDirectoryOwner(dir: string): Promise<void> {
