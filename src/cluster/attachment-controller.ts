@@ -194,7 +194,13 @@ export class AttachmentController {
     for (let pass = 0; pass < CONVERGE_PASSES_MAX; pass++) {
       const o = await this.state.observe(name);
       if (o.mig && (await this.migrations.recover(o))) continue;
-      const targetReady = o.mig !== null && (o.mig.phase === 'target-ready' || o.mig.phase === 'handed-over') && (await this.state.hosts.probe(o.mig.targetHost, name)) !== 'unreachable';
+      // Ready only for the host the spec migrates to: a spec that moved on (the target's
+      // ticket withdrawn, another host asking) must not see the old target's standby.
+      const targetReady =
+        o.mig !== null &&
+        o.mig.targetHost === o.vol.migrationHost &&
+        (o.mig.phase === 'target-ready' || o.mig.phase === 'handed-over') &&
+        (await this.state.hosts.probe(o.mig.targetHost, name)) !== 'unreachable';
       const attachedFrontend: Frontend | null = o.eng ? { disabled: o.eng.frontendDisabled, nbd: o.eng.nbd } : null;
       const d = decideAttachment({
         accessMode: o.vol.accessMode,
@@ -234,7 +240,9 @@ export class AttachmentController {
   async #act(o: Observed, d: AttachmentDecision): Promise<boolean> {
     const name = o.vol.name;
     if (o.mig) {
-      if (d.migrationHost !== null) return false; // the migration goes on; hand-over is the embedder's call
+      if (d.migrationHost === o.mig.targetHost) return false; // the migration goes on; hand-over is the embedder's call
+      // Otherwise it ends: a confirm when the target is now the desired host, else a rollback
+      // (the next pass starts a migration to whichever host now asks, if one does).
       if (d.desiredHost === o.mig.targetHost) await this.migrations.confirm(name, true);
       else await this.migrations.rollback(name, false, 'the target ticket was withdrawn');
       return true;
