@@ -61,22 +61,21 @@ function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }
 
-// Writes 4 KiB blocks one at a time to `from` until one fails (or `switchOver` says the
-// export moved), then to the client `to()` gives until WRITES_AFTER_SWITCH succeeded there.
-// Returns last ack on `from` → first ack on the new one.
-async function writeThrough(from: NbdClient, to: () => Promise<NbdClient>, moved: { done: boolean }): Promise<{ pauseMs: number; next: NbdClient }> {
+// Writes 4 KiB blocks one at a time to `from` until the hand-over (`moved`) or a failure,
+// then to the client `to()` gives until WRITES_AFTER_SWITCH succeeded there. Returns last
+// ack on `from` → first ack on the new one. The source holds the write it receives after
+// the hand-over (for a rollback): the confirm drops it.
+async function writeThrough(from: NbdClient, to: () => Promise<NbdClient>, moved: Promise<void>): Promise<{ pauseMs: number; next: NbdClient }> {
   const block = Buffer.alloc(4096, 0x5a);
   let off = 0;
   let lastAck = 0;
-  for (;;) {
-    try {
-      await from.write(off, block);
-      lastAck = performance.now();
-      off = (off + 4096) % VOLUME_BYTES;
-    } catch {
-      break; // the source handed over (EPERM) or its export went away
-    }
-    if (moved.done) break;
+  let handedOver = false;
+  void moved.then(() => (handedOver = true));
+  while (!handedOver) {
+    const acked = await Promise.race([from.write(off, block).then(() => true), moved.then(() => false)]).catch(() => false);
+    if (!acked) break; // handed over (the write is held), or the export went away
+    lastAck = performance.now();
+    off = (off + 4096) % VOLUME_BYTES;
   }
   let next: NbdClient | null = null;
   while (!next) next = await to().catch(() => null); // the new export may not listen yet
@@ -120,7 +119,8 @@ export async function measureMigration(ctx: TargetContext, rounds: number): Prom
       const m = await vol.migrate(there, { nbd: `unix:${next}` });
       const src = await NbdClient.connect(`nbd+unix:///?socket=${socket}`);
       clients.push(src);
-      const moved = { done: false };
+      let handedOver!: () => void;
+      const moved = new Promise<void>((r) => (handedOver = r));
       const load = writeThrough(src, async () => {
         const c = await NbdClient.connect(`nbd+unix:///?socket=${next}`);
         clients.push(c);
@@ -128,7 +128,7 @@ export async function measureMigration(ctx: TargetContext, rounds: number): Prom
       }, moved);
       await sleep(WARMUP_MS);
       const ho = await m.handOver();
-      moved.done = true;
+      handedOver();
       const { pauseMs } = await load;
       for (const c of clients.splice(0)) c.destroy();
       await m.confirm();
@@ -185,14 +185,15 @@ async function measurePeer(ctx: TargetContext): Promise<MigrationResults['peer']
     for (let i = 1; i <= PEER_ROUNDS; i++) {
       const src = await NbdClient.connect(`nbd+unix:///?socket=${socket}`);
       const next = join(ctx.dir, `peer-${i}.sock`);
-      const moved = { done: false };
+      let handedOver!: () => void;
+      const moved = new Promise<void>((r) => (handedOver = r));
       const load = writeThrough(src, async () => {
         const c = await NbdClient.connect(`nbd+unix:///?socket=${next}`);
         return c;
       }, moved);
       await sleep(WARMUP_MS);
       // The move: the old export stops (flushing), the new one starts over the same file.
-      moved.done = true;
+      handedOver();
       const old = child;
       await stopChild(old, 10_000);
       child = await startQemuNbd(ctx, image, next);

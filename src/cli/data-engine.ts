@@ -44,6 +44,9 @@ Options:
   --tls-ca FILE                 (all three, PEM)
   --allow-insecure-remote       allow non-loopback TCP addresses without TLS
   --max-concurrent-rebuilds N   rebuilds at once, 1..${DATA_ENGINE_LIMITS.maxConcurrentRebuildsMax} (default ${DATA_ENGINE_DEFAULTS.maxConcurrentRebuilds})
+  --hand-over-hold-ms MS        how long an export that handed its volume over holds what
+                                its clients send, for a rollback (default ${DATA_ENGINE_DEFAULTS.handOverHoldMs};
+                                0: refuse it at once)
   --allow-successor-exec PREFIX let a gRPC caller replace this process by a program under
                                 PREFIX (an upgrade): it stops as on SIGTERM and starts
                                 PROGRAM data-engine <these arguments>, detached, or hands
@@ -76,6 +79,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       'tls-ca': { type: 'string' },
       'allow-insecure-remote': { type: 'boolean' },
       'max-concurrent-rebuilds': { type: 'string' },
+      'hand-over-hold-ms': { type: 'string' },
       'allow-successor-exec': { type: 'string' },
       'take-over': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
@@ -108,6 +112,12 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     if (!/^\d{1,3}$/.test(text)) throw new UsageError('data-engine', `--max-concurrent-rebuilds must be an integer (got ${JSON.stringify(text)})`);
     maxConcurrentRebuilds = Number(text);
   }
+  let handOverHoldMs: number | undefined;
+  if (values['hand-over-hold-ms'] !== undefined) {
+    const text = values['hand-over-hold-ms'];
+    if (!/^\d{1,9}$/.test(text)) throw new UsageError('data-engine', `--hand-over-hold-ms must be an integer (got ${JSON.stringify(text)})`);
+    handOverHoldMs = Number(text);
+  }
   let tls: DataEngineTlsOptions | undefined;
   if (tlsFiles[0] !== undefined) {
     const [cert, key, ca] = await Promise.all(tlsFiles.map((f) => readFileLimited(resolve(cwd, f!), TLS_PEM_BYTES_MAX, 'INVALID_ARGUMENT')));
@@ -126,6 +136,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ...(replicaListen !== undefined ? { replicaListen } : {}),
       ...(tls ? { tls } : {}),
       ...(maxConcurrentRebuilds !== undefined ? { maxConcurrentRebuilds } : {}),
+      ...(handOverHoldMs !== undefined ? { handOverHoldMs } : {}),
     });
     opened.watch((e) => ctx.stderr(`mooring: ${describeEvent(e)}\n`));
     return opened;

@@ -21,6 +21,7 @@ import {
   type TcpAddress,
 } from './addresses.js';
 import { BackingImageFiles } from './backing-image-files.js';
+import { ExportHold } from './export-hold.js';
 import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
@@ -68,6 +69,14 @@ export const DATA_ENGINE_DEFAULTS = {
    * replicas answer from the page cache and keep the NBD default.
    */
   nbdIoThreadsRemote: 32,
+  /**
+   * How long the export of an engine that handed over holds its clients' requests (unread)
+   * before refusing them; see src/data-engine/export-hold.ts. Rollback and confirm end it
+   * sooner.
+   */
+  handOverHoldMs: 300_000,
+  /** How long the hand-over waits for the export to reach a request boundary before it goes on without holding. */
+  handOverFreezeMs: 2000,
 } as const;
 
 /** Bounds of {@link LocalDataEngineOptions}. */
@@ -92,6 +101,8 @@ export const DATA_ENGINE_LIMITS = {
   watchersMax: 1024,
   /** Replicas one data engine lists (a directory with more is refused). */
   replicasMax: 100_000,
+  /** Longest `handOverHoldMs` (a day). */
+  handOverHoldMsMax: 86_400_000,
 } as const;
 
 /** The file recording who owns a data engine directory. */
@@ -131,6 +142,12 @@ export interface LocalDataEngineOptions {
   maxConcurrentSnapshotCopies?: number;
   /** Self-repair settings. */
   repair?: DataEngineRepairOptions;
+  /**
+   * How long, in ms, the NBD export of an engine that handed its volume over holds the
+   * requests its clients still send, until a rollback serves them or a confirm closes the
+   * connections (default 300000; 0: refuse them at once with NBD EPERM).
+   */
+  handOverHoldMs?: number;
   /**
    * Timing of backing image downloads on this disk (start and stall timeouts, retries and
    * back-off, redirects, extra CA certificates); defaults in DOWNLOAD_DEFAULTS. A call's own
@@ -184,6 +201,8 @@ interface EngineSlot {
   role: 'active' | 'standby';
   /** A deactivate or activate in progress (one at a time; repairs wait for its outcome). */
   handingOver: boolean;
+  /** Handed over: the export holds what its clients send (null: none, or it refuses). */
+  hold: ExportHold | null;
 }
 
 /**
@@ -210,6 +229,7 @@ export class LocalDataEngine implements DataEngine {
   readonly #rebuilds: Semaphore;
   readonly #snapshotCopies: Semaphore;
   readonly #repair: Required<DataEngineRepairOptions>;
+  readonly #handOverHoldMs: number;
   readonly #engines = new Map<string, EngineSlot>();
   readonly #starting = new Set<string>();
   readonly #replicaOps = new Set<string>();
@@ -229,6 +249,7 @@ export class LocalDataEngine implements DataEngine {
     maxConcurrentRebuilds: number;
     maxConcurrentSnapshotCopies: number;
     repair: Required<DataEngineRepairOptions>;
+    handOverHoldMs: number;
   }) {
     this.hostId = init.hostId;
     this.dir = init.dir;
@@ -241,6 +262,7 @@ export class LocalDataEngine implements DataEngine {
     this.#rebuilds = new Semaphore(init.maxConcurrentRebuilds, DATA_ENGINE_LIMITS.rebuildWaitersMax);
     this.#snapshotCopies = new Semaphore(init.maxConcurrentSnapshotCopies, DATA_ENGINE_LIMITS.snapshotCopyWaitersMax);
     this.#repair = init.repair;
+    this.#handOverHoldMs = init.handOverHoldMs;
   }
 
   /**
@@ -289,6 +311,7 @@ export class LocalDataEngine implements DataEngine {
     if (repair.maxRetryMs < repair.firstRetryMs) {
       throw new MooringError('INVALID_ARGUMENT', `repair.maxRetryMs (${repair.maxRetryMs}) must be at least repair.firstRetryMs (${repair.firstRetryMs})`);
     }
+    const handOverHoldMs = checkIntIn('handOverHoldMs', options.handOverHoldMs, 0, DATA_ENGINE_LIMITS.handOverHoldMsMax, DATA_ENGINE_DEFAULTS.handOverHoldMs);
     const addon = options.addon ?? loadAddon();
 
     await mkdir(join(dir, DATA_ENGINE_REPLICAS_SUBDIR), { recursive: true }).catch((err: unknown) =>
@@ -319,7 +342,7 @@ export class LocalDataEngine implements DataEngine {
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair });
+      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs });
       de.#files = await BackingImageFiles.open({
         dir,
         addon,
@@ -520,6 +543,7 @@ export class LocalDataEngine implements DataEngine {
         stopping: false,
         role: standby ? 'standby' : 'active',
         handingOver: false,
+        hold: null,
       };
       this.#wire(slot);
       if (nbd !== null) {
@@ -726,13 +750,19 @@ export class LocalDataEngine implements DataEngine {
     // Pending repairs would rebuild into replicas the next writer owns; a rebuild already
     // running is stopped by the engine itself (its replica is left for the next writer).
     for (const id of [...slot.repairs.keys()]) this.#cancelRepair(slot, id);
+    // The export stops reading first (what is in flight is answered by the writer), so
+    // what its clients send from now on waits for a rollback instead of failing. A client
+    // that keeps the freeze from happening in time costs the hold, not the hand-over.
+    const hold = slot.nbd && this.#handOverHoldMs > 0 ? await ExportHold.start(slot.nbd, DATA_ENGINE_DEFAULTS.handOverFreezeMs, this.#handOverHoldMs).catch(() => null) : null;
     let h: EngineHandOver;
     try {
       h = await slot.engine.deactivate();
       slot.role = 'standby';
+      slot.hold = hold;
       for (const id of [...slot.repairs.keys()]) this.#cancelRepair(slot, id);
     } catch (err) {
       // Still active (fenced, or its last replica failed to flush): repair as before.
+      await hold?.release().catch(() => undefined);
       slot.handingOver = false;
       if (slot.engine.state === 'open' && !slot.stopping) this.#repairErr(slot, 'after a failed hand-over');
       throw err;
@@ -755,6 +785,9 @@ export class LocalDataEngine implements DataEngine {
     try {
       await slot.engine.activate(h, { epoch });
       slot.role = 'active';
+      // The requests held since the hand-over go to the writer now, in order.
+      await slot.hold?.release();
+      slot.hold = null;
     } finally {
       slot.handingOver = false;
     }
@@ -1023,6 +1056,8 @@ export class LocalDataEngine implements DataEngine {
     if (slot.stopping) return;
     slot.stopping = true;
     for (const id of [...slot.repairs.keys()]) this.#cancelRepair(slot, id);
+    // Closing a held export closes its connections with what they sent unread.
+    slot.hold?.dispose();
     try {
       // A rebuild in flight would hold the engine's drain: abort it (the replica is simply
       // not part of the next engine until it is rebuilt again).

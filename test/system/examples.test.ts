@@ -45,7 +45,9 @@ describe('examples', () => {
     expect(out).toMatch(/standby on b before the hand-over: refused: .*Operation not permitted/);
     expect(out).toMatch(/hook beforeHandOver[\s\S]*event migration-handed-over: epoch \d+[\s\S]*hook afterHandOver/);
     expect(out).toMatch(/b reads what a wrote: read 1048576\/1048576 bytes/);
-    expect(out).toMatch(/a write sent to a after the hand-over: refused: .*Operation not permitted/);
+    expect(out).toMatch(/a write sent to a after the hand-over, dropped at the confirm: refused: /);
+    expect(out).not.toMatch(/dropped at the confirm: refused: .*Operation not permitted/);
+    expect(out).toMatch(/b reads what a wrote, not the dropped write: read 4096\/4096 bytes/);
     expect(out).toMatch(/confirmed: attached on b, healthy/);
     expect(out).toMatch(/detached and deleted/);
   });

@@ -84,6 +84,8 @@ describe('mooring data-engine', () => {
       ['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'http://x'],
       ['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--tls-cert', 'c.pem'],
       ['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--max-concurrent-rebuilds', 'many'],
+      ['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--hand-over-hold-ms', 'soon'],
+      ['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--hand-over-hold-ms', '-1'],
       ['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--bogus'],
     ];
     for (const argv of usage) expect(await runCli(argv, ctx), argv.join(' ')).toBe(2);
@@ -92,6 +94,9 @@ describe('mooring data-engine', () => {
     expect(ctx.err.join('')).toMatch(/INVALID_ARGUMENT: .*loopback/);
     expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--replica-listen', 'tcp:10.1.2.3:0'], ctx)).toBe(1);
     expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--max-concurrent-rebuilds', '0'], ctx)).toBe(1);
+    ctx.err.length = 0;
+    expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--hand-over-hold-ms', '100000000'], ctx)).toBe(1);
+    expect(ctx.err.join('')).toMatch(/INVALID_ARGUMENT: handOverHoldMs/);
     expect(await runCli(['data-engine', '--help'], ctx)).toBe(0);
     expect(ctx.out.join('')).toContain('mooring data-engine');
   });

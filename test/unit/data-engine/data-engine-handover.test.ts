@@ -24,6 +24,16 @@ const MiB = 1024 * 1024;
 /** NBD_EPERM on the wire. */
 const NBD_EPERM = 1;
 
+/** A promise and whether it has settled yet (without awaiting it). */
+function outcome<T>(p: Promise<T>): { promise: Promise<T>; settled: boolean } {
+  const o = { promise: p, settled: false };
+  p.then(
+    () => (o.settled = true),
+    () => (o.settled = true),
+  );
+  return o;
+}
+
 async function nbdErrno(p: Promise<unknown>): Promise<number> {
   try {
     await p;
@@ -139,7 +149,7 @@ describe.each([
     return refs(volume);
   }
 
-  it('hands a volume over between hosts: standby export refuses with EPERM, the target serves every write after activation, the source refuses', async () => {
+  it('hands a volume over between hosts: standby export refuses with EPERM, the target serves every write after activation, the source holds what it is sent and applies none of it', async () => {
     const [a, b] = h.hosts;
     const replicas = await createVolume('mig', 8 * MiB);
     const srcSock = join(h.root, 'mig-a.sock');
@@ -172,7 +182,10 @@ describe.each([
     expect(hand).toEqual({ epoch: e1, generation: 1, rwReplicaIds: ['r0', 'r1'] });
     expect((await a.de.engineInfo('mig')).role).toBe('standby');
     await until(() => a.events.some((e) => e.type === 'engine-deactivated' && e.volume === 'mig' && e.epoch === src.epoch), 'engine-deactivated');
-    expect(await nbdErrno(s.write(2 * MiB, bytes(3, 4096)))).toBe(NBD_EPERM);
+    // The source holds what its client sends now (a write and a read): no reply until a
+    // rollback or, here, the stop after the confirm.
+    const heldWrite = outcome(s.write(2 * MiB, bytes(3, 4096)));
+    const heldRead = outcome(s.read(4 * MiB, 4096));
 
     const e2 = allocate();
     const active = await b.de.activateEngine('mig', hand, { epoch: e2 });
@@ -189,10 +202,8 @@ describe.each([
     const second = bytes(4, 64 * 1024);
     await d.write(4 * MiB, second);
     await d.flush();
-    // The refused source write changed nothing.
+    // The held source write changed nothing.
     expect((await d.read(2 * MiB, 4096)).equals(Buffer.alloc(4096))).toBe(true);
-    expect(await nbdErrno(s.read(4 * MiB, 4096))).toBe(NBD_EPERM);
-    await s.disconnect();
 
     // Wrong states, coded. (A used hand-over is refused too, see below: its claim would
     // fence this writer first.)
@@ -200,8 +211,17 @@ describe.each([
     expect(await codeOf(b.de.activateEngine('mig', hand, { epoch: allocate() }))).toBe('INVALID_STATE');
     expect(await codeOf(a.de.addReplica('mig', replicas[0]!))).toBe('INVALID_STATE');
 
-    // The handed-over source stops without disturbing the target.
+    // The handed-over source stops without disturbing the target; its held requests end
+    // with the connection, unanswered (not refused: an EPERM would be an I/O error in a guest).
+    expect(heldWrite.settled).toBe(false);
     await a.de.stopEngine('mig');
+    for (const held of [heldWrite, heldRead]) {
+      const err = await held.promise.then(() => null, (e: unknown) => e);
+      expect(err, 'a held request is never answered').toBeInstanceOf(Error);
+      expect(err).not.toBeInstanceOf(NbdReplyError);
+    }
+    s.destroy();
+    expect((await d.read(2 * MiB, 4096)).equals(Buffer.alloc(4096))).toBe(true);
     await d.write(5 * MiB, second);
     expect((await d.read(5 * MiB, second.length)).equals(second)).toBe(true);
     await d.disconnect();
@@ -242,6 +262,44 @@ describe.each([
     await s.disconnect();
     await b.de.stopEngine('rb');
     await a.de.stopEngine('rb');
+  });
+
+  it('serves what the source held once a rollback makes it the writer again, in order, after what the target wrote', async () => {
+    const [a, b] = h.hosts;
+    const replicas = await createVolume('hold', 4 * MiB);
+    const srcSock = join(h.root, 'hold-a.sock');
+    const dstSock = join(h.root, 'hold-b.sock');
+    await a.de.startEngine({ volume: 'hold', replicas, nbd: `unix:${srcSock}`, epoch: allocate() });
+    await b.de.startEngine({ volume: 'hold', replicas, nbd: `unix:${dstSock}`, standby: true });
+    const s = await NbdClient.connect({ socketPath: srcSock });
+    // Writes in flight while the source deactivates: each is answered by the writer, or held.
+    const early = Array.from({ length: 16 }, (_, i) => outcome(s.write(i * 4096, bytes(20 + i, 4096))));
+    const h1 = await a.de.deactivateEngine('hold');
+    // QEMU resumed the source VM by itself (migrate_cancel): its guest writes again.
+    const late = outcome(s.write(MiB, bytes(5, 4096)));
+    const lateRead = outcome(s.read(16 * 4096, 4096));
+    await b.de.activateEngine('hold', h1, { epoch: allocate() });
+    const d = await NbdClient.connect({ socketPath: dstSock });
+    await d.write(MiB, bytes(6, 8192));
+    await d.flush();
+    await d.disconnect();
+    expect(late.settled).toBe(false);
+    const h2 = await b.de.deactivateEngine('hold');
+    await a.de.activateEngine('hold', h2, { epoch: allocate() });
+    // The held requests are served now: the write lands over the target's, the read answers.
+    await late.promise;
+    expect((await lateRead.promise).equals(Buffer.alloc(4096))).toBe(true);
+    for (const [i, w] of early.entries()) {
+      await w.promise;
+      expect((await s.read(i * 4096, 4096)).equals(bytes(20 + i, 4096)), `early write ${i}`).toBe(true);
+    }
+    expect((await s.read(MiB, 4096)).equals(bytes(5, 4096))).toBe(true);
+    expect((await s.read(MiB + 4096, 4096)).equals(bytes(6, 8192).subarray(4096))).toBe(true);
+    await s.write(2 * MiB, bytes(7, 4096));
+    await s.flush();
+    await s.disconnect();
+    await b.de.stopEngine('hold');
+    await a.de.stopEngine('hold');
   });
 
   it('repairs nothing while standby, stops repairing at deactivate, and repairs the ERR replicas of the hand-over after activation', async () => {
@@ -307,5 +365,45 @@ describe.each([
     await a.de.stopEngine('err');
     await b.de.stopEngine('err');
     expect(await codeOf(b.de.deactivateEngine('err'))).toBe('NOT_FOUND');
+  });
+});
+
+describe('the hold of a handed-over export (handOverHoldMs)', () => {
+  async function handedOver(handOverHoldMs: number | undefined): Promise<{ s: NbdClient; stop: () => Promise<void> }> {
+    const root = await mkdtemp(join(tmpdir(), 'mooring-hold-'));
+    const de = await LocalDataEngine.start({ dir: join(root, 'h'), hostId: 'h', addon: loadAddon(), replicaListen: null, ...(handOverHoldMs !== undefined ? { handOverHoldMs } : {}) });
+    await de.createReplica('v-r0', MiB);
+    const sock = join(root, 'v.sock');
+    await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h', name: 'v-r0', address: null }], nbd: `unix:${sock}`, epoch: 1 });
+    const s = await NbdClient.connect({ socketPath: sock });
+    await de.deactivateEngine('v');
+    return {
+      s,
+      stop: async () => {
+        s.destroy();
+        await de.close();
+        await rm(root, { recursive: true, force: true });
+      },
+    };
+  }
+
+  it('refuses what it held once the hold runs out, and at once with 0', async () => {
+    for (const holdMs of [200, 0]) {
+      const { s, stop } = await handedOver(holdMs);
+      try {
+        const t0 = performance.now();
+        expect(await nbdErrno(s.write(0, bytes(1, 4096)))).toBe(NBD_EPERM);
+        if (holdMs > 0) expect(performance.now() - t0).toBeGreaterThanOrEqual(holdMs - 20);
+        expect(await nbdErrno(s.read(0, 4096))).toBe(NBD_EPERM);
+      } finally {
+        await stop();
+      }
+    }
+  });
+
+  it('refuses a hold that is not a whole number of ms up to a day', async () => {
+    for (const handOverHoldMs of [-1, 1.5, 86_400_001, '10' as never]) {
+      expect(await codeOf(LocalDataEngine.start({ dir: join(tmpdir(), 'mooring-hold-bad'), hostId: 'h', addon: loadAddon(), replicaListen: null, handOverHoldMs }))).toBe('INVALID_ARGUMENT');
+    }
   });
 });
