@@ -37,7 +37,7 @@ export class ExportHold {
    *   `freezeTimeoutMs`: nothing is held), INVALID_STATE, CLOSED, UNSUPPORTED
    */
   static async start(exp: NbdExport, freezeTimeoutMs: number, holdMs: number): Promise<ExportHold> {
-    await exp.freeze(freezeTimeoutMs);
+    await exp.freeze(freezeTimeoutMs, { hold: true });
     return new ExportHold(exp, holdMs);
   }
 

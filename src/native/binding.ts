@@ -390,9 +390,10 @@ export interface NativeNbdHandOffServer extends NativeNbdServer {
   /**
    * Stops accepting (new clients wait in the backlog) and brings every connection to a
    * request boundary with nothing in flight. BUSY if one does not get there in timeoutMs:
-   * then everything carries on as before.
+   * then everything carries on as before. `hold`: frozen, a connection still answers the
+   * FLUSHes at the head of its stream (not for a hand-off: see NbdServer::Freeze).
    */
-  freeze(timeoutMs: number): Promise<void>;
+  freeze(timeoutMs: number, hold?: boolean): Promise<void>;
   /**
    * Frozen only: the record to send. The server stays frozen with its own fds (unfreeze()
    * rolls back) and no longer counts against its engine, which may now close; close()

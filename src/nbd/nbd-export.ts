@@ -157,12 +157,14 @@ export class NbdExport extends (EventEmitter as new () => TypedEmitter<NbdExport
    * Hand-off, step 1: stops accepting (new clients wait in the listen backlog) and brings
    * every connection to a request boundary with nothing in flight. BUSY if one does not
    * get there in `timeoutMs`; then it carries on as before. (docs/nbd-frontend.md,
-   * "Hand-off of an export between processes".)
+   * "Hand-off of an export between processes".) `hold`: frozen, each connection still
+   * answers the FLUSHes at the head of its stream, for an export whose engine stays open
+   * (src/data-engine/export-hold.ts); never before a {@link detach}.
    *
    * @throws MooringError BUSY, INVALID_STATE, CLOSED, UNSUPPORTED (an addon without hand-off)
    */
-  freeze(timeoutMs: number): Promise<void> {
-    return callNative(() => this.#handOffServer().freeze(timeoutMs), `freezing NBD export ${this.addressString}`);
+  freeze(timeoutMs: number, options: { hold?: boolean } = {}): Promise<void> {
+    return callNative(() => this.#handOffServer().freeze(timeoutMs, options.hold === true), `freezing NBD export ${this.addressString}`);
   }
 
   /**

@@ -97,8 +97,9 @@ Napi::Value NbdServerWrap::Freeze(const Napi::CallbackInfo& info) {
   return RunPromise(info.Env(), [&]() -> PromiseWorker* {
     if (closed_) throw JsError(Code::kClosed, "NBD server is closed");
     const int timeout = static_cast<int>(ToUint(Arg(info, 0), "timeoutMs", kMaxFreezeTimeoutMs));
+    const bool hold = ToBool(Arg(info, 1), "hold", false);
     auto server = server_;
-    return PinnedTask(info, [server, timeout]() { return server->Freeze(timeout); });
+    return PinnedTask(info, [server, timeout, hold]() { return server->Freeze(timeout, hold); });
   });
 }
 

@@ -139,12 +139,13 @@ Status NbdConnection::Honours(const NbdServerContext& ctx, const NbdConnectionRe
   return Status::Ok();
 }
 
-void NbdConnection::RequestFreeze(int64_t deadline_ms) {
+void NbdConnection::RequestFreeze(int64_t deadline_ms, bool hold) {
   {
     std::lock_guard<std::mutex> lock(freeze_mu_);
     if (freeze_state_ != FreezeState::kNone) return;
     freeze_state_ = FreezeState::kRequested;
     freeze_deadline_ms_ = deadline_ms;
+    freeze_hold_ = hold;
     freeze_requested_.store(true);
   }
   Signal();
@@ -182,7 +183,15 @@ NbdConnection::Frozen NbdConnection::ParkFrozen() {
   freeze_state_ = FreezeState::kFrozen;
   freeze_requested_.store(false);
   freeze_cv_.notify_all();
-  freeze_cv_.wait(lock, [this] { return freeze_state_ != FreezeState::kFrozen || stop_requested_.load(); });
+  const auto parked = [this] { return freeze_state_ == FreezeState::kFrozen && !stop_requested_.load(); };
+  // A hold answers the FLUSHes at the head of the stream while parked (AnswerHeldFlush);
+  // whatever wakes the thread (Unfreeze, Release, RequestStop) also signals the wake fd.
+  for (bool answering = freeze_hold_; answering && parked();) {
+    lock.unlock();
+    answering = AnswerHeldFlush();
+    lock.lock();
+  }
+  freeze_cv_.wait(lock, [&] { return !parked(); });
   if (freeze_state_ == FreezeState::kReleased) return Frozen::kRelease;
   freeze_state_ = FreezeState::kNone;
   return stop_requested_.load() ? Frozen::kStop : Frozen::kResume;
@@ -228,6 +237,45 @@ void NbdConnection::Release() {
     freeze_state_ = FreezeState::kReleased;
   }
   freeze_cv_.notify_all();
+  Signal();
+}
+
+// Parked in a hold: waits for the socket or the wake fd. A FLUSH at the head of the stream,
+// with nothing buffered before it, is read and answered from here: the device flushes, and
+// an engine that handed over (a standby: EPERM) flushed everything it acknowledged at the
+// hand-over, so that counts as done. A client that only flushes and leaves (QEMU quitting
+// after a completed migration) is then not held. True to go on; false once the head is
+// anything else (held from there on), the client left, or the socket failed: the thread
+// then waits without reading. The first bytes read decide, so the stream stays framed.
+bool NbdConnection::AnswerHeldFlush() {
+  if (cur_ || rend_ != rpos_) return false;
+  pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  if (poll(p, 2, -1) < 0) return errno == EINTR;
+  if (p[1].revents) {
+    uint64_t v;
+    ssize_t r = read(wake_fd_, &v, sizeof v);
+    (void)r;
+  }
+  if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) return true;  // woken: the caller looks again
+  uint8_t h[kRequestHeaderBytes];
+  if (recv(fd_, h, sizeof h, MSG_PEEK) != static_cast<ssize_t>(sizeof h)) return false;
+  // Anything unusual (flags, a length) is left to the parser once released.
+  if (Load32(h) != kMagicRequest || Load16(h + 6) != kCmdFlush || Load16(h + 4) != 0 || Load64(h + 16) != 0 ||
+      Load32(h + 24) != 0) {
+    return false;
+  }
+  if (recv(fd_, h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return false;
+  ctx_->requests.fetch_add(1, std::memory_order_relaxed);
+  int rc;
+  try {
+    rc = dev_->Flush();
+  } catch (...) {
+    rc = -EIO;
+  }
+  uint8_t reply[kSimpleReplyBytes];
+  PutSimpleReply(reply, rc == -EPERM ? 0 : ErrorFromErrno(rc), Load64(h + 8));
+  std::lock_guard<std::mutex> lock(send_mu_);
+  return send(fd_, reply, sizeof reply, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof reply);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -71,7 +71,9 @@ class NbdConnection {
   // except the rest of a WRITE payload already begun (exactly that many bytes), parses
   // what it holds, and parks once nothing is in flight and no reply is queued. Past
   // deadline_ms it gives up and carries on as if never asked. Returns at once.
-  void RequestFreeze(int64_t deadline_ms);
+  // hold: parked, it answers FLUSHes at the head of the stream (AnswerHeldFlush); only for a
+  // device that outlives the freeze (not a hand-off, whose engine closes while frozen).
+  void RequestFreeze(int64_t deadline_ms, bool hold = false);
   // Waits (until until_ms) for the thread's answer; on kFailed it runs normally again.
   FreezeResult WaitFreeze(int64_t until_ms);
   // Frozen, or a freeze under way: carry on exactly where it stopped, on `device` if given.
@@ -104,6 +106,7 @@ class NbdConnection {
   bool FreezeRequested() const { return freeze_requested_.load(); }
   void FreezeFailed();
   Frozen ParkFrozen();  // the thread, frozen: waits for Unfreeze, Release or RequestStop
+  bool AnswerHeldFlush();
 
   void Transmission();
   ParseResult Parse(WorkerPool::Batch* batch);
@@ -178,6 +181,7 @@ class NbdConnection {
   std::condition_variable freeze_cv_;
   FreezeState freeze_state_ = FreezeState::kNone;  // guarded by freeze_mu_
   int64_t freeze_deadline_ms_ = 0;                 // guarded by freeze_mu_
+  bool freeze_hold_ = false;                        // guarded by freeze_mu_
   std::atomic<bool> freeze_requested_{false};      // freeze_state_ == kRequested, lock-free
   bool released_ = false;                          // the connection thread only
 };

@@ -123,13 +123,13 @@ class NbdServerImpl final : public NbdServer {
 
   // --- Hand-off ---
 
-  Status Freeze(int timeout_ms) override {
+  Status Freeze(int timeout_ms, bool hold) override {
     std::lock_guard<std::mutex> lock(close_mu_);
     if (closed_ || state_.load() != State::kServing) return NotIn("serving", "freeze");
     acceptor_.Pause();
     std::vector<NbdConnection*> conns = acceptor_.Connections();  // stable while paused
     const int64_t deadline = NowMs() + timeout_ms;
-    for (NbdConnection* c : conns) c->RequestFreeze(deadline);
+    for (NbdConnection* c : conns) c->RequestFreeze(deadline, hold);
     uint64_t failed_id = 0;
     for (NbdConnection* c : conns) {
       if (c->WaitFreeze(deadline + kFreezeAnswerGraceMs) == NbdConnection::FreezeResult::kFailed && failed_id == 0) {

@@ -70,7 +70,11 @@ class NbdServer {
   // NbdConnection::RequestFreeze). kBusy if one does not get there within timeout_ms (a
   // client that does not read its replies, a WRITE payload or a handshake that does not
   // arrive): everything then runs on as if never frozen. kInvalidState unless serving.
-  virtual Status Freeze(int timeout_ms) = 0;
+  // hold: frozen, each connection still answers the FLUSHes at the head of its stream
+  // (NbdConnection::AnswerHeldFlush), for an export that holds its clients' requests while
+  // its engine is a standby; not for a hand-off to another process (Detach), whose
+  // device closes while the server is frozen.
+  virtual Status Freeze(int timeout_ms, bool hold = false) = 0;
   // Frozen only: the record of the export, with dup()ed fds. The server stays frozen and
   // keeps its own fds, for Unfreeze (rollback), until Close(), which then releases them: it
   // closes its fds only (no reply, no shutdown(), no unlink of the socket file).

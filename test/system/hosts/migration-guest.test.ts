@@ -1,0 +1,165 @@
+// A real guest live-migrated between hosts, through every order of QEMU events the embedder
+// meets: QEMU (TCG) on a 3-replica volume of three `mooring data-engine` processes, its
+// /init writing numbered 4 KiB blocks with O_DIRECT dd without pause, migrated as
+// docs/migration.md wires it (destination on the target's standby export, `events` and
+// `pause-before-switchover`, the hand-over at `pre-switchover`):
+// - cancelled before the hand-over, then rolled back;
+// - cancelled after the hand-over: QEMU resumes the source VM at `cancelled` by itself,
+//   before the rollback runs, so the guest's writes reach the source after it handed over;
+// - the destination QEMU killed after the hand-over: QEMU resumes the source once the
+//   migration fails, before the rollback;
+// - completed: the source QEMU quits, then the confirm; the guest writes on at the target.
+// After each, from inside the guest: no kernel I/O error, no failed dd, and it writes on;
+// at the end every block it wrote reads back from the volume, in order.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+import { NbdClient } from '../../../src/bench/nbd-client.js';
+import { Mooring } from '../../../src/mooring.js';
+import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
+import { Guest, guestImage, verifySeqBlocks, writerScript, type GuestImage } from '../helpers/guest.js';
+import { makeHosts, type HostProcess } from '../helpers/hosts.js';
+import { TempDir } from '../helpers/tools.js';
+
+const SIZE = 128 << 20;
+const VOLUME = 'vm';
+// Lines in a serial log that mean the guest saw a failure (kernel block errors, dd, a hang).
+const GUEST_ERRORS = /I\/O error|dd: |DDERR|GUEST_FAIL|blocked for more than|Call Trace|WRITER_DONE/;
+
+describe('live migration of a QEMU guest between hosts', () => {
+  const tmp = new TempDir();
+  let hosts: HostProcess[] = [];
+  let cluster: Mooring;
+  let image: GuestImage;
+  // The QEMU that runs the guest now, and the host whose engine serves it.
+  let vm: Guest;
+  let here = 'a';
+  let run = 0;
+  const others: Guest[] = [];
+  const sock = (host: string, n: number): string => tmp.join(`${host}-${n}.sock`);
+
+  const why = (...guests: Guest[]): string => guests.map((g) => g.diagnostics()).join('') + hosts.map((h) => h.diagnostics()).join('');
+  const count = (g: Guest): number => Math.max(0, ...[...g.serial().matchAll(/^CNT (\d+)/gm)].map((m) => Number(m[1])));
+  async function until(what: string, check: () => Promise<boolean> | boolean, timeoutMs: number, ...guests: Guest[]): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (!(await check())) {
+      if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${why(...guests)}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  // The guest writes on: `blocks` more than now, and nothing in its log says it failed.
+  async function writesOn(g: Guest, blocks: number, label: string): Promise<void> {
+    const from = count(g);
+    await until(`${label}: the guest to write ${blocks} more blocks (from ${from})`, () => count(g) >= from + blocks, 120_000, g);
+    expect(g.serial().split('\n').filter((l) => GUEST_ERRORS.test(l)), `${label}: guest errors${why(g)}`).toEqual([]);
+  }
+  const migrationStatus = async (g: Guest): Promise<string> => ((await g.qmp('query-migrate')) as { status?: string }).status ?? 'none';
+  const runState = async (g: Guest): Promise<string> => ((await g.qmp('query-status')) as { status: string }).status;
+
+  // Starts the migration of the guest to `target` and brings it to `pre-switchover` (the
+  // source VM stopped, drained and flushed). Returns the destination QEMU and the migration.
+  async function toPreSwitchover(target: string) {
+    run++;
+    const m = await cluster.volume(VOLUME).migrate(target, { nbd: `unix:${sock(target, run)}`, attacher: 'workload' });
+    const migSock = tmp.join(`mig-${run}.sock`);
+    const dst = Guest.start(image, { dir: tmp.join(`guest-${run}`), nbdSocket: sock(target, run), extraArgs: ['-incoming', `unix:${migSock}`] });
+    others.push(dst);
+    await until('the destination QEMU to listen for the migration', async () => (await migrationStatus(dst).catch(() => 'not yet')) !== 'not yet', 60_000, dst);
+    await vm.qmp('migrate-set-capabilities', {
+      capabilities: [
+        { capability: 'events', state: true },
+        { capability: 'pause-before-switchover', state: true },
+      ],
+    });
+    await vm.qmp('migrate', { uri: `unix:${migSock}` });
+    await until('the source to reach pre-switchover', async () => (await migrationStatus(vm)) === 'pre-switchover', 120_000, vm, dst);
+    return { dst, m };
+  }
+
+  beforeAll(async () => {
+    image = await guestImage(writerScript({ blocks: SIZE / 4096, every: 25 }));
+    hosts = makeHosts(tmp.path, 3, 18300);
+    for (const h of hosts) await h.start();
+    cluster = await Mooring.open({ store: new MemoryStateStore(), hosts: hosts.map((h) => h.engine), repairIntervalMs: 500 });
+    await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3, accessMode: 'migratable' });
+    await cluster.volume(VOLUME).attach({ host: 'a', attacher: 'workload', nbd: `unix:${sock('a', 0)}` });
+    vm = Guest.start(image, { dir: tmp.join('guest-0'), nbdSocket: sock('a', 0) });
+    await vm.waitForSerial(/^GUEST_READY/m, 60_000);
+    await writesOn(vm, 50, 'after boot');
+  }, 300_000);
+
+  afterAll(async () => {
+    for (const g of [vm, ...others]) await g?.quit().catch(() => g.kill());
+    await cluster?.close();
+    for (const h of hosts) await h.stop().catch(() => undefined);
+    tmp.cleanup();
+  });
+
+  it('cancelled before the hand-over: the source runs on, the rollback removes the standby', async () => {
+    const { dst, m } = await toPreSwitchover('b');
+    await vm.qmp('migrate_cancel');
+    await until('the source to be cancelled and running', async () => (await migrationStatus(vm)) === 'cancelled' && (await runState(vm)) === 'running', 60_000, vm);
+    await m.rollback();
+    await dst.quit();
+    await writesOn(vm, 50, 'cancelled before the hand-over');
+    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+  }, 300_000);
+
+  it('cancelled after the hand-over: QEMU resumes the source by itself, its writes wait for the rollback and then land', async () => {
+    const { dst, m } = await toPreSwitchover('b');
+    await m.handOver();
+    await vm.qmp('migrate_cancel');
+    // QEMU resumes the guest before anyone rolls back: its writes go to a, which handed over.
+    await until('the source to be cancelled and running again', async () => (await migrationStatus(vm)) === 'cancelled' && (await runState(vm)) === 'running', 60_000, vm);
+    const atResume = count(vm);
+    await m.rollback();
+    await dst.quit();
+    await writesOn(vm, 50, 'cancelled after the hand-over');
+    expect(count(vm)).toBeGreaterThan(atResume);
+    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+  }, 300_000);
+
+  it('the destination QEMU dies after the hand-over: the source resumes when the migration fails, its writes wait for the rollback', async () => {
+    const { dst, m } = await toPreSwitchover('c');
+    await m.handOver();
+    dst.kill();
+    await dst.exited;
+    await vm.qmp('migrate-continue', { state: 'pre-switchover' }).catch(() => undefined);
+    await until('the source migration to fail and the guest to run again', async () => (await migrationStatus(vm)) === 'failed' && (await runState(vm)) === 'running', 60_000, vm);
+    await m.rollback();
+    await writesOn(vm, 50, 'destination killed after the hand-over');
+    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+  }, 300_000);
+
+  it('completes: the source QEMU quits at once, the confirm follows, the guest writes on at the target', async () => {
+    const { dst, m } = await toPreSwitchover('b');
+    await m.handOver();
+    await vm.qmp('migrate-continue', { state: 'pre-switchover' });
+    await until('the migration to complete', async () => (await migrationStatus(vm)) === 'completed', 60_000, vm, dst);
+    const quitStart = Date.now();
+    await vm.qmp('quit').catch(() => undefined);
+    await vm.exited;
+    const quitMs = Date.now() - quitStart;
+    // Well under the NBD client's reconnect-delay (20 s), which it would wait out had its
+    // export been closed under it first.
+    expect(quitMs, `the source QEMU took ${quitMs} ms to quit${why(vm)}`).toBeLessThan(10_000);
+    expect(vm.serial().split('\n').filter((l) => GUEST_ERRORS.test(l)), `source guest errors${why(vm)}`).toEqual([]);
+    await m.confirm();
+    others.splice(others.indexOf(dst), 1);
+    vm = dst;
+    here = 'b';
+    await writesOn(vm, 50, 'at the target after the confirm');
+    expect(await cluster.volume(VOLUME).status()).toMatchObject({ attachedHost: 'b', writerHost: 'b', migration: null });
+    console.log(`migrated guest: the source QEMU quit in ${quitMs} ms after completion`);
+  }, 300_000);
+
+  it('every block the guest wrote reads back in order', async () => {
+    await vm.qmp('stop');
+    const written = count(vm);
+    await vm.quit();
+    const client = await NbdClient.connect({ socketPath: sock(here, run) });
+    const blocks = await verifySeqBlocks((off, len) => client.read(off, len), SIZE);
+    await client.disconnect();
+    expect(blocks).toBeGreaterThanOrEqual(written);
+    expect(blocks).toBeLessThan(written + 25);
+  }, 120_000);
+});
