@@ -8,6 +8,10 @@
 //   before the rollback runs, so the guest's writes reach the source after it handed over;
 // - the destination QEMU killed after the hand-over: QEMU resumes the source once the
 //   migration fails, before the rollback;
+// - the destination QEMU killed before the hand-over;
+// - the embedding process restarted after the hand-over, QEMU cancelling meanwhile: the new
+//   one finds the migration in the store and rolls it back;
+// - a replica host SIGKILLed while the guest writes, then back and rebuilt;
 // - completed: the source QEMU quits, then the confirm; the guest writes on at the target.
 // After each, from inside the guest: no kernel I/O error, no failed dd, and it writes on;
 // at the end every block it wrote reads back from the volume, in order.
@@ -29,6 +33,8 @@ describe('live migration of a QEMU guest between hosts', () => {
   const tmp = new TempDir();
   let hosts: HostProcess[] = [];
   let cluster: Mooring;
+  const store = new MemoryStateStore();
+  const open = (): Promise<Mooring> => Mooring.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 500 });
   let image: GuestImage;
   // The QEMU that runs the guest now, and the host whose engine serves it.
   let vm: Guest;
@@ -79,7 +85,7 @@ describe('live migration of a QEMU guest between hosts', () => {
     image = await guestImage(writerScript({ blocks: SIZE / 4096, every: 25 }));
     hosts = makeHosts(tmp.path, 3, 18300);
     for (const h of hosts) await h.start();
-    cluster = await Mooring.open({ store: new MemoryStateStore(), hosts: hosts.map((h) => h.engine), repairIntervalMs: 500 });
+    cluster = await open();
     await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3, accessMode: 'migratable' });
     await cluster.volume(VOLUME).attach({ host: 'a', attacher: 'workload', nbd: `unix:${sock('a', 0)}` });
     vm = Guest.start(image, { dir: tmp.join('guest-0'), nbdSocket: sock('a', 0) });
@@ -128,6 +134,42 @@ describe('live migration of a QEMU guest between hosts', () => {
     await m.rollback();
     await writesOn(vm, 50, 'destination killed after the hand-over');
     expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+  }, 300_000);
+
+  it('the destination QEMU dies before the hand-over: the source resumes as the writer, the rollback removes the standby', async () => {
+    const { dst, m } = await toPreSwitchover('c');
+    dst.kill();
+    await dst.exited;
+    await vm.qmp('migrate-continue', { state: 'pre-switchover' }).catch(() => undefined);
+    await until('the source migration to fail and the guest to run again', async () => (await migrationStatus(vm)) === 'failed' && (await runState(vm)) === 'running', 60_000, vm);
+    await m.rollback();
+    await writesOn(vm, 50, 'destination killed before the hand-over');
+    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+  }, 300_000);
+
+  it('the embedding process restarts after the hand-over while QEMU cancels: the new one rolls back from the store', async () => {
+    const { dst } = await toPreSwitchover('b');
+    await (await cluster.volume(VOLUME).migration())!.handOver();
+    await cluster.close();
+    await vm.qmp('migrate_cancel');
+    await until('the source to be cancelled and running again', async () => (await migrationStatus(vm)) === 'cancelled' && (await runState(vm)) === 'running', 60_000, vm);
+    cluster = await open();
+    const m = await cluster.volume(VOLUME).migration();
+    expect(await m?.info()).toMatchObject({ sourceHost: here, targetHost: 'b', phase: 'handed-over' });
+    await m!.rollback();
+    await dst.quit();
+    await writesOn(vm, 50, 'rolled back by a restarted embedder');
+    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+  }, 300_000);
+
+  it('a replica host dies while the guest writes: no I/O error; back, its replica is rebuilt', async () => {
+    const c = hosts.find((h) => h.hostId === 'c')!;
+    await c.crash();
+    await writesOn(vm, 100, 'replica host c killed');
+    await c.start();
+    await cluster.addHost(c.engine);
+    await until('the volume to be healthy again', async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 120_000, vm);
+    await writesOn(vm, 50, 'after c was rebuilt');
   }, 300_000);
 
   it('completes: the source QEMU quits at once, the confirm follows, the guest writes on at the target', async () => {
