@@ -12,7 +12,9 @@
 // - the embedding process restarted after the hand-over, QEMU cancelling meanwhile: the new
 //   one finds the migration in the store and rolls it back;
 // - a replica host SIGKILLed while the guest writes, then back and rebuilt;
-// - completed: the source QEMU quits, then the confirm; the guest writes on at the target.
+// - completed: the source QEMU quits, then the confirm; the guest writes on at the target;
+// - the source host's data engine SIGKILLed after the hand-over: the migration completes,
+//   the guest writes on at the target, the confirm goes through without the source.
 // After each, from inside the guest: no kernel I/O error, no failed dd, and it writes on;
 // at the end every block it wrote reads back from the volume, in order.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -192,6 +194,27 @@ describe('live migration of a QEMU guest between hosts', () => {
     await writesOn(vm, 50, 'at the target after the confirm');
     expect(await cluster.volume(VOLUME).status()).toMatchObject({ attachedHost: 'b', writerHost: 'b', migration: null });
     console.log(`migrated guest: the source QEMU quit in ${quitMs} ms after completion`);
+  }, 300_000);
+
+  it('the source host dies after the hand-over: the migration completes and the guest writes on at the target', async () => {
+    const source = hosts.find((h) => h.hostId === here)!;
+    const { dst, m } = await toPreSwitchover('a');
+    await m.handOver();
+    await source.crash();
+    await vm.qmp('migrate-continue', { state: 'pre-switchover' });
+    await until('the migration to complete', async () => (await migrationStatus(vm)) === 'completed', 60_000, vm, dst);
+    // The source VM went with its host (its QEMU here would wait out reconnect-delay).
+    vm.kill();
+    await m.confirm();
+    vm = dst;
+    others.splice(others.indexOf(dst), 1);
+    here = 'a';
+    await writesOn(vm, 50, 'at the target after the source host died');
+    await source.start();
+    await cluster.addHost(source.engine);
+    await until('the volume to be healthy again', async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 120_000, vm);
+    expect(await cluster.volume(VOLUME).status()).toMatchObject({ attachedHost: 'a', writerHost: 'a', migration: null });
+    await writesOn(vm, 50, 'after the source host came back');
   }, 300_000);
 
   it('every block the guest wrote reads back in order', async () => {
