@@ -9,6 +9,9 @@
 // - the destination QEMU killed after the hand-over: QEMU resumes the source once the
 //   migration fails, before the rollback;
 // - the destination QEMU killed before the hand-over;
+// - the target host's data engine SIGKILLed after the hand-over, QEMU cancelling: the
+//   source takes the volume back with a fresh engine on a recreated export, and QEMU's NBD
+//   client (reconnect-delay) reconnects and sends again what the old export held;
 // - the embedding process restarted after the hand-over, QEMU cancelling meanwhile: the new
 //   one finds the migration in the store and rolls it back;
 // - a replica host SIGKILLed while the guest writes, then back and rebuilt;
@@ -146,6 +149,22 @@ describe('live migration of a QEMU guest between hosts', () => {
     await until('the source migration to fail and the guest to run again', async () => (await migrationStatus(vm)) === 'failed' && (await runState(vm)) === 'running', 60_000, vm);
     await m.rollback();
     await writesOn(vm, 50, 'destination killed before the hand-over');
+    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+  }, 300_000);
+
+  it('the target host dies after the hand-over while QEMU cancels: the source takes over again, QEMU reconnects', async () => {
+    const b = hosts.find((h) => h.hostId === 'b')!;
+    const { dst, m } = await toPreSwitchover('b');
+    await m.handOver();
+    await b.crash();
+    await vm.qmp('migrate_cancel');
+    await until('the source to be cancelled and running again', async () => (await migrationStatus(vm)) === 'cancelled' && (await runState(vm)) === 'running', 60_000, vm);
+    await m.rollback();
+    await dst.quit();
+    await writesOn(vm, 50, 'target host killed after the hand-over');
+    await b.start();
+    await cluster.addHost(b.engine);
+    await until('the volume to be healthy again', async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 120_000, vm);
     expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
   }, 300_000);
 
