@@ -178,6 +178,7 @@ export class Guest {
   private qmpSocket: Socket | null = null;
   private qmpBuf = '';
   private qmpWaiters: Array<(msg: Record<string, unknown>) => void> = [];
+  private readonly eventListeners = new Set<(event: { event: string; data?: Record<string, unknown> }) => void>();
 
   private constructor(
     readonly child: ChildProcess,
@@ -236,6 +237,7 @@ export class Guest {
           const msg = JSON.parse(this.qmpBuf.slice(0, nl)) as Record<string, unknown>;
           this.qmpBuf = this.qmpBuf.slice(nl + 1);
           if (!('event' in msg)) this.qmpWaiters.shift()?.(msg);
+          else for (const l of this.eventListeners) l(msg as { event: string; data?: Record<string, unknown> });
         }
       });
       await new Promise<void>((resolve, reject) => sock.once('connect', resolve).once('error', reject)).catch((err: unknown) => {
@@ -251,6 +253,27 @@ export class Guest {
     const msg = await reply;
     if ('error' in msg) throw new Error(`QMP ${execute}: ${JSON.stringify(msg.error)}`);
     return msg.return;
+  }
+
+  /**
+   * Resolves with the data of the first QMP event named `name` for which `match` holds (QMP
+   * must be connected already: events before the first command are lost), or rejects after
+   * `timeoutMs` or when QEMU exits.
+   */
+  nextEvent(name: string, match: (data: Record<string, unknown>) => boolean, timeoutMs: number): Promise<Record<string, unknown>> {
+    return new Promise((resolve, reject) => {
+      const done = (fn: () => void): void => {
+        clearTimeout(timer);
+        this.eventListeners.delete(listener);
+        fn();
+      };
+      const listener = (e: { event: string; data?: Record<string, unknown> }): void => {
+        if (e.event === name && match(e.data ?? {})) done(() => resolve(e.data ?? {}));
+      };
+      const timer = setTimeout(() => done(() => reject(new Error(`QMP: no ${name} event within ${timeoutMs} ms${this.diagnostics()}`))), timeoutMs);
+      this.eventListeners.add(listener);
+      void this.exited.then(() => done(() => reject(new Error(`QMP: QEMU exited before the ${name} event${this.diagnostics()}`))));
+    });
   }
 
   /** QMP `quit` and wait for the exit; SIGKILL if that fails or takes over 10 s. Safe to call twice. */

@@ -25,6 +25,7 @@ import { isWrite, workloadById, type Workload } from './workloads.js';
 import { measureMigration, type MigrationResults } from './migration.js';
 import { measureRebuild, type RebuildResults } from './rebuild.js';
 import { measureUpgrade, type UpgradeResults } from './upgrade.js';
+import { measureGuestMigration, type GuestMigrationResults } from './guest-migration.js';
 import { measureBackingImageDelivery, type BackingImageDeliveryResults } from './backing-image-delivery.js';
 import { measureBackingImageRead, type BackingImageReadResults } from './backing-image-read.js';
 
@@ -253,6 +254,12 @@ function measureUpgradeStep(s: RunState): Promise<UpgradeResults | undefined> {
   return hostStep(s, 'upgrade', `3 data-engine processes on loopback, ${s.opts.upgrades} in-place hand-offs of a 3-replica volume's engine host`, (ctx) => measureUpgrade(ctx, s.opts.upgrades));
 }
 
+function measureGuestMigrationStep(s: RunState): Promise<GuestMigrationResults | undefined> {
+  return hostStep(s, 'guest-migration', `3 data-engine processes on loopback, ${s.opts.guestMigrations} live migrations of a QEMU guest (TCG) on a 3-replica volume, and as many between two qemu-nbd servers`, (ctx) =>
+    measureGuestMigration(ctx, s.opts.guestMigrations),
+  );
+}
+
 function measureBackingImageReadStep(s: RunState): Promise<BackingImageReadResults | undefined> {
   return hostStep(s, 'backing-image-read', '1-replica volume over a qcow2 backing image vs qemu-nbd -r on the same file', (ctx) =>
     measureBackingImageRead(ctx, s.opts.runtimeSec, s.opts.rampSec, s.opts.repeat),
@@ -266,8 +273,9 @@ function measureBackingImageDeliveryStep(s: RunState): Promise<BackingImageDeliv
 /** Checks tools, the build and free space before minutes of work are spent. */
 async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
   const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
-  const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-')) || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0;
-  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0;
+  const needGuest = s.opts.guestMigrations > 0;
+  const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-')) || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0 || needGuest;
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0 || needGuest;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
   const orUndefined = (err: unknown): undefined => {
@@ -287,6 +295,10 @@ async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: str
         throw new BenchError('BENCH_TOOL_MISSING', `${tool} is not installed (apt-get install qemu-utils), or leave the qemu targets out with --targets`);
       }
     }
+  }
+  if (needGuest) {
+    const r = await s.tracker.run('qemu-system-x86_64', ['--version'], s.abort).catch(orUndefined);
+    if (!r || r.code !== 0) throw new BenchError('BENCH_TOOL_MISSING', 'qemu-system-x86_64 is not installed (apt-get install qemu-system-x86), or skip the guest migrations with --guest-migrations 0');
   }
   let cli: string | undefined;
   if (needMooring) {
@@ -389,6 +401,7 @@ export async function runBench(argv: string[]): Promise<number> {
     const rebuild = opts.rebuild ? await measureRebuildStep(s) : undefined;
     const migration = opts.migrations > 0 ? await measureMigrationStep(s) : undefined;
     const upgrade = opts.upgrades > 0 ? await measureUpgradeStep(s) : undefined;
+    const guestMigration = opts.guestMigrations > 0 ? await measureGuestMigrationStep(s) : undefined;
     const backingImageRead = opts.backingImage ? await measureBackingImageReadStep(s) : undefined;
     const backingImageDelivery = opts.backingImage ? await measureBackingImageDeliveryStep(s) : undefined;
 
@@ -412,6 +425,7 @@ export async function runBench(argv: string[]): Promise<number> {
       rebuild,
       migration,
       upgrade,
+      guestMigration,
       backingImageRead,
       backingImageDelivery,
       failures: s.failures,

@@ -154,9 +154,9 @@ export async function measureMigration(ctx: TargetContext, rounds: number): Prom
   }
 }
 
-/** Starts qemu-nbd on `socket` over a raw image and waits until it accepts connections. */
-export async function startQemuNbd(ctx: TargetContext, image: string, socket: string): Promise<ReturnType<TargetContext['tracker']['spawn']>> {
-  const child = ctx.tracker.spawn('qemu-nbd', ['-f', 'raw', '-t', '-e', '2', '-k', socket, image]);
+/** Starts qemu-nbd on `socket` over a raw image (with `extraArgs`) and waits until it accepts connections. */
+export async function startQemuNbd(ctx: TargetContext, image: string, socket: string, extraArgs: string[] = []): Promise<ReturnType<TargetContext['tracker']['spawn']>> {
+  const child = ctx.tracker.spawn('qemu-nbd', ['-f', 'raw', '-t', '-e', '2', ...extraArgs, '-k', socket, image]);
   child.stdout?.resume();
   child.stderr?.resume();
   const deadline = Date.now() + PEER_START_TIMEOUT_MS;

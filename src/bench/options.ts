@@ -36,6 +36,8 @@ export interface BenchOptions {
   migrations: number;
   /** In-place hand-offs of the engine's host to measure (upgrade sessions); 0 skips the upgrade step. */
   upgrades: number;
+  /** Live migrations of a real QEMU guest to measure (and as many between qemu-nbd servers); 0 skips them. */
+  guestMigrations: number;
   /**
    * Backing images: compare reads over a qcow2 backing image with qemu-nbd -r, and
    * measure upload and delivery of an image between two hosts over loopback.
@@ -68,6 +70,9 @@ const MIGRATIONS_MAX = 1000;
 const DEFAULT_UPGRADES = 20;
 const QUICK_UPGRADES = 5;
 const UPGRADES_MAX = 200;
+const DEFAULT_GUEST_MIGRATIONS = 10;
+const QUICK_GUEST_MIGRATIONS = 3;
+const GUEST_MIGRATIONS_MAX = 200;
 /** Rounds are whole passes over every workload and target; more than a few is a typo. */
 const REPEAT_MAX = 20;
 const AREA_BYTES_MIN = 16 * 1024 ** 2;
@@ -121,6 +126,8 @@ Options:
   --backing-image-only  run only those (no report written unless --out is given)
   --migrations N      live migrations to measure (default ${DEFAULT_MIGRATIONS}, --quick ${QUICK_MIGRATIONS}; 0 skips them)
   --upgrades N        in-place data-engine hand-offs to measure (default ${DEFAULT_UPGRADES}, --quick ${QUICK_UPGRADES}; 0 skips them)
+  --guest-migrations N  live migrations of a QEMU guest (TCG) to measure, and as many between two
+                      qemu-nbd servers (default ${DEFAULT_GUEST_MIGRATIONS}, --quick ${QUICK_GUEST_MIGRATIONS}; 0 skips them)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
 `;
@@ -147,6 +154,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let rebuild = true;
   let migrations: number | undefined;
   let upgrades: number | undefined;
+  let guestMigrations: number | undefined;
   let backingImage = true;
   let backingImageOnly = false;
   let runtimeSec: number | undefined;
@@ -190,6 +198,11 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '--upgrades': {
         upgrades = parsePositiveNumber(value(), arg, UPGRADES_MAX, true);
         if (!Number.isInteger(upgrades)) throw new BenchUsageError('--upgrades must be a whole number');
+        break;
+      }
+      case '--guest-migrations': {
+        guestMigrations = parsePositiveNumber(value(), arg, GUEST_MIGRATIONS_MAX, true);
+        if (!Number.isInteger(guestMigrations)) throw new BenchUsageError('--guest-migrations must be a whole number');
         break;
       }
       case '--runtime': runtimeSec = parsePositiveNumber(value(), arg, RUNTIME_SEC_MAX, false); break;
@@ -244,6 +257,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       rebuild: false,
       migrations: 0,
       upgrades: 0,
+      guestMigrations: 0,
       outPath: outPath === null ? undefined : outPath,
       outPathIsDefault: false,
     };
@@ -256,6 +270,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     backingImage,
     migrations: migrations ?? (quick ? QUICK_MIGRATIONS : DEFAULT_MIGRATIONS),
     upgrades: upgrades ?? (quick ? QUICK_UPGRADES : DEFAULT_UPGRADES),
+    guestMigrations: guestMigrations ?? (quick ? QUICK_GUEST_MIGRATIONS : DEFAULT_GUEST_MIGRATIONS),
     runtimeSec: runtimeSec ?? (quick ? QUICK_RUNTIME_SEC : DEFAULT_RUNTIME_SEC),
     repeat,
     rampSec: rampSec ?? (quick ? 0 : 1),

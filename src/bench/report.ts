@@ -5,6 +5,7 @@ import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
 import type { MigrationResults } from './migration.js';
 import type { UpgradeResults } from './upgrade.js';
+import type { GuestMigrationResults } from './guest-migration.js';
 import type { BackingImageDeliveryResults } from './backing-image-delivery.js';
 import type { BackingImageReadResults, BackingImageRow } from './backing-image-read.js';
 import type { RebuildResults } from './rebuild.js';
@@ -63,6 +64,7 @@ export interface BenchResults {
   migration?: MigrationResults | undefined;
   /** In-place data-engine hand-offs over loopback; undefined when skipped or failed. */
   upgrade?: UpgradeResults | undefined;
+  guestMigration?: GuestMigrationResults | undefined;
   /** Reads over a qcow2 backing image against qemu-nbd; undefined when skipped or failed. */
   backingImageRead?: BackingImageReadResults | undefined;
   /** Backing image upload and copy between two hosts over loopback; undefined when skipped or failed. */
@@ -316,6 +318,17 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       detail: `max ${worst.toFixed(1)} ms over ${up.engineHost.handOffs + up.replicaHosts.handOffs} hand-offs, ${up.reconnects} reconnects, ${up.writeErrors} write errors; restart fallback median ${up.restart.clientPauseMs.median.toFixed(0)} ms, qemu-nbd restarted ${up.peer.clientPauseMs.median.toFixed(0)} ms, Longhorn's published 10–20 s`,
     });
   }
+  const gm = r.guestMigration;
+  const gmGoal = 'guest live migration: QEMU downtime within +20 ms of two qemu-nbd servers (median), hand-over < 50 ms p99';
+  if (!gm) verdicts.push({ goal: gmGoal, verdict: 'not measured', detail: 'skipped or failed' });
+  else {
+    const extra = gm.downtimeMs.median - gm.peer.downtimeMs.median;
+    verdicts.push({
+      goal: gmGoal,
+      verdict: extra <= 20 && gm.handOverMs.p99 < 50 ? 'pass' : 'miss',
+      detail: `downtime median ${gm.downtimeMs.median.toFixed(0)} ms vs ${gm.peer.downtimeMs.median.toFixed(0)} ms (${extra >= 0 ? '+' : ''}${extra.toFixed(0)} ms, ${fmtRatio(gm.downtimeMs.median / gm.peer.downtimeMs.median)}); hand-over median ${gm.handOverMs.median.toFixed(1)} ms, p99 ${gm.handOverMs.p99.toFixed(1)} ms over ${gm.rounds} migrations`,
+    });
+  }
   const bi = r.backingImageRead;
   const biReadGoal = 'reads over a qcow2 backing image ≥ 1.0× qemu-nbd -r on the same image';
   if (!bi) verdicts.push({ goal: biReadGoal, verdict: 'not measured', detail: 'skipped or failed' });
@@ -352,6 +365,18 @@ function migrationText(m: MigrationResults): string {
     `a client writing 4 KiB blocks one at a time): hand-over (source drain start → target accepting writes) ${f(m.handOverMs)}; ` +
     `of which the source's drain and flush ${f(m.drainMs)}; client pause (last write acknowledged by the source → first by the target) ${f(m.clientPauseMs)}. ` +
     `Peer: ${m.peer.name}, client pause ${f(m.peer.clientPauseMs)} over ${m.peer.rounds} moves; ratio of medians ${fmtRatio(m.clientPauseMs.median / m.peer.clientPauseMs.median)} (lower is better).`
+  );
+}
+
+function guestMigrationText(g: GuestMigrationResults): string {
+  const f = (x: GuestMigrationResults['downtimeMs']): string => `median ${x.median.toFixed(1)} ms, p99 ${x.p99.toFixed(1)} ms, max ${x.max.toFixed(1)} ms`;
+  return (
+    `Live migration of a QEMU guest (TCG, 256 MiB, its /init writing 4 KiB blocks with O_DIRECT dd throughout; virtio-blk on a 3-replica volume of 3 data-engine processes on loopback; ` +
+    `migrated ${g.rounds} times between two hosts with pause-before-switchover, the hand-over at pre-switchover, max-bandwidth 1 GiB/s): ` +
+    `QEMU's downtime ${f(g.downtimeMs)}, of which Mooring's hand-over ${f(g.handOverMs)}; total migration time ${f(g.totalMs)}; ` +
+    `the source QEMU quit after completion in ${f(g.quitMs)} (before the confirm). ` +
+    `Peer: ${g.peer.name}, downtime ${f(g.peer.downtimeMs)}, total ${f(g.peer.totalMs)} over ${g.peer.rounds} migrations; ` +
+    `downtime medians ${fmtRatio(g.downtimeMs.median / g.peer.downtimeMs.median)} (lower is better).`
   );
 }
 
@@ -463,6 +488,7 @@ export function renderStdout(r: BenchResults): string {
   if (r.rebuild) parts.push(rebuildText(r.rebuild), '');
   if (r.migration) parts.push(migrationText(r.migration), '');
   if (r.upgrade) parts.push(upgradeText(r.upgrade), '');
+  if (r.guestMigration) parts.push(guestMigrationText(r.guestMigration), '');
   if (r.backingImageRead) parts.push(backingImageIntro(r.backingImageRead), renderText(backingImageTable(r.backingImageRead)), '');
   if (r.backingImageDelivery) parts.push(backingImageText(r.backingImageDelivery), '');
   if (r.serverPeaks.length > 0) {
@@ -555,6 +581,8 @@ export function renderMarkdownReport(r: BenchResults): string {
   out.push(r.migration ? migrationText(r.migration) : 'Not measured in this run.', '');
   out.push('### Upgrade of a data engine, in place, over loopback', '');
   out.push(r.upgrade ? upgradeText(r.upgrade) : 'Not measured in this run.', '');
+  out.push('### Live migration of a QEMU guest', '');
+  out.push(r.guestMigration ? guestMigrationText(r.guestMigration) : 'Not measured in this run.', '');
   out.push('### Reads over a qcow2 backing image', '');
   if (r.backingImageRead) out.push(backingImageIntro(r.backingImageRead), '', renderMarkdown(backingImageTable(r.backingImageRead)), '');
   else out.push('Not measured in this run.', '');

@@ -36,6 +36,7 @@ describe('bench options', () => {
     expect(full.migrations).toBe(50);
     expect(quick.migrations).toBe(10);
     expect(parseBenchArgs(['--migrations', '0']).migrations).toBe(0);
+    expect([full.guestMigrations, quick.guestMigrations, parseBenchArgs(['--guest-migrations', '0']).guestMigrations]).toEqual([10, 3, 0]);
     const bi = parseBenchArgs(['--backing-image-only', '--runtime', '2']);
     expect(bi).toMatchObject({ backingImage: true, targets: [], rss: false, rebuild: false, migrations: 0, outPath: undefined, runtimeSec: 2 });
     expect(full.backingImage).toBe(true);
@@ -77,7 +78,7 @@ describe('bench smoke run', () => {
       code = await runBench([
         '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work,
         '--targets', targets.join(','), '--workloads', 'randread-4k-qd16-j1,write-1m-qd8',
-        '--no-rss', '--migrations', '3', '--upgrades', '2', '--out', out,
+        '--no-rss', '--migrations', '3', '--upgrades', '2', '--guest-migrations', '2', '--out', out,
       ]);
     } finally {
       outSpy.mockRestore();
@@ -102,6 +103,9 @@ describe('bench smoke run', () => {
     // The upgrade step handed the engine's host over in place twice, restarted it, and compared with qemu-nbd restarted.
     expect(md).toMatch(/In place, engine host: client pause median [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms over 2 hand-offs/);
     expect(md).toMatch(/in-place upgrade: longest client pause < 100 ms, no reconnect \(4k randwrite qd16\) \| \*\*(pass|miss)\*\*/);
+    // The guest step migrated a QEMU guest twice with Mooring and twice between qemu-nbd servers.
+    expect(md).toMatch(/migrated 2 times between two hosts with pause-before-switchover/);
+    expect(md).toMatch(/guest live migration: QEMU downtime within \+20 ms of two qemu-nbd servers \(median\), hand-over < 50 ms p99 \| \*\*(pass|miss)\*\*/);
     // The backing image step compared reads over a qcow2 image with qemu-nbd -r.
     expect(md).toContain('### Reads over a qcow2 backing image');
     expect(md).toMatch(/reads over a qcow2 backing image ≥ 1\.0× qemu-nbd -r on the same image \| \*\*(pass|miss)\*\*/);
