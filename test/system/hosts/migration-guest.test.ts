@@ -66,6 +66,20 @@ describe('live migration of a QEMU guest between hosts', () => {
   const migrationStatus = async (g: Guest): Promise<string> => ((await g.qmp('query-migrate')) as { status?: string }).status ?? 'none';
   const runState = async (g: Guest): Promise<string> => ((await g.qmp('query-status')) as { status: string }).status;
 
+  // QEMU resumes the source VM by itself: at `cancelled`, or when the switch-over fails
+  // because the destination died.
+  async function sourceResumes(how: 'cancel' | 'destination-dies', dst: Guest): Promise<void> {
+    if (how === 'cancel') await vm.qmp('migrate_cancel');
+    else {
+      dst.kill();
+      await dst.exited;
+      await vm.qmp('migrate-continue', { state: 'pre-switchover' }).catch(() => undefined);
+    }
+    const want = how === 'cancel' ? 'cancelled' : 'failed';
+    await until(`the source migration to be ${want} and the guest to run again`, async () => (await migrationStatus(vm)) === want && (await runState(vm)) === 'running', 60_000, vm);
+  }
+  const expectWriterHere = async (): Promise<void> => expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+
   // Starts the migration of the guest to `target` and brings it to `pre-switchover` (the
   // source VM stopped, drained and flushed). Returns the destination QEMU and the migration.
   async function toPreSwitchover(target: string) {
@@ -105,82 +119,55 @@ describe('live migration of a QEMU guest between hosts', () => {
     tmp.cleanup();
   });
 
-  it('cancelled before the hand-over: the source runs on, the rollback removes the standby', async () => {
-    const { dst, m } = await toPreSwitchover('b');
-    await vm.qmp('migrate_cancel');
-    await until('the source to be cancelled and running', async () => (await migrationStatus(vm)) === 'cancelled' && (await runState(vm)) === 'running', 60_000, vm);
-    await m.rollback();
-    await dst.quit();
-    await writesOn(vm, 50, 'cancelled before the hand-over');
-    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
-  }, 300_000);
-
-  it('cancelled after the hand-over: QEMU resumes the source by itself, its writes wait for the rollback and then land', async () => {
-    const { dst, m } = await toPreSwitchover('b');
-    await m.handOver();
-    await vm.qmp('migrate_cancel');
-    // QEMU resumes the guest before anyone rolls back: its writes go to a, which handed over.
-    await until('the source to be cancelled and running again', async () => (await migrationStatus(vm)) === 'cancelled' && (await runState(vm)) === 'running', 60_000, vm);
-    const atResume = count(vm);
-    await m.rollback();
-    await dst.quit();
-    await writesOn(vm, 50, 'cancelled after the hand-over');
-    expect(count(vm)).toBeGreaterThan(atResume);
-    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
-  }, 300_000);
-
-  it('the destination QEMU dies after the hand-over: the source resumes when the migration fails, its writes wait for the rollback', async () => {
-    const { dst, m } = await toPreSwitchover('c');
-    await m.handOver();
-    dst.kill();
-    await dst.exited;
-    await vm.qmp('migrate-continue', { state: 'pre-switchover' }).catch(() => undefined);
-    await until('the source migration to fail and the guest to run again', async () => (await migrationStatus(vm)) === 'failed' && (await runState(vm)) === 'running', 60_000, vm);
-    await m.rollback();
-    await writesOn(vm, 50, 'destination killed after the hand-over');
-    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
-  }, 300_000);
-
-  it('the destination QEMU dies before the hand-over: the source resumes as the writer, the rollback removes the standby', async () => {
-    const { dst, m } = await toPreSwitchover('c');
-    dst.kill();
-    await dst.exited;
-    await vm.qmp('migrate-continue', { state: 'pre-switchover' }).catch(() => undefined);
-    await until('the source migration to fail and the guest to run again', async () => (await migrationStatus(vm)) === 'failed' && (await runState(vm)) === 'running', 60_000, vm);
-    await m.rollback();
-    await writesOn(vm, 50, 'destination killed before the hand-over');
-    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
-  }, 300_000);
+  // Orders of QEMU events around the hand-over that end in a rollback.
+  const ROLLBACKS = [
+    { title: 'cancelled before the hand-over: the source runs on, the rollback removes the standby', target: 'b', handOver: false, how: 'cancel' },
+    { title: 'cancelled after the hand-over: QEMU resumes the source by itself, its writes wait for the rollback and then land', target: 'b', handOver: true, how: 'cancel' },
+    { title: 'the destination QEMU dies after the hand-over: the source resumes when the migration fails, its writes wait for the rollback', target: 'c', handOver: true, how: 'destination-dies' },
+    { title: 'the destination QEMU dies before the hand-over: the source resumes as the writer, the rollback removes the standby', target: 'c', handOver: false, how: 'destination-dies' },
+  ] as const;
+  for (const r of ROLLBACKS) {
+    it(r.title, async () => {
+      const { dst, m } = await toPreSwitchover(r.target);
+      if (r.handOver) await m.handOver();
+      // With the hand-over done, the resumed guest's writes reach a source that handed over.
+      await sourceResumes(r.how, dst);
+      const atResume = count(vm);
+      await m.rollback();
+      await dst.quit();
+      await writesOn(vm, 50, r.title);
+      expect(count(vm)).toBeGreaterThan(atResume);
+      await expectWriterHere();
+    }, 300_000);
+  }
 
   it('the target host dies after the hand-over while QEMU cancels: the source takes over again, QEMU reconnects', async () => {
     const b = hosts.find((h) => h.hostId === 'b')!;
     const { dst, m } = await toPreSwitchover('b');
     await m.handOver();
     await b.crash();
-    await vm.qmp('migrate_cancel');
-    await until('the source to be cancelled and running again', async () => (await migrationStatus(vm)) === 'cancelled' && (await runState(vm)) === 'running', 60_000, vm);
+    await sourceResumes('cancel', dst);
     await m.rollback();
     await dst.quit();
     await writesOn(vm, 50, 'target host killed after the hand-over');
     await b.start();
     await cluster.addHost(b.engine);
     await until('the volume to be healthy again', async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 120_000, vm);
-    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+    await expectWriterHere();
   }, 300_000);
 
   it('the embedding process restarts after the hand-over while QEMU cancels: the new one rolls back from the store', async () => {
     const { dst } = await toPreSwitchover('b');
     await (await cluster.volume(VOLUME).migration())!.handOver();
     await cluster.close();
-    await vm.qmp('migrate_cancel');
-    await until('the source to be cancelled and running again', async () => (await migrationStatus(vm)) === 'cancelled' && (await runState(vm)) === 'running', 60_000, vm);
+    await sourceResumes('cancel', dst);
     cluster = await open();
     const m = await cluster.volume(VOLUME).migration();
     expect(await m?.info()).toMatchObject({ sourceHost: here, targetHost: 'b', phase: 'handed-over' });
     await m!.rollback();
     await dst.quit();
     await writesOn(vm, 50, 'rolled back by a restarted embedder');
-    expect((await cluster.volume(VOLUME).status()).writerHost).toBe(here);
+    await expectWriterHere();
   }, 300_000);
 
   it('a replica host dies while the guest writes: no I/O error; back, its replica is rebuilt', async () => {

@@ -149,6 +149,17 @@ describe.each([
     return refs(volume);
   }
 
+  // A volume active on host 1 and a standby on host 2, both exported.
+  async function sourceAndStandby(volume: string, size: number): Promise<{ srcSock: string; dstSock: string }> {
+    const [a, b] = h.hosts;
+    const replicas = await createVolume(volume, size);
+    const srcSock = join(h.root, `${volume}-a.sock`);
+    const dstSock = join(h.root, `${volume}-b.sock`);
+    await a.de.startEngine({ volume, replicas, nbd: `unix:${srcSock}`, epoch: allocate() });
+    await b.de.startEngine({ volume, replicas, nbd: `unix:${dstSock}`, standby: true });
+    return { srcSock, dstSock };
+  }
+
   it('hands a volume over between hosts: standby export refuses with EPERM, the target serves every write after activation, the source holds what it is sent and applies none of it', async () => {
     const [a, b] = h.hosts;
     const replicas = await createVolume('mig', 8 * MiB);
@@ -239,11 +250,7 @@ describe.each([
 
   it('rolls back after the target wrote: the target hands back, the source reads its writes', async () => {
     const [a, b] = h.hosts;
-    const replicas = await createVolume('rb', 4 * MiB);
-    const srcSock = join(h.root, 'rb-a.sock');
-    const dstSock = join(h.root, 'rb-b.sock');
-    await a.de.startEngine({ volume: 'rb', replicas, nbd: `unix:${srcSock}`, epoch: allocate() });
-    await b.de.startEngine({ volume: 'rb', replicas, nbd: `unix:${dstSock}`, standby: true });
+    const { srcSock, dstSock } = await sourceAndStandby('rb', 4 * MiB);
     const h1 = await a.de.deactivateEngine('rb');
     const e2 = allocate();
     await b.de.activateEngine('rb', h1, { epoch: e2 });
@@ -270,11 +277,7 @@ describe.each([
 
   it('serves what the source held once a rollback makes it the writer again, in order, after what the target wrote', async () => {
     const [a, b] = h.hosts;
-    const replicas = await createVolume('hold', 4 * MiB);
-    const srcSock = join(h.root, 'hold-a.sock');
-    const dstSock = join(h.root, 'hold-b.sock');
-    await a.de.startEngine({ volume: 'hold', replicas, nbd: `unix:${srcSock}`, epoch: allocate() });
-    await b.de.startEngine({ volume: 'hold', replicas, nbd: `unix:${dstSock}`, standby: true });
+    const { srcSock, dstSock } = await sourceAndStandby('hold', 4 * MiB);
     const s = await NbdClient.connect({ socketPath: srcSock });
     // Writes in flight while the source deactivates: each is answered by the writer, or held.
     const early = Array.from({ length: 16 }, (_, i) => outcome(s.write(i * 4096, bytes(20 + i, 4096))));
