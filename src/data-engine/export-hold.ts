@@ -5,11 +5,12 @@
  * the connections close, nothing held was applied). QEMU resumes a migration's source VM
  * by itself when the migration is cancelled or fails after the switch-over, before the
  * embedder can roll back; held, the guest's requests wait instead of failing
- * (docs/migration.md, "QEMU resumes the source by itself").
+ * (docs/migration.md, "What A's clients send after the hand-over is held").
  *
  * The hold is the export's hand-off freeze (docs/nbd-frontend.md): every connection parked
  * at a request boundary with nothing in flight, new clients waiting in the listen backlog.
- * Its memory is the sockets' kernel buffers, nothing in this process. It lasts at most
+ * Its memory is the sockets' kernel buffers, nothing in this process. A FLUSH at the head
+ * of a connection is still answered (NbdServer::Freeze with hold). It lasts at most
  * `holdMs`; then requests are refused (NBD EPERM), as without a hold.
  *
  * @packageDocumentation
@@ -39,11 +40,6 @@ export class ExportHold {
   static async start(exp: NbdExport, freezeTimeoutMs: number, holdMs: number): Promise<ExportHold> {
     await exp.freeze(freezeTimeoutMs, { hold: true });
     return new ExportHold(exp, holdMs);
-  }
-
-  /** Whether the held requests were let go (served or refused, by what the engine is now). */
-  get released(): boolean {
-    return this.#released !== null;
   }
 
   /** Lets the held requests go to the engine, which serves them if it writes, else refuses them. Idempotent. */

@@ -785,8 +785,9 @@ export class LocalDataEngine implements DataEngine {
     try {
       await slot.engine.activate(h, { epoch });
       slot.role = 'active';
-      // The requests held since the hand-over go to the writer now, in order.
-      await slot.hold?.release();
+      // The requests held since the hand-over go to the writer now, in order (a release
+      // fails only on an export that closed meanwhile: nothing is held there any more).
+      await slot.hold?.release().catch(() => undefined);
       slot.hold = null;
     } finally {
       slot.handingOver = false;
