@@ -3,6 +3,7 @@
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
+import { guestImage, writerScript } from './helpers/guest.js';
 import { repoRoot, run } from './helpers/tools.js';
 
 async function runExample(path: string, args: string[] = []): Promise<string> {
@@ -63,6 +64,19 @@ describe('examples', () => {
     expect(out).toMatch(/delete while used: BUSY/);
     expect(out).toMatch(/volume and image deleted/);
   });
+
+  it('standalone hypervisor: a QEMU guest booted on a backing-image volume, live-migrated, a failed migration rolled back, restarted after its host died', async () => {
+    // A guest whose /init writes numbered blocks to its disk throughout.
+    const image = await guestImage(writerScript({ blocks: 16384 }));
+    const out = await runExample('examples/standalone-hypervisor/demo.mjs', ['--kernel', image.kernel, '--initrd', image.initrd]);
+    expect(out).toMatch(/image base: ready, raw, 67108864 bytes/);
+    expect(out).toMatch(/vm1 migrated to b: downtime \d+ ms/);
+    expect(out).toMatch(/migration to c failed \(the migration failed after the hand-over\): rolled back, vm1 runs on b, writer b/);
+    expect(out).toMatch(/host b died: vm1 started again on c \(epoch \d+, degraded\)/);
+    expect(out).toMatch(/vm1 stopped/);
+    // Four QEMUs ran the guest (a, b, the failed destination c, and c after b died); none saw a disk error.
+    expect(out).toMatch(/guest disk errors in 4 QEMU serial logs: 0\n/);
+  }, 180_000);
 
   it('upgrade: three data-engine processes replaced one after another by an upgrade session', async () => {
     const out = await runExample('examples/upgrade/demo.mjs');
