@@ -11,19 +11,17 @@
 //   node examples/standalone-hypervisor/demo.mjs --kernel vmlinuz --initrd initrd.gz [--size 64M]
 //       a kernel and initramfs booted directly, over a blank backing image
 //   --accel kvm where /dev/kvm works (default tcg: slow, but runs anywhere)
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { createReadStream, readFileSync, readdirSync, statSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { parseArgs, promisify } from 'node:util';
 
-import { FileStateStore, Mooring, MooringError, RemoteDataEngine } from '../../dist/index.js';
+import { FileStateStore, Mooring, MooringError } from '../../dist/index.js';
+import { startDataEngineProcess } from '../shared/data-engine-process.mjs';
 import { VmManager } from './vm-manager.mjs';
 
-const cli = join(dirname(fileURLToPath(import.meta.url)), '../../dist/cli.js');
 const log = (line = '') => process.stdout.write(`${line}\n`);
 const { values: args } = parseArgs({ options: { image: { type: 'string' }, kernel: { type: 'string' }, initrd: { type: 'string' }, size: { type: 'string', default: '64M' }, accel: { type: 'string', default: 'tcg' } } });
 if (!args.image && !(args.kernel && args.initrd)) {
@@ -38,14 +36,10 @@ let mooring;
 let vms;
 let failed = false;
 
-// Starts `mooring data-engine` for a host and connects once it prints READY.
 async function startHost(id, port) {
-  const dir = join(root, id);
-  const child = spawn(process.execPath, [cli, 'data-engine', '--dir', dir, '--host-id', id, '--listen', `unix:${dir}.sock`, '--replica-listen', `tcp:127.0.0.1:${port}`], { stdio: ['ignore', 'pipe', 'ignore'] });
-  for await (const line of createInterface({ input: child.stdout })) if (line.startsWith('READY ')) break;
-  const engine = await RemoteDataEngine.connect({ address: `unix:${dir}.sock` });
-  hosts.set(id, { child, engine });
-  return engine;
+  const h = await startDataEngineProcess(root, id, port);
+  hosts.set(id, h);
+  return h.engine;
 }
 
 try {

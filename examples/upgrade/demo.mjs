@@ -9,15 +9,14 @@
 // starts the host's engines again and waits until every replica is RW again.
 //
 //   npm run build && node examples/upgrade/demo.mjs
-import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
-import { FileStateStore, Mooring, MooringError, RemoteDataEngine } from '../../dist/index.js';
+import { FileStateStore, Mooring, MooringError } from '../../dist/index.js';
+import { startDataEngineProcess } from '../shared/data-engine-process.mjs';
 
 const MiB = 1024 * 1024;
 const cli = join(dirname(fileURLToPath(import.meta.url)), '../../dist/cli.js');
@@ -28,13 +27,8 @@ let store;
 let mooring;
 let failed = false;
 
-// Starts `mooring data-engine` for a host and connects to it once it prints READY (its
-// log, on stderr, is left out here).
 async function startHost(id, port) {
-  const dir = join(root, id);
-  const child = spawn(process.execPath, [cli, 'data-engine', '--dir', dir, '--host-id', id, '--listen', `unix:${dir}.sock`, '--replica-listen', `tcp:127.0.0.1:${port}`], { stdio: ['ignore', 'pipe', 'ignore'] });
-  for await (const line of createInterface({ input: child.stdout })) if (line.startsWith('READY ')) break;
-  const engine = await RemoteDataEngine.connect({ address: `unix:${dir}.sock` });
+  const { child, engine } = await startDataEngineProcess(root, id, port);
   hosts.set(id, { child, engine, port });
   return engine;
 }
