@@ -23,7 +23,10 @@ export interface DriverRun {
   diagnostics?: () => string;
 }
 
-/** Resolves with 'killed' at a kill step, or the session's final state the driver printed. */
+/**
+ * Resolves with 'killed' at a kill step, or the session's final state the driver printed,
+ * once the driver has exited: until then it may still hold the state store's lock.
+ */
 export function runDriver(o: DriverRun): Promise<'killed' | string> {
   const child = spawn(process.execPath, [join(repoRoot, 'test/system/upgrade/upgrade-driver.mjs'), ...o.args], {
     stdio: ['ignore', 'pipe', 'pipe', ...(o.onMessage ? (['ipc'] as const) : [])],
@@ -33,22 +36,21 @@ export function runDriver(o: DriverRun): Promise<'killed' | string> {
   child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
   if (o.onMessage) child.on('message', (m) => o.onMessage!(child, m));
   return new Promise((resolve, reject) => {
-    let ended = false;
+    let outcome: string | null = null;
     createInterface({ input: child.stdout! }).on('line', (line) => {
       o.log.push(line);
       if (line.startsWith('STEP ')) {
-        if (o.killAt.includes(o.steps.n++) && !ended) {
-          ended = true;
+        if (o.killAt.includes(o.steps.n++) && outcome === null) {
+          outcome = 'killed';
           child.kill('SIGKILL');
-          resolve('killed');
         }
       } else if (line.startsWith('DONE ')) {
-        ended = true;
-        resolve(line.slice('DONE '.length));
+        outcome = line.slice('DONE '.length);
       }
     });
     child.on('exit', (code, signal) => {
-      if (!ended) reject(new Error(`driver exited (${code ?? signal}) before the session ended\n${o.log.join('\n')}\n${stderr}${o.diagnostics?.() ?? ''}`));
+      if (outcome !== null) resolve(outcome);
+      else reject(new Error(`driver exited (${code ?? signal}) before the session ended\n${o.log.join('\n')}\n${stderr}${o.diagnostics?.() ?? ''}`));
     });
   });
 }

@@ -48,3 +48,6 @@ process.stdout.write(`DONE ${done.state}\n`);
 await mooring.close();
 await store.close();
 for (const h of hosts) await h.close();
+// Let go of the test's IPC channel, so this process exits (the test waits for the exit:
+// until then the state store's lock is ours).
+if (process.connected) process.disconnect();
