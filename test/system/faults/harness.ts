@@ -717,6 +717,8 @@ export async function runRounds(bench: FaultBench, type: string, rounds: number,
         failures.push({ seed: -1, message: (err as Error).message });
         continue;
       }
+      // Another lane may have taken the last seed while this one awaited the check.
+      if (next >= seeds.length) break;
       const seed = seeds[next++]!;
       const r0 = Date.now();
       try {

@@ -124,6 +124,8 @@ export class History {
     readonly baseline: Buffer = Buffer.alloc(SECTOR),
   ) {
     if (baseline.length !== SECTOR) throw new Error(`baseline must be one ${SECTOR}-byte sector`);
+    // The id is stamped into every sector as a uint32: anything else would read back as another history's.
+    if (!Number.isInteger(id) || id < 0 || id > 0xffffffff) throw new Error(`history id must be a uint32, got ${String(id)}`);
   }
 
   /** The next tick of the logical clock. */

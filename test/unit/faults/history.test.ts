@@ -229,4 +229,11 @@ describe('History checker', () => {
     expect(() => s.ack(w.op)).toThrow(/ended twice/);
     expect(() => s.h.beginWrite('a1', 100, K4, false)).toThrow(/whole sectors/);
   });
+
+  it('refuses an id that is not a uint32 (it would stamp another history\'s id, and its own reads would look foreign)', () => {
+    expect(() => new History(undefined as unknown as number)).toThrow(/uint32, got undefined/);
+    expect(() => new History(-1)).toThrow(/uint32/);
+    expect(() => new History(1.5)).toThrow(/uint32/);
+    expect(new History(0xffffffff).id).toBe(0xffffffff);
+  });
 });
