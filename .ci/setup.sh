@@ -26,7 +26,10 @@ cd "$(dirname "$0")/.."
 #                             own network namespaces; ip netns/veth/bridge come from iproute2)
 #   qemu-system-x86           qemu-system-x86_64: a real guest (TCG; its kernel and busybox are fetched
 #                             by the test with apt-get download) writing through an upgrade session
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86)
+#   libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils
+#                             libvirtd with the QEMU driver, virsh, virt-xml-validate (with xmllint):
+#                             the example VM and the KubeVirt hook's domain booted under libvirt
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -53,9 +56,22 @@ if (( node_major < 20 )); then
   echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
   exit 1
 fi
-for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft qemu-system-x86_64; do
+for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft qemu-system-x86_64 libvirtd virtlogd virsh virt-xml-validate xmllint; do
   command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
 done
+
+# libvirt without libvirt-daemon-system (which wants systemd): the QEMU driver expects its
+# user to exist, and the tests' QEMUs run as root without dynamic ownership, so that they
+# reach the tests' NBD sockets, kernels and logs where they are and nothing gets chowned.
+# test/system/helpers/libvirt.ts starts virtlogd and libvirtd when they are not running.
+getent group libvirt-qemu >/dev/null || groupadd -r libvirt-qemu
+getent passwd libvirt-qemu >/dev/null || useradd -r -g libvirt-qemu -M -s /usr/sbin/nologin libvirt-qemu
+for kv in 'user = "root"' 'group = "root"' 'dynamic_ownership = 0' 'remember_owner = 0'; do
+  key=${kv%% *}
+  sed -i "/^${key}[[:space:]]*=/d" /etc/libvirt/qemu.conf
+  echo "$kv" >> /etc/libvirt/qemu.conf
+done
+mkdir -p /var/log/libvirt/qemu
 
 # --ignore-scripts: our own install script (node-gyp-build) would compile the addon when no
 # prebuild is present yet, and `npm run build` below compiles it anyway; dependencies need

@@ -1,6 +1,6 @@
 // Starts `mooring data-engine` for one host, as the examples run several hosts on one
 // machine (in production each runs on its own, say as a systemd unit), and connects to it
-// once it prints READY. Its log (stderr) is left out.
+// once it prints READY. Its log (stderr) is kept only to explain a failed start.
 import { spawn } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -13,8 +13,20 @@ const cli = join(dirname(fileURLToPath(import.meta.url)), '../../dist/cli.js');
 /** `DIR/ID/` is the host's directory and `DIR/ID.sock` its gRPC socket; its replica server listens on 127.0.0.1:PORT. */
 export async function startDataEngineProcess(dir, id, port) {
   const home = join(dir, id);
-  const child = spawn(process.execPath, [cli, 'data-engine', '--dir', home, '--host-id', id, '--listen', `unix:${home}.sock`, '--replica-listen', `tcp:127.0.0.1:${port}`], { stdio: ['ignore', 'pipe', 'ignore'] });
-  for await (const line of createInterface({ input: child.stdout })) if (line.startsWith('READY ')) break;
+  const child = spawn(process.execPath, [cli, 'data-engine', '--dir', home, '--host-id', id, '--listen', `unix:${home}.sock`, '--replica-listen', `tcp:127.0.0.1:${port}`], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  child.stderr.setEncoding('utf8').on('data', (d) => (log = (log + d).slice(-4096)));
+  let ready = false;
+  for await (const line of createInterface({ input: child.stdout })) {
+    if (line.startsWith('READY ')) {
+      ready = true;
+      break;
+    }
+  }
+  if (!ready) {
+    await new Promise((r) => (child.exitCode !== null || child.signalCode !== null ? r() : child.once('exit', r)));
+    throw new Error(`data engine ${id} exited before READY (exit ${child.exitCode ?? child.signalCode}; is port ${port} free?)${log ? `:\n${log}` : ''}`);
+  }
   const engine = await RemoteDataEngine.connect({ address: `unix:${home}.sock` });
   return { child, engine };
 }

@@ -1,86 +1,90 @@
 #!/usr/bin/env node
-// A standalone hypervisor on Mooring (vm-manager.mjs), run on one machine: three hosts as
-// three `mooring data-engine` processes, one VM whose disk is a 3-replica volume over a
-// backing image. The VM boots on host a, live-migrates to b, a second migration to c fails
+// A standalone hypervisor on Mooring (vm-manager.mjs), run on one machine: three hosts, each
+// a `mooring data-engine` process, a sanlock daemon and a host agent (hosts.mjs); one VM whose
+// disk is a 3-replica volume over a backing image, guarded by a sanlock disk lock. The VM
+// boots on host a, live-migrates to b (the lock moves with it), a second migration to c fails
 // after the hand-over (its destination QEMU dies) and is rolled back with the guest running
-// on, then host b dies (its data engine and the VM's QEMU are killed) and the VM is started
-// again on c.
+// on, then host b dies (everything on it killed) and the VM starts again on c once sanlock
+// says b is dead.
 //
 //   npm run build && node examples/standalone-hypervisor/demo.mjs --image disk.qcow2
 //       a bootable image (any format qemu-img reads), booted from its disk; or
 //   node examples/standalone-hypervisor/demo.mjs --kernel vmlinuz --initrd initrd.gz [--size 64M]
 //       a kernel and initramfs booted directly, over a blank backing image
 //   --accel kvm where /dev/kvm works (default tcg: slow, but runs anywhere)
-import { execFile } from 'node:child_process';
-import { createReadStream, readFileSync, readdirSync, statSync } from 'node:fs';
+//   --io-timeout N   the lockspace's io_timeout (default 1 s: recovery waits 8N + 60 s)
+//   --sanlock-preload SHIM.so   LD_PRELOAD for the sanlock daemons in a container (README)
+import { readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs, promisify } from 'node:util';
+import { parseArgs } from 'node:util';
 
 import { FileStateStore, Mooring, MooringError } from '../../dist/index.js';
-import { startDataEngineProcess } from '../shared/data-engine-process.mjs';
+import { startHost } from './hosts.mjs';
 import { VmManager } from './vm-manager.mjs';
+import { createVmVolume } from './volume.mjs';
 
 const log = (line = '') => process.stdout.write(`${line}\n`);
-const { values: args } = parseArgs({ options: { image: { type: 'string' }, kernel: { type: 'string' }, initrd: { type: 'string' }, size: { type: 'string', default: '64M' }, accel: { type: 'string', default: 'tcg' } } });
+const options = {
+  image: { type: 'string' },
+  kernel: { type: 'string' },
+  initrd: { type: 'string' },
+  size: { type: 'string', default: '64M' },
+  accel: { type: 'string', default: 'tcg' },
+  'io-timeout': { type: 'string', default: '1' },
+  'sanlock-preload': { type: 'string' },
+};
+const { values: args } = parseArgs({ options });
 if (!args.image && !(args.kernel && args.initrd)) {
-  process.stderr.write('usage: demo.mjs --image DISK | --kernel VMLINUZ --initrd INITRD [--size 64M] [--accel tcg|kvm]\n');
+  process.stderr.write('usage: demo.mjs --image DISK | --kernel VMLINUZ --initrd INITRD [--size 64M] [--accel tcg|kvm] [--io-timeout 1] [--sanlock-preload SHIM.so]\n');
   process.exit(2);
 }
 
 const root = await mkdtemp(join(tmpdir(), 'mooring-hypervisor-demo-'));
-const hosts = new Map(); // host id -> { child, engine }
+const t0 = Date.now();
+const at = () => `+${((Date.now() - t0) / 1000).toFixed(0)}s`;
+const hosts = new Map();
 let store;
 let mooring;
 let vms;
 let failed = false;
 
-async function startHost(id, port) {
-  const h = await startDataEngineProcess(root, id, port);
-  hosts.set(id, h);
-  return h.engine;
-}
-
 try {
-  const engines = [];
-  for (const [i, id] of ['a', 'b', 'c'].entries()) engines.push(await startHost(id, 17961 + i));
+  const lockspace = { lockspacePath: join(root, 'vms.lockspace'), ioTimeoutSeconds: Number(args['io-timeout']), preload: args['sanlock-preload'] };
+  for (const [i, id] of ['a', 'b', 'c'].entries()) hosts.set(id, await startHost(root, id, i + 1, 17961 + i, lockspace));
+  log(`hosts a, b, c: data engines up, joined lockspace vms (io_timeout ${lockspace.ioTimeoutSeconds} s)`);
+  // What c's sanlock says about the others (live at the start, then b's failure).
+  hosts.get('c').agent.onHost = (e) => ['fail', 'dead'].includes(e.state) && log(`${at()} c sees host ${e.hostId} ${e.state}`);
   store = await FileStateStore.open(join(root, 'state'));
-  mooring = await Mooring.open({ store, hosts: engines });
+  mooring = await Mooring.open({ store, hosts: [...hosts.values()].map((h) => h.engine) });
 
-  // The backing image: the bootable disk given, or a blank raw one for a direct kernel boot.
-  let file = args.image;
-  if (!file) {
-    file = join(root, 'blank.raw');
-    await promisify(execFile)('qemu-img', ['create', '-f', 'raw', file, args.size]);
-  }
-  const img = await mooring.createBackingImage({ name: 'base', source: { type: 'upload', sizeBytes: statSync(file).size }, host: 'a' });
-  await img.upload(createReadStream(file));
-  const ist = await img.waitReady({ timeoutMs: 120_000 });
+  const ist = await createVmVolume(mooring, 'vm1', { dir: root, image: args.image, size: args.size });
   log(`image base: ${ist.state}, ${ist.format}, ${ist.sizeBytes} bytes`);
-  await mooring.createVolume({ name: 'vm1', replicas: 3, hosts: ['a', 'b', 'c'], accessMode: 'migratable', backingImage: 'base' });
 
-  vms = new VmManager({ mooring, runDir: root, boot: args.image ? null : { kernel: args.kernel, initrd: args.initrd }, accel: args.accel });
+  vms = new VmManager({ mooring, hosts, runDir: root, boot: args.image ? null : { kernel: args.kernel, initrd: args.initrd }, accel: args.accel });
+  await vms.define('vm1');
   const vm = await vms.start('vm1', 'a');
-  log(`vm1 booting on a (serial log ${vm.serialPath})`);
+  log(`vm1 booting on a, holding its disk lock (serial log ${vm.serialPath})`);
   await new Promise((r) => setTimeout(r, 3000));
 
   const moved = await vms.migrate('vm1', 'b');
-  log(`vm1 migrated to b: downtime ${moved.downtimeMs} ms`);
+  log(`vm1 migrated to b: downtime ${moved.downtimeMs} ms, its disk lock now held on b`);
 
   try {
-    await vms.migrate('vm1', 'c', { beforeContinue: (dst) => dst.kill() });
+    await vms.migrate('vm1', 'c', { beforeContinue: (agent, key) => agent.call('kill', { key }) });
     log('vm1 migrated to c (unexpected)');
   } catch (err) {
     const st = await mooring.volume('vm1').status();
     log(`migration to c failed (${err.message}): rolled back, vm1 runs on ${st.attachedHost}, writer ${st.writerHost}`);
   }
 
-  // Host b dies: its data engine and the VM's QEMU go at once.
-  hosts.get('b').child.kill('SIGKILL');
+  // Host b dies: its data engine, sanlock daemon, agent and the VM's QEMU go at once.
+  hosts.get('b').crash();
+  log(`${at()} host b died; recovering vm1 on c (QEMU starts when b's lease is dead)`);
   await vms.recover('vm1', 'c');
   const st = await mooring.volume('vm1').status();
-  log(`host b died: vm1 started again on ${st.attachedHost} (epoch ${st.epoch}, ${st.state})`);
+  log(`${at()} vm1 started again on ${st.attachedHost} (epoch ${st.epoch}, ${st.state})`);
   await new Promise((r) => setTimeout(r, 3000));
   await vms.stop('vm1');
   log('vm1 stopped');
@@ -92,13 +96,10 @@ try {
   failed = true;
   log(`failed: ${err instanceof MooringError ? `${err.code}: ` : ''}${err.message}`);
 } finally {
-  for (const vm of vms?.vms.values() ?? []) vm.qemu.kill();
+  await vms?.killAll();
   await mooring?.close();
   await store?.close();
-  for (const { child, engine } of hosts.values()) {
-    await engine.close().catch(() => undefined);
-    child.kill('SIGTERM');
-  }
+  for (const h of hosts.values()) await h.close();
   await rm(root, { recursive: true, force: true });
 }
 process.exitCode = failed ? 1 : 0;

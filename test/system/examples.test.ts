@@ -1,13 +1,17 @@
 // The examples run as users would run them (node examples/.../demo.mjs after a build) and
 // do what they say: exit 0 and print the states they walk through.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
 import { guestImage, writerScript } from './helpers/guest.js';
+import { ensureLibvirtd, validateDomainXml } from './helpers/libvirt.js';
+import { buildShim } from './helpers/sanlock-daemon.js';
 import { repoRoot, run } from './helpers/tools.js';
 
-async function runExample(path: string, args: string[] = []): Promise<string> {
-  const r = await run(process.execPath, [join(repoRoot, path), ...args], { timeoutMs: 120_000, allowFailure: true });
+async function runExample(path: string, args: string[] = [], timeoutMs = 120_000): Promise<string> {
+  const r = await run(process.execPath, [join(repoRoot, path), ...args], { timeoutMs, allowFailure: true });
   expect(r.code, `${path} failed\n${r.stdout}\n${r.stderr}`).toBe(0);
   return r.stdout;
 }
@@ -65,17 +69,46 @@ describe('examples', () => {
     expect(out).toMatch(/volume and image deleted/);
   });
 
-  it('standalone hypervisor: a QEMU guest booted on a backing-image volume, live-migrated, a failed migration rolled back, restarted after its host died', async () => {
+  it('standalone hypervisor: a QEMU guest booted on a backing-image volume under its disk lock, live-migrated with it, a failed migration rolled back, restarted once its dead host\'s lease expired', async () => {
     // A guest whose /init writes numbered blocks to its disk throughout.
     const image = await guestImage(writerScript({ blocks: 16384 }));
-    const out = await runExample('examples/standalone-hypervisor/demo.mjs', ['--kernel', image.kernel, '--initrd', image.initrd]);
+    // Three real sanlock daemons, started by the demo (with the shim this container needs).
+    const out = await runExample('examples/standalone-hypervisor/demo.mjs', ['--kernel', image.kernel, '--initrd', image.initrd, '--sanlock-preload', buildShim()], 300_000);
+    expect(out).toMatch(/hosts a, b, c: data engines up, joined lockspace vms \(io_timeout 1 s\)/);
     expect(out).toMatch(/image base: ready, raw, 67108864 bytes/);
-    expect(out).toMatch(/vm1 migrated to b: downtime \d+ ms/);
+    expect(out).toMatch(/vm1 booting on a, holding its disk lock/);
+    expect(out).toMatch(/vm1 migrated to b: downtime \d+ ms, its disk lock now held on b/);
     expect(out).toMatch(/migration to c failed \(the migration failed after the hand-over\): rolled back, vm1 runs on b, writer b/);
-    expect(out).toMatch(/host b died: vm1 started again on c \(epoch \d+, degraded\)/);
+    // c restarts the VM only after it saw b dead in the lockspace (host id 2): the lock waited.
+    const died = Number(/\+(\d+)s host b died/.exec(out)?.[1]);
+    const dead = Number(/\+(\d+)s c sees host 2 dead/.exec(out)?.[1]);
+    const started = Number(/\+(\d+)s vm1 started again on c \(epoch \d+, degraded\)/.exec(out)?.[1]);
+    expect(out).toMatch(/c sees host 2 fail/);
+    expect(dead - died, out).toBeGreaterThanOrEqual(60);
+    expect(started, out).toBeGreaterThanOrEqual(dead);
     expect(out).toMatch(/vm1 stopped/);
     // Four QEMUs ran the guest (a, b, the failed destination c, and c after b died); none saw a disk error.
     expect(out).toMatch(/guest disk errors in 4 QEMU serial logs: 0\n/);
+  }, 360_000);
+
+  it('standalone hypervisor under libvirt: the VM as a libvirt domain reading its disk over NBD, started again on another host after its data engine died', async () => {
+    await ensureLibvirtd();
+    const image = await guestImage(writerScript({ blocks: 16384 }));
+    // The XML the demo boots is valid for libvirt's own schema.
+    const { domainXml } = (await import(join(repoRoot, 'examples/standalone-hypervisor/libvirt.mjs'))) as { domainXml: (o: object) => string };
+    const dir = mkdtempSync(join(tmpdir(), 'mooring-libvirt-xml-'));
+    try {
+      await validateDomainXml(domainXml({ name: 'x', socket: '/run/x.sock', serialLog: join(dir, 's.log'), boot: { kernel: image.kernel, initrd: image.initrd }, accel: 'tcg' }), dir);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+    const out = await runExample('examples/standalone-hypervisor/libvirt-demo.mjs', ['--kernel', image.kernel, '--initrd', image.initrd]);
+    expect(out).toMatch(/vm1 booting on a as libvirt domain mooring-demo-vm1/);
+    expect(out).toMatch(/domain state: running/);
+    expect(out).toMatch(/vm1 booting on b as libvirt domain mooring-demo-vm1/);
+    expect(out).toMatch(/host a died: vm1 runs on b \(epoch \d+, degraded\)/);
+    expect(out).toMatch(/vm1 stopped/);
+    expect(out).toMatch(/guest disk errors in 2 serial logs: 0\n/);
   }, 180_000);
 
   it('upgrade: three data-engine processes replaced one after another by an upgrade session', async () => {
