@@ -49,16 +49,19 @@ export function ensureLibvirtd(): Promise<void> {
     const answers = async () => (await run('virsh', ['-c', LIBVIRT_URI, 'version'], 10_000)).code === 0;
     if (await answers()) return;
     mkdirSync('/var/log/libvirt/qemu', { recursive: true });
-    // -d: both daemonize, like the services they are; a second start finds the pid file taken and exits.
+    // -d: both daemonize, like the services they are. A start that fails because another test
+    // process started the daemon first (its pid file is taken) is fine: what counts is that
+    // libvirtd answers in the end.
+    const failures: string[] = [];
     for (const daemon of ['virtlogd', 'libvirtd']) {
       const r = await run(daemon, ['-d'], 30_000);
-      if (r.code !== 0 && !(await answers())) throw new Error(`${daemon} -d failed (exit ${r.code}): ${r.stderr.trim()}`);
+      if (r.code !== 0) failures.push(`${daemon} -d: exit ${r.code}: ${r.stderr.trim()}`);
     }
     const deadline = Date.now() + DAEMON_READY_TIMEOUT_MS;
     while (!(await answers())) {
       if (Date.now() > deadline) {
         const last = await run('virsh', ['-c', LIBVIRT_URI, 'version'], 10_000);
-        throw new Error(`libvirtd did not answer on ${LIBVIRT_URI} within ${DAEMON_READY_TIMEOUT_MS} ms: ${last.stderr.trim()}`);
+        throw new Error(`libvirtd did not answer on ${LIBVIRT_URI} within ${DAEMON_READY_TIMEOUT_MS} ms: ${last.stderr.trim()}${failures.length ? `\n${failures.join('\n')}` : ''}`);
       }
       await sleep(200);
     }
