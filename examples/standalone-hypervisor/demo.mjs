@@ -18,28 +18,14 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 
 import { FileStateStore, Mooring, MooringError } from '../../dist/index.js';
 import { startHost } from './hosts.mjs';
 import { VmManager } from './vm-manager.mjs';
-import { createVmVolume } from './volume.mjs';
+import { createVmVolume, parseVmArgs } from './volume.mjs';
 
 const log = (line = '') => process.stdout.write(`${line}\n`);
-const options = {
-  image: { type: 'string' },
-  kernel: { type: 'string' },
-  initrd: { type: 'string' },
-  size: { type: 'string', default: '64M' },
-  accel: { type: 'string', default: 'tcg' },
-  'io-timeout': { type: 'string', default: '1' },
-  'sanlock-preload': { type: 'string' },
-};
-const { values: args } = parseArgs({ options });
-if (!args.image && !(args.kernel && args.initrd)) {
-  process.stderr.write('usage: demo.mjs --image DISK | --kernel VMLINUZ --initrd INITRD [--size 64M] [--accel tcg|kvm] [--io-timeout 1] [--sanlock-preload SHIM.so]\n');
-  process.exit(2);
-}
+const args = parseVmArgs({ 'io-timeout': { type: 'string', default: '1' }, 'sanlock-preload': { type: 'string' } }, 'demo.mjs --image DISK | --kernel VMLINUZ --initrd INITRD [--size 64M] [--accel tcg|kvm] [--io-timeout 1] [--sanlock-preload SHIM.so]');
 
 const root = await mkdtemp(join(tmpdir(), 'mooring-hypervisor-demo-'));
 const t0 = Date.now();

@@ -12,27 +12,14 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 
 import { FileStateStore, Mooring, MooringError } from '../../dist/index.js';
 import { startDataEngineProcess } from '../shared/data-engine-process.mjs';
 import { domainXml, virsh } from './libvirt.mjs';
-import { createVmVolume } from './volume.mjs';
+import { createVmVolume, parseVmArgs } from './volume.mjs';
 
 const log = (line = '') => process.stdout.write(`${line}\n`);
-const options = {
-  image: { type: 'string' },
-  kernel: { type: 'string' },
-  initrd: { type: 'string' },
-  size: { type: 'string', default: '64M' },
-  accel: { type: 'string', default: 'tcg' },
-  uri: { type: 'string', default: 'qemu:///system' },
-};
-const { values: args } = parseArgs({ options });
-if (!args.image && !(args.kernel && args.initrd)) {
-  process.stderr.write('usage: libvirt-demo.mjs --image DISK | --kernel VMLINUZ --initrd INITRD [--size 64M] [--accel tcg|kvm] [--uri qemu:///system]\n');
-  process.exit(2);
-}
+const args = parseVmArgs({ uri: { type: 'string', default: 'qemu:///system' } }, 'libvirt-demo.mjs --image DISK | --kernel VMLINUZ --initrd INITRD [--size 64M] [--accel tcg|kvm] [--uri qemu:///system]');
 
 const root = await mkdtemp(join(tmpdir(), 'mooring-libvirt-demo-'));
 const hosts = new Map();
