@@ -67,7 +67,7 @@ export async function openEmbedded(command: string, values: EmbeddedValues, ctx:
       ...extra,
       dir,
       hosts,
-      dataEngine: { addon: addonOf(ctx) },
+      dataEngine: { ...(extra.dataEngine || {}), addon: addonOf(ctx) },
       ...(values['host-id'] !== undefined ? { hostId: values['host-id'] } : {}),
     });
     mooring.on('warning', (e) => ctx.stderr(`mooring: warning: ${e.code}: ${e.message}\n`));

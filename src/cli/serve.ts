@@ -46,7 +46,10 @@ ${EMBEDDED_HELP}
   --replicas N         replicas of a new volume, 1..16, one per host (default: 3, or one
                        per host when fewer hosts are given)
   --nbd ADDRESS        unix:PATH or tcp:HOST:PORT (port 0 = ephemeral)
-                       (default unix:DIR/${DEFAULT_SOCKET_FILE})
+                       (default unix:DIR/${DEFAULT_SOCKET_FILE}). NBD has no TLS here: a TCP
+                       address must be loopback unless --allow-insecure-remote is given
+  --allow-insecure-remote  serve NBD on a non-loopback TCP address, unauthenticated and
+                       unencrypted (anyone who reaches it reads and writes the disk)
   -h, --help           show this help
 
 Once serving, one line is printed to stdout:
@@ -66,6 +69,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
       size: { type: 'string' },
       replicas: { type: 'string' },
       nbd: { type: 'string' },
+      'allow-insecure-remote': { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
     { min: 0, max: 0 },
@@ -84,7 +88,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
   let embedded: Embedded | null = null;
   let status: StatusServer | null = null;
   try {
-    embedded = await openEmbedded('serve', values, ctx);
+    embedded = await openEmbedded('serve', values, ctx, values['allow-insecure-remote'] === true ? { dataEngine: { allowInsecureRemote: true } } : {});
     const { mooring: m, dir } = embedded;
     const hostId = m.hostId!;
     const picked = await pickVolume('serve', m, dir, values.volume, true);

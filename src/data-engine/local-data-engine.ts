@@ -134,7 +134,10 @@ export interface LocalDataEngineOptions {
   replicaListen?: string | null;
   /** Mutual TLS for the replica server and for reaching other hosts' replicas. */
   tls?: DataEngineTlsOptions;
-  /** Allow a non-loopback replica server without TLS (default false). */
+  /**
+   * Allow a non-loopback replica server, and NBD exports on non-loopback TCP addresses,
+   * without TLS (default false: they carry the disks' data unauthenticated).
+   */
   allowInsecureRemote?: boolean;
   /** Rebuilds at once across all engines (default 2, at most 64). */
   maxConcurrentRebuilds?: number;
@@ -230,6 +233,7 @@ export class LocalDataEngine implements DataEngine {
   readonly #snapshotCopies: Semaphore;
   readonly #repair: Required<DataEngineRepairOptions>;
   readonly #handOverHoldMs: number;
+  readonly #allowInsecureRemote: boolean;
   readonly #engines = new Map<string, EngineSlot>();
   readonly #starting = new Set<string>();
   readonly #replicaOps = new Set<string>();
@@ -250,6 +254,7 @@ export class LocalDataEngine implements DataEngine {
     maxConcurrentSnapshotCopies: number;
     repair: Required<DataEngineRepairOptions>;
     handOverHoldMs: number;
+    allowInsecureRemote: boolean;
   }) {
     this.hostId = init.hostId;
     this.dir = init.dir;
@@ -263,6 +268,7 @@ export class LocalDataEngine implements DataEngine {
     this.#snapshotCopies = new Semaphore(init.maxConcurrentSnapshotCopies, DATA_ENGINE_LIMITS.snapshotCopyWaitersMax);
     this.#repair = init.repair;
     this.#handOverHoldMs = init.handOverHoldMs;
+    this.#allowInsecureRemote = init.allowInsecureRemote;
   }
 
   /**
@@ -342,7 +348,7 @@ export class LocalDataEngine implements DataEngine {
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs });
+      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure });
       de.#files = await BackingImageFiles.open({
         dir,
         addon,
@@ -493,6 +499,8 @@ export class LocalDataEngine implements DataEngine {
     );
     const nbd = options.nbd ?? null;
     if (nbd !== null && typeof nbd !== 'string') throw new MooringError('INVALID_ARGUMENT', `nbd must be unix:PATH or tcp:HOST:PORT (got ${describe(nbd)})`);
+    // NBD has no TLS here yet: an export beyond loopback serves the disk to anyone who can reach it.
+    if (nbd !== null && nbd.startsWith('tcp:')) checkLoopbackRule('nbd', parseTcpAddress(nbd, 'nbd', true).host, false, this.#allowInsecureRemote);
     if (options.standby !== undefined && typeof options.standby !== 'boolean') {
       throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }

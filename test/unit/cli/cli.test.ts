@@ -178,6 +178,17 @@ describe('mooring CLI', () => {
     expect(ctx.exits).toEqual([1]);
   });
 
+  it('serve refuses NBD on a non-loopback TCP address unless --allow-insecure-remote says so', async () => {
+    expect(await runCli(['serve', '--dir', 'v', '--size', '1M', '--nbd', 'tcp:0.0.0.0:0'], ctx)).toBe(1);
+    expect(ctx.err.join('')).toMatch(/mooring: INVALID_ARGUMENT: nbd 0\.0\.0\.0 is not a loopback address/);
+    expect(ctx.out).toEqual([]);
+    const done = runServe(['--dir', 'v', '--nbd', 'tcp:0.0.0.0:0', '--allow-insecure-remote'], ctx);
+    await waitFor(() => ctx.out.length > 0);
+    expect(JSON.parse(ctx.out[0]!.slice(6)).nbd).toMatch(/^tcp:0\.0\.0\.0:\d+$/);
+    ctx.signals.emit('SIGTERM', 'SIGTERM');
+    expect(await done).toBe(0);
+  });
+
   it('serve closes without serving when the signal comes while it opens', async () => {
     const done = runServe(['--dir', 'v', '--size', '1M'], ctx);
     ctx.signals.emit('SIGTERM', 'SIGTERM');

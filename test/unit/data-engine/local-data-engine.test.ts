@@ -86,6 +86,29 @@ describe('LocalDataEngine', () => {
       expect((await de.info()).replicaAddress).toMatch(/^tcp:0\.0\.0\.0:\d+$/);
     });
 
+    it('refuses an NBD export on a non-loopback TCP address (NBD has no TLS here) unless allowInsecureRemote', async () => {
+      const de = await start('h1', { replicaListen: null });
+      await de.createReplica('r0', MiB);
+      const replicas = [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }];
+      for (const nbd of ['tcp:0.0.0.0:0', 'tcp:0:0', 'tcp:[::]:0', 'tcp:192.0.2.1:10809']) {
+        const err = (await de.startEngine({ volume: 'v', replicas, nbd, epoch: 1 }).catch((e: unknown) => e)) as MooringError;
+        expect(err.code, nbd).toBe('INVALID_ARGUMENT');
+        expect(err.message).toMatch(/not a loopback address/);
+      }
+      // Refused before anything started: no engine, no export.
+      expect(await de.listEngines()).toEqual([]);
+      expect(addon.engines).toHaveLength(0);
+      let epoch = 0;
+      for (const nbd of ['tcp:127.0.0.1:0', 'tcp:localhost:0', 'tcp:[::1]:0']) {
+        await de.startEngine({ volume: 'v', replicas, nbd, epoch: ++epoch });
+        await de.stopEngine('v');
+      }
+      const open = await start('h2', { replicaListen: null, allowInsecureRemote: true });
+      await open.createReplica('r0', MiB);
+      const info = await open.startEngine({ volume: 'v', replicas: [{ ...replicas[0]!, hostId: 'h2' }], nbd: 'tcp:0.0.0.0:0', epoch: 1 });
+      expect(info.nbd?.address).toMatch(/^tcp:0\.0\.0\.0:\d+$/);
+    });
+
     it('checks its options', async () => {
       const bad: Array<Partial<LocalDataEngineOptions>> = [
         { hostId: '../x' },
