@@ -8,6 +8,9 @@
  * When to act (Virtink's VM HA design, N = io_timeout): `fail` arrives between 6N and 12N after the
  * failure (T3: stop scheduling VMs with locks there); `dead` between 6N + 60 s and
  * 11N + 60 s (T4: the host's locks can be taken over, rebuild its HA VMs elsewhere).
+ * A host that released its lease (a clean shutdown) is reported `free` at once and `dead`
+ * only 8N + 60 s after that (T5, between 8N + 60 s and 12N + 60 s after the release), as a
+ * crashed host would be, unless it joins again meanwhile.
  *
  * @packageDocumentation
  */
@@ -17,7 +20,7 @@ import type * as TE from 'typed-emitter';
 import { MooringError, isMooringError } from '../errors.js';
 import { safeEmit } from '../util/emit.js';
 import { diffHosts, type HostState, type HostStateChange, type HostStatus } from './host-state.js';
-import { renewalIntervalSeconds } from './timing.js';
+import { hostDeadSeconds, renewalIntervalSeconds } from './timing.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
@@ -50,12 +53,27 @@ export interface LivenessWatcherOptions {
   pollIntervalMs?: number;
   /** Host ids to report; default all. */
   hostIds?: number[];
+  /**
+   * Seconds after a host was seen releasing its lease (turning `free`) at which it is
+   * reported `dead` if it did not join again (default 8N + 60 s, as a crashed host: the
+   * seed's T5); null: never, a released host stays `free`.
+   */
+  freeIsDeadAfterSeconds?: number | null;
 }
+
+/** Longest `freeIsDeadAfterSeconds` accepted (a day). */
+export const FREE_IS_DEAD_AFTER_SECONDS_MAX = 86_400;
 
 /** A host changed state; `atMs` is when the watcher saw it (Date.now()). */
 export interface HostEvent extends HostStateChange {
   /** When the watcher saw the change, ms since the Unix epoch. */
   atMs: number;
+  /**
+   * On a `dead` that follows a release (from `free`, see
+   * {@link LivenessWatcherOptions.freeIsDeadAfterSeconds}): when the watcher saw the host
+   * release its lease, ms since the Unix epoch.
+   */
+  releasedAtMs?: number;
 }
 
 /** Events of a {@link LivenessWatcher}. */
@@ -66,7 +84,10 @@ export type LivenessEvents = {
   live: (event: HostEvent) => void;
   /** A host stopped renewing more than 8N ago: its daemon is stopping its lock holders. */
   fail: (event: HostEvent) => void;
-  /** A host stopped renewing more than 8N + 60 s ago: its locks can be taken over. */
+  /**
+   * A host stopped renewing more than 8N + 60 s ago, or released its lease
+   * `freeIsDeadAfterSeconds` ago (`from: 'free'`, with `releasedAtMs`): its locks can be taken over.
+   */
   dead: (event: HostEvent) => void;
   /** A host released its lease (left cleanly) or never held it. */
   free: (event: HostEvent) => void;
@@ -89,7 +110,12 @@ export class LivenessWatcher extends (EventEmitter as new () => TypedEmitter<Liv
   /** How often it polls. */
   readonly pollIntervalMs: number;
   readonly #hostIds: Set<number> | undefined;
+  readonly #freeIsDeadAfterMs: number | null;
   #hosts = new Map<number, HostStatus>();
+  // Hosts seen releasing their lease, not yet reported dead: when, and their last status.
+  readonly #released = new Map<number, { atMs: number; host: HostStatus }>();
+  // Hosts reported dead after a release (sanlock still says free, or forgot them).
+  readonly #deadAfterRelease = new Set<number>();
   #timer: NodeJS.Timeout | undefined;
   #running = false;
   #polling: Promise<void> | undefined;
@@ -109,6 +135,10 @@ export class LivenessWatcher extends (EventEmitter as new () => TypedEmitter<Liv
       throw new MooringError('INVALID_ARGUMENT', `pollIntervalMs must be an integer in [${POLL_INTERVAL_MS_MIN}, ${POLL_INTERVAL_MS_MAX}]`);
     this.pollIntervalMs = ms;
     this.#hostIds = options.hostIds ? new Set(options.hostIds) : undefined;
+    const free = options.freeIsDeadAfterSeconds === undefined ? hostDeadSeconds(options.lockspace.ioTimeoutSeconds) : options.freeIsDeadAfterSeconds;
+    if (free !== null && (typeof free !== 'number' || !Number.isFinite(free) || free < 0 || free > FREE_IS_DEAD_AFTER_SECONDS_MAX))
+      throw new MooringError('INVALID_ARGUMENT', `freeIsDeadAfterSeconds must be null or a number of seconds in [0, ${FREE_IS_DEAD_AFTER_SECONDS_MAX}]`);
+    this.#freeIsDeadAfterMs = free === null ? null : free * 1000;
   }
 
   /** The states seen at the last poll. */
@@ -116,9 +146,11 @@ export class LivenessWatcher extends (EventEmitter as new () => TypedEmitter<Liv
     return this.#hosts;
   }
 
-  /** The state of `hostId` at the last poll (undefined if never seen). */
+  /** The state of `hostId` at the last poll (undefined if never seen); `dead` once a released host was reported dead. */
   state(hostId: number): HostState | undefined {
-    return this.#hosts.get(hostId)?.state;
+    if (this.#deadAfterRelease.has(hostId)) return 'dead';
+    // sanlock forgets a released host; it is still free here until its T5.
+    return this.#hosts.get(hostId)?.state ?? (this.#released.has(hostId) ? 'free' : undefined);
   }
 
   /** Starts polling (the first poll runs at once). Idempotent. */
@@ -148,15 +180,41 @@ export class LivenessWatcher extends (EventEmitter as new () => TypedEmitter<Liv
     }
     if (this.#hostIds) hosts = hosts.filter((h) => this.#hostIds!.has(h.hostId));
     const atMs = Date.now();
-    const changes = diffHosts(this.lockspace.name, this.#hosts, hosts).map((c) => ({ ...c, atMs }));
+    const changes: HostEvent[] = diffHosts(this.lockspace.name, this.#hosts, hosts).map((c) => ({ ...c, atMs }));
     const next = new Map<number, HostStatus>();
     for (const h of hosts) next.set(h.hostId, h);
     this.#hosts = next;
+    for (const c of changes) this.#track(c);
+    changes.push(...this.#releasedNowDead(atMs));
     for (const c of changes) {
       safeEmit(this, 'change', c);
       safeEmit(this, c.to, c);
     }
     return changes;
+  }
+
+  // A release starts the clock of the seed's T5; any other state (joined again, or seen
+  // failing or dead by sanlock itself) stops it.
+  #track(c: HostEvent): void {
+    if (c.to === 'free' && c.from !== undefined && c.from !== 'free') {
+      if (c.from === 'dead') this.#deadAfterRelease.add(c.hostId);
+      else this.#released.set(c.hostId, { atMs: c.atMs, host: c.host });
+    } else if (c.to !== 'free') {
+      this.#released.delete(c.hostId);
+      this.#deadAfterRelease.delete(c.hostId);
+    }
+  }
+
+  #releasedNowDead(atMs: number): HostEvent[] {
+    if (this.#freeIsDeadAfterMs === null) return [];
+    const out: HostEvent[] = [];
+    for (const [hostId, r] of this.#released) {
+      if (atMs - r.atMs < this.#freeIsDeadAfterMs) continue;
+      this.#released.delete(hostId);
+      this.#deadAfterRelease.add(hostId);
+      out.push({ lockspace: this.lockspace.name, hostId, from: 'free', to: 'dead', host: { ...r.host, state: 'free' }, atMs, releasedAtMs: r.atMs });
+    }
+    return out.sort((a, b) => a.hostId - b.hostId);
   }
 
   #schedule(delayMs: number): void {

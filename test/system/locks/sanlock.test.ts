@@ -2,16 +2,18 @@
 // its own daemon (own run directory and host name) plus its own library process, all on
 // this machine, sharing lockspace files as hosts share storage. io_timeout is 1 s.
 //
-// The two slow scenarios (a host crash seen from another host: about 70 s, because a host
-// is dead only 8N + 60 s after its last renewal; and a storage failure on one host) run
-// on their own hosts in the background while the other tests run, and are awaited by
-// their own tests at the end.
+// The three slow scenarios (a host crash seen from another host: about 70 s, because a host
+// is dead only 8N + 60 s after its last renewal; a host that shut down cleanly, treated as
+// dead 8N + 60 s after its release; and a storage failure on one host) run on their own
+// hosts in the background while the other tests run, and are awaited by their own tests at
+// the end.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
+import { failureTimings } from '../../../src/locks/timing.js';
 import { Mooring } from '../../../src/mooring.js';
 import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
@@ -21,6 +23,11 @@ import { qemuIo, repoRoot } from '../helpers/tools.js';
 
 /** io_timeout of every lockspace here, seconds. */
 const N = 1;
+/**
+ * How late a measured moment may come after its window's upper bound: the daemons renew and
+ * the watchers poll on a shared 2-core machine, where a loaded scheduler delays both.
+ */
+const TIMING_SLACK_MS = 5_000;
 const MIB = 1024 * 1024;
 
 let dir: string;
@@ -28,6 +35,7 @@ let A: SimHost;
 let B: SimHost;
 let deadHost: Promise<DeadHostResult>;
 let storageFailure: Promise<StorageFailureResult>;
+let cleanShutdown: Promise<CleanShutdownResult>;
 
 async function expectCode(p: Promise<unknown>, code: string): Promise<AgentError> {
   const err = await p.then(
@@ -52,11 +60,13 @@ beforeAll(async () => {
   deadHost.catch(() => undefined);
   storageFailure = runStorageFailure(join(dir, 'storage'));
   storageFailure.catch(() => undefined);
+  cleanShutdown = runCleanShutdown(join(dir, 'clean'));
+  cleanShutdown.catch(() => undefined);
   [A, B] = await Promise.all([SimHost.start('host-a'), SimHost.start('host-b')]);
 });
 
 afterAll(async () => {
-  await Promise.allSettled([deadHost, storageFailure]);
+  await Promise.allSettled([deadHost, storageFailure, cleanShutdown]);
   await stopAllHosts();
   await killAllDaemons();
   if (dir) rmSync(dir, { recursive: true, force: true });
@@ -451,8 +461,26 @@ describe('Lockspace and Lock over real sanlock daemons', () => {
     expect(r.membership).toEqual({ lsf: 'leaving', lso: 'joined' });
     // The other host still sees host 1 live in the lockspace whose storage did not fail.
     expect(r.seenFromF).toBe('live');
-    console.log(`storage failure: holder killed ${r.killedAfterMs} ms after the freeze (T1 window ${N * 6}-${N * 8} s after the failure)`);
+    // T1: the daemon kills 8N after its last good renewal, which was at most 2N before the
+    // freeze (sanlock counts whole seconds on its own clock: 1 s of slack below).
+    const t1 = failureTimings(N).t1HoldersKilled;
+    expect(r.killedAfterMs).toBeGreaterThan(t1.minSeconds * 1000 - 1000);
+    expect(r.killedAfterMs).toBeLessThan(t1.maxSeconds * 1000 + TIMING_SLACK_MS);
+    console.log(`storage failure: holder killed ${r.killedAfterMs} ms after the freeze (T1 window ${t1.minSeconds}-${t1.maxSeconds} s after the failure)`);
   });
+
+  it('clean shutdown: the other host sees the released lease free at once and the host dead only 8N + 60 s later (T5)', async () => {
+    const r = await cleanShutdown;
+    const t5 = failureTimings(N).t5FreeTreatedDead;
+    // Seen free within a poll or two of the release (the lease is written free at once).
+    expect(r.freeAfterMs).toBeLessThan(2 * N * 1000 + TIMING_SLACK_MS);
+    expect(r.deadAfterMs).toBeGreaterThan(t5.minSeconds * 1000);
+    expect(r.deadAfterMs).toBeLessThan(t5.maxSeconds * 1000 + TIMING_SLACK_MS);
+    expect(r.dead).toMatchObject({ from: 'free', to: 'dead' });
+    expect(r.dead.releasedAtMs).toBe(r.freeAtMs);
+    expect(r.transitions.filter((t) => t !== 'unknown')).toEqual(['live', 'free', 'dead']);
+    console.log(`clean shutdown: free after ${r.freeAfterMs} ms, dead after ${r.deadAfterMs} ms (T5 ${t5.minSeconds}-${t5.maxSeconds} s)`);
+  }, 240_000);
 
   it('host crash: the other host sees it fail, then dead (not before the documented bounds); its lock is granted only once it can be dead', async () => {
     const r = await deadHost;
@@ -460,6 +488,10 @@ describe('Lockspace and Lock over real sanlock daemons', () => {
     expect(r.failAfterMs).toBeGreaterThanOrEqual(6 * N * 1000);
     expect(r.deadAfterMs).toBeGreaterThanOrEqual((6 * N + 60) * 1000);
     expect(r.deadAfterMs).toBeGreaterThan(r.failAfterMs);
+    // And not after the windows' upper bounds (T3: 12N, T4: 11N + 60 s), give or take the slack.
+    const { t3MarkedFailed: t3, t4Recoverable: t4 } = failureTimings(N);
+    expect(r.failAfterMs).toBeLessThan(t3.maxSeconds * 1000 + TIMING_SLACK_MS);
+    expect(r.deadAfterMs).toBeLessThan(t4.maxSeconds * 1000 + TIMING_SLACK_MS);
     // Asked for while C was failing, granted only once C could be dead: never before the
     // earliest moment C's lease can expire (6N + 60 s after the crash).
     expect(r.askedWhileFailingAfterMs).toBeLessThan(r.deadAfterMs);
@@ -472,6 +504,54 @@ describe('Lockspace and Lock over real sanlock daemons', () => {
     );
   });
 });
+
+interface CleanShutdownResult {
+  freeAtMs: number;
+  freeAfterMs: number;
+  deadAfterMs: number;
+  dead: { from: string; to: string; releasedAtMs: number };
+  transitions: string[];
+}
+
+// Host G leaves lockspace lsc cleanly (its lease is released, as on a shutdown); host H's
+// watcher, with the default margin, reports it free and then dead.
+async function runCleanShutdown(work: string): Promise<CleanShutdownResult> {
+  mkdirSync(work, { recursive: true });
+  const [G, H] = await Promise.all([SimHost.start('host-g'), SimHost.start('host-h')]);
+  const path = join(work, 'lsc.img');
+  await G.run(
+    async (m, s, a) => {
+      s.ls = await m.Lockspace.create({ name: 'lsc', path: a.path, maxLocks: 1, ioTimeoutSeconds: a.N });
+      await s.ls.join({ hostId: 1, hostName: 'host-g' });
+    },
+    { path, N },
+  );
+  await H.run(
+    async (m, s, a) => {
+      s.ls = await m.Lockspace.open({ name: 'lsc', path: a.path });
+      await s.ls.join({ hostId: 2, hostName: 'host-h' });
+      s.w = s.ls.watch({ pollIntervalMs: 250, hostIds: [1] });
+      s.w.on('change', (e: { to: string; from: string; atMs: number; releasedAtMs?: number }) => s.emit('host', e));
+      s.w.start();
+    },
+    { path },
+  );
+  await H.waitEvent((e) => e.event === 'host' && e.data.to === 'live', 30_000);
+  const leftAtMs = Date.now();
+  await G.run(async (_m, s) => s.ls.leave());
+  const free = await H.waitEvent((e) => e.event === 'host' && e.data.to === 'free', 30_000);
+  const dead = await H.waitEvent((e) => e.event === 'host' && e.data.to === 'dead', 150_000);
+  await H.run(async (_m, s) => s.w.stop());
+  const transitions = H.events.filter((e) => e.event === 'host').map((e) => e.data.to as string);
+  await Promise.all([G.stop(), H.stop()]);
+  return {
+    freeAtMs: free.data.atMs,
+    freeAfterMs: free.data.atMs - leftAtMs,
+    deadAfterMs: dead.data.atMs - leftAtMs,
+    dead: dead.data,
+    transitions,
+  };
+}
 
 interface DeadHostResult {
   failAfterMs: number;

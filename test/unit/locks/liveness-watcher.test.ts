@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 
 import { MooringError } from '../../../src/errors.js';
 import type { HostState, HostStatus } from '../../../src/locks/host-state.js';
@@ -60,6 +60,68 @@ describe('LivenessWatcher', () => {
     const w = new LivenessWatcher({ lockspace: ls });
     await expect(w.poll()).rejects.toMatchObject({ code: 'LOCKSPACE_NOT_JOINED' });
     expect(ls.lostChecks).toBe(1);
+  });
+
+  it('reports a released host dead 8N + 60 s after it was seen free (T5), unless it joins again', async () => {
+    vi.useFakeTimers({ toFake: ['Date'] });
+    try {
+      // Host 1 leaves cleanly and stays away (sanlock then forgets it); host 2 leaves and
+      // comes back before the margin; host 3 was free when the watcher started.
+      const ls = scripted([
+        [[1, 'live'], [2, 'live'], [3, 'free']],
+        [[1, 'free'], [2, 'free'], [3, 'free']],
+        [[2, 'free'], [3, 'free']],
+        [[2, 'live'], [3, 'free']],
+        [[2, 'live'], [3, 'free']],
+      ]);
+      const w = new LivenessWatcher({ lockspace: ls }); // N = 1: 68 s
+      const seen: string[] = [];
+      const dead: HostEvent[] = [];
+      w.on('change', (e) => seen.push(`${e.hostId}:${e.from ?? '-'}>${e.to}`));
+      w.on('dead', (e) => dead.push(e));
+      vi.setSystemTime(1_000_000);
+      await w.poll();
+      vi.setSystemTime(1_002_000);
+      await w.poll(); // 1 and 2 released now
+      expect(seen.slice(-2)).toEqual(['1:live>free', '2:live>free']);
+      vi.setSystemTime(1_002_000 + 67_999);
+      await w.poll();
+      expect(dead).toEqual([]);
+      expect(w.state(1)).toBe('free');
+      vi.setSystemTime(1_002_000 + 68_000);
+      await w.poll(); // 2 joined again meanwhile: only 1 is dead
+      expect(dead).toHaveLength(1);
+      expect(dead[0]).toMatchObject({ hostId: 1, from: 'free', to: 'dead', releasedAtMs: 1_002_000, atMs: 1_070_000, host: { hostId: 1, state: 'free' } });
+      expect(w.state(1)).toBe('dead');
+      expect(w.state(2)).toBe('live');
+      vi.setSystemTime(1_500_000);
+      await w.poll();
+      expect(dead).toHaveLength(1); // once; never for host 3
+      expect(seen).toEqual(['1:->live', '2:->live', '3:->free', '1:live>free', '2:live>free', '2:free>live', '1:free>dead']);
+    } finally {
+      vi.useRealTimers();
+    }
+  });
+
+  it('keeps a released host free with freeIsDeadAfterSeconds null, and checks the option', async () => {
+    vi.useFakeTimers({ toFake: ['Date'] });
+    try {
+      const ls = scripted([[[1, 'live']], [[1, 'free']], [[1, 'free']]]);
+      const w = new LivenessWatcher({ lockspace: ls, freeIsDeadAfterSeconds: null });
+      const dead: HostEvent[] = [];
+      w.on('dead', (e) => dead.push(e));
+      await w.poll();
+      await w.poll();
+      vi.setSystemTime(Date.now() + 86_400_000);
+      await w.poll();
+      expect(dead).toEqual([]);
+      expect(w.state(1)).toBe('free');
+    } finally {
+      vi.useRealTimers();
+    }
+    for (const bad of [-1, Number.NaN, 86_401, '5'])
+      expect(() => new LivenessWatcher({ lockspace: scripted([[]]), freeIsDeadAfterSeconds: bad as number })).toThrow(/freeIsDeadAfterSeconds/);
+    expect(new LivenessWatcher({ lockspace: scripted([[]]), freeIsDeadAfterSeconds: 0 })).toBeInstanceOf(LivenessWatcher);
   });
 
   it('keeps polling after errors when started, and stops', async () => {
