@@ -7,7 +7,7 @@ import { MooringError, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
 import { parseSize } from '../util/size.js';
-import { checkName } from '../util/validate.js';
+import { checkName, checkVolumeSize } from '../util/validate.js';
 
 /** Where commands write and what they run against. Everything is optional but output. */
 export interface CliContext {
@@ -123,9 +123,12 @@ export function parseCommandArgs<O extends Options>(
   try {
     parsed = parseArgs({ args: argv, options, allowPositionals: true, strict: true });
   } catch (err) {
-    // parseArgs messages are good ("Unknown option '--x'..."); keep them, minus its own hints.
-    const message = (err as Error).message.split('. To specify a positional argument')[0] ?? String(err);
-    throw new UsageError(command, message);
+    // parseArgs messages are good ("Unknown option '--x'..."); keep them, minus its own hints,
+    // except for a value that starts with a dash, which it calls ambiguous.
+    const text = (err as Error).message;
+    const dashValue = /^Option '(--[\w-]+)(?: <value>)?' argument is ambiguous/.exec(text);
+    if (dashValue) throw new UsageError(command, `${dashValue[1]} needs a value; to give one starting with '-', write ${dashValue[1]}=VALUE`);
+    throw new UsageError(command, text.split('. To specify a positional argument')[0] ?? text);
   }
   const pos = parsed.positionals;
   if (pos.length < positionals.min) throw new UsageError(command, `missing argument${positionals.min - pos.length > 1 ? 's' : ''}`);
@@ -148,10 +151,10 @@ export function parseNameOption(command: string, option: string, value: string):
   }
 }
 
-/** Parses a --size value as a usage error when malformed. */
+/** Parses a --size value and checks it as the library checks a volume size; a usage error when it is no valid size. */
 export function parseSizeOption(command: string, text: string): number {
   try {
-    return parseSize(text);
+    return checkVolumeSize(parseSize(text));
   } catch (err) {
     throw new UsageError(command, `--size: ${(err as Error).message}`);
   }

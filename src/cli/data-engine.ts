@@ -95,7 +95,8 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
   const hostId = values['host-id'];
   if (hostId === undefined || hostId === '') throw new UsageError('data-engine', '--host-id ID is required');
   const listenText = values.listen;
-  if (listenText === undefined || !/^(unix|tcp):/.test(listenText)) {
+  if (listenText === undefined) throw new UsageError('data-engine', '--listen ADDRESS is required (unix:PATH or tcp:HOST:PORT)');
+  if (!/^(unix|tcp):/.test(listenText)) {
     throw new UsageError('data-engine', `--listen must be unix:PATH or tcp:HOST:PORT (got ${JSON.stringify(listenText)})`);
   }
   // A relative socket path is relative to where the command runs.

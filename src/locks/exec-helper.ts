@@ -28,6 +28,8 @@ import { SanlockClient } from './sanlock-client.js';
 const RESTRICT_FLAGS = { sigkill: 0x2, sigterm: 0x4 } as const;
 /** Exit status when the command was not run. */
 const EXIT_NOT_RUN = 127;
+/** Exit status of a usage error. */
+const EXIT_USAGE = 2;
 
 interface HelperArgs {
   controlFd?: number;
@@ -38,7 +40,22 @@ interface HelperArgs {
   args: string[];
 }
 
-function parse(argv: string[]): HelperArgs {
+const USAGE = `usage: mooring-lock-exec [--control-fd N] [--restrict sigkill|sigterm] [--killpath PATH [--killpath-args ARGS]] -- COMMAND ARGS...
+
+Registers with the local sanlock daemon (SANLOCK_RUN_DIR), then execs COMMAND in this
+process, so that the locks acquired for this pid are the command's (docs/locks.md).
+  --control-fd N        report on fd N and wait for "go" before the exec (LockedProcess)
+  --restrict MODE       signals sanlock may not use: sigkill or sigterm
+  --killpath PATH       program the daemon runs to stop the command (pid appended)
+  --killpath-args ARGS  its arguments, one string
+  -h, --help            show this help
+Exit status: 2 for a usage error, 127 when COMMAND could not be run.
+`;
+
+/** A bad command line: exit 2 with the usage, as the other bins do. */
+class UsageError extends Error {}
+
+function parse(argv: string[]): HelperArgs | 'help' {
   const out: Partial<HelperArgs> = {};
   let i = 0;
   for (; i < argv.length; i++) {
@@ -47,16 +64,18 @@ function parse(argv: string[]): HelperArgs {
       i++;
       break;
     }
+    if (a === '-h' || a === '--help') return 'help';
     const v = argv[i + 1];
     if (a === '--control-fd' && v !== undefined && /^[0-9]{1,6}$/.test(v)) out.controlFd = Number(v);
     else if (a === '--restrict' && (v === 'sigkill' || v === 'sigterm')) out.restrict = v;
     else if (a === '--killpath' && v) out.killPath = v;
     else if (a === '--killpath-args' && v !== undefined) out.killPathArgs = v;
-    else throw new Error(`unknown or incomplete option ${a}`);
+    else if (['--control-fd', '--restrict', '--killpath', '--killpath-args'].includes(a)) throw new UsageError(`${a} needs a valid value (got ${v === undefined ? 'none' : JSON.stringify(v)})`);
+    else throw new UsageError(`unknown option ${JSON.stringify(a)}`);
     i++;
   }
   const command = argv[i];
-  if (!command) throw new Error('usage: mooring-lock-exec [--restrict sigkill|sigterm] [--killpath PATH [--killpath-args ARGS]] -- COMMAND ARGS...');
+  if (!command) throw new UsageError('no COMMAND after --');
   return { ...out, command, args: argv.slice(i + 1) } as HelperArgs;
 }
 
@@ -67,8 +86,19 @@ async function main(): Promise<void> {
     // Synchronous: the process may exec or exit right after.
     if (control) writeSync(controlFd, `${JSON.stringify(m)}\n`);
   };
+  let opts: HelperArgs | 'help';
   try {
-    const opts = parse(process.argv.slice(2));
+    opts = parse(process.argv.slice(2));
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    writeSync(2, `mooring-lock-exec: ${err.message}\n${USAGE}`);
+    process.exit(EXIT_USAGE);
+  }
+  if (opts === 'help') {
+    writeSync(1, USAGE);
+    process.exit(0);
+  }
+  try {
     if (opts.controlFd !== undefined) {
       controlFd = opts.controlFd;
       control = new Socket({ fd: controlFd, readable: true, writable: true });

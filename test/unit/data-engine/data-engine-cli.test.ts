@@ -89,6 +89,8 @@ describe('mooring data-engine', () => {
       ['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--bogus'],
     ];
     for (const argv of usage) expect(await runCli(argv, ctx), argv.join(' ')).toBe(2);
+    expect(ctx.err.join('')).toContain('--listen ADDRESS is required (unix:PATH or tcp:HOST:PORT)');
+    expect(ctx.err.join('')).not.toContain('undefined');
     ctx.err.length = 0;
     expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'tcp:0.0.0.0:0', '--replica-listen', 'none'], ctx)).toBe(1);
     expect(ctx.err.join('')).toMatch(/INVALID_ARGUMENT: .*loopback/);
