@@ -7,7 +7,8 @@ export default defineConfig({
   shims: true,
   target: 'node20',
   platform: 'node',
-  sourcemap: true,
+  // No source maps: they tripled the package; stack traces point into dist/ (readable, unminified).
+  sourcemap: false,
   clean: true,
   splitting: false,
 });

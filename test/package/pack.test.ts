@@ -61,7 +61,8 @@ describe('npm package', () => {
       chmodSync(p, 0o755);
     }
     const packed = await run('npm', ['pack', '--json', '--pack-destination', tmp.path], { cwd: repoRoot, env: cleanEnv(), timeoutMs: 120_000 });
-    const info = JSON.parse(packed.stdout.slice(packed.stdout.indexOf('['))) as { filename: string; version: string; files: { path: string }[] }[];
+    const info = JSON.parse(packed.stdout.slice(packed.stdout.indexOf('['))) as { filename: string; version: string; size: number; unpackedSize: number; files: { path: string }[] }[];
+    console.log(`npm pack: ${info[0]!.files.length} files, ${(info[0]!.size / 1e6).toFixed(2)} MB packed, ${(info[0]!.unpackedSize / 1e6).toFixed(2)} MB unpacked`);
     tarball = join(tmp.path, info[0]!.filename);
     pkgVersion = info[0]!.version;
     const files = info[0]!.files.map((f) => f.path);
@@ -69,6 +70,8 @@ describe('npm package', () => {
       expect(files, `tarball lacks ${f}`).toContain(f);
     }
     expect(files.filter((f) => f.startsWith('test/') || f.startsWith('node_modules/') || f.startsWith('build/'))).toEqual([]);
+    // Nothing dead: no source maps, and the bins only as the ESM files package.json names.
+    expect(files.filter((f) => f.endsWith('.map') || f === 'dist/cli.cjs' || f === 'dist/lock-exec.cjs')).toEqual([]);
 
     mkdirSync(project);
     writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'mooring-scratch', version: '1.0.0', private: true }, null, 2));
