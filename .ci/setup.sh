@@ -66,6 +66,10 @@ done
 # test/system/helpers/libvirt.ts starts virtlogd and libvirtd when they are not running.
 getent group libvirt-qemu >/dev/null || groupadd -r libvirt-qemu
 getent passwd libvirt-qemu >/dev/null || useradd -r -g libvirt-qemu -M -s /usr/sbin/nologin libvirt-qemu
+# qemu.conf belongs to libvirt-daemon-system, which is not installed: the keys below are all
+# this setup needs of it (libvirtd takes its defaults for the rest).
+mkdir -p /etc/libvirt
+touch /etc/libvirt/qemu.conf
 for kv in 'user = "root"' 'group = "root"' 'dynamic_ownership = 0' 'remember_owner = 0'; do
   key=${kv%% *}
   sed -i "/^${key}[[:space:]]*=/d" /etc/libvirt/qemu.conf
