@@ -53,6 +53,13 @@ export const MooringErrorCode = {
    */
   NO_QUORUM: 'NO_QUORUM',
   // --- TypeScript only ---
+  /**
+   * The filesystem that would hold a file or directory is mounted read-only (EROFS).
+   * Native calls report it as IO_ERROR with that errno; the conversion gives it this code.
+   */
+  READ_ONLY_FILESYSTEM: 'READ_ONLY_FILESYSTEM',
+  /** The process may not create, open or change a file or directory (EACCES); refined like READ_ONLY_FILESYSTEM. */
+  PERMISSION_DENIED: 'PERMISSION_DENIED',
   /** A compare-and-set write to the state store found another version. */
   CONFLICT: 'CONFLICT',
   /** The native addon could not be loaded; the message lists what was tried and how to fix it. */
@@ -181,6 +188,10 @@ export function toMooringError(err: unknown, context?: string): MooringError {
   if (isMooringErrorCode(e.code)) code = e.code;
   else if (typeof e.code === 'string' && e.code in errnoCodes) code = errnoCodes[e.code]!;
   else code = MooringErrorCode.IO_ERROR;
+  // Native statuses keep their codes in step with status.h (and the replica protocol's
+  // wire codes), so a read-only filesystem or a refused permission reaches here as IO_ERROR
+  // with its errno: say what it is.
+  if (code === MooringErrorCode.IO_ERROR && errno !== undefined) code = refinedIoCode(errno) ?? code;
   return new MooringError(code, message, { cause: err, ...(errno === undefined ? {} : { errno }) });
 }
 
@@ -205,10 +216,21 @@ const errnoCodes: Record<string, MooringErrorCode> = {
   ETIMEDOUT: 'UNAVAILABLE',
   EHOSTUNREACH: 'UNAVAILABLE',
   EPROTO: 'PROTOCOL_ERROR',
+  EROFS: 'READ_ONLY_FILESYSTEM',
+  EACCES: 'PERMISSION_DENIED',
 };
 
+// errno (either sign) -> the TypeScript-only code an IO_ERROR with that errno becomes.
+function refinedIoCode(errno: number): MooringErrorCode | undefined {
+  const e = Math.abs(errno);
+  if (e === osConstants.errno.EROFS) return MooringErrorCode.READ_ONLY_FILESYSTEM;
+  if (e === osConstants.errno.EACCES) return MooringErrorCode.PERMISSION_DENIED;
+  return undefined;
+}
+
 /**
- * The code status.h's CodeFromErrno gives an errno (sign ignored).
+ * The code an errno (sign ignored) is reported with: status.h's CodeFromErrno, refined as
+ * {@link toMooringError} refines it (EROFS, EACCES).
  *
  * @internal
  */

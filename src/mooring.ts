@@ -17,7 +17,6 @@
  * @packageDocumentation
  */
 import { EventEmitter } from 'node:events';
-import { mkdir } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
 import type * as TE from 'typed-emitter';
@@ -31,6 +30,7 @@ import { FileStateStore } from './state/file-state-store.js';
 import type { StateStore } from './state/state-store.js';
 import { NAME_PATTERN } from './util/limits.js';
 import { withTimeout } from './util/async.js';
+import { ensureDirectory } from './util/files.js';
 import { safeEmit } from './util/emit.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
@@ -321,7 +321,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     const dir = options.dir === undefined ? null : resolve(options.dir);
     const own: Owned = { store: null, dataEngine: null };
     try {
-      if (dir !== null) await mkdir(dir, { recursive: true, mode: 0o750 }).catch((err: unknown) => Promise.reject(toMooringError(err, `creating ${dir}`)));
+      if (dir !== null) await ensureDirectory(dir);
       const store = options.store ?? (own.store = await FileStateStore.open(join(dir!, STATE_SUBDIR)));
       let hostId = options.hostId ?? null;
       let imported: DirectoryImport | null = null;

@@ -15,6 +15,7 @@ import { request as httpsRequest } from 'node:https';
 
 import { MooringError, toMooringError } from '../errors.js';
 import { sleepUnlessAborted } from '../util/async.js';
+import { PRIVATE_FILE_MODE } from '../util/files.js';
 import { VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 import { checkIntIn, describe } from '../util/validate.js';
 import { hashFileInto, newSha512 } from './sha512.js';
@@ -161,7 +162,7 @@ export async function download(options: DownloadOptions): Promise<DownloadResult
   const first = checkDownloadUrl(options.url);
   const s = checkDownloadSettings(options);
   const { signal } = options;
-  const fh = await open(options.path, 'a+').catch((err: unknown) => Promise.reject(toMooringError(err, `opening ${options.path}`)));
+  const fh = await open(options.path, 'a+', PRIVATE_FILE_MODE).catch((err: unknown) => Promise.reject(toMooringError(err, `opening ${options.path}`)));
   try {
     // The bytes already on disk are the prefix of this file (same name and uuid): hash them
     // once, then only what arrives.

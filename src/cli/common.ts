@@ -6,6 +6,7 @@ import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { MooringError, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
+import { readFileLimited } from '../util/files.js';
 import { parseSize } from '../util/size.js';
 import { checkName, checkVolumeSize } from '../util/validate.js';
 
@@ -159,6 +160,26 @@ export function parseSizeOption(command: string, text: string): number {
     throw new UsageError(command, `--size: ${(err as Error).message}`);
   }
 }
+
+/**
+ * Parses --socket-group: a numeric gid or a group name looked up in /etc/group (Node has
+ * no getgrnam). A usage error when it is neither.
+ */
+export async function parseGroupOption(command: string, text: string): Promise<number> {
+  if (/^\d{1,10}$/.test(text) && Number(text) <= 0xfffffffe) return Number(text);
+  if (!/^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$/.test(text)) {
+    throw new UsageError(command, `--socket-group must be a group name or a numeric gid (got ${JSON.stringify(text)})`);
+  }
+  const groups = await readFileLimited('/etc/group', GROUP_FILE_BYTES_MAX, 'INVALID_ARGUMENT', { followSymlinks: true }).catch(() => '');
+  for (const line of groups.split('\n')) {
+    const [name, , gid] = line.split(':');
+    if (name === text && gid !== undefined && /^\d+$/.test(gid)) return Number(gid);
+  }
+  throw new UsageError(command, `--socket-group: no group ${JSON.stringify(text)} in /etc/group (give its numeric gid instead)`);
+}
+
+// /etc/group of a large host stays far below this.
+const GROUP_FILE_BYTES_MAX = 8 << 20;
 
 /** Parses --replicas: an integer 1..16. */
 export function parseReplicasOption(command: string, text: string): number {

@@ -11,7 +11,7 @@ import { MooringError } from '../errors.js';
 import { readFileLimited } from '../util/files.js';
 import { describeEvent } from './describe-event.js';
 import { checkSuccessorArgv, spawnSuccessor } from './successor.js';
-import { UsageError, addonOf, installStopSignals, parseCommandArgs, requireDir, type CliContext } from './common.js';
+import { UsageError, addonOf, installStopSignals, parseCommandArgs, parseGroupOption, requireDir, type CliContext } from './common.js';
 
 /** The JSON that follows `READY ` on the data engine's stdout (the CLI contract). */
 export interface DataEngineReadyInfo {
@@ -47,6 +47,9 @@ Options:
   --hand-over-hold-ms MS        how long an export that handed its volume over holds what
                                 its clients send, for a rollback (default ${DATA_ENGINE_DEFAULTS.handOverHoldMs};
                                 0: refuse it at once)
+  --socket-group GROUP          give the NBD sockets of this host's exports to GROUP (name
+                                or gid), mode 0660, for a QEMU running as another user;
+                                without it they are 0600
   --allow-successor-exec PREFIX let a gRPC caller replace this process by a program under
                                 PREFIX (an upgrade): it stops as on SIGTERM and starts
                                 PROGRAM data-engine <these arguments>, detached, or hands
@@ -80,6 +83,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       'allow-insecure-remote': { type: 'boolean' },
       'max-concurrent-rebuilds': { type: 'string' },
       'hand-over-hold-ms': { type: 'string' },
+      'socket-group': { type: 'string' },
       'allow-successor-exec': { type: 'string' },
       'take-over': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
@@ -119,9 +123,10 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     if (!/^\d{1,9}$/.test(text)) throw new UsageError('data-engine', `--hand-over-hold-ms must be an integer (got ${JSON.stringify(text)})`);
     handOverHoldMs = Number(text);
   }
+  const nbdSocketGroup = values['socket-group'] === undefined ? undefined : await parseGroupOption('data-engine', values['socket-group']);
   let tls: DataEngineTlsOptions | undefined;
   if (tlsFiles[0] !== undefined) {
-    const [cert, key, ca] = await Promise.all(tlsFiles.map((f) => readFileLimited(resolve(cwd, f!), TLS_PEM_BYTES_MAX, 'INVALID_ARGUMENT')));
+    const [cert, key, ca] = await Promise.all(tlsFiles.map((f) => readFileLimited(resolve(cwd, f!), TLS_PEM_BYTES_MAX, 'INVALID_ARGUMENT', { followSymlinks: true })));
     tls = { cert: cert!, key: key!, ca: ca! };
   }
   const allowInsecureRemote = values['allow-insecure-remote'] === true;
@@ -138,6 +143,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ...(tls ? { tls } : {}),
       ...(maxConcurrentRebuilds !== undefined ? { maxConcurrentRebuilds } : {}),
       ...(handOverHoldMs !== undefined ? { handOverHoldMs } : {}),
+      ...(nbdSocketGroup !== undefined ? { nbdSocketGroup } : {}),
     });
     opened.watch((e) => ctx.stderr(`mooring: ${describeEvent(e)}\n`));
     return opened;

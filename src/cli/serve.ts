@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { MooringError, toMooringError } from '../errors.js';
 import { formatBytes } from '../util/size.js';
 import type { Volume } from '../volume/volume.js';
-import { UsageError, parseCommandArgs, parseReplicasOption, parseSizeOption, installStopSignals, type CliContext } from './common.js';
+import { UsageError, parseCommandArgs, parseGroupOption, parseReplicasOption, parseSizeOption, installStopSignals, type CliContext } from './common.js';
 import { describeEvent } from './describe-event.js';
 import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 import { STATUS_SOCKET_FILE, serveStatus, type StatusServer } from './status-socket.js';
@@ -33,7 +33,7 @@ export interface ReadyInfo {
 }
 
 /** Help text of `mooring serve`. */
-export const SERVE_HELP = `Usage: mooring serve --dir DIR [--volume NAME] [--size SIZE] [--replicas N] [--host ADDRESS ...] [--nbd ADDRESS]
+export const SERVE_HELP = `Usage: mooring serve --dir DIR [--volume NAME] [--size SIZE] [--replicas N] [--host ADDRESS ...] [--nbd ADDRESS] [--socket-group GROUP]
 
 Serve a volume over NBD from this host until SIGINT or SIGTERM. When DIR holds no volume
 of that name it is created first (--size is then required); otherwise the existing one is
@@ -50,6 +50,8 @@ ${EMBEDDED_HELP}
                        address must be loopback unless --allow-insecure-remote is given
   --allow-insecure-remote  serve NBD on a non-loopback TCP address, unauthenticated and
                        unencrypted (anyone who reaches it reads and writes the disk)
+  --socket-group GROUP give the unix socket to GROUP (name or gid), mode 0660, for a QEMU
+                       running as another user; without it the socket is 0600
   -h, --help           show this help
 
 Once serving, one line is printed to stdout:
@@ -70,6 +72,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
       replicas: { type: 'string' },
       nbd: { type: 'string' },
       'allow-insecure-remote': { type: 'boolean' },
+      'socket-group': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     { min: 0, max: 0 },
@@ -84,11 +87,18 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     throw new UsageError('serve', `--nbd must be unix:PATH or tcp:HOST:PORT (got ${JSON.stringify(values.nbd)})`);
   }
 
+  const nbdSocketGroup = values['socket-group'] === undefined ? undefined : await parseGroupOption('serve', values['socket-group']);
+
   const stop = installStopSignals(ctx, 'the drain');
   let embedded: Embedded | null = null;
   let status: StatusServer | null = null;
   try {
-    embedded = await openEmbedded('serve', values, ctx, values['allow-insecure-remote'] === true ? { dataEngine: { allowInsecureRemote: true } } : {});
+    embedded = await openEmbedded('serve', values, ctx, {
+      dataEngine: {
+        ...(values['allow-insecure-remote'] === true ? { allowInsecureRemote: true } : {}),
+        ...(nbdSocketGroup !== undefined ? { nbdSocketGroup } : {}),
+      },
+    });
     const { mooring: m, dir } = embedded;
     const hostId = m.hostId!;
     const picked = await pickVolume('serve', m, dir, values.volume, true);

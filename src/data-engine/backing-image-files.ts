@@ -14,7 +14,7 @@
  * `image.part` renamed to `image`. States: pending → starting → in-progress → ready | failed.
  * docs/data-engine.md, "Backing image files".
  */
-import { mkdir, open, readdir, rename, rm, truncate } from 'node:fs/promises';
+import { open, readdir, rename, rm, truncate } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { checkDownloadSettings, checkDownloadUrl, download, partialSize, type DownloadSettings } from '../backing-image/download.js';
@@ -22,7 +22,7 @@ import { checkChecksum, hashFileInto, newSha512 } from '../backing-image/sha512.
 import { MooringError, toMooringError, type MooringErrorCode } from '../errors.js';
 import { openImage } from '../image/image-reader.js';
 import type { NativeAddon } from '../native/binding.js';
-import { pathExists, readFileLimited, syncDirectory, writeFileAtomic } from '../util/files.js';
+import { PRIVATE_FILE_MODE, ensureDirectory, pathExists, readFileLimited, syncDirectory, writeFileAtomic } from '../util/files.js';
 import { UUID_PATTERN, VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 import { checkIntIn, checkName, checkUuid, describe } from '../util/validate.js';
 import type {
@@ -257,7 +257,7 @@ export class BackingImageFiles {
       else await hashFileInto(part, hash, offset, signal);
       r.sizeBytes = sizeBytes;
       await this.#setState(r, 'in-progress', offset > 0 ? `receiving from byte ${offset}` : 'receiving');
-      const fh = await open(part, 'a').catch((err: unknown) => Promise.reject(toMooringError(err, `opening ${part}`)));
+      const fh = await open(part, 'a', PRIVATE_FILE_MODE).catch((err: unknown) => Promise.reject(toMooringError(err, `opening ${part}`)));
       let received = offset;
       try {
         for await (const chunk of abortable(data, signal)) {
@@ -466,7 +466,7 @@ export class BackingImageFiles {
     };
     const run = async (): Promise<BackingImageFileInfo> => {
       try {
-        await mkdir(rec.dir, { recursive: true });
+        await ensureDirectory(rec.dir);
         // A new file is recorded (and announced) before anything else happens to it.
         if (isNew) await this.#setState(rec, 'pending', '');
         // A complete file that failed verification is not reused: remove it (no replica
@@ -734,7 +734,7 @@ async function truncateOrCreate(path: string): Promise<void> {
   try {
     await truncate(path, 0);
   } catch {
-    const fh = await open(path, 'w');
+    const fh = await open(path, 'w', PRIVATE_FILE_MODE);
     await fh.close();
   }
 }

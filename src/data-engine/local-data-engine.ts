@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { mkdir, readdir, rm } from 'node:fs/promises';
+import { readdir, rm } from 'node:fs/promises';
 import { isAbsolute, join, resolve } from 'node:path';
 
 import { MooringError, callNative, codeFromErrno, toMooringError } from '../errors.js';
@@ -7,8 +7,8 @@ import { LocalEngine, type EngineReplicaSpec, type RebuildEvent, type RebuildFai
 import type { NativeAddon, NativeNbdHandOffRecord, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
 import { loadAddon, packageVersion } from '../native/load.js';
 import type { DownloadSettings } from '../backing-image/download.js';
-import type { NbdExport } from '../nbd/nbd-export.js';
-import { pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
+import { NBD_LIMITS, type NbdExport } from '../nbd/nbd-export.js';
+import { ensureDirectory, pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
 import { checkEpoch, checkIntIn, checkLabels, checkName, checkVolumeSize, describe } from '../util/validate.js';
 import { VolumeLock } from '../volume/volume-lock.js';
@@ -152,6 +152,12 @@ export interface LocalDataEngineOptions {
    */
   handOverHoldMs?: number;
   /**
+   * The group (gid) given the NBD unix sockets of this data engine's exports, made 0660 so
+   * that QEMU running as another user of that group can connect; without it they are 0600
+   * (this process's user only). See `NbdExportOptions.socketGroup`.
+   */
+  nbdSocketGroup?: number;
+  /**
    * Timing of backing image downloads on this disk (start and stall timeouts, retries and
    * back-off, redirects, extra CA certificates); defaults in DOWNLOAD_DEFAULTS. A call's own
    * startTimeoutMs and retries take precedence.
@@ -233,6 +239,7 @@ export class LocalDataEngine implements DataEngine {
   readonly #snapshotCopies: Semaphore;
   readonly #repair: Required<DataEngineRepairOptions>;
   readonly #handOverHoldMs: number;
+  readonly #nbdSocketGroup: number | undefined;
   readonly #allowInsecureRemote: boolean;
   readonly #engines = new Map<string, EngineSlot>();
   readonly #starting = new Set<string>();
@@ -255,6 +262,7 @@ export class LocalDataEngine implements DataEngine {
     repair: Required<DataEngineRepairOptions>;
     handOverHoldMs: number;
     allowInsecureRemote: boolean;
+    nbdSocketGroup: number | undefined;
   }) {
     this.hostId = init.hostId;
     this.dir = init.dir;
@@ -269,6 +277,7 @@ export class LocalDataEngine implements DataEngine {
     this.#repair = init.repair;
     this.#handOverHoldMs = init.handOverHoldMs;
     this.#allowInsecureRemote = init.allowInsecureRemote;
+    this.#nbdSocketGroup = init.nbdSocketGroup;
   }
 
   /**
@@ -318,11 +327,10 @@ export class LocalDataEngine implements DataEngine {
       throw new MooringError('INVALID_ARGUMENT', `repair.maxRetryMs (${repair.maxRetryMs}) must be at least repair.firstRetryMs (${repair.firstRetryMs})`);
     }
     const handOverHoldMs = checkIntIn('handOverHoldMs', options.handOverHoldMs, 0, DATA_ENGINE_LIMITS.handOverHoldMsMax, DATA_ENGINE_DEFAULTS.handOverHoldMs);
+    const nbdSocketGroup = options.nbdSocketGroup === undefined ? undefined : checkIntIn('nbdSocketGroup', options.nbdSocketGroup, 0, NBD_LIMITS.groupIdMax, 0);
     const addon = options.addon ?? loadAddon();
 
-    await mkdir(join(dir, DATA_ENGINE_REPLICAS_SUBDIR), { recursive: true }).catch((err: unknown) =>
-      Promise.reject(toMooringError(err, `creating ${dir}`)),
-    );
+    await ensureDirectory(join(dir, DATA_ENGINE_REPLICAS_SUBDIR));
     const lock = await VolumeLock.acquire(dir, {
       file: DATA_ENGINE_LOCK_FILE,
       what: 'data engine directory',
@@ -348,7 +356,7 @@ export class LocalDataEngine implements DataEngine {
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure });
+      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup });
       de.#files = await BackingImageFiles.open({
         dir,
         addon,
@@ -559,7 +567,11 @@ export class LocalDataEngine implements DataEngine {
           // A standby is exported too, so a migrating VM's destination can connect before
           // the hand-over; its requests fail with EPERM until activateEngine.
           const remote = refs.some((r) => r.hostId !== this.hostId);
-          slot.nbd = await engine.exportNbd({ nbd, ...(remote ? { ioThreads: DATA_ENGINE_DEFAULTS.nbdIoThreadsRemote } : {}) });
+          slot.nbd = await engine.exportNbd({
+            nbd,
+            ...(remote ? { ioThreads: DATA_ENGINE_DEFAULTS.nbdIoThreadsRemote } : {}),
+            ...(this.#nbdSocketGroup !== undefined ? { socketGroup: this.#nbdSocketGroup } : {}),
+          });
         } catch (err) {
           await engine.close().catch(() => undefined);
           throw err;

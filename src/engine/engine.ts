@@ -28,7 +28,7 @@ import type {
 } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
 import { parseNbdAddress } from '../nbd/nbd-address.js';
-import { NbdExport, toNativeNbdOptions, type NbdExportOptions } from '../nbd/nbd-export.js';
+import { NbdExport, shareSocketWithGroup, toNativeNbdOptions, type NbdExportOptions } from '../nbd/nbd-export.js';
 import { safeEmit } from '../util/emit.js';
 import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
 import { checkLabels, checkName, checkRange, checkVolumeSize, describe } from '../util/validate.js';
@@ -684,9 +684,16 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
   /** Serves the engine over NBD. Closing the engine closes the export first. */
   exportNbd(options: NbdExportOptions): Promise<NbdExport> {
     return this.#call('exportNbd', async () => {
-      const { address, exportName, native } = toNativeNbdOptions(options);
+      const { address, exportName, native, socketGroup } = toNativeNbdOptions(options);
       const server = await this.#native.exportNbd(native);
-      return this.#own(new NbdExport(server, address, exportName, native.readOnly === true));
+      const exp = new NbdExport(server, address, exportName, native.readOnly === true);
+      if (socketGroup !== undefined && address.kind === 'unix') {
+        await shareSocketWithGroup(address.path, socketGroup).catch(async (err: unknown) => {
+          await exp.close().catch(() => undefined);
+          throw err;
+        });
+      }
+      return this.#own(exp);
     });
   }
 

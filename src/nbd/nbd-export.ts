@@ -3,9 +3,10 @@
  * `Volume.export`).
  */
 import { EventEmitter } from 'node:events';
+import { chmod, chown } from 'node:fs/promises';
 import type * as TE from 'typed-emitter';
 
-import { MooringError, callNative, callNativeSync } from '../errors.js';
+import { MooringError, callNative, callNativeSync, toMooringError } from '../errors.js';
 import type { NativeEngine, NativeNbdHandOffRecord, NativeNbdHandOffServer, NativeNbdOptions, NativeNbdServer, NativeNbdStats } from '../native/binding.js';
 import { safeEmit } from '../util/emit.js';
 import { describe } from '../util/validate.js';
@@ -25,6 +26,8 @@ export const NBD_LIMITS = {
   maxConnectionsMax: 1024,
   /** Longest description. */
   descriptionLengthMax: 1024,
+  /** Largest `socketGroup` (a gid below (gid_t)-1). */
+  groupIdMax: 0xfffffffe,
 } as const;
 
 /**
@@ -38,6 +41,12 @@ export interface NbdExportOptions
    * {@link NbdAddress}. `Volume.export` defaults to `unix:DIR/nbd.sock`.
    */
   nbd?: string | NbdAddress;
+  /**
+   * A unix socket is created mode 0600: only this process's user may connect. With a group
+   * id here it is given to that group and made 0660, so QEMU running as another user of that
+   * group (libvirt's `libvirt-qemu`, say) can connect. Ignored for TCP.
+   */
+  socketGroup?: number;
 }
 
 /**
@@ -71,7 +80,7 @@ function checkIntIn(name: string, value: unknown, min: number, max: number): num
 export function toNativeNbdOptions(
   options: NbdExportOptions,
   defaultAddress?: string,
-): { address: NbdAddress; exportName: string; native: NativeNbdOptions } {
+): { address: NbdAddress; exportName: string; native: NativeNbdOptions; socketGroup: number | undefined } {
   if (typeof options !== 'object' || options === null) {
     throw new MooringError('INVALID_ARGUMENT', `export options must be an object (got ${describe(options)})`);
   }
@@ -99,7 +108,28 @@ export function toNativeNbdOptions(
   if (ioThreads !== undefined) native.ioThreads = ioThreads;
   const maxConnections = checkIntIn('maxConnections', options.maxConnections, 1, NBD_LIMITS.maxConnectionsMax);
   if (maxConnections !== undefined) native.maxConnections = maxConnections;
-  return { address, exportName, native };
+  const socketGroup = checkIntIn('socketGroup', options.socketGroup, 0, NBD_LIMITS.groupIdMax);
+  return { address, exportName, native, socketGroup };
+}
+
+/**
+ * Gives an export's unix socket to group `gid` with mode 0660 (see
+ * {@link NbdExportOptions.socketGroup}).
+ *
+ * @throws MooringError PERMISSION_DENIED (this process may not give the socket to that group), NOT_FOUND, IO_ERROR
+ * @internal
+ */
+export async function shareSocketWithGroup(path: string, gid: number): Promise<void> {
+  try {
+    await chown(path, -1, gid);
+    await chmod(path, 0o660);
+  } catch (err) {
+    // chown answers EPERM (not EACCES) for a group the process is not in.
+    if ((err as { code?: string }).code === 'EPERM') {
+      throw new MooringError('PERMISSION_DENIED', `giving NBD socket ${path} to group ${gid}: not permitted for this user`, { cause: err });
+    }
+    throw toMooringError(err, `giving NBD socket ${path} to group ${gid}`);
+  }
 }
 
 /**

@@ -1,8 +1,8 @@
-import { mkdir, open, readdir, unlink } from 'node:fs/promises';
+import { open, readdir, unlink } from 'node:fs/promises';
 import { isAbsolute, join, resolve } from 'node:path';
 
 import { MooringError, toMooringError } from '../errors.js';
-import { readFileLimited, writeFileAtomic } from '../util/files.js';
+import { ensureDirectory, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { describe } from '../util/validate.js';
 import { VolumeLock } from '../volume/volume-lock.js';
 import {
@@ -77,7 +77,7 @@ export class FileStateStore implements StateStore {
       throw new MooringError('INVALID_ARGUMENT', `state store dir must be a path (got ${describe(raw)})`);
     }
     const dir = isAbsolute(raw) ? resolve(raw) : resolve(process.cwd(), raw);
-    await mkdir(dir, { recursive: true }).catch((err: unknown) => Promise.reject(toMooringError(err, `creating ${dir}`)));
+    await ensureDirectory(dir);
     const lock = await VolumeLock.acquire(dir, {
       file: STATE_LOCK_FILE,
       what: 'state store',
@@ -218,13 +218,9 @@ export class FileStateStore implements StateStore {
   async #ensureKindDir(kind: string): Promise<void> {
     if (this.#knownKinds.has(kind)) return;
     const dir = join(this.dir, kind);
-    try {
-      const made = await mkdir(dir, { recursive: true });
-      // A new directory entry is durable only once its parent is synced.
-      if (made !== undefined) await fsyncDir(this.dir);
-    } catch (err) {
-      throw toMooringError(err, `creating ${dir}`);
-    }
+    const made = await ensureDirectory(dir);
+    // A new directory entry is durable only once its parent is synced.
+    if (made.length > 0) await fsyncDir(this.dir).catch((err: unknown) => Promise.reject(toMooringError(err, `syncing ${this.dir}`)));
     this.#knownKinds.add(kind);
   }
 

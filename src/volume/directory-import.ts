@@ -8,7 +8,7 @@
  *
  * @packageDocumentation
  */
-import { mkdir, rename } from 'node:fs/promises';
+import { rename } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { CLUSTER_SCHEMA_VERSION, KIND, emptyAttachmentRecord, newVolumeRecord, parseReplicaRecord, parseVolumeRecord, type ReplicaRecord, type VolumeEpochRecord } from '../cluster/cluster-records.js';
@@ -16,7 +16,7 @@ import { replicaName } from '../cluster/control-state.js';
 import { DATA_ENGINE_REPLICAS_SUBDIR } from '../data-engine/local-data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
 import type { StateStore } from '../state/state-store.js';
-import { pathExists } from '../util/files.js';
+import { ensureDirectory, pathExists } from '../util/files.js';
 import { VolumeLock } from './volume-lock.js';
 import { VOLUME_SPEC_FILE, readVolumeSpec, replicaDir } from './volume-spec.js';
 
@@ -64,7 +64,7 @@ export async function importDirectoryVolume(dir: string, store: StateStore, host
     }
     const recorded = (await store.list<unknown>(KIND.replica)).map((d) => parseReplicaRecord(d.value, d.key)).filter((r) => r.volume === spec.name);
     const replicasDir = join(engineDir, DATA_ENGINE_REPLICAS_SUBDIR);
-    await mkdir(replicasDir, { recursive: true, mode: 0o750 });
+    await ensureDirectory(replicasDir);
     for (const r of spec.replicas) {
       let rec = recorded.find((x) => x.id === r.id);
       if (!rec) {

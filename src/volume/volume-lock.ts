@@ -11,6 +11,7 @@ import { hostname } from 'node:os';
 import { join } from 'node:path';
 
 import { MooringError, toMooringError } from '../errors.js';
+import { PRIVATE_FILE_MODE, readFileLimited } from '../util/files.js';
 
 /** The lock file's name inside the volume directory. */
 export const VOLUME_LOCK_FILE = 'volume.lock';
@@ -75,7 +76,7 @@ async function processAlive(owner: LockOwner): Promise<boolean> {
 
 async function readOwner(file: string): Promise<LockOwner | undefined> {
   try {
-    const text = (await readFile(file, 'utf8')).slice(0, LOCK_FILE_BYTES_MAX);
+    const text = await readFileLimited(file, LOCK_FILE_BYTES_MAX);
     const v = JSON.parse(text) as Partial<LockOwner>;
     if (typeof v.pid === 'number' && Number.isInteger(v.pid) && v.pid > 0 && typeof v.hostname === 'string') {
       return {
@@ -128,7 +129,7 @@ export class VolumeLock {
     };
     for (let attempt = 0; attempt < LOCK_ATTEMPTS_MAX; attempt++) {
       try {
-        const fh = await open(file, 'wx', 0o644);
+        const fh = await open(file, 'wx', PRIVATE_FILE_MODE);
         try {
           await fh.writeFile(`${JSON.stringify(me)}\n`);
         } finally {

@@ -159,3 +159,17 @@ describe('callNative', () => {
     await expect(callNative(() => Promise.reject(own))).rejects.toBe(own);
   });
 });
+
+describe('toMooringError refines IO errors that have a meaning of their own', () => {
+  it('gives READ_ONLY_FILESYSTEM for EROFS and PERMISSION_DENIED for EACCES, from native statuses and Node errors alike', () => {
+    // A native status keeps IO_ERROR (status.h has no such codes) and carries the errno.
+    expect(toMooringError(nativeError('IO_ERROR', 'create /ro/x: Read-only file system', -30)).code).toBe('READ_ONLY_FILESYSTEM');
+    expect(toMooringError(nativeError('IO_ERROR', 'open /x: Permission denied', -13)).code).toBe('PERMISSION_DENIED');
+    expect(toMooringError(Object.assign(new Error('EROFS'), { code: 'EROFS', errno: -30 })).code).toBe('READ_ONLY_FILESYSTEM');
+    expect(toMooringError(Object.assign(new Error('EACCES'), { code: 'EACCES', errno: -13 })).code).toBe('PERMISSION_DENIED');
+    // Other errnos and other codes are left as they are.
+    expect(toMooringError(nativeError('IO_ERROR', 'read: I/O error', -5)).code).toBe('IO_ERROR');
+    expect(toMooringError(nativeError('CORRUPT_METADATA', 'bad', -30)).code).toBe('CORRUPT_METADATA');
+    expect(codeFromErrno(30)).toBe('READ_ONLY_FILESYSTEM');
+  });
+});

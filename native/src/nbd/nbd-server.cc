@@ -20,6 +20,7 @@
 #include "nbd/nbd-connection.h"
 #include "nbd/nbd-server-context.h"
 #include "nbd/worker-pool.h"
+#include "util/fs-util.h"
 #include "net/acceptor.h"
 
 namespace mooring {
@@ -337,6 +338,10 @@ class NbdServerImpl final : public NbdServer {
       sock_ino_ = st.st_ino;
       own_socket_file_ = true;
     }
+    // The socket serves the whole disk: only its owner may connect (the embedder widens it
+    // to a group, NbdExportOptions.socketGroup). Set before listen(), so no connect()
+    // succeeds under the umask's mode.
+    if (chmod(path.c_str(), fsutil::kPrivateFileMode) != 0) return SocketStatus(errno, "chmod 0600 " + path);
     if (listen(listen_fd_, kListenBacklog) != 0) return SocketStatus(errno, "listening on " + path);
     return Status::Ok();
   }

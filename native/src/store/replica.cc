@@ -36,11 +36,16 @@ std::string ErrText(int err) { return std::strerror(err < 0 ? -err : err); }
 // Opens and flocks <dir>/lock. kBusy if another open holds it.
 Status LockDir(const std::string& dir, int* out_fd) {
   std::string path = fsutil::JoinPath(dir, kLockFile);
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, fsutil::kPrivateFileMode);
   if (fd < 0) {
     int err = errno;
     if (err == ENOENT) return Status::Error(Code::kNotFound, "no replica directory " + dir, err);
     return Status::FromErrno(err, "open " + path + ": " + ErrText(err));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::Error(Code::kCorrupt, path + " is not a regular file");
   }
   for (;;) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) break;
@@ -150,7 +155,7 @@ Status Replica::Create(const std::string& dir, uint64_t size_bytes, const Backin
     if (!bs.ok()) return bs;
     image->Close();
   }
-  if (::mkdir(dir.c_str(), 0755) != 0) {
+  if (::mkdir(dir.c_str(), fsutil::kPrivateDirMode) != 0) {
     int err = errno;
     if (err != EEXIST) return Status::FromErrno(err, "create directory " + dir + ": " + ErrText(err));
     DIR* d = ::opendir(dir.c_str());

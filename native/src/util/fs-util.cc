@@ -96,7 +96,7 @@ int FsyncDir(const std::string& dir) {
 Status WriteFileAtomic(const std::string& dir, const std::string& name, const std::string& data) {
   const std::string path = JoinPath(dir, name);
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, kPrivateFileMode);
   if (fd < 0) return Status::FromErrno(errno, "create " + tmp + ": " + ErrText(errno));
   int rc = PwriteFull(fd, data.data(), data.size(), 0);
   if (rc == 0) rc = FsyncFd(fd);
@@ -116,8 +116,15 @@ Status WriteFileAtomic(const std::string& dir, const std::string& name, const st
 }
 
 Status ReadFileLimited(const std::string& path, size_t max_bytes, std::string* out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path + ": " + ErrText(errno));
+  // O_NOFOLLOW: a symlink planted in place of a metadata file is refused (ELOOP);
+  // O_NONBLOCK: a FIFO (no writer) or a device does not block the open, and the fstat
+  // below refuses anything but a regular file at once.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) return Status::Error(Code::kCorrupt, path + " is a symbolic link; metadata links are not followed", err);
+    return Status::FromErrno(err, "open " + path + ": " + ErrText(err));
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
@@ -141,7 +148,7 @@ Status ReadFileLimited(const std::string& path, size_t max_bytes, std::string* o
 }
 
 Status CreateSparseFile(const std::string& path, uint64_t size_bytes) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, kPrivateFileMode);
   if (fd < 0) return Status::FromErrno(errno, "create " + path + ": " + ErrText(errno));
   int rc = 0;
   if (::ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) rc = -errno;

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <sys/types.h>
+
 #include <string>
 
 #include "util/status.h"
@@ -22,6 +24,12 @@ std::string JoinPath(const std::string& dir, const std::string& name);
 int PreadFull(int fd, void* buf, size_t len, uint64_t off);
 // Largest single pwrite PwriteFull issues (see fs-util.cc for why writes are split).
 constexpr size_t kPwriteChunkBytesMax = 16 * 1024;
+
+// Modes of what Mooring creates: VM disks and their metadata are for the service's own
+// user only (QEMU reaches a volume through its NBD socket, never through these files).
+// Kept in step with src/util/files.ts PRIVATE_FILE_MODE / PRIVATE_DIR_MODE.
+constexpr mode_t kPrivateFileMode = 0600;
+constexpr mode_t kPrivateDirMode = 0700;
 // Writes exactly len bytes at off.
 
 int PwriteFull(int fd, const void* buf, size_t len, uint64_t off);
