@@ -7,7 +7,7 @@ import { MooringError, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
 import { readFileLimited } from '../util/files.js';
-import { parseSize } from '../util/size.js';
+import { formatBytes, parseSize } from '../util/size.js';
 import { checkName, checkVolumeSize } from '../util/validate.js';
 
 /** Where commands write and what they run against. Everything is optional but output. */
@@ -180,6 +180,18 @@ export async function parseGroupOption(command: string, text: string): Promise<n
 
 // /etc/group of a large host stays far below this.
 const GROUP_FILE_BYTES_MAX = 8 << 20;
+
+/** Parses a byte-count option (`--replica-buffer-bytes 256M`) within [min, max]; a usage error otherwise. */
+export function parseBytesOption(command: string, option: string, text: string, min: number, max: number): number {
+  let n: number;
+  try {
+    n = parseSize(text);
+  } catch (err) {
+    throw new UsageError(command, `${option}: ${(err as Error).message}`);
+  }
+  if (n < min || n > max) throw new UsageError(command, `${option} must be within ${formatBytes(min)}..${formatBytes(max)} (got ${JSON.stringify(text)})`);
+  return n;
+}
 
 /** Parses --replicas: an integer 1..16. */
 export function parseReplicasOption(command: string, text: string): number {

@@ -11,7 +11,8 @@ import { MooringError } from '../errors.js';
 import { readFileLimited } from '../util/files.js';
 import { describeEvent } from './describe-event.js';
 import { checkSuccessorArgv, spawnSuccessor } from './successor.js';
-import { UsageError, addonOf, installStopSignals, parseCommandArgs, parseGroupOption, requireDir, type CliContext } from './common.js';
+import { UsageError, addonOf, installStopSignals, parseBytesOption, parseCommandArgs, parseGroupOption, requireDir, type CliContext } from './common.js';
+import { NBD_LIMITS } from '../nbd/nbd-export.js';
 
 /** The JSON that follows `READY ` on the data engine's stdout (the CLI contract). */
 export interface DataEngineReadyInfo {
@@ -47,6 +48,10 @@ Options:
   --hand-over-hold-ms MS        how long an export that handed its volume over holds what
                                 its clients send, for a rollback (default ${DATA_ENGINE_DEFAULTS.handOverHoldMs};
                                 0: refuse it at once)
+  --replica-buffer-bytes SIZE   request and reply bytes the replica server holds at once
+                                across its connections (default 256M); past it a peer's
+                                requests wait
+  --nbd-buffer-bytes SIZE       the same for each NBD export (default 128M, at least 32M)
   --socket-group GROUP          give the NBD sockets of this host's exports to GROUP (name
                                 or gid), mode 0660, for a QEMU running as another user;
                                 without it they are 0600
@@ -84,6 +89,8 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       'max-concurrent-rebuilds': { type: 'string' },
       'hand-over-hold-ms': { type: 'string' },
       'socket-group': { type: 'string' },
+      'replica-buffer-bytes': { type: 'string' },
+      'nbd-buffer-bytes': { type: 'string' },
       'allow-successor-exec': { type: 'string' },
       'take-over': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
@@ -124,6 +131,14 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     handOverHoldMs = Number(text);
   }
   const nbdSocketGroup = values['socket-group'] === undefined ? undefined : await parseGroupOption('data-engine', values['socket-group']);
+  const replicaServerBufferBytesMax =
+    values['replica-buffer-bytes'] === undefined
+      ? undefined
+      : parseBytesOption('data-engine', '--replica-buffer-bytes', values['replica-buffer-bytes'], DATA_ENGINE_LIMITS.replicaServerBufferBytesMaxMin, DATA_ENGINE_LIMITS.replicaServerBufferBytesMaxMax);
+  const nbdExportBufferBytesMax =
+    values['nbd-buffer-bytes'] === undefined
+      ? undefined
+      : parseBytesOption('data-engine', '--nbd-buffer-bytes', values['nbd-buffer-bytes'], NBD_LIMITS.bufferBytesMaxMin, NBD_LIMITS.bufferBytesMaxMax);
   let tls: DataEngineTlsOptions | undefined;
   if (tlsFiles[0] !== undefined) {
     const [cert, key, ca] = await Promise.all(tlsFiles.map((f) => readFileLimited(resolve(cwd, f!), TLS_PEM_BYTES_MAX, 'INVALID_ARGUMENT', { followSymlinks: true })));
@@ -144,6 +159,8 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ...(maxConcurrentRebuilds !== undefined ? { maxConcurrentRebuilds } : {}),
       ...(handOverHoldMs !== undefined ? { handOverHoldMs } : {}),
       ...(nbdSocketGroup !== undefined ? { nbdSocketGroup } : {}),
+      ...(replicaServerBufferBytesMax !== undefined ? { replicaServerBufferBytesMax } : {}),
+      ...(nbdExportBufferBytesMax !== undefined ? { nbdExportBufferBytesMax } : {}),
     });
     opened.watch((e) => ctx.stderr(`mooring: ${describeEvent(e)}\n`));
     return opened;

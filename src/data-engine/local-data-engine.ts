@@ -77,6 +77,10 @@ export const DATA_ENGINE_DEFAULTS = {
   handOverHoldMs: 300_000,
   /** How long the hand-over waits for the export to reach a request boundary before it goes on without holding. */
   handOverFreezeMs: 2000,
+  /** Request and reply bytes the replica server holds at once, across all its connections (docs/hardening.md). */
+  replicaServerBufferBytesMax: 256 * 1024 * 1024,
+  /** READ and WRITE data one NBD export holds at once, across all its connections. */
+  nbdExportBufferBytesMax: 128 * 1024 * 1024,
 } as const;
 
 /** Bounds of {@link LocalDataEngineOptions}. */
@@ -103,6 +107,10 @@ export const DATA_ENGINE_LIMITS = {
   replicasMax: 100_000,
   /** Longest `handOverHoldMs` (a day). */
   handOverHoldMsMax: 86_400_000,
+  /** Smallest `replicaServerBufferBytesMax` (two largest replica-protocol requests). */
+  replicaServerBufferBytesMaxMin: 8 * 1024 * 1024,
+  /** Largest `replicaServerBufferBytesMax`. */
+  replicaServerBufferBytesMaxMax: 64 * 1024 * 1024 * 1024,
 } as const;
 
 /** The file recording who owns a data engine directory. */
@@ -157,6 +165,18 @@ export interface LocalDataEngineOptions {
    * (this process's user only). See `NbdExportOptions.socketGroup`.
    */
   nbdSocketGroup?: number;
+  /**
+   * Request and reply bytes the replica server holds at once across all its connections
+   * (default {@link DATA_ENGINE_DEFAULTS}.replicaServerBufferBytesMax, 256 MiB): past it a
+   * connection stops reading until its own requests are answered. Bounds what peers that
+   * send and never read can make this process hold.
+   */
+  replicaServerBufferBytesMax?: number;
+  /**
+   * The same bound for each NBD export of this data engine (default 128 MiB; at least
+   * 32 MiB, one largest request). See `NbdExportOptions.bufferBytesMax`.
+   */
+  nbdExportBufferBytesMax?: number;
   /**
    * Timing of backing image downloads on this disk (start and stall timeouts, retries and
    * back-off, redirects, extra CA certificates); defaults in DOWNLOAD_DEFAULTS. A call's own
@@ -240,6 +260,7 @@ export class LocalDataEngine implements DataEngine {
   readonly #repair: Required<DataEngineRepairOptions>;
   readonly #handOverHoldMs: number;
   readonly #nbdSocketGroup: number | undefined;
+  readonly #nbdExportBufferBytesMax: number;
   readonly #allowInsecureRemote: boolean;
   readonly #engines = new Map<string, EngineSlot>();
   readonly #starting = new Set<string>();
@@ -263,6 +284,7 @@ export class LocalDataEngine implements DataEngine {
     handOverHoldMs: number;
     allowInsecureRemote: boolean;
     nbdSocketGroup: number | undefined;
+    nbdExportBufferBytesMax: number;
   }) {
     this.hostId = init.hostId;
     this.dir = init.dir;
@@ -278,6 +300,7 @@ export class LocalDataEngine implements DataEngine {
     this.#handOverHoldMs = init.handOverHoldMs;
     this.#allowInsecureRemote = init.allowInsecureRemote;
     this.#nbdSocketGroup = init.nbdSocketGroup;
+    this.#nbdExportBufferBytesMax = init.nbdExportBufferBytesMax;
   }
 
   /**
@@ -327,6 +350,14 @@ export class LocalDataEngine implements DataEngine {
       throw new MooringError('INVALID_ARGUMENT', `repair.maxRetryMs (${repair.maxRetryMs}) must be at least repair.firstRetryMs (${repair.firstRetryMs})`);
     }
     const handOverHoldMs = checkIntIn('handOverHoldMs', options.handOverHoldMs, 0, DATA_ENGINE_LIMITS.handOverHoldMsMax, DATA_ENGINE_DEFAULTS.handOverHoldMs);
+    const replicaServerBufferBytesMax = checkIntIn(
+      'replicaServerBufferBytesMax',
+      options.replicaServerBufferBytesMax,
+      DATA_ENGINE_LIMITS.replicaServerBufferBytesMaxMin,
+      DATA_ENGINE_LIMITS.replicaServerBufferBytesMaxMax,
+      DATA_ENGINE_DEFAULTS.replicaServerBufferBytesMax,
+    );
+    const nbdExportBufferBytesMax = checkIntIn('nbdExportBufferBytesMax', options.nbdExportBufferBytesMax, NBD_LIMITS.bufferBytesMaxMin, NBD_LIMITS.bufferBytesMaxMax, DATA_ENGINE_DEFAULTS.nbdExportBufferBytesMax);
     const nbdSocketGroup = options.nbdSocketGroup === undefined ? undefined : checkIntIn('nbdSocketGroup', options.nbdSocketGroup, 0, NBD_LIMITS.groupIdMax, 0);
     const addon = options.addon ?? loadAddon();
 
@@ -350,13 +381,14 @@ export class LocalDataEngine implements DataEngine {
               root: join(dir, DATA_ENGINE_REPLICAS_SUBDIR),
               host: listenAddress.host,
               port: listenAddress.port,
+              bufferBytesMax: replicaServerBufferBytesMax,
               ...(tls ? { tls: { ...tls, serverName: '' } } : {}),
             }),
           `starting the replica server on ${formatTcpAddress(listenAddress)}`,
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup });
+      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup, nbdExportBufferBytesMax });
       de.#files = await BackingImageFiles.open({
         dir,
         addon,
@@ -570,6 +602,7 @@ export class LocalDataEngine implements DataEngine {
           slot.nbd = await engine.exportNbd({
             nbd,
             ...(remote ? { ioThreads: DATA_ENGINE_DEFAULTS.nbdIoThreadsRemote } : {}),
+            bufferBytesMax: this.#nbdExportBufferBytesMax,
             ...(this.#nbdSocketGroup !== undefined ? { socketGroup: this.#nbdSocketGroup } : {}),
           });
         } catch (err) {
@@ -661,7 +694,7 @@ export class LocalDataEngine implements DataEngine {
     await this.startEngine({ ...options, nbd: null });
     const slot = this.#slot(options.volume);
     try {
-      if ('record' in from) slot.nbd = await slot.engine.adoptNbd(from.record);
+      if ('record' in from) slot.nbd = await slot.engine.adoptNbd(from.record, { bufferBytesMax: this.#nbdExportBufferBytesMax });
       else {
         await slot.engine.resumeExport(from.resume);
         slot.nbd = from.resume;

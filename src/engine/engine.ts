@@ -705,10 +705,10 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
    *
    * @throws MooringError UNSUPPORTED (an addon without hand-off), INVALID_STATE (a record used twice), PROTOCOL_ERROR (a bad record), CLOSED
    */
-  adoptNbd(record: NativeNbdHandOffRecord): Promise<NbdExport> {
+  adoptNbd(record: NativeNbdHandOffRecord, options: { bufferBytesMax?: number } = {}): Promise<NbdExport> {
     return this.#call('adoptNbd', async () => {
       if (!this.#addon.adoptNbdServer) throw new MooringError('UNSUPPORTED', 'this addon cannot adopt an NBD export');
-      const server = await this.#addon.adoptNbdServer(record, this.#native);
+      const server = await this.#addon.adoptNbdServer(record, this.#native, options.bufferBytesMax === undefined ? undefined : { bufferBytesMax: options.bufferBytesMax });
       const address = parseNbdAddress(record.unixPath !== '' ? `unix:${record.unixPath}` : `tcp:0.0.0.0:${record.tcpPort}`);
       return this.#own(new NbdExport(server, address, record.exportName, false));
     });

@@ -162,6 +162,11 @@ export interface NativeReplicaServerOptions {
   tls?: NativeTlsOptions;
   /** Simultaneous connections (default 256). */
   maxConnections?: number;
+  /**
+   * Request and reply bytes held at once across all connections (default 256 MiB, 8 MiB to
+   * 64 GiB): past it a connection's reader waits, unless it has nothing in flight.
+   */
+  bufferBytesMax?: number;
 }
 
 export interface NativeReplicaServerStats {
@@ -173,6 +178,12 @@ export interface NativeReplicaServerStats {
   protocolErrors: number;
   bytesRead: number;
   bytesWritten: number;
+  /** Request and reply bytes held now, across connections. */
+  bufferBytes: number;
+  /** The most held at once since the server started. */
+  bufferBytesPeak: number;
+  /** Requests that waited for the budget (back-pressure). */
+  bufferWaits: number;
 }
 
 export interface NativeReplicaServer {
@@ -282,6 +293,11 @@ export interface NativeNbdOptions {
   ioThreads?: number;
   /** Simultaneous client connections (default 64). */
   maxConnections?: number;
+  /**
+   * READ and WRITE data held at once across all connections (default 128 MiB): past it a
+   * connection stops reading until its own requests are answered (one always goes through).
+   */
+  bufferBytesMax?: number;
 }
 
 /**
@@ -381,6 +397,7 @@ export interface NativeHandOff {
 export interface NativeNbdAdoptOptions {
   ioThreads?: number;
   maxConnections?: number;
+  bufferBytesMax?: number;
 }
 
 /** The NBD server of an addon built with the hand-off (every server it makes). */

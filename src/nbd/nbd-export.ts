@@ -26,6 +26,10 @@ export const NBD_LIMITS = {
   maxConnectionsMax: 1024,
   /** Longest description. */
   descriptionLengthMax: 1024,
+  /** Smallest `bufferBytesMax` (one largest request). */
+  bufferBytesMaxMin: 32 * 1024 * 1024,
+  /** Largest `bufferBytesMax` (16 GiB). */
+  bufferBytesMaxMax: 16 * 1024 * 1024 * 1024,
   /** Largest `socketGroup` (a gid below (gid_t)-1). */
   groupIdMax: 0xfffffffe,
 } as const;
@@ -35,7 +39,7 @@ export const NBD_LIMITS = {
  * (bounded by {@link NBD_LIMITS}).
  */
 export interface NbdExportOptions
-  extends Pick<NativeNbdOptions, 'exportName' | 'description' | 'readOnly' | 'maxRequestBytes' | 'ioThreads' | 'maxConnections'> {
+  extends Pick<NativeNbdOptions, 'exportName' | 'description' | 'readOnly' | 'maxRequestBytes' | 'ioThreads' | 'maxConnections' | 'bufferBytesMax'> {
   /**
    * Where to listen: `unix:PATH`, `tcp:HOST:PORT` (PORT 0 = ephemeral) or a parsed
    * {@link NbdAddress}. `Volume.export` defaults to `unix:DIR/nbd.sock`.
@@ -108,6 +112,8 @@ export function toNativeNbdOptions(
   if (ioThreads !== undefined) native.ioThreads = ioThreads;
   const maxConnections = checkIntIn('maxConnections', options.maxConnections, 1, NBD_LIMITS.maxConnectionsMax);
   if (maxConnections !== undefined) native.maxConnections = maxConnections;
+  const bufferBytesMax = checkIntIn('bufferBytesMax', options.bufferBytesMax, NBD_LIMITS.bufferBytesMaxMin, NBD_LIMITS.bufferBytesMaxMax);
+  if (bufferBytesMax !== undefined) native.bufferBytesMax = bufferBytesMax;
   const socketGroup = checkIntIn('socketGroup', options.socketGroup, 0, NBD_LIMITS.groupIdMax);
   return { address, exportName, native, socketGroup };
 }

@@ -10,6 +10,7 @@ namespace {
 
 // Bounds of startReplicaServer options (the server checks them again).
 constexpr uint32_t kMaxConnectionsOption = 4096;
+constexpr uint64_t kBufferBytesMaxOption = 64ull << 30;
 // goAway(timeoutMs) at most.
 constexpr uint32_t kMaxGoAwayTimeoutMs = 3600 * 1000;
 
@@ -25,6 +26,10 @@ ReplicaServerOptions ParseServerOptions(const Napi::Value& v) {
     uint64_t n = ToUint(o.Get("maxConnections"), "options.maxConnections", kMaxConnectionsOption);
     if (n == 0) throw ArgError("options.maxConnections", "at least 1");
     opts.max_connections = static_cast<uint32_t>(n);
+  }
+  if (!o.Get("bufferBytesMax").IsUndefined()) {
+    // Checked against its bounds by ReplicaServer::Start (INVALID_ARGUMENT).
+    opts.max_inflight_bytes_total = ToUint(o.Get("bufferBytesMax"), "options.bufferBytesMax", kBufferBytesMaxOption);
   }
   return opts;
 }
@@ -82,6 +87,9 @@ Napi::Value ReplicaServerWrap::Stats(const Napi::CallbackInfo& info) {
   o.Set("protocolErrors", JsNum(env, s.protocol_errors));
   o.Set("bytesRead", JsNum(env, s.bytes_read));
   o.Set("bytesWritten", JsNum(env, s.bytes_written));
+  o.Set("bufferBytes", JsNum(env, s.buffer_bytes));
+  o.Set("bufferBytesPeak", JsNum(env, s.buffer_bytes_peak));
+  o.Set("bufferWaits", JsNum(env, s.buffer_waits));
   return o;
 }
 

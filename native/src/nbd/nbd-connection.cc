@@ -669,8 +669,19 @@ NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
     uint16_t flags = Load16(h + 4);
     uint16_t type = Load16(h + 6);
     uint32_t length = Load32(h + 24);
+    // The data a READ or WRITE will hold comes out of the export's budget before the
+    // request is taken: past it this reader stops (the header stays unread) until its own
+    // requests are answered. With nothing in flight it always gets one.
+    const uint64_t need = (type == kCmdWrite || type == kCmdRead) && length <= ctx_->opts.max_request_bytes ? length : 0;
+    // The reserve is for clients that take their replies (QEMU's connection gets its
+    // requests through while others hold the budget without reading).
+    budget_blocked_ = need > 0 && !ctx_->budget->TryAcquire(need, Responsive(NowMs()));
+    if (budget_blocked_) {
+      if (ctx_->reclaim) ctx_->reclaim();  // drops the connections that hold it without reading
+      return ParseResult::kPaused;
+    }
     rpos_ += kRequestHeaderBytes;
-    if (type == kCmdDisc) return ParseResult::kDisc;
+    if (type == kCmdDisc) return ParseResult::kDisc;  // need is 0 for it, as for an oversized WRITE
     // The payload of an oversized WRITE cannot be skipped without trusting the length.
     if (type == kCmdWrite && length > ctx_->opts.max_request_bytes) return ParseResult::kProtocolError;
 
@@ -682,7 +693,7 @@ NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
     r->length = length;
     r->early_error = Validate(r);
     if (r->early_error == 0 && stop_requested_.load()) r->early_error = kErrShutdown;
-    if (type == kCmdWrite || (type == kCmdRead && r->early_error == 0)) r->budget_bytes = length;
+    r->budget_bytes = need;  // given back to the budget when the request completes
     inflight_bytes_.fetch_add(r->budget_bytes);
     inflight_.fetch_add(1);
     if (type == kCmdWrite) {
@@ -795,7 +806,7 @@ void NbdConnection::Transmission() {
     // racing with us either is seen here or signals the wake fd.
     bool paused = pr == ParseResult::kPaused;
     waiting_.store(stopping || paused || freezing);
-    if (paused && CanAcceptMore()) continue;
+    if (paused && CanAcceptMore() && !budget_blocked_) continue;
     if (freezing && inflight_.load() == 0 && !out_pending_.load() && !cur_ && !paused) {
       // Raced with the last completion: re-check at the top rather than sleep.
       if (rend_ - rpos_ < kRequestHeaderBytes) continue;
@@ -815,6 +826,9 @@ void NbdConnection::Transmission() {
     } else if (freezing) {
       timeout = static_cast<int>(std::max<int64_t>(freeze_deadline - NowMs(), 0));
     }
+    // Waiting for the export's budget with nothing of its own in flight: other connections'
+    // completions free it but do not wake this one, so look again shortly.
+    if (budget_blocked_ && (timeout < 0 || timeout > kBudgetRetryMs)) timeout = kBudgetRetryMs;
     pollfd p[2];
     p[0].fd = (want_read || want_write) ? fd_ : -1;  // -1: a hung-up socket must not spin us
     p[0].events = static_cast<short>((want_read ? POLLIN : 0) | (want_write ? POLLOUT : 0));
@@ -1091,6 +1105,7 @@ void NbdConnection::SendReply(NbdRequest* r) {
   if (!out_head_) {
     int s = SendIov(r);
     if (s == 1) {
+      if (!replied_.load()) replied_.store(true);
       CompleteLocked(r);
       return;
     }
@@ -1106,7 +1121,16 @@ void NbdConnection::SendReply(NbdRequest* r) {
   r->next_out = nullptr;
   if (out_tail_) out_tail_->next_out = r; else out_head_ = r;
   out_tail_ = r;
+  if (send_stalled_since_ms_.load() == 0) send_stalled_since_ms_.store(NowMs());
   if (!out_pending_.exchange(true)) Signal();
+}
+
+void NbdConnection::Kill() {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (dead_.load()) return;
+  ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
+  MarkDeadLocked();  // shuts the socket down: the connection thread sees it and ends
+  Signal();
 }
 
 int NbdConnection::SendIov(NbdRequest* r) {
@@ -1149,6 +1173,8 @@ void NbdConnection::FlushPendingLocked() {
     out_head_ = r->next_out;
     if (!out_head_) out_tail_ = nullptr;
     CompleteLocked(r);
+    if (!replied_.load()) replied_.store(true);
+    send_stalled_since_ms_.store(out_head_ ? NowMs() : 0);  // progress
   }
   out_pending_.store(out_head_ != nullptr);
 }
@@ -1162,11 +1188,13 @@ void NbdConnection::MarkDeadLocked() {
   }
   out_tail_ = nullptr;
   out_pending_.store(false);
+  send_stalled_since_ms_.store(0);
 }
 
 void NbdConnection::CompleteLocked(NbdRequest* r) {
   uint64_t bytes = r->budget_bytes;
   Recycle(r);
+  ctx_->budget->Release(bytes);
   inflight_bytes_.fetch_sub(bytes);
   inflight_.fetch_sub(1);
   // The reader only sleeps on in-flight work when it said so; otherwise stay quiet, one

@@ -44,6 +44,7 @@ class NbdConnection {
   static constexpr uint32_t kReadExtentsMax = 64;              // extents looked up per structured READ
   static constexpr uint32_t kBlockStatusExtentsMax = 8192;     // descriptors per BLOCK_STATUS reply
   static constexpr int kDrainTimeoutMs = 10000;                // waiting for a client to take its replies
+  static constexpr int kBudgetRetryMs = 20;                    // re-try for the export's memory budget
   static constexpr uint32_t kPreferredBlockBytes = 4096;
 
   enum class FreezeResult { kFrozen, kFailed, kFinished };
@@ -82,6 +83,21 @@ class NbdConnection {
   Status Snapshot(NbdConnectionRecord* out, int* fd) const;
   // Frozen only: the thread ends without touching the socket (no reply, no shutdown).
   void Release();
+  // How long replies have waited for a client that takes none of them (0: none waiting).
+  int64_t SendStalledMs(int64_t now_ms) const {
+    const int64_t since = send_stalled_since_ms_.load();
+    return since == 0 ? 0 : now_ms - since;
+  }
+  // Drops the connection at once (the export's memory budget is exhausted and this client
+  // does not read its replies): queued replies are discarded, their budget given back.
+  void Kill();
+  // While the export's budget is exhausted, a client whose replies have not moved for this
+  // long is dropped (QEMU reads its replies at once; its reconnect-delay re-sends).
+  static constexpr int kStalledUnderPressureMs = 2000;
+  // Whether this client takes its replies: it has taken one, and none has waited longer than
+  // kResponsiveStallMs. Only such a client may use the budget's reserve.
+  bool Responsive(int64_t now_ms) const { return replied_.load() && SendStalledMs(now_ms) < kResponsiveStallMs; }
+  static constexpr int kResponsiveStallMs = 200;
 
  private:
   enum class ParseResult { kNeedMore, kPaused, kDisc, kProtocolError };
@@ -163,9 +179,12 @@ class NbdConnection {
   // Shared between the reader and the workers.
   std::atomic<uint32_t> inflight_{0};       // parsed, reply not yet fully sent
   std::atomic<uint64_t> inflight_bytes_{0};
+  bool budget_blocked_ = false;  // reader only: Parse paused for the export's memory budget
   std::atomic<bool> waiting_{false};        // the reader sleeps until in-flight work finishes
   std::atomic<bool> out_pending_{false};
   std::atomic<bool> dead_{false};
+  std::atomic<int64_t> send_stalled_since_ms_{0};  // queued replies made no progress since (0: none queued)
+  std::atomic<bool> replied_{false};               // a reply went out whole
 
   std::mutex send_mu_;  // the socket's write side, the output queue, completion
   NbdRequest* out_head_ = nullptr;

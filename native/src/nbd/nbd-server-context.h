@@ -4,10 +4,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "block/block-device.h"
 #include "nbd/nbd-server.h"
 #include "nbd/worker-pool.h"
+#include "net/memory-budget.h"
 
 namespace mooring {
 
@@ -15,6 +18,8 @@ struct NbdServerContext {
   BlockDevice* device = nullptr;
   NbdServerOptions opts;
   WorkerPool* pool = nullptr;
+  std::unique_ptr<MemoryBudget> budget;  // opts.max_inflight_bytes_total, across connections
+  std::function<void()> reclaim;         // a reader the budget refused calls it (rate-limited by the server)
   int server_wake_fd = -1;  // a connection writes here when it has finished (to be reaped)
   std::atomic<uint64_t> next_connection_id{1};  // ids are never reused, across hand-offs too
 

@@ -26,6 +26,10 @@ struct NbdServerOptions {
   uint32_t io_threads = 4;                 // worker pool size
   uint32_t max_connections = 64;
   uint32_t max_inflight_per_connection = 64;  // reader stops reading past this
+  // READ and WRITE bytes in flight across all connections: past it a reader stops reading
+  // until its own requests are answered; a connection with nothing in flight always gets
+  // one request (net/memory-budget.h).
+  uint64_t max_inflight_bytes_total = 128ull << 20;
 };
 
 struct NbdServerStats {

@@ -1,8 +1,10 @@
 #include "net/acceptor.h"
 
+#include <malloc.h>
 #include <netdb.h>
 
 #include <cstring>
+#include <mutex>
 
 namespace mooring {
 
@@ -49,6 +51,19 @@ Status ListenTcp(const std::string& host_in, int port_in, int* out_fd, int* boun
   }
   freeaddrinfo(res);
   return last;
+}
+
+void LimitAllocatorRetention() {
+#ifdef __GLIBC__
+  static std::once_flag once;
+  std::call_once(once, [] { mallopt(M_MMAP_THRESHOLD, kLargeBufferBytes); });
+#endif
+}
+
+void ReturnFreeMemory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
 }
 
 }  // namespace mooring

@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,6 +38,24 @@ namespace mooring {
 constexpr int kListenBacklog = 128;
 // After EMFILE and friends the accept thread waits this long instead of spinning.
 constexpr int kAcceptBackoffMs = 100;
+// After connections went away, the accept thread hands freed memory back to the OS this
+// long after the first of them (once for a burst of departures).
+constexpr int kTrimDelayMs = 200;
+// Buffers this large get their own mappings (see LimitAllocatorRetention).
+constexpr int kLargeBufferBytes = 1 << 20;
+
+// Hands the allocator's free memory back to the OS (malloc_trim): glibc keeps what
+// connection threads freed in their arenas, so the RSS a burst of peers drove up would stay
+// after they left. Cheap next to a connection's life; called off the data path only.
+void ReturnFreeMemory();
+
+// Once per process, when the first server starts: buffers of 1 MiB and more are given their
+// own mappings (mallopt M_MMAP_THRESHOLD), so freeing one gives it back to the OS. glibc
+// otherwise raises that threshold as large blocks are freed, serves the next ones from
+// per-thread arenas, and malloc_trim never shrinks the top of an arena that is not the main
+// one: peers that made the server hold its whole budget left ~4 MiB resident in every
+// arena after they left (docs/hardening.md).
+void LimitAllocatorRetention();
 
 // A Status for a failed socket call: kAddressInUse for EADDRINUSE, the errno's code otherwise.
 Status SocketStatus(int err, const std::string& what);
@@ -63,6 +82,7 @@ class Acceptor {
   int wake_fd() const { return wake_fd_; }
 
   Status Init() {
+    LimitAllocatorRetention();
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     return wake_fd_ < 0 ? SocketStatus(errno, "eventfd") : Status::Ok();
   }
@@ -159,6 +179,26 @@ class Acceptor {
       }
       held_ -= done.size();
     }
+    if (!done.empty()) {
+      done.clear();  // joins their threads and frees their buffers first
+      if (trim_due_ms_ == 0) trim_due_ms_ = NowMonotonicMs() + kTrimDelayMs;
+    }
+  }
+
+  static int64_t NowMonotonicMs() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+  }
+
+  // The poll timeout the loop may sleep for: until a due trim (or -1: none due).
+  int TrimTimeoutMs() {
+    if (trim_due_ms_ == 0) return -1;
+    const int64_t left = trim_due_ms_ - NowMonotonicMs();
+    if (left > 0) return static_cast<int>(left);
+    trim_due_ms_ = 0;
+    ReturnFreeMemory();
+    return -1;
   }
 
   void Loop() {
@@ -166,7 +206,8 @@ class Acceptor {
     while (!closing_.load()) {
       const bool paused = paused_.load();
       pollfd p[2] = {{backoff || paused ? -1 : listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      int n = poll(p, 2, backoff ? kAcceptBackoffMs : -1);
+      const int trim_ms = TrimTimeoutMs();
+      int n = poll(p, 2, backoff ? kAcceptBackoffMs : trim_ms);
       backoff = false;
       if (n < 0 && errno != EINTR) backoff = true;
       std::lock_guard<std::mutex> pause_lock(loop_mu_);
@@ -250,6 +291,7 @@ class Acceptor {
   mutable std::mutex mu_;
   std::list<std::unique_ptr<Conn>> conns_;  // guarded by mu_
   uint64_t held_ = 0;                       // conns_.size(), guarded by mu_
+  int64_t trim_due_ms_ = 0;                 // accept thread only: when to ReturnFreeMemory (0: not due)
   std::atomic<uint64_t> total_{0};
 };
 

@@ -45,6 +45,15 @@ void ReplicaServerConnection::RequestStop() {
   cap_cv_.notify_all();
 }
 
+void ReplicaServerConnection::Kill() {
+  if (dead_.exchange(true)) return;
+  Protocol("replies not taken while the server's memory budget is exhausted");
+  if (t_) t_->Shutdown();  // wakes the reader and the writer; the writer discards the rest
+  std::lock_guard<std::mutex> lk(mu_);
+  cap_cv_.notify_all();
+  out_cv_.notify_all();
+}
+
 void ReplicaServerConnection::Join() {
   if (reader_.joinable()) reader_.join();
 }
@@ -242,6 +251,16 @@ void ReplicaServerConnection::ReadLoop() {
       stop_.store(true);
       return;
     }
+    // The request's bytes (payload in, reply out) come out of the server's budget before
+    // the payload is read: past the budget this reader stops reading (back-pressure).
+    const uint64_t reply_bytes = (h.op == kOpRead || h.op == kOpReadLayer) ? std::min<uint64_t>(h.length, kMaxIoBytes) : 0;
+    const uint64_t take = h.op == kOpClientFeatures ? 0 : h.payload_len + reply_bytes + kRequestHeaderBytes;
+    if (take > 0) {
+      const bool got = ctx_->budget->Acquire(
+          take, [this] { return Responsive(MonotonicMs()); }, [this] { return stop_.load() || dead_.load(); }, ctx_->reclaim);
+      if (!got) return;
+    }
+    BudgetHold hold(ctx_->budget.get(), take);  // given back unless the request is queued
     if (h.payload_len > 0) {
       r->payload.resize(h.payload_len);
       rc = rbuf_.ReadExact(t_.get(), r->payload.data(), h.payload_len, mid_frame);
@@ -255,8 +274,7 @@ void ReplicaServerConnection::ReadLoop() {
       ClientFeatures(std::move(r));
       continue;
     }
-    uint64_t reply_bytes = (h.op == kOpRead || h.op == kOpReadLayer) ? std::min<uint64_t>(h.length, kMaxIoBytes) : 0;
-    r->budget_bytes = h.payload_len + reply_bytes + kRequestHeaderBytes;
+    r->budget_bytes = hold.Transfer();
     {
       std::lock_guard<std::mutex> lk(mu_);
       ++inflight_;
@@ -617,6 +635,8 @@ void ReplicaServerConnection::WriterLoop() {
   // A client that takes none of our bytes for this long is gone or hostile.
   const int stall_ms = std::max<int>(kDrainTimeoutMs, static_cast<int>(ctx_->opts.idle_timeout_ms));
   WaitFn wait = [&](short want) -> int {
+    // Seen by the server's reclaim while the memory budget is exhausted (WriteStalledMs).
+    if (write_stalled_since_ms_.load() == 0) write_stalled_since_ms_.store(MonotonicMs());
     int p = PollFdOrWake(t_->fd(), want, -1, stall_ms);
     if (p < 0) return p;
     return p == 0 ? -ETIMEDOUT : 0;
@@ -637,6 +657,8 @@ void ReplicaServerConnection::WriterLoop() {
         if (!r->reply_payload.empty()) iov.push_back({r->reply_payload.data(), r->reply_payload.size()});
       }
       int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
+      write_stalled_since_ms_.store(0);
+      if (rc == 0 && !replied_.load()) replied_.store(true);
       if (rc != 0) {
         dead_.store(true);
         t_->Shutdown();  // wakes the reader
@@ -645,6 +667,7 @@ void ReplicaServerConnection::WriterLoop() {
     std::lock_guard<std::mutex> lk(mu_);
     for (Request* r : batch) {
       inflight_bytes_ -= r->budget_bytes;
+      ctx_->budget->Release(r->budget_bytes);
       --inflight_;
       delete r;
     }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "block/replica-backend.h"
 #include "nbd/worker-pool.h"
+#include "net/memory-budget.h"
 #include "remote/replica-protocol.h"
 #include "remote/replica-server.h"
 #include "remote/transport.h"
@@ -29,6 +31,8 @@ struct ReplicaServerContext {
   std::string root_real;  // realpath(opts.root)
   std::shared_ptr<TlsContext> tls;  // null: plain TCP
   WorkerPool* pool = nullptr;
+  std::unique_ptr<MemoryBudget> budget;  // opts.max_inflight_bytes_total, across connections
+  std::function<void()> reclaim;         // while a reader waits for budget: drop stalled peers
   int server_wake_fd = -1;  // a connection writes here when it has finished (to be reaped)
 
   std::atomic<uint64_t> requests{0};
@@ -45,6 +49,10 @@ class ReplicaServerConnection {
   static constexpr int kDrainTimeoutMs = 10000;
   // Poll slice of the reader: how often it re-checks the idle rule.
   static constexpr int kReaderPollMs = 1000;
+  // While the server's memory budget is exhausted, a connection that has taken none of its
+  // replies for this long is dropped (an engine reads its replies at once).
+  static constexpr int kStalledUnderPressureMs = 2000;
+  static constexpr int kResponsiveStallMs = 200;  // a reply stuck longer than this: not responsive
 
   ReplicaServerConnection(ReplicaServerContext* ctx, int fd);
   ~ReplicaServerConnection();
@@ -60,6 +68,19 @@ class ReplicaServerConnection {
   // the connection keeps reading and answering until the client half-closes, then closes.
   // False (nothing sent) for a client that did not announce it.
   bool GoAway();
+  // How long the writer has waited on a socket that takes no bytes (0: it is not waiting).
+  int64_t WriteStalledMs(int64_t now_ms) const {
+    const int64_t since = write_stalled_since_ms_.load();
+    return since == 0 ? 0 : now_ms - since;
+  }
+  // Drops the connection at once: its replies are discarded and its budget given back.
+  void Kill();
+  // Whether this peer takes its replies: it has taken one, and none is stuck on a full socket
+  // now. Only such connections may use the budget's reserve, so peers that never read cannot
+  // take it (a fresh connection waits for the budget proper).
+  bool Responsive(int64_t now_ms) const {
+    return replied_.load() && WriteStalledMs(now_ms) < kResponsiveStallMs;
+  }
 
  private:
   struct Request : WorkerPool::Job {
@@ -103,6 +124,8 @@ class ReplicaServerConnection {
   std::atomic<bool> stop_{false};
   std::atomic<bool> dead_{false};
   std::atomic<int64_t> last_rx_ms_{0};
+  std::atomic<int64_t> write_stalled_since_ms_{0};
+  std::atomic<bool> replied_{false};  // the writer has sent a batch of replies whole
 
   std::shared_ptr<ReplicaBackend> replica_;  // set by the handshake
   std::string name_;

@@ -29,6 +29,7 @@ constexpr uint32_t kIoThreadsMax = 256;
 constexpr uint32_t kMaxInflightLimit = 4096;
 constexpr uint64_t kMaxInflightBytesMin = 2ull * rp::kMaxIoBytes;
 constexpr uint64_t kMaxInflightBytesLimit = 4ull << 30;
+constexpr uint64_t kMaxInflightBytesTotalLimit = 64ull << 30;
 constexpr uint32_t kTimeoutMinMs = 100;
 constexpr uint32_t kTimeoutMaxMs = 3600 * 1000;
 
@@ -36,7 +37,21 @@ class ReplicaServerImpl final : public ReplicaServer {
  public:
   static constexpr int kGoAwayPollMs = 5;
 
-  explicit ReplicaServerImpl(const ReplicaServerOptions& opts) { ctx_.opts = opts; }
+  explicit ReplicaServerImpl(const ReplicaServerOptions& opts) {
+    ctx_.opts = opts;
+    // Reserve: two largest requests, for connections with nothing in flight.
+    ctx_.budget.reset(new MemoryBudget(opts.max_inflight_bytes_total, 2ull * (rp::kMaxPayloadBytes + rp::kMaxIoBytes)));
+    // A reader waiting for budget drops the connections that stopped taking their replies:
+    // what they hold is what it waits for (docs/hardening.md).
+    ctx_.reclaim = [this] {
+      const int64_t now = MonotonicMs();
+      int64_t last = last_reclaim_ms_.load();
+      if (now - last < kReclaimEveryMs || !last_reclaim_ms_.compare_exchange_strong(last, now)) return;
+      acceptor_.ForEachOpen([now](ReplicaServerConnection& c) {
+        if (c.WriteStalledMs(now) >= ReplicaServerConnection::kStalledUnderPressureMs) c.Kill();
+      });
+    };
+  }
 
   ~ReplicaServerImpl() override {
     Close();
@@ -82,6 +97,9 @@ class ReplicaServerImpl final : public ReplicaServer {
     s.protocol_errors = ctx_.protocol_errors.load();
     s.bytes_read = ctx_.bytes_read.load();
     s.bytes_written = ctx_.bytes_written.load();
+    s.buffer_bytes = ctx_.budget->used();
+    s.buffer_bytes_peak = ctx_.budget->peak();
+    s.buffer_waits = ctx_.budget->waits();
     return s;
   }
 
@@ -135,7 +153,10 @@ class ReplicaServerImpl final : public ReplicaServer {
   }
 
  private:
+  static constexpr int64_t kReclaimEveryMs = 100;
+
   ReplicaServerContext ctx_;
+  std::atomic<int64_t> last_reclaim_ms_{0};
   std::unique_ptr<WorkerPool> pool_;
   int listen_fd_ = -1;
   int port_ = 0;
@@ -156,6 +177,8 @@ Status CheckOptions(const ReplicaServerOptions& o) {
     return bad("max_inflight_per_connection must be within [1, 4096]");
   if (!within(o.max_inflight_bytes_per_connection, kMaxInflightBytesMin, kMaxInflightBytesLimit))
     return bad("max_inflight_bytes_per_connection must be within [8 MiB, 4 GiB]");
+  if (!within(o.max_inflight_bytes_total, kMaxInflightBytesMin, kMaxInflightBytesTotalLimit))
+    return bad("max_inflight_bytes_total must be within [8 MiB, 64 GiB]");
   if (!within(o.handshake_timeout_ms, kTimeoutMinMs, kTimeoutMaxMs) || !within(o.idle_timeout_ms, kTimeoutMinMs, kTimeoutMaxMs))
     return bad("timeouts must be within [100 ms, 1 h]");
   return Status::Ok();

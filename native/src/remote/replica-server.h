@@ -32,6 +32,9 @@ struct ReplicaServerOptions {
   uint32_t io_threads = 16;          // shared worker pool (requests block on disk I/O)
   uint32_t max_inflight_per_connection = 128;          // reader stops reading past this
   uint64_t max_inflight_bytes_per_connection = 64ull << 20;  // ...or past this (plus one request)
+  // All connections together: a reader waits (reads nothing) while its request does not fit,
+  // unless its connection has nothing in flight (net/memory-budget.h).
+  uint64_t max_inflight_bytes_total = 256ull << 20;
   uint32_t handshake_timeout_ms = 10000;  // connect to HELLO answered
   // A connection with nothing in flight that sends nothing for this long is dropped
   // (clients ping every 2 s when idle), releasing its replica.
@@ -46,6 +49,9 @@ struct ReplicaServerStats {
   uint64_t protocol_errors = 0;  // bad frames answered with PROTOCOL_ERROR, or dropped connections
   uint64_t bytes_read = 0;       // data read from replicas for clients
   uint64_t bytes_written = 0;    // data written to replicas for clients
+  uint64_t buffer_bytes = 0;       // request and reply bytes held now, across connections
+  uint64_t buffer_bytes_peak = 0;  // the most held at once
+  uint64_t buffer_waits = 0;       // requests that waited for the budget (back-pressure)
 };
 
 // What GoAway() did, by connection.
