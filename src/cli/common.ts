@@ -161,6 +161,9 @@ export function parseSizeOption(command: string, text: string): number {
   }
 }
 
+// /etc/group of a large host stays far below this.
+const GROUP_FILE_BYTES_MAX = 8 << 20;
+
 /**
  * Parses --socket-group: a numeric gid or a group name looked up in /etc/group (Node has
  * no getgrnam). A usage error when it is neither.
@@ -177,9 +180,6 @@ export async function parseGroupOption(command: string, text: string): Promise<n
   }
   throw new UsageError(command, `--socket-group: no group ${JSON.stringify(text)} in /etc/group (give its numeric gid instead)`);
 }
-
-// /etc/group of a large host stays far below this.
-const GROUP_FILE_BYTES_MAX = 8 << 20;
 
 /** Parses a byte-count option (`--replica-buffer-bytes 256M`) within [min, max]; a usage error otherwise. */
 export function parseBytesOption(command: string, option: string, text: string, min: number, max: number): number {

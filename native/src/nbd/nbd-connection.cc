@@ -670,8 +670,8 @@ NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
     uint16_t type = Load16(h + 6);
     uint32_t length = Load32(h + 24);
     // The data a READ or WRITE will hold comes out of the export's budget before the
-    // request is taken: past it this reader stops (the header stays unread) until its own
-    // requests are answered. With nothing in flight it always gets one.
+    // request is taken: past it this reader stops (the header stays unread) and looks again
+    // as requests complete (net/memory-budget.h).
     const uint64_t need = (type == kCmdWrite || type == kCmdRead) && length <= ctx_->opts.max_request_bytes ? length : 0;
     // The reserve is for clients that take their replies (QEMU's connection gets its
     // requests through while others hold the budget without reading).

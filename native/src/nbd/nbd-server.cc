@@ -49,7 +49,7 @@ class NbdServerImpl final : public NbdServer {
   NbdServerImpl(BlockDevice* device, const NbdServerOptions& opts) {
     ctx_.device = device;
     ctx_.opts = opts;
-    // Reserve: one largest request, for a connection with nothing in flight.
+    // Reserve: one largest request, for clients that take their replies.
     ctx_.budget.reset(new MemoryBudget(opts.max_inflight_bytes_total, opts.max_request_bytes));
     // A reader the budget refused drops the clients whose replies have not moved for a
     // while: what it waits for is held by them (docs/hardening.md). At most every 100 ms.

@@ -6,11 +6,11 @@
 // a slower server, never an error.
 //
 // Progress: a reserve past the limit is kept for the connections the server trusts to give
-// bytes back (`reserve_ok`: the NBD export's connections with nothing in flight, the replica
-// server's connections that take their replies), so that peers holding the budget cannot
-// lock a well-behaved client out; and a waiting reader calls `on_wait` every slice, with
-// which a server drops the connections that hold budget without reading their replies. So
-// at most limit + reserve is ever held.
+// bytes back (`reserve_ok`: those that take their replies), so that peers holding the budget
+// cannot lock a well-behaved client out; a waiting reader calls `on_wait` every slice, with
+// which a server drops the connections that hold budget without reading their replies; and
+// a request always fits an empty budget, however large. So at most limit + reserve (or one
+// request) is ever held.
 #pragma once
 
 #include <chrono>
@@ -78,9 +78,6 @@ class MemoryBudget {
     cv_.notify_all();
   }
 
-  // Wakes waiters so they re-check give_up() (a connection or the server is stopping).
-  void WakeAll() { cv_.notify_all(); }
-
   uint64_t limit() const { return limit_; }
   uint64_t used() const {
     std::lock_guard<std::mutex> lk(mu_);
@@ -98,7 +95,7 @@ class MemoryBudget {
 
  private:
   bool FitsLocked(uint64_t bytes, bool reserve_ok) const {
-    return used_ + bytes <= limit_ || (reserve_ok && used_ + bytes <= limit_ + reserve_);
+    return used_ == 0 || used_ + bytes <= limit_ || (reserve_ok && used_ + bytes <= limit_ + reserve_);
   }
 
   const uint64_t limit_;

@@ -39,7 +39,7 @@ class ReplicaServerImpl final : public ReplicaServer {
 
   explicit ReplicaServerImpl(const ReplicaServerOptions& opts) {
     ctx_.opts = opts;
-    // Reserve: two largest requests, for connections with nothing in flight.
+    // Reserve: two largest requests, for connections that take their replies.
     ctx_.budget.reset(new MemoryBudget(opts.max_inflight_bytes_total, 2ull * (rp::kMaxPayloadBytes + rp::kMaxIoBytes)));
     // A reader waiting for budget drops the connections that stopped taking their replies:
     // what they hold is what it waits for (docs/hardening.md).
