@@ -14,8 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Mooring } from '../../src/mooring.js';
 import type { FileStateStore } from '../../src/state/file-state-store.js';
 import { encodeRequest, Op, RawClient } from '../native/remote-helpers.js';
-import { makeHosts, openCluster, waitFor, type HostProcess } from './helpers/hosts.js';
-import { killAllServers } from './helpers/serve.js';
+import { makeHosts, openCluster, stopCluster, waitFor, type HostProcess } from './helpers/hosts.js';
 import { qemuIo, TempDir } from './helpers/tools.js';
 
 const MiB = 1 << 20;
@@ -81,13 +80,7 @@ describe('hostile peers on the replica port', () => {
     ({ cluster, store } = await openCluster(tmp.path, hosts));
   });
 
-  afterAll(async () => {
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) await h.stop().catch(() => undefined);
-    await killAllServers();
-    tmp.cleanup();
-  });
+  afterAll(() => stopCluster({ cluster, store, hosts, tmp }));
 
   it('keeps memory under its budget, serves the good engine, and gives the memory back', async () => {
     const a = hosts[0]!;

@@ -11,7 +11,8 @@ import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engi
 import { Mooring } from '../../../src/mooring.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { readReplica, type ReplicaContent } from './replicas.js';
-import { startCliProcess, type MooringServer } from './serve.js';
+import { killAllServers, startCliProcess, type MooringServer } from './serve.js';
+import type { TempDir } from './tools.js';
 
 export interface HostOptions {
   hostId: string;
@@ -172,4 +173,16 @@ export async function waitFor(check: () => Promise<boolean>, timeoutMs: number, 
     if (Date.now() >= deadline) return false;
     await new Promise((r) => setTimeout(r, intervalMs));
   }
+}
+
+/**
+ * Tears a test's cluster down (afterAll): the Mooring, its store, every host's process and
+ * anything else the test started, then its scratch directory. Any part may be missing.
+ */
+export async function stopCluster(parts: { cluster?: Mooring | undefined; store?: FileStateStore | undefined; hosts: HostProcess[]; tmp: TempDir }): Promise<void> {
+  await parts.cluster?.close();
+  await parts.store?.close();
+  for (const h of parts.hosts) await h.stop().catch(() => undefined);
+  await killAllServers();
+  parts.tmp.cleanup();
 }

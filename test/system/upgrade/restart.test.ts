@@ -13,8 +13,7 @@ import { Mooring } from '../../../src/mooring.js';
 import { packageVersion } from '../../../src/native/load.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import type { DataEngineLauncher, UpgradeSession } from '../../../src/upgrade/upgrade-session.js';
-import { makeHosts, type HostProcess } from '../helpers/hosts.js';
-import { killAllServers } from '../helpers/serve.js';
+import { makeHosts, stopCluster, type HostProcess } from '../helpers/hosts.js';
 import { TempDir, qemuIo } from '../helpers/tools.js';
 
 const MiB = 1 << 20;
@@ -47,13 +46,7 @@ describe('upgrade session over three data-engine hosts (method restart)', () => 
     cluster = await Mooring.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 500, dataEngineLauncher: launcher });
   });
 
-  afterAll(async () => {
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) await h.stop().catch(() => undefined);
-    await killAllServers();
-    tmp.cleanup();
-  });
+  afterAll(() => stopCluster({ cluster, store, hosts, tmp }));
 
   const sock = (name: string): string => tmp.join(`${name}.sock`);
   const uri = (name: string): string => `nbd+unix:///?socket=${sock(name)}`;

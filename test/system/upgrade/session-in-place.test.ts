@@ -15,8 +15,7 @@ import { NbdClient } from '../../../src/bench/nbd-client.js';
 import { Mooring } from '../../../src/mooring.js';
 import { packageVersion } from '../../../src/native/load.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
-import { makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
-import { killAllServers } from '../helpers/serve.js';
+import { makeHosts, stopCluster, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { TempDir, parseFioJson, qemuIo, repoRoot, run, type RunResult } from '../helpers/tools.js';
 import { startWriteLanes } from '../helpers/write-lanes.js';
 
@@ -42,13 +41,7 @@ describe('upgrade session in place: NBD client connected throughout', () => {
     cluster = await Mooring.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 500 });
   });
 
-  afterAll(async () => {
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) await h.stop().catch(() => undefined);
-    await killAllServers();
-    tmp.cleanup();
-  });
+  afterAll(() => stopCluster({ cluster, store, hosts, tmp }));
 
   it('replaces all three processes while the client writes; no error, no reconnect, data intact', async () => {
     const sock = tmp.join('vm.sock');

@@ -11,8 +11,7 @@ import type { MooringError } from '../../../src/errors.js';
 import { Mooring } from '../../../src/mooring.js';
 import { packageVersion } from '../../../src/native/load.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
-import { alive, directoryOwner, makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
-import { killAllServers } from '../helpers/serve.js';
+import { alive, directoryOwner, makeHosts, stopCluster, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { TempDir, qemuIo, repoRoot } from '../helpers/tools.js';
 
 const MiB = 1 << 20;
@@ -38,13 +37,7 @@ describe('upgrade with the data engines starting their own successors', () => {
     await qemuIo(uri(), ['write -P 0x6b 0 4M', 'write -P 0xb6 24M 1M']);
   });
 
-  afterAll(async () => {
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) await h.stop().catch(() => undefined);
-    await killAllServers();
-    tmp.cleanup();
-  });
+  afterAll(() => stopCluster({ cluster, store, hosts, tmp }));
 
   it('every host reports that it can start its successor', async () => {
     for (const h of hosts) expect((await h.engine.info()).features).toEqual(['successor-exec', 'in-place-handoff']);
