@@ -3,7 +3,7 @@
 // fail at once with a coded error: a FIFO, socket, device or symlink where metadata
 // belongs, a directory under /proc, a read-only filesystem. Real addon, real CLI.
 import { execFileSync } from 'node:child_process';
-import { lstatSync, mkdirSync, readdirSync, renameSync, rmSync, symlinkSync } from 'node:fs';
+import { chownSync, lstatSync, mkdirSync, readdirSync, renameSync, rmSync, symlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -176,13 +176,15 @@ describe('hostile and impossible paths fail at once with a code', () => {
     expect(r.code, r.stderr).toBe(1);
     expect(r.stderr).toMatch(/mooring: READ_ONLY_FILESYSTEM: /);
 
-    // A directory the user may not write into: run the CLI as nobody.
+    // A directory the user may not write into: owned by nobody, and the CLI runs as root
+    // without the capabilities that override file permissions (so it still reads this
+    // checkout, wherever it is, as the owner of its files).
     const closed = t.join('closed');
     mkdirSync(closed, { mode: 0o755 });
-    const nobody = await run('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', 'node', cliPath, 'create', '--dir', join(closed, 'm'), '--size', '16M'], {
-      allowFailure: true,
-    });
-    expect(nobody.code, nobody.stderr).toBe(1);
-    expect(nobody.stderr).toMatch(/mooring: PERMISSION_DENIED: /);
+    chownSync(closed, 65534, 65534);
+    const noOverride = ['--bounding-set=-dac_override,-dac_read_search', '--inh-caps=-dac_override,-dac_read_search'];
+    const denied = await run('setpriv', [...noOverride, process.execPath, cliPath, 'create', '--dir', join(closed, 'm'), '--size', '16M'], { allowFailure: true });
+    expect(denied.code, denied.stderr).toBe(1);
+    expect(denied.stderr).toMatch(/mooring: PERMISSION_DENIED: /);
   });
 });
