@@ -10,7 +10,7 @@
  */
 import type { Hash } from 'node:crypto';
 import { open, stat, type FileHandle } from 'node:fs/promises';
-import { request as httpRequest, type IncomingMessage } from 'node:http';
+import { request as httpRequest, type IncomingMessage, type RequestOptions } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 
 import { MooringError, toMooringError } from '../errors.js';
@@ -18,6 +18,7 @@ import { sleepUnlessAborted } from '../util/async.js';
 import { PRIVATE_FILE_MODE } from '../util/files.js';
 import { VOLUME_SIZE_MAX_BYTES } from '../util/limits.js';
 import { checkIntIn, describe } from '../util/validate.js';
+import { proxyAuthHeaders, proxyFor, tunnelThrough } from './proxy.js';
 import { hashFileInto, newSha512 } from './sha512.js';
 
 /** Defaults of the download settings ({@link DownloadSettings}). */
@@ -364,6 +365,7 @@ function requestHeaders(url: URL, from: number, s: AttemptInput['s'], signal: Ab
     }
     const headers: Record<string, string> = { 'accept-encoding': 'identity', 'user-agent': 'mooring-backing-image' };
     if (from > 0) headers.range = `bytes=${from}-`;
+    const proxy = proxyFor(url);
     const opts = { method: 'GET', headers, ...(url.protocol === 'https:' && s.ca !== undefined ? { ca: s.ca } : {}) };
     let settled = false;
     const done = (err: Error | undefined, res?: IncomingMessage): void => {
@@ -375,17 +377,32 @@ function requestHeaders(url: URL, from: number, s: AttemptInput['s'], signal: Ab
       else resolve(res!);
     };
     let req: ReturnType<typeof httpRequest>;
+    let tunnelRequest: ReturnType<typeof httpRequest> | undefined; // the CONNECT of a proxied https request
     try {
-      req = (url.protocol === 'https:' ? httpsRequest : httpRequest)(url, opts, (res) => done(undefined, res));
+      const onResponse = (res: IncomingMessage): void => done(undefined, res);
+      if (proxy === null) req = (url.protocol === 'https:' ? httpsRequest : httpRequest)(url, opts, onResponse);
+      else if (url.protocol === 'https:') {
+        const tunnel = tunnelThrough(proxy, url, s.ca, (connect) => (tunnelRequest = connect));
+        req = httpsRequest(url, { ...opts, createConnection: tunnel } as RequestOptions, onResponse);
+      }
+      else {
+        // Plain http through a proxy: the request line carries the absolute URL.
+        req = httpRequest(
+          { host: proxy.hostname.replace(/^\[|\]$/g, ''), port: proxy.port || 80, path: url.href, method: 'GET', headers: { ...headers, host: url.host, ...proxyAuthHeaders(proxy) } },
+          onResponse,
+        );
+      }
     } catch (err) {
       reject(new AttemptError(false, `${original}: ${(err as Error).message ?? String(err)}`));
       return;
     }
     const timer = setTimeout(() => {
+      tunnelRequest?.destroy();
       req.destroy();
       done(new AttemptError(true, `${original}: no response within ${s.startTimeoutMs} ms`));
     }, s.startTimeoutMs);
     const onAbort = (): void => {
+      tunnelRequest?.destroy();
       req.destroy();
       done(cancelled(original));
     };

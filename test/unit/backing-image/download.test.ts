@@ -2,13 +2,14 @@
 // raw TCP server for answers http would refuse to send): a normal download, a server that
 // ignores Range, one that never answers, one that stalls mid-body, one that drops the
 // connection midway, one that sends more than it declared, HTTP errors, redirects, cancel,
-// and https with a self-signed CA given as `ca`.
+// https with a self-signed CA given as `ca`, and both through a local forward proxy named by
+// HTTP(S)_PROXY (and past it for NO_PROXY hosts).
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import { createServer as createHttpServer, get as httpGet, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
-import { createServer as createTcpServer } from 'node:net';
+import { connect as netConnect, createServer as createTcpServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -272,5 +273,102 @@ describe('download', () => {
       expect(requests.length).toBe(before);
       expect(e.message).not.toMatch(/attempt 2/);
     });
+
+    it('goes through HTTPS_PROXY with a CONNECT tunnel, TLS checked end to end; NO_PROXY hosts go direct', async () => {
+      const server = createHttpsServer({ cert: certs.cert, key: certs.key });
+      const url = (await serve((req, res) => rangeServe(req, res), server)).replace('http:', 'https:');
+      const proxy = await startProxy();
+      await withEnv({ HTTPS_PROXY: proxy.url, NO_PROXY: 'example.invalid' }, async () => {
+        const { res, bytes } = await get(url, { ca: certs.ca });
+        expect(res.checksum).toBe(SUM);
+        expect(bytes.equals(BODY)).toBe(true);
+        expect(proxy.seen).toEqual([`CONNECT ${new URL(url).host}`]);
+        // The origin's certificate is still checked through the tunnel.
+        await rm(join(dir, 'image.part'));
+        expect((await errorOf(get(url))).message).toMatch(/certificate|CERT/i);
+      });
+      proxy.seen.length = 0;
+      await rm(join(dir, 'image.part'), { force: true });
+      await withEnv({ HTTPS_PROXY: proxy.url, NO_PROXY: '127.0.0.1' }, async () => {
+        expect((await get(url, { ca: certs.ca })).res.checksum).toBe(SUM);
+      });
+      expect(proxy.seen).toEqual([]);
+    });
+
+    it('times out a proxy that never answers the CONNECT, and closes the tunnel it asked for', async () => {
+      const url = (await serve((req, res) => rangeServe(req, res), createHttpsServer({ cert: certs.cert, key: certs.key }))).replace('http:', 'https:');
+      let closed!: () => void;
+      const tunnelClosed = new Promise<void>((r) => (closed = r));
+      // It reads (and ignores) what it gets, so it sees the client close the tunnel.
+      const silent = createTcpServer((sock) => sock.on('close', closed).on('error', () => undefined).resume());
+      const port = await http.listen(silent as unknown as Server);
+      await withEnv({ HTTPS_PROXY: `http://127.0.0.1:${port}` }, async () => {
+        const e = await errorOf(get(url, { ca: certs.ca, startTimeoutMs: 300, retries: 0 }));
+        expect(e.code).toBe('DOWNLOAD_FAILED');
+        expect(e.message).toMatch(/no response within 300 ms/);
+      });
+      await tunnelClosed;
+    });
   });
+
+  it('goes through HTTP_PROXY for http URLs (absolute-form request) and says so when the proxy refuses', async () => {
+    const url = await serve((req, res) => rangeServe(req, res));
+    const proxy = await startProxy();
+    await withEnv({ HTTP_PROXY: proxy.url }, async () => {
+      const { res, bytes } = await get(url);
+      expect(res.checksum).toBe(SUM);
+      expect(bytes.equals(BODY)).toBe(true);
+      expect(proxy.seen).toEqual([`GET ${url}`]);
+    });
+    // A proxy that is not there: the download fails with the proxy named, after its retries.
+    await withEnv({ HTTP_PROXY: 'http://127.0.0.1:1' }, async () => {
+      const e = await errorOf(get(url, { retries: 1 }));
+      expect(e.code).toBe('DOWNLOAD_FAILED');
+      expect(e.message).toMatch(/ECONNREFUSED/);
+    });
+  });
+
+  // Runs fn with these environment variables set (and every other proxy variable unset).
+  async function withEnv(vars: Record<string, string>, fn: () => Promise<void>): Promise<void> {
+    const names = ['HTTP_PROXY', 'http_proxy', 'HTTPS_PROXY', 'https_proxy', 'NO_PROXY', 'no_proxy'];
+    const saved = names.map((n) => [n, process.env[n]] as const);
+    for (const n of names) delete process.env[n];
+    Object.assign(process.env, vars);
+    try {
+      await fn();
+    } finally {
+      for (const [n, v] of saved) {
+        if (v === undefined) delete process.env[n];
+        else process.env[n] = v;
+      }
+    }
+  }
+
+  // A forward proxy on loopback: absolute-form GETs are fetched for the client, CONNECT opens
+  // a tunnel. `seen` lists what it was asked.
+  async function startProxy(): Promise<{ url: string; seen: string[] }> {
+    const seen: string[] = [];
+    const proxy = createHttpServer((req, res) => {
+      seen.push(`${req.method} ${req.url}`);
+      const up = httpGet(req.url!, { headers: req.headers }, (r) => {
+        res.writeHead(r.statusCode ?? 502, r.headers);
+        r.pipe(res);
+      });
+      up.on('error', () => res.destroy());
+    });
+    proxy.on('connect', (req: IncomingMessage, client: Socket, head: Buffer) => {
+      seen.push(`CONNECT ${req.url}`);
+      const [host, port] = [req.url!.slice(0, req.url!.lastIndexOf(':')), Number(req.url!.slice(req.url!.lastIndexOf(':') + 1))];
+      const up = netConnect(port, host, () => {
+        client.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+        if (head.length > 0) up.write(head);
+        up.pipe(client);
+        client.pipe(up);
+      });
+      up.on('error', () => client.destroy());
+      client.on('error', () => up.destroy());
+    });
+    const port = await http.listen(proxy);
+    return { url: `http://127.0.0.1:${port}`, seen };
+  }
 });
