@@ -19,8 +19,6 @@ namespace {
 constexpr size_t kMaxUnixPathBytes = 107;
 // NBD export names and descriptions are at most 4096 bytes (protocol limit).
 constexpr size_t kMaxNbdStringBytes = 4096;
-// Largest bufferBytesMax of an export (NBD_LIMITS.bufferBytesMaxMax).
-constexpr double kBufferBytesMaxOption = 16.0 * (1ull << 30);
 
 NbdServerOptions ParseNbdOptions(const Napi::Value& v) {
   Napi::Object o = ToObject(v, "options");
@@ -51,10 +49,7 @@ NbdServerOptions ParseNbdOptions(const Napi::Value& v) {
     opts.max_connections = static_cast<uint32_t>(ToUint(o.Get("maxConnections"), "options.maxConnections", 65536));
     if (opts.max_connections == 0) throw ArgError("options.maxConnections", "at least 1");
   }
-  if (has("bufferBytesMax")) {
-    opts.max_inflight_bytes_total = ToUint(o.Get("bufferBytesMax"), "options.bufferBytesMax", kBufferBytesMaxOption);
-    if (opts.max_inflight_bytes_total < EngineWrap::kMaxIoBytes) throw ArgError("options.bufferBytesMax", "at least one largest request (32 MiB)");
-  }
+  if (has("bufferBytesMax")) opts.max_inflight_bytes_total = EngineWrap::BufferBytesMaxArg(o.Get("bufferBytesMax"));
   return opts;
 }
 
@@ -67,6 +62,12 @@ Status EngineStatusFromRc(const Engine& engine, int rc, const std::string& what)
 }
 
 }  // namespace
+
+uint64_t EngineWrap::BufferBytesMaxArg(const Napi::Value& v) {
+  const uint64_t n = ToUint(v, "options.bufferBytesMax", 16.0 * (1ull << 30));
+  if (n < kMaxIoBytes) throw ArgError("options.bufferBytesMax", "at least one largest request (32 MiB)");
+  return n;
+}
 
 Napi::Function EngineWrap::Define(Napi::Env env) {
   using W = EngineWrap;

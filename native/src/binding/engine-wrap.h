@@ -35,6 +35,9 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   static constexpr const char* kClassName = "NativeEngine";
   // Largest single read or write; matches the NBD server's request cap.
   static constexpr uint32_t kMaxIoBytes = 32u << 20;
+  // options.bufferBytesMax of an export (exportNbd, adoptNbdServer): one largest request
+  // (kMaxIoBytes) up to 16 GiB (NBD_LIMITS.bufferBytesMaxMin/Max).
+  static uint64_t BufferBytesMaxArg(const Napi::Value& v);
   // trim/writeZeroes over larger ranges are split into calls of at most this size.
   static constexpr uint32_t kMaxRangeChunkBytes = 1u << 30;
   // blockStatus returns at most this many extents (their lengths then sum to less than

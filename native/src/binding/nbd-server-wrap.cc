@@ -174,10 +174,7 @@ Napi::Value NbdServerWrap::AdoptJs(const Napi::CallbackInfo& info) {
         runtime.max_connections = static_cast<uint32_t>(ToUint(o.Get("maxConnections"), "options.maxConnections", 4096));
         if (runtime.max_connections == 0) throw ArgError("options.maxConnections", "at least 1");
       }
-      if (!o.Get("bufferBytesMax").IsUndefined()) {
-        runtime.max_inflight_bytes_total = ToUint(o.Get("bufferBytesMax"), "options.bufferBytesMax", 16.0 * (1ull << 30));
-        if (runtime.max_inflight_bytes_total < (32u << 20)) throw ArgError("options.bufferBytesMax", "at least 32 MiB");
-      }
+      if (!o.Get("bufferBytesMax").IsUndefined()) runtime.max_inflight_bytes_total = EngineWrap::BufferBytesMaxArg(o.Get("bufferBytesMax"));
     }
     std::shared_ptr<NbdServerRecord> rec = NbdHandOffRecordWrap::Unwrap(rv.As<Napi::Object>())->Take();
     std::shared_ptr<Engine> engine = owner->engine();

@@ -84,20 +84,16 @@ class NbdConnection {
   // Frozen only: the thread ends without touching the socket (no reply, no shutdown).
   void Release();
   // How long replies have waited for a client that takes none of them (0: none waiting).
-  int64_t SendStalledMs(int64_t now_ms) const {
+  int64_t RepliesStalledMs(int64_t now_ms) const {
     const int64_t since = send_stalled_since_ms_.load();
     return since == 0 ? 0 : now_ms - since;
   }
   // Drops the connection at once (the export's memory budget is exhausted and this client
   // does not read its replies): queued replies are discarded, their budget given back.
   void Kill();
-  // While the export's budget is exhausted, a client whose replies have not moved for this
-  // long is dropped (QEMU reads its replies at once; its reconnect-delay re-sends).
-  static constexpr int kStalledUnderPressureMs = 2000;
   // Whether this client takes its replies: it has taken one, and none has waited longer than
   // kResponsiveStallMs. Only such a client may use the budget's reserve.
-  bool Responsive(int64_t now_ms) const { return replied_.load() && SendStalledMs(now_ms) < kResponsiveStallMs; }
-  static constexpr int kResponsiveStallMs = 200;
+  bool Responsive(int64_t now_ms) const { return replied_.load() && RepliesStalledMs(now_ms) < kResponsiveStallMs; }
 
  private:
   enum class ParseResult { kNeedMore, kPaused, kDisc, kProtocolError };

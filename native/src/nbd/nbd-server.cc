@@ -51,16 +51,9 @@ class NbdServerImpl final : public NbdServer {
     ctx_.opts = opts;
     // Reserve: one largest request, for clients that take their replies.
     ctx_.budget.reset(new MemoryBudget(opts.max_inflight_bytes_total, opts.max_request_bytes));
-    // A reader the budget refused drops the clients whose replies have not moved for a
-    // while: what it waits for is held by them (docs/hardening.md). At most every 100 ms.
-    ctx_.reclaim = [this] {
-      const int64_t now = NowMs();
-      int64_t last = last_reclaim_ms_.load();
-      if (now - last < kReclaimEveryMs || !last_reclaim_ms_.compare_exchange_strong(last, now)) return;
-      acceptor_.ForEachOpen([now](NbdConnection& c) {
-        if (c.SendStalledMs(now) >= NbdConnection::kStalledUnderPressureMs) c.Kill();
-      });
-    };
+    // A reader the budget refused drops the clients whose replies have not moved
+    // (docs/hardening.md).
+    ctx_.reclaim = [this] { acceptor_.DropStalled(kStalledUnderPressureMs); };
   }
 
   ~NbdServerImpl() override {
@@ -367,10 +360,7 @@ class NbdServerImpl final : public NbdServer {
     if (lstat(path.c_str(), &st) == 0 && st.st_dev == sock_dev_ && st.st_ino == sock_ino_) unlink(path.c_str());
   }
 
-  static constexpr int64_t kReclaimEveryMs = 100;
-
   NbdServerContext ctx_;
-  std::atomic<int64_t> last_reclaim_ms_{0};
   std::unique_ptr<WorkerPool> pool_;
   int listen_fd_ = -1;
   int port_ = 0;

@@ -43,6 +43,8 @@ constexpr int kAcceptBackoffMs = 100;
 constexpr int kTrimDelayMs = 200;
 // Buffers this large get their own mappings (see LimitAllocatorRetention).
 constexpr int kLargeBufferBytes = 1 << 20;
+// DropStalled looks at the connections at most this often.
+constexpr int64_t kDropStalledEveryMs = 100;
 
 // Hands the allocator's free memory back to the OS (malloc_trim): glibc keeps what
 // connection threads freed in their arenas, so the RSS a burst of peers drove up would stay
@@ -145,6 +147,18 @@ class Acceptor {
       if (!c->finished()) f(*c);
     }
   }
+  // Drops the connections whose replies have made no progress for stall_ms
+  // (Conn::RepliesStalledMs, Conn::Kill): what a reader refused by its server's memory
+  // budget waits for is held by them. Any thread; at most once per kDropStalledEveryMs.
+  void DropStalled(int64_t stall_ms) {
+    const int64_t now = NowMonotonicMs();
+    int64_t last = last_drop_stalled_ms_.load();
+    if (now - last < kDropStalledEveryMs || !last_drop_stalled_ms_.compare_exchange_strong(last, now)) return;
+    ForEachOpen([now, stall_ms](Conn& c) {
+      if (c.RepliesStalledMs(now) >= stall_ms) c.Kill();
+    });
+  }
+
   int listen_fd() const { return listen_fd_; }
 
   uint64_t total() const { return total_.load(); }
@@ -292,6 +306,7 @@ class Acceptor {
   std::list<std::unique_ptr<Conn>> conns_;  // guarded by mu_
   uint64_t held_ = 0;                       // conns_.size(), guarded by mu_
   int64_t trim_due_ms_ = 0;                 // accept thread only: when to ReturnFreeMemory (0: not due)
+  std::atomic<int64_t> last_drop_stalled_ms_{0};
   std::atomic<uint64_t> total_{0};
 };
 

@@ -21,6 +21,14 @@
 
 namespace mooring {
 
+// While a server's budget is exhausted, a connection whose replies have made no progress for
+// this long is dropped (engines and QEMU read their replies at once; QEMU's reconnect-delay
+// re-sends): Acceptor::DropStalled.
+constexpr int kStalledUnderPressureMs = 2000;
+// A connection with a reply stuck longer than this is not "responsive": it may not use the
+// budget's reserve.
+constexpr int kResponsiveStallMs = 200;
+
 class MemoryBudget {
  public:
   // How often a waiting reader re-checks whether it should stop waiting.

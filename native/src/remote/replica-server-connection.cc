@@ -635,7 +635,7 @@ void ReplicaServerConnection::WriterLoop() {
   // A client that takes none of our bytes for this long is gone or hostile.
   const int stall_ms = std::max<int>(kDrainTimeoutMs, static_cast<int>(ctx_->opts.idle_timeout_ms));
   WaitFn wait = [&](short want) -> int {
-    // Seen by the server's reclaim while the memory budget is exhausted (WriteStalledMs).
+    // Seen by the server's reclaim while the memory budget is exhausted (RepliesStalledMs).
     if (write_stalled_since_ms_.load() == 0) write_stalled_since_ms_.store(MonotonicMs());
     int p = PollFdOrWake(t_->fd(), want, -1, stall_ms);
     if (p < 0) return p;

@@ -49,10 +49,6 @@ class ReplicaServerConnection {
   static constexpr int kDrainTimeoutMs = 10000;
   // Poll slice of the reader: how often it re-checks the idle rule.
   static constexpr int kReaderPollMs = 1000;
-  // While the server's memory budget is exhausted, a connection that has taken none of its
-  // replies for this long is dropped (an engine reads its replies at once).
-  static constexpr int kStalledUnderPressureMs = 2000;
-  static constexpr int kResponsiveStallMs = 200;  // a reply stuck longer than this: not responsive
 
   ReplicaServerConnection(ReplicaServerContext* ctx, int fd);
   ~ReplicaServerConnection();
@@ -69,7 +65,7 @@ class ReplicaServerConnection {
   // False (nothing sent) for a client that did not announce it.
   bool GoAway();
   // How long the writer has waited on a socket that takes no bytes (0: it is not waiting).
-  int64_t WriteStalledMs(int64_t now_ms) const {
+  int64_t RepliesStalledMs(int64_t now_ms) const {
     const int64_t since = write_stalled_since_ms_.load();
     return since == 0 ? 0 : now_ms - since;
   }
@@ -79,7 +75,7 @@ class ReplicaServerConnection {
   // now. Only such connections may use the budget's reserve, so peers that never read cannot
   // take it (a fresh connection waits for the budget proper).
   bool Responsive(int64_t now_ms) const {
-    return replied_.load() && WriteStalledMs(now_ms) < kResponsiveStallMs;
+    return replied_.load() && RepliesStalledMs(now_ms) < kResponsiveStallMs;
   }
 
  private:

@@ -41,16 +41,9 @@ class ReplicaServerImpl final : public ReplicaServer {
     ctx_.opts = opts;
     // Reserve: two largest requests, for connections that take their replies.
     ctx_.budget.reset(new MemoryBudget(opts.max_inflight_bytes_total, 2ull * (rp::kMaxPayloadBytes + rp::kMaxIoBytes)));
-    // A reader waiting for budget drops the connections that stopped taking their replies:
-    // what they hold is what it waits for (docs/hardening.md).
-    ctx_.reclaim = [this] {
-      const int64_t now = MonotonicMs();
-      int64_t last = last_reclaim_ms_.load();
-      if (now - last < kReclaimEveryMs || !last_reclaim_ms_.compare_exchange_strong(last, now)) return;
-      acceptor_.ForEachOpen([now](ReplicaServerConnection& c) {
-        if (c.WriteStalledMs(now) >= ReplicaServerConnection::kStalledUnderPressureMs) c.Kill();
-      });
-    };
+    // A reader waiting for budget drops the connections that stopped taking their replies
+    // (docs/hardening.md).
+    ctx_.reclaim = [this] { acceptor_.DropStalled(kStalledUnderPressureMs); };
   }
 
   ~ReplicaServerImpl() override {
@@ -153,10 +146,7 @@ class ReplicaServerImpl final : public ReplicaServer {
   }
 
  private:
-  static constexpr int64_t kReclaimEveryMs = 100;
-
   ReplicaServerContext ctx_;
-  std::atomic<int64_t> last_reclaim_ms_{0};
   std::unique_ptr<WorkerPool> pool_;
   int listen_fd_ = -1;
   int port_ = 0;
