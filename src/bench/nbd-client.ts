@@ -4,6 +4,7 @@
 // (byte reader, frame builders, `rawRequest`) the bad-input tests use to send malformed
 // traffic on purpose.
 import net from 'node:net';
+import tls from 'node:tls';
 
 export const NBDMAGIC = 0x4e42444d41474943n;
 export const IHAVEOPT = 0x49484156454f5054n;
@@ -133,25 +134,35 @@ export class SocketReader {
   private waiter: (() => void) | null = null;
   error: Error | null = null;
 
+  readonly #onData = (d: Buffer): void => {
+    this.chunks.push(d);
+    this.buffered += d.length;
+    this.wake();
+  };
+  readonly #onEnd = (): void => {
+    this.ended = true;
+    this.wake();
+  };
+  readonly #onError = (e: Error): void => {
+    this.error = e;
+    this.ended = true;
+    this.wake();
+  };
+
   constructor(readonly socket: net.Socket) {
-    socket.on('data', (d: Buffer) => {
-      this.chunks.push(d);
-      this.buffered += d.length;
-      this.wake();
-    });
-    socket.on('end', () => {
-      this.ended = true;
-      this.wake();
-    });
-    socket.on('close', () => {
-      this.ended = true;
-      this.wake();
-    });
-    socket.on('error', (e) => {
-      this.error = e;
-      this.ended = true;
-      this.wake();
-    });
+    socket.on('data', this.#onData);
+    socket.on('end', this.#onEnd);
+    socket.on('close', this.#onEnd);
+    socket.on('error', this.#onError);
+  }
+
+  /** Stops reading the socket (before STARTTLS hands it to TLS); nothing may be buffered. */
+  detach(): void {
+    if (this.buffered !== 0) throw new Error(`${this.buffered} bytes received before the TLS handshake`);
+    this.socket.off('data', this.#onData);
+    this.socket.off('end', this.#onEnd);
+    this.socket.off('close', this.#onEnd);
+    this.socket.off('error', this.#onError);
   }
 
   private wake(): void {
@@ -331,6 +342,29 @@ export interface NbdConnectOptions {
   /** Negotiate base:allocation (needs structured; default true). */
   blockStatus?: boolean;
   timeoutMs?: number;
+  /**
+   * NBD_OPT_STARTTLS first, then TLS with this material (PEM text; `cert`/`key` omitted:
+   * no client certificate). `servername`: the name to check in the server's certificate
+   * (default: none checked beyond the CA).
+   */
+  tls?: { ca: string; cert?: string; key?: string; servername?: string };
+}
+
+/** The TLS handshake on a socket that has just had STARTTLS acknowledged. */
+async function startTls(socket: net.Socket, o: NonNullable<NbdConnectOptions['tls']>): Promise<tls.TLSSocket> {
+  return await new Promise<tls.TLSSocket>((resolve, reject) => {
+    const t = tls.connect({
+      socket,
+      ca: o.ca,
+      ...(o.cert !== undefined ? { cert: o.cert, key: o.key } : {}),
+      ...(o.servername !== undefined ? { servername: o.servername } : { checkServerIdentity: () => undefined }),
+    });
+    t.once('secureConnect', () => {
+      t.off('error', reject);
+      resolve(t);
+    });
+    t.once('error', reject);
+  });
 }
 
 export interface BlockStatusExtent {
@@ -382,11 +416,27 @@ export class NbdClient {
 
   static async connect(target: NbdTarget | string, opts: NbdConnectOptions = {}): Promise<NbdClient> {
     const t = typeof target === 'string' ? parseTarget(target) : target;
-    const socket = await connectSocket(t, opts.timeoutMs);
-    const reader = new SocketReader(socket);
+    let socket: net.Socket = await connectSocket(t, opts.timeoutMs);
+    let reader = new SocketReader(socket);
+    let greeted = false;
+    if (opts.tls) {
+      try {
+        await NbdClient.greet(socket, reader);
+        socket.write(optionFrame(OPT.STARTTLS));
+        const r = await readOptionReply(reader);
+        if (r.type !== REP.ACK) throw new Error(`STARTTLS refused: reply type 0x${r.type.toString(16)} ${r.data.subarray(0, 200).toString()}`);
+        reader.detach();
+        socket = await startTls(socket, opts.tls);
+        reader = new SocketReader(socket);
+        greeted = true;
+      } catch (e) {
+        socket.destroy();
+        throw e;
+      }
+    }
     const c = new NbdClient(socket, reader);
     try {
-      await c.handshake(opts);
+      await c.handshake(opts, greeted);
     } catch (e) {
       socket.destroy();
       throw e;
@@ -395,12 +445,16 @@ export class NbdClient {
     return c;
   }
 
-  private async handshake(opts: NbdConnectOptions): Promise<void> {
-    const name = opts.exportName ?? '';
-    const hflags = await readGreeting(this.reader);
+  private static async greet(socket: net.Socket, reader: SocketReader): Promise<void> {
+    const hflags = await readGreeting(reader);
     const cflags = Buffer.alloc(4);
     cflags.writeUInt32BE(1 | (hflags & 2));
-    this.socket.write(cflags);
+    socket.write(cflags);
+  }
+
+  private async handshake(opts: NbdConnectOptions, greeted: boolean): Promise<void> {
+    const name = opts.exportName ?? '';
+    if (!greeted) await NbdClient.greet(this.socket, this.reader);
     if (opts.structured ?? true) {
       this.socket.write(optionFrame(OPT.STRUCTURED_REPLY));
       const r = await readOptionReply(this.reader);

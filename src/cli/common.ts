@@ -1,7 +1,10 @@
 // Shared pieces of the `mooring` commands: the context they run in (injectable, so unit
 // tests call commands directly with a fake addon and captured output), argument parsing
 // with coded usage errors, and error printing.
+import { resolve } from 'node:path';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
+
+import { TLS_PEM_BYTES_MAX, type DataEngineTlsOptions } from '../data-engine/addresses.js';
 
 import { MooringError, toMooringError } from '../errors.js';
 import type { NativeAddon } from '../native/binding.js';
@@ -194,6 +197,30 @@ export function parseBytesOption(command: string, option: string, text: string, 
 }
 
 /** Parses --replicas: an integer 1..16. */
+/** The TLS options of `data-engine` and `serve`. */
+export const TLS_OPTIONS = {
+  'tls-cert': { type: 'string' },
+  'tls-key': { type: 'string' },
+  'tls-ca': { type: 'string' },
+} as const;
+
+/**
+ * Reads --tls-cert/--tls-key/--tls-ca (all three or none; PEM files, relative to cwd).
+ *
+ * @throws UsageError (not all three), MooringError INVALID_ARGUMENT / NOT_FOUND (a file)
+ */
+export async function readTlsOptions(
+  command: string,
+  values: { 'tls-cert'?: string | undefined; 'tls-key'?: string | undefined; 'tls-ca'?: string | undefined },
+  cwd: string,
+): Promise<DataEngineTlsOptions | undefined> {
+  const files = [values['tls-cert'], values['tls-key'], values['tls-ca']];
+  if (files.every((f) => f === undefined)) return undefined;
+  if (files.some((f) => f === undefined)) throw new UsageError(command, '--tls-cert, --tls-key and --tls-ca go together');
+  const [cert, key, ca] = await Promise.all(files.map((f) => readFileLimited(resolve(cwd, f!), TLS_PEM_BYTES_MAX, 'INVALID_ARGUMENT', { followSymlinks: true })));
+  return { cert: cert!, key: key!, ca: ca! };
+}
+
 export function parseReplicasOption(command: string, text: string): number {
   if (!/^\d{1,2}$/.test(text) || Number(text) < 1 || Number(text) > 16) {
     throw new UsageError(command, `--replicas must be an integer in 1..16 (got ${JSON.stringify(text)})`);

@@ -6,12 +6,21 @@ import { join, resolve } from 'node:path';
 import { DataEngineGrpcServer } from '../data-engine/grpc/data-engine-grpc-server.js';
 import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, LocalDataEngine } from '../data-engine/local-data-engine.js';
 import { handOffToSuccessor, takeOverFromPredecessor, type HandOffEpochs, type HandOffProcessResult } from '../data-engine/process-handoff.js';
-import { TLS_PEM_BYTES_MAX, type DataEngineTlsOptions } from '../data-engine/addresses.js';
 import { MooringError } from '../errors.js';
-import { readFileLimited } from '../util/files.js';
 import { describeEvent } from './describe-event.js';
 import { checkSuccessorArgv, spawnSuccessor } from './successor.js';
-import { UsageError, addonOf, installStopSignals, parseBytesOption, parseCommandArgs, parseGroupOption, requireDir, type CliContext } from './common.js';
+import {
+  TLS_OPTIONS,
+  UsageError,
+  addonOf,
+  installStopSignals,
+  parseBytesOption,
+  parseCommandArgs,
+  parseGroupOption,
+  readTlsOptions,
+  requireDir,
+  type CliContext,
+} from './common.js';
 import { NBD_LIMITS } from '../nbd/nbd-export.js';
 
 /** The JSON that follows `READY ` on the data engine's stdout (the CLI contract). */
@@ -22,7 +31,7 @@ export interface DataEngineReadyInfo {
   grpc: string;
   /** Replica server address (`tcp:HOST:PORT`, bound port), or null when it serves none. */
   replicaAddress: string | null;
-  /** Whether mutual TLS is on. */
+  /** Whether mutual TLS is on: gRPC on TCP, the replica protocol, NBD exports on TCP. */
   tls: boolean;
   /** Package version. */
   version: string;
@@ -40,9 +49,10 @@ Options:
   --listen ADDRESS              gRPC address: unix:PATH or tcp:HOST:PORT (port 0 = any)
   --replica-listen ADDRESS      replica server: tcp:HOST:PORT, or none
                                 (default ${DATA_ENGINE_DEFAULTS.replicaListen})
-  --tls-cert FILE               mutual TLS for gRPC and the replica protocol: this host's
-  --tls-key FILE                certificate, its key, and the CA peers must chain to
-  --tls-ca FILE                 (all three, PEM)
+  --tls-cert FILE               mutual TLS for gRPC, the replica protocol and NBD exports
+  --tls-key FILE                on TCP: this host's certificate, its key, and the CA peers
+  --tls-ca FILE                 and NBD clients must chain to (all three, PEM); gRPC on a
+                                unix socket takes none (its file mode guards it)
   --allow-insecure-remote       allow non-loopback TCP addresses without TLS
   --max-concurrent-rebuilds N   rebuilds at once, 1..${DATA_ENGINE_LIMITS.maxConcurrentRebuildsMax} (default ${DATA_ENGINE_DEFAULTS.maxConcurrentRebuilds})
   --hand-over-hold-ms MS        how long an export that handed its volume over holds what
@@ -82,9 +92,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       'host-id': { type: 'string' },
       listen: { type: 'string' },
       'replica-listen': { type: 'string' },
-      'tls-cert': { type: 'string' },
-      'tls-key': { type: 'string' },
-      'tls-ca': { type: 'string' },
+      ...TLS_OPTIONS,
       'allow-insecure-remote': { type: 'boolean' },
       'max-concurrent-rebuilds': { type: 'string' },
       'hand-over-hold-ms': { type: 'string' },
@@ -114,10 +122,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
   const listen = listenText.startsWith('unix:') ? `unix:${resolve(cwd, listenText.slice('unix:'.length))}` : listenText;
   const replicaListenText = values['replica-listen'];
   const replicaListen = replicaListenText === 'none' ? null : replicaListenText;
-  const tlsFiles = [values['tls-cert'], values['tls-key'], values['tls-ca']];
-  if (tlsFiles.some((f) => f !== undefined) && tlsFiles.some((f) => f === undefined)) {
-    throw new UsageError('data-engine', '--tls-cert, --tls-key and --tls-ca go together');
-  }
+  const tls = await readTlsOptions('data-engine', values, cwd);
   let maxConcurrentRebuilds: number | undefined;
   if (values['max-concurrent-rebuilds'] !== undefined) {
     const text = values['max-concurrent-rebuilds'];
@@ -139,11 +144,6 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     values['nbd-buffer-bytes'] === undefined
       ? undefined
       : parseBytesOption('data-engine', '--nbd-buffer-bytes', values['nbd-buffer-bytes'], NBD_LIMITS.bufferBytesMaxMin, NBD_LIMITS.bufferBytesMaxMax);
-  let tls: DataEngineTlsOptions | undefined;
-  if (tlsFiles[0] !== undefined) {
-    const [cert, key, ca] = await Promise.all(tlsFiles.map((f) => readFileLimited(resolve(cwd, f!), TLS_PEM_BYTES_MAX, 'INVALID_ARGUMENT', { followSymlinks: true })));
-    tls = { cert: cert!, key: key!, ca: ca! };
-  }
   const allowInsecureRemote = values['allow-insecure-remote'] === true;
   const successorPrefix = values['allow-successor-exec'] === undefined ? null : resolve(cwd, values['allow-successor-exec']);
   const addon = addonOf(ctx);
@@ -232,7 +232,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
               }
             },
           };
-    const serve = (): Promise<DataEngineGrpcServer> => DataEngineGrpcServer.start({ engine: de!, listen, allowInsecureRemote, ...(tls ? { tls } : {}), ...hooks });
+    const serve = (): Promise<DataEngineGrpcServer> => DataEngineGrpcServer.start({ engine: de!, listen, allowInsecureRemote, ...(tls && !listen.startsWith('unix:') ? { tls } : {}), ...hooks });
     server = await serve();
     const info = await de.info();
     const ready: DataEngineReadyInfo = { hostId, grpc: server.address, replicaAddress: info.replicaAddress, tls: tls !== undefined, version: info.version };

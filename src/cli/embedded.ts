@@ -61,7 +61,9 @@ export async function openEmbedded(command: string, values: EmbeddedValues, ctx:
   try {
     for (const address of values.host ?? []) {
       if (!/^(unix|tcp):/.test(address)) throw new UsageError(command, `--host must be unix:PATH or tcp:HOST:PORT (got ${JSON.stringify(address)})`);
-      hosts.push(await RemoteDataEngine.connect({ address }));
+      // The TLS material of this host's data engine reaches the others' gRPC on TCP too.
+      const tls = extra.dataEngine ? extra.dataEngine.tls : undefined;
+      hosts.push(await RemoteDataEngine.connect({ address, ...(tls !== undefined && address.startsWith('tcp:') ? { tls } : {}) }));
     }
     const mooring = await Mooring.open({
       ...extra,

@@ -5,7 +5,17 @@ import { join } from 'node:path';
 import { MooringError, toMooringError } from '../errors.js';
 import { formatBytes } from '../util/size.js';
 import type { Volume } from '../volume/volume.js';
-import { UsageError, parseCommandArgs, parseGroupOption, parseReplicasOption, parseSizeOption, installStopSignals, type CliContext } from './common.js';
+import {
+  TLS_OPTIONS,
+  UsageError,
+  installStopSignals,
+  parseCommandArgs,
+  parseGroupOption,
+  parseReplicasOption,
+  parseSizeOption,
+  readTlsOptions,
+  type CliContext,
+} from './common.js';
 import { describeEvent } from './describe-event.js';
 import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 import { STATUS_SOCKET_FILE, serveStatus, type StatusServer } from './status-socket.js';
@@ -34,6 +44,7 @@ export interface ReadyInfo {
 
 /** Help text of `mooring serve`. */
 export const SERVE_HELP = `Usage: mooring serve --dir DIR [--volume NAME] [--size SIZE] [--replicas N] [--host ADDRESS ...] [--nbd ADDRESS] [--socket-group GROUP]
+                     [--tls-cert F --tls-key F --tls-ca F]
 
 Serve a volume over NBD from this host until SIGINT or SIGTERM. When DIR holds no volume
 of that name it is created first (--size is then required); otherwise the existing one is
@@ -46,10 +57,15 @@ ${EMBEDDED_HELP}
   --replicas N         replicas of a new volume, 1..16, one per host (default: 3, or one
                        per host when fewer hosts are given)
   --nbd ADDRESS        unix:PATH or tcp:HOST:PORT (port 0 = ephemeral)
-                       (default unix:DIR/${DEFAULT_SOCKET_FILE}). NBD has no TLS here: a TCP
-                       address must be loopback unless --allow-insecure-remote is given
-  --allow-insecure-remote  serve NBD on a non-loopback TCP address, unauthenticated and
-                       unencrypted (anyone who reaches it reads and writes the disk)
+                       (default unix:DIR/${DEFAULT_SOCKET_FILE}). Without TLS a TCP address
+                       must be loopback unless --allow-insecure-remote is given
+  --tls-cert FILE      mutual TLS (PEM): a TCP export requires NBD STARTTLS and a client
+  --tls-key FILE       certificate signed by the CA (QEMU: a tls-creds-x509 object;
+  --tls-ca FILE        nbdinfo: nbds://HOST:PORT/?tls-certificates=DIR); --host data
+                       engines on TCP and the replica protocol use it too
+  --allow-insecure-remote  serve NBD on a non-loopback TCP address without TLS,
+                       unauthenticated and unencrypted (anyone who reaches it reads and
+                       writes the disk)
   --socket-group GROUP give the unix socket to GROUP (name or gid), mode 0660, for a QEMU
                        running as another user; without it the socket is 0600
   -h, --help           show this help
@@ -73,6 +89,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
       nbd: { type: 'string' },
       'allow-insecure-remote': { type: 'boolean' },
       'socket-group': { type: 'string' },
+      ...TLS_OPTIONS,
       help: { type: 'boolean', short: 'h' },
     },
     { min: 0, max: 0 },
@@ -93,10 +110,12 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
   let embedded: Embedded | null = null;
   let status: StatusServer | null = null;
   try {
+    const tls = await readTlsOptions('serve', values, ctx.cwd ?? process.cwd());
     embedded = await openEmbedded('serve', values, ctx, {
       dataEngine: {
         ...(values['allow-insecure-remote'] === true ? { allowInsecureRemote: true } : {}),
         ...(nbdSocketGroup !== undefined ? { nbdSocketGroup } : {}),
+        ...(tls !== undefined ? { tls } : {}),
       },
     });
     const { mooring: m, dir } = embedded;

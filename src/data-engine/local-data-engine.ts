@@ -140,7 +140,10 @@ export interface LocalDataEngineOptions {
   hostId: string;
   /** Replica server address `tcp:HOST:PORT` (default tcp:127.0.0.1:0); null: serve no replicas to other hosts. */
   replicaListen?: string | null;
-  /** Mutual TLS for the replica server and for reaching other hosts' replicas. */
+  /**
+   * Mutual TLS for the replica server, for reaching other hosts' replicas, and for NBD
+   * exports on TCP addresses (clients negotiate STARTTLS with a certificate from `ca`).
+   */
   tls?: DataEngineTlsOptions;
   /**
    * Allow a non-loopback replica server, and NBD exports on non-loopback TCP addresses,
@@ -539,8 +542,9 @@ export class LocalDataEngine implements DataEngine {
     );
     const nbd = options.nbd ?? null;
     if (nbd !== null && typeof nbd !== 'string') throw new MooringError('INVALID_ARGUMENT', `nbd must be unix:PATH or tcp:HOST:PORT (got ${describe(nbd)})`);
-    // NBD has no TLS here yet: an export beyond loopback serves the disk to anyone who can reach it.
-    if (nbd !== null && nbd.startsWith('tcp:')) checkLoopbackRule('nbd', parseTcpAddress(nbd, 'nbd', true).host, false, this.#allowInsecureRemote);
+    // A TCP export is served over TLS with this data engine's material; without it, only
+    // loopback unless allowed (the disk would be served to anyone who can reach it).
+    if (nbd !== null && nbd.startsWith('tcp:')) checkLoopbackRule('nbd', parseTcpAddress(nbd, 'nbd', true).host, this.#tls !== undefined, this.#allowInsecureRemote);
     if (options.standby !== undefined && typeof options.standby !== 'boolean') {
       throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }
@@ -604,6 +608,7 @@ export class LocalDataEngine implements DataEngine {
             ...(remote ? { ioThreads: DATA_ENGINE_DEFAULTS.nbdIoThreadsRemote } : {}),
             bufferBytesMax: this.#nbdExportBufferBytesMax,
             ...(this.#nbdSocketGroup !== undefined ? { socketGroup: this.#nbdSocketGroup } : {}),
+            ...(this.#tls !== undefined && nbd.startsWith('tcp:') ? { tls: this.#tls } : {}),
           });
         } catch (err) {
           await engine.close().catch(() => undefined);

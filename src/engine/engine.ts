@@ -686,7 +686,7 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
     return this.#call('exportNbd', async () => {
       const { address, exportName, native, socketGroup } = toNativeNbdOptions(options);
       const server = await this.#native.exportNbd(native);
-      const exp = new NbdExport(server, address, exportName, native.readOnly === true);
+      const exp = new NbdExport(server, address, exportName, native.readOnly === true, native.tls !== undefined);
       if (socketGroup !== undefined && address.kind === 'unix') {
         await shareSocketWithGroup(address.path, socketGroup).catch(async (err: unknown) => {
           await exp.close().catch(() => undefined);

@@ -298,6 +298,11 @@ export interface NativeNbdOptions {
    * connection stops reading until its own requests are answered (one always goes through).
    */
   bufferBytesMax?: number;
+  /**
+   * Mutual TLS: clients must negotiate STARTTLS and present a certificate signed by `ca`
+   * (`serverName` is not used). Such an export cannot be detached for a hand-off.
+   */
+  tls?: NativeTlsOptions;
 }
 
 /**
@@ -398,6 +403,8 @@ export interface NativeNbdAdoptOptions {
   ioThreads?: number;
   maxConnections?: number;
   bufferBytesMax?: number;
+  /** TLS for the clients that connect after the adoption (a TLS export is never handed off). */
+  tls?: NativeTlsOptions;
 }
 
 /** The NBD server of an addon built with the hand-off (every server it makes). */

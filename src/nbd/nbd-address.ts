@@ -110,7 +110,8 @@ function encodeName(name: string): string {
  * The NBD URI a client uses to reach `address` (and `exportName`, default ''):
  * `nbd+unix:///NAME?socket=PATH` or `nbd://HOST:PORT/NAME`.
  */
-export function nbdUri(address: NbdAddress, exportName = ''): string {
+export function nbdUri(address: NbdAddress, exportName = '', tls = false): string {
+  const s = tls ? 's' : '';
   const name = encodeName(exportName);
   if (address.kind === 'unix') {
     // The socket path is a query parameter; keep '/' readable, escape the rest.
@@ -118,8 +119,8 @@ export function nbdUri(address: NbdAddress, exportName = ''): string {
       .split('/')
       .map((seg) => encodeURIComponent(seg))
       .join('/');
-    return `nbd+unix:///${name}?socket=${socket}`;
+    return `nbd${s}+unix:///${name}?socket=${socket}`;
   }
   const host = isIP(address.host) === 6 ? `[${address.host}]` : address.host;
-  return `nbd://${host}:${address.port}/${name}`;
+  return `nbd${s}://${host}:${address.port}/${name}`;
 }

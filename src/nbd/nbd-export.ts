@@ -6,6 +6,7 @@ import { EventEmitter } from 'node:events';
 import { chmod, chown } from 'node:fs/promises';
 import type * as TE from 'typed-emitter';
 
+import { checkTls, type DataEngineTlsOptions } from '../data-engine/addresses.js';
 import { MooringError, callNative, callNativeSync, toMooringError } from '../errors.js';
 import type { NativeEngine, NativeNbdHandOffRecord, NativeNbdHandOffServer, NativeNbdOptions, NativeNbdServer, NativeNbdStats } from '../native/binding.js';
 import { safeEmit } from '../util/emit.js';
@@ -51,6 +52,13 @@ export interface NbdExportOptions
    * group (libvirt's `libvirt-qemu`, say) can connect. Ignored for TCP.
    */
   socketGroup?: number;
+  /**
+   * Mutual TLS (PEM text; the data engine's material fits): clients must negotiate
+   * STARTTLS before anything else and present a certificate signed by `ca`, as QEMU does
+   * with a `tls-creds-x509` object and nbdinfo with `nbds://...?tls-certificates=DIR`
+   * (docs/nbd-frontend.md, "TLS"). Such an export is never handed to another process.
+   */
+  tls?: DataEngineTlsOptions;
 }
 
 /**
@@ -115,6 +123,8 @@ export function toNativeNbdOptions(
   const bufferBytesMax = checkIntIn('bufferBytesMax', options.bufferBytesMax, NBD_LIMITS.bufferBytesMaxMin, NBD_LIMITS.bufferBytesMaxMax);
   if (bufferBytesMax !== undefined) native.bufferBytesMax = bufferBytesMax;
   const socketGroup = checkIntIn('socketGroup', options.socketGroup, 0, NBD_LIMITS.groupIdMax);
+  const tls = checkTls(options.tls);
+  if (tls) native.tls = tls;
   return { address, exportName, native, socketGroup };
 }
 
@@ -149,18 +159,21 @@ export class NbdExport extends (EventEmitter as new () => TypedEmitter<NbdExport
   readonly exportName: string;
   /** Whether the export is read-only. */
   readonly readOnly: boolean;
+  /** Whether clients must use TLS. */
+  readonly tls: boolean;
   readonly #server: NativeNbdServer;
   #closing: Promise<void> | undefined;
   #closed = false;
   #detached = false;
 
   /** @internal Created by `Engine.exportNbd`. */
-  constructor(server: NativeNbdServer, requested: NbdAddress, exportName: string, readOnly: boolean) {
+  constructor(server: NativeNbdServer, requested: NbdAddress, exportName: string, readOnly: boolean, tls = false) {
     super();
     this.#server = server;
     this.address = requested.kind === 'tcp' && requested.port === 0 ? { ...requested, port: server.port } : requested;
     this.exportName = exportName;
     this.readOnly = readOnly;
+    this.tls = tls;
   }
 
   /** The address in `unix:PATH` / `tcp:HOST:PORT` form. */
@@ -168,9 +181,9 @@ export class NbdExport extends (EventEmitter as new () => TypedEmitter<NbdExport
     return formatNbdAddress(this.address);
   }
 
-  /** The NBD URI for clients: `nbd+unix:///?socket=PATH` or `nbd://HOST:PORT/`. */
+  /** The NBD URI for clients: `nbd+unix:///?socket=PATH` or `nbd://HOST:PORT/` (`nbds`, `nbds+unix` with TLS). */
   get uri(): string {
-    return nbdUri(this.address, this.exportName);
+    return nbdUri(this.address, this.exportName, this.tls);
   }
 
   /** Whether {@link NbdExport.close} has completed. */

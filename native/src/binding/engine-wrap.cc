@@ -50,6 +50,7 @@ NbdServerOptions ParseNbdOptions(const Napi::Value& v) {
     if (opts.max_connections == 0) throw ArgError("options.maxConnections", "at least 1");
   }
   if (has("bufferBytesMax")) opts.max_inflight_bytes_total = EngineWrap::BufferBytesMaxArg(o.Get("bufferBytesMax"));
+  opts.tls = ParseTls(o.Get("tls"), "options.tls");
   return opts;
 }
 

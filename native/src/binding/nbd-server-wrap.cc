@@ -4,6 +4,7 @@
 #include "binding/engine-wrap.h"
 #include "binding/handoff-wrap.h"
 #include "binding/js-args.h"
+#include "binding/replica-endpoint-args.h"
 
 namespace mooring {
 
@@ -175,6 +176,7 @@ Napi::Value NbdServerWrap::AdoptJs(const Napi::CallbackInfo& info) {
         if (runtime.max_connections == 0) throw ArgError("options.maxConnections", "at least 1");
       }
       if (!o.Get("bufferBytesMax").IsUndefined()) runtime.max_inflight_bytes_total = EngineWrap::BufferBytesMaxArg(o.Get("bufferBytesMax"));
+      runtime.tls = ParseTls(o.Get("tls"), "options.tls");  // for the clients that connect from now on
     }
     std::shared_ptr<NbdServerRecord> rec = NbdHandOffRecordWrap::Unwrap(rv.As<Napi::Object>())->Take();
     std::shared_ptr<Engine> engine = owner->engine();

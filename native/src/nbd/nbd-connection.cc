@@ -103,7 +103,10 @@ void NbdConnection::Run() {
   { std::lock_guard<std::mutex> lock(send_mu_); }  // the last completer has left the lock
   // A released socket belongs to another process now: closing our fd (the destructor) is
   // all we may do with it.
-  if (!released_) shutdown(fd_, SHUT_RDWR);
+  if (!released_) {
+    if (tls_ && !dead_.load()) tls_->ShutdownWrite();  // close_notify, best effort
+    shutdown(fd_, SHUT_RDWR);
+  }
   {
     std::lock_guard<std::mutex> lock(freeze_mu_);
     finished_.store(true);
@@ -215,6 +218,10 @@ Status NbdConnection::Snapshot(NbdConnectionRecord* out, int* fd) const {
   if (freeze_state_ != FreezeState::kFrozen) {
     return Status::Error(Code::kInvalidState, "NBD connection " + std::to_string(id_) + " is not frozen");
   }
+  if (tls_) {
+    return Status::Error(Code::kUnsupported, "NBD connection " + std::to_string(id_) +
+                                                 " is over TLS: its state cannot move to another process");
+  }
   // The parked thread last touched these before taking freeze_mu_ to park.
   out->id = id_;
   out->size = size_;
@@ -248,6 +255,7 @@ void NbdConnection::Release() {
 // anything else (held from there on), the client left, or the socket failed: the thread
 // then waits without reading. The first bytes read decide, so the stream stays framed.
 bool NbdConnection::AnswerHeldFlush() {
+  if (tls_) return AnswerHeldFlushTls();
   if (cur_ || rend_ != rpos_) return false;
   pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   if (poll(p, 2, -1) < 0) return errno == EINTR;
@@ -276,6 +284,70 @@ bool NbdConnection::AnswerHeldFlush() {
   PutSimpleReply(reply, rc == -EPERM ? 0 : ErrorFromErrno(rc), Load64(h + 8));
   std::lock_guard<std::mutex> lock(send_mu_);
   return send(fd_, reply, sizeof reply, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof reply);
+}
+
+// The same over TLS, where nothing can be peeked at: the head of the stream is read into the
+// receive buffer (where the parser finds it once released) and a FLUSH taken from there.
+bool NbdConnection::AnswerHeldFlushTls() {
+  if (cur_) return false;
+  if (rend_ - rpos_ < kRequestHeaderBytes) {
+    if (tls_->Pending() == 0) {
+      pollfd p[2] = {{fd_, static_cast<short>(tls_read_wants_ ? tls_read_wants_ : POLLIN), 0}, {wake_fd_, POLLIN, 0}};
+      if (poll(p, 2, -1) < 0) return errno == EINTR;
+      if (p[1].revents) {
+        uint64_t v;
+        ssize_t r = read(wake_fd_, &v, sizeof v);
+        (void)r;
+      }
+      if (!p[0].revents) return true;  // woken: the caller looks again
+    }
+    if (rpos_ > 0) {
+      memmove(rbuf_.get(), rbuf_.get() + rpos_, rend_ - rpos_);
+      rend_ -= rpos_;
+      rpos_ = 0;
+    }
+    // At most one header: what follows stays in TLS's buffer, read as usual once released.
+    ssize_t n = RecvRaw(rbuf_.get() + rend_, kRequestHeaderBytes - rend_);
+    if (n == -EAGAIN || n == -EINTR) return true;
+    if (n <= 0) return false;
+    rend_ += static_cast<size_t>(n);
+    if (rend_ - rpos_ < kRequestHeaderBytes) return true;
+  }
+  const uint8_t* h = rbuf_.get() + rpos_;
+  if (Load32(h) != kMagicRequest || Load16(h + 6) != kCmdFlush || Load16(h + 4) != 0 || Load64(h + 16) != 0 ||
+      Load32(h + 24) != 0) {
+    return false;
+  }
+  const uint64_t cookie = Load64(h + 8);
+  rpos_ += kRequestHeaderBytes;
+  ctx_->requests.fetch_add(1, std::memory_order_relaxed);
+  int rc;
+  try {
+    rc = dev_->Flush();
+  } catch (...) {
+    rc = -EIO;
+  }
+  uint8_t reply[kSimpleReplyBytes];
+  PutSimpleReply(reply, rc == -EPERM ? 0 : ErrorFromErrno(rc), cookie);
+  std::lock_guard<std::mutex> lock(send_mu_);
+  iovec v{reply, sizeof reply};
+  short want = 0;
+  return tls_->Writev(&v, 1, &want) == static_cast<ssize_t>(sizeof reply);
+}
+
+ssize_t NbdConnection::RecvRaw(void* buf, size_t n) {
+  if (tls_) {
+    short want = 0;
+    ssize_t r = tls_->Read(buf, n, &want);
+    tls_read_wants_ = r == -EAGAIN ? want : 0;
+    return r;
+  }
+  for (;;) {
+    ssize_t r = recv(fd_, buf, n, 0);
+    if (r >= 0) return r;
+    if (errno == EINTR) continue;
+    return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -310,16 +382,14 @@ NbdConnection::WaitResult NbdConnection::WaitFd(short events) {
 bool NbdConnection::RecvExact(void* buf, size_t n) {
   uint8_t* p = static_cast<uint8_t*>(buf);
   while (n > 0) {
-    ssize_t r = recv(fd_, p, n, 0);
+    ssize_t r = RecvRaw(p, n);
     if (r > 0) {
       p += r;
       n -= static_cast<size_t>(r);
       continue;
     }
-    if (r == 0) return false;
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
-    WaitResult w = WaitFd(POLLIN);
+    if (r != -EAGAIN) return false;
+    WaitResult w = WaitFd(tls_ && tls_read_wants_ ? tls_read_wants_ : POLLIN);
     if (w == WaitResult::kTimeout) {
       ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
       return false;
@@ -342,15 +412,25 @@ bool NbdConnection::Discard(size_t n) {
 bool NbdConnection::SendAll(const void* buf, size_t n) {
   const uint8_t* p = static_cast<const uint8_t*>(buf);
   while (n > 0) {
-    ssize_t r = send(fd_, p, n, MSG_NOSIGNAL);
+    short want = POLLOUT;
+    ssize_t r;
+    if (tls_) {
+      iovec v{const_cast<uint8_t*>(p), n};
+      r = tls_->Writev(&v, 1, &want);
+      if (r < 0 && r != -EAGAIN) return false;
+    } else {
+      r = send(fd_, p, n, MSG_NOSIGNAL);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+      }
+    }
     if (r >= 0) {
       p += r;
       n -= static_cast<size_t>(r);
       continue;
     }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
-    if (WaitFd(POLLOUT) != WaitResult::kReady) return false;
+    if (WaitFd(want) != WaitResult::kReady) return false;
   }
   return true;
 }
@@ -410,6 +490,7 @@ bool NbdConnection::Handshake() {
   no_zeroes_ = (client_flags & kClientFlagNoZeroes) != 0;
 
   std::vector<uint8_t> payload;
+  const bool tls_required = ctx_->tls != nullptr;
   for (uint32_t count = 0;; ++count) {
     if (count >= kHandshakeOptionsMax) return protocol_error();
     uint8_t h[16];
@@ -429,6 +510,13 @@ bool NbdConnection::Handshake() {
     payload.resize(len);
     if (len > 0 && !RecvExact(payload.data(), len)) return false;
     const uint8_t* p = payload.data();
+
+    // TLS required: in the clear, only STARTTLS and ABORT (EXPORT_NAME has no error reply).
+    if (tls_required && !tls_ && opt != kOptStartTls && opt != kOptAbort) {
+      if (opt == kOptExportName) return protocol_error();
+      if (!SendOptError(opt, kRepErrTlsReqd, "this export requires TLS: negotiate STARTTLS first")) return false;
+      continue;
+    }
 
     switch (opt) {
       case kOptExportName: {
@@ -466,6 +554,25 @@ bool NbdConnection::Handshake() {
         if (go) return true;
         break;
       }
+      case kOptStartTls:
+        if (len != 0) {
+          if (!SendOptError(opt, kRepErrInvalid, "STARTTLS takes no data")) return false;
+          break;
+        }
+        if (!tls_required) {
+          if (!SendOptError(opt, kRepErrUnsup, "this export is not served over TLS")) return false;
+          break;
+        }
+        if (tls_) {
+          if (!SendOptError(opt, kRepErrInvalid, "TLS is already negotiated")) return false;
+          break;
+        }
+        if (!SendOptReply(opt, kRepAck, nullptr, 0)) return false;
+        if (!StartTls()) return protocol_error();
+        // Nothing negotiated in the clear carries over (the spec's rule).
+        structured_ = false;
+        meta_base_allocation_ = false;
+        break;
       case kOptStructuredReply:
         if (len != 0) {
           if (!SendOptError(opt, kRepErrInvalid, "STRUCTURED_REPLY takes no data")) return false;
@@ -483,6 +590,23 @@ bool NbdConnection::Handshake() {
         break;
     }
   }
+}
+
+bool NbdConnection::StartTls() {
+  // The TLS object gets a dup of the socket: fd_ stays this connection's own (freeze, close).
+  int dup_fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) return false;
+  std::unique_ptr<Transport> t;
+  if (!ctx_->tls->Wrap(dup_fd, "", &t).ok()) return false;  // Wrap closed dup_fd
+  for (;;) {
+    if (stop_requested_.load()) return false;
+    Status s = t->Handshake(deadline_ms_, wake_fd_);
+    if (s.ok()) break;
+    if (s.code != Code::kClosed) return false;  // failed, timed out: the client is not served
+    // Woken (a freeze request, say): carry on where the handshake stopped.
+  }
+  tls_ = std::move(t);
+  return true;
 }
 
 bool NbdConnection::HandleInfo(uint32_t opt, const uint8_t* p, uint32_t len, bool* go) {
@@ -714,7 +838,7 @@ int NbdConnection::RecvSome(bool exact) {
   if (cur_ && rpos_ == rend_ && (exact || cur_->length - cur_got_ >= kDirectRecvMinBytes)) {
     // Straight into the request: skips the copy for a large payload, and while freezing it
     // is what keeps the next request's bytes in the socket (never past this payload).
-    n = recv(fd_, cur_->data.get() + cur_got_, cur_->length - cur_got_, 0);
+    n = RecvRaw(cur_->data.get() + cur_got_, cur_->length - cur_got_);
     if (n > 0) cur_got_ += static_cast<size_t>(n);
   } else {
     if (rpos_ > 0) {
@@ -725,11 +849,10 @@ int NbdConnection::RecvSome(bool exact) {
     // Parse() leaves less than one header unconsumed, so there is always room; a zero-size
     // recv would read as EOF, so refuse rather than trust that.
     if (rend_ == kRecvBufferBytes) return -ENOBUFS;
-    n = recv(fd_, rbuf_.get() + rend_, kRecvBufferBytes - rend_, 0);
+    n = RecvRaw(rbuf_.get() + rend_, kRecvBufferBytes - rend_);
     if (n > 0) rend_ += static_cast<size_t>(n);
   }
-  if (n >= 0) return static_cast<int>(std::min<ssize_t>(n, INT_MAX));
-  return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  return n >= 0 ? static_cast<int>(std::min<ssize_t>(n, INT_MAX)) : static_cast<int>(n);
 }
 
 void NbdConnection::ReleaseUnsent(NbdRequest* r) {
@@ -829,9 +952,13 @@ void NbdConnection::Transmission() {
     // Waiting for the export's budget with nothing of its own in flight: other connections'
     // completions free it but do not wake this one, so look again shortly.
     if (budget_blocked_ && (timeout < 0 || timeout > kBudgetRetryMs)) timeout = kBudgetRetryMs;
+    // TLS may hold bytes it has already taken from the socket: poll() would not see them.
+    const bool tls_ready = want_read && tls_ && tls_->Pending() > 0;
+    if (tls_ready) timeout = 0;
+    const short read_events = tls_ && tls_read_wants_ ? tls_read_wants_ : POLLIN;
     pollfd p[2];
     p[0].fd = (want_read || want_write) ? fd_ : -1;  // -1: a hung-up socket must not spin us
-    p[0].events = static_cast<short>((want_read ? POLLIN : 0) | (want_write ? POLLOUT : 0));
+    p[0].events = static_cast<short>((want_read ? read_events : 0) | (want_write ? POLLOUT : 0));
     p[0].revents = 0;
     p[1] = {wake_fd_, POLLIN, 0};
     int n = poll(p, 2, timeout);
@@ -850,7 +977,7 @@ void NbdConnection::Transmission() {
       std::lock_guard<std::mutex> lock(send_mu_);
       FlushPendingLocked();
     }
-    if (want_read && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+    if (want_read && (tls_ready || (p[0].revents & (read_events | POLLHUP | POLLERR)))) {
       int r = RecvSome(freezing);
       if (r == 0) {
         eof = true;
@@ -1135,14 +1262,23 @@ void NbdConnection::Kill() {
 
 int NbdConnection::SendIov(NbdRequest* r) {
   while (r->iov_pos < r->iov.size()) {
-    msghdr m{};
-    m.msg_iov = &r->iov[r->iov_pos];
-    m.msg_iovlen = std::min<size_t>(r->iov.size() - r->iov_pos, IOV_MAX);
-    ssize_t n = sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-      return -1;
+    const int count = static_cast<int>(std::min<size_t>(r->iov.size() - r->iov_pos, IOV_MAX));
+    ssize_t n;
+    if (tls_) {
+      short want = 0;
+      n = tls_->Writev(&r->iov[r->iov_pos], count, &want);
+      if (n == -EAGAIN) return 0;  // the connection thread waits for POLLOUT and tries again
+      if (n < 0) return -1;
+    } else {
+      msghdr m{};
+      m.msg_iov = &r->iov[r->iov_pos];
+      m.msg_iovlen = count;
+      n = sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        return -1;
+      }
     }
     size_t left = static_cast<size_t>(n);
     while (left > 0 && r->iov_pos < r->iov.size()) {

@@ -10,6 +10,10 @@
 // to another process (Release). A connection built from such a state (the adopting
 // constructor) skips the handshake. None of this ever shutdown()s the socket: shutdown acts
 // on the socket, not on this process's fd, so it would cut the connection in the new owner.
+//
+// TLS (NBD_OPT_STARTTLS, required when the server has a TlsContext): from the handshake on,
+// every byte goes through tls_ (net/transport.h) instead of the socket; such a connection
+// cannot be snapshotted for a hand-off.
 #pragma once
 
 #include <atomic>
@@ -25,6 +29,7 @@
 #include "nbd/nbd-handoff-record.h"
 #include "nbd/nbd-request.h"
 #include "nbd/nbd-server-context.h"
+#include "net/transport.h"
 
 namespace mooring {
 
@@ -110,6 +115,11 @@ class NbdConnection {
   bool Discard(size_t n);
   bool SendAll(const void* buf, size_t n);
   WaitResult WaitFd(short events);
+  // STARTTLS acknowledged: the TLS handshake, within the NBD handshake's deadline.
+  bool StartTls();
+  // One recv() of at most n bytes, or one TLS read: >0, 0 at EOF, -EAGAIN, or -errno.
+  ssize_t RecvRaw(void* buf, size_t n);
+  bool AnswerHeldFlushTls();
   bool NameMatches(const uint8_t* name, uint32_t len) const;
   uint16_t TransmissionFlags() const;
   static uint16_t TransmissionFlags(const NbdServerOptions& o, bool structured);
@@ -150,6 +160,8 @@ class NbdConnection {
   NbdServerContext* const ctx_;
   BlockDevice* dev_;  // changed only while frozen (Unfreeze), when nothing is in flight
   const int fd_;
+  std::unique_ptr<Transport> tls_;  // set once STARTTLS completed (on a dup of fd_)
+  short tls_read_wants_ = 0;         // a TLS read that could not go on waits for these events
   const uint64_t id_;
   const bool adopted_ = false;
   int wake_fd_ = -1;

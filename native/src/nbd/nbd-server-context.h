@@ -10,6 +10,7 @@
 #include "block/block-device.h"
 #include "nbd/nbd-server.h"
 #include "nbd/worker-pool.h"
+#include "net/transport.h"
 #include "net/memory-budget.h"
 
 namespace mooring {
@@ -18,6 +19,7 @@ struct NbdServerContext {
   BlockDevice* device = nullptr;
   NbdServerOptions opts;
   WorkerPool* pool = nullptr;
+  std::shared_ptr<TlsContext> tls;       // set when opts.tls is enabled(): STARTTLS is required
   std::unique_ptr<MemoryBudget> budget;  // opts.max_inflight_bytes_total, across connections
   std::function<void()> reclaim;         // a reader the budget refused calls it (rate-limited by the server)
   int server_wake_fd = -1;  // a connection writes here when it has finished (to be reaped)

@@ -61,8 +61,16 @@ class NbdServerImpl final : public NbdServer {
     if (listen_fd_ >= 0) close(listen_fd_);  // only if Init failed before the acceptor took it
   }
 
+  // The server side of mutual TLS, parsed once for every connection.
+  Status InitTls() {
+    if (!ctx_.opts.tls.enabled()) return Status::Ok();
+    return TlsContext::Create(ctx_.opts.tls, true, &ctx_.tls);
+  }
+
   Status Init() {
-    Status s = acceptor_.Init();
+    Status s = InitTls();
+    if (!s.ok()) return s;
+    s = acceptor_.Init();
     if (!s.ok()) return s;
     ctx_.server_wake_fd = acceptor_.wake_fd();
     const bool tcp = ctx_.opts.unix_path.empty();
@@ -159,6 +167,10 @@ class NbdServerImpl final : public NbdServer {
     std::lock_guard<std::mutex> lock(close_mu_);
     const State state = state_.load();
     if (closed_ || (state != State::kFrozen && state != State::kDetached)) return NotIn("frozen", "detach");
+    if (ctx_.tls) {
+      return Status::Error(Code::kUnsupported,
+                           "an NBD export served over TLS cannot be handed to another process (TLS state cannot move)");
+    }
     NbdServerRecord rec;
     rec.unix_path = ctx_.opts.unix_path;
     rec.tcp_port = port_;
@@ -230,7 +242,9 @@ class NbdServerImpl final : public NbdServer {
   // Adopt, after the checks in NbdServer::Adopt.
   Status InitAdopted(NbdServerRecord* rec) {
     state_.store(State::kAdopted);  // from here on, closing touches nothing (even on failure)
-    Status s = acceptor_.Init();
+    Status s = InitTls();
+    if (!s.ok()) return s;
+    s = acceptor_.Init();
     if (!s.ok()) return s;
     ctx_.server_wake_fd = acceptor_.wake_fd();
     ctx_.next_connection_id.store(rec->next_connection_id);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "block/block-device.h"
+#include "block/replica-endpoint.h"
 #include "nbd/nbd-handoff-record.h"
 #include "util/status.h"
 
@@ -30,6 +31,10 @@ struct NbdServerOptions {
   // until its own requests are answered; a connection with nothing in flight always gets
   // one request (net/memory-budget.h).
   uint64_t max_inflight_bytes_total = 128ull << 20;
+  // Mutual TLS when enabled(): clients must negotiate NBD_OPT_STARTTLS before anything else
+  // and present a certificate signed by tls.ca_pem (docs/nbd-frontend.md, "TLS"). Such an
+  // export cannot be detached for a hand-off (TLS state cannot move to another process).
+  TlsConfig tls;
 };
 
 struct NbdServerStats {
@@ -82,6 +87,7 @@ class NbdServer {
   // Frozen only: the record of the export, with dup()ed fds. The server stays frozen and
   // keeps its own fds, for Unfreeze (rollback), until Close(), which then releases them: it
   // closes its fds only (no reply, no shutdown(), no unlink of the socket file).
+  // kUnsupported for an export served over TLS.
   virtual Status Detach(NbdServerRecord* out) = 0;
   // Frozen, detached or adopted: serve again exactly where it stopped (adopted: start), on
   // `device` if not null (the engine was closed and reopened meanwhile; it must be the same

@@ -42,7 +42,7 @@
 
 #include "block/replica-endpoint.h"
 #include "remote/replica-protocol.h"
-#include "remote/transport.h"
+#include "net/transport.h"
 
 namespace mooring {
 

@@ -21,7 +21,7 @@
 #include "net/memory-budget.h"
 #include "remote/replica-protocol.h"
 #include "remote/replica-server.h"
-#include "remote/transport.h"
+#include "net/transport.h"
 
 namespace mooring {
 

@@ -1,5 +1,5 @@
-// Transport: a connected socket as the replica protocol uses it, plain TCP or mutual TLS,
-// the same for the server and the client. Every call is non-blocking: threads wait for
+// Transport: a connected socket as the replica protocol (plain TCP or mutual TLS, server and
+// client) and a TLS NBD connection use it. Every call is non-blocking: threads wait for
 // the socket with poll() outside any lock, and the TLS object is only touched under the
 // transport's own mutex (OpenSSL objects must not be used by two threads at once; a reader
 // and a writer thread share one connection).
@@ -39,6 +39,9 @@ class Transport {
   // TLS handshake (no-op for plain TCP), waiting at most until deadline_ms (MonotonicMs),
   // or until wake_fd (if >= 0) becomes readable.
   virtual Status Handshake(int64_t deadline_ms, int wake_fd) { return Status::Ok(); }
+  // Bytes already taken from the socket and ready to Read (TLS: decrypted, not yet read),
+  // which poll() on fd() cannot see.
+  virtual size_t Pending() { return 0; }
   // Any thread: ends both directions, so blocked pollers wake up.
   void Shutdown();
   // Ends our direction only (TLS: close_notify first, best effort); the peer reads EOF and

@@ -1,4 +1,4 @@
-#include "remote/transport.h"
+#include "net/transport.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -113,6 +113,12 @@ class TlsTransport final : public Transport {
     int r = SSL_write_ex(ssl_, gather_, n, &put);
     if (r == 1) return static_cast<ssize_t>(put);
     return Failure(r, want, false);
+  }
+
+  size_t Pending() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    int n = SSL_pending(ssl_);
+    return n > 0 ? static_cast<size_t>(n) : 0;
   }
 
   void ShutdownWrite() override {
