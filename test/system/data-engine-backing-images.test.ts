@@ -29,7 +29,7 @@ describe('backing image files on a mooring data-engine process', () => {
 
   beforeAll(async () => {
     tmp = new TempDir('mooring-bif-');
-    const ssl = (...args: string[]): void => void execFileSync('openssl', args, { cwd: tmp.path, stdio: 'ignore' });
+    const ssl = (...args: string[]): void => void execFileSync('openssl', args, { cwd: tmp.path, stdio: 'pipe' });
     const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
     writeFileSync(tmp.join('ext'), 'subjectAltName=IP:127.0.0.1,DNS:localhost\n');
     ssl('req', '-x509', ...ec, '-keyout', 'ca.key', '-out', 'ca.crt', '-subj', '/CN=test-ca', '-days', '2');

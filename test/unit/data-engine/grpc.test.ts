@@ -363,7 +363,7 @@ function encodeVarint(n: number): Buffer {
 // A CA, a server and a client certificate from it, and a client certificate from another CA.
 async function makeCerts(): Promise<Record<string, string>> {
   const dir = await mkdtemp(join(tmpdir(), 'mooring-certs-'));
-  const ssl = (...args: string[]): void => void execFileSync('openssl', args, { cwd: dir, stdio: 'ignore' });
+  const ssl = (...args: string[]): void => void execFileSync('openssl', args, { cwd: dir, stdio: 'pipe' });
   const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
   await writeFile(join(dir, 'ext'), 'subjectAltName=IP:127.0.0.1,DNS:localhost\n');
   for (const ca of ['ca', 'other-ca']) ssl('req', '-x509', ...ec, '-keyout', `${ca}.key`, '-out', `${ca}.crt`, '-subj', `/CN=${ca}`, '-days', '2');
