@@ -244,7 +244,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     const attachment = this.#attachment;
     const migrations = this.#migrations;
     const operations = this.#operations;
-    const resize = new VolumeResize(state);
+    const resize = new VolumeResize(state, attachment);
     this.#upgrade = new UpgradeController({
       state,
       launcher: options.dataEngineLauncher ?? null,

@@ -3,8 +3,8 @@
 // clients are connected: a raw NBD connection and an interactive qemu-io keep the size they
 // negotiated (the NBD protocol has no way to tell them), writes past it are refused to
 // them, while nbdinfo and qemu-io on new connections see the new size at once and write and
-// read past the old end. Then the volume is grown detached, each replica by its own data
-// engine. Every replica ends with the same size and the same bytes.
+// read past the old end. Then the volume is grown detached (attached without frontend under a
+// volume-expansion ticket for it). Every replica ends with the same size and the same bytes.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 

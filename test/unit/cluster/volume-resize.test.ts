@@ -1,6 +1,7 @@
 // Resize (grow) in the control plane alone, over the shared state layer and fake data
 // engines (which keep each replica's recorded size and follow the real engine's size rule):
-// an attached volume grows through its engine, a detached one replica by replica; the
+// an attached volume grows through its engine, a detached one under a volume-expansion
+// ticket (attached without frontend for the grow, detached after); the
 // record is written first, so a grow that fails or is cut short is finished by the next
 // resize or the next attach; volumes only grow, and not while migrating; replacements and
 // rebuilt replicas get the new size.
@@ -12,7 +13,7 @@ import { SIZE, controlFixture } from './control-fixture.js';
 
 async function fixture(hostIds?: string[]) {
   const f = await controlFixture(hostIds);
-  const resize = new VolumeResize(f.state);
+  const resize = new VolumeResize(f.state, f.attachment);
   const sizes = async (v: string): Promise<Array<number | undefined>> => (await f.state.replicas(v)).map((r) => FakeDataEngine.replicaSize(r.name));
   const recorded = async (v: string): Promise<number> => (await f.state.volume(v)).sizeBytes;
   const resizedEvents = () => f.events.filter((e) => e[0] === 'resized');
@@ -55,23 +56,33 @@ describe('VolumeResize', () => {
     expect(resizedEvents()).toEqual([]);
   });
 
-  it('grows a detached volume replica by replica through each data engine; one on an unreachable host catches up at the next attach', async () => {
-    const { fakes, events, attachment, resize, newVolume, sizes, recorded } = await fixture();
+  it('grows a detached volume under a volume-expansion ticket: attached without frontend for the grow, detached after', async () => {
+    const { fakes, state, resize, newVolume, sizes, resizedEvents } = await fixture();
     const v = await newVolume();
-    await resize.resize(v, 2 * SIZE);
-    for (const f of fakes) expect(f.calls.filter((c) => c.startsWith('growReplica'))).toHaveLength(1);
+    const tickets: string[] = [];
+    const engines: Array<{ nbd: string | null } | null> = [];
+    fakes[0]!.onResize = async () => {
+      tickets.push(...(await state.observe(v)).att.tickets.map((t) => t.type));
+      const eng = await state.engineRecord(v);
+      engines.push(eng ? { nbd: eng.nbd } : null);
+    };
+    expect(await resize.resize(v, 2 * SIZE)).toEqual({ volume: v, oldSizeBytes: SIZE, newSizeBytes: 2 * SIZE });
+    // Attached on the first replica host for the grow, under its own ticket, without export.
+    expect(fakes[0]!.calls.filter((c) => /^(startEngine|resizeEngine|stopEngine) /.test(c))).toEqual([`startEngine ${v}`, `resizeEngine ${v} ${2 * SIZE}`, `stopEngine ${v}`]);
+    expect(tickets).toEqual(['volume-expansion']);
+    expect(engines).toEqual([{ nbd: null }]);
+    expect(await state.engineRecord(v), 'detached again').toBeNull();
+    expect((await state.observe(v)).att.tickets).toEqual([]);
     expect(await sizes(v)).toEqual([2 * SIZE, 2 * SIZE, 2 * SIZE]);
+    expect(resizedEvents()).toEqual([['resized', v, { volume: v, oldSizeBytes: SIZE, newSizeBytes: 2 * SIZE }]]);
 
-    fakes[2]!.reachable = false;
-    await resize.resize(v, 3 * SIZE);
-    expect(events.filter((e) => e[0] === 'warning').map((e) => String((e[1] as Error).message))).toEqual([expect.stringMatching(/r2@c could not be reached/)]);
-    expect(await recorded(v)).toBe(3 * SIZE);
-    expect(await sizes(v)).toEqual([3 * SIZE, 3 * SIZE, 2 * SIZE]);
-    fakes[2]!.reachable = true;
-    // The engine's size rule: the largest size a replica recorded; the others grow to it.
-    await attachment.attach(v, { host: 'a' });
-    expect((await fakes[0]!.engineInfo(v)).sizeBytes).toBe(3 * SIZE);
-    expect(await sizes(v)).toEqual([3 * SIZE, 3 * SIZE, 3 * SIZE]);
+  });
+
+  it('attaches nothing for a resize it refuses', async () => {
+    const { fakes, resize, newVolume } = await fixture();
+    const v = await newVolume();
+    await expect(resize.resize(v, SIZE - 4096)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    for (const f of fakes) expect(f.calls.filter((c) => c.startsWith('startEngine'))).toEqual([]);
   });
 
   it('records the size first: a grow that fails is finished by resizing again, or by the next attach', async () => {

@@ -100,6 +100,8 @@ export class FakeDataEngine implements DataEngine {
   failAddReplica: string | null = null;
   /** When set, resizeEngine rejects with this code and changes nothing. */
   failResize: string | null = null;
+  /** Runs at the start of resizeEngine (a test looks at the cluster's state then). */
+  onResize: (() => Promise<void>) | null = null;
   readonly #listeners = new Set<(e: DataEngineEvent) => void>();
 
   constructor(
@@ -284,6 +286,7 @@ export class FakeDataEngine implements DataEngine {
 
   async resizeEngine(volume: string, sizeBytes: number): Promise<EngineInfo> {
     this.#check(`resizeEngine ${volume} ${sizeBytes}`);
+    await this.onResize?.();
     const e = this.#active(volume);
     if (this.failResize) throw new MooringError(this.failResize as 'IO_ERROR', 'fake resize failure');
     if (sizeBytes % 4096 !== 0 || sizeBytes < e.sizeBytes) throw new MooringError('INVALID_ARGUMENT', `cannot resize ${e.sizeBytes} bytes to ${sizeBytes}`);
