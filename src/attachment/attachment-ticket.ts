@@ -13,7 +13,10 @@ import { NAME_PATTERN } from '../util/limits.js';
 /**
  * Who asked. Longhorn's attacher types, with library words where a Kubernetes word does not
  * fit: `csi-attacher` → `workload` (a VM that uses the volume), `longhorn-api` → `api` (the
- * embedder's own call), `*-controller` → the operation's name.
+ * embedder's own call), `*-controller` → the operation's name. Longhorn's `share-manager`
+ * (RWX volumes) and `volume-restore` (restore from a backup store) are not here: Mooring has
+ * neither. `salvage` and `volume-eviction` are the seed's, for the salvage and eviction
+ * flows (docs/migration.md says which types Mooring itself takes).
  */
 export type AttacherType =
   | 'workload'
@@ -22,8 +25,6 @@ export type AttacherType =
   | 'backup'
   | 'volume-clone'
   | 'salvage'
-  | 'share-manager'
-  | 'volume-restore'
   | 'volume-eviction'
   | 'volume-expansion'
   | 'backing-image-export'
@@ -34,12 +35,10 @@ export type AttacherType =
  * for different hosts): restoring data > the user's own call > workloads > operations.
  */
 export const ATTACHER_PRIORITY: Readonly<Record<AttacherType, number>> = Object.freeze({
-  'volume-restore': 2000,
   'volume-expansion': 2000,
   api: 1000,
   workload: 900,
   salvage: 900,
-  'share-manager': 900,
   snapshot: 800,
   backup: 800,
   'volume-clone': 800,
@@ -134,9 +133,15 @@ export function frontendOf(p: AttachmentParameters): Frontend {
   return p.disableFrontend === 'true' ? { disabled: true, nbd: null } : { disabled: false, nbd: p.nbd };
 }
 
+// A ticket stored by an earlier release may carry a type this one no longer has
+// (`share-manager`, `volume-restore`): it ranks with the operations, below workloads.
+function priorityOf(type: string): number {
+  return (ATTACHER_PRIORITY as Record<string, number | undefined>)[type] ?? ATTACHER_PRIORITY.snapshot;
+}
+
 /** Orders tickets best first: higher priority, then the shorter id, then the id. */
 export function compareTickets(a: AttachmentTicket, b: AttachmentTicket): number {
-  return ATTACHER_PRIORITY[b.type] - ATTACHER_PRIORITY[a.type] || a.id.length - b.id.length || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+  return priorityOf(b.type) - priorityOf(a.type) || a.id.length - b.id.length || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 }
 
 const NBD_PATTERN = /^(unix:\/.{0,4094}|tcp:[A-Za-z0-9.:[\]-]{1,255}:[0-9]{1,5})$/;

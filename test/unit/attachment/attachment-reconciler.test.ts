@@ -36,7 +36,16 @@ describe('decideAttachment', () => {
     expect(decideAttachment(input({ tickets: [ticket('vm-long', 'workload', 'a'), ticket('vm-b', 'workload', 'b')] })).desiredHost).toBe('b');
     expect(decideAttachment(input({ tickets: [ticket('vm-b', 'workload', 'b'), ticket('vm-a', 'workload', 'a')] })).desiredHost).toBe('a');
     // Restoring data outranks the user's own call.
-    expect(decideAttachment(input({ tickets: [ticket('api-a', 'api', 'a'), ticket('r', 'volume-restore', 'c', 'true')] }))).toMatchObject({ desiredHost: 'c', frontend: OFF });
+    expect(decideAttachment(input({ tickets: [ticket('api-a', 'api', 'a'), ticket('r', 'volume-expansion', 'c', 'true')] }))).toMatchObject({ desiredHost: 'c', frontend: OFF });
+  });
+
+  it('ranks a stored ticket of a type this release dropped (share-manager) with the operations', () => {
+    const old = ticket('old', 'share-manager' as AttacherType, 'b', 'true');
+    // Below a workload, with the operations (then by id: 'old' is shorter than 'snap1').
+    expect(decideAttachment(input({ tickets: [old, ticket('w', 'workload', 'a')] }))).toMatchObject({ desiredHost: 'a' });
+    expect(decideAttachment(input({ tickets: [ticket('snap1', 'snapshot', 'c', 'true'), old] }))).toMatchObject({ desiredHost: 'b' });
+    expect(ATTACHER_TYPES).not.toContain('share-manager');
+    expect(ATTACHER_TYPES).not.toContain('volume-restore');
   });
 
   it('attaches only from detached: while an engine still runs, new tickets wait', () => {

@@ -79,7 +79,7 @@ describe('Mooring attachment state machine (generated sequences)', () => {
   // went on, and the new host's ticket read "satisfied" from the old target's standby.
   it('ends a migration whose target nobody asks for before migrating to the host that does', async () => {
     await runSequence([
-      { k: 'ticket', id: 't1', type: 'volume-restore', host: 'b', disable: 'any' },
+      { k: 'ticket', id: 't1', type: 'volume-expansion', host: 'b', disable: 'any' },
       { k: 'attach', host: 'a', attacher: 'api', nbd: false },
       { k: 'ticket', id: 'op-x', type: 'api', host: 'c', disable: 'any' },
       { k: 'detach', host: 'a' },
