@@ -516,6 +516,19 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   }
 
   /**
+   * Changes how long a backing image file that no replica uses stays on its disk
+   * ({@link MooringOptions.backingImageCleanupWaitMs}) while this Mooring runs: the next
+   * passes use it (minCopies ready copies always stay).
+   *
+   * @throws MooringError INVALID_ARGUMENT, CLOSED
+   */
+  setBackingImageCleanupWaitMs(ms: number): void {
+    this.#state.checkOpen();
+    if (ms === undefined) throw new MooringError('INVALID_ARGUMENT', 'setBackingImageCleanupWaitMs needs a number of milliseconds');
+    this.#images.setCleanupWaitMs(checkIntIn('backingImageCleanupWaitMs', ms, 0, MS_SETTING_MAX, DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS));
+  }
+
+  /**
    * Stops the loop and stops watching data engines. Engines on other hosts keep running;
    * the in-process data engine of the embedded default stops (its engines drain and flush).
    * Idempotent.

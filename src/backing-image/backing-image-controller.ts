@@ -68,6 +68,9 @@ export interface BackingImageContext {
   waitTimeoutMs: number;
 }
 
+/** The message of a file whose checksum is not the image's. */
+const MISMATCH_MESSAGE = 'checksum mismatch: not a copy of this image';
+
 /** What runs for one image in this process. */
 interface Runs {
   uuid: string;
@@ -135,6 +138,7 @@ export class BackingImageController {
     cancel: (n) => this.#cancel(n),
     delete: (n) => this.#delete(n),
     cleanup: (n, h) => this.#cleanup(n, h),
+    setMinCopies: (n, m) => this.#setMinCopies(n, m),
   };
 
   constructor(ctx: BackingImageContext) {
@@ -377,10 +381,13 @@ export class BackingImageController {
         rec.format = first.info.format;
       }
     }
+    const mismatched = await this.#checkCopies(rec, old, seen, usage?.hosts);
     const requests = this.#requests.get(name);
     const disks: DiskObservation[] = seen.map((s) => {
       const was = old.files[s.hostId];
-      const file = s.reachable ? (s.info ? { state: s.info.state, receivedBytes: s.info.receivedBytes } : null) : was ? { state: 'unknown' as const, receivedBytes: was.receivedBytes } : null;
+      let file = s.reachable ? (s.info ? { state: s.info.state, receivedBytes: s.info.receivedBytes } : null) : was ? { state: 'unknown' as const, receivedBytes: was.receivedBytes } : null;
+      // Not a copy of this image: no source, nothing to resume from.
+      if (mismatched.has(s.hostId)) file = { state: 'failed', receivedBytes: s.info?.receivedBytes ?? 0 };
       return {
         hostId: s.hostId,
         reachable: s.reachable,
@@ -391,6 +398,7 @@ export class BackingImageController {
         receiving: runs.receiving.has(s.hostId),
         preparing: runs.preparing === s.hostId,
         backingOff: (this.#retries.get(`${name}/${s.hostId}`)?.notBeforeMs ?? 0) > now,
+        mismatched: mismatched.has(s.hostId),
       };
     });
     const decision = decideBackingImage({
@@ -424,6 +432,8 @@ export class BackingImageController {
       const lastRefAtMs = decision.lastRefAtMs[s.hostId] ?? null;
       if (!s.reachable) {
         files[s.hostId] = { state: 'unknown', progress: was?.progress ?? 0, message: `host ${s.hostId} cannot be reached`, receivedBytes: was?.receivedBytes ?? 0, lastRefAtMs: was?.lastRefAtMs ?? null };
+      } else if (s.info && mismatched.has(s.hostId)) {
+        files[s.hostId] = { state: 'failed', progress: 0, message: MISMATCH_MESSAGE, receivedBytes: s.info.receivedBytes, lastRefAtMs };
       } else if (s.info) {
         files[s.hostId] = { state: s.info.state, progress: s.info.progress, message: s.info.message.slice(0, BACKING_IMAGE_MESSAGE_LENGTH_MAX), receivedBytes: s.info.receivedBytes, lastRefAtMs };
       } else {
@@ -446,6 +456,42 @@ export class BackingImageController {
     if (prepareOn !== null) this.#startFirst(rec, prepareOn, runs);
     for (const dl of decision.deliveries) this.#startDelivery(rec, dl, runs);
     return { rec, decision, usedBy: [...(usage?.volumes ?? [])].sort() };
+  }
+
+  // Seed 003's reuse rule: a ready file is a copy of the image only if its SHA-512 is the
+  // image's current one (a disk that came back holding another file of that name, or one
+  // damaged in place, is not). Unused, such a file is deleted here and the disk is treated
+  // as empty (delivered again if it is wanted); used by a replica, it stays, reported failed,
+  // and counts for nothing. Returns the hosts of files that stay mismatched.
+  async #checkCopies(
+    rec: BackingImageRecord,
+    old: BackingImageRecord,
+    seen: Array<{ hostId: string; info: BackingImageFileInfo | null; reachable: boolean }>,
+    usedOn: ReadonlySet<string> | undefined,
+  ): Promise<Set<string>> {
+    const mismatched = new Set<string>();
+    if (rec.currentChecksum === '') return mismatched;
+    for (const s of seen) {
+      const info = s.info;
+      if (!info || info.state !== 'ready' || info.checksum === rec.currentChecksum) continue;
+      const what = `backing image ${rec.name} on ${s.hostId}: the file's SHA-512 ${info.checksum.slice(0, 16)}… is not the image's ${rec.currentChecksum.slice(0, 16)}…`;
+      const details = { image: rec.name, hostId: s.hostId, checksum: info.checksum, expected: rec.currentChecksum };
+      if (info.usedBy.length === 0 && !usedOn?.has(s.hostId)) {
+        try {
+          await this.#ctx.engineOf(s.hostId).deleteBackingImageFile(refOf(rec));
+          this.#ctx.warn(new MooringError('CHECKSUM_MISMATCH', `${what}: deleted; a copy is delivered again if one is wanted there`, { details }));
+          s.info = null;
+          continue;
+        } catch (err) {
+          this.#ctx.warn(toMooringError(err, `deleting the mismatched file of backing image ${rec.name} on ${s.hostId}`));
+        }
+      }
+      if (old.files[s.hostId]?.message !== MISMATCH_MESSAGE) {
+        this.#ctx.warn(new MooringError('CHECKSUM_MISMATCH', `${what}: left in place (${info.usedBy.length > 0 ? `used by ${info.usedBy.join(', ')}` : 'in use'}) and not counted as a copy`, { details }));
+      }
+      mismatched.add(s.hostId);
+    }
+    return mismatched;
   }
 
   #sourceRetry(rec: BackingImageRecord, nowMs: number): 'now' | 'later' | 'never' {
@@ -651,6 +697,23 @@ export class BackingImageController {
       await this.#ctx.store.put(BACKING_IMAGE_KIND, name, { ...rec, files, disks: rec.disks.filter((h) => !hosts.includes(h)) });
     });
     return this.status(name);
+  }
+
+  async #setMinCopies(name: string, minCopies: number): Promise<BackingImageStatus> {
+    this.#checkOpen();
+    if (minCopies === undefined) throw new MooringError('INVALID_ARGUMENT', 'setMinCopies needs a number of copies');
+    const n = checkIntIn('minCopies', minCopies, 1, BACKING_IMAGE_MIN_COPIES_MAX, 1);
+    await this.#serial.run(name, async () => {
+      const rec = await this.#record(name);
+      if (rec.minCopies !== n) await this.#ctx.store.put(BACKING_IMAGE_KIND, name, { ...rec, minCopies: n });
+    });
+    await this.reconcile(name);
+    return this.status(name);
+  }
+
+  /** How long an unused copy stays (the cleanup wait), from the next pass on. */
+  setCleanupWaitMs(ms: number): void {
+    this.#ctx.cleanupWaitMs = ms;
   }
 
   // --- internals ---

@@ -14,7 +14,8 @@
  *    (never a file in use or one being prepared: those are protected or running).
  * 3. Spec (disks that should hold a file) = protected disks, plus the first host until a
  *    first file is ready.
- * 4. Each spec disk that is reachable and not ready gets a copy from a ready disk with fewer
+ * 4. Each spec disk that is reachable and not ready (and does not hold a mismatched file in
+ *    use) gets a copy from a ready disk with fewer
  *    than {@link SENDS_PER_SOURCE_MAX} sends running, starting at the partial file's
  *    `receivedBytes` (resume), unless a copy into it runs or its last one failed recently.
  * 5. No ready file anywhere, nothing being prepared, and every file there is failed (none
@@ -53,6 +54,11 @@ export interface DiskObservation {
   preparing: boolean;
   /** A recent copy into this disk failed: wait before trying again. */
   backingOff: boolean;
+  /**
+   * Its file is not this image's (another SHA-512) and a replica uses it, so it stays: never
+   * a copy, never a target, counted last for minCopies.
+   */
+  mismatched?: boolean;
 }
 
 /** What the backing image decision (`decideBackingImage` in `mooring/internal`) needs to know about one image. */
@@ -109,6 +115,7 @@ export interface BackingImageDecision {
 
 // Lower is better for availability. A ready file a replica uses counts first: it stays anyway.
 function rank(d: DiskObservation): number {
+  if (d.mismatched) return 7;
   if (!d.file) return d.reachable ? 5 : 6;
   if (d.reachable && d.file.state === 'ready' && (d.used || d.requested)) return -1;
   if (!d.reachable) return d.file.state === 'failed' ? 4 : 2;
@@ -167,7 +174,7 @@ export function decideBackingImage(input: BackingImageDecisionInput): BackingIma
   if (input.firstFileKnown) {
     const sources = disks.filter((d) => ready(d) && !deleted.has(d.hostId));
     for (const d of disks) {
-      if (!protectedIds.has(d.hostId) || !d.reachable || ready(d) || d.receiving || d.preparing || d.backingOff) continue;
+      if (!protectedIds.has(d.hostId) || !d.reachable || ready(d) || d.receiving || d.preparing || d.backingOff || d.mismatched) continue;
       const src = sources.filter((s) => (sends[s.hostId] ?? 0) < SENDS_PER_SOURCE_MAX).sort((a, b) => (sends[a.hostId] ?? 0) - (sends[b.hostId] ?? 0) || byId(a, b))[0];
       if (!src) break;
       sends[src.hostId] = (sends[src.hostId] ?? 0) + 1;

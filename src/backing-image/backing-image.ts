@@ -87,6 +87,7 @@ export interface BackingImageOps {
   cancel(name: string): Promise<void>;
   delete(name: string): Promise<void>;
   cleanup(name: string, hostIds: string[]): Promise<BackingImageStatus>;
+  setMinCopies(name: string, minCopies: number): Promise<BackingImageStatus>;
 }
 
 /**
@@ -164,5 +165,16 @@ export class BackingImage extends (EventEmitter as new () => TypedEmitter<Backin
    */
   cleanup(hostIds: string[]): Promise<BackingImageStatus> {
     return this.#ops.cleanup(this.name, hostIds);
+  }
+
+  /**
+   * Changes how many ready copies the image keeps (1..{@link BACKING_IMAGE_MIN_COPIES_MAX})
+   * while the cluster runs: more are delivered at once, and copies past the new count are
+   * cleaned up after the cleanup wait like any unused copy.
+   *
+   * @throws MooringError INVALID_ARGUMENT, NOT_FOUND
+   */
+  setMinCopies(minCopies: number): Promise<BackingImageStatus> {
+    return this.#ops.setMinCopies(this.name, minCopies);
   }
 }

@@ -43,6 +43,14 @@ describe('decideBackingImage', () => {
     expect(alone.lastRefAtMs).toEqual({ b: null });
   });
 
+  it('never counts, copies into or from a mismatched file in use: minCopies goes to other disks', () => {
+    const bad = { state: 'failed' as const, receivedBytes: 100 };
+    const d = decideBackingImage(input([disk('a', { file: READY }), disk('b', { file: bad, used: true, mismatched: true }), disk('c')], { minCopies: 2 }));
+    expect(d.spec).toEqual(['a', 'b', 'c']); // b stays (used); a and c are the two copies
+    expect(d.deliveries).toEqual([{ source: 'a', target: 'c', offsetBytes: 0 }]);
+    expect(d.deletions).toEqual([]);
+  });
+
   it('adds disks for minCopies and waits for a source with a free send', () => {
     const d = decideBackingImage(input([disk('a', { file: READY }), disk('b'), disk('c'), disk('d')], { minCopies: 3, sendsBySource: { a: 2 } }));
     expect(d.spec).toEqual(['a', 'b', 'c']);

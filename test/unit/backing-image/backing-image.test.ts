@@ -510,6 +510,80 @@ describe('backing images', () => {
     expect((await bi.status()).files).toEqual([{ hostId: 'a', state: 'pending', progress: 0, message: '', lastRefAtMs: null }]);
   });
 
+  it('does not count a ready file whose SHA-512 is not the image\'s: deleted and delivered again when unused, reported failed while a replica uses it', async () => {
+    const img = qcow2Like(21);
+    const { hosts, cluster } = await setup(3, {}, { 'http://x/i': img });
+    const warnings: Array<{ code: string; message: string }> = [];
+    cluster.on('warning', (e) => warnings.push({ code: e.code, message: e.message }));
+    const bi = await cluster.createBackingImage({ name: 'sum', source: { type: 'download', url: 'http://x/i' }, host: 'a', minCopies: 2 });
+    await bi.waitReady();
+    await until('two copies', async () => {
+      await cluster.repairOnce();
+      return (await bi.status()).files.filter((f) => f.state === 'ready').length === 2;
+    });
+    const st = await bi.status();
+    const dir = `sum-${st.uuid}`;
+    const second = st.files.find((f) => f.hostId !== 'a' && f.state === 'ready')!.hostId;
+    const host = hosts.find((h) => h.hostId === second)!;
+    // The disk came back holding another file under the image's name: its own record says ready.
+    const other = qcow2Like(99);
+    host.files.get(dir)!.chunks = [other];
+    host.files.get(dir)!.checksum = sha512(other);
+    await cluster.repairOnce();
+    expect(warnings).toContainEqual({ code: 'CHECKSUM_MISMATCH', message: expect.stringMatching(new RegExp(`on ${second}: .*deleted`)) });
+    // minCopies 2: a good copy is delivered again (there or elsewhere), and the bad file is gone.
+    await until('two good copies again', async () => {
+      await cluster.repairOnce();
+      const good = hosts.filter((h) => h.files.get(dir)?.state === 'ready' && h.files.get(dir)!.checksum === st.currentChecksum);
+      return good.length === 2;
+    });
+    expect(hosts.filter((h) => h.files.get(dir)?.checksum === sha512(other))).toEqual([]);
+
+    // A mismatched file a replica uses stays (deleting it would pull the ground from under the
+    // replica), reported failed and not counted; one warning, not one per pass.
+    const v = vname();
+    await cluster.createVolume({ name: v, replicas: 1, hosts: [second], backingImage: 'sum' });
+    host.files.get(dir)!.checksum = sha512(other);
+    warnings.length = 0;
+    await cluster.repairOnce();
+    await cluster.repairOnce();
+    expect(warnings.filter((w) => w.code === 'CHECKSUM_MISMATCH')).toEqual([{ code: 'CHECKSUM_MISMATCH', message: expect.stringMatching(/left in place .* not counted as a copy/) }]);
+    expect(host.files.has(dir)).toBe(true);
+    expect((await bi.status()).files.find((f) => f.hostId === second)).toMatchObject({ state: 'failed', message: expect.stringMatching(/checksum mismatch/) });
+    await until('two good copies besides it', async () => {
+      await cluster.repairOnce();
+      return hosts.filter((h) => h.files.get(dir)?.state === 'ready' && h.files.get(dir)!.checksum === st.currentChecksum).length === 2;
+    });
+    await cluster.deleteVolume(v);
+  });
+
+  it('takes a new minCopies and cleanup wait while running', async () => {
+    const img = qcow2Like(22);
+    const { hosts, cluster } = await setup(3, { backingImageCleanupWaitMs: 3_600_000 }, { 'http://x/i': img });
+    const bi = await cluster.createBackingImage({ name: 'live', source: { type: 'download', url: 'http://x/i' }, host: 'a' });
+    await bi.waitReady();
+    const dir = `live-${(await bi.status()).uuid}`;
+    const copies = (): number => hosts.filter((h) => h.files.get(dir)?.state === 'ready').length;
+    expect((await bi.setMinCopies(3)).minCopies).toBe(3);
+    await until('three copies', async () => {
+      await cluster.repairOnce();
+      return copies() === 3;
+    });
+    await bi.setMinCopies(1);
+    // An hour's wait: nothing goes yet.
+    await cluster.repairOnce();
+    await sleep(30);
+    await cluster.repairOnce();
+    expect(copies()).toBe(3);
+    cluster.setBackingImageCleanupWaitMs(10);
+    await until('down to one copy', async () => {
+      await cluster.repairOnce();
+      return copies() === 1;
+    });
+    await expect(bi.setMinCopies(0)).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    expect(() => cluster.setBackingImageCleanupWaitMs(-1)).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT' }));
+  });
+
   it('reports a file on an unreachable host as unknown', async () => {
     const img = qcow2Like(14);
     const { hosts, cluster } = await setup(2, {}, { 'http://x/i': img });
