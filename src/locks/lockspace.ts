@@ -15,9 +15,10 @@ import { isAbsolute } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type * as TE from 'typed-emitter';
 
-import { MooringError } from '../errors.js';
+import { MooringError, callNative } from '../errors.js';
 import type { NativeAddon, NativeSanlockLockspace, NativeSanlockRindex } from '../native/binding.js';
 import { hostStateFromFlags, type HostStatus } from './host-state.js';
+import { parseRindex, type RindexRecord } from './lease-area.js';
 import { Lock } from './lock.js';
 import { LivenessWatcher, type LivenessWatcherOptions } from './liveness-watcher.js';
 import { SanlockClient } from './sanlock-client.js';
@@ -169,7 +170,7 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
   readonly path: string;
   /** Offset of the lockspace area. */
   readonly offset: number;
-  /** Locks it holds ((size / 1 MiB) - 3). */
+  /** Locks it can hold, as its resource index was formatted (`maxLocks` at create). */
   readonly maxLocks: number;
   /** io_timeout written in it, seconds. */
   readonly ioTimeoutSeconds: number;
@@ -225,21 +226,29 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
   /**
    * Opens an initialised lockspace: reads its name and io_timeout back from storage.
    *
-   * @throws MooringError CORRUPT_METADATA when the area holds no lockspace; INVALID_ARGUMENT when it holds another one
+   * @throws MooringError NOT_FOUND when `path` does not exist; CORRUPT_METADATA when the area holds no lockspace; INVALID_ARGUMENT when it holds another one
    */
   static async open(opts: LockspaceOptions): Promise<Lockspace> {
     const name = checkLockName(opts.name, 'name');
     const path = checkPath(opts.path);
     const offset = checkInt(opts.offset ?? 0, 'offset', 0, Number.MAX_SAFE_INTEGER);
     const client = new SanlockClient(opts.addon);
+    // The daemon reports a missing file as an I/O error: say what is missing.
+    if ((await stat(path).catch(() => undefined)) === undefined)
+      throw new MooringError('NOT_FOUND', `lockspace ${name}: ${path} does not exist`, { details: { path, lockspace: name } });
     const r = await client.call('readLockspace', `lockspace ${name} at ${path}`, (s) =>
       s.readLockspace({ name, hostId: 1, path, offset }),
     );
     if (r.lockspace.name !== name)
       throw new MooringError('INVALID_ARGUMENT', `${path}:${offset} holds lockspace ${r.lockspace.name}, not ${name}`);
-    const size = (await stat(path)).size;
-    const maxLocks = Math.max(0, Math.floor((size - offset) / MIB) - 3);
-    return new Lockspace({ ...opts, offset }, maxLocks, r.ioTimeoutSeconds, client);
+    // The index header says how many locks it was formatted for: a block device's size
+    // says nothing (stat gives 0, and a LUN may be larger than the lockspace).
+    const rindex = await readRindex(client, path, offset, 512);
+    if (rindex === undefined)
+      throw new MooringError('CORRUPT_METADATA', `${path}:${offset} holds lockspace ${name} without a resource index: not fully created?`, {
+        details: { path, offset, lockspace: name },
+      });
+    return new Lockspace({ ...opts, offset }, rindex.maxResources, r.ioTimeoutSeconds, client);
   }
 
   /** This host's id after {@link join}. */
@@ -399,6 +408,13 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
     }
     return 'renewal-failed';
   }
+}
+
+// The resource index of the lockspace at `offset`, read from storage (undefined: none there).
+async function readRindex(client: SanlockClient, path: string, offset: number, sectorBytes: number): Promise<RindexRecord | undefined> {
+  const area = await callNative(() => client.native.readLeaseArea(path, offset + RINDEX_OFFSET_BYTES, MIB), `read the resource index of ${path}:${offset}`);
+  const rindex = parseRindex(area);
+  return rindex && rindex.sectorBytes === sectorBytes ? rindex : undefined;
 }
 
 function rindexOf(name: string, path: string, offset: number, maxLocks: number): NativeSanlockRindex {
