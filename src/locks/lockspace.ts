@@ -393,17 +393,13 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
     const firstRead = await this.#readHostLeases();
     if (here) {
       // A member's daemon knows the other hosts' states: name those not dead.
-      const states = await this.client.getHosts(this.name).catch(() => []);
-      const users: LockspaceUser[] = firstRead
-        .filter((h) => {
-          if (h.hostId === here.hostId) return true;
-          const st = hostStateFromFlags(states.find((x) => x.hostId === h.hostId)?.flags ?? 1);
-          return st !== 'dead' && st !== 'free';
-        })
-        .map((h) => {
-          const st = hostStateFromFlags(states.find((x) => x.hostId === h.hostId)?.flags ?? 1);
-          return { ...user(h), state: h.hostId === here.hostId ? 'joined-here' : st === 'live' ? 'live' : 'not-yet-dead' };
-        });
+      const states = new Map((await this.client.getHosts(this.name).catch(() => [])).map((x) => [x.hostId, hostStateFromFlags(x.flags)]));
+      const users: LockspaceUser[] = [];
+      for (const h of firstRead) {
+        const st = states.get(h.hostId) ?? 'unknown';
+        if (h.hostId === here.hostId) users.push({ ...user(h), state: 'joined-here' });
+        else if (st !== 'dead' && st !== 'free') users.push({ ...user(h), state: st === 'live' ? 'live' : 'not-yet-dead' });
+      }
       if (!users.some((u) => u.hostId === here.hostId)) users.unshift({ hostId: here.hostId, hostName: '', generation: 0, state: 'joined-here' });
       throw await this.#busy(users, `this host is a member (host ${here.hostId}): leave() it first`);
     }
