@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 #   ca-certificates           npm over HTTPS
 #   sanlock libsanlock-client1 gcc e2fsprogs   lock system tests: real daemons (sanlock), the client
 #                             library the addon dlopens, gcc for the daemon's setrlimit shim, mkfs.ext4
-#                             for the storage-failure test (fsfreeze is in util-linux)
+#                             and filefrag for the storage-failure tests (fsfreeze, and losetup for the
+#                             loop devices of the block-device lockspace tests, are in util-linux)
 #   openssl                   openssl CLI: test certificates for the mutual TLS tests (replica protocol, gRPC)
 #   libzstd1                  zstd decoder the addon dlopens for zstd-compressed qcow2 images (image tests)
 #   spin                      the SPIN model checker: test/model checks the single-writer protocol (with gcc)

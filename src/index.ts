@@ -134,9 +134,11 @@ export type {
   JoinOptions,
   LockspaceCreateOptions,
   LockspaceEvents,
+  LockspaceHeldLock,
   LockspaceLostEvent,
   LockspaceOptions,
   LockspaceStatus,
+  LockspaceUser,
   Membership,
 } from './locks/lockspace.js';
 export { Lock } from './locks/lock.js';

@@ -75,6 +75,8 @@ export {
   WATCHDOG_FIRE_TIMEOUT_SECONDS,
 } from './locks/timing.js';
 export { sanlockError, sanlockErrorCode, sanlockRvName } from './locks/sanlock-errors.js';
+export { parseHostLeases, parseRindex } from './locks/lease-area.js';
+export type { HostLeaseRecord, RindexRecord } from './locks/lease-area.js';
 
 // --- the native addon's interface (src/native/binding.ts) ---
 export type {

@@ -15,13 +15,29 @@ const { values: o, positionals: command } = parseArgs({
     'io-timeout': { type: 'string', default: '10' },
     vm: { type: 'string' },
     standby: { type: 'string' },
+    delete: { type: 'boolean', default: false },
   },
 });
 const hostId = Number(o['host-id']);
 const path = o.lockspace;
 const vmName = o.vm ?? o.standby;
+
+// Retiring the storage: once every host left (their agents stopped), delete the lockspace.
+if (o.delete && path) {
+  const ls = await Lockspace.open({ name: o.name, path });
+  try {
+    await ls.delete(); // waits up to 8 x io_timeout + 60 s for a crashed host to be dead
+    console.log(`deleted lockspace ${ls.name} from ${path}`);
+  } catch (err) {
+    if (!isMooringError(err, 'BUSY')) throw err;
+    console.error(err.message); // the hosts still live and the locks they hold
+    process.exit(1);
+  }
+  process.exit(0);
+}
 if (!hostId || !path || !vmName || command.length === 0) {
   console.error('usage: ha-agent.mjs --host-id N --host-name NAME --lockspace PATH (--vm NAME | --standby NAME) -- COMMAND...');
+  console.error('       ha-agent.mjs --lockspace PATH --delete');
   process.exit(2);
 }
 

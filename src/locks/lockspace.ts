@@ -10,19 +10,20 @@
  * @packageDocumentation
  */
 import { EventEmitter } from 'node:events';
-import { open, stat } from 'node:fs/promises';
+import { open, stat, unlink } from 'node:fs/promises';
 import { isAbsolute } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type * as TE from 'typed-emitter';
 
-import { MooringError } from '../errors.js';
+import { MooringError, callNative } from '../errors.js';
 import type { NativeAddon, NativeSanlockLockspace, NativeSanlockRindex } from '../native/binding.js';
 import { hostStateFromFlags, type HostStatus } from './host-state.js';
+import { parseHostLeases, parseRindex, type HostLeaseRecord, type RindexRecord } from './lease-area.js';
 import { Lock } from './lock.js';
 import { LivenessWatcher, type LivenessWatcherOptions } from './liveness-watcher.js';
 import { SanlockClient } from './sanlock-client.js';
 import { sanlockError } from './sanlock-errors.js';
-import { failureTimings, lockspaceSizeBytes, renewalIntervalSeconds, type FailureTimings } from './timing.js';
+import { failureTimings, hostDeadSeconds, lockspaceSizeBytes, renewalIntervalSeconds, type FailureTimings } from './timing.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
@@ -47,6 +48,10 @@ const LAYOUT_FLAGS = 0x10 | 0x100;
 const SECTOR_BYTES = 512;
 const LSF_ADD = 0x1;
 const LSF_REM = 0x2;
+/** How often {@link Lockspace.delete} reads the host leases again while it waits for held ones to renew or die. */
+export const DELETE_POLL_INTERVAL_MS = 1000;
+/** Bytes zeroed per write when {@link Lockspace.delete} wipes an area it cannot remove. */
+const WIPE_CHUNK_BYTES = MIB;
 
 /** Where this host stands in a lockspace. */
 export type Membership = 'not-joined' | 'joining' | 'joined' | 'leaving';
@@ -131,6 +136,30 @@ export interface HolderKilledEvent {
   reason: 'renewal-failed' | 'lockspace-left';
 }
 
+/** A host that keeps a lockspace in use, as {@link Lockspace.delete} reports it. */
+export interface LockspaceUser {
+  /** Its host id. */
+  hostId: number;
+  /** Its sanlock host name, from its lease. */
+  hostName: string;
+  /** Its generation in the lockspace. */
+  generation: number;
+  /**
+   * `joined-here`: this host's daemon is a member; `live`: its lease was renewed while
+   * delete watched; `not-yet-dead`: held, not renewed since, but not silent for
+   * 8N + 60 s yet (it may be failing, or between two renewals).
+   */
+  state: 'joined-here' | 'live' | 'not-yet-dead';
+}
+
+/** A lock that keeps a lockspace in use: held by a host that is not dead. */
+export interface LockspaceHeldLock {
+  /** The lock's name. */
+  name: string;
+  /** Host ids holding it. */
+  hostIds: number[];
+}
+
 /** Events of a {@link Lockspace}. */
 export type LockspaceEvents = {
   /** This host lost the lockspace (renewal failure); its lock holders are being stopped. */
@@ -169,7 +198,7 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
   readonly path: string;
   /** Offset of the lockspace area. */
   readonly offset: number;
-  /** Locks it holds ((size / 1 MiB) - 3). */
+  /** Locks it can hold, as its resource index was formatted (`maxLocks` at create). */
   readonly maxLocks: number;
   /** io_timeout written in it, seconds. */
   readonly ioTimeoutSeconds: number;
@@ -225,21 +254,29 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
   /**
    * Opens an initialised lockspace: reads its name and io_timeout back from storage.
    *
-   * @throws MooringError CORRUPT_METADATA when the area holds no lockspace; INVALID_ARGUMENT when it holds another one
+   * @throws MooringError NOT_FOUND when `path` does not exist; CORRUPT_METADATA when the area holds no lockspace; INVALID_ARGUMENT when it holds another one
    */
   static async open(opts: LockspaceOptions): Promise<Lockspace> {
     const name = checkLockName(opts.name, 'name');
     const path = checkPath(opts.path);
     const offset = checkInt(opts.offset ?? 0, 'offset', 0, Number.MAX_SAFE_INTEGER);
     const client = new SanlockClient(opts.addon);
+    // The daemon reports a missing file as an I/O error: say what is missing.
+    if ((await stat(path).catch(() => undefined)) === undefined)
+      throw new MooringError('NOT_FOUND', `lockspace ${name}: ${path} does not exist`, { details: { path, lockspace: name } });
     const r = await client.call('readLockspace', `lockspace ${name} at ${path}`, (s) =>
       s.readLockspace({ name, hostId: 1, path, offset }),
     );
     if (r.lockspace.name !== name)
       throw new MooringError('INVALID_ARGUMENT', `${path}:${offset} holds lockspace ${r.lockspace.name}, not ${name}`);
-    const size = (await stat(path)).size;
-    const maxLocks = Math.max(0, Math.floor((size - offset) / MIB) - 3);
-    return new Lockspace({ ...opts, offset }, maxLocks, r.ioTimeoutSeconds, client);
+    // The index header says how many locks it was formatted for: a block device's size
+    // says nothing (stat gives 0, and a LUN may be larger than the lockspace).
+    const rindex = await readRindex(client, path, offset, 512);
+    if (rindex === undefined)
+      throw new MooringError('CORRUPT_METADATA', `${path}:${offset} holds lockspace ${name} without a resource index: not fully created?`, {
+        details: { path, offset, lockspace: name },
+      });
+    return new Lockspace({ ...opts, offset }, rindex.maxResources, r.ioTimeoutSeconds, client);
   }
 
   /** This host's id after {@link join}. */
@@ -325,6 +362,130 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
     this.#hostId = undefined;
   }
 
+  /**
+   * Deletes the lockspace from its storage, what Virtink's lockspace controller does when a
+   * Lockspace goes away (it cleans up the lockspace's volume). A regular file that holds
+   * only this lockspace (offset 0) is removed; on a block device, or at an offset inside a
+   * larger file, the lockspace's area is zeroed instead (its host leases first, then its
+   * resource index, then the leases of the locks the index lists), so the storage no longer
+   * opens as a lockspace and {@link Lockspace.create} can use it again.
+   *
+   * Refused with BUSY while the lockspace is in use: while this host's daemon is a member
+   * (leave first), or while any host holds a host lease that is not yet dead by the timing
+   * rules (a host is dead once its lease went 8N + 60 s without a renewal, N = io_timeout).
+   * A lock is in use while its holder's host is, so the error lists the hosts that are not
+   * dead (`details.hosts`, {@link LockspaceUser}) and the locks they hold (`details.locks`).
+   * delete reads the host leases from storage, so it needs no join: a held lease that
+   * renews within one renewal interval (2N) refuses at once; one that does not renew is
+   * watched until it is dead, as sanlock itself would before granting its locks, so
+   * deleting after a host crashed takes up to 8N + 60 s. It needs this host's daemon
+   * (lock owners are read through it).
+   *
+   * A host that starts joining while delete wipes the area loses the lockspace (its join or
+   * its renewals fail): delete is meant for a lockspace every host has left.
+   *
+   * @throws MooringError BUSY (in use; details.hosts, details.locks), SANLOCK_DAEMON_UNAVAILABLE
+   */
+  async delete(): Promise<void> {
+    this.client.ensureLoaded();
+    const lockspaces = await this.client.call('getLockspaces', 'of this host', (s) => s.getLockspaces());
+    const here = lockspaces.lockspaces.find((l) => l.name === this.name);
+    const firstRead = await this.#readHostLeases();
+    if (here) {
+      // A member's daemon knows the other hosts' states: name those not dead.
+      const states = new Map((await this.client.getHosts(this.name).catch(() => [])).map((x) => [x.hostId, hostStateFromFlags(x.flags)]));
+      const users: LockspaceUser[] = [];
+      for (const h of firstRead) {
+        const st = states.get(h.hostId) ?? 'unknown';
+        if (h.hostId === here.hostId) users.push({ ...user(h), state: 'joined-here' });
+        else if (st !== 'dead' && st !== 'free') users.push({ ...user(h), state: st === 'live' ? 'live' : 'not-yet-dead' });
+      }
+      if (!users.some((u) => u.hostId === here.hostId)) users.unshift({ hostId: here.hostId, hostName: '', generation: 0, state: 'joined-here' });
+      throw await this.#busy(users, `this host is a member (host ${here.hostId}): leave() it first`);
+    }
+
+    // Held leases must each either renew (live: refuse) or stay silent until dead.
+    const deadMs = hostDeadSeconds(this.ioTimeoutSeconds) * 1000;
+    const startMs = Date.now();
+    const held = new Map(firstRead.map((h) => [h.hostId, h]));
+    while (held.size > 0 && Date.now() - startMs < deadMs) {
+      await sleep(Math.min(DELETE_POLL_INTERVAL_MS, Math.max(0, deadMs - (Date.now() - startMs))));
+      const now = new Map((await this.#readHostLeases()).map((h) => [h.hostId, h]));
+      const renewed = [...now.values()].filter((h) => {
+        const before = held.get(h.hostId);
+        return before === undefined || before.timestamp !== h.timestamp || before.generation !== h.generation;
+      });
+      for (const id of [...held.keys()]) if (!now.has(id)) held.delete(id); // released meanwhile: free
+      if (renewed.length > 0) {
+        const live = new Set(renewed.map((h) => h.hostId));
+        const users: LockspaceUser[] = [...new Map([...held, ...now]).values()]
+          .sort((a, b) => a.hostId - b.hostId)
+          .map((h) => ({ ...user(h), state: live.has(h.hostId) ? 'live' : 'not-yet-dead' }));
+        throw await this.#busy(users, 'hosts hold leases in it');
+      }
+    }
+
+    // Every held lease is dead or was released. Read once more: a host may have joined since.
+    const last = await this.#readHostLeases();
+    const joined = last.filter((h) => {
+      const was = firstRead.find((f) => f.hostId === h.hostId);
+      return was === undefined || was.timestamp !== h.timestamp || was.generation !== h.generation;
+    });
+    if (joined.length > 0) throw await this.#busy(joined.map((h) => ({ ...user(h), state: 'live' })), 'a host joined meanwhile');
+
+    const rindex = await readRindex(this.client, this.path, this.offset, SECTOR_BYTES);
+    await this.#wipe(rindex);
+  }
+
+  async #readHostLeases(): Promise<HostLeaseRecord[]> {
+    const area = await callNative(() => this.client.native.readLeaseArea(this.path, this.offset, MIB), `read the host leases of lockspace ${this.name}`);
+    return parseHostLeases(area, SECTOR_BYTES);
+  }
+
+  // BUSY naming the hosts not dead and the locks they hold (lock owners through the daemon).
+  async #busy(users: LockspaceUser[], why: string): Promise<MooringError> {
+    const live = new Set(users.map((u) => u.hostId));
+    const locks: LockspaceHeldLock[] = [];
+    const rindex = await readRindex(this.client, this.path, this.offset, SECTOR_BYTES).catch(() => undefined);
+    for (const e of rindex?.entries ?? []) {
+      const r = await this.client.rv('readResource', `lock ${e.name} in lockspace ${this.name}`, (s) =>
+        s.readResource({ lockspace: this.name, name: e.name, disks: [{ path: this.path, offset: e.offset }] }, true),
+      );
+      const hostIds = (r.rv >= 0 ? (r.owners ?? []) : []).filter((o) => o.timestamp !== 0 && live.has(o.hostId)).map((o) => o.hostId);
+      if (hostIds.length > 0) locks.push({ name: e.name, hostIds });
+    }
+    const hostText = users.map((u) => `host ${u.hostId}${u.hostName ? ` (${u.hostName})` : ''} ${u.state}`).join(', ');
+    const lockText = locks.length > 0 ? `; locks held: ${locks.map((l) => `${l.name} by host ${l.hostIds.join(', ')}`).join('; ')}` : '';
+    return new MooringError('BUSY', `lockspace ${this.name} is in use, ${why}: ${hostText}${lockText}`, {
+      details: { lockspace: this.name, hosts: users, locks },
+    });
+  }
+
+  // Removes a file that holds only this lockspace; otherwise zeroes the lockspace's area,
+  // host leases first (from then on nothing can join it or open it).
+  async #wipe(rindex: RindexRecord | undefined): Promise<void> {
+    const st = await stat(this.path);
+    if (st.isFile() && this.offset === 0) {
+      await unlink(this.path);
+      return;
+    }
+    const spans: Array<[number, number]> = [
+      [this.offset, MIB],
+      [this.offset + RINDEX_OFFSET_BYTES, 2 * MIB],
+      ...(rindex?.entries ?? []).map((e): [number, number] => [e.offset, MIB]),
+    ];
+    const zeros = Buffer.alloc(WIPE_CHUNK_BYTES);
+    const fh = await open(this.path, 'r+');
+    try {
+      for (const [at, len] of spans) {
+        for (let done = 0; done < len; done += WIPE_CHUNK_BYTES) await fh.write(zeros, 0, Math.min(WIPE_CHUNK_BYTES, len - done), at + done);
+        await fh.sync();
+      }
+    } finally {
+      await fh.close();
+    }
+  }
+
   /** This host's membership, from the daemon's list of lockspaces. */
   async membership(): Promise<Membership> {
     const r = await this.client.call('getLockspaces', 'of this host', (s) => s.getLockspaces());
@@ -399,6 +560,17 @@ export class Lockspace extends (EventEmitter as new () => TypedEmitter<Lockspace
     }
     return 'renewal-failed';
   }
+}
+
+function user(h: HostLeaseRecord): Omit<LockspaceUser, 'state'> {
+  return { hostId: h.hostId, hostName: h.hostName, generation: h.generation };
+}
+
+// The resource index of the lockspace at `offset`, read from storage (undefined: none there).
+async function readRindex(client: SanlockClient, path: string, offset: number, sectorBytes: number): Promise<RindexRecord | undefined> {
+  const area = await callNative(() => client.native.readLeaseArea(path, offset + RINDEX_OFFSET_BYTES, MIB), `read the resource index of ${path}:${offset}`);
+  const rindex = parseRindex(area);
+  return rindex && rindex.sectorBytes === sectorBytes ? rindex : undefined;
 }
 
 function rindexOf(name: string, path: string, offset: number, maxLocks: number): NativeSanlockRindex {

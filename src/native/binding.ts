@@ -759,6 +759,12 @@ export interface NativeSanlock {
   endEvent(fd: number, lockspaceName: string): Promise<NativeSanlockRv>;
   setEvent(lockspaceName: string, event: Partial<NativeSanlockHostEvent>, flags: number): Promise<NativeSanlockRv>;
   readDeltaLease(path: string, offset: number, hostId: number, sectorSize: number): Promise<NativeDeltaLease>;
+  /**
+   * Reads `length` bytes at `offset` of a lockspace's storage (both multiples of 512, length
+   * at most 4 MiB) with O_DIRECT, so what other hosts' daemons wrote is seen rather than a
+   * copy cached here; shorter when the storage ends first. No daemon involved.
+   */
+  readLeaseArea(path: string, offset: number, length: number): Promise<Buffer>;
   resToStr(res: NativeSanlockResource): NativeSanlockRv & { str?: string };
   strToRes(str: string): NativeSanlockRv & { resource?: Required<NativeSanlockResource> };
   argsToState(resources: NativeSanlockResource[]): NativeSanlockRv & { state?: string };

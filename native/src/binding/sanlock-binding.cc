@@ -16,6 +16,7 @@
 #include "binding/async-worker.h"
 #include "binding/js-args.h"
 #include "sanlock/delta-lease.h"
+#include "sanlock/lease-area.h"
 #include "sanlock/sanlock-abi.h"
 #include "sanlock/sanlock-library.h"
 
@@ -863,6 +864,19 @@ Napi::Value ReadDeltaLease(const Napi::CallbackInfo& info) {
   });
 }
 
+Napi::Value ReadLeaseArea(const Napi::CallbackInfo& info) {
+  return Promise(info, [&]() {
+    const std::string path = ToStr(Arg(info, 0), "path", 1, abi::kPathLen - 1);
+    const uint64_t offset = ToUint(Arg(info, 1), "offset");
+    const uint64_t length = ToUint(Arg(info, 2), "length", LeaseArea::kLengthMax);
+    auto out = std::make_shared<std::string>();
+    return (new TaskWorker(
+                info.Env(), [=]() { return LeaseArea::Read(path, offset, length, out.get()); },
+                [out](Napi::Env env) -> Napi::Value { return Napi::Buffer<char>::Copy(env, out->data(), out->size()); }))
+        ->Start();
+  });
+}
+
 // ---- local string helpers (no daemon, no I/O: synchronous) ------------------------------
 
 Napi::Value ResToStr(const Napi::CallbackInfo& info) {
@@ -1034,6 +1048,7 @@ Napi::Object CreateSanlockBinding(Napi::Env env) {
       {"endEvent", EndEvent},
       {"setEvent", SetEvent},
       {"readDeltaLease", ReadDeltaLease},
+      {"readLeaseArea", ReadLeaseArea},
       {"resToStr", ResToStr},
       {"strToRes", StrToRes},
       {"argsToState", ArgsToState},
