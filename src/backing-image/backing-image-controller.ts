@@ -359,7 +359,9 @@ export class BackingImageController {
     const runs = this.#runsOf(old);
     const usage = (await this.#ctx.usage()).get(name);
     const now = Date.now();
-    const hosts = [...new Set([...this.#ctx.hostIds(), ...Object.keys(old.files)])].sort();
+    // A host that left the cluster (removeHost) takes its file's record with it: it is no
+    // copy any more (not even `unknown`), so minCopies is restored on the hosts that remain.
+    const hosts = [...new Set(this.#ctx.hostIds())].sort();
     const seen = await Promise.all(
       hosts.map(async (hostId): Promise<{ hostId: string; info: BackingImageFileInfo | null; reachable: boolean }> => {
         try {
@@ -675,9 +677,12 @@ export class BackingImageController {
   async #cleanup(name: string, hostIds: string[]): Promise<BackingImageStatus> {
     this.#checkOpen();
     if (!Array.isArray(hostIds) || hostIds.length > CLEANUP_HOSTS_MAX) throw new MooringError('INVALID_ARGUMENT', `cleanup needs a list of at most ${CLEANUP_HOSTS_MAX} host ids (got ${describe(hostIds)})`);
-    const hosts = [...new Set(hostIds.map((h) => checkName('host id', h)))];
+    const named = [...new Set(hostIds.map((h) => checkName('host id', h)))];
     await this.#serial.run(name, async () => {
       const rec = await this.#record(name);
+      // The record of a host that is no longer in the cluster just goes (nothing to ask there).
+      const members = new Set(this.#ctx.hostIds());
+      const hosts = named.filter((h) => members.has(h) || !(h in rec.files));
       const ref = refOf(rec);
       const usage = (await this.#ctx.usage()).get(name);
       const runs = this.#runsOf(rec);
@@ -694,7 +699,8 @@ export class BackingImageController {
         await this.#ctx.engineOf(h).deleteBackingImageFile(ref);
         delete files[h];
       }
-      await this.#ctx.store.put(BACKING_IMAGE_KIND, name, { ...rec, files, disks: rec.disks.filter((h) => !hosts.includes(h)) });
+      for (const h of named) delete files[h];
+      await this.#ctx.store.put(BACKING_IMAGE_KIND, name, { ...rec, files, disks: rec.disks.filter((h) => !named.includes(h)) });
     });
     return this.status(name);
   }

@@ -584,6 +584,36 @@ describe('backing images', () => {
     expect(() => cluster.setBackingImageCleanupWaitMs(-1)).toThrow(expect.objectContaining({ code: 'INVALID_ARGUMENT' }));
   });
 
+  it('forgets the copy of a removed host and restores minCopies on the others; cleanup of a removed host only drops its record', async () => {
+    const img = qcow2Like(23);
+    const { hosts, cluster } = await setup(3, {}, { 'http://x/i': img });
+    const bi = await cluster.createBackingImage({ name: 'gone', source: { type: 'download', url: 'http://x/i' }, host: 'a', minCopies: 2 });
+    await bi.waitReady();
+    await until('two copies', async () => {
+      await cluster.repairOnce();
+      return (await bi.status()).files.filter((f) => f.state === 'ready').length === 2;
+    });
+    const holders = (await bi.status()).files.filter((f) => f.state === 'ready').map((f) => f.hostId);
+    const leaving = holders.find((h) => h !== 'a')!;
+    cluster.removeHost(leaving);
+    await cluster.repairOnce();
+    // No `unknown` record left behind for it; a copy is made on the host that remains.
+    expect((await bi.status()).files.map((f) => f.hostId)).not.toContain(leaving);
+    await until('two copies on the remaining hosts', async () => {
+      await cluster.repairOnce();
+      const st = await bi.status();
+      return st.files.filter((f) => f.state === 'ready').length === 2;
+    });
+    const dir = `gone-${(await bi.status()).uuid}`;
+    expect(hosts.filter((h) => h.hostId !== leaving && h.files.get(dir)?.state === 'ready')).toHaveLength(2);
+
+    // A record of a host removed while the controller had not looked yet: cleanup drops it.
+    const other = (await bi.status()).files.find((f) => f.hostId !== 'a')!.hostId;
+    cluster.removeHost(other);
+    const st = await bi.cleanup([other]);
+    expect(st.files.map((f) => f.hostId)).not.toContain(other);
+  });
+
   it('reports a file on an unreachable host as unknown', async () => {
     const img = qcow2Like(14);
     const { hosts, cluster } = await setup(2, {}, { 'http://x/i': img });
