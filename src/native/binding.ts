@@ -114,6 +114,11 @@ export interface NativeRemoteReplica {
   name: string;
   /** Mutual TLS towards the replica server. */
   tls?: NativeTlsOptions;
+  /**
+   * The cluster secret (16 to 1024 bytes): authenticate with it before HELLO and require the
+   * server to prove it too (docs/replica-protocol.md, "Authentication").
+   */
+  clusterSecret?: Uint8Array;
   /** Engine-to-replica I/O timeout (default 8000 ms). */
   ioTimeoutMs?: number;
 }
@@ -160,6 +165,11 @@ export interface NativeReplicaServerOptions {
   port?: number;
   /** Mutual TLS: clients must present a certificate signed by `ca`. */
   tls?: NativeTlsOptions;
+  /**
+   * The cluster secret (16 to 1024 bytes): every client must prove it before HELLO, and the
+   * server proves it back; without it clients are not authenticated.
+   */
+  clusterSecret?: Uint8Array;
   /** Simultaneous connections (default 256). */
   maxConnections?: number;
   /**
@@ -176,6 +186,8 @@ export interface NativeReplicaServerStats {
   /** Requests refused because they carried an older writer epoch. */
   staleEpochRefusals: number;
   protocolErrors: number;
+  /** Connections refused UNAUTHENTICATED: no proof of the cluster secret, or a wrong one. */
+  authFailures: number;
   bytesRead: number;
   bytesWritten: number;
   /** Request and reply bytes held now, across connections. */
