@@ -173,6 +173,12 @@ export interface NativeReplicaServerOptions {
   /** Simultaneous connections (default 256). */
   maxConnections?: number;
   /**
+   * Connections of one peer (IP address) still before their HELLO reply (default 64):
+   * past it the peer's oldest one that has waited 1 s is dropped for the new one, else the
+   * new one is closed (docs/hardening.md, "Connections").
+   */
+  handshakingPerPeerMax?: number;
+  /**
    * Request and reply bytes held at once across all connections (default 256 MiB, 8 MiB to
    * 64 GiB): past it a connection's reader waits, unless it has nothing in flight.
    */
@@ -188,6 +194,10 @@ export interface NativeReplicaServerStats {
   protocolErrors: number;
   /** Connections refused UNAUTHENTICATED: no proof of the cluster secret, or a wrong one. */
   authFailures: number;
+  /** Connections closed at accept: the server was full, or their peer at its handshake limit. */
+  connectionsRefused: number;
+  /** Connections dropped while in their handshake (for 1 s or more) to admit a new one. */
+  handshakesDropped: number;
   bytesRead: number;
   bytesWritten: number;
   /** Request and reply bytes held now, across connections. */

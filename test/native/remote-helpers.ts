@@ -193,9 +193,10 @@ export class RawClient {
     socket.on('error', () => {});
   }
 
-  static connect(port: number, host = '127.0.0.1'): Promise<RawClient> {
+  /** `localAddress`: the source address (another loopback address is another peer). */
+  static connect(port: number, host = '127.0.0.1', localAddress?: string): Promise<RawClient> {
     return new Promise((resolve, reject) => {
-      const s = createConnection({ port, host }, () => resolve(new RawClient(s)));
+      const s = createConnection({ port, host, ...(localAddress ? { localAddress } : {}) }, () => resolve(new RawClient(s)));
       s.once('error', reject);
       s.setNoDelay(true);
     });

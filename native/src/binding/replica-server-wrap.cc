@@ -28,6 +28,11 @@ ReplicaServerOptions ParseServerOptions(const Napi::Value& v) {
     if (n == 0) throw ArgError("options.maxConnections", "at least 1");
     opts.max_connections = static_cast<uint32_t>(n);
   }
+  if (!o.Get("handshakingPerPeerMax").IsUndefined()) {
+    uint64_t n = ToUint(o.Get("handshakingPerPeerMax"), "options.handshakingPerPeerMax", kMaxConnectionsOption);
+    if (n == 0) throw ArgError("options.handshakingPerPeerMax", "at least 1");
+    opts.max_handshaking_per_peer = static_cast<uint32_t>(n);
+  }
   if (!o.Get("bufferBytesMax").IsUndefined()) {
     // Checked against its bounds by ReplicaServer::Start (INVALID_ARGUMENT).
     opts.max_inflight_bytes_total = ToUint(o.Get("bufferBytesMax"), "options.bufferBytesMax", kBufferBytesMaxOption);
@@ -87,6 +92,8 @@ Napi::Value ReplicaServerWrap::Stats(const Napi::CallbackInfo& info) {
   o.Set("staleEpochRefusals", JsNum(env, s.stale_epoch_refusals));
   o.Set("protocolErrors", JsNum(env, s.protocol_errors));
   o.Set("authFailures", JsNum(env, s.auth_failures));
+  o.Set("connectionsRefused", JsNum(env, s.connections_refused));
+  o.Set("handshakesDropped", JsNum(env, s.handshakes_dropped));
   o.Set("bytesRead", JsNum(env, s.bytes_read));
   o.Set("bytesWritten", JsNum(env, s.bytes_written));
   o.Set("bufferBytes", JsNum(env, s.buffer_bytes));

@@ -3,8 +3,18 @@
 // connection object, keeps the connections and reaps those that finished.
 //
 // Conn needs: a constructor the `make` callback calls, Start() (may throw), finished()
-// (thread-safe), and a destructor that joins its threads and closes its socket. A finished
-// connection writes to wake_fd() so that the accept thread reaps it.
+// and handshaking() (thread-safe: true until the peer has completed the protocol's
+// handshake), Kill(), and a destructor that joins its threads and closes its socket. A
+// finished connection writes to wake_fd() so that the accept thread reaps it.
+//
+// Per peer (docs/hardening.md, "Connections"): a peer is the client's IP address (TCP) or
+// user id (a unix socket, SO_PEERCRED). A peer may have at most `handshaking_per_peer`
+// connections still in their handshake; past it, its oldest such connection is dropped for
+// the new one if it has been in its handshake for kEvictHandshakingAfterMs, else the new one
+// is closed. When the server is full, the oldest connection that long in its handshake, of
+// the peer with the most of them, is dropped for the new one. Connections past their
+// handshake are never dropped for another and have no per-peer cap (an engine host opens
+// one replica connection per volume).
 //
 // Pause() stops accepting without closing the listening socket (new clients wait in its
 // backlog) and stops reaping, so that Connections() stays valid until Resume(): the NBD
@@ -28,6 +38,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "util/status.h"
@@ -45,6 +56,14 @@ constexpr int kTrimDelayMs = 200;
 constexpr int kLargeBufferBytes = 1 << 20;
 // DropStalled looks at the connections at most this often.
 constexpr int64_t kDropStalledEveryMs = 100;
+// A connection this long in its handshake may be dropped for a new one (per-peer limit, or
+// a full server). A client that is served finishes its handshake in a few round trips.
+constexpr int64_t kEvictHandshakingAfterMs = 1000;
+
+// Who a connected socket's peer is, for the per-peer limits: "ip:ADDRESS" for TCP (an IPv4
+// address mapped into IPv6 as the IPv4 address), "uid:N" for a unix socket; "" if unknown
+// (not limited).
+std::string PeerKey(int fd);
 
 // Hands the allocator's free memory back to the OS (malloc_trim): glibc keeps what
 // connection threads freed in their arenas, so the RSS a burst of peers drove up would stay
@@ -90,10 +109,13 @@ class Acceptor {
   }
 
   // Starts accepting on listen_fd (which the acceptor closes when it stops). Over
-  // max_connections open, a new socket is closed at once (its client sees EOF).
-  void Start(int listen_fd, uint32_t max_connections, bool tcp_nodelay, Make make) {
+  // max_connections open, a new socket is closed at once (its client sees EOF), unless a
+  // connection stuck in its handshake can go for it; handshaking_per_peer (0: no limit) as
+  // described above.
+  void Start(int listen_fd, uint32_t max_connections, bool tcp_nodelay, Make make, uint32_t handshaking_per_peer = 0) {
     listen_fd_ = listen_fd;
     max_connections_ = max_connections;
+    handshaking_per_peer_ = handshaking_per_peer;
     tcp_nodelay_ = tcp_nodelay;
     make_ = std::move(make);
     thread_ = std::thread([this] { Loop(); });
@@ -112,6 +134,8 @@ class Acceptor {
     std::list<std::unique_ptr<Conn>> conns;
     std::lock_guard<std::mutex> l(mu_);
     conns.swap(conns_);
+    peers_.clear();
+    dropping_ = 0;
     return conns;
   }
 
@@ -162,6 +186,10 @@ class Acceptor {
   int listen_fd() const { return listen_fd_; }
 
   uint64_t total() const { return total_.load(); }
+  // Connections closed at accept (server full, or their peer at its handshake limit), and
+  // connections dropped in their handshake for a new one.
+  uint64_t refused() const { return refused_.load(); }
+  uint64_t evicted() const { return evicted_.load(); }
   // Connections not finished yet (counted now: reaping happens lazily on the accept thread).
   uint64_t open() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -185,6 +213,11 @@ class Acceptor {
       std::lock_guard<std::mutex> l(mu_);
       for (auto it = conns_.begin(); it != conns_.end();) {
         if ((*it)->finished()) {
+          auto pi = peers_.find(it->get());
+          if (pi != peers_.end()) {
+            if (pi->second.dropped) --dropping_;
+            peers_.erase(pi);
+          }
           done.push_back(std::move(*it));
           it = conns_.erase(it);
         } else {
@@ -241,10 +274,17 @@ class Acceptor {
           backoff = true;  // EMFILE, ENFILE, ENOBUFS, ENOMEM: let resources come back
           break;
         }
+        const std::string peer = handshaking_per_peer_ > 0 ? PeerKey(fd) : std::string();
+        if (!MakeRoomForPeer(peer)) {
+          close(fd);
+          refused_.fetch_add(1);
+          continue;
+        }
         if (Held() >= max_connections_) {
           Reap();
-          if (Held() >= max_connections_) {
+          if (Held() >= max_connections_ && !EvictHandshaking(nullptr)) {
             close(fd);
+            refused_.fetch_add(1);
             continue;
           }
         }
@@ -252,18 +292,74 @@ class Acceptor {
           int one = 1;
           setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
-        if (Admit(fd)) total_.fetch_add(1);
+        if (Admit(fd, peer)) total_.fetch_add(1);
       }
     }
   }
 
+  // Connections held, less those dropped for new ones and not reaped yet (their threads
+  // are ending: they only wait to be joined).
   uint64_t Held() {
     std::lock_guard<std::mutex> l(mu_);
-    return held_;
+    return held_ - dropping_;
+  }
+
+  // What the acceptor knows of a connection it accepted.
+  struct PeerInfo {
+    std::string key;        // PeerKey, "" when not limited
+    int64_t since_ms = 0;   // accepted at (monotonic)
+    bool dropped = false;   // Kill()ed for a new connection (counted in dropping_)
+  };
+
+  // Whether a connection of `peer` may be admitted under the per-peer handshake limit:
+  // yes below it; at it, only by dropping the peer's oldest connection that has been in its
+  // handshake for kEvictHandshakingAfterMs.
+  bool MakeRoomForPeer(const std::string& peer) {
+    if (handshaking_per_peer_ == 0 || peer.empty()) return true;
+    return EvictHandshaking(&peer);
+  }
+
+  // Drops the oldest connection in its handshake for longer than kEvictHandshakingAfterMs:
+  // of `peer` (and only if that peer is at its limit), or, with no peer given, of the peer
+  // with the most connections in their handshake. False if there is none to drop (with a
+  // peer below its limit: true, nothing dropped).
+  bool EvictHandshaking(const std::string* peer) {
+    const int64_t now = NowMonotonicMs();
+    std::lock_guard<std::mutex> l(mu_);
+    std::unordered_map<std::string, uint32_t> count;
+    std::unordered_map<std::string, Conn*> oldest;
+    for (const auto& c : conns_) {
+      auto it = peers_.find(c.get());
+      if (it == peers_.end() || it->second.dropped || c->finished() || !c->handshaking()) continue;
+      const PeerInfo& pi = it->second;
+      if (peer && pi.key != *peer) continue;
+      ++count[pi.key];
+      if (now - pi.since_ms >= kEvictHandshakingAfterMs && !oldest.count(pi.key)) oldest[pi.key] = c.get();  // list order: oldest first
+    }
+    std::string victim_peer;
+    if (peer) {
+      if (count[*peer] < handshaking_per_peer_) return true;
+      victim_peer = *peer;
+    } else {
+      uint32_t most = 0;
+      for (const auto& [key, n] : count)
+        if (oldest.count(key) && n > most) {
+          most = n;
+          victim_peer = key;
+        }
+      if (most == 0) return false;
+    }
+    auto v = oldest.find(victim_peer);
+    if (v == oldest.end()) return false;
+    peers_[v->second].dropped = true;
+    ++dropping_;
+    evicted_.fetch_add(1);
+    v->second->Kill();
+    return true;
   }
 
   // Takes ownership of fd: on failure it is closed (by the connection once one exists).
-  bool Admit(int fd) {
+  bool Admit(int fd, const std::string& peer) {
     std::unique_ptr<Conn> c;
     try {
       c = make_(fd);
@@ -271,21 +367,24 @@ class Acceptor {
       close(fd);
       return false;
     }
-    return Admit(std::move(c));
+    return Admit(std::move(c), peer);
   }
 
-  bool Admit(std::unique_ptr<Conn> c) {
+  bool Admit(std::unique_ptr<Conn> c, const std::string& peer = std::string()) {
     if (!c) return false;
     Conn* raw = c.get();
     std::lock_guard<std::mutex> l(mu_);
     try {
       conns_.push_back(std::move(c));
+      peers_[raw] = PeerInfo{peer, NowMonotonicMs(), false};
     } catch (const std::exception&) {
+      if (!conns_.empty() && conns_.back().get() == raw) conns_.pop_back();
       return false;  // c (moved-from or not) is freed: the connection closes its socket
     }
     try {
       raw->Start();
     } catch (const std::exception&) {
+      peers_.erase(raw);
       conns_.pop_back();  // never started: its destructor only closes the socket
       return false;
     }
@@ -296,6 +395,7 @@ class Acceptor {
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   uint32_t max_connections_ = 0;
+  uint32_t handshaking_per_peer_ = 0;
   bool tcp_nodelay_ = false;
   Make make_;
   std::thread thread_;
@@ -305,9 +405,13 @@ class Acceptor {
   mutable std::mutex mu_;
   std::list<std::unique_ptr<Conn>> conns_;  // guarded by mu_
   uint64_t held_ = 0;                       // conns_.size(), guarded by mu_
+  std::unordered_map<Conn*, PeerInfo> peers_;  // guarded by mu_: one per connection in conns_
+  uint64_t dropping_ = 0;                   // guarded by mu_: dropped (PeerInfo.dropped), not reaped yet
   int64_t trim_due_ms_ = 0;                 // accept thread only: when to ReturnFreeMemory (0: not due)
   std::atomic<int64_t> last_drop_stalled_ms_{0};
   std::atomic<uint64_t> total_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> evicted_{0};
 };
 
 }  // namespace mooring

@@ -65,6 +65,7 @@ void ReplicaServerConnection::Protocol(const std::string&) {
 void ReplicaServerConnection::Run() {
   try {
     if (t_ && wake_fd_ >= 0 && Handshake()) {
+      handshaking_.store(false);
       writer_ = std::thread([this] { WriterLoop(); });
       ReadLoop();
     }

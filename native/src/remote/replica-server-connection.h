@@ -62,6 +62,8 @@ class ReplicaServerConnection {
   // Stop reading new requests; answer those in flight; then close. Returns at once.
   void RequestStop();
   bool finished() const { return finished_.load(); }
+  // Until HELLO has been answered (TLS and authentication included): Acceptor's per-peer limit.
+  bool handshaking() const { return handshaking_.load(); }
   void Join();
   // Sends GOAWAY if the client announced kFeatureGoAway (CLIENT_FEATURES) and returns true:
   // the connection keeps reading and answering until the client half-closes, then closes.
@@ -120,6 +122,7 @@ class ReplicaServerConnection {
   std::thread reader_;
   std::thread writer_;
   std::atomic<bool> finished_{false};
+  std::atomic<bool> handshaking_{true};
   std::atomic<bool> stop_{false};
   std::atomic<bool> dead_{false};
   std::atomic<int64_t> last_rx_ms_{0};
