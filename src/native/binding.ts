@@ -173,9 +173,9 @@ export interface NativeReplicaServerOptions {
   /** Simultaneous connections (default 256). */
   maxConnections?: number;
   /**
-   * Connections of one peer (IP address) still before their HELLO reply (default 64):
-   * past it the peer's oldest one that has waited 1 s is dropped for the new one, else the
-   * new one is closed (docs/hardening.md, "Connections").
+   * A peer's (IP address's) share of connections still before their HELLO reply (default
+   * 64): on a full server, the oldest connection of a peer over its share is dropped for a
+   * new one first (docs/hardening.md, "Connections").
    */
   handshakingPerPeerMax?: number;
   /**
@@ -194,9 +194,9 @@ export interface NativeReplicaServerStats {
   protocolErrors: number;
   /** Connections refused UNAUTHENTICATED: no proof of the cluster secret, or a wrong one. */
   authFailures: number;
-  /** Connections closed at accept: the server was full, or their peer at its handshake limit. */
+  /** Connections closed at accept: the server was full and had no connection in its handshake to drop. */
   connectionsRefused: number;
-  /** Connections dropped while in their handshake (for 1 s or more) to admit a new one. */
+  /** Connections dropped while in their handshake to admit a new one on a full server. */
   handshakesDropped: number;
   bytesRead: number;
   bytesWritten: number;

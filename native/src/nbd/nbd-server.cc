@@ -37,8 +37,8 @@ constexpr size_t kNameLimit = NbdConnection::kNameMax;
 // How long past a freeze's deadline the server waits for a connection to answer (one still
 // in its handshake does not answer: it is given up on and left running).
 constexpr int64_t kFreezeAnswerGraceMs = 100;
-// Connections of one peer (IP address, or the user id on a unix socket) still in their NBD
-// handshake (net/acceptor.h): QEMU opens one per multi-conn channel, and a few at most.
+// A peer's (IP address's, or user id's on a unix socket) share of connections still in
+// their NBD handshake on a full export (net/acceptor.h): QEMU has a few at a time at most.
 constexpr uint32_t kHandshakingPerPeerMax = 16;
 
 int64_t NowMs() {

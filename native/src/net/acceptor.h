@@ -8,17 +8,13 @@
 // finished connection writes to wake_fd() so that the accept thread reaps it.
 //
 // Per peer (docs/hardening.md, "Connections"): a peer is the client's IP address (TCP) or
-// user id (a unix socket, SO_PEERCRED). A peer may have at most `handshaking_per_peer`
-// connections still in their handshake; past it, its oldest such connection is dropped for
-// the new one if it has been in its handshake for kEvictHandshakingAfterMs, else the new one
-// is closed. When the server is full, the oldest connection that long in its handshake, of
-// the peer with the most of them, is dropped for the new one. Connections past their
-// handshake are never dropped for another and have no per-peer cap (an engine host opens
-// one replica connection per volume).
-//
-// Pause() stops accepting without closing the listening socket (new clients wait in its
-// backlog) and stops reaping, so that Connections() stays valid until Resume(): the NBD
-// hand-off freezes each connection meanwhile (docs/nbd-frontend.md).
+// user id (a unix socket, SO_PEERCRED). Its share of connections in their handshake is
+// `handshaking_per_peer`. While the server has room every connection is admitted; when it is
+// full, a new one is admitted in place of a connection still in its handshake: the oldest
+// of the peer furthest over its share, else the oldest that has been in its handshake for
+// kEvictHandshakingAfterMs (of the peer holding the most); with neither, the new one is
+// closed. Connections past their handshake are never dropped for another and have no
+// per-peer cap (an engine host opens one replica connection per volume).
 #pragma once
 
 #include <poll.h>
@@ -56,8 +52,9 @@ constexpr int kTrimDelayMs = 200;
 constexpr int kLargeBufferBytes = 1 << 20;
 // DropStalled looks at the connections at most this often.
 constexpr int64_t kDropStalledEveryMs = 100;
-// A connection this long in its handshake may be dropped for a new one (per-peer limit, or
-// a full server). A client that is served finishes its handshake in a few round trips.
+// A connection this long in its handshake may be dropped for a new one on a full server
+// even if its peer is within its share. A client that is served finishes its handshake in a
+// few round trips.
 constexpr int64_t kEvictHandshakingAfterMs = 1000;
 
 // Who a connected socket's peer is, for the per-peer limits: "ip:ADDRESS" for TCP (an IPv4
@@ -110,8 +107,8 @@ class Acceptor {
 
   // Starts accepting on listen_fd (which the acceptor closes when it stops). Over
   // max_connections open, a new socket is closed at once (its client sees EOF), unless a
-  // connection stuck in its handshake can go for it; handshaking_per_peer (0: no limit) as
-  // described above.
+  // connection in its handshake can go for it, as described above (handshaking_per_peer 0:
+  // no shares, only connections that have waited kEvictHandshakingAfterMs can go).
   void Start(int listen_fd, uint32_t max_connections, bool tcp_nodelay, Make make, uint32_t handshaking_per_peer = 0) {
     listen_fd_ = listen_fd;
     max_connections_ = max_connections;
@@ -186,8 +183,8 @@ class Acceptor {
   int listen_fd() const { return listen_fd_; }
 
   uint64_t total() const { return total_.load(); }
-  // Connections closed at accept (server full, or their peer at its handshake limit), and
-  // connections dropped in their handshake for a new one.
+  // Connections closed at accept (server full, nothing to drop), and connections dropped in
+  // their handshake for a new one.
   uint64_t refused() const { return refused_.load(); }
   uint64_t evicted() const { return evicted_.load(); }
   // Connections not finished yet (counted now: reaping happens lazily on the accept thread).
@@ -275,14 +272,9 @@ class Acceptor {
           break;
         }
         const std::string peer = handshaking_per_peer_ > 0 ? PeerKey(fd) : std::string();
-        if (!MakeRoomForPeer(peer)) {
-          close(fd);
-          refused_.fetch_add(1);
-          continue;
-        }
         if (Held() >= max_connections_) {
           Reap();
-          if (Held() >= max_connections_ && !EvictHandshaking(nullptr)) {
+          if (Held() >= max_connections_ && !MakeRoom()) {
             close(fd);
             refused_.fetch_add(1);
             continue;
@@ -311,50 +303,47 @@ class Acceptor {
     bool dropped = false;   // Kill()ed for a new connection (counted in dropping_)
   };
 
-  // Whether a connection of `peer` may be admitted under the per-peer handshake limit:
-  // yes below it; at it, only by dropping the peer's oldest connection that has been in its
-  // handshake for kEvictHandshakingAfterMs.
-  bool MakeRoomForPeer(const std::string& peer) {
-    if (handshaking_per_peer_ == 0 || peer.empty()) return true;
-    return EvictHandshaking(&peer);
-  }
-
-  // Drops the oldest connection in its handshake for longer than kEvictHandshakingAfterMs:
-  // of `peer` (and only if that peer is at its limit), or, with no peer given, of the peer
-  // with the most connections in their handshake. False if there is none to drop (with a
-  // peer below its limit: true, nothing dropped).
-  bool EvictHandshaking(const std::string* peer) {
+  // On a full server: drops a connection still in its handshake to make room for a new one
+  // (the oldest of the peer furthest over its share, else the oldest that has waited
+  // kEvictHandshakingAfterMs, of the peer with the most such). False if there is none.
+  bool MakeRoom() {
     const int64_t now = NowMonotonicMs();
     std::lock_guard<std::mutex> l(mu_);
-    std::unordered_map<std::string, uint32_t> count;
-    std::unordered_map<std::string, Conn*> oldest;
+    struct PerPeer {
+      uint32_t n = 0;
+      Conn* oldest = nullptr;       // list order: oldest first
+      Conn* oldest_aged = nullptr;  // the oldest that has waited kEvictHandshakingAfterMs
+    };
+    std::unordered_map<std::string, PerPeer> peers;
     for (const auto& c : conns_) {
       auto it = peers_.find(c.get());
       if (it == peers_.end() || it->second.dropped || c->finished() || !c->handshaking()) continue;
-      const PeerInfo& pi = it->second;
-      if (peer && pi.key != *peer) continue;
-      ++count[pi.key];
-      if (now - pi.since_ms >= kEvictHandshakingAfterMs && !oldest.count(pi.key)) oldest[pi.key] = c.get();  // list order: oldest first
+      PerPeer& p = peers[it->second.key];
+      ++p.n;
+      if (!p.oldest) p.oldest = c.get();
+      if (!p.oldest_aged && now - it->second.since_ms >= kEvictHandshakingAfterMs) p.oldest_aged = c.get();
     }
-    std::string victim_peer;
-    if (peer) {
-      if (count[*peer] < handshaking_per_peer_) return true;
-      victim_peer = *peer;
-    } else {
-      uint32_t most = 0;
-      for (const auto& [key, n] : count)
-        if (oldest.count(key) && n > most) {
-          most = n;
-          victim_peer = key;
+    Conn* victim = nullptr;
+    uint32_t most = 0;
+    for (const auto& [key, p] : peers) {
+      if (handshaking_per_peer_ > 0 && !key.empty() && p.n > handshaking_per_peer_ && p.n > most) {
+        most = p.n;
+        victim = p.oldest;
+      }
+    }
+    if (!victim) {
+      for (const auto& [key, p] : peers) {
+        if (p.oldest_aged && p.n > most) {
+          most = p.n;
+          victim = p.oldest_aged;
         }
-      if (most == 0) return false;
+      }
     }
-    auto v = oldest.find(victim_peer);
-    if (v == oldest.end()) return false;
-    peers_[v->second].dropped = true;
+    if (!victim) return false;
+    peers_[victim].dropped = true;
     ++dropping_;
     evicted_.fetch_add(1);
-    v->second->Kill();
+    victim->Kill();
     return true;
   }
 
