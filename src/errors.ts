@@ -52,6 +52,12 @@ export const MooringErrorCode = {
    * whether another engine serves it: it does not serve (docs/single-writer.md).
    */
   NO_QUORUM: 'NO_QUORUM',
+  /**
+   * A peer did not prove the cluster secret (a replica server or a data engine's gRPC
+   * server configured with one), or a server could not prove it to us (docs/data-engine.md,
+   * "Authentication").
+   */
+  UNAUTHENTICATED: 'UNAUTHENTICATED',
   // --- TypeScript only ---
   /**
    * The filesystem that would hold a file or directory is mounted read-only (EROFS).

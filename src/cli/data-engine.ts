@@ -6,6 +6,7 @@ import { join, resolve } from 'node:path';
 import { DataEngineGrpcServer } from '../data-engine/grpc/data-engine-grpc-server.js';
 import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, LocalDataEngine } from '../data-engine/local-data-engine.js';
 import { handOffToSuccessor, takeOverFromPredecessor, type HandOffEpochs, type HandOffProcessResult } from '../data-engine/process-handoff.js';
+import { readClusterSecretFile } from '../data-engine/cluster-secret.js';
 import { MooringError } from '../errors.js';
 import { describeEvent } from './describe-event.js';
 import { checkSuccessorArgv, spawnSuccessor } from './successor.js';
@@ -54,6 +55,14 @@ Options:
   --tls-ca FILE                 and NBD clients must chain to (all three, PEM); gRPC on a
                                 unix socket takes none (its file mode guards it)
   --allow-insecure-remote       allow non-loopback TCP addresses without TLS
+  --cluster-secret-file FILE    the cluster's secret (16 to 1024 bytes, mode 0600): gRPC
+                                callers and replica-protocol peers must prove it, and
+                                this data engine proves it to the replica servers it
+                                reaches (every data engine of the cluster has the same)
+  --insecure                    run without a cluster secret and without TLS: any local
+                                process may then call the gRPC API on TCP and use the
+                                replica port (for clusters with data engines of a release
+                                before authentication)
   --max-concurrent-rebuilds N   rebuilds at once, 1..${DATA_ENGINE_LIMITS.maxConcurrentRebuildsMax} (default ${DATA_ENGINE_DEFAULTS.maxConcurrentRebuilds})
   --hand-over-hold-ms MS        how long an export that handed its volume over holds what
                                 its clients send, for a rollback (default ${DATA_ENGINE_DEFAULTS.handOverHoldMs};
@@ -74,6 +83,9 @@ Options:
   -h, --help                    show this help
 
 Without TLS, TCP addresses must be loopback unless --allow-insecure-remote is given.
+Without TLS and without --cluster-secret-file, a gRPC TCP listener is refused unless
+--insecure is given (or the process takes over with --take-over), and a replica server
+starts with a warning on stderr (--insecure silences it).
 Once serving, one line is printed to stdout:
   READY {"hostId":"h1","grpc":"unix:/run/de.sock","replicaAddress":"tcp:127.0.0.1:PORT","tls":false,"version":"..."}
 Logs (engine events) go to stderr. SIGINT/SIGTERM stop the gRPC server, stop every engine
@@ -94,6 +106,8 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       'replica-listen': { type: 'string' },
       ...TLS_OPTIONS,
       'allow-insecure-remote': { type: 'boolean' },
+      'cluster-secret-file': { type: 'string' },
+      insecure: { type: 'boolean' },
       'max-concurrent-rebuilds': { type: 'string' },
       'hand-over-hold-ms': { type: 'string' },
       'socket-group': { type: 'string' },
@@ -145,6 +159,22 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ? undefined
       : parseBytesOption('data-engine', '--nbd-buffer-bytes', values['nbd-buffer-bytes'], NBD_LIMITS.bufferBytesMaxMin, NBD_LIMITS.bufferBytesMaxMax);
   const allowInsecureRemote = values['allow-insecure-remote'] === true;
+  const secretFile = values['cluster-secret-file'];
+  const insecure = values.insecure === true;
+  if (secretFile !== undefined && insecure) throw new UsageError('data-engine', '--cluster-secret-file and --insecure exclude each other');
+  const clusterSecret = secretFile === undefined ? undefined : await readClusterSecretFile(resolve(cwd, secretFile));
+  const takingOver = values['take-over'] !== undefined;
+  if (clusterSecret === undefined && tls === undefined && !insecure) {
+    // Anyone on this host could create and delete replicas through an unauthenticated TCP
+    // listener. A unix socket is this user's only (0600). A successor that takes over (an
+    // in-place upgrade) keeps its predecessor's settings: its peers may know no secret.
+    if (listen.startsWith('tcp:') && !takingOver) {
+      throw new MooringError('INVALID_ARGUMENT', `--listen ${listen}: a gRPC TCP listener without TLS needs --cluster-secret-file (or --insecure: any local process could then create and delete replicas through it)`);
+    }
+    if (replicaListen !== null) {
+      ctx.stderr('mooring: warning: no --cluster-secret-file and no TLS: any process that reaches the replica port can use the replicas (--insecure silences this)\n');
+    }
+  }
   const successorPrefix = values['allow-successor-exec'] === undefined ? null : resolve(cwd, values['allow-successor-exec']);
   const addon = addonOf(ctx);
   const takeOver = values['take-over'] === undefined ? undefined : resolve(cwd, values['take-over']);
@@ -154,6 +184,8 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       hostId,
       addon,
       allowInsecureRemote,
+      // A process of its own shares no generated secret with anyone: none unless given.
+      clusterSecret: clusterSecret ?? null,
       ...(replicaListen !== undefined ? { replicaListen } : {}),
       ...(tls ? { tls } : {}),
       ...(maxConcurrentRebuilds !== undefined ? { maxConcurrentRebuilds } : {}),
@@ -232,12 +264,13 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
               }
             },
           };
-    const serve = (): Promise<DataEngineGrpcServer> => DataEngineGrpcServer.start({ engine: de!, listen, allowInsecureRemote, ...(tls && !listen.startsWith('unix:') ? { tls } : {}), ...hooks });
+    const serve = (): Promise<DataEngineGrpcServer> =>
+      DataEngineGrpcServer.start({ engine: de!, listen, allowInsecureRemote, ...(tls && !listen.startsWith('unix:') ? { tls } : {}), ...(clusterSecret ? { clusterSecret } : {}), ...hooks });
     server = await serve();
     const info = await de.info();
     const ready: DataEngineReadyInfo = { hostId, grpc: server.address, replicaAddress: info.replicaAddress, tls: tls !== undefined, version: info.version };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
-    ctx.stderr(`mooring: data engine ${hostId} serving ${dir} at ${server.address}${info.replicaAddress ? `, replicas at ${info.replicaAddress}` : ''}${tls ? ' (mutual TLS)' : ''}\n`);
+    ctx.stderr(`mooring: data engine ${hostId} serving ${dir} at ${server.address}${info.replicaAddress ? `, replicas at ${info.replicaAddress}` : ''}${tls ? ' (mutual TLS)' : ''}${clusterSecret ? ' (cluster secret)' : ''}\n`);
 
     for (;;) {
       const w = await woken;

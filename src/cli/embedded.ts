@@ -4,6 +4,7 @@
 import { basename, resolve } from 'node:path';
 
 import { MooringError, toMooringError } from '../errors.js';
+import { readClusterSecretFile } from '../data-engine/cluster-secret.js';
 import { RemoteDataEngine } from '../data-engine/grpc/remote-data-engine.js';
 import { Mooring, type MooringOptions } from '../mooring.js';
 import { checkName } from '../util/validate.js';
@@ -15,6 +16,7 @@ export const EMBEDDED_OPTIONS = {
   volume: { type: 'string' },
   host: { type: 'string', multiple: true },
   'host-id': { type: 'string' },
+  'cluster-secret-file': { type: 'string' },
 } as const;
 
 /** Their help lines. */
@@ -28,7 +30,13 @@ export const EMBEDDED_HELP = `  --dir DIR            Mooring's directory on this
                        serves it: unix:PATH or tcp:HOST:PORT (repeat for each host).
                        Replicas go one per host: N replicas need N-1 of them
   --host-id ID         this host's id (default: the one DIR/host was made with, else
-                       this machine's host name)`;
+                       this machine's host name)
+  --cluster-secret-file FILE
+                       the cluster's secret (mode 0600), as the --host data engines
+                       were given it: calls to them carry it and this host's replicas
+                       require it. Without it: with --host, no authentication (those
+                       data engines run with --insecure); without --host, a secret made
+                       for this process alone`;
 
 /** The values parseCommandArgs gives for {@link EMBEDDED_OPTIONS}. */
 export interface EmbeddedValues {
@@ -36,6 +44,7 @@ export interface EmbeddedValues {
   volume?: string | undefined;
   host?: string[] | undefined;
   'host-id'?: string | undefined;
+  'cluster-secret-file'?: string | undefined;
 }
 
 /** An open embedded default and the handles of the other hosts it was given. */
@@ -59,17 +68,24 @@ export async function openEmbedded(command: string, values: EmbeddedValues, ctx:
     for (const h of hosts) await h.close().catch(() => undefined);
   };
   try {
+    const file = values['cluster-secret-file'];
+    const clusterSecret = file === undefined ? undefined : await readClusterSecretFile(resolve(ctx.cwd ?? process.cwd(), file));
     for (const address of values.host ?? []) {
       if (!/^(unix|tcp):/.test(address)) throw new UsageError(command, `--host must be unix:PATH or tcp:HOST:PORT (got ${JSON.stringify(address)})`);
       // The TLS material of this host's data engine reaches the others' gRPC on TCP too.
       const tls = extra.dataEngine ? extra.dataEngine.tls : undefined;
-      hosts.push(await RemoteDataEngine.connect({ address, ...(tls !== undefined && address.startsWith('tcp:') ? { tls } : {}) }));
+      hosts.push(
+        await RemoteDataEngine.connect({ address, ...(tls !== undefined && address.startsWith('tcp:') ? { tls } : {}), ...(clusterSecret ? { clusterSecret } : {}) }),
+      );
     }
+    // Other hosts' data engines must reach this one's replicas: with their secret, or with
+    // none if they were given none. Alone, the default (a secret of this process) holds.
+    const secretOption = clusterSecret ? { clusterSecret } : (values.host ?? []).length > 0 ? { clusterSecret: null } : {};
     const mooring = await Mooring.open({
       ...extra,
       dir,
       hosts,
-      dataEngine: { ...(extra.dataEngine || {}), addon: addonOf(ctx) },
+      dataEngine: { ...(extra.dataEngine || {}), addon: addonOf(ctx), ...secretOption },
       ...(values['host-id'] !== undefined ? { hostId: values['host-id'] } : {}),
     });
     mooring.on('warning', (e) => ctx.stderr(`mooring: warning: ${e.code}: ${e.message}\n`));

@@ -21,6 +21,7 @@ import {
   type TcpAddress,
 } from './addresses.js';
 import { BackingImageFiles } from './backing-image-files.js';
+import { checkClusterSecret, processClusterSecret } from './cluster-secret.js';
 import { ExportHold } from './export-hold.js';
 import type {
   BackingImageDownloadOptions,
@@ -146,6 +147,15 @@ export interface LocalDataEngineOptions {
    */
   tls?: DataEngineTlsOptions;
   /**
+   * The cluster secret (16 to 1024 bytes) every data engine of the cluster shares: the
+   * replica server requires clients to prove it, and this data engine proves it to the
+   * replica servers it reaches, both before any request (docs/data-engine.md,
+   * "Authentication"). Default: a secret made once per process and shared by the data
+   * engines of this process only (so another process can reach none of their replicas).
+   * `null`: no authentication, for a cluster with data engines of a release before it.
+   */
+  clusterSecret?: Uint8Array | null;
+  /**
    * Allow a non-loopback replica server, and NBD exports on non-loopback TCP addresses,
    * without TLS (default false: they carry the disks' data unauthenticated).
    */
@@ -256,6 +266,7 @@ export class LocalDataEngine implements DataEngine {
   readonly #addon: NativeAddon;
   readonly #lock: VolumeLock;
   readonly #tls: DataEngineTlsOptions | undefined;
+  readonly #clusterSecret: Buffer | undefined;
   readonly #server: NativeReplicaServer | null;
   readonly #replicaAddress: TcpAddress | null;
   readonly #rebuilds: Semaphore;
@@ -279,6 +290,7 @@ export class LocalDataEngine implements DataEngine {
     addon: NativeAddon;
     lock: VolumeLock;
     tls: DataEngineTlsOptions | undefined;
+    clusterSecret: Buffer | undefined;
     server: NativeReplicaServer | null;
     replicaAddress: TcpAddress | null;
     maxConcurrentRebuilds: number;
@@ -295,6 +307,7 @@ export class LocalDataEngine implements DataEngine {
     this.#addon = init.addon;
     this.#lock = init.lock;
     this.#tls = init.tls;
+    this.#clusterSecret = init.clusterSecret;
     this.#server = init.server;
     this.#replicaAddress = init.replicaAddress;
     this.#rebuilds = new Semaphore(init.maxConcurrentRebuilds, DATA_ENGINE_LIMITS.rebuildWaitersMax);
@@ -323,6 +336,7 @@ export class LocalDataEngine implements DataEngine {
     const dir = isAbsolute(options.dir) ? resolve(options.dir) : resolve(process.cwd(), options.dir);
     const hostId = checkName('hostId', options.hostId);
     const tls = checkTls(options.tls);
+    const clusterSecret = options.clusterSecret === null ? undefined : (checkClusterSecret(options.clusterSecret) ?? processClusterSecret());
     const allowInsecure = options.allowInsecureRemote === true;
     const listen = options.replicaListen === undefined ? DATA_ENGINE_DEFAULTS.replicaListen : options.replicaListen;
     const listenAddress = listen === null ? null : parseTcpAddress(listen, 'replicaListen', true);
@@ -386,12 +400,13 @@ export class LocalDataEngine implements DataEngine {
               port: listenAddress.port,
               bufferBytesMax: replicaServerBufferBytesMax,
               ...(tls ? { tls: { ...tls, serverName: '' } } : {}),
+              ...(clusterSecret ? { clusterSecret } : {}),
             }),
           `starting the replica server on ${formatTcpAddress(listenAddress)}`,
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup, nbdExportBufferBytesMax });
+      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, clusterSecret, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup, nbdExportBufferBytesMax });
       de.#files = await BackingImageFiles.open({
         dir,
         addon,
@@ -1040,7 +1055,14 @@ export class LocalDataEngine implements DataEngine {
     const a = parseTcpAddress(ref.address, `replica ${ref.id} address`, false);
     return {
       id: ref.id,
-      remote: { host: a.host, port: a.port, name: ref.name, ioTimeoutMs, ...(this.#tls ? { tls: { ...this.#tls, serverName: '' } } : {}) },
+      remote: {
+        host: a.host,
+        port: a.port,
+        name: ref.name,
+        ioTimeoutMs,
+        ...(this.#tls ? { tls: { ...this.#tls, serverName: '' } } : {}),
+        ...(this.#clusterSecret ? { clusterSecret: this.#clusterSecret } : {}),
+      },
     };
   }
 

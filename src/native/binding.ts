@@ -114,6 +114,11 @@ export interface NativeRemoteReplica {
   name: string;
   /** Mutual TLS towards the replica server. */
   tls?: NativeTlsOptions;
+  /**
+   * The cluster secret (16 to 1024 bytes): authenticate with it before HELLO and require the
+   * server to prove it too (docs/replica-protocol.md, "Authentication").
+   */
+  clusterSecret?: Uint8Array;
   /** Engine-to-replica I/O timeout (default 8000 ms). */
   ioTimeoutMs?: number;
 }
@@ -160,8 +165,19 @@ export interface NativeReplicaServerOptions {
   port?: number;
   /** Mutual TLS: clients must present a certificate signed by `ca`. */
   tls?: NativeTlsOptions;
+  /**
+   * The cluster secret (16 to 1024 bytes): every client must prove it before HELLO, and the
+   * server proves it back; without it clients are not authenticated.
+   */
+  clusterSecret?: Uint8Array;
   /** Simultaneous connections (default 256). */
   maxConnections?: number;
+  /**
+   * A peer's (IP address's) share of connections still before their HELLO reply (default
+   * 64): on a full server, the oldest connection of a peer over its share is dropped for a
+   * new one first (docs/hardening.md, "Connections").
+   */
+  handshakingPerPeerMax?: number;
   /**
    * Request and reply bytes held at once across all connections (default 256 MiB, 8 MiB to
    * 64 GiB): past it a connection's reader waits, unless it has nothing in flight.
@@ -176,6 +192,12 @@ export interface NativeReplicaServerStats {
   /** Requests refused because they carried an older writer epoch. */
   staleEpochRefusals: number;
   protocolErrors: number;
+  /** Connections refused UNAUTHENTICATED: no proof of the cluster secret, or a wrong one. */
+  authFailures: number;
+  /** Connections closed at accept: the server was full and had no connection in its handshake to drop. */
+  connectionsRefused: number;
+  /** Connections dropped while in their handshake to admit a new one on a full server. */
+  handshakesDropped: number;
   bytesRead: number;
   bytesWritten: number;
   /** Request and reply bytes held now, across connections. */

@@ -61,8 +61,11 @@ function handshakeCase(rng: Rng): { what: string; bytes: Buffer; want: 'drop' | 
       return { what: 'unknown replica', bytes: hello(`nope-${rng.int(1000)}`), want: CodeNum.NOT_FOUND };
     case 6:
       return { what: 'wrong version', bytes: hello('fuzz', { version: 2 + rng.int(250) }), want: CodeNum.PROTOCOL_ERROR };
-    case 7:
-      return { what: 'not HELLO first', bytes: hello('fuzz', { op: 2 + rng.int(30) }), want: CodeNum.PROTOCOL_ERROR };
+    case 7: {
+      // AUTH first to a server without a cluster secret: refused as such (replica-protocol.md).
+      const op = 2 + rng.int(30);
+      return { what: 'not HELLO first', bytes: hello('fuzz', { op }), want: op === Op.AUTH ? CodeNum.UNAUTHENTICATED : CodeNum.PROTOCOL_ERROR };
+    }
     case 8:
       return { what: 'bad magic', bytes: hello('fuzz', { magic: (rng.u32() | 1) >>> 0 }), want: 'drop' };
     case 9:

@@ -3,6 +3,7 @@
 // (docs/replica-protocol.md) so tests can send exactly what they want, a frame-aware TCP
 // proxy that can hold or swallow traffic, and test certificates made with the openssl CLI.
 import { execFileSync } from 'node:child_process';
+import { createHmac, randomBytes } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
@@ -41,6 +42,9 @@ export const Op = {
   SET_REPLICA_SET: 23,
   PEEK_REPLICA_SET: 24,
   GROW: 25,
+  CLIENT_FEATURES: 26,
+  AUTH: 27,
+  AUTH_PROOF: 28,
 } as const;
 
 /** Code numbers as util/status.h lists them. */
@@ -52,6 +56,7 @@ export const CodeNum = {
   UNSUPPORTED: 12,
   UNAVAILABLE: 15,
   PROTOCOL_ERROR: 16,
+  UNAUTHENTICATED: 18,
 } as const;
 
 export interface Request {
@@ -188,9 +193,10 @@ export class RawClient {
     socket.on('error', () => {});
   }
 
-  static connect(port: number, host = '127.0.0.1'): Promise<RawClient> {
+  /** `localAddress`: the source address (another loopback address is another peer). */
+  static connect(port: number, host = '127.0.0.1', localAddress?: string): Promise<RawClient> {
     return new Promise((resolve, reject) => {
-      const s = createConnection({ port, host }, () => resolve(new RawClient(s)));
+      const s = createConnection({ port, host, ...(localAddress ? { localAddress } : {}) }, () => resolve(new RawClient(s)));
       s.once('error', reject);
       s.setNoDelay(true);
     });
@@ -257,6 +263,34 @@ export class RawClient {
   }
 }
 
+/**
+ * The replica protocol's authentication as docs/replica-protocol.md describes it, written
+ * here from the document (not from the C++): K = HMAC-SHA256(secret, key label); a proof
+ * is HMAC-SHA256(K, direction label | client nonce | server nonce).
+ */
+export function authProof(secret: Buffer, who: 'server' | 'client', nc: Buffer, ns: Buffer): Buffer {
+  const k = createHmac('sha256', secret).update('mooring replica protocol v1').digest();
+  return createHmac('sha256', k).update(Buffer.concat([Buffer.from(`mooring replica auth v1 ${who}`), nc, ns])).digest();
+}
+
+/**
+ * Runs AUTH and AUTH_PROOF on a raw client with `secret` (the proof may be spoiled on
+ * purpose with `spoil`). Returns the AUTH_PROOF reply (null if the connection closed), and
+ * whether the server's proof was right.
+ */
+export async function rawAuthenticate(c: RawClient, secret: Buffer, spoil = false): Promise<{ serverProved: boolean; reply: Reply | null }> {
+  const nc = randomBytes(32);
+  c.send({ op: Op.AUTH, seq: 0, payload: nc });
+  const r = await c.next();
+  if (!r || r.code !== 0) return { serverProved: false, reply: r };
+  const ns = r.payload.subarray(0, 32);
+  const serverProved = r.payload.length === 64 && r.payload.subarray(32).equals(authProof(secret, 'server', nc, ns));
+  const proof = authProof(secret, 'client', nc, ns);
+  if (spoil) proof[0]! ^= 1;
+  c.send({ op: Op.AUTH_PROOF, seq: 0, payload: proof });
+  return { serverProved, reply: await c.next() };
+}
+
 /** Replica roots served by replica servers: one "host" each. */
 export interface Host {
   root: string;
@@ -264,12 +298,12 @@ export interface Host {
 }
 
 /** Starts `n` replica servers, each over its own root holding one replica named `name`. */
-export async function startHosts(s: Scratch, n: number, sizeBytes: number, name = 'vol', tls?: NativeTlsOptions): Promise<Host[]> {
+export async function startHosts(s: Scratch, n: number, sizeBytes: number, name = 'vol', tls?: NativeTlsOptions, clusterSecret?: Buffer): Promise<Host[]> {
   const hosts: Host[] = [];
   for (let i = 0; i < n; i++) {
     const root = s.dir(`host${i}-${Math.random().toString(36).slice(2, 8)}`);
     await addon().createReplica(join(root, name), sizeBytes);
-    hosts.push({ root, server: await addon().startReplicaServer({ root, tls }) });
+    hosts.push({ root, server: await addon().startReplicaServer({ root, tls, ...(clusterSecret ? { clusterSecret } : {}) }) });
   }
   return hosts;
 }

@@ -49,8 +49,10 @@ beforeAll(async () => {
   console.log(`previous release ${old.commit.slice(0, 12)} (${old.version}) ${old.built ? 'built' : 'taken from the cache'} in ${buildMs} ms: ${old.packageDir}`);
 }, 900_000);
 
+// The previous release knows no cluster secret: the new hosts run without one too
+// (--insecure), as a cluster mid-upgrade does (docs/data-engine.md, "Mixed releases").
 function host(root: string, hostId: string, ip: string, replicaPort: number, cli?: string): HostProcess {
-  return new HostProcess({ hostId, dir: join(root, `host-${hostId}`), ip, replicaPort, ...(cli ? { cli } : {}) });
+  return new HostProcess({ hostId, dir: join(root, `host-${hostId}`), ip, replicaPort, ...(cli ? { cli } : { insecure: true }) });
 }
 
 const clean = (out: string): string => {

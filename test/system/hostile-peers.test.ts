@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { Mooring } from '../../src/mooring.js';
 import type { FileStateStore } from '../../src/state/file-state-store.js';
-import { encodeRequest, Op, RawClient } from '../native/remote-helpers.js';
+import { encodeRequest, Op, RawClient, rawAuthenticate } from '../native/remote-helpers.js';
 import { makeHosts, openCluster, stopCluster, waitFor, type HostProcess } from './helpers/hosts.js';
 import { qemuIo, TempDir } from './helpers/tools.js';
 
@@ -31,9 +31,17 @@ const READERS = 100;
 const STALLED_WRITERS = 20;
 const READS_PER_CONNECTION = 32; // 4 MiB each: 128 MiB asked per connection, 12.5 GiB in all
 
-/** Connects to the replica server at ip:port and opens `name` (HELLO answered OK). */
-async function openReplica(ip: string, port: number, name: string): Promise<RawClient> {
+/**
+ * Connects to the replica server at ip:port and opens `name` (HELLO answered OK), proving
+ * the cluster secret first: these peers are hostile but hold the secret (a compromised
+ * host of the cluster), the worst case for what they can make the server hold.
+ */
+async function openReplica(ip: string, port: number, name: string, secret: Buffer | undefined): Promise<RawClient> {
   const c = await RawClient.connect(port, ip);
+  if (secret) {
+    const { reply } = await rawAuthenticate(c, secret);
+    if (!reply || reply.code !== 0) throw new Error(`AUTH: ${reply ? `code ${reply.code} ${reply.payload.toString()}` : 'connection closed'}`);
+  }
   c.send({ op: Op.HELLO, seq: 0, payload: Buffer.from(name) });
   const r = await c.next();
   if (!r || r.code !== 0) throw new Error(`HELLO ${name}: ${r ? `code ${r.code} ${r.payload.toString()}` : 'connection closed'}`);
@@ -105,13 +113,13 @@ describe('hostile peers on the replica port', () => {
 
     const hostile: RawClient[] = [];
     for (let i = 0; i < READERS; i++) {
-      const c = await openReplica(a.opts.ip, port, replicaName!);
+      const c = await openReplica(a.opts.ip, port, replicaName!, a.clusterSecret);
       c.socket.pause(); // never read a reply
       hostile.push(c);
       for (let k = 0; k < READS_PER_CONNECTION; k++) c.send({ op: Op.READ, seq: k + 1, offset: (k % 16) * 4 * MiB, length: 4 * MiB });
     }
     for (let i = 0; i < STALLED_WRITERS; i++) {
-      const c = await openReplica(a.opts.ip, port, replicaName!);
+      const c = await openReplica(a.opts.ip, port, replicaName!, a.clusterSecret);
       c.socket.pause();
       hostile.push(c);
       // A 4 MiB WRITE whose payload stops after 1 MiB, and stays stopped.

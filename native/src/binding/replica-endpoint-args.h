@@ -7,6 +7,7 @@
 #include <string>
 
 #include "binding/js-args.h"
+#include "remote/replica-auth.h"
 #include "block/replica-endpoint.h"
 
 namespace mooring {
@@ -28,6 +29,15 @@ inline TlsConfig ParseTls(const Napi::Value& v, const std::string& name) {
   return tls;
 }
 
+// The cluster secret (remote/replica-auth.h): undefined = none; else a Uint8Array of
+// kClusterSecretMinBytes..kClusterSecretMaxBytes.
+inline std::string ParseClusterSecret(const Napi::Value& v, const std::string& name) {
+  if (v.IsUndefined()) return std::string();
+  Napi::Uint8Array b = ToBytes(v, name, kClusterSecretMaxBytes);
+  if (b.ByteLength() < kClusterSecretMinBytes) throw ArgError(name, "at least " + std::to_string(kClusterSecretMinBytes) + " bytes");
+  return std::string(reinterpret_cast<const char*>(b.Data()), b.ByteLength());
+}
+
 inline ReplicaEndpoint ParseReplicaEndpoint(const Napi::Value& v, const std::string& name) {
   ReplicaEndpoint ep;
   if (v.IsString()) {
@@ -42,6 +52,7 @@ inline ReplicaEndpoint ParseReplicaEndpoint(const Napi::Value& v, const std::str
   ep.name = ToStr(o.Get("name"), name + ".name", 1, kMaxReplicaNameBytes);
   if (!ValidReplicaName(ep.name.data(), ep.name.size())) throw ArgError(name + ".name", "a replica name ([A-Za-z0-9._-]{1,63})");
   ep.tls = ParseTls(o.Get("tls"), name + ".tls");
+  ep.cluster_secret = ParseClusterSecret(o.Get("clusterSecret"), name + ".clusterSecret");
   if (!o.Get("ioTimeoutMs").IsUndefined()) {
     const uint64_t t = ToUint(o.Get("ioTimeoutMs"), name + ".ioTimeoutMs", kMaxReplicaIoTimeoutMs);
     if (t < kMinReplicaIoTimeoutMs) throw ArgError(name + ".ioTimeoutMs", "at least " + std::to_string(kMinReplicaIoTimeoutMs));

@@ -22,10 +22,16 @@ ReplicaServerOptions ParseServerOptions(const Napi::Value& v) {
   if (!o.Get("host").IsUndefined()) opts.host = ToStr(o.Get("host"), "options.host", 1, 255);
   if (!o.Get("port").IsUndefined()) opts.port = static_cast<int>(ToUint(o.Get("port"), "options.port", 65535));
   opts.tls = ParseTls(o.Get("tls"), "options.tls");
+  opts.cluster_secret = ParseClusterSecret(o.Get("clusterSecret"), "options.clusterSecret");
   if (!o.Get("maxConnections").IsUndefined()) {
     uint64_t n = ToUint(o.Get("maxConnections"), "options.maxConnections", kMaxConnectionsOption);
     if (n == 0) throw ArgError("options.maxConnections", "at least 1");
     opts.max_connections = static_cast<uint32_t>(n);
+  }
+  if (!o.Get("handshakingPerPeerMax").IsUndefined()) {
+    uint64_t n = ToUint(o.Get("handshakingPerPeerMax"), "options.handshakingPerPeerMax", kMaxConnectionsOption);
+    if (n == 0) throw ArgError("options.handshakingPerPeerMax", "at least 1");
+    opts.max_handshaking_per_peer = static_cast<uint32_t>(n);
   }
   if (!o.Get("bufferBytesMax").IsUndefined()) {
     // Checked against its bounds by ReplicaServer::Start (INVALID_ARGUMENT).
@@ -85,6 +91,9 @@ Napi::Value ReplicaServerWrap::Stats(const Napi::CallbackInfo& info) {
   o.Set("requests", JsNum(env, s.requests));
   o.Set("staleEpochRefusals", JsNum(env, s.stale_epoch_refusals));
   o.Set("protocolErrors", JsNum(env, s.protocol_errors));
+  o.Set("authFailures", JsNum(env, s.auth_failures));
+  o.Set("connectionsRefused", JsNum(env, s.connections_refused));
+  o.Set("handshakesDropped", JsNum(env, s.handshakes_dropped));
   o.Set("bytesRead", JsNum(env, s.bytes_read));
   o.Set("bytesWritten", JsNum(env, s.bytes_written));
   o.Set("bufferBytes", JsNum(env, s.buffer_bytes));

@@ -48,6 +48,9 @@ struct ReplicaEndpoint {
   uint16_t port = 0;
   std::string name;
   TlsConfig tls;
+  // Not empty: authenticate with it before HELLO, and require the server to prove it too
+  // (remote/replica-auth.h). A server without a secret is then refused (kUnauthenticated).
+  std::string cluster_secret;
   // A request outstanding longer than this fails the replica (-ETIMEDOUT), remote only.
   uint32_t io_timeout_ms = kDefaultReplicaIoTimeoutMs;
 

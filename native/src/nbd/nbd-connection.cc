@@ -83,7 +83,10 @@ void NbdConnection::Signal() {
 
 void NbdConnection::Run() {
   try {
-    if (wake_fd_ >= 0 && (adopted_ || Handshake())) Transmission();
+    if (wake_fd_ >= 0 && (adopted_ || Handshake())) {
+      handshaking_.store(false);
+      Transmission();
+    }
   } catch (...) {
     // Allocation, or a device exception during the handshake: lose this one connection.
     std::lock_guard<std::mutex> lock(send_mu_);

@@ -67,6 +67,8 @@ class NbdConnection {
   // Stop reading new requests; answer those in flight; then close. Returns at once.
   void RequestStop();
   bool finished() const { return finished_.load(); }
+  // Until the client entered the transmission phase: Acceptor's per-peer limit.
+  bool handshaking() const { return handshaking_.load(); }
   void Join();
   uint64_t id() const { return id_; }
 
@@ -167,6 +169,7 @@ class NbdConnection {
   int wake_fd_ = -1;
   std::thread thread_;
   std::atomic<bool> finished_{false};
+  std::atomic<bool> handshaking_{true};
   std::atomic<bool> stop_requested_{false};
 
   // Handshake state.

@@ -37,6 +37,9 @@ constexpr size_t kNameLimit = NbdConnection::kNameMax;
 // How long past a freeze's deadline the server waits for a connection to answer (one still
 // in its handshake does not answer: it is given up on and left running).
 constexpr int64_t kFreezeAnswerGraceMs = 100;
+// A peer's (IP address's, or user id's on a unix socket) share of connections still in
+// their NBD handshake on a full export (net/acceptor.h): QEMU has a few at a time at most.
+constexpr uint32_t kHandshakingPerPeerMax = 16;
 
 int64_t NowMs() {
   timespec ts;
@@ -295,7 +298,7 @@ class NbdServerImpl final : public NbdServer {
     const bool tcp = ctx_.opts.unix_path.empty();
     acceptor_.Start(listen_fd_, ctx_.opts.max_connections, tcp, [this](int fd) {
       return std::make_unique<NbdConnection>(&ctx_, fd, ctx_.next_connection_id.fetch_add(1));
-    });
+    }, kHandshakingPerPeerMax);
     listen_fd_ = -1;  // the acceptor's now
   }
 

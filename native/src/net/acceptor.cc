@@ -1,7 +1,9 @@
 #include "net/acceptor.h"
 
+#include <arpa/inet.h>
 #include <malloc.h>
 #include <netdb.h>
+#include <sys/un.h>
 
 #include <cstring>
 #include <mutex>
@@ -51,6 +53,36 @@ Status ListenTcp(const std::string& host_in, int port_in, int* out_fd, int* boun
   }
   freeaddrinfo(res);
   return last;
+}
+
+std::string PeerKey(int fd) {
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof ss;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) return std::string();
+  char text[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    if (!inet_ntop(AF_INET, &a->sin_addr, text, sizeof text)) return std::string();
+    return std::string("ip:") + text;
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+      in_addr v4;
+      memcpy(&v4, a->sin6_addr.s6_addr + 12, sizeof v4);
+      if (!inet_ntop(AF_INET, &v4, text, sizeof text)) return std::string();
+    } else if (!inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text)) {
+      return std::string();
+    }
+    return std::string("ip:") + text;
+  }
+  if (ss.ss_family == AF_UNIX) {
+    ucred cred{};
+    socklen_t cl = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) return std::string();
+    return "uid:" + std::to_string(cred.uid);
+  }
+  return std::string();
 }
 
 void LimitAllocatorRetention() {

@@ -3,12 +3,18 @@
 // connection object, keeps the connections and reaps those that finished.
 //
 // Conn needs: a constructor the `make` callback calls, Start() (may throw), finished()
-// (thread-safe), and a destructor that joins its threads and closes its socket. A finished
-// connection writes to wake_fd() so that the accept thread reaps it.
+// and handshaking() (thread-safe: true until the peer has completed the protocol's
+// handshake), Kill(), and a destructor that joins its threads and closes its socket. A
+// finished connection writes to wake_fd() so that the accept thread reaps it.
 //
-// Pause() stops accepting without closing the listening socket (new clients wait in its
-// backlog) and stops reaping, so that Connections() stays valid until Resume(): the NBD
-// hand-off freezes each connection meanwhile (docs/nbd-frontend.md).
+// Per peer (docs/hardening.md, "Connections"): a peer is the client's IP address (TCP) or
+// user id (a unix socket, SO_PEERCRED). Its share of connections in their handshake is
+// `handshaking_per_peer`. While the server has room every connection is admitted; when it is
+// full, a new one is admitted in place of a connection still in its handshake: the oldest
+// of the peer furthest over its share, else the oldest that has been in its handshake for
+// kEvictHandshakingAfterMs (of the peer holding the most); with neither, the new one is
+// closed. Connections past their handshake are never dropped for another and have no
+// per-peer cap (an engine host opens one replica connection per volume).
 #pragma once
 
 #include <poll.h>
@@ -28,6 +34,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "util/status.h"
@@ -45,6 +52,15 @@ constexpr int kTrimDelayMs = 200;
 constexpr int kLargeBufferBytes = 1 << 20;
 // DropStalled looks at the connections at most this often.
 constexpr int64_t kDropStalledEveryMs = 100;
+// A connection this long in its handshake may be dropped for a new one on a full server
+// even if its peer is within its share. A client that is served finishes its handshake in a
+// few round trips.
+constexpr int64_t kEvictHandshakingAfterMs = 1000;
+
+// Who a connected socket's peer is, for the per-peer limits: "ip:ADDRESS" for TCP (an IPv4
+// address mapped into IPv6 as the IPv4 address), "uid:N" for a unix socket; "" if unknown
+// (not limited).
+std::string PeerKey(int fd);
 
 // Hands the allocator's free memory back to the OS (malloc_trim): glibc keeps what
 // connection threads freed in their arenas, so the RSS a burst of peers drove up would stay
@@ -90,10 +106,13 @@ class Acceptor {
   }
 
   // Starts accepting on listen_fd (which the acceptor closes when it stops). Over
-  // max_connections open, a new socket is closed at once (its client sees EOF).
-  void Start(int listen_fd, uint32_t max_connections, bool tcp_nodelay, Make make) {
+  // max_connections open, a new socket is closed at once (its client sees EOF), unless a
+  // connection in its handshake can go for it, as described above (handshaking_per_peer 0:
+  // no shares, only connections that have waited kEvictHandshakingAfterMs can go).
+  void Start(int listen_fd, uint32_t max_connections, bool tcp_nodelay, Make make, uint32_t handshaking_per_peer = 0) {
     listen_fd_ = listen_fd;
     max_connections_ = max_connections;
+    handshaking_per_peer_ = handshaking_per_peer;
     tcp_nodelay_ = tcp_nodelay;
     make_ = std::move(make);
     thread_ = std::thread([this] { Loop(); });
@@ -112,6 +131,8 @@ class Acceptor {
     std::list<std::unique_ptr<Conn>> conns;
     std::lock_guard<std::mutex> l(mu_);
     conns.swap(conns_);
+    peers_.clear();
+    dropping_ = 0;
     return conns;
   }
 
@@ -162,6 +183,10 @@ class Acceptor {
   int listen_fd() const { return listen_fd_; }
 
   uint64_t total() const { return total_.load(); }
+  // Connections closed at accept (server full, nothing to drop), and connections dropped in
+  // their handshake for a new one.
+  uint64_t refused() const { return refused_.load(); }
+  uint64_t evicted() const { return evicted_.load(); }
   // Connections not finished yet (counted now: reaping happens lazily on the accept thread).
   uint64_t open() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -185,6 +210,11 @@ class Acceptor {
       std::lock_guard<std::mutex> l(mu_);
       for (auto it = conns_.begin(); it != conns_.end();) {
         if ((*it)->finished()) {
+          auto pi = peers_.find(it->get());
+          if (pi != peers_.end()) {
+            if (pi->second.dropped) --dropping_;
+            peers_.erase(pi);
+          }
           done.push_back(std::move(*it));
           it = conns_.erase(it);
         } else {
@@ -241,10 +271,12 @@ class Acceptor {
           backoff = true;  // EMFILE, ENFILE, ENOBUFS, ENOMEM: let resources come back
           break;
         }
+        const std::string peer = handshaking_per_peer_ > 0 ? PeerKey(fd) : std::string();
         if (Held() >= max_connections_) {
           Reap();
-          if (Held() >= max_connections_) {
+          if (Held() >= max_connections_ && !MakeRoom()) {
             close(fd);
+            refused_.fetch_add(1);
             continue;
           }
         }
@@ -252,18 +284,71 @@ class Acceptor {
           int one = 1;
           setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
-        if (Admit(fd)) total_.fetch_add(1);
+        if (Admit(fd, peer)) total_.fetch_add(1);
       }
     }
   }
 
+  // Connections held, less those dropped for new ones and not reaped yet (their threads
+  // are ending: they only wait to be joined).
   uint64_t Held() {
     std::lock_guard<std::mutex> l(mu_);
-    return held_;
+    return held_ - dropping_;
+  }
+
+  // What the acceptor knows of a connection it accepted.
+  struct PeerInfo {
+    std::string key;        // PeerKey, "" when not limited
+    int64_t since_ms = 0;   // accepted at (monotonic)
+    bool dropped = false;   // Kill()ed for a new connection (counted in dropping_)
+  };
+
+  // On a full server: drops a connection still in its handshake to make room for a new one
+  // (the oldest of the peer furthest over its share, else the oldest that has waited
+  // kEvictHandshakingAfterMs, of the peer with the most such). False if there is none.
+  bool MakeRoom() {
+    const int64_t now = NowMonotonicMs();
+    std::lock_guard<std::mutex> l(mu_);
+    struct PerPeer {
+      uint32_t n = 0;
+      Conn* oldest = nullptr;       // list order: oldest first
+      Conn* oldest_aged = nullptr;  // the oldest that has waited kEvictHandshakingAfterMs
+    };
+    std::unordered_map<std::string, PerPeer> peers;
+    for (const auto& c : conns_) {
+      auto it = peers_.find(c.get());
+      if (it == peers_.end() || it->second.dropped || c->finished() || !c->handshaking()) continue;
+      PerPeer& p = peers[it->second.key];
+      ++p.n;
+      if (!p.oldest) p.oldest = c.get();
+      if (!p.oldest_aged && now - it->second.since_ms >= kEvictHandshakingAfterMs) p.oldest_aged = c.get();
+    }
+    Conn* victim = nullptr;
+    uint32_t most = 0;
+    for (const auto& [key, p] : peers) {
+      if (handshaking_per_peer_ > 0 && !key.empty() && p.n > handshaking_per_peer_ && p.n > most) {
+        most = p.n;
+        victim = p.oldest;
+      }
+    }
+    if (!victim) {
+      for (const auto& [key, p] : peers) {
+        if (p.oldest_aged && p.n > most) {
+          most = p.n;
+          victim = p.oldest_aged;
+        }
+      }
+    }
+    if (!victim) return false;
+    peers_[victim].dropped = true;
+    ++dropping_;
+    evicted_.fetch_add(1);
+    victim->Kill();
+    return true;
   }
 
   // Takes ownership of fd: on failure it is closed (by the connection once one exists).
-  bool Admit(int fd) {
+  bool Admit(int fd, const std::string& peer) {
     std::unique_ptr<Conn> c;
     try {
       c = make_(fd);
@@ -271,21 +356,24 @@ class Acceptor {
       close(fd);
       return false;
     }
-    return Admit(std::move(c));
+    return Admit(std::move(c), peer);
   }
 
-  bool Admit(std::unique_ptr<Conn> c) {
+  bool Admit(std::unique_ptr<Conn> c, const std::string& peer = std::string()) {
     if (!c) return false;
     Conn* raw = c.get();
     std::lock_guard<std::mutex> l(mu_);
     try {
       conns_.push_back(std::move(c));
+      peers_[raw] = PeerInfo{peer, NowMonotonicMs(), false};
     } catch (const std::exception&) {
+      if (!conns_.empty() && conns_.back().get() == raw) conns_.pop_back();
       return false;  // c (moved-from or not) is freed: the connection closes its socket
     }
     try {
       raw->Start();
     } catch (const std::exception&) {
+      peers_.erase(raw);
       conns_.pop_back();  // never started: its destructor only closes the socket
       return false;
     }
@@ -296,6 +384,7 @@ class Acceptor {
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   uint32_t max_connections_ = 0;
+  uint32_t handshaking_per_peer_ = 0;
   bool tcp_nodelay_ = false;
   Make make_;
   std::thread thread_;
@@ -305,9 +394,13 @@ class Acceptor {
   mutable std::mutex mu_;
   std::list<std::unique_ptr<Conn>> conns_;  // guarded by mu_
   uint64_t held_ = 0;                       // conns_.size(), guarded by mu_
+  std::unordered_map<Conn*, PeerInfo> peers_;  // guarded by mu_: one per connection in conns_
+  uint64_t dropping_ = 0;                   // guarded by mu_: dropped (PeerInfo.dropped), not reaped yet
   int64_t trim_due_ms_ = 0;                 // accept thread only: when to ReturnFreeMemory (0: not due)
   std::atomic<int64_t> last_drop_stalled_ms_{0};
   std::atomic<uint64_t> total_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> evicted_{0};
 };
 
 }  // namespace mooring

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "remote/replica-auth.h"
+
 namespace mooring {
 
 using namespace rp;  // NOLINT: wire constants
@@ -55,6 +57,75 @@ Status Hello(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t 
     return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": malformed HELLO reply", EPROTO);
   rc = rbuf->ReadExact(t, extra, kHelloReplyBytes, wait);
   if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": handshake failed", -rc);
+  return Status::Ok();
+}
+
+// Reads a reply header (seq 0) and, for an error reply, its message as a Status.
+Status HandshakeReply(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, const WaitFn& wait, const char* what,
+                      ReplyHeader* rh) {
+  uint8_t rb[kReplyHeaderBytes];
+  int rc = rbuf->ReadExact(t, rb, sizeof rb, wait);
+  if (rc != 0) {
+    return Status::Error(Code::kUnavailable,
+                         "replica " + ep.Id() + ": " + what + " failed: " + (rc == -ECONNRESET ? "connection closed" : strerror(-rc)),
+                         -rc);
+  }
+  if (!DecodeReply(rb, rh) || rh->seq != 0 || !ValidCode(rh->code))
+    return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": not a replica server", EPROTO);
+  if (rh->code != 0) {
+    if (rh->payload_len > kMaxMessageBytes)
+      return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": oversized error reply", EPROTO);
+    std::string msg(rh->payload_len, '\0');
+    if (rh->payload_len && rbuf->ReadExact(t, &msg[0], msg.size(), wait) != 0) msg = "(message lost)";
+    return Status::Error(static_cast<Code>(rh->code), "replica " + ep.Id() + ": " + what + ": " + msg, rh->err);
+  }
+  return Status::Ok();
+}
+
+// AUTH, then AUTH_PROOF (remote/replica-auth.h): proves the cluster secret to the server
+// after the server proved it to us. kUnauthenticated when the server cannot.
+Status Authenticate(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t deadline_ms) {
+  const WaitFn wait = UntilDeadline(t, deadline_ms);
+  const ReplicaAuthKey key(ep.cluster_secret);
+  uint8_t nc[kAuthNonceBytes];
+  if (!AuthNonce(nc)) return Status::Error(Code::kIoError, "replica " + ep.Id() + ": no random bytes for the AUTH nonce");
+  RequestHeader h;
+  h.op = kOpAuth;
+  h.payload_len = kAuthNonceBytes;
+  uint8_t hb[kRequestHeaderBytes];
+  EncodeRequest(h, hb);
+  iovec iov[2] = {{hb, sizeof hb}, {nc, sizeof nc}};
+  int rc = WriteAll(t, iov, 2, wait);
+  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": AUTH failed: " + strerror(-rc), -rc);
+  ReplyHeader rh;
+  Status st = HandshakeReply(t, rbuf, ep, wait, "AUTH", &rh);
+  if (!st.ok()) {
+    // A server of a release without authentication answers AUTH as an unknown first frame.
+    if (st.code == Code::kProtocolError)
+      return Status::Error(Code::kUnauthenticated, st.message + " (a replica server without authentication?)", EACCES);
+    return st;
+  }
+  uint8_t got[kAuthNonceBytes + kAuthProofBytes];
+  if (rh.payload_len != sizeof got)
+    return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": malformed AUTH reply", EPROTO);
+  rc = rbuf->ReadExact(t, got, sizeof got, wait);
+  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": AUTH failed: " + strerror(-rc), -rc);
+  const uint8_t* ns = got;
+  if (!key.Check(true, nc, ns, got + kAuthNonceBytes))
+    return Status::Error(Code::kUnauthenticated, "replica " + ep.Id() + ": the server did not prove the cluster secret", EACCES);
+  uint8_t proof[kAuthProofBytes];
+  key.Proof(false, nc, ns, proof);
+  h = RequestHeader();
+  h.op = kOpAuthProof;
+  h.payload_len = kAuthProofBytes;
+  EncodeRequest(h, hb);
+  iov[0] = {hb, sizeof hb};
+  iov[1] = {proof, sizeof proof};
+  rc = WriteAll(t, iov, 2, wait);
+  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": AUTH_PROOF failed: " + strerror(-rc), -rc);
+  st = HandshakeReply(t, rbuf, ep, wait, "AUTH_PROOF", &rh);
+  if (!st.ok()) return st;
+  if (rh.payload_len != 0) return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": malformed AUTH_PROOF reply", EPROTO);
   return Status::Ok();
 }
 
@@ -107,6 +178,10 @@ Status RemoteReplica::Dial(const ReplicaEndpoint& ep, int64_t deadline, Dialed* 
     if (!st.ok()) return Status::Error(st.code, "replica " + ep.Id() + ": " + st.message, st.sys_errno);
   } else {
     d->t = MakePlainTransport(fd);
+  }
+  if (!ep.cluster_secret.empty()) {
+    st = Authenticate(d->t.get(), &d->rbuf, ep, deadline);
+    if (!st.ok()) return st;
   }
   uint8_t extra[kHelloReplyBytes];
   st = Hello(d->t.get(), &d->rbuf, ep, deadline, &d->hello, extra);

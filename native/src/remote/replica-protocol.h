@@ -85,7 +85,12 @@ enum Op : uint8_t {
   // after HELLO, and only to a server whose HELLO reply announced kFeatureGoAway (an older
   // server never sees it). Answered with OK and, in `value`, the bits both sides know.
   kOpClientFeatures = 26,
-  kOpMax = 26,
+  // Authentication with the cluster secret, before HELLO (remote/replica-auth.h): AUTH
+  // carries the client's nonce and is answered with the server's nonce and proof;
+  // AUTH_PROOF carries the client's proof. Only a server with a secret accepts them.
+  kOpAuth = 27,
+  kOpAuthProof = 28,
+  kOpMax = 28,
 };
 
 inline const char* OpName(uint8_t op) {
@@ -94,7 +99,7 @@ inline const char* OpName(uint8_t op) {
                                       "MARK_CLEAN", "LIST_LAYERS",    "LAYER_EXTENTS", "READ_LAYER",   "SNAPSHOT",
                                       "DELETE_SNAPSHOT", "REVERT",    "ADOPT_CHAIN",   "LAYER_DIGEST", "WRITE_LAYER",
                                       "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES", "SET_REPLICA_SET", "PEEK_REPLICA_SET",
-                                      "GROW",       "CLIENT_FEATURES"};
+                                      "GROW",       "CLIENT_FEATURES", "AUTH",   "AUTH_PROOF"};
   return op <= kOpMax ? names[op] : "?";
 }
 
@@ -211,11 +216,12 @@ inline int ErrnoForCode(Code c) {
     case Code::kUnsupported: return ENOTSUP;
     case Code::kUnavailable: return ENOTCONN;
     case Code::kProtocolError: return EPROTO;
+    case Code::kUnauthenticated: return EACCES;
     default: return EIO;
   }
 }
 
-inline bool ValidCode(uint16_t c) { return c <= static_cast<uint16_t>(Code::kNoQuorum); }
+inline bool ValidCode(uint16_t c) { return c <= static_cast<uint16_t>(Code::kUnauthenticated); }
 
 // --- Payload building and parsing. Strings are u16 length + bytes. ---
 

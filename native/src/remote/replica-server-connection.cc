@@ -65,6 +65,7 @@ void ReplicaServerConnection::Protocol(const std::string&) {
 void ReplicaServerConnection::Run() {
   try {
     if (t_ && wake_fd_ >= 0 && Handshake()) {
+      handshaking_.store(false);
       writer_ = std::thread([this] { WriterLoop(); });
       ReadLoop();
     }
@@ -118,6 +119,15 @@ bool ReplicaServerConnection::Handshake() {
     return false;
   }
   RequestHeader h;
+  auto reply_ok = [&](const uint8_t* payload, size_t n) {
+    ReplyHeader rh;
+    rh.seq = h.seq;
+    rh.payload_len = static_cast<uint32_t>(n);
+    uint8_t out[kReplyHeaderBytes];
+    EncodeReply(rh, out);
+    iovec iov[2] = {{out, sizeof out}, {const_cast<uint8_t*>(payload), n}};
+    return WriteAll(t_.get(), iov, n ? 2 : 1, wait) == 0;
+  };
   auto refuse = [&](Code code, const std::string& msg, bool protocol) {
     if (protocol) Protocol(msg);
     ReplyHeader rh;
@@ -137,6 +147,50 @@ bool ReplicaServerConnection::Handshake() {
     return false;  // not our protocol: no reply
   }
   if (h.version != kVersion) return refuse(Code::kProtocolError, "unsupported protocol version " + std::to_string(h.version), true);
+  // Authentication (remote/replica-auth.h): with a secret, AUTH and AUTH_PROOF must come
+  // first; a client that does not prove the secret is refused before it names a replica.
+  auto deny = [&](const std::string& msg) {
+    ctx_->auth_failures.fetch_add(1, std::memory_order_relaxed);
+    return refuse(Code::kUnauthenticated, msg, false);
+  };
+  auto next_header = [&](const char* what) {
+    if (rbuf_.ReadExact(t_.get(), hb, sizeof hb, wait) != 0) {
+      Protocol(std::string("truncated ") + what);
+      return false;
+    }
+    if (!DecodeRequest(hb, &h)) {
+      Protocol("bad magic");
+      return false;
+    }
+    return true;
+  };
+  if (ctx_->auth.enabled()) {
+    if (h.op != kOpAuth) return deny("this replica server requires the cluster secret (AUTH before " + std::string(OpName(h.op)) + ")");
+    if (h.payload_len != kAuthNonceBytes || h.flags != 0 || h.reserved != 0) return refuse(Code::kProtocolError, "malformed AUTH", true);
+    uint8_t nc[kAuthNonceBytes], reply[kAuthNonceBytes + kAuthProofBytes];
+    if (rbuf_.ReadExact(t_.get(), nc, sizeof nc, wait) != 0) {
+      Protocol("truncated AUTH");
+      return false;
+    }
+    uint8_t* ns = reply;
+    if (!AuthNonce(ns)) return refuse(Code::kIoError, "no random bytes for the AUTH nonce", false);
+    ctx_->auth.Proof(true, nc, ns, reply + kAuthNonceBytes);
+    if (!reply_ok(reply, sizeof reply)) return false;
+    if (!next_header("AUTH_PROOF")) return false;
+    if (h.version != kVersion || h.op != kOpAuthProof || h.payload_len != kAuthProofBytes || h.flags != 0 || h.reserved != 0)
+      return deny(std::string("expected AUTH_PROOF, got ") + OpName(h.op));
+    uint8_t proof[kAuthProofBytes];
+    if (rbuf_.ReadExact(t_.get(), proof, sizeof proof, wait) != 0) {
+      Protocol("truncated AUTH_PROOF");
+      return false;
+    }
+    if (!ctx_->auth.Check(false, nc, ns, proof)) return deny("wrong cluster secret");
+    if (!reply_ok(nullptr, 0)) return false;
+    if (!next_header("HELLO")) return false;
+    if (h.version != kVersion) return refuse(Code::kProtocolError, "unsupported protocol version " + std::to_string(h.version), true);
+  } else if (h.op == kOpAuth) {
+    return deny("this replica server has no cluster secret: it cannot prove one");
+  }
   if (h.op != kOpHello) return refuse(Code::kProtocolError, std::string("expected HELLO, got ") + OpName(h.op), true);
   if (h.payload_len == 0 || h.payload_len > kMaxReplicaNameBytes || h.reserved != 0 || h.flags != 0)
     return refuse(Code::kProtocolError, "malformed HELLO", true);
@@ -615,6 +669,9 @@ void ReplicaServerConnection::Dispatch(Request* r) {
       return;
     case kOpClientFeatures:  // handled by the reader (ClientFeatures); never dispatched
       return bad("unexpected");
+    case kOpAuth:
+    case kOpAuthProof:
+      return bad("only before HELLO");
     default:
       return bad("unknown op " + std::to_string(h.op));
   }

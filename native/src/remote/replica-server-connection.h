@@ -19,6 +19,7 @@
 #include "block/replica-backend.h"
 #include "nbd/worker-pool.h"
 #include "net/memory-budget.h"
+#include "remote/replica-auth.h"
 #include "remote/replica-protocol.h"
 #include "remote/replica-server.h"
 #include "net/transport.h"
@@ -30,6 +31,7 @@ struct ReplicaServerContext {
   ReplicaServerOptions opts;
   std::string root_real;  // realpath(opts.root)
   std::shared_ptr<TlsContext> tls;  // null: plain TCP
+  ReplicaAuthKey auth;              // enabled: clients must authenticate before HELLO
   WorkerPool* pool = nullptr;
   std::unique_ptr<MemoryBudget> budget;  // opts.max_inflight_bytes_total, across connections
   std::function<void()> reclaim;         // while a reader waits for budget: drop stalled peers
@@ -38,6 +40,7 @@ struct ReplicaServerContext {
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> stale_epoch_refusals{0};
   std::atomic<uint64_t> protocol_errors{0};
+  std::atomic<uint64_t> auth_failures{0};
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> bytes_written{0};
 };
@@ -59,6 +62,8 @@ class ReplicaServerConnection {
   // Stop reading new requests; answer those in flight; then close. Returns at once.
   void RequestStop();
   bool finished() const { return finished_.load(); }
+  // Until HELLO has been answered (TLS and authentication included): Acceptor's per-peer limit.
+  bool handshaking() const { return handshaking_.load(); }
   void Join();
   // Sends GOAWAY if the client announced kFeatureGoAway (CLIENT_FEATURES) and returns true:
   // the connection keeps reading and answering until the client half-closes, then closes.
@@ -117,6 +122,7 @@ class ReplicaServerConnection {
   std::thread reader_;
   std::thread writer_;
   std::atomic<bool> finished_{false};
+  std::atomic<bool> handshaking_{true};
   std::atomic<bool> stop_{false};
   std::atomic<bool> dead_{false};
   std::atomic<int64_t> last_rx_ms_{0};

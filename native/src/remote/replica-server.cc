@@ -58,6 +58,12 @@ class ReplicaServerImpl final : public ReplicaServer {
     if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode))
       return Status::Error(Code::kInvalidArgument, "replica server root " + ctx_.opts.root + " is not a directory");
     ctx_.root_real = real;
+    if (!ctx_.opts.cluster_secret.empty()) {
+      if (ctx_.opts.cluster_secret.size() < kClusterSecretMinBytes || ctx_.opts.cluster_secret.size() > kClusterSecretMaxBytes)
+        return Status::Error(Code::kInvalidArgument, "the cluster secret must be " + std::to_string(kClusterSecretMinBytes) + " to " +
+                                                         std::to_string(kClusterSecretMaxBytes) + " bytes");
+      ctx_.auth = ReplicaAuthKey(ctx_.opts.cluster_secret);
+    }
     if (ctx_.opts.tls.enabled()) {
       Status s = TlsContext::Create(ctx_.opts.tls, true, &ctx_.tls);
       if (!s.ok()) return s;
@@ -71,7 +77,8 @@ class ReplicaServerImpl final : public ReplicaServer {
       pool_.reset(new WorkerPool(ctx_.opts.io_threads));
       ctx_.pool = pool_.get();
       acceptor_.Start(listen_fd_, ctx_.opts.max_connections, true,
-                      [this](int fd) { return std::make_unique<ReplicaServerConnection>(&ctx_, fd); });
+                      [this](int fd) { return std::make_unique<ReplicaServerConnection>(&ctx_, fd); },
+                      ctx_.opts.max_handshaking_per_peer);
       listen_fd_ = -1;  // the acceptor's now
     } catch (const std::exception& e) {
       return Status::Error(Code::kIoError, std::string("starting replica server threads: ") + e.what());
@@ -88,6 +95,9 @@ class ReplicaServerImpl final : public ReplicaServer {
     s.requests = ctx_.requests.load();
     s.stale_epoch_refusals = ctx_.stale_epoch_refusals.load();
     s.protocol_errors = ctx_.protocol_errors.load();
+    s.auth_failures = ctx_.auth_failures.load();
+    s.connections_refused = acceptor_.refused();
+    s.handshakes_dropped = acceptor_.evicted();
     s.bytes_read = ctx_.bytes_read.load();
     s.bytes_written = ctx_.bytes_written.load();
     s.buffer_bytes = ctx_.budget->used();

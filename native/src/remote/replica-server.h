@@ -28,7 +28,14 @@ struct ReplicaServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;                      // 0: any free port (see ReplicaServer::port())
   TlsConfig tls;                     // mutual TLS when enabled()
+  // Not empty: every client must prove it before HELLO (remote/replica-auth.h), and the
+  // server proves it back. Empty: clients are not authenticated (and AUTH is refused).
+  std::string cluster_secret;
   uint32_t max_connections = 256;
+  // A peer's (IP address's) share of connections still before their HELLO reply: on a full
+  // server, the oldest connection of a peer over its share is dropped for a new one first
+  // (net/acceptor.h). Connections past HELLO are never dropped for another, nor capped per peer.
+  uint32_t max_handshaking_per_peer = 64;
   uint32_t io_threads = 16;          // shared worker pool (requests block on disk I/O)
   uint32_t max_inflight_per_connection = 128;          // reader stops reading past this
   uint64_t max_inflight_bytes_per_connection = 64ull << 20;  // ...or past this (plus one request)
@@ -47,6 +54,9 @@ struct ReplicaServerStats {
   uint64_t requests = 0;
   uint64_t stale_epoch_refusals = 0;
   uint64_t protocol_errors = 0;  // bad frames answered with PROTOCOL_ERROR, or dropped connections
+  uint64_t auth_failures = 0;    // connections refused UNAUTHENTICATED (no proof, or a wrong one)
+  uint64_t connections_refused = 0;  // closed at accept: server full, nothing it could drop
+  uint64_t handshakes_dropped = 0;   // dropped while in their handshake, for a new connection
   uint64_t bytes_read = 0;       // data read from replicas for clients
   uint64_t bytes_written = 0;    // data written to replicas for clients
   uint64_t buffer_bytes = 0;       // request and reply bytes held now, across connections

@@ -38,6 +38,7 @@ enum class Code {
   kUnavailable,       // UNAVAILABLE
   kProtocolError,     // PROTOCOL_ERROR
   kNoQuorum,          // NO_QUORUM: a majority of the volume's replicas cannot be reached
+  kUnauthenticated,   // UNAUTHENTICATED: a peer did not prove the cluster secret (docs/replica-protocol.md)
 };
 
 // The string each Code crosses into JavaScript as (error.code).
@@ -61,6 +62,7 @@ inline const char* CodeName(Code c) {
     case Code::kUnavailable: return "UNAVAILABLE";
     case Code::kProtocolError: return "PROTOCOL_ERROR";
     case Code::kNoQuorum: return "NO_QUORUM";
+    case Code::kUnauthenticated: return "UNAUTHENTICATED";
   }
   return "IO_ERROR";
 }

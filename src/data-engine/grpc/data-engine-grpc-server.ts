@@ -1,7 +1,7 @@
 import { connect } from 'node:net';
-import { lstat, unlink } from 'node:fs/promises';
+import { chmod, lstat, unlink } from 'node:fs/promises';
 
-import { Server, ServerCredentials, type ServerReadableStream, type ServerUnaryCall, type ServerWritableStream, type sendUnaryData, type UntypedServiceImplementation, type ServiceDefinition, type MethodDefinition } from '@grpc/grpc-js';
+import { Metadata, status as GrpcStatus, Server, ServerCredentials, type ServerReadableStream, type ServerUnaryCall, type ServerWritableStream, type sendUnaryData, type UntypedServiceImplementation, type ServiceDefinition, type MethodDefinition } from '@grpc/grpc-js';
 
 import { MooringError, toMooringError } from '../../errors.js';
 import { parseNbdAddress } from '../../nbd/nbd-address.js';
@@ -31,6 +31,7 @@ import {
   type Msg,
 } from './codec.js';
 import { DATA_ENGINE_SERVICE, dataEnginePackageDefinition } from './data-engine-proto.js';
+import { checkClusterSecret, GRPC_AUTH_METADATA_KEY, grpcAuthToken, grpcAuthTokenMatches } from '../cluster-secret.js';
 
 /** Limits of the gRPC server (and client). */
 export const GRPC_LIMITS = {
@@ -58,6 +59,13 @@ export interface DataEngineGrpcServerOptions {
   tls?: DataEngineTlsOptions;
   /** Allow TCP beyond loopback without TLS (default false). */
   allowInsecureRemote?: boolean;
+  /**
+   * The cluster secret (16 to 1024 bytes): every call must carry the token derived from it
+   * (RemoteDataEngine's `clusterSecret`), checked before any method runs; others are
+   * answered UNAUTHENTICATED. Without it calls are not authenticated: only the unix
+   * socket's mode (0600) or TLS keeps other processes out.
+   */
+  clusterSecret?: Uint8Array;
   /**
    * Serves ReplaceProcess: checks the successor's argv and arranges for this process to
    * stop and start it (`mooring data-engine --allow-successor-exec`). Without it the call is
@@ -108,6 +116,7 @@ export class DataEngineGrpcServer {
       throw new MooringError('INVALID_ARGUMENT', `gRPC server options must be {engine, listen, tls?} (got ${describe(options)})`);
     }
     const tls = checkTls(options.tls);
+    const secret = checkClusterSecret(options.clusterSecret);
     const addr = parseNbdAddress(options.listen);
     let target: string;
     if (addr.kind === 'unix') {
@@ -132,6 +141,13 @@ export class DataEngineGrpcServer {
       const message = (err as Error).message ?? String(err);
       throw new MooringError(/in use|EADDRINUSE/i.test(message) ? 'ADDRESS_IN_USE' : 'INVALID_ARGUMENT', `cannot listen on ${options.listen}: ${message}`, { cause: err });
     });
+    if (addr.kind === 'unix') {
+      // Only this user may connect (grpc-js creates the socket with the umask's mode).
+      await chmod(addr.path, 0o600).catch((err: unknown) => {
+        server.forceShutdown();
+        throw toMooringError(err, `making ${addr.path} private`);
+      });
+    }
     const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port });
     const self = new DataEngineGrpcServer(server, address, tls !== undefined, addr.kind === 'unix' ? addr.path : undefined);
     self.#engine = options.engine;
@@ -142,7 +158,8 @@ export class DataEngineGrpcServer {
         return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(self.#engine) : v;
       },
     });
-    server.addService(guardedService(), self.#implementation(current, options));
+    const impl = self.#implementation(current, options);
+    server.addService(guardedService(), secret ? authenticated(impl, grpcAuthToken(secret)) : impl);
     return self;
   }
 
@@ -480,6 +497,25 @@ function guardedService(): ServiceDefinition {
     };
   }
   return out as ServiceDefinition;
+}
+
+// Every method behind a check of the cluster secret's token, before the method runs: a call
+// without it, or with another, is answered UNAUTHENTICATED (and a streaming one ended).
+function authenticated(impl: UntypedServiceImplementation, token: string): UntypedServiceImplementation {
+  const out: UntypedServiceImplementation = {};
+  for (const [name, handler] of Object.entries(impl)) {
+    const h = handler as (call: { metadata: Metadata; emit: (e: string, v: unknown) => void }, callback?: sendUnaryData<Msg>) => void;
+    out[name] = ((call: { metadata: Metadata; emit: (e: string, v: unknown) => void }, callback?: sendUnaryData<Msg>): void => {
+      if (grpcAuthTokenMatches(token, call.metadata.get(GRPC_AUTH_METADATA_KEY)[0])) {
+        h(call, callback);
+        return;
+      }
+      const err = { ...toGrpcError(new MooringError('UNAUTHENTICATED', `${name}: this data engine requires the cluster secret (a missing or wrong ${GRPC_AUTH_METADATA_KEY} token)`)), code: GrpcStatus.UNAUTHENTICATED };
+      if (callback) callback(err as never);
+      else call.emit('error', err);
+    }) as never;
+  }
+  return out;
 }
 
 // grpc-js cannot bind over a socket file left by a killed server (EADDRINUSE). Remove it,

@@ -1,11 +1,13 @@
 import {
   ChannelCredentials,
+  InterceptingCall,
   Metadata,
   credentials,
   loadPackageDefinition,
   type Client,
   type ClientReadableStream,
   type ClientWritableStream,
+  type Interceptor,
   type ServiceError,
 } from '@grpc/grpc-js';
 
@@ -52,6 +54,7 @@ import {
 } from './codec.js';
 import type { HandOffEpochs, HandOffProcessResult } from '../process-handoff.js';
 import { GRPC_LIMITS } from './data-engine-grpc-server.js';
+import { checkClusterSecret, GRPC_AUTH_METADATA_KEY, grpcAuthToken } from '../cluster-secret.js';
 import { dataEnginePackageDefinition } from './data-engine-proto.js';
 
 /** Defaults of {@link RemoteDataEngineOptions}. */
@@ -80,6 +83,12 @@ export interface RemoteDataEngineOptions {
   tls?: DataEngineTlsOptions;
   /** Allow plain TCP to a non-loopback host (default false). */
   allowInsecureRemote?: boolean;
+  /**
+   * The cluster secret (16 to 1024 bytes) of a data engine that requires it: every call
+   * carries a token derived from it (docs/data-engine.md, "Authentication"). Without it
+   * such a data engine answers every call UNAUTHENTICATED.
+   */
+  clusterSecret?: Uint8Array;
   /** Deadline per call (default 30 s). */
   timeoutMs?: number;
   /** Deadline of addReplica, stopEngine, exportSnapshot and copySnapshot (default 6 h). */
@@ -127,6 +136,7 @@ export class RemoteDataEngine implements DataEngine {
       throw new MooringError('INVALID_ARGUMENT', `connect options must be {address, tls?, timeoutMs?} (got ${describe(options)})`);
     }
     const tls = checkTls(options.tls);
+    const secret = checkClusterSecret(options.clusterSecret);
     const timeoutMs = checkIntIn('timeoutMs', options.timeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.timeoutMs);
     const longTimeoutMs = checkIntIn('longCallTimeoutMs', options.longCallTimeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.longCallTimeoutMs);
     const addr = parseNbdAddress(options.address);
@@ -157,6 +167,7 @@ export class RemoteDataEngine implements DataEngine {
       // A data engine that restarted (an upgrade, a crash) is found again within seconds.
       'grpc.initial_reconnect_backoff_ms': 250,
       'grpc.max_reconnect_backoff_ms': 5000,
+      ...(secret ? { interceptors: [authInterceptor(grpcAuthToken(secret))] } : {}),
     });
     const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port: addr.port });
     try {
@@ -605,4 +616,15 @@ function optionalString(what: string, v: unknown): void {
 
 function isCount(v: unknown, max = Number.MAX_SAFE_INTEGER): v is number {
   return typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= max;
+}
+
+// Adds the cluster secret's token to every call's metadata (unary and streaming alike).
+function authInterceptor(token: string): Interceptor {
+  return (options, nextCall) =>
+    new InterceptingCall(nextCall(options), {
+      start(metadata, listener, next) {
+        metadata.set(GRPC_AUTH_METADATA_KEY, token);
+        next(metadata, listener);
+      },
+    });
 }

@@ -3,10 +3,11 @@
 // its own gRPC unix socket. A host can be killed (SIGKILL), stopped and resumed
 // (SIGSTOP/SIGCONT: a network partition as far as its peers can tell) and restarted on the
 // same addresses with the same directory, as a rebooted host would be.
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { processAlive } from '../../../src/util/processes.js';
+import { processClusterSecret } from '../../../src/data-engine/cluster-secret.js';
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
 import { Mooring } from '../../../src/mooring.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
@@ -30,6 +31,13 @@ export interface HostOptions {
   grpcConnect?: string;
   /** The cli.js the process runs (default: this repository's dist/cli.js). */
   cli?: string;
+  /**
+   * Run without a cluster secret (`--insecure`). By default a host gets this test process's
+   * generated secret (processClusterSecret(), the one in-process data engines use) as
+   * --cluster-secret-file, and the test's client connects with it. A host of another
+   * release (`cli`) gets neither: it knows no authentication.
+   */
+  insecure?: boolean;
 }
 
 interface DataEngineReady {
@@ -59,21 +67,41 @@ export class HostProcess {
     return this.client;
   }
 
+  /** The secret this host's processes are given and its client connects with (undefined: none). */
+  get clusterSecret(): Buffer | undefined {
+    return this.opts.insecure || this.opts.cli ? undefined : processClusterSecret();
+  }
+
+  /** The file holding that secret once start() wrote it (undefined: none). */
+  get clusterSecretFile(): string | undefined {
+    return this.clusterSecret ? join(this.opts.dir, 'cluster-secret') : undefined;
+  }
+
   /** Starts (or restarts) the process and connects a client. */
   async start(): Promise<void> {
+    const secret = this.clusterSecret;
+    let auth: string[] = [];
+    if (secret) {
+      const file = this.clusterSecretFile!;
+      writeFileSync(file, secret, { mode: 0o600 });
+      auth = ['--cluster-secret-file', file];
+    } else if (this.opts.insecure) {
+      auth = ['--insecure'];
+    }
     const args = [
       'data-engine',
       '--dir', this.opts.dir,
       '--host-id', this.opts.hostId,
       '--listen', this.opts.grpcListen ?? `unix:${this.grpcSocket}`,
       '--replica-listen', `tcp:${this.opts.ip}:${this.opts.replicaPort}`,
+      ...auth,
       ...(this.opts.extraArgs ?? []),
     ];
     const wrap = this.opts.netns ? ['ip', 'netns', 'exec', this.opts.netns] : undefined;
     this.proc = await startCliProcess(args, `data-engine ${this.hostId}${this.opts.cli ? ` (${this.opts.cli})` : ''}`, 30_000, undefined, wrap, this.opts.cli);
     this.ready = JSON.parse(this.proc.readyLine) as DataEngineReady;
     await this.client?.close().catch(() => undefined);
-    this.client = await RemoteDataEngine.connect({ address: this.opts.grpcConnect ?? this.opts.grpcListen ?? `unix:${this.grpcSocket}`, timeoutMs: 10_000 });
+    this.client = await RemoteDataEngine.connect({ address: this.opts.grpcConnect ?? this.opts.grpcListen ?? `unix:${this.grpcSocket}`, timeoutMs: 10_000, ...(secret ? { clusterSecret: secret } : {}) });
   }
 
   /** SIGKILL: the host crashes. The client stays, and fails with UNAVAILABLE until restart. */
@@ -130,9 +158,12 @@ async function stopDirectoryOwner(dir: string): Promise<void> {
 }
 
 /** N hosts a, b, c... on 127.0.0.11.. with replica ports basePort + i. */
-export function makeHosts(root: string, n: number, basePort: number): HostProcess[] {
+export function makeHosts(root: string, n: number, basePort: number, options: { insecure?: boolean } = {}): HostProcess[] {
   const ids = 'abcdefgh';
-  return Array.from({ length: n }, (_, i) => new HostProcess({ hostId: ids[i]!, dir: join(root, `host-${ids[i]}`), ip: `127.0.0.${11 + i}`, replicaPort: basePort + i }));
+  return Array.from(
+    { length: n },
+    (_, i) => new HostProcess({ hostId: ids[i]!, dir: join(root, `host-${ids[i]}`), ip: `127.0.0.${11 + i}`, replicaPort: basePort + i, ...(options.insecure ? { insecure: true } : {}) }),
+  );
 }
 
 /** A cluster over the hosts' gRPC clients with a file state store under `root`. */

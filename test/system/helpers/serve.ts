@@ -18,6 +18,8 @@ export interface ServeOptions {
   replicas?: number;
   /** gRPC addresses of other hosts' data engines (--host, one each). */
   hosts?: string[];
+  /** --cluster-secret-file: the secret those data engines were given. */
+  clusterSecretFile?: string | undefined;
   /** `unix:PATH` or `tcp:HOST:PORT` (default: unix:DIR/nbd.sock). */
   nbd?: string;
   extraArgs?: string[];
@@ -104,6 +106,7 @@ export async function startServe(opts: ServeOptions): Promise<MooringServer> {
   if (opts.size !== undefined) args.push('--size', String(opts.size));
   if (opts.replicas !== undefined) args.push('--replicas', String(opts.replicas));
   for (const h of opts.hosts ?? []) args.push('--host', h);
+  if (opts.clusterSecretFile) args.push('--cluster-secret-file', opts.clusterSecretFile);
   if (opts.nbd) args.push('--nbd', opts.nbd);
   args.push(...(opts.extraArgs ?? []));
   const s = await startCliProcess(args, `mooring serve --dir ${opts.dir}`, opts.readyTimeoutMs);

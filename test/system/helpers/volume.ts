@@ -88,6 +88,7 @@ export class VolumeFixture {
     this.server = await startServe({
       dir: this.dir,
       hosts: this.peers.map((p) => `unix:${p.grpcSocket}`),
+      ...(this.peers.length > 0 ? { clusterSecretFile: this.peers[0]!.clusterSecretFile } : {}),
       ...(this.created ? {} : { size: this.sizeBytes, replicas: this.replicas }),
       ...this.extra,
     });

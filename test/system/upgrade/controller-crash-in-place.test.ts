@@ -34,7 +34,7 @@ describe('in-place upgrade session: the driving VM manager is SIGKILLed mid-hand
   const sock = (): string => tmp.join('vm.sock');
 
   beforeAll(async () => {
-    hosts = makeHosts(tmp.path, 3, 18010);
+    hosts = makeHosts(tmp.path, 3, 18010, { insecure: true }); // the driver process knows no secret
     for (const h of hosts) {
       h.opts.extraArgs = ['--allow-successor-exec', repoRoot];
       await h.start();

@@ -33,7 +33,7 @@ describe('upgrade session: the driving VM manager is SIGKILLed at one step after
   const sock = (): string => tmp.join('vm.sock');
 
   beforeAll(async () => {
-    hosts = makeHosts(tmp.path, 3, 17850);
+    hosts = makeHosts(tmp.path, 3, 17850, { insecure: true }); // the driver process knows no secret
     for (const h of hosts) await h.start();
     const store = await FileStateStore.open(join(tmp.path, 'state'));
     const m = await Mooring.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 0 });

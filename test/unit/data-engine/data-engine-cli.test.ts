@@ -92,8 +92,13 @@ describe('mooring data-engine', () => {
     expect(ctx.err.join('')).toContain('--listen ADDRESS is required (unix:PATH or tcp:HOST:PORT)');
     expect(ctx.err.join('')).not.toContain('undefined');
     ctx.err.length = 0;
-    expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'tcp:0.0.0.0:0', '--replica-listen', 'none'], ctx)).toBe(1);
+    expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'tcp:0.0.0.0:0', '--replica-listen', 'none', '--insecure'], ctx)).toBe(1);
     expect(ctx.err.join('')).toMatch(/INVALID_ARGUMENT: .*loopback/);
+    ctx.err.length = 0;
+    // Loopback TCP without TLS and without a cluster secret: any local process could call it.
+    expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'tcp:127.0.0.1:0', '--replica-listen', 'none'], ctx)).toBe(1);
+    expect(ctx.err.join('')).toMatch(/INVALID_ARGUMENT: .*needs --cluster-secret-file/);
+    expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--insecure', '--cluster-secret-file', 'f'], ctx)).toBe(2);
     expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--replica-listen', 'tcp:10.1.2.3:0'], ctx)).toBe(1);
     expect(await runCli(['data-engine', '--dir', 'd', '--host-id', 'h', '--listen', 'unix:x.sock', '--max-concurrent-rebuilds', '0'], ctx)).toBe(1);
     ctx.err.length = 0;
