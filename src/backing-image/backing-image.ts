@@ -168,7 +168,7 @@ export class BackingImage extends (EventEmitter as new () => TypedEmitter<Backin
   }
 
   /**
-   * Changes how many ready copies the image keeps (1..{@link BACKING_IMAGE_MIN_COPIES_MAX})
+   * Changes how many ready copies the image keeps (1..16, `BACKING_IMAGE_MIN_COPIES_MAX`)
    * while the cluster runs: more are delivered at once, and copies past the new count are
    * cleaned up after the cleanup wait like any unused copy.
    *
