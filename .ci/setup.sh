@@ -30,7 +30,9 @@ cd "$(dirname "$0")/.."
 #   libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils
 #                             libvirtd with the QEMU driver, virsh, virt-xml-validate (with xmllint):
 #                             the example VM and the KubeVirt hook's domain booted under libvirt
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils)
+#   libasan8 libubsan1        gcc 12's AddressSanitizer and UBSan runtimes: the sanitizer pass over the addon
+#                             (test/sanitizers; g++ pulls them in already, named here because that pass needs them)
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils libasan8 libubsan1)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

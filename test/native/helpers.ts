@@ -14,6 +14,15 @@ export const MiB = 1024 * KiB;
 export const GiB = 1024 * MiB;
 export const BLOCK = 4 * KiB;
 
+/**
+ * Set by the sanitizer pass (test/sanitizers/run.mjs) to the sanitizers the addon was built
+ * with ('address,undefined'); empty otherwise. Under ASan, RSS also counts the allocator's
+ * redzones, its shadow memory and the freed blocks it holds back (its quarantine).
+ */
+export const SANITIZERS = process.env.MOORING_SANITIZERS ?? '';
+/** ASan's quarantine: freed memory it keeps from reuse (quarantine_size_mb, 256 MiB by default). */
+export const ASAN_QUARANTINE_BYTES = SANITIZERS.includes('address') ? 256 * MiB : 0;
+
 /** The addon exactly as the library loads it. Throws NATIVE_LOAD_FAILED if it is missing. */
 export function addon(): NativeAddon {
   return loadAddon();

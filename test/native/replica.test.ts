@@ -15,6 +15,7 @@ import {
   BLOCK,
   KiB,
   MiB,
+  SANITIZERS,
   Scratch,
   addon,
   codeOf,
@@ -539,8 +540,13 @@ describe('native replica store (real addon)', () => {
       // ...and the index did not grow with the volume. One byte per 4 KiB block would be
       // 256 MiB; even a lazily-touched byte map would dirty ~10,000 pages (~40 MiB) and a
       // bitmap ~25 MiB, so 16 MiB also catches those.
-      expect(growth).toBeLessThan(16);
-      expect(reopenGrowth).toBeLessThan(16);
+      // Under ASan (the sanitizer pass) RSS measures its allocator as much as the index
+      // (a redzone around every node, freed ones held in quarantine): the writes and the
+      // reopen still run there, checked for memory errors, but the bound is not asserted.
+      if (SANITIZERS === '') {
+        expect(growth).toBeLessThan(16);
+        expect(reopenGrowth).toBeLessThan(16);
+      }
     });
   });
 

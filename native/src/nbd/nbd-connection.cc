@@ -42,7 +42,9 @@ NbdConnection::NbdConnection(NbdServerContext* ctx, int fd, const NbdConnectionR
   meta_base_allocation_ = rec.meta_base_allocation;
   size_ = rec.size;
   rbuf_.reset(new uint8_t[kRecvBufferBytes]);
-  memcpy(rbuf_.get(), rec.pending.data(), rec.pending.size());  // Honours() bounded it
+  // Honours() bounded it. Usually empty: then data() may be null, and memcpy from null is
+  // undefined even for 0 bytes.
+  if (!rec.pending.empty()) memcpy(rbuf_.get(), rec.pending.data(), rec.pending.size());
   rend_ = rec.pending.size();
 }
 

@@ -63,7 +63,8 @@ class Reader {
   bool Str(size_t max, std::string* out) {
     std::vector<uint8_t> b;
     if (!Bytes(max, &b)) return false;
-    if (memchr(b.data(), 0, b.size())) return ok_ = false;
+    // An empty vector's data() may be null, and memchr(nullptr, 0, 0) is undefined.
+    if (!b.empty() && memchr(b.data(), 0, b.size())) return ok_ = false;
     out->assign(b.begin(), b.end());
     return true;
   }
