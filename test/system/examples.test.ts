@@ -35,6 +35,14 @@ describe('examples', () => {
     expect(out).toMatch(/after stop: disk0-r0 clean=true; disk0-r1 clean=true/);
   });
 
+  it('nbd-tls: QEMU and nbdinfo reach a TLS export with client certificates, a client in the clear is refused', async () => {
+    const out = await runExample('examples/nbd-tls/demo.mjs');
+    expect(out).toMatch(/exported at nbds:\/\/127\.0\.0\.1:\d+\//);
+    expect(out).toMatch(/qemu-io over TLS: wrote 1048576\/1048576 bytes at offset 0; read 1048576\/1048576 bytes at offset 0/);
+    expect(out).toMatch(/nbdinfo over TLS: 67108864 bytes/);
+    expect(out).toMatch(/a client in the clear: refused \(.*requires TLS/);
+  });
+
   it('cluster: degraded while a host is away, healthy again once it is back', async () => {
     const out = await runExample('examples/cluster/demo.mjs');
     expect(out).toMatch(/attached: healthy, attached on a/);
