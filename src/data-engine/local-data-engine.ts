@@ -540,6 +540,12 @@ export class LocalDataEngine implements DataEngine {
     return out;
   }
 
+  /** Whether an engine's NBD export here is served over TLS (it could not be handed off in place). */
+  servesTlsExports(): boolean {
+    for (const slot of this.#engines.values()) if (slot.nbd?.tls === true) return true;
+    return false;
+  }
+
   /** @inheritDoc DataEngine.startEngine */
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
     this.#assertOpen();

@@ -109,7 +109,7 @@ export function upgradeBlocks(l: UpgradeLayout): UpgradeBlock[] {
       continue;
     }
     if (l.method === 'in-place' && l.reachable.has(host) && !l.inPlace.has(host)) {
-      add('IN_PLACE_UNAVAILABLE', host, `host ${host}'s data engine cannot hand over in place: run it with --allow-successor-exec (a release with the in-place hand-off) and give dataEngine a command`);
+      add('IN_PLACE_UNAVAILABLE', host, `host ${host}'s data engine cannot hand over in place: run it with --allow-successor-exec (a release with the in-place hand-off) and give dataEngine a command; an engine exported over TLS there cannot be handed over either`);
     }
     if (l.reachable.has(host) && !l.launchable.has(host) && !l.inPlace.has(host)) {
       add('NO_LAUNCHER', host, `nothing can start the new version on ${host}: give Mooring.open a dataEngineLauncher, or run its data engine with --allow-successor-exec and give dataEngine a command`);

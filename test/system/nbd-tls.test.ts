@@ -2,7 +2,8 @@
 // and `mooring serve` given --tls-cert/--tls-key/--tls-ca serve their TCP exports over TLS
 // only, and may then listen beyond loopback. Checked with QEMU's client (qemu-io with a
 // tls-creds-x509 object) and libnbd's (nbdinfo nbds://); a client in the clear is told TLS is
-// required and gets nothing.
+// required and gets nothing. While a TLS export runs, the data engine offers no in-place
+// hand-off (TLS state cannot move to a successor).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -60,12 +61,13 @@ describe('NBD over TLS from the command line', () => {
   it('data-engine --tls-*: an engine exported on a non-loopback TCP address requires TLS', async () => {
     const grpc = `unix:${tmp.join('de.sock')}`;
     const de = await startCliProcess(
-      ['data-engine', '--dir', tmp.join('host-1'), '--host-id', 'host-1', '--listen', grpc, '--replica-listen', 'none', ...tlsArgs],
+      ['data-engine', '--dir', tmp.join('host-1'), '--host-id', 'host-1', '--listen', grpc, '--replica-listen', 'none', '--allow-successor-exec', tmp.path, ...tlsArgs],
       'mooring data-engine with TLS',
     );
     expect(JSON.parse(de.readyLine).tls).toBe(true);
     const client = await RemoteDataEngine.connect({ address: grpc });
     try {
+      expect((await client.info()).features).toContain('in-place-handoff');
       await client.createReplica('tls-r0', 16 * MiB);
       const engine = await client.startEngine({
         volume: 'tls',
@@ -79,7 +81,10 @@ describe('NBD over TLS from the command line', () => {
       const size = await run('nbdinfo', ['--size', `nbds://127.0.0.1:${port}/?tls-certificates=${creds}`]);
       expect(Number(size.stdout.trim())).toBe(16 * MiB);
       await refusedInTheClear(port);
+      // A TLS export cannot move to a successor process: no in-place hand-off while it runs.
+      expect((await client.info()).features).not.toContain('in-place-handoff');
       await client.stopEngine('tls');
+      expect((await client.info()).features).toContain('in-place-handoff');
     } finally {
       await client.close();
     }

@@ -211,7 +211,13 @@ export class DataEngineGrpcServer {
           );
       };
     return {
-      Info: unary(async () => infoToMsg({ ...(await de.info()), features })),
+      // An engine exported over TLS cannot be handed to a successor (TLS state cannot move):
+      // while one runs, the data engine does not offer the in-place hand-off, and an upgrade
+      // in `auto` restarts it instead.
+      Info: unary(async () => {
+        const tlsExports = (de as { servesTlsExports?: () => boolean }).servesTlsExports?.() === true;
+        return infoToMsg({ ...(await de.info()), features: tlsExports ? features.filter((f) => f !== DATA_ENGINE_FEATURES.inPlaceHandOff) : features });
+      }),
       CreateReplica: unary(async (r) => {
         const backingImage = replicaBackingImageFromMsg(r.backingImage);
         return hostedToMsg(await de.createReplica(requestString(r, 'name'), r.sizeBytes as number, backingImage ? { backingImage } : {}));
