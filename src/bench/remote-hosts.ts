@@ -4,10 +4,11 @@
  * reached over TCP) and the rebuild measurements.
  */
 import type { ChildProcess } from 'node:child_process';
-import { mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 import type { DataEngine, EngineReplicaRef } from '../data-engine/data-engine.js';
+import { processClusterSecret } from '../data-engine/cluster-secret.js';
 import { RemoteDataEngine } from '../data-engine/grpc/remote-data-engine.js';
 import { BenchError, TailBuffer, stopChild, waitForExit } from './processes.js';
 import { waitForReady, type TargetContext } from './targets.js';
@@ -44,7 +45,25 @@ export async function startBenchHost(ctx: TargetContext, index: number, port: nu
   const dir = join(ctx.dir, hostId);
   mkdirSync(dir, { recursive: true });
   const socket = join(dir, 'grpc.sock');
-  const args = [ctx.mooringCli, 'data-engine', '--dir', dir, '--host-id', hostId, '--listen', `unix:${socket}`, '--replica-listen', `tcp:127.0.0.${LOOPBACK_BASE + index}:${port}`, ...extraArgs];
+  // The bench's hosts and its own process share one cluster secret (this process's, which
+  // its in-process engines use too), given to each data engine as a 0600 file.
+  const secretFile = join(ctx.dir, 'cluster.secret');
+  if (!existsSync(secretFile)) writeFileSync(secretFile, processClusterSecret(), { mode: 0o600 });
+  const args = [
+    ctx.mooringCli,
+    'data-engine',
+    '--dir',
+    dir,
+    '--host-id',
+    hostId,
+    '--listen',
+    `unix:${socket}`,
+    '--replica-listen',
+    `tcp:127.0.0.${LOOPBACK_BASE + index}:${port}`,
+    '--cluster-secret-file',
+    secretFile,
+    ...extraArgs,
+  ];
   ctx.log(`  start: node ${args.join(' ')}`);
   const child = ctx.tracker.spawn(process.execPath, args);
   const stderr = new TailBuffer(STDERR_TAIL_CHARS);
@@ -52,7 +71,7 @@ export async function startBenchHost(ctx: TargetContext, index: number, port: nu
   const ready = await waitForReady<DataEngineReady>(child, stderr, `mooring data-engine (${hostId})`, ctx, (i) => i.hostId === hostId);
   let engine: DataEngine;
   try {
-    engine = await RemoteDataEngine.connect({ address: `unix:${socket}`, timeoutMs: 60_000 });
+    engine = await RemoteDataEngine.connect({ address: `unix:${socket}`, timeoutMs: 60_000, clusterSecret: processClusterSecret() });
   } catch (err) {
     await stopChild(child, 5_000);
     throw new BenchError('BENCH_TARGET_FAILED', `cannot reach data engine ${hostId}: ${String(err)}`);

@@ -4,7 +4,8 @@
 import { join, resolve } from 'node:path';
 
 import { DataEngineGrpcServer } from '../data-engine/grpc/data-engine-grpc-server.js';
-import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS, LocalDataEngine } from '../data-engine/local-data-engine.js';
+import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_FILE, DATA_ENGINE_LIMITS, LocalDataEngine } from '../data-engine/local-data-engine.js';
+import { pathExists } from '../util/files.js';
 import { handOffToSuccessor, takeOverFromPredecessor, type HandOffEpochs, type HandOffProcessResult } from '../data-engine/process-handoff.js';
 import { readClusterSecretFile } from '../data-engine/cluster-secret.js';
 import { MooringError } from '../errors.js';
@@ -172,6 +173,15 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       throw new MooringError('INVALID_ARGUMENT', `--listen ${listen}: a gRPC TCP listener without TLS needs --cluster-secret-file (or --insecure: any local process could then create and delete replicas through it)`);
     }
     if (replicaListen !== null) {
+      // A new data engine must say how its replica port is guarded. One whose directory an
+      // earlier release made (started again, or by an upgrade with its old command line,
+      // from a cluster that knows no secret yet) is warned instead of refused.
+      if (!takingOver && !(await pathExists(join(dir, DATA_ENGINE_FILE)))) {
+        throw new MooringError(
+          'INVALID_ARGUMENT',
+          `--replica-listen ${replicaListen ?? DATA_ENGINE_DEFAULTS.replicaListen}: a replica server without TLS needs --cluster-secret-file (or --insecure: any local process could then claim and write its replicas; --replica-listen none serves no replicas to other hosts)`,
+        );
+      }
       ctx.stderr('mooring: warning: no --cluster-secret-file and no TLS: any process that reaches the replica port can use the replicas (--insecure silences this)\n');
     }
   }

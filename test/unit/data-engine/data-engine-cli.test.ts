@@ -53,7 +53,11 @@ describe('mooring data-engine', () => {
   });
 
   it('serves until SIGTERM: READY with its addresses, a round trip, engines stopped on the way out', async () => {
-    const run = runCli(['data-engine', '--dir', 'de', '--host-id', 'h1', '--listen', 'unix:de.sock', '--max-concurrent-rebuilds', '3'], ctx);
+    // A new directory with a replica port must say how the port is guarded.
+    expect(await runCli(['data-engine', '--dir', 'de', '--host-id', 'h1', '--listen', 'unix:de.sock'], ctx)).toBe(1);
+    expect(ctx.err.join('')).toMatch(/INVALID_ARGUMENT: --replica-listen tcp:127\.0\.0\.1:0: a replica server without TLS needs --cluster-secret-file/);
+    ctx.err.length = 0;
+    const run = runCli(['data-engine', '--dir', 'de', '--host-id', 'h1', '--listen', 'unix:de.sock', '--max-concurrent-rebuilds', '3', '--insecure'], ctx);
     const info = await ready(ctx);
     expect(info).toMatchObject({ hostId: 'h1', grpc: `unix:${join(root, 'de.sock')}`, tls: false });
     expect(info.replicaAddress).toMatch(/^tcp:127\.0\.0\.1:\d+$/);
@@ -74,6 +78,15 @@ describe('mooring data-engine', () => {
     expect((await ready(ctx)).replicaAddress).toBeNull();
     ctx.signals.emit('SIGINT', 'SIGINT');
     expect(await again).toBe(0);
+    // A directory an earlier run made: an unguarded replica port is warned about, not refused
+    // (a data engine restarted, or upgraded with its old command line).
+    ctx.out.length = 0;
+    ctx.err.length = 0;
+    const third = runCli(['data-engine', '--dir', 'de', '--host-id', 'h1', '--listen', 'unix:de.sock'], ctx);
+    expect((await ready(ctx)).replicaAddress).toMatch(/^tcp:127\.0\.0\.1:\d+$/);
+    expect(ctx.err.join('')).toContain('warning: no --cluster-secret-file and no TLS');
+    ctx.signals.emit('SIGINT', 'SIGINT');
+    expect(await third).toBe(0);
   });
 
   it('refuses bad invocations with usage errors (exit 2) and bad settings with coded errors (exit 1)', async () => {
