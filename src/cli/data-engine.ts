@@ -85,8 +85,9 @@ Options:
 
 Without TLS, TCP addresses must be loopback unless --allow-insecure-remote is given.
 Without TLS and without --cluster-secret-file, a gRPC TCP listener is refused unless
---insecure is given (or the process takes over with --take-over), and a replica server
-starts with a warning on stderr (--insecure silences it).
+--insecure is given (or the process takes over with --take-over), and so is a replica
+server in a new directory; in a directory an earlier run made, the replica server starts
+with a warning on stderr (--insecure silences it).
 Once serving, one line is printed to stdout:
   READY {"hostId":"h1","grpc":"unix:/run/de.sock","replicaAddress":"tcp:127.0.0.1:PORT","tls":false,"version":"..."}
 Logs (engine events) go to stderr. SIGINT/SIGTERM stop the gRPC server, stop every engine
