@@ -12,7 +12,7 @@
 // the wire, and the gRPC token (derived with another label) cannot stand in for it. The
 // two directions use different labels, so a proof cannot be reflected; each side's fresh
 // nonce makes the other's proof impossible to replay. HMAC from the OpenSSL that Node
-// exports, as for TLS (remote/transport.h).
+// exports, as for TLS (net/transport.h).
 #pragma once
 
 #include <cstddef>
