@@ -117,6 +117,7 @@ export type { DownloadSettings as BackingImageDownloadSettings } from './backing
 export { DataEngineGrpcServer } from './data-engine/grpc/data-engine-grpc-server.js';
 export type { DataEngineGrpcServerOptions } from './data-engine/grpc/data-engine-grpc-server.js';
 export { RemoteDataEngine } from './data-engine/grpc/remote-data-engine.js';
+export { generateClusterSecret, readClusterSecretFile } from './data-engine/cluster-secret.js';
 export type { RemoteDataEngineOptions } from './data-engine/grpc/remote-data-engine.js';
 export type { StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
 export { FileStateStore } from './state/file-state-store.js';

@@ -2,17 +2,16 @@
 // machine (in production each runs on its own, say as a systemd unit), and connects to it
 // once it prints READY. Its log (stderr) is kept only to explain a failed start.
 //
-// The hosts of one example share a cluster secret (DIR/cluster.secret, 32 random bytes, mode
-// 0600; in production, a file distributed to every host): it authenticates their gRPC calls
+// The hosts of one example share a cluster secret (DIR/cluster.secret, 64 hex digits from
+// generateClusterSecret(), mode 0600; in production, a file distributed to every host): it authenticates their gRPC calls
 // and replica connections, so other local processes cannot use the replicas.
 import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { readFile, writeFile } from 'node:fs/promises';
+import { writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
-import { RemoteDataEngine } from '../../dist/index.js';
+import { generateClusterSecret, readClusterSecretFile, RemoteDataEngine } from '../../dist/index.js';
 
 const cli = join(dirname(fileURLToPath(import.meta.url)), '../../dist/cli.js');
 
@@ -20,10 +19,10 @@ const cli = join(dirname(fileURLToPath(import.meta.url)), '../../dist/cli.js');
 export async function startDataEngineProcess(dir, id, port) {
   const home = join(dir, id);
   const secretFile = join(dir, 'cluster.secret');
-  await writeFile(secretFile, randomBytes(32), { mode: 0o600, flag: 'wx' }).catch((err) => {
+  await writeFile(secretFile, generateClusterSecret(), { mode: 0o600, flag: 'wx' }).catch((err) => {
     if (err.code !== 'EEXIST') throw err; // made by the first host
   });
-  const clusterSecret = await readFile(secretFile);
+  const clusterSecret = await readClusterSecretFile(secretFile); // as the data engines read it
   const args = ['data-engine', '--dir', home, '--host-id', id, '--listen', `unix:${home}.sock`, '--replica-listen', `tcp:127.0.0.1:${port}`, '--cluster-secret-file', secretFile];
   const child = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';

@@ -59,15 +59,24 @@ export async function readClusterSecretFile(path: string): Promise<Buffer> {
   }
 }
 
+/**
+ * A new cluster secret: 32 random bytes written as 64 hex digits. Text, so it survives a
+ * secret file unchanged (readClusterSecretFile drops trailing white space, which a binary
+ * secret may end with: 0x0a, 0x0d, 0x20 or 0x09 in 1 of 64 draws).
+ */
+export function generateClusterSecret(): Buffer {
+  return Buffer.from(randomBytes(32).toString('hex'), 'ascii');
+}
+
 let processSecret: Buffer | undefined;
 
 /**
- * The secret in-process data engines use when given none: 32 random bytes, made once per
- * process, so several data engines of one process (hosts of a test, an embedding VM
- * manager) reach each other's replicas while no other process can.
+ * The secret in-process data engines use when given none: generateClusterSecret(), made
+ * once per process, so several data engines of one process (hosts of a test, an embedding
+ * VM manager) reach each other's replicas while no other process can.
  */
 export function processClusterSecret(): Buffer {
-  processSecret ??= randomBytes(32);
+  processSecret ??= generateClusterSecret();
   return processSecret;
 }
 
