@@ -9,7 +9,7 @@ import { createConnection, createServer, type Server, type Socket } from 'node:n
 import { join } from 'node:path';
 
 import type { NativeEngine, NativeRemoteReplica, NativeReplicaServer, NativeTlsOptions } from '../../src/native/binding.js';
-import { addon, MiB, type Scratch } from './helpers.js';
+import { addon, engineOptions, MiB, type Scratch } from './helpers.js';
 
 export const REQ_MAGIC = 0x3151524d;
 export const REP_MAGIC = 0x3150524d;
@@ -314,6 +314,25 @@ export function endpoint(port: number, name = 'vol', extra: Partial<NativeRemote
 
 export async function closeAll(hosts: Host[]): Promise<void> {
   await Promise.allSettled(hosts.map((h) => h.server.close()));
+}
+
+/** The replica servers and engines of one test, closed by reset() (an afterEach). */
+export class RemoteFixture {
+  hosts: Host[] = [];
+  private engines: NativeEngine[] = [];
+
+  /** An engine over these replicas, closed at reset() unless the test closed it first. */
+  async open(replicas: NativeRemoteReplica[]): Promise<NativeEngine> {
+    const e = await addon().openEngine(engineOptions({ replicas }));
+    this.engines.push(e);
+    return e;
+  }
+
+  async reset(): Promise<void> {
+    for (const e of this.engines.splice(0)) await e.close().catch(() => {});
+    await closeAll(this.hosts);
+    this.hosts = [];
+  }
 }
 
 /** LocalEngine events, collected. */

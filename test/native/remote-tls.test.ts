@@ -7,9 +7,9 @@
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
-import type { NativeEngine, NativeRemoteReplica, NativeTlsOptions } from '../../src/native/binding.js';
-import { addon, codeOf, MiB, pattern, Scratch, engineOptions } from './helpers.js';
-import { closeAll, endpoint, type Host, makePki, RawClient, startHosts, type TestPki } from './remote-helpers.js';
+import type { NativeTlsOptions } from '../../src/native/binding.js';
+import { addon, codeOf, MiB, pattern, Scratch } from './helpers.js';
+import { closeAll, endpoint, makePki, RawClient, RemoteFixture, startHosts, type TestPki } from './remote-helpers.js';
 
 const SIZE = 4 * MiB;
 
@@ -18,33 +18,22 @@ describe('replica protocol over mutual TLS', () => {
   let pki: TestPki;
   let serverTls: NativeTlsOptions;
   let clientTls: NativeTlsOptions;
-  let hosts: Host[] = [];
-  const engines: NativeEngine[] = [];
+  const f = new RemoteFixture();
   beforeAll(() => {
     s = new Scratch('mooring-remote-tls-');
     pki = makePki(s.dir('pki'));
     serverTls = { cert: pki.serverCert, key: pki.serverKey, ca: pki.ca };
     clientTls = { cert: pki.clientCert, key: pki.clientKey, ca: pki.ca, serverName: 'replica.test' };
   });
-  afterEach(async () => {
-    for (const e of engines.splice(0)) await e.close().catch(() => {});
-    await closeAll(hosts);
-    hosts = [];
-  });
+  afterEach(() => f.reset());
   afterAll(() => s.cleanup());
 
-  async function open(eps: NativeRemoteReplica[]): Promise<NativeEngine> {
-    const e = await addon().openEngine(engineOptions({ replicas: eps }));
-    engines.push(e);
-    return e;
-  }
-
   it('serves an engine whose replicas present certificates from the right CA', async () => {
-    hosts = await startHosts(s, 3, SIZE, 'vol', serverTls);
-    const eps = hosts.map((h, i) =>
+    f.hosts = await startHosts(s, 3, SIZE, 'vol', serverTls);
+    const eps = f.hosts.map((h, i) =>
       endpoint(h.server.port, 'vol', { tls: { ...clientTls, serverName: i === 2 ? '127.0.0.1' : 'replica.test' } }),
     );
-    const engine = await open(eps);
+    const engine = await f.open(eps);
     expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
     const data = pattern(3, 5 * MiB / 2);
     await engine.write(4096, data);
@@ -53,14 +42,13 @@ describe('replica protocol over mutual TLS', () => {
     await engine.snapshot('t', {}, true);
     expect((await engine.listSnapshots()).length).toBe(2);
     await engine.close();
-    engines.length = 0;
-    for (const h of hosts) {
+    for (const h of f.hosts) {
       const st = h.server.stats();
       expect(st.bytesWritten).toBeGreaterThanOrEqual(data.length);
       expect(st.protocolErrors).toBe(0);
     }
-    await closeAll(hosts);
-    for (const h of hosts) {
+    await closeAll(f.hosts);
+    for (const h of f.hosts) {
       const r = await addon().openReplica(join(h.root, 'vol'));
       try {
         expect((await r.read(4096, data.length)).equals(data)).toBe(true);
@@ -71,16 +59,16 @@ describe('replica protocol over mutual TLS', () => {
   });
 
   it('refuses a client certificate from another CA, a wrong server name, and plain/TLS mismatches', async () => {
-    hosts = await startHosts(s, 1, SIZE, 'vol', serverTls);
+    f.hosts = await startHosts(s, 1, SIZE, 'vol', serverTls);
     const [plainHost] = await startHosts(s, 1, SIZE, 'vol');
-    hosts.push(plainHost!);
-    const tlsPort = hosts[0]!.server.port;
+    f.hosts.push(plainHost!);
+    const tlsPort = f.hosts[0]!.server.port;
     // One replica per refused endpoint, so every endpoint has its own id (host:port/name).
     // Good ones too, so that the engine claims a majority of its replicas and opens.
-    for (const n of ['v1', 'v2', 'v3', 'g1', 'g2', 'g3', 'g4']) await addon().createReplica(join(hosts[0]!.root, n), SIZE);
+    for (const n of ['v1', 'v2', 'v3', 'g1', 'g2', 'g3', 'g4']) await addon().createReplica(join(f.hosts[0]!.root, n), SIZE);
     const otherCa: NativeTlsOptions = { cert: pki.otherClientCert, key: pki.otherClientKey, ca: pki.ca, serverName: 'replica.test' };
     const good = ['g1', 'g2', 'g3', 'g4'].map((n) => endpoint(tlsPort, n, { tls: clientTls }));
-    const engine = await open([
+    const engine = await f.open([
       endpoint(tlsPort, 'vol', { tls: clientTls }),
       endpoint(tlsPort, 'v1', { tls: otherCa, ioTimeoutMs: 2000 }),
       endpoint(tlsPort, 'v2', { tls: { ...clientTls, serverName: 'not-the-server.test' }, ioTimeoutMs: 2000 }),
@@ -92,7 +80,7 @@ describe('replica protocol over mutual TLS', () => {
     await engine.write(0, pattern(1, 4096));
     expect((await engine.read(0, 4096)).equals(pattern(1, 4096))).toBe(true);
     // The TLS server saw the bad peers and counted them; it still serves a good raw check.
-    expect(hosts[0]!.server.stats().protocolErrors).toBeGreaterThanOrEqual(2);
+    expect(f.hosts[0]!.server.stats().protocolErrors).toBeGreaterThanOrEqual(2);
     // A plain client speaking the protocol to the TLS server gets nothing it can use.
     const raw = await RawClient.connect(tlsPort);
     raw.send({ op: 1, seq: 0, payload: Buffer.from('vol') });

@@ -10,36 +10,24 @@ import { createServer, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
-import type { NativeEngine, NativeRemoteReplica } from '../../src/native/binding.js';
-import { addon, codeOf, engineOptions, MiB, pattern, Scratch } from './helpers.js';
-import { closeAll, CodeNum, endpoint, FrameSplitter, type Host, Op, RawClient, rawAuthenticate, REQ_HEADER, startHosts } from './remote-helpers.js';
+import { addon, codeOf, MiB, pattern, Scratch } from './helpers.js';
+import { closeAll, CodeNum, endpoint, FrameSplitter, Op, RawClient, rawAuthenticate, RemoteFixture, REQ_HEADER, startHosts } from './remote-helpers.js';
 
 const SIZE = 4 * MiB;
 
 describe('replica protocol authentication (cluster secret)', () => {
   let s: Scratch;
-  let hosts: Host[] = [];
-  const engines: NativeEngine[] = [];
+  const f = new RemoteFixture();
   const secret = randomBytes(32);
   beforeAll(() => {
     s = new Scratch('mooring-replica-auth-');
   });
-  afterEach(async () => {
-    for (const e of engines.splice(0)) await e.close().catch(() => {});
-    await closeAll(hosts);
-    hosts = [];
-  });
+  afterEach(() => f.reset());
   afterAll(() => s.cleanup());
 
-  async function open(eps: NativeRemoteReplica[]): Promise<NativeEngine> {
-    const e = await addon().openEngine(engineOptions({ replicas: eps }));
-    engines.push(e);
-    return e;
-  }
-
   it('serves a raw client that proves the secret, after the server proved it', async () => {
-    hosts = await startHosts(s, 1, SIZE, 'vol', undefined, secret);
-    const port = hosts[0]!.server.port;
+    f.hosts = await startHosts(s, 1, SIZE, 'vol', undefined, secret);
+    const port = f.hosts[0]!.server.port;
     const c = await RawClient.connect(port);
     const { serverProved, reply } = await rawAuthenticate(c, secret);
     expect(serverProved).toBe(true);
@@ -54,12 +42,12 @@ describe('replica protocol authentication (cluster secret)', () => {
     c.send({ op: Op.AUTH, seq: 4, payload: randomBytes(32) });
     expect((await c.reply(4))?.code).toBe(CodeNum.PROTOCOL_ERROR);
     c.close();
-    expect(hosts[0]!.server.stats().authFailures).toBe(0);
+    expect(f.hosts[0]!.server.stats().authFailures).toBe(0);
   });
 
   it('refuses a client without the secret, with a wrong one, or with a spoiled proof, before it names a replica', async () => {
-    hosts = await startHosts(s, 1, SIZE, 'vol', undefined, secret);
-    const port = hosts[0]!.server.port;
+    f.hosts = await startHosts(s, 1, SIZE, 'vol', undefined, secret);
+    const port = f.hosts[0]!.server.port;
 
     // No AUTH at all (a client of a release without authentication, or an attacker):
     // HELLO and CLAIM_EPOCH pipelined; only the refusal comes back, then the close.
@@ -87,10 +75,10 @@ describe('replica protocol authentication (cluster secret)', () => {
     expect(sp.reply?.code).toBe(CodeNum.UNAUTHENTICATED);
     await spoiled.closed;
 
-    expect(hosts[0]!.server.stats().authFailures).toBe(3);
+    expect(f.hosts[0]!.server.stats().authFailures).toBe(3);
     // Nothing reached the replica: its epoch is still 0 (the refused CLAIM_EPOCH never ran).
-    await closeAll(hosts);
-    const r = await addon().openReplica(join(hosts[0]!.root, 'vol'));
+    await closeAll(f.hosts);
+    const r = await addon().openReplica(join(f.hosts[0]!.root, 'vol'));
     try {
       expect(r.epoch()).toBe(0);
     } finally {
@@ -99,8 +87,8 @@ describe('replica protocol authentication (cluster secret)', () => {
   });
 
   it('a server without a secret refuses AUTH, so a client with one does not use it', async () => {
-    hosts = await startHosts(s, 1, SIZE, 'vol');
-    const c = await RawClient.connect(hosts[0]!.server.port);
+    f.hosts = await startHosts(s, 1, SIZE, 'vol');
+    const c = await RawClient.connect(f.hosts[0]!.server.port);
     const { reply } = await rawAuthenticate(c, secret);
     expect(reply?.code).toBe(CodeNum.UNAUTHENTICATED);
     expect(reply?.payload.toString()).toContain('no cluster secret');
@@ -108,11 +96,11 @@ describe('replica protocol authentication (cluster secret)', () => {
   });
 
   it('an engine opens replicas with the right secret, and as ERR without it, with a wrong one, or on a server without one', async () => {
-    hosts = await startHosts(s, 1, SIZE, 'vol', undefined, secret);
+    f.hosts = await startHosts(s, 1, SIZE, 'vol', undefined, secret);
     const [plain] = await startHosts(s, 1, SIZE, 'vol');
-    const port = hosts[0]!.server.port;
-    for (const n of ['g1', 'g2', 'g3', 'g4', 'b1', 'b2']) await addon().createReplica(join(hosts[0]!.root, n), SIZE);
-    const engine = await open([
+    const port = f.hosts[0]!.server.port;
+    for (const n of ['g1', 'g2', 'g3', 'g4', 'b1', 'b2']) await addon().createReplica(join(f.hosts[0]!.root, n), SIZE);
+    const engine = await f.open([
       endpoint(port, 'g1', { clusterSecret: secret }),
       endpoint(port, 'g2', { clusterSecret: secret }),
       endpoint(port, 'g3', { clusterSecret: secret }),
@@ -126,13 +114,13 @@ describe('replica protocol authentication (cluster secret)', () => {
     expect((await engine.read(0, 4096)).equals(pattern(1, 4096))).toBe(true);
     // b1 was refused by the server; b2's client gave up first: the server's proof did not
     // check out with the wrong secret, so it never sent a proof of its own.
-    expect(hosts[0]!.server.stats().authFailures).toBe(1);
+    expect(f.hosts[0]!.server.stats().authFailures).toBe(1);
     expect(plain!.server.stats().authFailures).toBe(1);
-    hosts.push(plain!);
+    f.hosts.push(plain!);
   });
 
   it('an engine refuses an impostor that cannot prove the secret: it never sends it HELLO or a write', async () => {
-    hosts = await startHosts(s, 2, SIZE, 'vol', undefined, secret);
+    f.hosts = await startHosts(s, 2, SIZE, 'vol', undefined, secret);
     const ops: number[] = [];
     const sockets = new Set<Socket>();
     const impostor = createServer((sock) => {
@@ -156,9 +144,9 @@ describe('replica protocol authentication (cluster secret)', () => {
     await new Promise<void>((res) => impostor.listen(0, '127.0.0.1', res));
     try {
       const port = (impostor.address() as { port: number }).port;
-      const engine = await open([
-        endpoint(hosts[0]!.server.port, 'vol', { clusterSecret: secret }),
-        endpoint(hosts[1]!.server.port, 'vol', { clusterSecret: secret }),
+      const engine = await f.open([
+        endpoint(f.hosts[0]!.server.port, 'vol', { clusterSecret: secret }),
+        endpoint(f.hosts[1]!.server.port, 'vol', { clusterSecret: secret }),
         endpoint(port, 'vol', { clusterSecret: secret, ioTimeoutMs: 2000 }),
       ]);
       expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'ERR']);
@@ -179,9 +167,9 @@ describe('replica protocol authentication (cluster secret)', () => {
   });
 
   it('measures what the handshake costs (printed)', async () => {
-    hosts = await startHosts(s, 1, SIZE, 'vol', undefined, secret);
+    f.hosts = await startHosts(s, 1, SIZE, 'vol', undefined, secret);
     const [plain] = await startHosts(s, 1, SIZE, 'vol');
-    hosts.push(plain!);
+    f.hosts.push(plain!);
     const rounds = 200;
     const time = async (port: number, auth: boolean): Promise<number> => {
       const t0 = process.hrtime.bigint();
@@ -195,7 +183,7 @@ describe('replica protocol authentication (cluster secret)', () => {
       return Number(process.hrtime.bigint() - t0) / 1e6 / rounds;
     };
     const plainMs = await time(plain!.server.port, false);
-    const authMs = await time(hosts[0]!.server.port, true);
+    const authMs = await time(f.hosts[0]!.server.port, true);
     console.log(`replica handshake (connect, HELLO) over ${rounds} connections: ${plainMs.toFixed(3)} ms plain, ${authMs.toFixed(3)} ms with AUTH/AUTH_PROOF (+${(authMs - plainMs).toFixed(3)} ms)`);
   });
 });

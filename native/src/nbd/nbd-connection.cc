@@ -262,31 +262,14 @@ void NbdConnection::Release() {
 bool NbdConnection::AnswerHeldFlush() {
   if (tls_) return AnswerHeldFlushTls();
   if (cur_ || rend_ != rpos_) return false;
-  pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-  if (poll(p, 2, -1) < 0) return errno == EINTR;
-  if (p[1].revents) {
-    uint64_t v;
-    ssize_t r = read(wake_fd_, &v, sizeof v);
-    (void)r;
-  }
-  if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) return true;  // woken: the caller looks again
+  const int ready = PollHeld(POLLIN);
+  if (ready <= 0) return ready == 0;
   uint8_t h[kRequestHeaderBytes];
   if (recv(fd_, h, sizeof h, MSG_PEEK) != static_cast<ssize_t>(sizeof h)) return false;
-  // Anything unusual (flags, a length) is left to the parser once released.
-  if (Load32(h) != kMagicRequest || Load16(h + 6) != kCmdFlush || Load16(h + 4) != 0 || Load64(h + 16) != 0 ||
-      Load32(h + 24) != 0) {
-    return false;
-  }
+  if (!IsBareFlush(h)) return false;
   if (recv(fd_, h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return false;
-  ctx_->requests.fetch_add(1, std::memory_order_relaxed);
-  int rc;
-  try {
-    rc = dev_->Flush();
-  } catch (...) {
-    rc = -EIO;
-  }
   uint8_t reply[kSimpleReplyBytes];
-  PutSimpleReply(reply, rc == -EPERM ? 0 : ErrorFromErrno(rc), Load64(h + 8));
+  HeldFlushReply(Load64(h + 8), reply);
   std::lock_guard<std::mutex> lock(send_mu_);
   return send(fd_, reply, sizeof reply, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof reply);
 }
@@ -297,14 +280,8 @@ bool NbdConnection::AnswerHeldFlushTls() {
   if (cur_) return false;
   if (rend_ - rpos_ < kRequestHeaderBytes) {
     if (tls_->Pending() == 0) {
-      pollfd p[2] = {{fd_, static_cast<short>(tls_read_wants_ ? tls_read_wants_ : POLLIN), 0}, {wake_fd_, POLLIN, 0}};
-      if (poll(p, 2, -1) < 0) return errno == EINTR;
-      if (p[1].revents) {
-        uint64_t v;
-        ssize_t r = read(wake_fd_, &v, sizeof v);
-        (void)r;
-      }
-      if (!p[0].revents) return true;  // woken: the caller looks again
+      const int ready = PollHeld(static_cast<short>(tls_read_wants_ ? tls_read_wants_ : POLLIN));
+      if (ready <= 0) return ready == 0;
     }
     if (rpos_ > 0) {
       memmove(rbuf_.get(), rbuf_.get() + rpos_, rend_ - rpos_);
@@ -319,12 +296,40 @@ bool NbdConnection::AnswerHeldFlushTls() {
     if (rend_ - rpos_ < kRequestHeaderBytes) return true;
   }
   const uint8_t* h = rbuf_.get() + rpos_;
-  if (Load32(h) != kMagicRequest || Load16(h + 6) != kCmdFlush || Load16(h + 4) != 0 || Load64(h + 16) != 0 ||
-      Load32(h + 24) != 0) {
-    return false;
-  }
+  if (!IsBareFlush(h)) return false;
   const uint64_t cookie = Load64(h + 8);
   rpos_ += kRequestHeaderBytes;
+  uint8_t reply[kSimpleReplyBytes];
+  HeldFlushReply(cookie, reply);
+  std::lock_guard<std::mutex> lock(send_mu_);
+  iovec v{reply, sizeof reply};
+  short want = 0;
+  return tls_->Writev(&v, 1, &want) == static_cast<ssize_t>(sizeof reply);
+}
+
+// Parked: waits for the socket (events) or the wake fd. 1: the socket is ready; 0: woken or
+// interrupted (the caller looks again); -1: poll failed.
+int NbdConnection::PollHeld(short events) {
+  pollfd p[2] = {{fd_, events, 0}, {wake_fd_, POLLIN, 0}};
+  if (poll(p, 2, -1) < 0) return errno == EINTR ? 0 : -1;
+  if (p[1].revents) {
+    uint64_t v;
+    ssize_t r = read(wake_fd_, &v, sizeof v);
+    (void)r;
+  }
+  return p[0].revents ? 1 : 0;
+}
+
+// A FLUSH with no flags, offset or length. Anything unusual is left to the parser once
+// released.
+bool NbdConnection::IsBareFlush(const uint8_t* h) {
+  return Load32(h) == kMagicRequest && Load16(h + 6) == kCmdFlush && Load16(h + 4) == 0 && Load64(h + 16) == 0 &&
+         Load32(h + 24) == 0;
+}
+
+// Flushes the device for a held FLUSH and fills its reply. A standby's EPERM counts as done:
+// it flushed everything it acknowledged at the hand-over.
+void NbdConnection::HeldFlushReply(uint64_t cookie, uint8_t* reply) {
   ctx_->requests.fetch_add(1, std::memory_order_relaxed);
   int rc;
   try {
@@ -332,12 +337,7 @@ bool NbdConnection::AnswerHeldFlushTls() {
   } catch (...) {
     rc = -EIO;
   }
-  uint8_t reply[kSimpleReplyBytes];
   PutSimpleReply(reply, rc == -EPERM ? 0 : ErrorFromErrno(rc), cookie);
-  std::lock_guard<std::mutex> lock(send_mu_);
-  iovec v{reply, sizeof reply};
-  short want = 0;
-  return tls_->Writev(&v, 1, &want) == static_cast<ssize_t>(sizeof reply);
 }
 
 ssize_t NbdConnection::RecvRaw(void* buf, size_t n) {

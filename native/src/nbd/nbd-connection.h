@@ -122,6 +122,9 @@ class NbdConnection {
   // One recv() of at most n bytes, or one TLS read: >0, 0 at EOF, -EAGAIN, or -errno.
   ssize_t RecvRaw(void* buf, size_t n);
   bool AnswerHeldFlushTls();
+  int PollHeld(short events);
+  static bool IsBareFlush(const uint8_t* h);
+  void HeldFlushReply(uint64_t cookie, uint8_t* reply);
   bool NameMatches(const uint8_t* name, uint32_t len) const;
   uint16_t TransmissionFlags() const;
   static uint16_t TransmissionFlags(const NbdServerOptions& o, bool structured);

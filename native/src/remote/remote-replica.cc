@@ -25,6 +25,31 @@ WaitFn UntilDeadline(Transport* t, int64_t deadline_ms) {
   };
 }
 
+// A handshake step's transport failure (rc: a negative errno).
+Status StepFailed(const ReplicaEndpoint& ep, const char* what, int rc) {
+  return Status::Error(Code::kUnavailable,
+                       "replica " + ep.Id() + ": " + what + " failed: " + (rc == -ECONNRESET ? "connection closed" : strerror(-rc)),
+                       -rc);
+}
+
+// Reads a reply header (seq 0) and, for an error reply, its message as a Status.
+Status HandshakeReply(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, const WaitFn& wait, const char* what,
+                      ReplyHeader* rh) {
+  uint8_t rb[kReplyHeaderBytes];
+  int rc = rbuf->ReadExact(t, rb, sizeof rb, wait);
+  if (rc != 0) return StepFailed(ep, what, rc);
+  if (!DecodeReply(rb, rh) || rh->seq != 0 || !ValidCode(rh->code))
+    return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": not a replica server", EPROTO);
+  if (rh->code != 0) {
+    if (rh->payload_len > kMaxMessageBytes)
+      return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": oversized error reply", EPROTO);
+    std::string msg(rh->payload_len, '\0');
+    if (rh->payload_len && rbuf->ReadExact(t, &msg[0], msg.size(), wait) != 0) msg = "(message lost)";
+    return Status::Error(static_cast<Code>(rh->code), "replica " + ep.Id() + ": " + what + ": " + msg, rh->err);
+  }
+  return Status::Ok();
+}
+
 // Handshake on a connected transport: HELLO out, its reply in, before deadline_ms.
 Status Hello(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t deadline_ms, ReplyHeader* rh,
              uint8_t* extra) {
@@ -37,48 +62,13 @@ Status Hello(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t 
   EncodeRequest(h, hb);
   iovec iov[2] = {{hb, sizeof hb}, {const_cast<char*>(ep.name.data()), ep.name.size()}};
   int rc = WriteAll(t, iov, 2, wait);
-  uint8_t rb[kReplyHeaderBytes];
-  if (rc == 0) rc = rbuf->ReadExact(t, rb, sizeof rb, wait);
-  if (rc != 0) {
-    return Status::Error(Code::kUnavailable,
-                         "replica " + ep.Id() + ": handshake failed: " + (rc == -ECONNRESET ? "connection closed" : strerror(-rc)),
-                         -rc);
-  }
-  if (!DecodeReply(rb, rh) || rh->seq != 0 || !ValidCode(rh->code))
-    return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": not a replica server", EPROTO);
-  if (rh->code != 0) {
-    if (rh->payload_len > kMaxMessageBytes)
-      return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": oversized error reply", EPROTO);
-    std::string msg(rh->payload_len, '\0');
-    if (rh->payload_len && rbuf->ReadExact(t, &msg[0], msg.size(), wait) != 0) msg = "(message lost)";
-    return Status::Error(static_cast<Code>(rh->code), "replica " + ep.Id() + ": " + msg, rh->err);
-  }
+  if (rc != 0) return StepFailed(ep, "handshake", rc);
+  Status st = HandshakeReply(t, rbuf, ep, wait, "handshake", rh);
+  if (!st.ok()) return st;
   if (rh->payload_len != kHelloReplyBytes || !(rh->state & kStateValid))
     return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": malformed HELLO reply", EPROTO);
   rc = rbuf->ReadExact(t, extra, kHelloReplyBytes, wait);
-  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": handshake failed", -rc);
-  return Status::Ok();
-}
-
-// Reads a reply header (seq 0) and, for an error reply, its message as a Status.
-Status HandshakeReply(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, const WaitFn& wait, const char* what,
-                      ReplyHeader* rh) {
-  uint8_t rb[kReplyHeaderBytes];
-  int rc = rbuf->ReadExact(t, rb, sizeof rb, wait);
-  if (rc != 0) {
-    return Status::Error(Code::kUnavailable,
-                         "replica " + ep.Id() + ": " + what + " failed: " + (rc == -ECONNRESET ? "connection closed" : strerror(-rc)),
-                         -rc);
-  }
-  if (!DecodeReply(rb, rh) || rh->seq != 0 || !ValidCode(rh->code))
-    return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": not a replica server", EPROTO);
-  if (rh->code != 0) {
-    if (rh->payload_len > kMaxMessageBytes)
-      return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": oversized error reply", EPROTO);
-    std::string msg(rh->payload_len, '\0');
-    if (rh->payload_len && rbuf->ReadExact(t, &msg[0], msg.size(), wait) != 0) msg = "(message lost)";
-    return Status::Error(static_cast<Code>(rh->code), "replica " + ep.Id() + ": " + what + ": " + msg, rh->err);
-  }
+  if (rc != 0) return StepFailed(ep, "handshake", rc);
   return Status::Ok();
 }
 
@@ -96,7 +86,7 @@ Status Authenticate(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, i
   EncodeRequest(h, hb);
   iovec iov[2] = {{hb, sizeof hb}, {nc, sizeof nc}};
   int rc = WriteAll(t, iov, 2, wait);
-  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": AUTH failed: " + strerror(-rc), -rc);
+  if (rc != 0) return StepFailed(ep, "AUTH", rc);
   ReplyHeader rh;
   Status st = HandshakeReply(t, rbuf, ep, wait, "AUTH", &rh);
   if (!st.ok()) {
@@ -109,7 +99,7 @@ Status Authenticate(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, i
   if (rh.payload_len != sizeof got)
     return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": malformed AUTH reply", EPROTO);
   rc = rbuf->ReadExact(t, got, sizeof got, wait);
-  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": AUTH failed: " + strerror(-rc), -rc);
+  if (rc != 0) return StepFailed(ep, "AUTH", rc);
   const uint8_t* ns = got;
   if (!key.Check(true, nc, ns, got + kAuthNonceBytes))
     return Status::Error(Code::kUnauthenticated, "replica " + ep.Id() + ": the server did not prove the cluster secret", EACCES);
@@ -122,7 +112,7 @@ Status Authenticate(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, i
   iov[0] = {hb, sizeof hb};
   iov[1] = {proof, sizeof proof};
   rc = WriteAll(t, iov, 2, wait);
-  if (rc != 0) return Status::Error(Code::kUnavailable, "replica " + ep.Id() + ": AUTH_PROOF failed: " + strerror(-rc), -rc);
+  if (rc != 0) return StepFailed(ep, "AUTH_PROOF", rc);
   st = HandshakeReply(t, rbuf, ep, wait, "AUTH_PROOF", &rh);
   if (!st.ok()) return st;
   if (rh.payload_len != 0) return Status::Error(Code::kProtocolError, "replica " + ep.Id() + ": malformed AUTH_PROOF reply", EPROTO);
@@ -134,7 +124,6 @@ int ErrnoOfReply(const ReplyHeader& r) {
   if (r.err > 0 && r.err < 4096) return r.err;
   return ErrnoForCode(static_cast<Code>(r.code));
 }
-
 
 // CLIENT_FEATURES on a fresh connection (seq 0, like HELLO): announces `bits`, returns the
 // bits both sides know in *agreed.

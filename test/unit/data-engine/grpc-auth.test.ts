@@ -16,19 +16,7 @@ import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engi
 import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
 import { codeOf } from '../../helpers/codes.js';
-
-const SERVICE = '/mooring.dataengine.v1.DataEngine';
-
-// A raw call with the metadata we choose (an empty CreateReplica or ListReplicas message decodes fine).
-function rawCall(target: string, method: string, md: Metadata): Promise<ServiceError | Buffer> {
-  const client = new Client(target, credentials.createInsecure());
-  return new Promise((res) => {
-    client.makeUnaryRequest(`${SERVICE}/${method}`, (b: Buffer) => b, (b: Buffer) => b, Buffer.alloc(0), md, { deadline: Date.now() + 10_000 }, (err, reply) => {
-      client.close();
-      res(err ?? reply!);
-    });
-  });
-}
+import { rawCall, SERVICE } from './grpc-raw.js';
 
 describe('DataEngine gRPC with a cluster secret', () => {
   let root: string;
@@ -67,7 +55,7 @@ describe('DataEngine gRPC with a cluster secret', () => {
       const md = new Metadata();
       if (token !== undefined) md.set('mooring-auth', token);
       for (const method of ['CreateReplica', 'DeleteReplica', 'ListReplicas']) {
-        const r = await rawCall(target, method, md);
+        const r = await rawCall(target, method, Buffer.alloc(0), md);
         expect(Buffer.isBuffer(r)).toBe(false);
         expect((r as ServiceError).code).toBe(status.UNAUTHENTICATED);
         expect((r as ServiceError).metadata.get('mooring-code')[0]).toBe('UNAUTHENTICATED');

@@ -8,7 +8,7 @@ import { lstat, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Client, Metadata, credentials, status, type ServiceError } from '@grpc/grpc-js';
+import { status, type ServiceError } from '@grpc/grpc-js';
 import protobuf from 'protobufjs';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 
@@ -20,29 +20,10 @@ import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engi
 import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
 import { codeOf } from '../../helpers/codes.js';
+import { rawCall } from './grpc-raw.js';
 
 const MiB = 1024 * 1024;
-const SERVICE = '/mooring.dataengine.v1.DataEngine';
 const proto = protobuf.parse(DATA_ENGINE_PROTO, { keepCase: false }).root;
-
-// A raw unary call with bytes we choose, through grpc-js's generic client.
-function rawCall(target: string, method: string, body: Buffer): Promise<ServiceError | Buffer> {
-  const client = new Client(target, credentials.createInsecure(), { 'grpc.max_send_message_length': 64 * MiB });
-  return new Promise((res) => {
-    client.makeUnaryRequest(
-      `${SERVICE}/${method}`,
-      (b: Buffer) => b,
-      (b: Buffer) => b,
-      body,
-      new Metadata(),
-      { deadline: Date.now() + 10_000 },
-      (err, reply) => {
-        client.close();
-        res(err ?? reply!);
-      },
-    );
-  });
-}
 
 describe('DataEngine gRPC', () => {
   let root: string;
