@@ -26,9 +26,11 @@ describe('main entry', () => {
       'RemoteDataEngine',
       'UpgradeSession',
       'Volume',
+      'generateClusterSecret',
       'isMooringError',
       'isMooringErrorCode',
       'limits',
+      'readClusterSecretFile',
     ]);
   });
 
