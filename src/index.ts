@@ -25,6 +25,7 @@ export type { MooringErrorOptions } from './errors.js';
 // --- the entry point and its volumes ---
 export { Mooring } from './mooring.js';
 export type { MooringEvents, MooringOptions, ReplicaReplacedEvent } from './mooring.js';
+export type { HostEvictionProgress } from './cluster/eviction-controller.js';
 export type { DirectoryImport } from './volume/directory-import.js';
 export { Volume, Migration } from './volume/volume.js';
 export { Engine } from './volume/engine.js';
@@ -110,6 +111,7 @@ export type {
   RebuildResult as DataEngineRebuildResult,
   ReplicaBackingImage,
   ReplicaCreateOptions,
+  ReplicaRemoveOptions,
   SnapshotCopyResult,
 } from './data-engine/data-engine.js';
 export type { DataEngineTlsOptions } from './data-engine/addresses.js';

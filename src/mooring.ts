@@ -34,7 +34,8 @@ import { ensureDirectory } from './util/files.js';
 import { safeEmit } from './util/emit.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
-import { CLUSTER_SCHEMA_VERSION, KIND, type HostRecord } from './cluster/cluster-records.js';
+import { KIND } from './cluster/cluster-records.js';
+import { EvictionController, type HostEvictionProgress } from './cluster/eviction-controller.js';
 import { importDirectoryVolume, type DirectoryImport } from './volume/directory-import.js';
 import { Volume, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
 import { ControlState } from './cluster/control-state.js';
@@ -150,6 +151,15 @@ export type MooringEvents = {
   'engine-taken-over': (event: { volume: string; fromHost: string; toHost: string; epoch: number }) => void;
   /** An engine of a volume found on a host it is no longer attached to (left by a takeover) was stopped. */
   'stray-engine-stopped': (event: { volume: string; hostId: string }) => void;
+  /** An eviction ({@link Mooring.evictHost}) has this much left to move after a pass of the control loop. */
+  'host-eviction': (progress: HostEvictionProgress) => void;
+  /** An evicted host holds no replica and no backing image file any more; it may be removed. */
+  'host-evicted': (event: { hostId: string }) => void;
+  /**
+   * A host came back with another disk (another disk id in its data-engine.json): its
+   * replicas were lost, and are replaced at once.
+   */
+  'disk-replaced': (event: { hostId: string; oldDiskId: string; newDiskId: string; lostReplicas: string[] }) => void;
   /** Something failed in the background (repair, recording status); the cluster keeps going. */
   warning: (error: MooringError) => void;
 };
@@ -168,6 +178,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   readonly #attachment: AttachmentController;
   readonly #migrations: MigrationController;
   readonly #repair: RepairController;
+  readonly #eviction: EvictionController;
   readonly #operations: VolumeOperations;
   readonly #volumes: VolumeLifecycle;
   readonly #images: BackingImageController;
@@ -225,6 +236,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     this.#images = new BackingImageController({
       store: state.store,
       hostIds: () => hosts.ids,
+      evictingHosts: () => state.evictingHosts(),
       engineOf: (h) => hosts.engineOf(h),
       usage: () => this.#imageUsage(),
       pickHost: async () => (await state.pickHosts(1, new Set()))[0]!,
@@ -239,6 +251,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       waitTimeoutMs: state.settings.ticketWaitMs,
     });
     this.#repair = new RepairController(state, this.#images);
+    this.#eviction = new EvictionController(state, this.#attachment, this.#repair, async (h) => (await this.#images.list()).filter((i) => i.files.some((f) => f.hostId === h)).length);
     this.#operations = new VolumeOperations(state, this.#attachment, this.#repair);
     this.#volumes = new VolumeLifecycle(state, this.#attachment, this.#images);
     const attachment = this.#attachment;
@@ -375,8 +388,36 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     if (info && info.hostId !== hostId) throw new MooringError('INVALID_ARGUMENT', `data engine says it is host ${info.hostId}, its handle says ${hostId}`);
     this.#state.hosts.set(hostId, engine);
     if (!info) return;
-    const rec: HostRecord = { schema: CLUSTER_SCHEMA_VERSION, hostId, replicaAddress: info.replicaAddress, lastSeenMs: Date.now() };
-    await this.#state.store.put(KIND.host, hostId, rec);
+    await this.#state.store.put(KIND.host, hostId, await this.#eviction.hostSeen(hostId, info));
+  }
+
+  /**
+   * Evicts a host (its disk): no new replica or backing image file goes there, and the
+   * control loop moves what it holds to other hosts, one replica per volume per pass
+   * (attached volumes through their engine, detached ones attached without frontend under
+   * a `volume-eviction` ticket), keeping every image's minCopies elsewhere before its file
+   * there goes. `host-eviction` events report progress, `host-evicted` the end. The mark
+   * stays (the host stays empty) until {@link Mooring.cancelHostEviction}. Returns what is
+   * left to move now.
+   *
+   * @throws MooringError NOT_FOUND (the host never answered this cluster), CLOSED
+   */
+  async evictHost(hostId: string): Promise<HostEvictionProgress> {
+    this.#state.checkOpen();
+    checkName('host id', hostId);
+    await this.#eviction.request(hostId, true);
+    return this.#eviction.progress(hostId);
+  }
+
+  /**
+   * Ends an eviction: the host takes replicas and files again (what moved stays moved).
+   *
+   * @throws MooringError NOT_FOUND, CLOSED
+   */
+  async cancelHostEviction(hostId: string): Promise<void> {
+    this.#state.checkOpen();
+    checkName('host id', hostId);
+    await this.#eviction.request(hostId, false);
   }
 
   /** Withdraws a host: no new replicas or engines go there. Its existing replicas stay until replaced. */
@@ -454,6 +495,8 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
         safeEmit(this, 'warning', toMooringError(err, `repairing ${volume}`));
       });
     }
+    // Evictions after the repairs: moves replicas off evicting hosts.
+    if (!state.closed) await this.#eviction.step().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'evicting hosts')));
     // Backing images last: copies for replacements made above, cleanup of unused files.
     if (!state.closed) await this.#images.reconcileAll().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'reconciling backing images')));
     // An upgrade session that needs a driver (after a restart, or a lease that ran out) gets one.

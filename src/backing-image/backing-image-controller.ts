@@ -52,6 +52,8 @@ export interface BackingImageContext {
   store: StateStore;
   /** Host ids of the cluster. */
   hostIds(): string[];
+  /** Hosts being evicted: their files go once copies are ready elsewhere and no replica uses them. */
+  evictingHosts(): Promise<Set<string>>;
   /** The host's data engine; NOT_FOUND if it is not a host of the cluster. */
   engineOf(hostId: string): DataEngine;
   /** Volumes on each image and the hosts holding their replicas, from the cluster's records. */
@@ -385,6 +387,7 @@ export class BackingImageController {
     }
     const mismatched = await this.#checkCopies(rec, old, seen, usage?.hosts);
     const requests = this.#requests.get(name);
+    const evicting = await this.#ctx.evictingHosts();
     const disks: DiskObservation[] = seen.map((s) => {
       const was = old.files[s.hostId];
       let file = s.reachable ? (s.info ? { state: s.info.state, receivedBytes: s.info.receivedBytes } : null) : was ? { state: 'unknown' as const, receivedBytes: was.receivedBytes } : null;
@@ -401,6 +404,7 @@ export class BackingImageController {
         preparing: runs.preparing === s.hostId,
         backingOff: (this.#retries.get(`${name}/${s.hostId}`)?.notBeforeMs ?? 0) > now,
         mismatched: mismatched.has(s.hostId),
+        evicting: evicting.has(s.hostId),
       };
     });
     const decision = decideBackingImage({

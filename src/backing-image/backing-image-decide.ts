@@ -59,6 +59,11 @@ export interface DiskObservation {
    * a copy, never a target, counted last for minCopies.
    */
   mismatched?: boolean;
+  /**
+   * Its host is being evicted: its file is never a target, does not count toward minCopies
+   * once enough copies are ready elsewhere, and then goes at once when no replica uses it.
+   */
+  evicting?: boolean;
 }
 
 /** What the backing image decision (`decideBackingImage` in `mooring/internal`) needs to know about one image. */
@@ -143,12 +148,15 @@ export function decideBackingImage(input: BackingImageDecisionInput): BackingIma
   const ready = (d: DiskObservation): boolean => d.reachable && d.file?.state === 'ready';
   const anyReady = disks.some(ready);
 
-  // 1. Protected disks.
+  // 1. Protected disks. An evicting disk's file keeps counting only until enough copies are
+  // ready elsewhere: it may be the source they are made from.
   const protectedIds = new Set<string>();
   for (const d of disks) if (d.used || d.requested) protectedIds.add(d.hostId);
-  const candidates = disks.filter((d) => d.file !== null || (input.firstFileKnown && d.reachable));
-  candidates.sort((a, b) => rank(a) - rank(b) || byId(a, b));
+  const readyElsewhere = disks.filter((d) => ready(d) && !d.evicting && !d.mismatched).length;
+  const candidates = disks.filter((d) => (d.file !== null || (input.firstFileKnown && d.reachable)) && !(d.evicting && (readyElsewhere >= input.minCopies || d.file === null)));
+  candidates.sort((a, b) => Number(a.evicting === true) - Number(b.evicting === true) || rank(a) - rank(b) || byId(a, b));
   for (const d of candidates.slice(0, input.minCopies)) protectedIds.add(d.hostId);
+  if (readyElsewhere < input.minCopies) for (const d of disks) if (d.evicting && ready(d)) protectedIds.add(d.hostId);
   if (!anyReady) protectedIds.add(input.firstHost);
 
   // 2. lastRefAtMs and cleanup.
@@ -159,7 +167,7 @@ export function decideBackingImage(input: BackingImageDecisionInput): BackingIma
     const busy = d.receiving || d.preparing;
     const ref = protectedIds.has(d.hostId) || busy || d.file === null ? null : (d.lastRefAtMs ?? input.nowMs);
     lastRefAtMs[d.hostId] = ref;
-    if (ref !== null && d.reachable && input.nowMs - ref >= input.cleanupWaitMs) deletions.push(d.hostId);
+    if (ref !== null && d.reachable && (d.evicting || input.nowMs - ref >= input.cleanupWaitMs)) deletions.push(d.hostId);
   }
   const deleted = new Set(deletions);
 
@@ -175,6 +183,7 @@ export function decideBackingImage(input: BackingImageDecisionInput): BackingIma
     const sources = disks.filter((d) => ready(d) && !deleted.has(d.hostId));
     for (const d of disks) {
       if (!protectedIds.has(d.hostId) || !d.reachable || ready(d) || d.receiving || d.preparing || d.backingOff || d.mismatched) continue;
+      if (d.evicting && !d.used && !d.requested) continue;
       const src = sources.filter((s) => (sends[s.hostId] ?? 0) < SENDS_PER_SOURCE_MAX).sort((a, b) => (sends[a.hostId] ?? 0) - (sends[b.hostId] ?? 0) || byId(a, b))[0];
       if (!src) break;
       sends[src.hostId] = (sends[src.hostId] ?? 0) + 1;

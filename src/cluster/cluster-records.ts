@@ -134,6 +134,10 @@ export interface HostRecord {
   hostId: string;
   replicaAddress: string | null;
   lastSeenMs: number;
+  /** The disk id its data engine last reported ('' unknown: never seen, or an older data engine). */
+  diskId: string;
+  /** An eviction was asked for: its replicas and image files move to other hosts. */
+  evicting: boolean;
 }
 
 function schemaOf(f: RecordFields): number {
@@ -317,6 +321,8 @@ export function parseHostRecord(v: unknown, key: string): HostRecord {
     hostId: f.str('hostId', NAME_PATTERN),
     replicaAddress: addr,
     lastSeenMs: f.int('lastSeenMs', 0, Number.MAX_SAFE_INTEGER),
+    diskId: typeof f.raw('diskId') === 'string' ? (f.raw('diskId') as string).slice(0, 64) : '',
+    evicting: f.raw('evicting') === true,
   };
   if (r.hostId !== key) f.fail('hostId does not match its key');
   return r;

@@ -247,8 +247,15 @@ export class ControlState {
     return out;
   }
 
+  /** Hosts marked evicting (src/cluster/eviction-controller.ts): no new replicas or image files go there. */
+  async evictingHosts(): Promise<Set<string>> {
+    const out = new Set<string>();
+    for (const d of await this.store.list<unknown>(KIND.host)) if (parseHostRecord(d.value, d.key).evicting) out.add(d.key);
+    return out;
+  }
+
   /**
-   * Reachable, schedulable hosts not in `exclude`, fewest replicas first.
+   * Reachable, schedulable hosts not in `exclude` (nor being evicted), fewest replicas first.
    *
    * @throws MooringError UNAVAILABLE (fewer than `count`)
    */
@@ -256,6 +263,7 @@ export class ControlState {
     const load = new Map<string, number>();
     for (const r of await this.allReplicas()) load.set(r.hostId, (load.get(r.hostId) ?? 0) + 1);
     const held = await this.unschedulableHosts();
+    for (const h of await this.evictingHosts()) held.add(h);
     const candidates: string[] = [];
     for (const id of this.hosts.ids) if (!exclude.has(id) && !held.has(id) && (await this.hosts.reachable(id))) candidates.push(id);
     candidates.sort((a, b) => (load.get(a) ?? 0) - (load.get(b) ?? 0) || a.localeCompare(b));

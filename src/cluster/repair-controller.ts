@@ -64,7 +64,7 @@ export class RepairController {
       } catch {
         return; // no spare host offered yet
       }
-      await this.#replace(eng, vol, r, target);
+      await this.replace(eng, vol, r, target);
       return; // one replacement per pass per volume
     }
   }
@@ -84,7 +84,12 @@ export class RepairController {
     }
   }
 
-  async #replace(eng: EngineRecord, vol: VolumeRecord, old: ReplicaRecord, targetHost: string): Promise<void> {
+  /**
+   * Replaces `old` by a new replica on `targetHost`: created (over the backing image's file
+   * there), added to the engine of `eng` (rebuilt), then `old` retired ({@link retire}).
+   * `moving`: `old` may be healthy (an eviction). Caller holds the volume's turn.
+   */
+  async replace(eng: EngineRecord, vol: VolumeRecord, old: ReplicaRecord, targetHost: string, moving = false): Promise<void> {
     const { hosts, store } = this.state;
     const engineHost = hosts.engineOf(eng.hostId);
     const ids = new Set((await this.state.replicas(vol.name)).map((r) => r.id));
@@ -114,7 +119,20 @@ export class RepairController {
       throw toMooringError(err, `replacing ${old.id} of ${vol.name} on ${targetHost}`);
     }
     await store.put(KIND.replica, rec.name, { ...rec, mode: 'RW' });
-    await engineHost.removeReplica(vol.name, old.id).catch((err: unknown) => this.state.events.cluster('warning', toMooringError(err, `removing ${old.id} from ${vol.name}`)));
+    await this.retire(eng, vol, old, moving);
+    this.state.events.cluster('replica-replaced', { volume: vol.name, oldReplicaId: old.id, oldHostId: old.hostId, newReplicaId: rec.id, newHostId: targetHost, sentBytes: result.sentBytes });
+  }
+
+  /**
+   * Takes `old` out of the engine of `eng`, deletes it on its host and drops its record.
+   * `healthy`: it may be RW (another replica is): a refusal then throws and keeps the record
+   * (the engine still writes it); otherwise a refusal is a warning. Caller holds the turn.
+   */
+  async retire(eng: EngineRecord, vol: VolumeRecord, old: ReplicaRecord, healthy: boolean): Promise<void> {
+    const { hosts, store } = this.state;
+    const removing = hosts.engineOf(eng.hostId).removeReplica(vol.name, old.id, { evenIfRw: healthy });
+    if (healthy) await removing.catch((err: unknown) => Promise.reject(toMooringError(err, `removing ${old.id} from ${vol.name}`)));
+    else await removing.catch((err: unknown) => this.state.events.cluster('warning', toMooringError(err, `removing ${old.id} from ${vol.name}`)));
     const oldHost = hosts.get(old.hostId);
     let deleted = false;
     if (oldHost) deleted = await oldHost.deleteReplica(old.name).then(() => true, () => false);
@@ -122,6 +140,5 @@ export class RepairController {
     // lists the directory, and an embedder may delete it (it belongs to no volume).
     await store.delete(KIND.replica, old.name);
     if (!deleted) this.state.events.cluster('warning', new MooringError('UNAVAILABLE', `replica ${old.name} of ${vol.name} on ${old.hostId} was replaced but could not be deleted; delete it when the host is back`));
-    this.state.events.cluster('replica-replaced', { volume: vol.name, oldReplicaId: old.id, oldHostId: old.hostId, newReplicaId: rec.id, newHostId: targetHost, sentBytes: result.sentBytes });
   }
 }

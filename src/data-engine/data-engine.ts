@@ -12,7 +12,10 @@
  *
  * @packageDocumentation
  */
+import type { ReplicaRemoveOptions } from '../engine/engine.js';
 import type { NativeNbdStats } from '../native/binding.js';
+
+export type { ReplicaRemoveOptions };
 
 /** A replica this data engine holds. */
 export interface HostedReplicaInfo {
@@ -132,6 +135,13 @@ export interface DataEngineInfo {
    * a data engine older than the field.
    */
   instanceId: string;
+  /**
+   * The identity of the disk (directory) it serves, drawn when the directory was first
+   * used and kept in its data-engine.json: another id under the same host id means the
+   * disk was replaced (its replicas and image files are gone). '' from a data engine older
+   * than the field.
+   */
+  diskId: string;
   /**
    * What this data engine offers beyond the base service:
    * `successor-exec` (it replaces its own process by a new version: `mooring data-engine
@@ -386,8 +396,12 @@ export interface DataEngine {
    * Rebuilds on one data engine run at most `maxConcurrentRebuilds` at a time; others wait.
    */
   addReplica(volume: string, replica: EngineReplicaRef): Promise<RebuildResult>;
-  /** Removes a replica that is not RW from a running engine. */
-  removeReplica(volume: string, replicaId: string): Promise<void>;
+  /**
+   * Removes a replica from a running engine: one that is not RW, or with `evenIfRw` a RW
+   * one while another replica is RW (eviction moves healthy replicas). INVALID_STATE
+   * otherwise (a data engine older than the option refuses any RW replica).
+   */
+  removeReplica(volume: string, replicaId: string, options?: ReplicaRemoveOptions): Promise<void>;
   /**
    * Grows the volume of a running engine while it serves: every RW replica (here or on
    * other hosts) records the new size durably, then the engine and its NBD export take it;

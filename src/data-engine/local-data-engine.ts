@@ -44,6 +44,7 @@ import type {
   RebuildResult,
   ReplicaCreateOptions,
   SnapshotCopyResult,
+  ReplicaRemoveOptions,
 } from './data-engine.js';
 import { checkReplicaBackingImage } from './replica-backing-image.js';
 import { growReplicaDir } from './replica-grow.js';
@@ -122,6 +123,7 @@ export const DATA_ENGINE_LOCK_FILE = 'data-engine.lock';
 export const DATA_ENGINE_REPLICAS_SUBDIR = 'replicas';
 const DATA_ENGINE_FORMAT = 'mooring-data-engine';
 const DATA_ENGINE_FILE_BYTES_MAX = 64 * 1024;
+const DISK_ID_PATTERN = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 /** Self-repair settings of {@link LocalDataEngineOptions}. */
 export interface DataEngineRepairOptions {
@@ -263,6 +265,7 @@ export class LocalDataEngine implements DataEngine {
   /** Directory it owns (absolute). */
   readonly dir: string;
   readonly #replicasDir: string;
+  readonly #diskId: string;
   readonly #addon: NativeAddon;
   readonly #lock: VolumeLock;
   readonly #tls: DataEngineTlsOptions | undefined;
@@ -287,6 +290,7 @@ export class LocalDataEngine implements DataEngine {
   private constructor(init: {
     hostId: string;
     dir: string;
+    diskId: string;
     addon: NativeAddon;
     lock: VolumeLock;
     tls: DataEngineTlsOptions | undefined;
@@ -303,6 +307,7 @@ export class LocalDataEngine implements DataEngine {
   }) {
     this.hostId = init.hostId;
     this.dir = init.dir;
+    this.#diskId = init.diskId;
     this.#replicasDir = join(init.dir, DATA_ENGINE_REPLICAS_SUBDIR);
     this.#addon = init.addon;
     this.#lock = init.lock;
@@ -386,7 +391,7 @@ export class LocalDataEngine implements DataEngine {
     });
     let server: NativeReplicaServer | null = null;
     try {
-      await claimDirectory(dir, hostId);
+      const diskId = await claimDirectory(dir, hostId);
       let replicaAddress: TcpAddress | null = null;
       if (listenAddress) {
         if (typeof addon.startReplicaServer !== 'function') {
@@ -406,7 +411,7 @@ export class LocalDataEngine implements DataEngine {
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      const de = new LocalDataEngine({ hostId, dir, addon, lock, tls, clusterSecret, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup, nbdExportBufferBytesMax });
+      const de = new LocalDataEngine({ hostId, dir, diskId, addon, lock, tls, clusterSecret, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup, nbdExportBufferBytesMax });
       de.#files = await BackingImageFiles.open({
         dir,
         addon,
@@ -433,6 +438,7 @@ export class LocalDataEngine implements DataEngine {
       replicaAddress: this.#replicaAddress ? formatTcpAddress(this.#replicaAddress) : null,
       tls: this.#tls !== undefined,
       instanceId: PROCESS_INSTANCE_ID,
+      diskId: this.#diskId,
       features: [],
     };
   }
@@ -790,19 +796,21 @@ export class LocalDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.removeReplica */
-  async removeReplica(volume: string, replicaId: string): Promise<void> {
+  async removeReplica(volume: string, replicaId: string, options: ReplicaRemoveOptions = {}): Promise<void> {
     this.#assertOpen();
     const slot = this.#slot(volume);
     checkName('replica id', replicaId);
+    const evenIfRw = options?.evenIfRw === true;
     if (!slot.refs.some((r) => r.id === replicaId)) throw new MooringError('NOT_FOUND', `volume ${volume} has no replica ${replicaId}`);
     const mode = slot.engine.replicas().find((r) => r.id === replicaId)?.mode;
-    if (mode === 'RW') throw new MooringError('INVALID_STATE', `replica ${replicaId} of ${volume} is RW; only ERR or rebuilding replicas can be removed`);
+    if (mode === 'RW' && !evenIfRw) throw new MooringError('INVALID_STATE', `replica ${replicaId} of ${volume} is RW; only ERR or rebuilding replicas can be removed`);
     this.#cancelRepair(slot, replicaId);
-    slot.refs = slot.refs.filter((r) => r.id !== replicaId);
-    slot.progress.delete(replicaId);
-    await slot.engine.removeReplica(replicaId).catch((err: unknown) => {
+    // The engine refuses first (the only RW replica): the slot keeps it then.
+    await slot.engine.removeReplica(replicaId, { evenIfRw }).catch((err: unknown) => {
       if (!(err instanceof MooringError && err.code === 'NOT_FOUND')) throw err;
     });
+    slot.refs = slot.refs.filter((r) => r.id !== replicaId);
+    slot.progress.delete(replicaId);
   }
 
   /** @inheritDoc DataEngine.resizeEngine */
@@ -1361,15 +1369,15 @@ export function checkHandOver(value: unknown): EngineHandOver {
   return { epoch: h.epoch!, generation: h.generation!, rwReplicaIds: h.rwReplicaIds.map((id: unknown, i) => checkName(`handOver.rwReplicaIds[${i}]`, id)) };
 }
 
-// Records (or checks) which host owns a data engine directory: replicas are known to other
-// hosts by host id, so the same directory must not come back under another one.
-/**
- * The host id a data engine directory was created for (its data-engine.json), or null when
- * the directory holds no data engine yet.
- *
- * @throws MooringError CORRUPT_METADATA
- */
-export async function readDataEngineHostId(dir: string): Promise<string | null> {
+/** What a data engine directory's data-engine.json records. */
+interface DataEngineDirRecord {
+  hostId: string;
+  /** The disk's identity, drawn when the directory was made ('' if a release before it made it). */
+  diskId: string;
+  createdMs: number;
+}
+
+async function readDataEngineRecord(dir: string): Promise<DataEngineDirRecord | null> {
   const file = join(dir, DATA_ENGINE_FILE);
   if (!(await pathExists(file))) return null;
   const text = await readFileLimited(file, DATA_ENGINE_FILE_BYTES_MAX);
@@ -1379,11 +1387,24 @@ export async function readDataEngineHostId(dir: string): Promise<string | null> 
   } catch (err) {
     throw new MooringError('CORRUPT_METADATA', `${file} is not valid JSON`, { cause: err, details: { file } });
   }
-  const d = doc as { format?: unknown; hostId?: unknown } | null;
+  const d = doc as { format?: unknown; hostId?: unknown; diskId?: unknown; createdMs?: unknown } | null;
   if (typeof d !== 'object' || d === null || d.format !== DATA_ENGINE_FORMAT || typeof d.hostId !== 'string') {
     throw new MooringError('CORRUPT_METADATA', `${file} is not a data engine record`, { details: { file } });
   }
-  return d.hostId;
+  if (d.diskId !== undefined && (typeof d.diskId !== 'string' || !DISK_ID_PATTERN.test(d.diskId))) {
+    throw new MooringError('CORRUPT_METADATA', `${file} has a malformed diskId`, { details: { file } });
+  }
+  return { hostId: d.hostId, diskId: d.diskId ?? '', createdMs: typeof d.createdMs === 'number' ? d.createdMs : 0 };
+}
+
+/**
+ * The host id a data engine directory was created for (its data-engine.json), or null when
+ * the directory holds no data engine yet.
+ *
+ * @throws MooringError CORRUPT_METADATA
+ */
+export async function readDataEngineHostId(dir: string): Promise<string | null> {
+  return (await readDataEngineRecord(dir))?.hostId ?? null;
 }
 
 // The export's counters, or null when there is none (or it closed meanwhile).
@@ -1396,15 +1417,20 @@ function nbdStatsOf(nbd: NbdExport | null): EngineNbdStats | null {
   }
 }
 
-async function claimDirectory(dir: string, hostId: string): Promise<void> {
-  const owner = await readDataEngineHostId(dir);
-  if (owner === null) {
-    await writeFileAtomic(join(dir, DATA_ENGINE_FILE), `${JSON.stringify({ format: DATA_ENGINE_FORMAT, formatVersion: 1, hostId, createdMs: Date.now() })}\n`);
-  } else if (owner !== hostId) {
+// Records (or checks) which host owns a data engine directory: replicas are known to other
+// hosts by host id, so the same directory must not come back under another one. Returns the
+// directory's disk id, drawing one for a directory made before the field.
+async function claimDirectory(dir: string, hostId: string): Promise<string> {
+  const rec = await readDataEngineRecord(dir);
+  if (rec !== null && rec.hostId !== hostId) {
     throw new MooringError(
       'INVALID_ARGUMENT',
-      `${dir} belongs to data engine host ${describe(owner)}, not ${describe(hostId)}: other hosts know its replicas by that id`,
-      { details: { dir, hostId: owner } },
+      `${dir} belongs to data engine host ${describe(rec.hostId)}, not ${describe(hostId)}: other hosts know its replicas by that id`,
+      { details: { dir, hostId: rec.hostId } },
     );
   }
+  if (rec !== null && rec.diskId !== '') return rec.diskId;
+  const diskId = randomUUID();
+  await writeFileAtomic(join(dir, DATA_ENGINE_FILE), `${JSON.stringify({ format: DATA_ENGINE_FORMAT, formatVersion: 1, hostId, diskId, createdMs: rec?.createdMs ?? Date.now() })}\n`);
+  return diskId;
 }

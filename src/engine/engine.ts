@@ -39,6 +39,13 @@ type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 // accepts the same number).
 const HAND_OVER_IDS_MAX = 64;
 
+
+/** Options of removing a replica from an engine (DataEngine.removeReplica). */
+export interface ReplicaRemoveOptions {
+  /** Remove it even if it is RW, as long as another replica of the engine is RW (default false). */
+  evenIfRw?: boolean;
+}
+
 /**
  * How the engine uses a replica: RW (read and written), WO (written only, being rebuilt), ERR (dropped).
  *
@@ -611,16 +618,17 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
   }
 
   /**
-   * Removes a replica that is not RW (aborting its rebuild if it is WO) and closes it.
+   * Removes a replica that is not RW (aborting its rebuild if it is WO) and closes it; with
+   * `evenIfRw`, a RW one too while another replica is RW (a healthy replica moved away).
    *
-   * @throws MooringError NOT_FOUND, INVALID_STATE (it is RW)
+   * @throws MooringError NOT_FOUND, INVALID_STATE (it is RW, or the only RW one)
    */
-  removeReplica(id: string): Promise<void> {
+  removeReplica(id: string, options: ReplicaRemoveOptions = {}): Promise<void> {
     return this.#call('removeReplica', async () => {
       checkName('replica id', id);
       const spec = this.#specs.find((s) => s.id === id);
       if (!spec) throw new MooringError('NOT_FOUND', `replica ${id} is not in this engine`);
-      await this.#native.removeReplica(spec.path);
+      await this.#native.removeReplica(spec.path, options.evenIfRw === true);
       this.#specs = this.#specs.filter((s) => s !== spec);
     });
   }

@@ -508,8 +508,12 @@ export interface NativeEngine {
    * AddReplica). Progress arrives as rebuild-* events. Resolves when it is RW.
    */
   addReplica(endpoint: NativeReplicaEndpoint, member: string): Promise<NativeRebuildResult>;
-  /** Remove a replica that is not RW (aborting its rebuild if WO) and close it. */
-  removeReplica(id: string): Promise<void>;
+  /**
+   * Remove a replica that is not RW (aborting its rebuild if WO) and close it; with
+   * `allowRw`, a RW one too while another replica is RW (an older addon ignores the flag
+   * and refuses).
+   */
+  removeReplica(id: string, allowRw?: boolean): Promise<void>;
   /** Serve this engine over NBD. The engine must stay open while the server runs. */
   exportNbd(options: NativeNbdOptions): Promise<NativeNbdServer>;
   /** Drain, flush, mark replicas clean, close. Idempotent. Close NBD servers first. */

@@ -585,6 +585,36 @@ describe('rebuild (addReplica) over real replicas', () => {
     expect((await addon().inspectReplica(r2)).rebuilding).toBe(true);
   });
 
+  it('removes a RW replica when asked to (a replica moved off its host) while writes run, never the last RW one', async () => {
+    const SIZE = 16 * MiB;
+    const [r0, r1, r2] = await replicas('move', 3, SIZE);
+    const run = await EngineRun.open([r0!, r1!, r2!]);
+    const e = run.engine;
+    const model = Buffer.alloc(SIZE);
+    await fill(e, model, 4 * MiB, 8000);
+    let stop = false;
+    let writes = 0;
+    const writer = (async () => {
+      const r = new Rng(9);
+      while (!stop) {
+        await put(e, model, r.int(12 * MiB), 1 + r.int(40 * KiB), 9000 + writes);
+        writes++;
+      }
+    })();
+    // Without the flag a RW replica stays; with it, it leaves while the writer runs.
+    expect(await codeOf(e.removeReplica(r2!))).toBe('INVALID_STATE');
+    await e.removeReplica(r2!, true);
+    await e.removeReplica(r1!, true);
+    expect(await codeOf(e.removeReplica(r0!, true))).toBe('INVALID_STATE'); // the only RW one
+    stop = true;
+    await writer;
+    expect(writes).toBeGreaterThan(0);
+    expect(e.replicas().map((r) => r.id)).toEqual([r0]);
+    await expectEngineReads(e, model, 'after removing two RW replicas');
+    await e.close();
+    await assertDirsIdentical([r0!], model);
+  });
+
   it('refuses bad requests with coded errors', async () => {
     const SIZE = 8 * MiB;
     const [r0, r1] = await replicas('bad', 2, SIZE);

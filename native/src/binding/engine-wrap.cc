@@ -417,8 +417,9 @@ Napi::Value EngineWrap::RemoveReplica(const Napi::CallbackInfo& info) {
   return RunPromise(info.Env(), [&]() -> PromiseWorker* {
     CheckOpen();
     const std::string id = ToStr(Arg(info, 0), "id", 1);
+    const bool allow_rw = info.Length() > 1 && info[1].IsBoolean() && info[1].As<Napi::Boolean>().Value();
     auto engine = engine_;
-    return PinnedTask(info, [engine, id]() { return engine->RemoveReplica(id); });
+    return PinnedTask(info, [engine, id, allow_rw]() { return engine->RemoveReplica(id, allow_rw); });
   });
 }
 

@@ -221,7 +221,7 @@ class ReplicatedEngine final : public Engine {
     return Control([&](ReplicaBackend& b) { return b.Revert(name, now); }, false);
   }
   Status AddReplica(std::shared_ptr<ReplicaBackend> target, const std::string& member, RebuildResult* out) override;
-  Status RemoveReplica(const std::string& id) override;
+  Status RemoveReplica(const std::string& id, bool allow_rw) override;
   Status Shutdown() override;
   Status OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) override;
 
@@ -1691,7 +1691,7 @@ Status ReplicatedEngine::AddReplica(std::shared_ptr<ReplicaBackend> target, cons
   return Status::Ok();
 }
 
-Status ReplicatedEngine::RemoveReplica(const std::string& id) {
+Status ReplicatedEngine::RemoveReplica(const std::string& id, bool allow_rw) {
   StopRebuild(id, -ECANCELED);
   Events ev;
   std::shared_ptr<ReplicaBackend> gone;
@@ -1702,8 +1702,14 @@ Status ReplicatedEngine::RemoveReplica(const std::string& id) {
     while (i < slots_.size() && slots_[i]->id != id) ++i;
     if (i == slots_.size()) return Status::Error(Code::kNotFound, "no replica " + id.substr(0, 4096) + " in this engine");
     const ReplicaMode mode = slots_[i]->mode.load();
-    if (mode == ReplicaMode::kRW)
-      return Status::Error(Code::kInvalidState, "replica " + id + " is RW: only ERR or WO replicas can be removed");
+    if (mode == ReplicaMode::kRW) {
+      if (!allow_rw) return Status::Error(Code::kInvalidState, "replica " + id + " is RW: only ERR or WO replicas can be removed");
+      size_t rw = 0;
+      for (const auto& s : slots_) rw += s->mode.load() == ReplicaMode::kRW ? 1 : 0;
+      // No write is in flight (the gate is ours): the commit below takes it out of the set
+      // while the others hold every acknowledged write.
+      if (rw < 2) return Status::Error(Code::kInvalidState, "replica " + id + " is the only RW replica");
+    }
     if (mode == ReplicaMode::kWO)  // a new rebuild of it started after ours was stopped
       return Status::Error(Code::kBusy, "replica " + id + " is being rebuilt", EBUSY);
     // It leaves the replica set's members first, so majorities are counted without it.

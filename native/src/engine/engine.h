@@ -221,8 +221,10 @@ class Engine : public BlockDevice {
   virtual Status AddReplica(std::shared_ptr<ReplicaBackend> target, const std::string& member, RebuildResult* out) = 0;
   // Removes a replica that is not RW (ERR, or WO: that aborts its rebuild) and closes it;
   // it leaves the replica set's members by a commit first (kNoQuorum: it stays).
-  // kInvalidState for a RW replica; kNotFound for an unknown id.
-  virtual Status RemoveReplica(const std::string& id) = 0;
+  // kInvalidState for a RW replica, unless allow_rw and another replica is RW (a healthy
+  // replica moved off its host: every acknowledged write is on every RW replica, so the
+  // others hold them all); kNotFound for an unknown id.
+  virtual Status RemoveReplica(const std::string& id, bool allow_rw) = 0;
 
   // Waits for in-flight calls, flushes, marks replicas clean, closes them (a standby only
   // closes them). Idempotent.

@@ -116,10 +116,10 @@ const str = (v: unknown): string => (typeof v === 'string' ? v : '');
 const num = (v: unknown): number => (typeof v === 'number' ? v : Number.NaN);
 
 export function infoToMsg(i: DataEngineInfo): Msg {
-  return { hostId: i.hostId, version: i.version, dir: i.dir, replicaAddress: i.replicaAddress ?? '', tls: i.tls, instanceId: i.instanceId, features: i.features };
+  return { hostId: i.hostId, version: i.version, dir: i.dir, replicaAddress: i.replicaAddress ?? '', tls: i.tls, instanceId: i.instanceId, diskId: i.diskId, features: i.features };
 }
 export function infoFromMsg(m: Msg): DataEngineInfo {
-  return { hostId: str(m.hostId), version: str(m.version), dir: str(m.dir), replicaAddress: str(m.replicaAddress) || null, tls: m.tls === true, instanceId: str(m.instanceId), features: Array.isArray(m.features) ? (m.features as unknown[]).filter((f): f is string => typeof f === 'string').slice(0, 64) : [] };
+  return { hostId: str(m.hostId), version: str(m.version), dir: str(m.dir), replicaAddress: str(m.replicaAddress) || null, tls: m.tls === true, instanceId: str(m.instanceId), diskId: str(m.diskId).slice(0, 64), features: Array.isArray(m.features) ? (m.features as unknown[]).filter((f): f is string => typeof f === 'string').slice(0, 64) : [] };
 }
 
 export function hostedToMsg(r: HostedReplicaInfo): Msg {

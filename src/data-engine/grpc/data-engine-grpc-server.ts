@@ -256,7 +256,7 @@ export class DataEngineGrpcServer {
         return rebuildResultToMsg(await de.addReplica(requestString(r, 'volume'), refFromMsg(r.replica)));
       }),
       RemoveReplica: unary(async (r) => {
-        await de.removeReplica(requestString(r, 'volume'), requestString(r, 'replicaId'));
+        await de.removeReplica(requestString(r, 'volume'), requestString(r, 'replicaId'), { evenIfRw: r.evenIfRw === true });
         return {};
       }),
       ResizeEngine: unary(async (r) => engineToMsg(await de.resizeEngine(requestString(r, 'volume'), requestUint(r, 'sizeBytes')))),

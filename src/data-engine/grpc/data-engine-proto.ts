@@ -77,6 +77,7 @@ message DataEngineInfo {
   bool tls = 5;
   string instance_id = 6;  // "" from data engines older than the field
   repeated string features = 7;  // DATA_ENGINE_FEATURES it offers ("successor-exec", "in-place-handoff")
+  string disk_id = 8;  // the disk's identity (data-engine.json); "" from data engines older than the field
 }
 
 message ReplaceProcessRequest {
@@ -203,6 +204,7 @@ message AddReplicaRequest {
 message RemoveReplicaRequest {
   string volume = 1;
   string replica_id = 2;
+  bool even_if_rw = 3;  // a RW replica too, while another is RW (older data engines ignore it and refuse)
 }
 
 message ResizeEngineRequest {

@@ -34,6 +34,7 @@ import type {
   RebuildResult,
   ReplicaCreateOptions,
   SnapshotCopyResult,
+  ReplicaRemoveOptions,
 } from '../data-engine.js';
 import {
   copyResultFromMsg,
@@ -262,8 +263,8 @@ export class RemoteDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.removeReplica */
-  async removeReplica(volume: string, replicaId: string): Promise<void> {
-    await this.#call('RemoveReplica', { volume, replicaId });
+  async removeReplica(volume: string, replicaId: string, options: ReplicaRemoveOptions = {}): Promise<void> {
+    await this.#call('RemoveReplica', { volume, replicaId, evenIfRw: options?.evenIfRw === true });
   }
 
   /** @inheritDoc DataEngine.resizeEngine */

@@ -79,6 +79,7 @@ export class HostProcess {
 
   /** Starts (or restarts) the process and connects a client. */
   async start(): Promise<void> {
+    mkdirSync(this.opts.dir, { recursive: true }); // a wiped disk comes back empty
     const secret = this.clusterSecret;
     let auth: string[] = [];
     if (secret) {

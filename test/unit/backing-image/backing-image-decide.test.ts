@@ -51,6 +51,23 @@ describe('decideBackingImage', () => {
     expect(d.deletions).toEqual([]);
   });
 
+  it('moves an evicting disk\'s copy: kept as the source until enough are ready elsewhere, then deleted at once unless used', () => {
+    // Only copy on the evicting disk: it stays, and is the source of the new copy.
+    const first = decideBackingImage(input([disk('a', { file: READY, evicting: true }), disk('b'), disk('c')]));
+    expect(first.spec).toEqual(['a', 'b']);
+    expect(first.deliveries).toEqual([{ source: 'a', target: 'b', offsetBytes: 0 }]);
+    expect(first.deletions).toEqual([]);
+    // Copy ready elsewhere: the evicting one goes now, without the cleanup wait.
+    const then = decideBackingImage(input([disk('a', { file: READY, evicting: true }), disk('b', { file: READY }), disk('c')]));
+    expect(then.deletions).toEqual(['a']);
+    expect(then.spec).toEqual(['b']);
+    // A replica there still uses it: it stays, and is never a copy target.
+    const used = decideBackingImage(input([disk('a', { file: READY, evicting: true, used: true }), disk('b', { file: READY })]));
+    expect(used.deletions).toEqual([]);
+    const noTarget = decideBackingImage(input([disk('a', { file: READY }), disk('b', { evicting: true })], { minCopies: 2 }));
+    expect(noTarget.deliveries).toEqual([]);
+  });
+
   it('adds disks for minCopies and waits for a source with a free send', () => {
     const d = decideBackingImage(input([disk('a', { file: READY }), disk('b'), disk('c'), disk('d')], { minCopies: 3, sendsBySource: { a: 2 } }));
     expect(d.spec).toEqual(['a', 'b', 'c']);
@@ -81,6 +98,7 @@ describe('decideBackingImage', () => {
       receiving: fc.boolean(),
       preparing: fc.boolean(),
       backingOff: fc.boolean(),
+      evicting: fc.boolean(),
     });
   const arbInput: fc.Arbitrary<BackingImageDecisionInput> = fc
     .integer({ min: 1, max: 8 })
@@ -109,7 +127,8 @@ describe('decideBackingImage', () => {
           expect(x.used || x.requested || x.preparing || x.receiving).toBe(false);
           expect(x.reachable).toBe(true);
           expect(x.file).not.toBeNull();
-          expect(inp.nowMs - (d.lastRefAtMs[h] ?? Infinity)).toBeGreaterThanOrEqual(inp.cleanupWaitMs);
+          // An evicting disk's unused file goes at once; others after the wait.
+          if (!x.evicting) expect(inp.nowMs - (d.lastRefAtMs[h] ?? Infinity)).toBeGreaterThanOrEqual(inp.cleanupWaitMs);
         }
         const readyBefore = inp.disks.filter((x) => x.reachable && x.file?.state === 'ready').length;
         const readyAfter = inp.disks.filter((x) => x.reachable && x.file?.state === 'ready' && !d.deletions.includes(x.hostId)).length;

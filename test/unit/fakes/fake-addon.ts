@@ -508,11 +508,11 @@ export class FakeEngine implements NativeEngine {
     }
   }
 
-  async removeReplica(id: string): Promise<void> {
+  async removeReplica(id: string, allowRw = false): Promise<void> {
     await this.addon.tick();
     const mode = this.modes.get(id);
     if (mode === undefined) throw nativeError('NOT_FOUND', `no replica ${id}`);
-    if (mode === 'RW') throw nativeError('INVALID_STATE', `${id} is RW`);
+    if (mode === 'RW' && (!allowRw || [...this.modes.values()].filter((m) => m === 'RW').length < 2)) throw nativeError('INVALID_STATE', `${id} is RW`);
     if (this.#rebuilding?.id === id) this.#rebuilding.abort();
     this.replicaDirs.splice(this.replicaDirs.indexOf(id), 1);
     this.modes.delete(id);

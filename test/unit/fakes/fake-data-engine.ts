@@ -25,6 +25,7 @@ import type {
   ReplicaCreateOptions,
   RebuildResult,
   SnapshotCopyResult,
+  ReplicaRemoveOptions,
 } from '../../../src/data-engine/data-engine.js';
 import { createHash } from 'node:crypto';
 
@@ -93,6 +94,8 @@ export class FakeDataEngine implements DataEngine {
   /** What info() reports; {@link restart} changes both. */
   instanceId = 'fake-1';
   version = 'fake';
+  /** What info() reports as the disk's identity (replaceDisk() draws another). */
+  diskId = '';
   readonly replicas = new Map<string, { sizeBytes: number; inUse: boolean; backingImage?: ReplicaBackingImage | null }>();
   readonly engines = new Map<string, FakeEngineState>();
   readonly calls: string[] = [];
@@ -127,9 +130,18 @@ export class FakeDataEngine implements DataEngine {
     this.instanceId = `fake-${Number(this.instanceId.slice(5)) + 1}`;
   }
 
+  /** The host's disk was replaced: a new process over an empty directory with a new disk id. */
+  replaceDisk(diskId: string): void {
+    this.restart();
+    for (const name of this.replicas.keys()) replicaMeta.delete(name);
+    this.replicas.clear();
+    this.files.clear();
+    this.diskId = diskId;
+  }
+
   async info(): Promise<DataEngineInfo> {
     this.#check('info');
-    return { hostId: this.hostId, version: this.version, dir: `/fake/${this.hostId}`, replicaAddress: this.replicaAddress, tls: false, instanceId: this.instanceId, features: [] };
+    return { hostId: this.hostId, version: this.version, dir: `/fake/${this.hostId}`, replicaAddress: this.replicaAddress, tls: false, instanceId: this.instanceId, diskId: this.diskId, features: [] };
   }
 
   async createReplica(name: string, sizeBytes: number, options: ReplicaCreateOptions = {}): Promise<HostedReplicaInfo> {
@@ -298,12 +310,13 @@ export class FakeDataEngine implements DataEngine {
     return this.engineInfo(volume);
   }
 
-  async removeReplica(volume: string, replicaId: string): Promise<void> {
+  async removeReplica(volume: string, replicaId: string, options: ReplicaRemoveOptions = {}): Promise<void> {
     this.#check(`removeReplica ${volume} ${replicaId}`);
     const e = this.#engine(volume);
     const i = e.replicas.findIndex((r) => r.id === replicaId);
     if (i < 0) throw new MooringError('NOT_FOUND', `no replica ${replicaId}`);
-    if (e.replicas[i]!.mode === 'RW') throw new MooringError('INVALID_STATE', `replica ${replicaId} is RW`);
+    const otherRw = e.replicas.some((r, j) => j !== i && r.mode === 'RW');
+    if (e.replicas[i]!.mode === 'RW' && !(options.evenIfRw && otherRw)) throw new MooringError('INVALID_STATE', `replica ${replicaId} is RW`);
     e.replicas.splice(i, 1);
   }
 
