@@ -292,9 +292,9 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
         const made = await this.#volumes.clone(n, o);
         return { volume: this.volume(made.name), copiedBytes: made.copiedBytes };
       },
-      handOver: (n) => this.#migrationStep(n, () => migrations.handOver(n), false),
-      confirm: (n) => this.#migrationStep(n, () => migrations.confirm(n, false), true),
-      rollback: (n) => this.#migrationStep(n, () => migrations.rollback(n, false, 'asked by the embedder'), true),
+      handOver: async (n) => (await this.#migrationStep(n, () => migrations.handOver(n), false))!,
+      confirm: (n, endsOn) => this.#migrationStep(n, () => migrations.confirm(n, false), true, endsOn),
+      rollback: (n, endsOn) => this.#migrationStep(n, () => migrations.rollback(n, false, 'asked by the embedder'), true, endsOn),
       setHooks: (n, h, l) => migrations.setHooks(n, h, l),
       createSnapshot: (n, s, l) => operations.createSnapshot(n, s, l),
       listSnapshots: (n) => operations.listSnapshots(n),
@@ -594,11 +594,16 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   }
 
   // A migration call of the embedder, in the volume's turn; `converge` reconciles the
-  // tickets after it (confirm and rollback change what runs).
-  async #migrationStep<T>(name: string, step: () => Promise<T>, converge: boolean): Promise<T> {
+  // tickets after it (confirm and rollback change what runs). `endsOn`: the migration is
+  // over already if the volume runs there (a confirm or rollback done before, by the
+  // embedder or by the control loop): the call then does nothing.
+  async #migrationStep<T>(name: string, step: () => Promise<T>, converge: boolean, endsOn?: string): Promise<T | undefined> {
     this.#state.checkOpen();
     return this.#state.serial(name, async () => {
-      if (!(await this.#state.migrationRecord(name))) throw new MooringError('INVALID_STATE', `volume ${name} is not migrating`);
+      if (!(await this.#state.migrationRecord(name))) {
+        if (endsOn !== undefined && (await this.#state.engineRecord(name))?.hostId === endsOn) return undefined;
+        throw new MooringError('INVALID_STATE', `volume ${name} is not migrating`);
+      }
       const out = await step();
       if (converge) await this.#attachment.converge(name);
       return out;

@@ -266,8 +266,10 @@ export interface VolumeOps {
   migrate(name: string, target: string, options: MigrateOptions): Promise<MigrationInfo>;
   migration(name: string): Promise<MigrationInfo | null>;
   handOver(name: string): Promise<HandOverResult>;
-  confirm(name: string): Promise<void>;
-  rollback(name: string): Promise<void>;
+  /** `endsOn`: the host the volume runs on once it is confirmed (a call after that resolves). */
+  confirm(name: string, endsOn?: string): Promise<void>;
+  /** `endsOn`: the host the volume runs on once it is rolled back (a call after that resolves). */
+  rollback(name: string, endsOn?: string): Promise<void>;
   setHooks(name: string, hooks: MigrationHooks | null, locks: MigrationLocks | null): void;
   createSnapshot(name: string, snapshot: string, labels: Record<string, string> | undefined): Promise<EngineSnapshotInfo>;
   listSnapshots(name: string): Promise<EngineSnapshotInfo[]>;
@@ -316,14 +318,27 @@ export class Migration {
     return this.#ops.handOver(this.volume);
   }
 
-  /** Ends the migration on the target: hands over first if that has not happened, then stops the source engine. */
+  /**
+   * Ends the migration on the target: hands over first if that has not happened, then stops
+   * the source engine. Idempotent: once the volume runs on the target with no migration left
+   * (this call, another one, or Mooring itself after the source host was lost past the
+   * hand-over: `migration-confirmed` with `automatic`), it resolves.
+   *
+   * @throws MooringError INVALID_STATE (the migration ended otherwise, e.g. rolled back), UNAVAILABLE
+   */
   confirm(): Promise<void> {
-    return this.#ops.confirm(this.volume);
+    return this.#ops.confirm(this.volume, this.targetHost);
   }
 
-  /** Ends the migration on the source: before hand-over the standby stops; after it the target drains and the source claims a newly allocated epoch. */
+  /**
+   * Ends the migration on the source: before hand-over the standby stops; after it the
+   * target drains and the source claims a newly allocated epoch. Idempotent as
+   * {@link Migration.confirm}: resolves once the volume runs on the source with no migration left.
+   *
+   * @throws MooringError INVALID_STATE (the migration ended otherwise, e.g. confirmed), UNAVAILABLE
+   */
   rollback(): Promise<void> {
-    return this.#ops.rollback(this.volume);
+    return this.#ops.rollback(this.volume, this.sourceHost);
   }
 }
 

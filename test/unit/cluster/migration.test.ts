@@ -126,6 +126,13 @@ describe('Mooring tickets and migration', () => {
     expect(log).toEqual(['beforeHandOver', 'src.handOver', 'tgt.takeOver', 'afterHandOver:b', 'afterConfirm']);
     expect(await m.info()).toBeNull();
     expect((await vol.status()).attachedHost).toBe('b');
+    // Confirmed (by this call, another, or the control loop): confirm again resolves and
+    // changes nothing; a rollback now is refused, and so is an older handle's rollback.
+    await m.confirm();
+    expect(log.filter((l) => l === 'afterConfirm')).toHaveLength(1);
+    await expect(m.rollback()).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    await expect(refused.rollback()).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    expect((await vol.status()).attachedHost).toBe('b');
   });
 
   it('migrates a degraded volume: the ERR replica stays ERR on the target', async () => {
@@ -178,6 +185,9 @@ describe('Mooring tickets and migration', () => {
     expect((await vol.status()).attachedHost).toBe('b');
     expect((await vol.tickets()).map((t) => t.hostId)).toEqual(['b']);
     expect(active(hosts, name)).toEqual(['b']);
+    // The embedder's own confirm, racing the loop's, finds it done.
+    await m.confirm();
+    expect(confirmed).toHaveLength(1);
   });
 
   it('resumes after a restart of the embedding process, in each phase', async () => {
