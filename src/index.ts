@@ -121,7 +121,7 @@ export type { DataEngineGrpcServerOptions } from './data-engine/grpc/data-engine
 export { RemoteDataEngine } from './data-engine/grpc/remote-data-engine.js';
 export { generateClusterSecret, readClusterSecretFile } from './data-engine/cluster-secret.js';
 export type { RemoteDataEngineOptions } from './data-engine/grpc/remote-data-engine.js';
-export type { StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
+export type { StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
 export { FileStateStore } from './state/file-state-store.js';
 export type { FileStateStoreOptions } from './state/file-state-store.js';
 export { MemoryStateStore } from './state/memory-state-store.js';

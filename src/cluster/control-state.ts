@@ -72,7 +72,12 @@ export function migrationInfo(m: MigrationRecord, epoch = 0): MigrationInfo {
 
 /** A replica's directory name on its host: unique, and readable as its volume and id. */
 export function replicaName(volume: string, id: string): string {
-  return `${volume.slice(0, 40)}-${id}-${randomUUID().slice(0, 8)}`;
+  return `${replicaNamePrefix(volume)}${id}-${randomUUID().slice(0, 8)}`;
+}
+
+/** What every replica name of `volume` starts with (other volumes' names may too: filter by record). */
+export function replicaNamePrefix(volume: string): string {
+  return `${volume.slice(0, 40)}-`;
 }
 
 /** See the module comment. */
@@ -133,9 +138,16 @@ export class ControlState {
     return (await this.store.list<unknown>(KIND.replica)).map((d) => parseReplicaRecord(d.value, d.key));
   }
 
-  /** The volume's replica records, by id. */
+  /**
+   * The volume's replica records, by id: those whose key (the replica name) starts with the
+   * volume's name prefix, so a pass over N volumes reads each record about once, not N times.
+   */
   async replicas(volume: string): Promise<ReplicaRecord[]> {
-    return (await this.allReplicas()).filter((r) => r.volume === volume).sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true }));
+    const docs = await this.store.list<unknown>(KIND.replica, { prefix: replicaNamePrefix(volume) });
+    return docs
+      .map((d) => parseReplicaRecord(d.value, d.key))
+      .filter((r) => r.volume === volume)
+      .sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true }));
   }
 
   newReplicaRecord(volume: string, id: string, hostId: string): ReplicaRecord {

@@ -14,7 +14,7 @@ import {
   checkKind,
   serialiseValue,
 } from './state-keys.js';
-import type { StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+import type { StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
 
 /** The lock file inside a state store directory. */
 export const STATE_LOCK_FILE = 'state.lock';
@@ -99,9 +99,10 @@ export class FileStateStore implements StateStore {
   }
 
   /** @inheritDoc StateStore.list */
-  async list<T>(kind: string): Promise<Array<StoredObject<T>>> {
+  async list<T>(kind: string, options: StateListOptions = {}): Promise<Array<StoredObject<T>>> {
     this.#assertOpen();
     checkKind(kind);
+    const prefix = typeof options?.prefix === 'string' ? options.prefix : '';
     let names: string[];
     try {
       names = await readdir(join(this.dir, kind));
@@ -110,7 +111,7 @@ export class FileStateStore implements StateStore {
       throw toMooringError(err, `listing ${join(this.dir, kind)}`);
     }
     const keys = names
-      .filter((n) => n.endsWith('.json'))
+      .filter((n) => n.endsWith('.json') && n.startsWith(prefix))
       .map((n) => n.slice(0, -'.json'.length))
       .filter((k) => {
         try {

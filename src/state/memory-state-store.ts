@@ -1,6 +1,6 @@
 import { MooringError } from '../errors.js';
 import { checkCompareAndSet, checkExpectedVersion, checkKey, checkKind, serialiseValue } from './state-keys.js';
-import type { StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+import type { StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
 
 /**
  * A {@link StateStore} in memory, for tests and embedders that keep state elsewhere. Same
@@ -18,9 +18,10 @@ export class MemoryStateStore implements StateStore {
   }
 
   /** @inheritDoc StateStore.list */
-  async list<T>(kind: string): Promise<Array<StoredObject<T>>> {
+  async list<T>(kind: string, options: StateListOptions = {}): Promise<Array<StoredObject<T>>> {
     const docs = this.#kind(kind);
-    const keys = [...docs.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    const prefix = typeof options?.prefix === 'string' ? options.prefix : '';
+    const keys = [...docs.keys()].filter((k) => k.startsWith(prefix)).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
     return keys.map((key) => ({ kind, key, version: docs.get(key)!.version, value: JSON.parse(docs.get(key)!.text) as T }));
   }
 

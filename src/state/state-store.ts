@@ -33,12 +33,21 @@ export interface StateWriteOptions {
   expectedVersion?: number;
 }
 
+/** Options of {@link StateStore.list}. */
+export interface StateListOptions {
+  /**
+   * Only keys that start with this. A store may ignore it and return more: callers filter
+   * what they get (the control plane does), so a store written before the option works.
+   */
+  prefix?: string;
+}
+
 /** Where specs and status live. Every method may reject with a MooringError. */
 export interface StateStore {
   /** The document, or null if there is none. */
   get<T>(kind: string, key: string): Promise<StoredObject<T> | null>;
-  /** Every document of a kind, ordered by key. */
-  list<T>(kind: string): Promise<Array<StoredObject<T>>>;
+  /** Every document of a kind (whose key starts with `options.prefix`, if given), ordered by key. */
+  list<T>(kind: string, options?: StateListOptions): Promise<Array<StoredObject<T>>>;
   /** Creates or replaces a document; durable when the promise resolves. CONFLICT on a failed compare-and-set. */
   put<T>(kind: string, key: string, value: T, options?: StateWriteOptions): Promise<StoredObject<T>>;
   /** Removes a document (no error if missing, unless expectedVersion is given). */

@@ -55,6 +55,14 @@ describe.each(stores)('%s (StateStore contract)', (_name, make) => {
     expect(await store.get('engine', 'v1')).not.toBeNull();
   });
 
+  it('lists only the keys with a prefix when asked, in key order', async () => {
+    for (const k of ['vol-a-r1', 'vol-a-r0', 'vol-ab-r0', 'vol-b-r0']) await store.put('replica', k, { k });
+    expect((await store.list('replica', { prefix: 'vol-a-' })).map((d) => d.key)).toEqual(['vol-a-r0', 'vol-a-r1']);
+    expect((await store.list('replica', { prefix: 'vol-a' })).map((d) => d.key)).toEqual(['vol-a-r0', 'vol-a-r1', 'vol-ab-r0']);
+    expect(await store.list('replica', { prefix: 'none-' })).toEqual([]);
+    expect(await store.list('replica', {})).toHaveLength(4);
+  });
+
   it('returns copies: changing a value after put or get does not change the stored one', async () => {
     const value = { list: [1, 2] };
     const put = await store.put('volume', 'v', value);
