@@ -25,6 +25,7 @@ export type { MooringErrorOptions } from './errors.js';
 // --- the entry point and its volumes ---
 export { Mooring } from './mooring.js';
 export type { MooringEvents, MooringOptions, ReplicaReplacedEvent } from './mooring.js';
+export type { Logger, LogFn } from './util/logger.js';
 export type { DirectoryImport } from './volume/directory-import.js';
 export { Volume, Migration } from './volume/volume.js';
 export { Engine } from './volume/engine.js';

@@ -5,6 +5,7 @@ import { UsageError, reportError, type CliContext } from './common.js';
 import { runCreate } from './create.js';
 import { runDataEngine } from './data-engine.js';
 import { runInfo } from './info.js';
+import { LOG_HELP, makeCliLogger, takeLogFlags } from './log.js';
 import { runServe } from './serve.js';
 import { runSnapshot } from './snapshot.js';
 
@@ -24,6 +25,9 @@ Commands:
 Run 'mooring <command> --help' for a command's options.
   --version  print the version
   --help     show this help
+
+Every command also takes (docs/logging.md):
+${LOG_HELP}
 
 Errors print as 'mooring: CODE: message' (exit 1; usage errors exit 2).
 `;
@@ -55,7 +59,11 @@ export async function runCli(argv: string[], ctx: CliContext): Promise<number> {
     }
     const run = COMMANDS[command];
     if (!run) throw new UsageError('', `unknown command ${JSON.stringify(command)} (expected ${Object.keys(COMMANDS).join(', ')})`);
-    return await run(rest, ctx);
+    if (command === 'bench') return await run(rest, ctx);
+    const { settings, rest: commandArgs } = takeLogFlags(command, rest);
+    ctx.logSettings = settings;
+    ctx.log = makeCliLogger(ctx, settings);
+    return await run(commandArgs, ctx);
   } catch (err) {
     return reportError(ctx, err);
   }
