@@ -18,7 +18,7 @@ Commands:
   serve      serve a volume (created first if new) over NBD until SIGINT/SIGTERM
   create     create a volume (detached)
   info       show volumes: size, replicas, epoch and snapshots (changes nothing)
-  snapshot   create, list, delete or revert snapshots
+  snapshot   create, list, delete, revert or export snapshots
   bench      benchmark Mooring against qemu-nbd and the raw disk (needs fio, qemu-nbd)
   data-engine  run this host's data engine (replicas, engines) as a process, served over gRPC
 

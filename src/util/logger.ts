@@ -22,7 +22,7 @@ export interface LogFn {
  * What Mooring needs of a logger: pino's six levels and `child()`. A pino logger is one as it
  * is (`Mooring.open({ dir, logger: pino() })`); any other logger fits behind a small
  * adapter. Mooring calls each level with fields first and the message second, and makes one
- * child per component (`{ component: 'cluster' }`, `{ component: 'data-engine', hostId }`).
+ * child per component (`{ component: 'cluster' }`, `{ component: 'data-engine' }`).
  */
 export interface Logger {
   /** Finest detail (not used by Mooring today). */
@@ -31,9 +31,9 @@ export interface Logger {
   debug: LogFn;
   /** What changed: volumes created and deleted, attaches, epochs claimed, rebuilds started and done. */
   info: LogFn;
-  /** Something failed and Mooring carries on: a replica fault, a background repair that failed. */
+  /** Something failed and Mooring carries on: a background repair that failed, a rebuild that failed, a host that did not answer. */
   warn: LogFn;
-  /** An operation failed for good (the CLI: the error a command exits with). */
+  /** A replica failed; in the CLI, the error a command exits with. */
   error: LogFn;
   /** The process cannot go on. */
   fatal: LogFn;
