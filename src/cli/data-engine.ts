@@ -10,7 +10,8 @@ import { handOffToSuccessor, takeOverFromPredecessor, type HandOffEpochs, type H
 import { readClusterSecretFile } from '../data-engine/cluster-secret.js';
 import { MooringError } from '../errors.js';
 import { logDataEngineEvent } from '../util/logger.js';
-import { logOf } from './log.js';
+import { logOf, logSettingsOf } from './log.js';
+import { rebuildProgress } from './progress.js';
 import { checkSuccessorArgv, spawnSuccessor } from './successor.js';
 import {
   TLS_OPTIONS,
@@ -127,6 +128,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     return 0;
   }
   const log = logOf(ctx);
+  const settings = logSettingsOf(ctx);
   const cwd = ctx.cwd ?? process.cwd();
   const dir = resolve(cwd, requireDir('data-engine', values.dir));
   const hostId = values['host-id'];
@@ -208,7 +210,11 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ...(replicaServerBufferBytesMax !== undefined ? { replicaServerBufferBytesMax } : {}),
       ...(nbdExportBufferBytesMax !== undefined ? { nbdExportBufferBytesMax } : {}),
     });
-    opened.watch((e) => logDataEngineEvent(log, hostId, e));
+    const rebuilds = settings.progress ? rebuildProgress(log, settings.progressIntervalMs) : null;
+    opened.watch((e) => {
+      logDataEngineEvent(log, hostId, e);
+      rebuilds?.(hostId, e);
+    });
     return opened;
   };
   // What ends or changes the serving: a signal, a successor to start (ReplaceProcess), an

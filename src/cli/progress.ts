@@ -1,6 +1,7 @@
 // Progress lines of long CLI work (docs/logging.md, "Progress"): info records of the run's
 // logger, so they come out as human lines or JSON like every other record. At most one line
 // per interval (--progress-interval-ms) while the work goes on, always a final one.
+import type { DataEngineEvent } from '../data-engine/data-engine.js';
 import type { Logger } from '../util/logger.js';
 import { formatBytes } from '../util/size.js';
 
@@ -70,4 +71,31 @@ export class ProgressReporter {
       // A failing logger does not stop the work.
     }
   }
+}
+
+/**
+ * Progress lines of the rebuilds a long-running command sees in data-engine events (serve,
+ * data-engine): one task per volume and replica, from `rebuild-started` to
+ * `rebuild-completed` (the final line) or `rebuild-failed` (no final line: the failure is
+ * logged as its own record). Returns the listener to give the events to.
+ */
+export function rebuildProgress(log: Logger, intervalMs: number): (hostId: string, e: DataEngineEvent) => void {
+  const running = new Map<string, ProgressReporter>();
+  return (hostId, e) => {
+    if (e.type !== 'rebuild-started' && e.type !== 'rebuild-progress' && e.type !== 'rebuild-completed' && e.type !== 'rebuild-failed') return;
+    const key = `${hostId}/${e.volume}/${e.replicaId}`;
+    if (e.type === 'rebuild-failed') {
+      running.delete(key);
+      return;
+    }
+    let p = running.get(key);
+    if (!p) {
+      p = new ProgressReporter(log, `rebuild of replica ${e.replicaId} of ${e.volume}`, { fields: { volume: e.volume, hostId, replicaId: e.replicaId }, intervalMs });
+      running.set(key, p);
+    }
+    if (e.type === 'rebuild-completed') {
+      running.delete(key);
+      p.finish(e.totalBytes, e.totalBytes);
+    } else if (e.type === 'rebuild-progress') p.update(e.scannedBytes, e.totalBytes);
+  };
 }

@@ -16,7 +16,8 @@ import {
   readTlsOptions,
   type CliContext,
 } from './common.js';
-import { libraryLoggerOf, logOf } from './log.js';
+import { libraryLoggerOf, logOf, logSettingsOf } from './log.js';
+import { rebuildProgress } from './progress.js';
 import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 import { STATUS_SOCKET_FILE, serveStatus, type StatusServer } from './status-socket.js';
 import { liveReport } from './volume-report.js';
@@ -138,7 +139,15 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
         throw new MooringError('INVALID_ARGUMENT', `--replicas ${replicas} does not match the ${st.replicaCount} replicas of volume ${v.name}`);
       }
     }
-    // Data-engine events (replica errors, epochs, rebuilds) are logged by the library.
+    // Data-engine events (replica errors, epochs, rebuilds) are logged by the library;
+    // rebuilds of this volume also as progress lines.
+    const settings = logSettingsOf(ctx);
+    if (settings.progress) {
+      const rebuilds = rebuildProgress(log, settings.progressIntervalMs);
+      m.on('data-engine-event', (host, e) => {
+        if (e.type !== 'backing-image-file' && e.volume === v.name) rebuilds(host, e);
+      });
+    }
     if (stop.pending) {
       log.info({ signal: stop.pending }, `${stop.pending} before serving started: closing`);
       return 0;

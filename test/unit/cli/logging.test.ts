@@ -11,7 +11,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { runCli } from '../../../src/cli/cli.js';
 import type { CliContext } from '../../../src/cli/common.js';
 import { humanLine, takeLogFlags } from '../../../src/cli/log.js';
-import { ProgressReporter } from '../../../src/cli/progress.js';
+import { ProgressReporter, rebuildProgress } from '../../../src/cli/progress.js';
 import type { Logger } from '../../../src/util/logger.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
 
@@ -187,5 +187,32 @@ describe('ProgressReporter', () => {
     }
     p.finish(4, 4);
     expect(got.map((g) => (g.fields.progress as { percent: number }).percent)).toEqual([25, 50, 75, 100]);
+  });
+});
+
+describe('rebuildProgress', () => {
+  it('follows each rebuild from start to completion; a failed one ends without a final line', () => {
+    const got: Array<{ fields: Record<string, unknown>; msg: string }> = [];
+    const info = ((fields: Record<string, unknown>, msg: string) => void got.push({ fields, msg })) as Logger['info'];
+    const none = (() => undefined) as Logger['info'];
+    const log: Logger = { trace: none, debug: none, info, warn: none, error: none, fatal: none, child: () => log };
+    const on = rebuildProgress(log, 0);
+    const GiB = 1 << 30;
+    const figures = (scanned: number) => ({ sentBytes: 0, scannedBytes: scanned, totalBytes: GiB });
+    on('h1', { type: 'rebuild-started', volume: 'v', replicaId: 'r1', ...figures(0) });
+    on('h1', { type: 'rebuild-started', volume: 'v', replicaId: 'r2', ...figures(0) });
+    on('h1', { type: 'rebuild-progress', volume: 'v', replicaId: 'r1', ...figures(GiB / 4) });
+    on('h1', { type: 'rebuild-progress', volume: 'v', replicaId: 'r2', ...figures(GiB / 2) });
+    on('h1', { type: 'rebuild-failed', volume: 'v', replicaId: 'r2', code: 'UNAVAILABLE', message: 'gone', ...figures(GiB / 2) });
+    on('h1', { type: 'epoch-claimed', volume: 'v', epoch: 3 });
+    on('h1', { type: 'rebuild-progress', volume: 'v', replicaId: 'r1', ...figures((3 * GiB) / 4) });
+    on('h1', { type: 'rebuild-completed', volume: 'v', replicaId: 'r1', ...figures(GiB) });
+    expect(got.map((g) => g.msg.replace(/, [\d.]+ \S+\/s/, '').replace(/ in [\d.]+ s$/, ''))).toEqual([
+      'rebuild of replica r1 of v: 25% (256 MiB of 1 GiB)',
+      'rebuild of replica r2 of v: 50% (512 MiB of 1 GiB)',
+      'rebuild of replica r1 of v: 75% (768 MiB of 1 GiB)',
+      'rebuild of replica r1 of v: 100% (1 GiB of 1 GiB), done',
+    ]);
+    expect(got[3]!.fields).toMatchObject({ volume: 'v', hostId: 'h1', replicaId: 'r1', progress: { percent: 100, done: true } });
   });
 });
