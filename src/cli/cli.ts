@@ -26,7 +26,7 @@ Run 'mooring <command> --help' for a command's options.
   --version  print the version
   --help     show this help
 
-Every command also takes (docs/logging.md):
+Every command but bench also takes (docs/logging.md):
 ${LOG_HELP}
 
 Errors print as 'mooring: CODE: message' (exit 1; usage errors exit 2).
