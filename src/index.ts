@@ -26,6 +26,7 @@ export type { MooringErrorOptions } from './errors.js';
 export { Mooring } from './mooring.js';
 export type { MooringEvents, MooringOptions, ReplicaReplacedEvent } from './mooring.js';
 export type { HostEvictionProgress } from './cluster/eviction-controller.js';
+export type { Logger, LogFn } from './util/logger.js';
 export type { DirectoryImport } from './volume/directory-import.js';
 export { Volume, Migration } from './volume/volume.js';
 export { Engine } from './volume/engine.js';

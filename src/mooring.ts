@@ -32,6 +32,9 @@ import { NAME_PATTERN } from './util/limits.js';
 import { withTimeout } from './util/async.js';
 import { ensureDirectory } from './util/files.js';
 import { safeEmit } from './util/emit.js';
+import { formatBytes } from './util/size.js';
+import { checkLogger, logDataEngineEvent, safeLog, type Logger } from './util/logger.js';
+import { logClusterEvent } from './cluster/cluster-event-log.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
 import { KIND } from './cluster/cluster-records.js';
@@ -123,6 +126,14 @@ export interface MooringOptions {
    * ({@link Mooring.startUpgrade}); without it, upgrades are refused (NO_LAUNCHER).
    */
   dataEngineLauncher?: DataEngineLauncher;
+  /**
+   * Where Mooring logs (docs/logging.md): a pino logger, or anything with pino's level
+   * methods and `child()`. Records carry `component` (`cluster`; `data-engine` for the
+   * in-process data engine, unless `dataEngine.logger` is given) and the
+   * fields of what they report (`volume`, `hostId`, `replicaId`, `code`, ...). Default: none,
+   * nothing is logged; the events of this class and of volumes report the same facts.
+   */
+  logger?: Logger;
 }
 
 /** A replica that stayed ERR was replaced by a new one on another host. */
@@ -190,6 +201,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   readonly #ops: VolumeOps;
   // What this object opened itself (the embedded default) and closes with it.
   readonly #own: Owned;
+  readonly #log: Logger;
   /** This host's id (where `attach()` without a host attaches), or null. */
   readonly hostId: string | null;
   /**
@@ -206,7 +218,9 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     super();
     this.hostId = hostId;
     this.#own = own;
+    this.#log = checkLogger('logger', options.logger).child({ component: 'cluster' });
     const hosts = new Hosts((hostId, e) => {
+      logDataEngineEvent(this.#log, hostId, e);
       this.#images.onDataEngineEvent(hostId, e);
       safeEmit(this, 'data-engine-event', hostId, e);
       // A volume's own events go to its handle too (if one was asked for: none is made for it).
@@ -224,7 +238,10 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
         engineIoTimeoutMs: options.engineIoTimeoutMs,
       },
       {
-        cluster: (event, ...args) => safeEmit(this, event, ...args),
+        cluster: (event, ...args) => {
+          logClusterEvent(this.#log, event, args[0]);
+          safeEmit(this, event, ...args);
+        },
         volume: (name, event, ...args) => safeEmit(this.volume(name), event, ...args),
       },
     );
@@ -245,7 +262,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
         return this.#attachment.operationHost(v, undefined);
       },
       withExportTicket: async (v, fn) => this.#attachment.withTicket(v, 'backing-image-export', await this.#attachment.operationHost(v, undefined), fn),
-      warn: (e) => safeEmit(this, 'warning', e),
+      warn: (e) => this.#warn(e),
       cleanupWaitMs: options.backingImageCleanupWaitMs ?? DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS,
       probeTimeoutMs: HOST_PROBE_TIMEOUT_MS,
       waitTimeoutMs: state.settings.ticketWaitMs,
@@ -268,8 +285,21 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       addHost: (de) => this.addHost(de),
     });
     this.#ops = {
-      attach: (n, o) => attachment.attach(n, o),
-      detach: (n, o) => attachment.detach(n, o),
+      attach: async (n, o) => {
+        const st = await attachment.attach(n, o);
+        const host = o.host ?? st.attachedHost ?? this.hostId;
+        safeLog(
+          this.#log,
+          'info',
+          { volume: n, hostId: host, epoch: st.epoch, ...(st.nbd ? { nbd: st.nbd.uri } : {}) },
+          `volume ${n} attached on ${host} (writer epoch ${st.epoch})${st.nbd ? ` at ${st.nbd.uri}` : ''}`,
+        );
+        return st;
+      },
+      detach: async (n, o) => {
+        await attachment.detach(n, o);
+        safeLog(this.#log, 'info', { volume: n, ...(o.host ? { hostId: o.host } : {}) }, `volume ${n} detached${o.host ? ` from ${o.host}` : ''}`);
+      },
       status: (n) => volumeStatus(state, n),
       tickets: (n) => attachment.tickets(n),
       setTicket: (n, t) => attachment.setTicket(n, t),
@@ -326,6 +356,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       throw new MooringError('INVALID_ARGUMENT', 'an in-process data engine needs a dir to keep its replicas in');
     }
     if (options.hostId !== undefined) checkName('host id', options.hostId);
+    checkLogger('logger', options.logger);
     checkIntIn('repairIntervalMs', options.repairIntervalMs, 0, MS_SETTING_MAX, DEFAULT_REPAIR_INTERVAL_MS);
     checkIntIn('replicaReplacementWaitMs', options.replicaReplacementWaitMs, 0, MS_SETTING_MAX, DEFAULT_REPLICA_REPLACEMENT_WAIT_MS);
     checkIntIn('ticketWaitTimeoutMs', options.ticketWaitTimeoutMs, 0, MS_SETTING_MAX, DEFAULT_TICKET_WAIT_TIMEOUT_MS);
@@ -343,7 +374,8 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
         hostId ??= (await readDataEngineHostId(engineDir)) ?? defaultHostId();
         // A single-directory volume of the first releases in `dir` becomes one of this host's.
         imported = await importDirectoryVolume(dir, store, hostId, engineDir);
-        own.dataEngine = await LocalDataEngine.start({ ...(options.dataEngine ?? {}), dir: engineDir, hostId });
+        const dataEngineLogger = options.dataEngine?.logger ?? checkLogger('logger', options.logger).child({ component: 'data-engine' });
+        own.dataEngine = await LocalDataEngine.start({ ...(options.dataEngine ?? {}), dir: engineDir, hostId, logger: dataEngineLogger });
       }
       const m = new Mooring({ ...options, store }, hostId, own);
       m.#imported = imported;
@@ -352,6 +384,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       for (const h of options.hosts ?? []) await m.addHost(h);
       // The first pass at once: volumes attached before a restart serve again without waiting a period.
       if (m.#repairIntervalMs > 0) m.#schedule(0);
+      safeLog(m.#log, 'debug', { ...(dir !== null ? { dir } : {}), hostId, hostIds: m.hostIds }, `opened${dir !== null ? ` ${dir}` : ''} as host ${hostId ?? '(none)'} (hosts: ${m.hostIds.join(', ') || 'none'})`);
       return m;
     } catch (err) {
       await own.dataEngine?.close().catch(() => undefined);
@@ -383,7 +416,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       // A host that is down while the VM manager starts is still a host of the cluster: its
       // recorded address stays, and decisions treat it as unreachable until it answers.
       info = null;
-      safeEmit(this, 'warning', toMooringError(err, `host ${hostId} did not answer when added; its last recorded address is kept`));
+      this.#warn(toMooringError(err, `host ${hostId} did not answer when added; its last recorded address is kept`));
     }
     if (info && info.hostId !== hostId) throw new MooringError('INVALID_ARGUMENT', `data engine says it is host ${info.hostId}, its handle says ${hostId}`);
     this.#state.hosts.set(hostId, engine);
@@ -420,6 +453,12 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     await this.#eviction.request(hostId, false);
   }
 
+  // A background failure: logged (warn, with its code) and emitted as a `warning` event.
+  #warn(e: MooringError): void {
+    safeLog(this.#log, 'warn', { code: e.code }, e.message);
+    safeEmit(this, 'warning', e);
+  }
+
   /** Withdraws a host: no new replicas or engines go there. Its existing replicas stay until replaced. */
   removeHost(hostId: string): void {
     this.#state.hosts.delete(hostId);
@@ -434,7 +473,16 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    */
   async createVolume(options: VolumeCreateOptions): Promise<Volume> {
     await this.#volumes.create(options);
-    return this.volume(options.name);
+    const v = this.volume(options.name);
+    const st = await volumeStatus(this.#state, options.name).catch(() => null);
+    const hostIds = st ? [...new Set(st.replicas.map((r) => r.hostId))] : [];
+    safeLog(
+      this.#log,
+      'info',
+      { volume: options.name, ...(st ? { sizeBytes: st.sizeBytes, replicas: st.replicaCount, hostIds } : {}) },
+      `volume ${options.name} created${st ? ` (${formatBytes(st.sizeBytes)}, ${st.replicaCount} replicas on ${hostIds.join(', ')})` : ''}`,
+    );
+    return v;
   }
 
   /**
@@ -450,6 +498,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       this.#handles.delete(name);
       this.#migrations.setHooks(name, null, null);
     });
+    safeLog(this.#log, 'info', { volume: name }, `volume ${name} deleted`);
   }
 
   /** Every volume in the store, with its status. */
@@ -487,18 +536,18 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       if (state.closed) return;
       const volume = d.key;
       await state.serial(volume, () => this.#attachment.converge(volume)).catch((err: unknown) => {
-        safeEmit(this, 'warning', toMooringError(err, `reconciling the attachment of ${volume}`));
+        this.#warn(toMooringError(err, `reconciling the attachment of ${volume}`));
       });
     }
     for (const { volume } of await state.engineRecords()) {
       await this.#repairVolume(volume).catch((err: unknown) => {
-        safeEmit(this, 'warning', toMooringError(err, `repairing ${volume}`));
+        this.#warn(toMooringError(err, `repairing ${volume}`));
       });
     }
     // Evictions after the repairs: moves replicas off evicting hosts.
     if (!state.closed) await this.#eviction.step().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'evicting hosts')));
     // Backing images last: copies for replacements made above, cleanup of unused files.
-    if (!state.closed) await this.#images.reconcileAll().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'reconciling backing images')));
+    if (!state.closed) await this.#images.reconcileAll().catch((err: unknown) => this.#warn(toMooringError(err, 'reconciling backing images')));
     // An upgrade session that needs a driver (after a restart, or a lease that ran out) gets one.
     if (!state.closed) this.#upgrade.kick();
   }
@@ -589,8 +638,8 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     this.#attachment.close();
     // The embedded default's engines stop with it (drained and flushed); the tickets stay in
     // the store, so the next open attaches those volumes again.
-    await this.#own.dataEngine?.close().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'closing this host\'s data engine')));
-    await this.#own.store?.close().catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'closing the state store')));
+    await this.#own.dataEngine?.close().catch((err: unknown) => this.#warn(toMooringError(err, 'closing this host\'s data engine')));
+    await this.#own.store?.close().catch((err: unknown) => this.#warn(toMooringError(err, 'closing the state store')));
   }
 
   // A migration call of the embedder, in the volume's turn; `converge` reconciles the
@@ -628,7 +677,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   #schedule(delayMs = this.#repairIntervalMs): void {
     this.#timer = setTimeout(() => {
       this.#repairing = this.repairOnce()
-        .catch((err: unknown) => safeEmit(this, 'warning', toMooringError(err, 'repair loop')))
+        .catch((err: unknown) => this.#warn(toMooringError(err, 'repair loop')))
         .finally(() => {
           this.#repairing = null;
           if (!this.#state.closed) this.#schedule();

@@ -11,6 +11,8 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+import { pino } from 'pino';
+
 import { Mooring, MooringError } from '../../dist/index.js';
 
 const once = process.argv.includes('--once') || Boolean(process.env.CI);
@@ -24,13 +26,16 @@ const qemuIo = (uri, ...commands) => {
   return r.stdout.trim().split('\n').filter((l) => /^(wrote|read) /.test(l)).join('; ');
 };
 
+// Mooring logs nothing unless given a logger (docs/logging.md): here pino, JSON on stderr,
+// warnings and worse (LOG_LEVEL=info or debug shows what the library does).
+const logger = pino({ level: process.env.LOG_LEVEL ?? 'warn' }, pino.destination(2));
 const root = await mkdtemp(join(tmpdir(), 'mooring-demo-'));
 const socket = join(root, 'disk0.sock');
 let mooring;
 let failed = false;
 try {
   // 1. Open the embedded default: the store in root/state, this host's data engine in root/host.
-  mooring = await Mooring.open({ dir: root });
+  mooring = await Mooring.open({ dir: root, logger });
   log(`opened Mooring in ${root}: this host is ${mooring.hostId}`);
 
   // 2. Create a volume: one replica per host, so one here (more hosts: Mooring.addHost).
@@ -55,7 +60,7 @@ try {
   // 6. The VM manager restarts: everything is found again from root, and attach() (same
   //    ticket, same socket) waits until the engine serves again.
   await mooring.close();
-  mooring = await Mooring.open({ dir: root });
+  mooring = await Mooring.open({ dir: root, logger });
   st = await mooring.volume('disk0').attach({ nbd: `unix:${socket}` });
   log(`after a restart: ${st.state} on ${st.attachedHost}, writer epoch ${st.epoch}`);
   const again = qemuIo(st.nbd.uri, 'read -P 0xab 0 64k');

@@ -5,6 +5,7 @@ import { UsageError, reportError, type CliContext } from './common.js';
 import { runCreate } from './create.js';
 import { runDataEngine } from './data-engine.js';
 import { runInfo } from './info.js';
+import { LOG_HELP, makeCliLogger, takeLogFlags } from './log.js';
 import { runServe } from './serve.js';
 import { runSnapshot } from './snapshot.js';
 
@@ -17,13 +18,16 @@ Commands:
   serve      serve a volume (created first if new) over NBD until SIGINT/SIGTERM
   create     create a volume (detached)
   info       show volumes: size, replicas, epoch and snapshots (changes nothing)
-  snapshot   create, list, delete or revert snapshots
+  snapshot   create, list, delete, revert or export snapshots
   bench      benchmark Mooring against qemu-nbd and the raw disk (needs fio, qemu-nbd)
   data-engine  run this host's data engine (replicas, engines) as a process, served over gRPC
 
 Run 'mooring <command> --help' for a command's options.
   --version  print the version
   --help     show this help
+
+Every command but bench also takes (docs/logging.md):
+${LOG_HELP}
 
 Errors print as 'mooring: CODE: message' (exit 1; usage errors exit 2).
 `;
@@ -55,7 +59,11 @@ export async function runCli(argv: string[], ctx: CliContext): Promise<number> {
     }
     const run = COMMANDS[command];
     if (!run) throw new UsageError('', `unknown command ${JSON.stringify(command)} (expected ${Object.keys(COMMANDS).join(', ')})`);
-    return await run(rest, ctx);
+    if (command === 'bench') return await run(rest, ctx);
+    const { settings, rest: commandArgs } = takeLogFlags(command, rest);
+    ctx.logSettings = settings;
+    ctx.log = makeCliLogger(ctx, settings);
+    return await run(commandArgs, ctx);
   } catch (err) {
     return reportError(ctx, err);
   }

@@ -11,14 +11,20 @@ import type { NativeAddon } from '../native/binding.js';
 import { loadAddon } from '../native/load.js';
 import { readFileLimited } from '../util/files.js';
 import { formatBytes, parseSize } from '../util/size.js';
+import type { Logger } from '../util/logger.js';
 import { checkName, checkVolumeSize } from '../util/validate.js';
+import { logOf, type LogSettings } from './log.js';
 
 /** Where commands write and what they run against. Everything is optional but output. */
 export interface CliContext {
   /** Machine-readable output (READY line, --json). */
   stdout: (text: string) => void;
-  /** Human logs and errors. */
+  /** Where logs and errors are written (through {@link CliContext.log}), and help on a usage error. */
   stderr: (text: string) => void;
+  /** The run's logger (runCli makes it from the logging flags; default: human lines on stderr). */
+  log?: Logger;
+  /** The logging flags of the run (default: human, info, progress on). */
+  logSettings?: LogSettings;
   /** The native addon (default: this package's). */
   addon?: NativeAddon;
   /** Resolves relative paths (default: process.cwd()). */
@@ -59,7 +65,7 @@ export function installStopSignals(ctx: CliContext, what: string): StopSignals {
   const onSignal = (signal: NodeJS.Signals): void => {
     count++;
     if (count > 1) {
-      ctx.stderr(`mooring: ${signal} again: exiting without waiting for ${what}\n`);
+      logOf(ctx).warn({ signal }, `${signal} again: exiting without waiting for ${what}`);
       (ctx.exit ?? ((code: number) => process.exit(code)))(1);
       return;
     }
@@ -229,18 +235,18 @@ export function parseReplicasOption(command: string, text: string): number {
 }
 
 /**
- * Prints `err` the contract way (`mooring: CODE: message`) and returns the exit status:
+ * Logs `err` (level error, field `code`; human format: `mooring: CODE: message`) and returns the exit status:
  * 2 for usage errors, 1 for the rest. MOORING_DEBUG=1 adds the stack.
  */
 export function reportError(ctx: CliContext, err: unknown): number {
+  const log = logOf(ctx);
   if (err instanceof UsageError) {
     const hint = err.command ? `mooring ${err.command} --help` : 'mooring --help';
-    ctx.stderr(`mooring: ${err.code}: ${err.message}\nTry '${hint}'.\n`);
+    log.error({ code: err.code, hint: `Try '${hint}'.` }, err.message);
     return 2;
   }
   const e = toMooringError(err);
-  ctx.stderr(`mooring: ${e.code}: ${e.message}\n`);
-  if (process.env.MOORING_DEBUG) ctx.stderr(`${e.stack ?? ''}\n`);
+  log.error({ code: e.code, ...(process.env.MOORING_DEBUG ? { stack: e.stack ?? '' } : {}) }, e.message);
   return 1;
 }
 

@@ -9,7 +9,9 @@ import { pathExists } from '../util/files.js';
 import { handOffToSuccessor, takeOverFromPredecessor, type HandOffEpochs, type HandOffProcessResult } from '../data-engine/process-handoff.js';
 import { readClusterSecretFile } from '../data-engine/cluster-secret.js';
 import { MooringError } from '../errors.js';
-import { describeEvent } from './describe-event.js';
+import { logDataEngineEvent } from '../util/logger.js';
+import { logOf, logSettingsOf } from './log.js';
+import { rebuildProgress } from './progress.js';
 import { checkSuccessorArgv, spawnSuccessor } from './successor.js';
 import {
   TLS_OPTIONS,
@@ -90,7 +92,7 @@ server in a new directory; in a directory an earlier run made, the replica serve
 with a warning on stderr (--insecure silences it).
 Once serving, one line is printed to stdout:
   READY {"hostId":"h1","grpc":"unix:/run/de.sock","replicaAddress":"tcp:127.0.0.1:PORT","tls":false,"version":"..."}
-Logs (engine events) go to stderr. SIGINT/SIGTERM stop the gRPC server, stop every engine
+Logs (engine events) go to stderr (--log-format, --log-level: see mooring --help). SIGINT/SIGTERM stop the gRPC server, stop every engine
 (NBD exports drain, replicas flush and are marked clean) and exit 0; a second signal
 exits 1 at once.
 `;
@@ -125,6 +127,8 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     ctx.stdout(DATA_ENGINE_HELP);
     return 0;
   }
+  const log = logOf(ctx);
+  const settings = logSettingsOf(ctx);
   const cwd = ctx.cwd ?? process.cwd();
   const dir = resolve(cwd, requireDir('data-engine', values.dir));
   const hostId = values['host-id'];
@@ -183,7 +187,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
           `--replica-listen ${replicaListen ?? DATA_ENGINE_DEFAULTS.replicaListen}: a replica server without TLS needs --cluster-secret-file (or --insecure: any local process could then claim and write its replicas; --replica-listen none serves no replicas to other hosts)`,
         );
       }
-      ctx.stderr('mooring: warning: no --cluster-secret-file and no TLS: any process that reaches the replica port can use the replicas (--insecure silences this)\n');
+      log.warn({ hostId }, 'no --cluster-secret-file and no TLS: any process that reaches the replica port can use the replicas (--insecure silences this)');
     }
   }
   const successorPrefix = values['allow-successor-exec'] === undefined ? null : resolve(cwd, values['allow-successor-exec']);
@@ -194,6 +198,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       dir,
       hostId,
       addon,
+      logger: log.child({ component: 'data-engine' }),
       allowInsecureRemote,
       // A process of its own shares no generated secret with anyone: none unless given.
       clusterSecret: clusterSecret ?? null,
@@ -205,7 +210,11 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ...(replicaServerBufferBytesMax !== undefined ? { replicaServerBufferBytesMax } : {}),
       ...(nbdExportBufferBytesMax !== undefined ? { nbdExportBufferBytesMax } : {}),
     });
-    opened.watch((e) => ctx.stderr(`mooring: ${describeEvent(e)}\n`));
+    const rebuilds = settings.progress ? rebuildProgress(log, settings.progressIntervalMs) : null;
+    opened.watch((e) => {
+      logDataEngineEvent(log, hostId, e);
+      rebuilds?.(hostId, e);
+    });
     return opened;
   };
   // What ends or changes the serving: a signal, a successor to start (ReplaceProcess), an
@@ -226,7 +235,10 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     if (takeOver !== undefined) {
       const taken = await takeOverFromPredecessor({ addon, socketPath: takeOver, start: openDataEngine });
       de = taken.de;
-      ctx.stderr(`mooring: took over ${taken.engines} engine(s) from the previous process, clients connected (data engine opened in ${taken.openMs.toFixed(1)} ms, engines started in ${taken.startMs.toFixed(1)} ms)\n`);
+      log.info(
+        { hostId, engines: taken.engines, openMs: taken.openMs, startMs: taken.startMs },
+        `took over ${taken.engines} engine(s) from the previous process, clients connected (data engine opened in ${taken.openMs.toFixed(1)} ms, engines started in ${taken.startMs.toFixed(1)} ms)`,
+      );
     } else {
       de = await openDataEngine();
     }
@@ -258,14 +270,15 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
                 });
                 if (out.committed) {
                   const st = out.steps;
-                  ctx.stderr(
-                    `mooring: ${out.engines} engine(s) handed over, exports frozen ${out.pauseMs.toFixed(1)} ms (detach ${st.detachMs.toFixed(1)}, ` +
-                      `replica clients away ${st.goAwayMs.toFixed(1)}, close ${st.closeMs.toFixed(1)}, successor ready ${st.successorMs.toFixed(1)})\n`,
+                  log.info(
+                    { hostId, engines: out.engines, pauseMs: out.pauseMs, steps: st },
+                    `${out.engines} engine(s) handed over, exports frozen ${out.pauseMs.toFixed(1)} ms (detach ${st.detachMs.toFixed(1)}, ` +
+                      `replica clients away ${st.goAwayMs.toFixed(1)}, close ${st.closeMs.toFixed(1)}, successor ready ${st.successorMs.toFixed(1)})`,
                   );
                   wake({ kind: 'handed-off', release: out.release });
                   return { committed: true, error: null, pauseMs: out.pauseMs, engines: out.engines };
                 }
-                ctx.stderr(`mooring: hand-off to ${successor.join(' ')} rolled back: ${out.reason.code}: ${out.reason.message}\n`);
+                log.warn({ hostId, code: out.reason.code }, `hand-off to ${successor.join(' ')} rolled back: ${out.reason.message}`);
                 if (out.de !== running) wake({ kind: 'rolled-back', de: out.de });
                 else changing = false;
                 return { committed: false, error: { code: out.reason.code, message: out.reason.message }, pauseMs: 0, engines: 0 };
@@ -281,7 +294,10 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     const info = await de.info();
     const ready: DataEngineReadyInfo = { hostId, grpc: server.address, replicaAddress: info.replicaAddress, tls: tls !== undefined, version: info.version };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
-    ctx.stderr(`mooring: data engine ${hostId} serving ${dir} at ${server.address}${info.replicaAddress ? `, replicas at ${info.replicaAddress}` : ''}${tls ? ' (mutual TLS)' : ''}${clusterSecret ? ' (cluster secret)' : ''}\n`);
+    log.info(
+      { hostId, dir, grpc: server.address, replicaAddress: info.replicaAddress, tls: tls !== undefined, clusterSecret: clusterSecret !== undefined },
+      `data engine ${hostId} serving ${dir} at ${server.address}${info.replicaAddress ? `, replicas at ${info.replicaAddress}` : ''}${tls ? ' (mutual TLS)' : ''}${clusterSecret ? ' (cluster secret)' : ''}`,
+    );
 
     for (;;) {
       const w = await woken;
@@ -298,16 +314,16 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
         server = undefined;
         de = undefined; // closed by the hand-off
         await w.release();
-        ctx.stderr('mooring: handed every engine over to the successor; exiting\n');
+        log.info({ hostId }, 'handed every engine over to the successor; exiting');
         return 0;
       }
-      ctx.stderr(`mooring: ${w.kind === 'signal' ? w.signal : 'a successor was asked for'}: stopping the gRPC server and every engine (drain, flush)\n`);
+      log.info({ hostId, ...(w.kind === 'signal' ? { signal: w.signal } : {}) }, `${w.kind === 'signal' ? w.signal : 'a successor was asked for'}: stopping the gRPC server and every engine (drain, flush)`);
       await server.close();
       await de.close();
-      ctx.stderr('mooring: data engine stopped\n');
+      log.info({ hostId }, 'data engine stopped');
       if (w.kind === 'successor') {
         const { pid } = spawnSuccessor(w.argv, withoutTakeOver(argv));
-        ctx.stderr(`mooring: started the successor ${w.argv.join(' ')} (pid ${pid})\n`);
+        log.info({ hostId, successorPid: pid, successor: w.argv }, `started the successor ${w.argv.join(' ')} (pid ${pid})`);
       }
       return 0;
     }

@@ -8,6 +8,7 @@ import { readClusterSecretFile } from '../data-engine/cluster-secret.js';
 import { RemoteDataEngine } from '../data-engine/grpc/remote-data-engine.js';
 import { Mooring, type MooringOptions } from '../mooring.js';
 import { checkName } from '../util/validate.js';
+import { libraryLoggerOf, logOf } from './log.js';
 import { UsageError, addonOf, parseNameOption, requireDir, type CliContext } from './common.js';
 
 /** The options every volume command takes (for parseCommandArgs). */
@@ -82,16 +83,17 @@ export async function openEmbedded(command: string, values: EmbeddedValues, ctx:
     // none if they were given none. Alone, the default (a secret of this process) holds.
     const secretOption = clusterSecret ? { clusterSecret } : (values.host ?? []).length > 0 ? { clusterSecret: null } : {};
     const mooring = await Mooring.open({
+      logger: libraryLoggerOf(ctx, true),
       ...extra,
       dir,
       hosts,
       dataEngine: { ...(extra.dataEngine || {}), addon: addonOf(ctx), ...secretOption },
       ...(values['host-id'] !== undefined ? { hostId: values['host-id'] } : {}),
     });
-    mooring.on('warning', (e) => ctx.stderr(`mooring: warning: ${e.code}: ${e.message}\n`));
+    // Background warnings are logged by the library (its `logger`).
     if (mooring.imported) {
       const i = mooring.imported;
-      ctx.stderr(`mooring: imported the volume ${i.volume} of ${dir}/volume.json (${i.replicas} replicas; writer epochs go on from ${i.lastEpoch})\n`);
+      logOf(ctx).info({ volume: i.volume, replicas: i.replicas, lastEpoch: i.lastEpoch }, `imported the volume ${i.volume} of ${dir}/volume.json (${i.replicas} replicas; writer epochs go on from ${i.lastEpoch})`);
     }
     return {
       mooring,
@@ -133,5 +135,8 @@ export async function pickVolume(command: string, m: Mooring, dir: string, name:
 
 /** Closes `e`, reporting a failure on stderr instead of hiding what went before. */
 export async function closeEmbedded(e: Embedded | null, ctx: CliContext): Promise<void> {
-  await e?.close().catch((err: unknown) => ctx.stderr(`mooring: warning: closing ${e.dir}: ${toMooringError(err).message}\n`));
+  await e?.close().catch((err: unknown) => {
+    const m = toMooringError(err);
+    logOf(ctx).warn({ code: m.code }, `closing ${e.dir}: ${m.message}`);
+  });
 }

@@ -16,7 +16,8 @@ import {
   readTlsOptions,
   type CliContext,
 } from './common.js';
-import { describeEvent } from './describe-event.js';
+import { libraryLoggerOf, logOf, logSettingsOf } from './log.js';
+import { rebuildProgress } from './progress.js';
 import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 import { STATUS_SOCKET_FILE, serveStatus, type StatusServer } from './status-socket.js';
 import { liveReport } from './volume-report.js';
@@ -72,7 +73,7 @@ ${EMBEDDED_HELP}
 
 Once serving, one line is printed to stdout:
   READY {"uri":"nbd+unix:///?socket=/abs/nbd.sock","nbd":"unix:/abs/nbd.sock","volume":"v","hostId":"h","sizeBytes":N,"replicas":N,"epoch":N}
-Logs go to stderr. While serving, DIR/${STATUS_SOCKET_FILE} answers mooring info. SIGINT/SIGTERM
+Logs go to stderr (--log-format, --log-level: see mooring --help). While serving, DIR/${STATUS_SOCKET_FILE} answers mooring info. SIGINT/SIGTERM
 stop the export (drain, flush), detach the volume and exit 0; a second signal exits 1 at once.
 After a crash the next serve of DIR attaches the volume again with a newer writer epoch.
 `;
@@ -106,12 +107,14 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
 
   const nbdSocketGroup = values['socket-group'] === undefined ? undefined : await parseGroupOption('serve', values['socket-group']);
 
+  const log = logOf(ctx);
   const stop = installStopSignals(ctx, 'the drain');
   let embedded: Embedded | null = null;
   let status: StatusServer | null = null;
   try {
     const tls = await readTlsOptions('serve', values, ctx.cwd ?? process.cwd());
     embedded = await openEmbedded('serve', values, ctx, {
+      logger: libraryLoggerOf(ctx, false),
       dataEngine: {
         ...(values['allow-insecure-remote'] === true ? { allowInsecureRemote: true } : {}),
         ...(nbdSocketGroup !== undefined ? { nbdSocketGroup } : {}),
@@ -124,9 +127,8 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     let v: Volume;
     if (!picked.exists) {
       if (sizeBytes === undefined) throw new UsageError('serve', `${dir} holds no volume ${picked.name} yet: --size is required to create one`);
+      // The library logs "volume NAME created (SIZE, N replicas on HOSTS)".
       v = await m.createVolume({ name: picked.name, sizeBytes, ...(replicas !== undefined ? { replicas } : {}) });
-      const st = await v.status();
-      ctx.stderr(`mooring: created volume ${v.name} (${formatBytes(sizeBytes)}, ${st.replicaCount} replicas on ${[...new Set(st.replicas.map((r) => r.hostId))].join(', ')})\n`);
     } else {
       v = m.volume(picked.name);
       const st = await v.status();
@@ -137,30 +139,40 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
         throw new MooringError('INVALID_ARGUMENT', `--replicas ${replicas} does not match the ${st.replicaCount} replicas of volume ${v.name}`);
       }
     }
-    m.on('data-engine-event', (host, e) => {
-      if (e.type === 'backing-image-file' || e.volume === v.name) ctx.stderr(`mooring: ${host}: ${describeEvent(e)}\n`);
-    });
+    // Data-engine events (replica errors, epochs, rebuilds) are logged by the library;
+    // rebuilds of this volume also as progress lines.
+    const settings = logSettingsOf(ctx);
+    if (settings.progress) {
+      const rebuilds = rebuildProgress(log, settings.progressIntervalMs);
+      m.on('data-engine-event', (host, e) => {
+        if (e.type !== 'backing-image-file' && e.volume === v.name) rebuilds(host, e);
+      });
+    }
     if (stop.pending) {
-      ctx.stderr(`mooring: ${stop.pending} before serving started: closing\n`);
+      log.info({ signal: stop.pending }, `${stop.pending} before serving started: closing`);
       return 0;
     }
     const st = await v.attach({ nbd: values.nbd ?? `unix:${join(dir, DEFAULT_SOCKET_FILE)}` });
     if (!st.nbd) throw new MooringError('UNAVAILABLE', `volume ${v.name} attached on ${hostId} without its NBD export`);
     // `mooring info` asks here while this process serves (the store is locked meanwhile).
     status = await serveStatus(join(dir, STATUS_SOCKET_FILE), () => liveReport(m, v, dir)).catch((err: unknown) => {
-      ctx.stderr(`mooring: warning: no status socket (mooring info cannot ask this process): ${toMooringError(err).message}\n`);
+      const e = toMooringError(err);
+      log.warn({ code: e.code }, `no status socket (mooring info cannot ask this process): ${e.message}`);
       return null;
     });
     const ready: ReadyInfo = { uri: st.nbd.uri, nbd: st.nbd.address, volume: v.name, hostId, sizeBytes: st.sizeBytes, replicas: st.replicaCount, epoch: st.epoch };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
-    ctx.stderr(`mooring: serving ${v.name} (${formatBytes(st.sizeBytes)}, ${st.replicaCount} replicas, ${st.state}, writer epoch ${st.epoch}) at ${st.nbd.uri}\n`);
+    log.info(
+      { volume: v.name, hostId, sizeBytes: st.sizeBytes, replicas: st.replicaCount, state: st.state, epoch: st.epoch, nbd: st.nbd.uri },
+      `serving ${v.name} (${formatBytes(st.sizeBytes)}, ${st.replicaCount} replicas, ${st.state}, writer epoch ${st.epoch}) at ${st.nbd.uri}`,
+    );
 
     const signal = await stop.wait();
-    ctx.stderr(`mooring: ${signal}: stopping the export (drain, flush) and detaching ${v.name}\n`);
+    log.info({ signal, volume: v.name }, `${signal}: stopping the export (drain, flush) and detaching ${v.name}`);
     const stats = (await v.engine().catch(() => null))?.nbdStats;
     await status?.close();
     await v.detach({ host: hostId });
-    ctx.stderr(`mooring: stopped${stats ? ` after ${stats.connectionsTotal} connections, ${stats.requests} requests` : ''}\n`);
+    log.info({ volume: v.name, ...(stats ? { connections: stats.connectionsTotal, requests: stats.requests } : {}) }, `stopped${stats ? ` after ${stats.connectionsTotal} connections, ${stats.requests} requests` : ''}`);
     return 0;
   } finally {
     await status?.close();

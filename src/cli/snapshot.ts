@@ -1,5 +1,10 @@
 // `mooring snapshot create|list|delete|revert`.
+import { resolve } from 'node:path';
+
+import type { DataEngineEvent } from '../data-engine/data-engine.js';
 import { formatBytes } from '../util/size.js';
+import { logOf, logSettingsOf } from './log.js';
+import { ProgressReporter } from './progress.js';
 import { UsageError, isoTime, parseCommandArgs, printJson, type CliContext } from './common.js';
 import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 
@@ -8,6 +13,7 @@ export const SNAPSHOT_HELP = `Usage: mooring snapshot create --dir DIR [--volume
        mooring snapshot list   --dir DIR [--volume V] [--json]
        mooring snapshot delete --dir DIR [--volume V] NAME
        mooring snapshot revert --dir DIR [--volume V] NAME
+       mooring snapshot export --dir DIR [--volume V] NAME --to FILE [--json]
 
 Manage the snapshots of a volume while no process has DIR open (they are refused with
 BUSY while mooring serve runs there). The volume attaches itself on one of its hosts,
@@ -17,15 +23,18 @@ without NBD export, for the command, and detaches again.
   list     list snapshots, oldest first
   delete   delete snapshot NAME; its data merges into its child, its space is reclaimed
   revert   make the volume's content that of snapshot NAME
+  export   write the volume as of snapshot NAME into a new sparse raw FILE (progress
+           lines on stderr; --no-progress silences them)
 
 Options:
 ${EMBEDDED_HELP}
   --label KEY=VALUE    label stored with a new snapshot (repeatable, at most 64)
+  --to FILE            export: the raw file to write (must not exist; its directory must)
   --json               machine-readable output
   -h, --help           show this help
 `;
 
-const SUBCOMMANDS = ['create', 'list', 'delete', 'revert'] as const;
+const SUBCOMMANDS = ['create', 'list', 'delete', 'revert', 'export'] as const;
 type Subcommand = (typeof SUBCOMMANDS)[number];
 
 function parseLabels(items: string[] | undefined): Record<string, string> {
@@ -63,6 +72,7 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
     {
       ...EMBEDDED_OPTIONS,
       label: { type: 'string', multiple: true },
+      to: { type: 'string' },
       json: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
@@ -76,6 +86,8 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
   if (needsName && name === undefined) throw new UsageError('snapshot', `snapshot ${command} needs a snapshot NAME`);
   if (command !== 'create' && values.label !== undefined) throw new UsageError('snapshot', `--label only applies to snapshot create`);
   const labels = parseLabels(values.label);
+  if (command === 'export' && (values.to === undefined || values.to === '')) throw new UsageError('snapshot', 'snapshot export needs --to FILE');
+  if (command !== 'export' && values.to !== undefined) throw new UsageError('snapshot', '--to only applies to snapshot export');
 
   let embedded: Embedded | null = null;
   try {
@@ -112,6 +124,32 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
         if (values.json) printJson(ctx, { reverted: name });
         else ctx.stdout(`reverted ${volume.name} to snapshot ${name}\n`);
         break;
+      case 'export': {
+        const path = resolve(ctx.cwd ?? process.cwd(), values.to!);
+        const settings = logSettingsOf(ctx);
+        const progress = settings.progress
+          ? new ProgressReporter(logOf(ctx), `export of snapshot ${name} of ${volume.name}`, { fields: { volume: volume.name, snapshot: name }, intervalMs: settings.progressIntervalMs })
+          : null;
+        // Progress counts the snapshot's allocated bytes read (totalBytes: all of them).
+        let total: number | null = null;
+        const onEvent = (_host: string, e: DataEngineEvent): void => {
+          if (e.type !== 'snapshot-copy-progress' || e.volume !== volume.name || e.snapshot !== name) return;
+          total = e.totalBytes;
+          progress?.update(e.copiedBytes, e.totalBytes);
+        };
+        embedded.mooring.on('data-engine-event', onEvent);
+        let r;
+        try {
+          r = await volume.exportSnapshot(name!, { path });
+        } finally {
+          embedded.mooring.off('data-engine-event', onEvent);
+        }
+        const all: number = total ?? r.copiedBytes;
+        progress?.finish(all, all);
+        if (values.json) printJson(ctx, { exported: name, path, ...r });
+        else ctx.stdout(`exported snapshot ${name} of ${volume.name} to ${path} (${formatBytes(r.sizeBytes)}, ${formatBytes(r.copiedBytes)} of data)\n`);
+        break;
+      }
     }
   } finally {
     await closeEmbedded(embedded, ctx);

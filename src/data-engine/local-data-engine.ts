@@ -50,6 +50,7 @@ import { checkReplicaBackingImage } from './replica-backing-image.js';
 import { growReplicaDir } from './replica-grow.js';
 import { Semaphore } from './semaphore.js';
 import { visibleSnapshots } from './snapshots.js';
+import { checkLogger, safeLog, type Logger } from '../util/logger.js';
 
 /** Defaults of {@link LocalDataEngineOptions}. */
 export const DATA_ENGINE_DEFAULTS = {
@@ -198,6 +199,13 @@ export interface LocalDataEngineOptions {
    * startTimeoutMs and retries take precedence.
    */
   backingImageDownload?: DownloadSettings;
+  /**
+   * Where this data engine logs its own life (started, closed: debug; a failed close: warn) (docs/logging.md): a pino
+   * logger or anything with pino's level methods and `child()`. Default: none. Its events
+   * ({@link LocalDataEngine.watch}) are logged by whoever watches them: a
+   * {@link Mooring} that has this host, or `mooring data-engine`.
+   */
+  logger?: Logger;
   /** The native addon (default: this package's). Tests inject a fake. */
   addon?: NativeAddon;
 }
@@ -287,6 +295,8 @@ export class LocalDataEngine implements DataEngine {
   #files!: BackingImageFiles;
   #closing: Promise<void> | undefined;
 
+  readonly #log: Logger;
+
   private constructor(init: {
     hostId: string;
     dir: string;
@@ -304,7 +314,9 @@ export class LocalDataEngine implements DataEngine {
     allowInsecureRemote: boolean;
     nbdSocketGroup: number | undefined;
     nbdExportBufferBytesMax: number;
+    log: Logger;
   }) {
+    this.#log = init.log;
     this.hostId = init.hostId;
     this.dir = init.dir;
     this.#diskId = init.diskId;
@@ -381,6 +393,7 @@ export class LocalDataEngine implements DataEngine {
     );
     const nbdExportBufferBytesMax = checkIntIn('nbdExportBufferBytesMax', options.nbdExportBufferBytesMax, NBD_LIMITS.bufferBytesMaxMin, NBD_LIMITS.bufferBytesMaxMax, DATA_ENGINE_DEFAULTS.nbdExportBufferBytesMax);
     const nbdSocketGroup = options.nbdSocketGroup === undefined ? undefined : checkIntIn('nbdSocketGroup', options.nbdSocketGroup, 0, NBD_LIMITS.groupIdMax, 0);
+    const log = checkLogger('logger', options.logger);
     const addon = options.addon ?? loadAddon();
 
     await ensureDirectory(join(dir, DATA_ENGINE_REPLICAS_SUBDIR));
@@ -411,7 +424,7 @@ export class LocalDataEngine implements DataEngine {
         );
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
-      const de = new LocalDataEngine({ hostId, dir, diskId, addon, lock, tls, clusterSecret, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup, nbdExportBufferBytesMax });
+      const de = new LocalDataEngine({ hostId, dir, diskId, addon, lock, tls, clusterSecret, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup, nbdExportBufferBytesMax, log });
       de.#files = await BackingImageFiles.open({
         dir,
         addon,
@@ -420,6 +433,8 @@ export class LocalDataEngine implements DataEngine {
         exportSnapshot: (volume, snapshot, path) => de.exportSnapshot(volume, snapshot, path),
         ...(options.backingImageDownload !== undefined ? { download: options.backingImageDownload } : {}),
       });
+      const replicas = replicaAddress ? formatTcpAddress(replicaAddress) : null;
+      safeLog(log, 'debug', { hostId, dir, replicaAddress: replicas, tls: tls !== undefined, clusterSecret: clusterSecret !== undefined }, `data engine ${hostId} started in ${dir}${replicas ? `, replicas at ${replicas}` : ''}`);
       return de;
     } catch (err) {
       if (server) await server.close().catch(() => undefined);
@@ -1050,7 +1065,12 @@ export class LocalDataEngine implements DataEngine {
       if (this.#server) await this.#server.close().catch((err: unknown) => results.push({ status: 'rejected', reason: err }));
       await this.#lock.release();
       const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-      if (failed) throw toMooringError(failed.reason, 'closing the data engine');
+      if (failed) {
+        const e = toMooringError(failed.reason, 'closing the data engine');
+        safeLog(this.#log, 'warn', { hostId: this.hostId, code: e.code }, e.message);
+        throw e;
+      }
+      safeLog(this.#log, 'debug', { hostId: this.hostId, engines: results.length }, `data engine ${this.hostId} closed (${results.length} engine(s) stopped)`);
     })();
     return this.#closing;
   }

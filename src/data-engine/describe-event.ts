@@ -1,5 +1,5 @@
-// One log line per data-engine event, as `mooring serve` and `mooring data-engine` print them.
-import type { DataEngineEvent } from '../data-engine/data-engine.js';
+// One line per data-engine event: the message of its log record (src/util/logger.ts).
+import type { DataEngineEvent } from './data-engine.js';
 
 /** What `e` says, in one line (without the `mooring: ` prefix). */
 export function describeEvent(e: DataEngineEvent): string {
