@@ -4,7 +4,7 @@ import { isAbsolute, join, resolve } from 'node:path';
 
 import { MooringError, callNative, codeFromErrno, toMooringError } from '../errors.js';
 import { LocalEngine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent } from '../engine/engine.js';
-import type { NativeAddon, NativeNbdHandOffRecord, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
+import type { NativeAddon, NativeNbdHandOffRecord, NativeNbdIoStats, NativeReplicaInfo, NativeReplicaServer, NativeReplicaServerStats } from '../native/binding.js';
 import { loadAddon, packageVersion } from '../native/load.js';
 import type { DownloadSettings } from '../backing-image/download.js';
 import { NBD_LIMITS, type NbdExport } from '../nbd/nbd-export.js';
@@ -227,6 +227,26 @@ export interface HandedEngine {
 // (a rolled-back hand-off) still reads as the process that was there.
 const PROCESS_INSTANCE_ID = randomUUID();
 
+/** An engine's NBD export as {@link LocalDataEngine.ioStats} reports it. */
+export interface EngineIoStats {
+  /** The volume the engine serves. */
+  volume: string;
+  /** active, or standby (a migration standby, or an engine that handed over). */
+  role: 'active' | 'standby';
+  /** Connection and byte counters of its export. */
+  nbd: EngineNbdStats;
+  /** Per request kind counts and latencies, and the export's memory budget (null: the addon does not count them). */
+  io: NativeNbdIoStats | null;
+}
+
+/** What {@link LocalDataEngine.ioStats} reports: counters read from the data path at once, without I/O. */
+export interface LocalDataEngineIoStats {
+  /** The engines of this data engine that have an NBD export. */
+  engines: EngineIoStats[];
+  /** The replica server's counters (engines of other hosts connect to it), or null when it serves none. */
+  replicaServer: NativeReplicaServerStats | null;
+}
+
 interface EngineSlot {
   volume: string;
   engine: LocalEngine;
@@ -421,6 +441,32 @@ export class LocalDataEngine implements DataEngine {
       await lock.release();
       throw err;
     }
+  }
+
+  /**
+   * The counters of the data path, read synchronously from the native side (no I/O, no
+   * waiting): each exported engine's NBD counters and latency buckets, and the replica
+   * server's. For metrics (docs/metrics.md); a closed data engine reports nothing.
+   */
+  ioStats(): LocalDataEngineIoStats {
+    const engines: EngineIoStats[] = [];
+    if (this.#closing !== undefined) return { engines, replicaServer: null };
+    for (const slot of this.#engines.values()) {
+      const nbd = slot.nbd;
+      if (!nbd || nbd.closed) continue;
+      try {
+        engines.push({ volume: slot.volume, role: slot.role, nbd: { ...nbd.stats() }, io: nbd.ioStats() });
+      } catch {
+        // closed meanwhile: it has no export to report
+      }
+    }
+    let replicaServer: NativeReplicaServerStats | null = null;
+    try {
+      replicaServer = this.#server ? { ...this.#server.stats() } : null;
+    } catch {
+      replicaServer = null;
+    }
+    return { engines, replicaServer };
   }
 
   /** @inheritDoc DataEngine.info */
