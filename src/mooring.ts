@@ -191,6 +191,15 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
 
   #imported: DirectoryImport | null = null;
 
+  /**
+   * The data engine {@link Mooring.open} started in this process for this host (`dir`
+   * without `dataEngine: false`), or null (hosts offered with {@link Mooring.addHost} are
+   * not it). Metrics read its data-path counters (docs/metrics.md).
+   */
+  get localDataEngine(): LocalDataEngine | null {
+    return this.#own.dataEngine;
+  }
+
   private constructor(options: MooringOptions & { store: StateStore }, hostId: string | null, own: Owned) {
     super();
     this.hostId = hostId;
