@@ -114,10 +114,15 @@ export class DataEngineMetrics {
   readonly registry: Registry;
   readonly #set: MetricSet;
 
-  constructor(dataEngine: LocalDataEngine, options: MetricsOptions = {}) {
+  /**
+   * @param dataEngine - the data engine, or a function giving the one running now (null:
+   *   none, no series), for a process that reopens its data engine
+   */
+  constructor(dataEngine: LocalDataEngine | (() => LocalDataEngine | null), options: MetricsOptions = {}) {
     this.registry = options.registry ?? new Registry();
     this.#set = new MetricSet(this.registry);
-    const snapshot = new SnapshotOnce(async () => readDataPath(dataEngine));
+    const current = typeof dataEngine === 'function' ? dataEngine : () => dataEngine;
+    const snapshot = new SnapshotOnce(async () => readDataPath(current()));
     for (const metric of dataPathMetrics(snapshot, (s) => s)) this.#set.add(metric);
   }
 
