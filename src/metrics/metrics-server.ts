@@ -27,7 +27,12 @@ export interface MetricsServer {
  * @throws MooringError INVALID_ARGUMENT
  */
 export function parseMetricsAddress(text: string, allowRemote: boolean): { host: string; port: number } {
-  const a = parseTcpAddress(text, '--metrics', true);
+  let a: { host: string; port: number };
+  try {
+    a = parseTcpAddress(text, '--metrics', true);
+  } catch (err) {
+    throw new MooringError('INVALID_ARGUMENT', `--metrics must be tcp:HOST:PORT, port 0..65535 (got ${JSON.stringify(text)})`, { cause: err });
+  }
   if (!allowRemote && !isLoopbackHost(a.host)) {
     throw new MooringError('INVALID_ARGUMENT', `--metrics ${a.host} is not a loopback address: metrics are served without TLS; give --metrics-allow-remote to serve them beyond this host`);
   }
