@@ -423,7 +423,10 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   /** Every volume in the store, with its status. */
   async listVolumes(): Promise<VolumeStatus[]> {
     const out: VolumeStatus[] = [];
-    for (const v of await this.#state.volumes()) out.push(await volumeStatus(this.#state, v.name));
+    // Replica and engine records read once for all volumes, not once per volume.
+    const [vols, allReplicas, engineRecords] = await Promise.all([this.#state.volumes(), this.#state.allReplicas(), this.#state.engineRecords()]);
+    const engines = new Map(engineRecords.map((e) => [e.volume, e]));
+    for (const vol of vols) out.push(await volumeStatus(this.#state, vol.name, { vol, allReplicas, engines }));
     return out;
   }
 

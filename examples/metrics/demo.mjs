@@ -57,7 +57,7 @@ try {
   let text = await scrape();
   const w = `{host="${host}",volume="disk0",op="write"}`;
   log(`before: mooring_volume_state healthy=${valueOf(text, 'mooring_volume_state{volume="disk0",state="healthy"}')}, ` +
-    `RW replicas=${valueOf(text, 'mooring_volume_replicas{volume="disk0",mode="RW"}')}, write requests=${valueOf(text, `mooring_nbd_requests_total${w}`)}`);
+    `RW replicas=${valueOf(text, 'mooring_volume_replicas{volume="disk0",mode="RW"}')}, write requests=${valueOf(text, `mooring_nbd_requests_total${w}`) ?? 'no series yet'}`);
 
   // 4. I/O through the socket, as QEMU would: 16 writes of 64 KiB.
   const r = spawnSync('qemu-io', ['-f', 'raw', ...Array.from({ length: 16 }, (_, i) => ['-c', `write -P 0xab ${i * 64}k 64k`]).flat(), st.nbd.uri], { encoding: 'utf8' });

@@ -97,7 +97,7 @@ export class MetricSet {
 
 /**
  * Prometheus histogram series from log2 buckets (`buckets[i]`: at most 2^i µs, not
- * cumulative; the last one the rest): cumulative `_bucket`s with `le` in seconds, `+Inf`,
+ * cumulative; the last one the rest): cumulative `_bucket`s with `le` in seconds (from 8 µs), `+Inf`,
  * `_sum` in seconds, and `_count` equal to the `+Inf` bucket (taken from the buckets, so
  * they always agree).
  */
@@ -107,6 +107,9 @@ export function log2Histogram(labels: Record<string, string>, buckets: readonly 
   for (let i = 0; i < buckets.length; i++) {
     cum += buckets[i] ?? 0;
     if (i === buckets.length - 1) break;
+    // Bounds below 8 us are merged into 8 us (cumulative): no block request is that fast
+    // end to end, and each bound is a series per volume and kind.
+    if (i < LE_FIRST) continue;
     out.push({ labels: { ...labels, le: leSeconds(i) }, value: cum, suffix: '_bucket' });
   }
   out.push({ labels: { ...labels, le: '+Inf' }, value: cum, suffix: '_bucket' });
@@ -114,6 +117,9 @@ export function log2Histogram(labels: Record<string, string>, buckets: readonly 
   out.push({ labels, value: cum, suffix: '_count' });
   return out;
 }
+
+/** The first bucket bound emitted: 2^3 us. */
+const LE_FIRST = 3;
 
 // 2^i microseconds in seconds, written exactly (1e-06, 2e-06, ..., 4.194304).
 function leSeconds(i: number): string {

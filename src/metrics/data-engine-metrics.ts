@@ -48,7 +48,9 @@ export function dataPathMetrics<T>(snapshot: SnapshotOnce<T>, pick: (s: T) => Da
     return d.stats.engines.flatMap((e) => f({ host: d.host, volume: e.volume }, e));
   };
   const perOp = (f: (labels: Record<string, string>, op: NativeNbdOpStats) => Sample[]) =>
-    perEngine((labels, e) => (e.io ? OPS.flatMap(([key, op]) => f({ ...labels, op }, e.io!.ops[key])) : []));
+    // A kind's series appear with its first request: most exports never see most kinds, and
+    // six histograms per volume would be most of a scrape.
+    perEngine((labels, e) => (e.io ? OPS.flatMap(([key, op]) => (e.io!.ops[key].count > 0 ? f({ ...labels, op }, e.io!.ops[key]) : [])) : []));
   const server = (f: (labels: Record<string, string>, r: NonNullable<LocalDataEngineIoStats['replicaServer']>) => number) => (s: T): Sample[] => {
     const d = pick(s);
     if (!d?.stats.replicaServer) return [];
@@ -61,7 +63,7 @@ export function dataPathMetrics<T>(snapshot: SnapshotOnce<T>, pick: (s: T) => Da
       perOp((labels, op) => [{ labels, value: op.count }])),
     m('mooring_nbd_request_errors_total', 'NBD requests answered with an error, by kind.', 'counter',
       perOp((labels, op) => [{ labels, value: op.errors }])),
-    m('mooring_nbd_request_duration_seconds', 'Device time of NBD requests, by kind: a worker taking the request to its reply being queued (log2 buckets from 1 us).', 'histogram',
+    m('mooring_nbd_request_duration_seconds', 'Device time of NBD requests, by kind: a worker taking the request to its reply being queued (log2 buckets, 8 us to 4.2 s).', 'histogram',
       perOp((labels, op) => log2Histogram(labels, op.buckets, op.sumNs))),
     m('mooring_nbd_read_bytes_total', 'Bytes sent to NBD clients by reads.', 'counter',
       perEngine((labels, e) => [{ labels, value: e.nbd.bytesRead }])),

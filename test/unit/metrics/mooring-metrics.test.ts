@@ -36,10 +36,11 @@ function expectMonotonic(before: PromText, after: PromText): void {
 /** A histogram's buckets are cumulative, end in +Inf, and _count equals the +Inf bucket. */
 function expectHistogram(p: PromText, name: string, labels: Record<string, string>): number {
   const buckets = p.find(`${name}_bucket`, labels);
-  expect(buckets.length).toBe(24);
+  expect(buckets.length).toBe(21); // 8 us .. 4.194304 s, +Inf
   const les = buckets.map((b) => (b.labels.le === '+Inf' ? Infinity : Number(b.labels.le)));
   expect(les).toEqual([...les].sort((a, b) => a - b));
-  expect(les[0]).toBe(1e-6);
+  expect(les[0]).toBe(8e-6);
+  expect(les.at(-2)).toBe(4.194304);
   for (let i = 1; i < buckets.length; i++) expect(buckets[i]!.value).toBeGreaterThanOrEqual(buckets[i - 1]!.value);
   const count = p.value(`${name}_count`, labels);
   expect(buckets.at(-1)!.labels.le).toBe('+Inf');
@@ -89,6 +90,9 @@ describe('MooringMetrics on a real in-process volume', () => {
       expect(p.value('mooring_nbd_requests_total', { ...e, op: 'flush' })).toBe(1);
       expect(p.value('mooring_nbd_requests_total', { ...e, op: 'trim' })).toBe(1);
       expect(p.value('mooring_nbd_request_errors_total', { ...e, op: 'write' })).toBe(0);
+      // Kinds never requested have no series yet.
+      expect(p.find('mooring_nbd_requests_total', { ...e, op: 'write_zeroes' })).toEqual([]);
+      expect(p.find('mooring_nbd_request_duration_seconds_count', { ...e, op: 'write_zeroes' })).toEqual([]);
       expect(p.value('mooring_nbd_written_bytes_total', e)).toBe(10 * 64 * KiB);
       expect(p.value('mooring_nbd_read_bytes_total', e)).toBe(5 * 64 * KiB);
       expect(expectHistogram(p, 'mooring_nbd_request_duration_seconds', { ...e, op: 'write' })).toBe(10);
