@@ -9,7 +9,7 @@
 import { Registry } from 'prom-client';
 
 import type { LocalDataEngine, LocalDataEngineIoStats } from '../data-engine/local-data-engine.js';
-import type { NativeNbdOpStats } from '../native/binding.js';
+import type { NbdOpStats as NativeNbdOpStats } from '../data-engine/local-data-engine.js';
 import { CollectedMetric, MetricSet, SnapshotOnce, log2Histogram, type Sample } from './collected-metric.js';
 
 /** Options of {@link DataEngineMetrics} and {@link MooringMetrics}. */

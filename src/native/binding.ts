@@ -186,11 +186,15 @@ export interface NativeReplicaServerOptions {
 }
 
 export interface NativeReplicaServerStats {
+  /** Connections accepted. */
   connectionsTotal: number;
+  /** Connections open now. */
   connectionsOpen: number;
+  /** Requests served. */
   requests: number;
   /** Requests refused because they carried an older writer epoch. */
   staleEpochRefusals: number;
+  /** Connections dropped for protocol violations. */
   protocolErrors: number;
   /** Connections refused UNAUTHENTICATED: no proof of the cluster secret, or a wrong one. */
   authFailures: number;
@@ -198,7 +202,9 @@ export interface NativeReplicaServerStats {
   connectionsRefused: number;
   /** Connections dropped while in their handshake to admit a new one on a full server. */
   handshakesDropped: number;
+  /** Bytes read from replicas for peers. */
   bytesRead: number;
+  /** Bytes written to replicas by peers. */
   bytesWritten: number;
   /** Request and reply bytes held now, across connections. */
   bufferBytes: number;
@@ -364,6 +370,7 @@ export interface NativeNbdOpStats {
 
 /** Per request kind counters and the memory budget of an NBD export, for metrics. */
 export interface NativeNbdIoStats {
+  /** Per request kind. */
   ops: {
     read: NativeNbdOpStats;
     write: NativeNbdOpStats;
