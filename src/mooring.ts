@@ -214,6 +214,15 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
 
   #imported: DirectoryImport | null = null;
 
+  /**
+   * The data engine {@link Mooring.open} started in this process for this host (`dir`
+   * without `dataEngine: false`), or null (hosts offered with {@link Mooring.addHost} are
+   * not it). Metrics read its data-path counters (docs/metrics.md).
+   */
+  get localDataEngine(): LocalDataEngine | null {
+    return this.#own.dataEngine;
+  }
+
   private constructor(options: MooringOptions & { store: StateStore }, hostId: string | null, own: Owned) {
     super();
     this.hostId = hostId;
@@ -504,7 +513,10 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   /** Every volume in the store, with its status. */
   async listVolumes(): Promise<VolumeStatus[]> {
     const out: VolumeStatus[] = [];
-    for (const v of await this.#state.volumes()) out.push(await volumeStatus(this.#state, v.name));
+    // Replica and engine records read once for all volumes, not once per volume.
+    const [vols, allReplicas, engineRecords] = await Promise.all([this.#state.volumes(), this.#state.allReplicas(), this.#state.engineRecords()]);
+    const engines = new Map(engineRecords.map((e) => [e.volume, e]));
+    for (const vol of vols) out.push(await volumeStatus(this.#state, vol.name, { vol, allReplicas, engines }));
     return out;
   }
 

@@ -8,7 +8,7 @@ import { DATA_ENGINE_DEFAULTS, DATA_ENGINE_FILE, DATA_ENGINE_LIMITS, LocalDataEn
 import { pathExists } from '../util/files.js';
 import { handOffToSuccessor, takeOverFromPredecessor, type HandOffEpochs, type HandOffProcessResult } from '../data-engine/process-handoff.js';
 import { readClusterSecretFile } from '../data-engine/cluster-secret.js';
-import { MooringError } from '../errors.js';
+import { MooringError, toMooringError } from '../errors.js';
 import { logDataEngineEvent } from '../util/logger.js';
 import { logOf, logSettingsOf } from './log.js';
 import { rebuildProgress } from './progress.js';
@@ -26,6 +26,9 @@ import {
   type CliContext,
 } from './common.js';
 import { NBD_LIMITS } from '../nbd/nbd-export.js';
+import { DataEngineMetrics } from '../metrics/data-engine-metrics.js';
+import type { MetricsServer } from '../metrics/metrics-server.js';
+import { METRICS_OPTIONS, closeMetricsServer, metricsHelp, parseMetricsOption, startMetricsServer } from './metrics-option.js';
 
 /** The JSON that follows `READY ` on the data engine's stdout (the CLI contract). */
 export interface DataEngineReadyInfo {
@@ -39,6 +42,8 @@ export interface DataEngineReadyInfo {
   tls: boolean;
   /** Package version. */
   version: string;
+  /** With --metrics: where GET /metrics is served (`tcp:HOST:PORT`, the bound port). */
+  metrics?: string;
 }
 
 /** Help text of `mooring data-engine`. */
@@ -83,7 +88,7 @@ Options:
                                 its engines, NBD clients connected, to it (in place)
   --take-over SOCK              (started by the above) take the engines over from the
                                 process listening on the hand-off socket SOCK
-  -h, --help                    show this help
+${metricsHelp(32)}  -h, --help                    show this help
 
 Without TLS, TCP addresses must be loopback unless --allow-insecure-remote is given.
 Without TLS and without --cluster-secret-file, a gRPC TCP listener is refused unless
@@ -92,6 +97,8 @@ server in a new directory; in a directory an earlier run made, the replica serve
 with a warning on stderr (--insecure silences it).
 Once serving, one line is printed to stdout:
   READY {"hostId":"h1","grpc":"unix:/run/de.sock","replicaAddress":"tcp:127.0.0.1:PORT","tls":false,"version":"..."}
+("metrics":"tcp:HOST:PORT" follows with --metrics. An upgrade's successor is given the same
+--metrics: this process closes its endpoint before starting it.)
 Logs (engine events) go to stderr (--log-format, --log-level: see mooring --help). SIGINT/SIGTERM stop the gRPC server, stop every engine
 (NBD exports drain, replicas flush and are marked clean) and exit 0; a second signal
 exits 1 at once.
@@ -119,6 +126,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       'nbd-buffer-bytes': { type: 'string' },
       'allow-successor-exec': { type: 'string' },
       'take-over': { type: 'string' },
+      ...METRICS_OPTIONS,
       help: { type: 'boolean', short: 'h' },
     },
     { min: 0, max: 0 },
@@ -165,6 +173,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       ? undefined
       : parseBytesOption('data-engine', '--nbd-buffer-bytes', values['nbd-buffer-bytes'], NBD_LIMITS.bufferBytesMaxMin, NBD_LIMITS.bufferBytesMaxMax);
   const allowInsecureRemote = values['allow-insecure-remote'] === true;
+  const metricsAddress = parseMetricsOption('data-engine', values);
   const secretFile = values['cluster-secret-file'];
   const insecure = values.insecure === true;
   if (secretFile !== undefined && insecure) throw new UsageError('data-engine', '--cluster-secret-file and --insecure exclude each other');
@@ -231,6 +240,17 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
   void stop.wait().then((signal) => wake({ kind: 'signal', signal }));
   let de: LocalDataEngine | undefined;
   let server: DataEngineGrpcServer | undefined;
+  // Metrics follow the data engine running now (a rolled-back hand-off reopens it).
+  const metrics = metricsAddress ? new DataEngineMetrics(() => de ?? null) : null;
+  let metricsServer: MetricsServer | null = null;
+  const openMetrics = async (): Promise<void> => {
+    if (metrics && metricsAddress && !metricsServer) metricsServer = await startMetricsServer(metrics.registry, metricsAddress, ctx);
+  };
+  const closeMetrics = async (): Promise<void> => {
+    const s = metricsServer;
+    metricsServer = null;
+    await closeMetricsServer(s, ctx);
+  };
   try {
     if (takeOver !== undefined) {
       const taken = await takeOverFromPredecessor({ addon, socketPath: takeOver, start: openDataEngine });
@@ -259,6 +279,8 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
               claim();
               try {
                 await checkSuccessorArgv(successor, prefix);
+                // The successor is given the same --metrics address: free it first.
+                await closeMetrics();
                 const running = de!;
                 const out = await handOffToSuccessor({
                   addon,
@@ -279,11 +301,13 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
                   return { committed: true, error: null, pauseMs: out.pauseMs, engines: out.engines };
                 }
                 log.warn({ hostId, code: out.reason.code }, `hand-off to ${successor.join(' ')} rolled back: ${out.reason.message}`);
+                await openMetrics().catch((err: unknown) => log.warn({ hostId, code: toMooringError(err).code }, `metrics endpoint not reopened: ${toMooringError(err).message}`));
                 if (out.de !== running) wake({ kind: 'rolled-back', de: out.de });
                 else changing = false;
                 return { committed: false, error: { code: out.reason.code, message: out.reason.message }, pauseMs: 0, engines: 0 };
               } catch (err) {
                 changing = false;
+                await openMetrics().catch(() => undefined);
                 throw err;
               }
             },
@@ -291,8 +315,16 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
     const serve = (): Promise<DataEngineGrpcServer> =>
       DataEngineGrpcServer.start({ engine: de!, listen, allowInsecureRemote, ...(tls && !listen.startsWith('unix:') ? { tls } : {}), ...(clusterSecret ? { clusterSecret } : {}), ...hooks });
     server = await serve();
+    await openMetrics();
     const info = await de.info();
-    const ready: DataEngineReadyInfo = { hostId, grpc: server.address, replicaAddress: info.replicaAddress, tls: tls !== undefined, version: info.version };
+    const ready: DataEngineReadyInfo = {
+      hostId,
+      grpc: server.address,
+      replicaAddress: info.replicaAddress,
+      tls: tls !== undefined,
+      version: info.version,
+      ...(metricsServer ? { metrics: (metricsServer as MetricsServer).address } : {}),
+    };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
     log.info(
       { hostId, dir, grpc: server.address, replicaAddress: info.replicaAddress, tls: tls !== undefined, clusterSecret: clusterSecret !== undefined },
@@ -310,6 +342,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
         continue;
       }
       if (w.kind === 'handed-off') {
+        await closeMetrics();
         await server.close();
         server = undefined;
         de = undefined; // closed by the hand-off
@@ -318,6 +351,7 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
         return 0;
       }
       log.info({ hostId, ...(w.kind === 'signal' ? { signal: w.signal } : {}) }, `${w.kind === 'signal' ? w.signal : 'a successor was asked for'}: stopping the gRPC server and every engine (drain, flush)`);
+      await closeMetrics();
       await server.close();
       await de.close();
       log.info({ hostId }, 'data engine stopped');
@@ -328,6 +362,8 @@ export async function runDataEngine(argv: string[], ctx: CliContext): Promise<nu
       return 0;
     }
   } finally {
+    await closeMetrics();
+    metrics?.close();
     if (server) await server.close().catch(() => undefined);
     if (de) await de.close().catch(() => undefined);
     stop.dispose();

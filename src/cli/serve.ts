@@ -18,6 +18,9 @@ import {
 } from './common.js';
 import { libraryLoggerOf, logOf, logSettingsOf } from './log.js';
 import { rebuildProgress } from './progress.js';
+import { METRICS_OPTIONS, closeMetricsServer, metricsHelp, parseMetricsOption, startMetricsServer } from './metrics-option.js';
+import { MooringMetrics } from '../metrics/mooring-metrics.js';
+import type { MetricsServer } from '../metrics/metrics-server.js';
 import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 import { STATUS_SOCKET_FILE, serveStatus, type StatusServer } from './status-socket.js';
 import { liveReport } from './volume-report.js';
@@ -41,11 +44,13 @@ export interface ReadyInfo {
   replicas: number;
   /** The writer epoch of the engine serving it (handed out by the store's counter for the volume). */
   epoch: number;
+  /** With --metrics: where GET /metrics is served (`tcp:HOST:PORT`, the bound port). */
+  metrics?: string;
 }
 
 /** Help text of `mooring serve`. */
 export const SERVE_HELP = `Usage: mooring serve --dir DIR [--volume NAME] [--size SIZE] [--replicas N] [--host ADDRESS ...] [--nbd ADDRESS] [--socket-group GROUP]
-                     [--tls-cert F --tls-key F --tls-ca F]
+                     [--tls-cert F --tls-key F --tls-ca F] [--metrics tcp:HOST:PORT]
 
 Serve a volume over NBD from this host until SIGINT or SIGTERM. When DIR holds no volume
 of that name it is created first (--size is then required); otherwise the existing one is
@@ -69,10 +74,11 @@ ${EMBEDDED_HELP}
                        writes the disk)
   --socket-group GROUP give the unix socket to GROUP (name or gid), mode 0660, for a QEMU
                        running as another user; without it the socket is 0600
-  -h, --help           show this help
+${metricsHelp(23)}  -h, --help           show this help
 
 Once serving, one line is printed to stdout:
   READY {"uri":"nbd+unix:///?socket=/abs/nbd.sock","nbd":"unix:/abs/nbd.sock","volume":"v","hostId":"h","sizeBytes":N,"replicas":N,"epoch":N}
+("metrics":"tcp:HOST:PORT" follows with --metrics.)
 Logs go to stderr (--log-format, --log-level: see mooring --help). While serving, DIR/${STATUS_SOCKET_FILE} answers mooring info. SIGINT/SIGTERM
 stop the export (drain, flush), detach the volume and exit 0; a second signal exits 1 at once.
 After a crash the next serve of DIR attaches the volume again with a newer writer epoch.
@@ -91,6 +97,7 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
       'allow-insecure-remote': { type: 'boolean' },
       'socket-group': { type: 'string' },
       ...TLS_OPTIONS,
+      ...METRICS_OPTIONS,
       help: { type: 'boolean', short: 'h' },
     },
     { min: 0, max: 0 },
@@ -105,12 +112,15 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     throw new UsageError('serve', `--nbd must be unix:PATH or tcp:HOST:PORT (got ${JSON.stringify(values.nbd)})`);
   }
 
+  const metricsAddress = parseMetricsOption('serve', values);
   const nbdSocketGroup = values['socket-group'] === undefined ? undefined : await parseGroupOption('serve', values['socket-group']);
 
   const log = logOf(ctx);
   const stop = installStopSignals(ctx, 'the drain');
   let embedded: Embedded | null = null;
   let status: StatusServer | null = null;
+  let metrics: MooringMetrics | null = null;
+  let metricsServer: MetricsServer | null = null;
   try {
     const tls = await readTlsOptions('serve', values, ctx.cwd ?? process.cwd());
     embedded = await openEmbedded('serve', values, ctx, {
@@ -160,7 +170,11 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
       log.warn({ code: e.code }, `no status socket (mooring info cannot ask this process): ${e.message}`);
       return null;
     });
-    const ready: ReadyInfo = { uri: st.nbd.uri, nbd: st.nbd.address, volume: v.name, hostId, sizeBytes: st.sizeBytes, replicas: st.replicaCount, epoch: st.epoch };
+    if (metricsAddress) {
+      metrics = new MooringMetrics(m);
+      metricsServer = await startMetricsServer(metrics.registry, metricsAddress, ctx);
+    }
+    const ready: ReadyInfo = { uri: st.nbd.uri, nbd: st.nbd.address, volume: v.name, hostId, sizeBytes: st.sizeBytes, replicas: st.replicaCount, epoch: st.epoch, ...(metricsServer ? { metrics: metricsServer.address } : {}) };
     ctx.stdout(`READY ${JSON.stringify(ready)}\n`);
     log.info(
       { volume: v.name, hostId, sizeBytes: st.sizeBytes, replicas: st.replicaCount, state: st.state, epoch: st.epoch, nbd: st.nbd.uri },
@@ -171,11 +185,15 @@ export async function runServe(argv: string[], ctx: CliContext): Promise<number>
     log.info({ signal, volume: v.name }, `${signal}: stopping the export (drain, flush) and detaching ${v.name}`);
     const stats = (await v.engine().catch(() => null))?.nbdStats;
     await status?.close();
+    await closeMetricsServer(metricsServer, ctx);
+    metricsServer = null;
     await v.detach({ host: hostId });
     log.info({ volume: v.name, ...(stats ? { connections: stats.connectionsTotal, requests: stats.requests } : {}) }, `stopped${stats ? ` after ${stats.connectionsTotal} connections, ${stats.requests} requests` : ''}`);
     return 0;
   } finally {
     await status?.close();
+    await closeMetricsServer(metricsServer, ctx);
+    metrics?.close();
     await closeEmbedded(embedded, ctx);
     stop.dispose();
   }

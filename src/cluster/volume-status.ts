@@ -8,6 +8,7 @@
 import { MooringError } from '../errors.js';
 import { Engine } from '../volume/engine.js';
 import type { VolumeStatus } from '../volume/volume.js';
+import type { EngineRecord, ReplicaRecord, VolumeRecord } from './cluster-records.js';
 import { migrationInfo, type ControlState } from './control-state.js';
 
 /**
@@ -15,10 +16,13 @@ import { migrationInfo, type ControlState } from './control-state.js';
  *
  * @throws MooringError NOT_FOUND
  */
-export async function volumeStatus(state: ControlState, name: string): Promise<VolumeStatus> {
-  const vol = await state.volume(name);
-  const replicas = await state.replicas(name);
-  const eng = await state.engineRecord(name);
+export async function volumeStatus(state: ControlState, name: string, known?: { vol: VolumeRecord; allReplicas: ReplicaRecord[]; engines: Map<string, EngineRecord> }): Promise<VolumeStatus> {
+  // `known`: records read once for many volumes (Mooring.listVolumes); else read here.
+  const vol = known ? known.vol : await state.volume(name);
+  const replicas = known
+    ? known.allReplicas.filter((r) => r.volume === name).sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true }))
+    : await state.replicas(name);
+  const eng = known ? (known.engines.get(name) ?? null) : await state.engineRecord(name);
   const mig = await state.migrationRecord(name);
   const writerHost = eng ? (mig?.targetActivated ? mig.targetHost : eng.hostId) : null;
   const base: VolumeStatus = {

@@ -237,6 +237,95 @@ export interface HandedEngine {
 // (a rolled-back hand-off) still reads as the process that was there.
 const PROCESS_INSTANCE_ID = randomUUID();
 
+/** Requests of one kind on an NBD export ({@link NbdIoStats}). */
+export interface NbdOpStats {
+  /** Requests executed (replied to, successfully or not). */
+  count: number;
+  /** Of which answered with an NBD error. */
+  errors: number;
+  /** Their device time in all, in nanoseconds: a worker taking the request to its reply being queued. */
+  sumNs: number;
+  /** That time in log2 buckets, not cumulative: `buckets[i]` counts requests that took at most 2^i µs (more than 2^(i-1)); the last bucket holds the rest. */
+  buckets: number[];
+}
+
+/** Per request kind counters of an NBD export, and its memory budget. */
+export interface NbdIoStats {
+  /** Per request kind. */
+  ops: {
+    /** READ. */
+    read: NbdOpStats;
+    /** WRITE. */
+    write: NbdOpStats;
+    /** FLUSH. */
+    flush: NbdOpStats;
+    /** TRIM. */
+    trim: NbdOpStats;
+    /** WRITE_ZEROES. */
+    writeZeroes: NbdOpStats;
+    /** CACHE, BLOCK_STATUS and unknown commands. */
+    other: NbdOpStats;
+  };
+  /** The export's budget of READ/WRITE bytes in flight across its connections. */
+  budgetLimitBytes: number;
+  /** Bytes of it held now. */
+  budgetUsedBytes: number;
+  /** The most held at once since the export started. */
+  budgetPeakBytes: number;
+  /** Requests that had to wait for the budget (back-pressure). */
+  budgetWaits: number;
+}
+
+/** Counters of a data engine's replica server (connections, requests, bytes, buffer budget), as the native side reports them. */
+export interface ReplicaServerStats {
+  /** Connections accepted. */
+  connectionsTotal: number;
+  /** Connections open now. */
+  connectionsOpen: number;
+  /** Requests served. */
+  requests: number;
+  /** Requests refused because they carried an older writer epoch. */
+  staleEpochRefusals: number;
+  /** Connections dropped for protocol violations. */
+  protocolErrors: number;
+  /** Connections refused UNAUTHENTICATED: no proof of the cluster secret, or a wrong one. */
+  authFailures: number;
+  /** Connections closed at accept: the server was full and had no connection in its handshake to drop. */
+  connectionsRefused: number;
+  /** Connections dropped while in their handshake to admit a new one on a full server. */
+  handshakesDropped: number;
+  /** Bytes read from replicas for peers. */
+  bytesRead: number;
+  /** Bytes written to replicas by peers. */
+  bytesWritten: number;
+  /** Request and reply bytes held now, across connections. */
+  bufferBytes: number;
+  /** The most held at once since the server started. */
+  bufferBytesPeak: number;
+  /** Requests that waited for the budget (back-pressure). */
+  bufferWaits: number;
+}
+
+/** An engine's NBD export as {@link LocalDataEngine.ioStats} reports it. */
+export interface EngineIoStats {
+  /** The volume the engine serves. */
+  volume: string;
+  /** active, or standby (a migration standby, or an engine that handed over). */
+  role: 'active' | 'standby';
+  /** Connection and byte counters of its export. */
+  nbd: EngineNbdStats;
+  /** Per request kind counts and latencies, and the export's memory budget (null: the addon does not count them). */
+  io: NbdIoStats | null;
+}
+
+/** What {@link LocalDataEngine.ioStats} reports: counters read from the data path at once, without I/O. */
+export interface LocalDataEngineIoStats {
+  /** The engines of this data engine that have an NBD export. */
+  engines: EngineIoStats[];
+  /** The replica server's counters (engines of other hosts connect to it), or null when it serves none. */
+  replicaServer: ReplicaServerStats | null;
+}
+
 interface EngineSlot {
   volume: string;
   engine: LocalEngine;
@@ -441,6 +530,32 @@ export class LocalDataEngine implements DataEngine {
       await lock.release();
       throw err;
     }
+  }
+
+  /**
+   * The counters of the data path, read synchronously from the native side (no I/O, no
+   * waiting): each exported engine's NBD counters and latency buckets, and the replica
+   * server's. For metrics (docs/metrics.md); a closed data engine reports nothing.
+   */
+  ioStats(): LocalDataEngineIoStats {
+    const engines: EngineIoStats[] = [];
+    if (this.#closing !== undefined) return { engines, replicaServer: null };
+    for (const slot of this.#engines.values()) {
+      const nbd = slot.nbd;
+      if (!nbd || nbd.closed) continue;
+      try {
+        engines.push({ volume: slot.volume, role: slot.role, nbd: { ...nbd.stats() }, io: nbd.ioStats() });
+      } catch {
+        // closed meanwhile: it has no export to report
+      }
+    }
+    let replicaServer: ReplicaServerStats | null = null;
+    try {
+      replicaServer = this.#server ? { ...this.#server.stats() } : null;
+    } catch {
+      replicaServer = null;
+    }
+    return { engines, replicaServer };
   }
 
   /** @inheritDoc DataEngine.info */

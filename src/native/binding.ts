@@ -186,11 +186,15 @@ export interface NativeReplicaServerOptions {
 }
 
 export interface NativeReplicaServerStats {
+  /** Connections accepted. */
   connectionsTotal: number;
+  /** Connections open now. */
   connectionsOpen: number;
+  /** Requests served. */
   requests: number;
   /** Requests refused because they carried an older writer epoch. */
   staleEpochRefusals: number;
+  /** Connections dropped for protocol violations. */
   protocolErrors: number;
   /** Connections refused UNAUTHENTICATED: no proof of the cluster secret, or a wrong one. */
   authFailures: number;
@@ -198,7 +202,9 @@ export interface NativeReplicaServerStats {
   connectionsRefused: number;
   /** Connections dropped while in their handshake to admit a new one on a full server. */
   handshakesDropped: number;
+  /** Bytes read from replicas for peers. */
   bytesRead: number;
+  /** Bytes written to replicas by peers. */
   bytesWritten: number;
   /** Request and reply bytes held now, across connections. */
   bufferBytes: number;
@@ -347,10 +353,49 @@ export interface NativeNbdStats {
   protocolErrors: number;
 }
 
+/** Requests of one kind on an NBD export (native/src/nbd/nbd-server.h, NbdOpStats). */
+export interface NativeNbdOpStats {
+  /** Requests executed (replied to, successfully or not). */
+  count: number;
+  /** Of which answered with an NBD error. */
+  errors: number;
+  /** Their device time in all, in nanoseconds: a worker taking the request to its reply being queued. */
+  sumNs: number;
+  /**
+   * That time in log2 buckets, not cumulative: `buckets[i]` counts requests that took at most
+   * 2^i microseconds and more than 2^(i-1) (i < length - 1); the last bucket holds the rest.
+   */
+  buckets: number[];
+}
+
+/** Per request kind counters and the memory budget of an NBD export, for metrics. */
+export interface NativeNbdIoStats {
+  /** Per request kind. */
+  ops: {
+    read: NativeNbdOpStats;
+    write: NativeNbdOpStats;
+    flush: NativeNbdOpStats;
+    trim: NativeNbdOpStats;
+    writeZeroes: NativeNbdOpStats;
+    /** CACHE, BLOCK_STATUS and unknown commands. */
+    other: NativeNbdOpStats;
+  };
+  /** The export's budget of READ/WRITE bytes in flight across its connections. */
+  budgetLimitBytes: number;
+  /** Bytes of it held now. */
+  budgetUsedBytes: number;
+  /** The most held at once since the export started. */
+  budgetPeakBytes: number;
+  /** Requests that had to wait for the budget (back-pressure). */
+  budgetWaits: number;
+}
+
 export interface NativeNbdServer {
   /** Bound TCP port; 0 for a unix socket. */
   readonly port: number;
   stats(): NativeNbdStats;
+  /** Per request kind counters and the budget (absent from fakes and older addons). */
+  ioStats?(): NativeNbdIoStats;
   /** Stop accepting, drain in-flight requests, flush, close connections. Idempotent. */
   close(): Promise<void>;
 }

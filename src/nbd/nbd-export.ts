@@ -8,7 +8,7 @@ import type * as TE from 'typed-emitter';
 
 import { checkTls, type DataEngineTlsOptions } from '../data-engine/addresses.js';
 import { MooringError, callNative, callNativeSync, toMooringError } from '../errors.js';
-import type { NativeEngine, NativeNbdHandOffRecord, NativeNbdHandOffServer, NativeNbdOptions, NativeNbdServer, NativeNbdStats } from '../native/binding.js';
+import type { NativeEngine, NativeNbdHandOffRecord, NativeNbdHandOffServer, NativeNbdIoStats, NativeNbdOptions, NativeNbdServer, NativeNbdStats } from '../native/binding.js';
 import { safeEmit } from '../util/emit.js';
 import { describe } from '../util/validate.js';
 import { checkExportName, formatNbdAddress, nbdUri, parseNbdAddress, type NbdAddress } from './nbd-address.js';
@@ -195,6 +195,17 @@ export class NbdExport extends (EventEmitter as new () => TypedEmitter<NbdExport
   stats(): NbdExportStats {
     if (this.#closed) throw new MooringError('CLOSED', `NBD export ${this.addressString} is closed`);
     return callNativeSync(() => this.#server.stats(), `NBD export ${this.addressString}`);
+  }
+
+  /**
+   * Per request kind counts and latency buckets, and the export's memory budget (for
+   * metrics), or null when the addon does not count them.
+   */
+  ioStats(): NativeNbdIoStats | null {
+    if (this.#closed) throw new MooringError('CLOSED', `NBD export ${this.addressString} is closed`);
+    const server = this.#server;
+    if (typeof server.ioStats !== 'function') return null;
+    return callNativeSync(() => server.ioStats!(), `NBD export ${this.addressString}`);
   }
 
   /** Ids of the open connections (a connection keeps its id across a hand-off). */

@@ -35,6 +35,14 @@ describe('examples', () => {
     expect(out).toMatch(/after stop: disk0-r0 clean=true; disk0-r1 clean=true/);
   });
 
+  it('metrics: an embedder mounts MooringMetrics\' registry; qemu-io\'s writes are counted; a deleted volume\'s series go', async () => {
+    const out = await runExample('examples/metrics/demo.mjs', ['--port', '47153']);
+    expect(out).toMatch(/metrics at http:\/\/127\.0\.0\.1:47153\/metrics/);
+    expect(out).toMatch(/before: mooring_volume_state healthy=1, RW replicas=1, write requests=no series yet/);
+    expect(out).toMatch(/after 16 writes of 64 KiB: write requests=16, bytes written=1048576, write latency count=16/);
+    expect(out).toMatch(/after delete: series naming disk0: 0/);
+  });
+
   it('nbd-tls: QEMU and nbdinfo reach a TLS export with client certificates, a client in the clear is refused', async () => {
     const out = await runExample('examples/nbd-tls/demo.mjs');
     expect(out).toMatch(/exported at nbds:\/\/127\.0\.0\.1:\d+\//);

@@ -11,6 +11,7 @@ describe('main entry', () => {
     expect(Object.keys(main).sort()).toEqual([
       'BackingImage',
       'DataEngineGrpcServer',
+      'DataEngineMetrics',
       'Engine',
       'FileStateStore',
       'LivenessWatcher',
@@ -23,6 +24,7 @@ describe('main entry', () => {
       'Mooring',
       'MooringError',
       'MooringErrorCode',
+      'MooringMetrics',
       'RemoteDataEngine',
       'UpgradeSession',
       'Volume',

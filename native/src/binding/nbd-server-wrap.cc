@@ -27,6 +27,7 @@ Napi::Function NbdServerWrap::Define(Napi::Env env) {
   return DefineWithMethods<W>(env,
                      {
                          Method<W, &W::Stats>(env, "stats"),
+                         Method<W, &W::IoStats>(env, "ioStats"),
                          Method<W, &W::Close>(env, "close"),
                          Method<W, &W::ConnectionIds>(env, "connectionIds"),
                          Method<W, &W::Freeze>(env, "freeze"),
@@ -57,6 +58,33 @@ Napi::Value NbdServerWrap::Stats(const Napi::CallbackInfo& info) {
   o.Set("bytesRead", JsNum(env, s.bytes_read));
   o.Set("bytesWritten", JsNum(env, s.bytes_written));
   o.Set("protocolErrors", JsNum(env, s.protocol_errors));
+  return o;
+}
+
+// Not part of stats() either (same reason): per request kind counts and latency buckets, and
+// the export's memory budget, for metrics (src/metrics/, docs/metrics.md).
+Napi::Value NbdServerWrap::IoStats(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const NbdServerStats s = closed_ ? final_stats_ : server_->stats();
+  static const char* const kNames[kNbdOpKinds] = {"read", "write", "flush", "trim", "writeZeroes", "other"};
+  Napi::Object ops = Napi::Object::New(env);
+  for (int k = 0; k < kNbdOpKinds; ++k) {
+    const NbdOpStats& op = s.ops[k];
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("count", JsNum(env, op.count));
+    o.Set("errors", JsNum(env, op.errors));
+    o.Set("sumNs", JsNum(env, op.sum_ns));
+    Napi::Array b = Napi::Array::New(env, kNbdLatencyBuckets);
+    for (int i = 0; i < kNbdLatencyBuckets; ++i) b.Set(static_cast<uint32_t>(i), JsNum(env, op.buckets[i]));
+    o.Set("buckets", b);
+    ops.Set(kNames[k], o);
+  }
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("ops", ops);
+  o.Set("budgetLimitBytes", JsNum(env, s.budget_limit_bytes));
+  o.Set("budgetUsedBytes", JsNum(env, s.budget_used_bytes));
+  o.Set("budgetPeakBytes", JsNum(env, s.budget_peak_bytes));
+  o.Set("budgetWaits", JsNum(env, s.budget_waits));
   return o;
 }
 

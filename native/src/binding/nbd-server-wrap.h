@@ -43,6 +43,7 @@ class NbdServerWrap : public Napi::ObjectWrap<NbdServerWrap> {
 
  private:
   Napi::Value Stats(const Napi::CallbackInfo& info);
+  Napi::Value IoStats(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   Napi::Value ConnectionIds(const Napi::CallbackInfo& info);
   Napi::Value Freeze(const Napi::CallbackInfo& info);

@@ -27,6 +27,23 @@ int64_t NowMs() {
   return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
 }
 
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+int OpKind(uint16_t type) {
+  switch (type) {
+    case kCmdRead: return kNbdOpRead;
+    case kCmdWrite: return kNbdOpWrite;
+    case kCmdFlush: return kNbdOpFlush;
+    case kCmdTrim: return kNbdOpTrim;
+    case kCmdWriteZeroes: return kNbdOpWriteZeroes;
+    default: return kNbdOpOther;
+  }
+}
+
 }  // namespace
 
 NbdConnection::NbdConnection(NbdServerContext* ctx, int fd, uint64_t id)
@@ -1017,12 +1034,14 @@ void NbdConnection::RunJob(WorkerPool::Job* job) {
 }
 
 void NbdConnection::BuildSimple(NbdRequest* r, uint32_t error, bool with_data) {
+  r->reply_error = error;
   PutSimpleReply(r->head, error, r->cookie);
   r->iov.push_back({r->head, kSimpleReplyBytes});
   if (with_data && r->length > 0) r->iov.push_back({r->data.get(), r->length});
 }
 
 void NbdConnection::BuildChunkError(NbdRequest* r, uint32_t error) {
+  r->reply_error = error;
   PutChunkHeader(r->head, kChunkFlagDone, kChunkError, r->cookie, 6);
   Store32(r->head + 20, error);
   Store16(r->head + 24, 0);  // no message
@@ -1031,6 +1050,9 @@ void NbdConnection::BuildChunkError(NbdRequest* r, uint32_t error) {
 
 void NbdConnection::Execute(NbdRequest* r) {
   ctx_->requests.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t started_ns = NowNs();
+  bool failed = r->early_error != 0;
+  r->reply_error = 0;
   r->iov.clear();
   r->iov_pos = 0;
   // READ errors must be chunks once structured replies are on; other commands may use a
@@ -1082,7 +1104,9 @@ void NbdConnection::Execute(NbdRequest* r) {
     // Whatever the device threw, the client gets EIO and the worker lives on.
     r->iov.clear();
     if (chunked_errors) BuildChunkError(r, kErrIo); else BuildSimple(r, kErrIo, false);
+    failed = true;
   }
+  ctx_->CountOp(OpKind(r->type), NowNs() - started_ns, failed || r->reply_error != 0);
   SendReply(r);
 }
 

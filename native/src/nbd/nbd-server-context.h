@@ -29,6 +29,41 @@ struct NbdServerContext {
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> bytes_written{0};
   std::atomic<uint64_t> protocol_errors{0};
+
+  // Per request kind (NbdServerStats::ops): relaxed increments by the worker that ran it.
+  struct OpCounters {
+    std::atomic<uint64_t> count{0};
+    std::atomic<uint64_t> errors{0};
+    std::atomic<uint64_t> sum_ns{0};
+    std::atomic<uint64_t> buckets[kNbdLatencyBuckets];
+    OpCounters() {
+      for (auto& b : buckets) b.store(0, std::memory_order_relaxed);
+    }
+  };
+  OpCounters ops[kNbdOpKinds];
+
+  void CountOp(int kind, uint64_t ns, bool error) {
+    OpCounters& c = ops[kind];
+    c.count.fetch_add(1, std::memory_order_relaxed);
+    c.sum_ns.fetch_add(ns, std::memory_order_relaxed);
+    if (error) c.errors.fetch_add(1, std::memory_order_relaxed);
+    // ceil(log2(us)): bucket i holds latencies <= 2^i us.
+    const uint64_t us = (ns + 999) / 1000;
+    int i = us <= 1 ? 0 : 64 - __builtin_clzll(us - 1);
+    if (i > kNbdLatencyBuckets - 1) i = kNbdLatencyBuckets - 1;
+    c.buckets[i].fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void ReadOps(NbdServerStats* s) const {
+    for (int k = 0; k < kNbdOpKinds; ++k) {
+      // Not one snapshot: a request finishing meanwhile may be in `count` and not yet in
+      // its bucket (the metrics collector takes a histogram's count from its buckets).
+      for (int i = 0; i < kNbdLatencyBuckets; ++i) s->ops[k].buckets[i] = ops[k].buckets[i].load(std::memory_order_relaxed);
+      s->ops[k].sum_ns = ops[k].sum_ns.load(std::memory_order_relaxed);
+      s->ops[k].errors = ops[k].errors.load(std::memory_order_relaxed);
+      s->ops[k].count = ops[k].count.load(std::memory_order_relaxed);
+    }
+  }
 };
 
 }  // namespace mooring

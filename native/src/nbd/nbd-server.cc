@@ -98,6 +98,13 @@ class NbdServerImpl final : public NbdServer {
     s.bytes_read = ctx_.bytes_read.load();
     s.bytes_written = ctx_.bytes_written.load();
     s.protocol_errors = ctx_.protocol_errors.load();
+    ctx_.ReadOps(&s);
+    if (ctx_.budget) {
+      s.budget_limit_bytes = ctx_.budget->limit();
+      s.budget_used_bytes = ctx_.budget->used();
+      s.budget_peak_bytes = ctx_.budget->peak();
+      s.budget_waits = ctx_.budget->waits();
+    }
     {
       std::lock_guard<std::mutex> lock(adopted_mu_);
       for (const auto& c : adopted_) s.connection_ids.push_back(c->id());

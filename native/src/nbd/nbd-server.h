@@ -37,6 +37,24 @@ struct NbdServerOptions {
   TlsConfig tls;
 };
 
+// Latency buckets of NbdServerStats::ops: bucket i (0..kNbdLatencyBuckets-2) counts requests
+// that took at most 2^i microseconds (1 us .. 2^(N-2) us, about 4.2 s); the last one the rest.
+constexpr int kNbdLatencyBuckets = 24;
+
+// Request kinds counted apart (docs/metrics.md): READ, WRITE, FLUSH, TRIM, WRITE_ZEROES, and
+// the rest (CACHE, BLOCK_STATUS, unknown commands).
+enum NbdOpKind : int { kNbdOpRead = 0, kNbdOpWrite, kNbdOpFlush, kNbdOpTrim, kNbdOpWriteZeroes, kNbdOpOther, kNbdOpKinds };
+
+// Requests of one kind: how many, their time from a worker taking the request to its reply
+// being queued for sending (device time; queueing before it and sending after are not in
+// it), and that time in log2 buckets (not cumulative).
+struct NbdOpStats {
+  uint64_t count = 0;
+  uint64_t errors = 0;
+  uint64_t sum_ns = 0;
+  uint64_t buckets[kNbdLatencyBuckets] = {};
+};
+
 struct NbdServerStats {
   uint64_t connections_total = 0;
   uint64_t connections_open = 0;
@@ -45,6 +63,12 @@ struct NbdServerStats {
   uint64_t bytes_written = 0;
   uint64_t protocol_errors = 0;  // connections dropped for malformed traffic
   std::vector<uint64_t> connection_ids;  // of the open connections, ascending; kept across hand-offs
+  NbdOpStats ops[kNbdOpKinds];
+  // The export's MemoryBudget of in-flight READ/WRITE bytes.
+  uint64_t budget_limit_bytes = 0;
+  uint64_t budget_used_bytes = 0;
+  uint64_t budget_peak_bytes = 0;
+  uint64_t budget_waits = 0;
 };
 
 class NbdServer {
