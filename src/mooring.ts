@@ -23,9 +23,9 @@ import type * as TE from 'typed-emitter';
 
 import { BackingImageController } from './backing-image/backing-image-controller.js';
 import type { BackingImage, BackingImageCreateOptions, BackingImageStatus } from './backing-image/backing-image.js';
-import type { DataEngine, DataEngineEvent } from './data-engine/data-engine.js';
+import type { DataEngine } from './data-engine/data-engine.js';
 import { MooringError, toMooringError } from './errors.js';
-import { LocalDataEngine, readDataEngineHostId, type LocalDataEngineOptions } from './data-engine/local-data-engine.js';
+import { LocalDataEngine, readDataEngineHostId } from './data-engine/local-data-engine.js';
 import { FileStateStore } from './state/file-state-store.js';
 import type { StateStore } from './state/state-store.js';
 import { NAME_PATTERN } from './util/limits.js';
@@ -35,6 +35,7 @@ import { safeEmit } from './util/emit.js';
 import { formatBytes } from './util/size.js';
 import { checkLogger, logDataEngineEvent, safeLog, type Logger } from './util/logger.js';
 import { logClusterEvent } from './cluster/cluster-event-log.js';
+import type { MooringEvents, MooringOptions } from './mooring-options.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
 import { KIND } from './cluster/cluster-records.js';
@@ -52,12 +53,14 @@ import { VolumeOperations } from './cluster/volume-operations.js';
 import { VolumeResize } from './cluster/volume-resize.js';
 import { volumeEngine, volumeStatus } from './cluster/volume-status.js';
 import { UpgradeController } from './upgrade/upgrade-controller.js';
-import type { DataEngineLauncher, UpgradeOptions, UpgradeSession } from './upgrade/upgrade-session.js';
+import type { UpgradeOptions, UpgradeSession } from './upgrade/upgrade-session.js';
 
 export { EPOCH_ATTEMPTS_MAX } from './cluster/engine-lifecycle.js';
 export { HOST_PROBE_TIMEOUT_MS } from './cluster/hosts.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
+
+export type { MooringEvents, MooringOptions, ReplicaReplacedEvent } from './mooring-options.js';
 
 /** How often the repair loop looks at attached volumes, by default. */
 export const DEFAULT_REPAIR_INTERVAL_MS = 2000;
@@ -87,93 +90,6 @@ function defaultHostId(): string {
   const name = hostname().split('.')[0] ?? '';
   return NAME_PATTERN.test(name) && name !== '.' && name !== '..' ? name : 'local';
 }
-
-/** Options of {@link Mooring.open}. */
-export interface MooringOptions {
-  /**
-   * Directory of the embedded default, created if missing: the control-plane store in
-   * `DIR/state` (a FileStateStore) and this host's data engine in `DIR/host`, run in this
-   * process. Without it, `store` is required and this process runs no data engine.
-   */
-  dir?: string;
-  /**
-   * This host's id ([A-Za-z0-9._-]{1,63}): where `attach()` without a host attaches. Default:
-   * the id `DIR/host` was created with, else this machine's host name, else `local`.
-   */
-  hostId?: string;
-  /** Where specs and status are kept (default: a FileStateStore in `DIR/state`). Shared by the VM managers of a cluster. */
-  store?: StateStore;
-  /** Options of this host's in-process data engine (default `{}`), or false to run none (with `dir`). */
-  dataEngine?: Omit<LocalDataEngineOptions, 'dir' | 'hostId'> | false;
-  /** Data engines of other hosts (e.g. RemoteDataEngine) offered for replicas and engines (more with {@link Mooring.addHost}). */
-  hosts?: DataEngine[];
-  /** Repair loop period (default 2000 ms); 0 turns the loop off ({@link Mooring.repairOnce} still works). */
-  repairIntervalMs?: number;
-  /** ERR time after which a replica is replaced on another host (default 600,000 ms). */
-  replicaReplacementWaitMs?: number;
-  /** Default wait of an attach for its ticket (default 60,000 ms); also how long a volume waits for its backing image file on a host. */
-  ticketWaitTimeoutMs?: number;
-  /** How long a backing image file that no replica uses stays on its disk before it is deleted (default 3,600,000 ms; minCopies ready copies always stay). */
-  backingImageCleanupWaitMs?: number;
-  /**
-   * I/O timeout towards remote replicas of every engine started (default: the data
-   * engine's, 8000 ms; 100 to 600,000): how long a replica may not answer before the engine
-   * counts it as lost.
-   */
-  engineIoTimeoutMs?: number;
-  /**
-   * How the new version of a host's data engine is started during an upgrade
-   * ({@link Mooring.startUpgrade}); without it, upgrades are refused (NO_LAUNCHER).
-   */
-  dataEngineLauncher?: DataEngineLauncher;
-  /**
-   * Where Mooring logs (docs/logging.md): a pino logger, or anything with pino's level
-   * methods and `child()`. Records carry `component` (`cluster`; `data-engine` for the
-   * in-process data engine, unless `dataEngine.logger` is given) and the
-   * fields of what they report (`volume`, `hostId`, `replicaId`, `code`, ...). Default: none,
-   * nothing is logged; the events of this class and of volumes report the same facts.
-   */
-  logger?: Logger;
-}
-
-/** A replica that stayed ERR was replaced by a new one on another host. */
-export interface ReplicaReplacedEvent {
-  /** The volume. */
-  volume: string;
-  /** The replica that stayed ERR (removed). */
-  oldReplicaId: string;
-  /** Its host. */
-  oldHostId: string;
-  /** The replica that took its place (rebuilt, RW). */
-  newReplicaId: string;
-  /** Its host. */
-  newHostId: string;
-  /** Bytes the rebuild wrote into it. */
-  sentBytes: number;
-}
-
-/** Events of a {@link Mooring}: data-engine events of its volumes, plus its own decisions. */
-export type MooringEvents = {
-  /** An event from a data engine about one of the cluster's volumes. */
-  'data-engine-event': (hostId: string, event: DataEngineEvent) => void;
-  /** A replica was replaced on another host. */
-  'replica-replaced': (event: ReplicaReplacedEvent) => void;
-  /** A volume's engine was started on a host after its previous host became unreachable. */
-  'engine-taken-over': (event: { volume: string; fromHost: string; toHost: string; epoch: number }) => void;
-  /** An engine of a volume found on a host it is no longer attached to (left by a takeover) was stopped. */
-  'stray-engine-stopped': (event: { volume: string; hostId: string }) => void;
-  /** An eviction ({@link Mooring.evictHost}) has this much left to move after a pass of the control loop. */
-  'host-eviction': (progress: HostEvictionProgress) => void;
-  /** An evicted host holds no replica and no backing image file any more; it may be removed. */
-  'host-evicted': (event: { hostId: string }) => void;
-  /**
-   * A host came back with another disk (another disk id in its data-engine.json): its
-   * replicas were lost, and are replaced at once.
-   */
-  'disk-replaced': (event: { hostId: string; oldDiskId: string; newDiskId: string; lostReplicas: string[] }) => void;
-  /** Something failed in the background (repair, recording status); the cluster keeps going. */
-  warning: (error: MooringError) => void;
-};
 
 /**
  * The one entry point: it hands out {@link Volume} handles, whose replicas live on this
