@@ -1,9 +1,10 @@
-// glibc floor for the shipped x86_64 addon (docs/dependencies.md, "glibc floor").
+// glibc floor for the shipped x86_64 and aarch64 addons (docs/dependencies.md, "glibc floor").
 //
 // binding.gyp links libstdc++/libgcc statically and passes -Wl,--wrap=SYMBOL for each
 // symbol below: every call to SYMBOL in our objects and in libstdc++.a goes to
-// __wrap_SYMBOL, which calls the oldest (x86_64 baseline, GLIBC_2.2.5) version of it, so
-// no dynamic symbol needs a version newer than GLIBC_2.28. The build host's glibc (2.36
+// __wrap_SYMBOL, which calls the oldest version of it (GLIBC_2.2.5 on x86_64, GLIBC_2.17
+// on aarch64) or emulates it, so no dynamic symbol needs a version newer than GLIBC_2.28
+// (x86_64) or GLIBC_2.17 (aarch64). The build host's glibc (2.36
 // on Debian 12) still provides those old versions. test/package/prebuild-symbols.test.ts
 // checks the result with objdump -T.
 //
@@ -14,12 +15,24 @@
 #include <errno.h>
 #include <link.h>
 #include <stdint.h>
-#include <sys/random.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <time.h>
 
-#if defined(__x86_64__) && defined(__linux__)
+#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__linux__)
+
+// The oldest version of each symbol, and _STAT_VER of the pre-2.33 __xstat64 & co.
+#if defined(__x86_64__)
+#define MOORING_GLIBC_BASE "GLIBC_2.2.5"
+#define MOORING_STAT_VER 1
+#else
+#define MOORING_GLIBC_BASE "GLIBC_2.17"
+#define MOORING_STAT_VER 0
+#endif
 
 #if defined(__SANITIZE_ADDRESS__)
 #define MOORING_COMPAT_OLD(name) __real_##name
@@ -66,36 +79,41 @@ MOORING_DECLARE(int, pthread_key_delete, (pthread_key_t))
 MOORING_DECLARE(void*, pthread_getspecific, (pthread_key_t))
 MOORING_DECLARE(int, pthread_setspecific, (pthread_key_t, const void*))
 MOORING_DECLARE(uint32_t, arc4random, (void))
+MOORING_DECLARE(int, getentropy, (void*, size_t))
+int __real_fcntl64(int, int, ...);
+int mooring_old_fcntl(int, int, ...);
+int __wrap_fcntl64(int, int, ...);
 MOORING_DECLARE(int, _dl_find_object, (void*, struct dl_find_object*))
 
 int mooring_old___xstat64(int, const char*, struct stat64*);
 int mooring_old___lxstat64(int, const char*, struct stat64*);
 int mooring_old___fxstat64(int, int, struct stat64*);
 
-__asm__(".symver mooring_old_pthread_rwlock_init, pthread_rwlock_init@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_rwlock_destroy, pthread_rwlock_destroy@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_rwlock_rdlock, pthread_rwlock_rdlock@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_rwlock_wrlock, pthread_rwlock_wrlock@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_rwlock_unlock, pthread_rwlock_unlock@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_rwlockattr_init, pthread_rwlockattr_init@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_rwlockattr_destroy, pthread_rwlockattr_destroy@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_rwlockattr_setkind_np, pthread_rwlockattr_setkind_np@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_once, pthread_once@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_create, pthread_create@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_join, pthread_join@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_detach, pthread_detach@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_key_create, pthread_key_create@GLIBC_2.2.5");
-__asm__(".symver mooring_old___pthread_key_create, __pthread_key_create@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_key_delete, pthread_key_delete@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_getspecific, pthread_getspecific@GLIBC_2.2.5");
-__asm__(".symver mooring_old_pthread_setspecific, pthread_setspecific@GLIBC_2.2.5");
-__asm__(".symver mooring_old_dlopen, dlopen@GLIBC_2.2.5");
-__asm__(".symver mooring_old_dlsym, dlsym@GLIBC_2.2.5");
-__asm__(".symver mooring_old_dlerror, dlerror@GLIBC_2.2.5");
-__asm__(".symver mooring_old_dlclose, dlclose@GLIBC_2.2.5");
-__asm__(".symver mooring_old___xstat64, __xstat64@GLIBC_2.2.5");
-__asm__(".symver mooring_old___lxstat64, __lxstat64@GLIBC_2.2.5");
-__asm__(".symver mooring_old___fxstat64, __fxstat64@GLIBC_2.2.5");
+__asm__(".symver mooring_old_pthread_rwlock_init, pthread_rwlock_init@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlock_destroy, pthread_rwlock_destroy@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlock_rdlock, pthread_rwlock_rdlock@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlock_wrlock, pthread_rwlock_wrlock@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlock_unlock, pthread_rwlock_unlock@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlockattr_init, pthread_rwlockattr_init@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlockattr_destroy, pthread_rwlockattr_destroy@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlockattr_setkind_np, pthread_rwlockattr_setkind_np@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_once, pthread_once@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_create, pthread_create@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_join, pthread_join@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_detach, pthread_detach@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_key_create, pthread_key_create@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old___pthread_key_create, __pthread_key_create@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_key_delete, pthread_key_delete@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_getspecific, pthread_getspecific@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_setspecific, pthread_setspecific@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_fcntl, fcntl@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_dlopen, dlopen@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_dlsym, dlsym@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_dlerror, dlerror@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_dlclose, dlclose@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old___xstat64, __xstat64@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old___lxstat64, __lxstat64@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old___fxstat64, __fxstat64@" MOORING_GLIBC_BASE);
 
 #define MOORING_FORWARD(ret, name, params, args) \
   ret __wrap_##name params { return MOORING_COMPAT_OLD(name) args; }
@@ -129,21 +147,55 @@ MOORING_FORWARD(int, fstat64, (int fd, struct stat64* b), (fd, b))
 MOORING_FORWARD(int, pthread_cond_clockwait,
                 (pthread_cond_t* c, pthread_mutex_t* m, clockid_t k, const struct timespec* t), (c, m, k, t))
 MOORING_FORWARD(uint32_t, arc4random, (void), ())
+#if defined(__aarch64__)  // wrapped on aarch64 only (binding.gyp)
+MOORING_FORWARD(int, getentropy, (void* b, size_t n), (b, n))
+int __wrap_fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return __real_fcntl64(fd, cmd, arg);
+}
+#endif
 MOORING_FORWARD(int, _dl_find_object, (void* pc, struct dl_find_object* r), (pc, r))
 #else
-// arc4random (glibc 2.36; std::random_device's default source in libstdc++.a) from
-// getrandom (glibc 2.25), which blocks only until the kernel's pool is first seeded.
-uint32_t __wrap_arc4random(void) {
-  uint32_t v = 0;
-  unsigned char* p = reinterpret_cast<unsigned char*>(&v);
+// arc4random (glibc 2.36) and getentropy (2.25), std::random_device's sources in
+// libstdc++.a, from the getrandom system call (Linux 3.17; glibc's wrapper is 2.25), which
+// blocks only until the kernel's pool is first seeded.
+static void mooring_random_bytes(void* buf, size_t len) {
+  unsigned char* p = static_cast<unsigned char*>(buf);
   size_t got = 0;
-  while (got < sizeof v) {
-    ssize_t n = getrandom(p + got, sizeof v - got, 0);
+  while (got < len) {
+    long n = syscall(SYS_getrandom, p + got, len - got, 0);
     if (n > 0) got += static_cast<size_t>(n);
     else if (n < 0 && errno != EINTR) __builtin_trap();
   }
+}
+uint32_t __wrap_arc4random(void) {
+  uint32_t v = 0;
+  mooring_random_bytes(&v, sizeof v);
   return v;
 }
+#if defined(__aarch64__)  // wrapped on aarch64 only (binding.gyp): x86_64's floor has both
+int __wrap_getentropy(void* buf, size_t len) {
+  if (len > 256) {
+    errno = EIO;
+    return -1;
+  }
+  mooring_random_bytes(buf, len);
+  return 0;
+}
+
+// fcntl64 (2.28) is fcntl on 64-bit targets; its one optional argument is an int or a
+// pointer, passed on as a pointer-sized value.
+int __wrap_fcntl64(int fd, int cmd, ...) {
+  va_list ap;
+  va_start(ap, cmd);
+  void* arg = va_arg(ap, void*);
+  va_end(ap);
+  return mooring_old_fcntl(fd, cmd, arg);
+}
+#endif
 
 // _dl_find_object (glibc 2.35) is how libgcc_eh.a's unwinder finds a PC's .eh_frame_hdr
 // for exceptions. Same answer from dl_iterate_phdr (every glibc): the loaded object whose
@@ -190,10 +242,10 @@ int __wrap__dl_find_object(void* pc, struct dl_find_object* result) {
 }
 
 // Before glibc 2.33, stat64 & co. were inline wrappers around __xstat64 & co. with
-// _STAT_VER (1 on x86_64).
-int __wrap_stat64(const char* p, struct stat64* b) { return mooring_old___xstat64(1, p, b); }
-int __wrap_lstat64(const char* p, struct stat64* b) { return mooring_old___lxstat64(1, p, b); }
-int __wrap_fstat64(int fd, struct stat64* b) { return mooring_old___fxstat64(1, fd, b); }
+// _STAT_VER (1 on x86_64, 0 on aarch64).
+int __wrap_stat64(const char* p, struct stat64* b) { return mooring_old___xstat64(MOORING_STAT_VER, p, b); }
+int __wrap_lstat64(const char* p, struct stat64* b) { return mooring_old___lxstat64(MOORING_STAT_VER, p, b); }
+int __wrap_fstat64(int fd, struct stat64* b) { return mooring_old___fxstat64(MOORING_STAT_VER, fd, b); }
 
 // pthread_cond_clockwait exists only from glibc 2.30, so it is always emulated:
 // libstdc++ calls it for std::condition_variable waits on steady_clock (CLOCK_MONOTONIC)
