@@ -90,7 +90,8 @@ export type {
 } from './attachment/attachment-ticket.js';
 export type { AccessMode, AttachmentDecision, AttachmentInput } from './attachment/attachment-reconciler.js';
 export { LocalDataEngine } from './data-engine/local-data-engine.js';
-export type { LocalDataEngineOptions, DataEngineRepairOptions, EngineIoStats, LocalDataEngineIoStats, NbdIoStats, NbdOpStats, ReplicaServerStats } from './data-engine/local-data-engine.js';
+export type { LocalDataEngineOptions, DataEngineRepairOptions, EngineIoStats, LocalDataEngineIoStats, NbdIoStats, NbdOpStats } from './data-engine/local-data-engine.js';
+export type { ReplicaServerStats } from './native/replica-server-stats.js';
 // --- metrics (Prometheus, prom-client) ---
 export { MooringMetrics, DataEngineMetrics } from './metrics/index.js';
 export type { MooringMetricsOptions, MetricsOptions } from './metrics/index.js';

@@ -12,6 +12,8 @@
  * - Buffers handed to `write` are pinned by the native side until the promise settles.
  */
 
+import type { ReplicaServerStats } from './replica-server-stats.js';
+
 /**
  * Replica mode as the engine sees it.
  *
@@ -185,34 +187,8 @@ export interface NativeReplicaServerOptions {
   bufferBytesMax?: number;
 }
 
-export interface NativeReplicaServerStats {
-  /** Connections accepted. */
-  connectionsTotal: number;
-  /** Connections open now. */
-  connectionsOpen: number;
-  /** Requests served. */
-  requests: number;
-  /** Requests refused because they carried an older writer epoch. */
-  staleEpochRefusals: number;
-  /** Connections dropped for protocol violations. */
-  protocolErrors: number;
-  /** Connections refused UNAUTHENTICATED: no proof of the cluster secret, or a wrong one. */
-  authFailures: number;
-  /** Connections closed at accept: the server was full and had no connection in its handshake to drop. */
-  connectionsRefused: number;
-  /** Connections dropped while in their handshake to admit a new one on a full server. */
-  handshakesDropped: number;
-  /** Bytes read from replicas for peers. */
-  bytesRead: number;
-  /** Bytes written to replicas by peers. */
-  bytesWritten: number;
-  /** Request and reply bytes held now, across connections. */
-  bufferBytes: number;
-  /** The most held at once since the server started. */
-  bufferBytesPeak: number;
-  /** Requests that waited for the budget (back-pressure). */
-  bufferWaits: number;
-}
+/** The replica server's counters (one definition with the public API's). */
+export type NativeReplicaServerStats = ReplicaServerStats;
 
 export interface NativeReplicaServer {
   /** Bound TCP port. */

@@ -4,7 +4,7 @@
 // GLIBCXX_/CXXABI_ version at all (libstdc++ is linked statically). objdump -T (binutils)
 // reads the version tags; without it the test fails. See docs/dependencies.md, "glibc floor".
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { repoRoot, requireBuilt } from '../system/helpers/tools.js';
