@@ -150,8 +150,12 @@ export class EvictionController {
     const replicas = await this.state.replicas(volume);
     const old = replicas.find((r) => r.id === oldId);
     if (!old) return;
+    // RW as the engine sees it now, not as last recorded.
+    const info = await this.state.hosts.probe(eng.hostId, volume);
+    if (typeof info === 'string') return;
+    const rw = new Set(info.replicas.filter((r) => r.mode === 'RW').map((r) => r.id));
     const evicting = await this.state.evictingHosts();
-    const elsewhere = replicas.filter((r) => !evicting.has(r.hostId) && r.mode === 'RW').length;
+    const elsewhere = replicas.filter((r) => !evicting.has(r.hostId) && rw.has(r.id)).length;
     if (elsewhere >= vol.replicaCount) await this.repair.retire(eng, vol, old, true);
     else if (target !== null) await this.repair.replace(eng, vol, old, target, true);
   }

@@ -6,6 +6,7 @@
 // replacement wait.
 import { afterEach, describe, expect, it } from 'vitest';
 
+import { MooringError } from '../../../src/errors.js';
 import { Mooring } from '../../../src/mooring.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
 import { FakeDataEngine } from '../fakes/fake-data-engine.js';
@@ -78,6 +79,24 @@ describe('host eviction', () => {
     await cluster.repairOnce();
     expect(await placement(cluster, 'v')).toEqual(['a', 'c', 'd']);
     expect(events).toContainEqual(['host-evicted', { hostId: 'b' }]);
+  });
+
+  it('a pass that added the new replica but could not retire the old one only retires it next time', async () => {
+    const { hosts, cluster, events } = await setup(4);
+    await cluster.createVolume({ name: 'v', sizeBytes: SIZE, replicas: 3, hosts: ['a', 'b', 'c'] });
+    await cluster.volume('v').attach({ host: 'a' });
+    const engineHost = hosts[0]!;
+    const remove = engineHost.removeReplica.bind(engineHost);
+    engineHost.removeReplica = () => Promise.reject(new MooringError('UNAVAILABLE', 'the engine host is busy'));
+    await cluster.evictHost('c');
+    await cluster.repairOnce();
+    expect(await placement(cluster, 'v')).toEqual(['a', 'b', 'c', 'd']); // added on d, c kept (still written)
+    expect(events.some(([e, x]) => e === 'warning' && String((x as Error).message).includes('busy'))).toBe(true);
+    engineHost.removeReplica = remove;
+    await cluster.repairOnce();
+    expect(await placement(cluster, 'v')).toEqual(['a', 'b', 'd']);
+    expect(hosts[3]!.replicas.size).toBe(1); // no second new replica
+    expect(events).toContainEqual(['host-evicted', { hostId: 'c' }]);
   });
 
   it('refuses a host that never answered, and bad ids', async () => {
