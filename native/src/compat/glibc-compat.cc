@@ -247,16 +247,26 @@ int __wrap_stat64(const char* p, struct stat64* b) { return mooring_old___xstat6
 int __wrap_lstat64(const char* p, struct stat64* b) { return mooring_old___lxstat64(MOORING_STAT_VER, p, b); }
 int __wrap_fstat64(int fd, struct stat64* b) { return mooring_old___fxstat64(MOORING_STAT_VER, fd, b); }
 
-// pthread_cond_clockwait exists only from glibc 2.30, so it is always emulated:
-// libstdc++ calls it for std::condition_variable waits on steady_clock (CLOCK_MONOTONIC)
-// and system_clock (CLOCK_REALTIME) deadlines. Assumption: the condvar uses the default
-// clock, CLOCK_REALTIME (std::condition_variable never sets a condattr clock; nor does
-// our code). A CLOCK_REALTIME deadline is passed on as is; any other clock's deadline is
-// turned into "now on CLOCK_REALTIME + time left on that clock". A wall-clock step
-// during the wait makes it return early or late; callers (libstdc++'s wait_until loop,
-// our predicates) re-check their own clock and wait again, as for a spurious wakeup.
+// pthread_cond_clockwait exists only from glibc 2.30: libstdc++ calls it for
+// std::condition_variable waits on steady_clock (CLOCK_MONOTONIC) and system_clock
+// (CLOCK_REALTIME) deadlines. Where the running glibc has it (looked up once, by name, so
+// no version is required at load), it is called: monotonic waits stay immune to wall-clock
+// steps. Before 2.30 it is emulated. Assumption: the condvar uses the default clock,
+// CLOCK_REALTIME (std::condition_variable never sets a condattr clock; nor does our code).
+// A CLOCK_REALTIME deadline is passed on as is; any other clock's deadline is turned into
+// "now on CLOCK_REALTIME + time left on that clock". A wall-clock step during such a wait
+// makes it return early or late; callers (libstdc++'s wait_until loop, our predicates)
+// re-check their own clock and wait again, as for a spurious wakeup.
+typedef int (*mooring_clockwait_fn)(pthread_cond_t*, pthread_mutex_t*, clockid_t, const struct timespec*);
+static mooring_clockwait_fn mooring_running_clockwait() {
+  static const mooring_clockwait_fn fn =
+      reinterpret_cast<mooring_clockwait_fn>(mooring_old_dlsym(RTLD_DEFAULT, "pthread_cond_clockwait"));
+  return fn;
+}
+
 int __wrap_pthread_cond_clockwait(pthread_cond_t* c, pthread_mutex_t* m, clockid_t clock,
                                   const struct timespec* abstime) {
+  if (mooring_clockwait_fn fn = mooring_running_clockwait()) return fn(c, m, clock, abstime);
   if (clock == CLOCK_REALTIME) return pthread_cond_timedwait(c, m, abstime);
   struct timespec now_clock, now_real;
   clock_gettime(clock, &now_clock);
