@@ -84,7 +84,12 @@ export type NativeEngineEvent =
   | ({ type: 'rebuild-completed' } & NativeRebuildFigures)
   | ({ type: 'rebuild-failed'; errno: number; message: string } & NativeRebuildFigures)
   /** exportSnapshot/copySnapshotTo: data bytes of the snapshot handled so far, of totalBytes (every 64 MiB). */
-  | { type: 'snapshot-copy-progress'; snapshot: string; copiedBytes: number; totalBytes: number };
+  | { type: 'snapshot-copy-progress'; snapshot: string; copiedBytes: number; totalBytes: number }
+  /**
+   * A salvage start (NativeEngineOptions.salvage) serves from replica `replicaId`, last RW in
+   * `lastRw` (null: none recorded); `complete`: every acknowledged write is known to be on it.
+   */
+  | { type: 'salvaged'; replicaId: string; lastRw: { epoch: number; generation: number } | null; complete: boolean; message: string };
 
 /**
  * Mutual TLS material, PEM text. Enabled when all three are given.
@@ -259,6 +264,13 @@ export interface NativeEngineOptions {
    * serves nothing (data-path calls reject with INVALID_STATE, errno EPERM) until activate().
    */
   standby?: boolean;
+  /**
+   * Salvage (docs/salvage.md; not with standby): the caller asserts that the volume's
+   * replicas not given are gone for good. No majority of the latest replica set is needed
+   * to start; with no claimed RW replica of it, the replica whose last RW set is newest
+   * serves. A 'salvaged' event names the source and whether data may be missing.
+   */
+  salvage?: boolean;
   /**
    * The writer epoch to claim (required unless standby): allocated by the caller, unique to
    * this engine, above every epoch a replica promised (else STALE_EPOCH). docs/single-writer.md.
@@ -583,8 +595,13 @@ export interface NativeReplica {
   grow(sizeBytes: number): Promise<void>;
   /** Promise `epoch` (above epoch(), else STALE_EPOCH); resolves to the replica set stored here, or null. */
   claimEpoch(epoch: number): Promise<NativeReplicaSet | null>;
-  /** Store a replica set (its epoch must be epoch() and it must be newer than the stored one, else STALE_EPOCH). */
-  setReplicaSet(set: NativeReplicaSet): Promise<void>;
+  /**
+   * Store a replica set (its epoch must be epoch() and it must be newer than the stored one,
+   * else STALE_EPOCH); `selfRw`: this replica is RW in it, so it becomes the replica's last RW set.
+   */
+  setReplicaSet(set: NativeReplicaSet, selfRw?: boolean): Promise<void>;
+  /** The newest replica set stored here in which this replica was RW, or null. */
+  lastRw(): Promise<{ epoch: number; generation: number } | null>;
   read(offset: number, length: number): Promise<Buffer>;
   /** Write as the writer of `epoch`; rejects with STALE_EPOCH unless it is epoch(). */
   write(epoch: number, offset: number, data: Uint8Array): Promise<void>;

@@ -81,7 +81,7 @@ function handshakeCase(rng: Rng): { what: string; bytes: Buffer; want: 'drop' | 
 function txCase(rng: Rng, seq: number, home: number): { what: string; req: Request; want: Expect; verify?: Buffer } {
   const off = home + rng.int(64) * 4096;
   const PE = CodeNum.PROTOCOL_ERROR;
-  switch (rng.int(24)) {
+  switch (rng.int(26)) {
     case 0: {
       const data = rng.bytes(4096);
       return { what: 'good write', req: { op: Op.WRITE, seq, offset: off, length: 4096, payload: data }, want: 'ok' };
@@ -133,6 +133,11 @@ function txCase(rng: Rng, seq: number, home: number): { what: string; req: Reque
       return { what: 'grow to a smaller or unaligned size', req: { op: Op.GROW, seq, length: rng.pick([0, 4096, SIZE - 4096, SIZE + 1 + rng.int(4095)]) }, want: CodeNum.INVALID_ARGUMENT };
     case 22:
       return { what: 'grow with a payload', req: { op: Op.GROW, seq, length: SIZE, payload: rng.bytes(1 + rng.int(16)) }, want: PE };
+    case 23:
+      return { what: 'last-rw with a payload', req: { op: Op.LAST_RW, seq, payload: rng.bytes(1 + rng.int(16)) }, want: PE };
+    case 24:
+      // SELF_RW belongs to SET_REPLICA_SET alone.
+      return { what: 'self-rw flag on another op', req: { op: rng.pick([Op.READ, Op.FLUSH, Op.CLAIM_EPOCH, Op.LAST_RW]), seq, flags: 16, offset: 0, length: 0 }, want: PE };
     default: {
       // Random header fields on a random op, small random payload: any coded answer.
       const op = 2 + rng.int(24);

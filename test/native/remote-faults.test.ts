@@ -92,6 +92,45 @@ describe('remote replica faults', () => {
     await expectIdentical([hosts[0]!.root, hosts[2]!.root], model);
   });
 
+  it('a replica dropped from rw keeps its last RW set while it stores the later sets, over the wire', async () => {
+    hosts = await startHosts(s, 3, SIZE);
+    const members = ['m0', 'm1', 'm2'];
+    const e1 = nextEpoch();
+    const first = await addon().openEngine({ replicas: hosts.map((h) => endpoint(h.server.port)), members, epoch: e1 });
+    cleanups.push(() => first.close());
+    await first.write(0, pattern(1, 4096));
+    await hosts[1]!.server.close(); // m1 goes away; the next write drops it: set e1/2 without it
+    await first.write(4096, pattern(2, 4096));
+    await waitFor('m1 ERR', () => first.replicas()[1]!.mode === 'ERR');
+    await first.close();
+    cleanups.length = 0;
+    // m1 comes back; the next engine finds it outside rw, opens it ERR, and stores its first
+    // set on every member, m1 included.
+    hosts[1]!.server = await addon().startReplicaServer({ root: hosts[1]!.root });
+    const e2 = nextEpoch();
+    const second = await addon().openEngine({ replicas: hosts.map((h) => endpoint(h.server.port)), members, epoch: e2 });
+    cleanups.push(() => second.close());
+    expect(second.replicas().map((r) => r.mode)).toEqual(['RW', 'ERR', 'RW']);
+    await second.close();
+    cleanups.length = 0;
+    await closeAll(hosts);
+    const seen: unknown[] = [];
+    for (const h of hosts) {
+      const r = await addon().openReplica(join(h.root, 'vol'));
+      try {
+        seen.push({ lastRw: await r.lastRw(), stored: await r.claimEpoch(e2 + 1000) });
+      } finally {
+        await r.close();
+      }
+    }
+    const stored = { epoch: e2, generation: 1, members, rw: ['m0', 'm2'] };
+    expect(seen).toEqual([
+      { lastRw: { epoch: e2, generation: 1 }, stored },
+      { lastRw: { epoch: e1, generation: 1 }, stored }, // RW last in the first engine's first set
+      { lastRw: { epoch: e2, generation: 1 }, stored },
+    ]);
+  });
+
   it('fails a replica whose server stops answering within the I/O timeout, without failing the write', async () => {
     hosts = await startHosts(s, 3, SIZE);
     const proxy = new FrameProxy(hosts[2]!.server.port);

@@ -45,6 +45,7 @@ export const Op = {
   CLIENT_FEATURES: 26,
   AUTH: 27,
   AUTH_PROOF: 28,
+  LAST_RW: 29,
 } as const;
 
 /** Code numbers as util/status.h lists them. */

@@ -352,6 +352,41 @@ describe('native replica store (real addon)', () => {
       });
     });
 
+    it('records the newest set in which the engine said it is RW, and keeps it through later sets where it is not', async () => {
+      const dir = s.path('last-rw');
+      await addon().createReplica(dir, MiB);
+      const set = { epoch: 3, generation: 1, members: ['a', 'b', 'c'], rw: ['a', 'b', 'c'] };
+      await withReplica(dir, async (r) => {
+        expect(await r.lastRw()).toBeNull(); // a new replica was never RW in a set
+        await r.claimEpoch(3);
+        await r.setReplicaSet(set); // stored without the engine saying it is RW here
+        expect(await r.lastRw()).toBeNull();
+        await r.setReplicaSet(set, true); // a retry of the same set that does say so records it
+        expect(await r.lastRw()).toEqual({ epoch: 3, generation: 1 });
+        await r.setReplicaSet({ ...set, generation: 2, rw: ['a', 'b'] }, true);
+        expect(await r.lastRw()).toEqual({ epoch: 3, generation: 2 });
+        // Dropped from rw (say it was 'c'): the sets it stores afterwards do not move the record.
+        await r.setReplicaSet({ ...set, generation: 3, rw: ['a'] }, false);
+        expect(await r.lastRw()).toEqual({ epoch: 3, generation: 2 });
+        // A refused set changes nothing.
+        expect(await codeOf(r.setReplicaSet({ ...set, generation: 2 }, true))).toBe('STALE_EPOCH');
+        expect(await r.lastRw()).toEqual({ epoch: 3, generation: 2 });
+        expect(await codeOf(r.setReplicaSet(set, 'yes' as unknown as boolean))).toBe('INVALID_ARGUMENT');
+      });
+      // Durable, and a later engine's sets keep it until one says RW again.
+      await withReplica(dir, async (r) => {
+        expect(await r.lastRw()).toEqual({ epoch: 3, generation: 2 });
+        await r.claimEpoch(4);
+        expect(await r.lastRw()).toEqual({ epoch: 3, generation: 2 }); // a claim is not a set
+        await r.setReplicaSet({ ...set, epoch: 4, rw: ['a'] });
+        expect(await r.lastRw()).toEqual({ epoch: 3, generation: 2 });
+        await r.setReplicaSet({ ...set, epoch: 4, generation: 2 }, true);
+      });
+      await withReplica(dir, async (r) => {
+        expect(await r.lastRw()).toEqual({ epoch: 4, generation: 2 });
+      });
+    });
+
     it('refuses writes from an older epoch and changes nothing', async () => {
       const dir = s.path('fence');
       await addon().createReplica(dir, MiB);
@@ -604,6 +639,10 @@ describe('native replica store (real addon)', () => {
       ['replica set RW outside its members', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: ['a'], rw: ['b'] } })],
       ['replica set member as a path', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: ['../x'], rw: [] } })],
       ['replica set of 33 members', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: Array.from({ length: 33 }, (_, i) => `m${i}`), rw: [] } })],
+      ['last RW set above the stored set', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: ['a'], rw: ['a'] }, lastRw: { epoch: 3, generation: 2 } })],
+      ['last RW set without a stored set', (_d, m) => ({ ...m, epoch: 3, lastRw: { epoch: 1, generation: 1 } })],
+      ['last RW set of generation 0', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: ['a'], rw: ['a'] }, lastRw: { epoch: 3, generation: 0 } })],
+      ['last RW set of wrong types', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: 1, members: ['a'], rw: ['a'] }, lastRw: [3, 1] })],
       ['replica set of wrong types', (_d, m) => ({ ...m, epoch: 3, replicaSet: { epoch: 3, generation: '1', members: 'a', rw: null } })],
       [
         'missing layer file',

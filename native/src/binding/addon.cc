@@ -75,6 +75,8 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
     Napi::Value cb = o.Get("onEvents");
     if (!cb.IsUndefined() && !cb.IsFunction()) throw ArgError("options.onEvents", "a function");
     const bool standby = ToBool(o.Get("standby"), "options.standby", false);
+    const bool salvage = ToBool(o.Get("salvage"), "options.salvage", false);
+    if (standby && salvage) throw ArgError("options.salvage", "false for a standby engine");
     const uint64_t epoch = o.Get("epoch").IsUndefined() ? 0 : ToUint(o.Get("epoch"), "options.epoch");
     const uint32_t hold_ms = o.Get("quorumHoldMs").IsUndefined()
                                  ? Engine::Options{}.quorum_hold_ms
@@ -94,9 +96,10 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
     auto opened = std::make_shared<std::shared_ptr<Engine>>();
     return new TaskWorker(
         env,
-        [endpoints, events, opened, standby, epoch, hold_ms, members]() -> Status {
+        [endpoints, events, opened, standby, salvage, epoch, hold_ms, members]() -> Status {
           Engine::Options eo;
           eo.standby = standby;
+          eo.salvage = salvage;
           eo.epoch = epoch;
           eo.quorum_hold_ms = hold_ms;
           eo.members = members;

@@ -112,6 +112,21 @@ void EventQueue::Deliver(Napi::Env env, Napi::Function cb, const std::vector<Eng
         o.Set("copiedBytes", Napi::Number::New(env, static_cast<double>(e.bytes)));
         o.Set("totalBytes", Napi::Number::New(env, static_cast<double>(e.total_bytes)));
         break;
+      case EngineEvent::Type::kSalvaged: {
+        o.Set("type", "salvaged");
+        o.Set("replicaId", e.replica_id);
+        Napi::Value last = env.Null();
+        if (e.epoch != 0) {
+          Napi::Object lr = Napi::Object::New(env);
+          lr.Set("epoch", Napi::Number::New(env, static_cast<double>(e.epoch)));
+          lr.Set("generation", Napi::Number::New(env, static_cast<double>(e.generation)));
+          last = lr;
+        }
+        o.Set("lastRw", last);
+        o.Set("complete", Napi::Boolean::New(env, e.bytes != 0));
+        o.Set("message", e.message);
+        break;
+      }
     }
     if (e.type == EngineEvent::Type::kReplicaError) o.Set("message", e.message);
     arr.Set(static_cast<uint32_t>(i), o);

@@ -25,6 +25,7 @@ Napi::Function ReplicaWrap::Define(Napi::Env env) {
                                   Method<W, &W::Clean>(env, "clean"),
                                   Method<W, &W::ClaimEpoch>(env, "claimEpoch"),
                                   Method<W, &W::SetReplicaSet>(env, "setReplicaSet"),
+                                  Method<W, &W::LastRw>(env, "lastRw"),
                                   Method<W, &W::Read>(env, "read"),
                                   Method<W, &W::Write>(env, "write"),
                                   Method<W, &W::Flush>(env, "flush"),
@@ -114,8 +115,28 @@ Napi::Value ReplicaWrap::SetReplicaSet(const Napi::CallbackInfo& info) {
       for (uint32_t i = 0; i < a.Length(); ++i)
         names->push_back(ToStr(a.Get(i), std::string("replicaSet.") + key, 1, ReplicaSet::kMaxNameBytes));
     }
+    const Napi::Value self = info.Length() > 1 ? info[1] : info.Env().Undefined();
+    if (!self.IsUndefined() && !self.IsBoolean()) throw ArgError("selfRw", "a boolean");
+    const bool self_rw = self.IsBoolean() && self.As<Napi::Boolean>().Value();
     auto replica = replica_;
-    return PinnedTask(info, [replica, set]() { return replica->SetReplicaSet(set); });
+    return PinnedTask(info, [replica, set, self_rw]() { return replica->SetReplicaSet(set, self_rw); });
+  });
+}
+
+Napi::Value ReplicaWrap::LastRw(const Napi::CallbackInfo& info) {
+  return RunPromise(info.Env(), [&]() -> PromiseWorker* {
+    CheckOpen();
+    auto replica = replica_;
+    auto last = std::make_shared<ReplicaSetId>();
+    return PinnedTask(
+        info, [replica, last]() { return replica->LastRw(last.get()); },
+        [last](Napi::Env env) -> Napi::Value {
+          if (last->empty()) return env.Null();
+          Napi::Object o = Napi::Object::New(env);
+          o.Set("epoch", JsNum(env, last->epoch));
+          o.Set("generation", JsNum(env, last->generation));
+          return o;
+        });
   });
 }
 

@@ -52,6 +52,7 @@ class ReplicaWrap : public Napi::ObjectWrap<ReplicaWrap> {
   Napi::Value Clean(const Napi::CallbackInfo& info);
   Napi::Value ClaimEpoch(const Napi::CallbackInfo& info);
   Napi::Value SetReplicaSet(const Napi::CallbackInfo& info);
+  Napi::Value LastRw(const Napi::CallbackInfo& info);
   Napi::Value Read(const Napi::CallbackInfo& info);
   Napi::Value Write(const Napi::CallbackInfo& info);
   Napi::Value Flush(const Napi::CallbackInfo& info);

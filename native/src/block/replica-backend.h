@@ -88,10 +88,17 @@ class ReplicaBackend {
   virtual Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored, bool* was_clean) = 0;
   // Durably stores `set` as this replica's replica set. Refused with kStaleEpoch unless
   // set.epoch == epoch() and `set` is newer than the stored one (the same set again is
-  // accepted: a retry). kInvalidArgument for a malformed set.
-  virtual Status SetReplicaSet(const ReplicaSet& set) = 0;
+  // accepted: a retry). kInvalidArgument for a malformed set. `self_rw`: this replica is RW
+  // in `set` (the engine knows its member name; the replica does not), so the replica
+  // records the set as its last RW one (see LastRw); a replica server that predates the
+  // record stores the set without it.
+  virtual Status SetReplicaSet(const ReplicaSet& set, bool self_rw) = 0;
   // The stored replica set (empty if none), without claiming anything; refreshes epoch().
   virtual Status PeekReplicaSet(ReplicaSet* out) = 0;
+  // The newest replica set stored here in which this replica was RW (empty if none):
+  // salvage ranks replicas by it (docs/salvage.md). kUnsupported from a replica server
+  // that predates the record.
+  virtual Status LastRw(ReplicaSetId* out) = 0;
   // Durably marks the replica clean. Caller has flushed and will write no more.
   virtual Status MarkClean(uint64_t epoch) = 0;
   // Grows the replica to size_bytes (a multiple of 4096, at most 2^60): every layer file

@@ -40,6 +40,20 @@ struct ReplicaSet {
   static bool ValidName(const std::string& n);
 };
 
+// Names one replica set: (epoch, generation); epoch 0 means none.
+struct ReplicaSetId {
+  uint64_t epoch = 0;
+  uint64_t generation = 0;
+
+  bool empty() const { return epoch == 0; }
+  bool operator==(const ReplicaSetId& o) const { return epoch == o.epoch && generation == o.generation; }
+  bool operator!=(const ReplicaSetId& o) const { return !(*this == o); }
+  bool operator<(const ReplicaSetId& o) const {
+    return epoch != o.epoch ? epoch < o.epoch : generation < o.generation;
+  }
+  static ReplicaSetId Of(const ReplicaSet& s) { return ReplicaSetId{s.epoch, s.generation}; }
+};
+
 // True when more than half of `members` are in `answered`.
 bool HasMajority(const std::vector<std::string>& members, const std::set<std::string>& answered);
 

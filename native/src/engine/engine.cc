@@ -131,7 +131,8 @@ class ReplicatedEngine final : public Engine {
         open_epoch_(opts.epoch),
         quorum_hold_ms_(opts.quorum_hold_ms),
         members_given_(opts.members.size() == opts.replicas.size()),
-        standby_(opts.standby) {
+        standby_(opts.standby),
+        salvage_(opts.salvage) {
     slots_.reserve(opts.replicas.size());
     for (size_t i = 0; i < opts.replicas.size(); ++i) {
       auto s = std::make_unique<Slot>();
@@ -269,8 +270,14 @@ class ReplicatedEngine final : public Engine {
   // Claims `e` on every reachable slot (unreachable ones and failed claims become ERR) and
   // finds the latest replica set among the answers (the legacy set when none has one).
   // kStaleEpoch if a replica promised `e` or more; kNoQuorum without a majority of the
-  // latest set's members. Caller holds gate_ exclusively.
-  Status ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev);
+  // latest set's members (unless `need_quorum` is false: salvage). Caller holds gate_
+  // exclusively.
+  Status ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev, bool need_quorum = true);
+  // Salvage at Start (Options.salvage), after the claim: keeps RW only the claimed RW
+  // replicas of `latest` if there are any, else the one with the newest last RW set; the
+  // others become ERR. Emits kSalvaged. `complete`: the claim reached a majority of
+  // latest's members and kept one of its RW replicas.
+  void ChooseSalvageSourceLocked(const ReplicaSet& latest, bool complete, Events* ev);
   // The replica set after `pending` were dropped and the replica-error events for them.
   void ReportDropped(const std::vector<size_t>& pending, Events* ev);
   // A copy of the committed replica set.
@@ -374,6 +381,7 @@ class ReplicatedEngine final : public Engine {
   std::atomic<bool> fence_pending_{false};  // unfenced_ is not empty
   // Serves nothing (opened as standby, or handed over). See the file comment.
   std::atomic<bool> standby_{false};
+  const bool salvage_;  // Options.salvage: Open's rules for a volume brought back (salvage)
   std::atomic<uint32_t> next_read_{0};
   // Writer-preferring, so a steady stream of requests cannot starve a snapshot.
   mutable RwLock gate_;
@@ -516,7 +524,10 @@ int ReplicatedEngine::CommitLocked(const ReplicaSet& prev, ReplicaSet next, bool
       if (prev.IsMember(m) || next.IsMember(m)) t.idx[t.n++] = i;
     }
     Status sts[kMaxReplicas];
-    ForEachParallel(t, [&](size_t k) { sts[k] = slots_[t.idx[k]]->backend->SetReplicaSet(next); });
+    ForEachParallel(t, [&](size_t k) {
+      const Slot& sl = *slots_[t.idx[k]];
+      sts[k] = sl.backend->SetReplicaSet(next, next.IsRw(sl.member));
+    });
     std::set<std::string> stored;
     bool dropped = false;
     for (size_t k = 0; k < t.n; ++k) {
@@ -563,7 +574,7 @@ int ReplicatedEngine::CommitLocked(const ReplicaSet& prev, ReplicaSet next, bool
   }
 }
 
-Status ReplicatedEngine::ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev) {
+Status ReplicatedEngine::ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev, bool need_quorum) {
   Targets reach;
   uint64_t before[kMaxReplicas] = {};
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -623,7 +634,7 @@ Status ReplicatedEngine::ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev)
     for (const auto& sl : slots_)
       if (!latest->IsMember(sl->member)) latest->members.push_back(sl->member);
   }
-  if (!HasMajority(latest->members, claimed)) {
+  if (need_quorum && !HasMajority(latest->members, claimed)) {
     size_t n = 0;
     for (const std::string& m : latest->members) n += claimed.count(m);
     return Status::Error(Code::kNoQuorum,
@@ -953,6 +964,7 @@ Status ReplicatedEngine::Open() {
   // (MakeOfflineReplica) reports 0 and opens as ERR.
   size_ = 0;
   for (const auto& s : slots_) size_ = std::max(size_.load(), s->backend->size());
+  if (standby_ && salvage_) return Status::Error(Code::kInvalidArgument, "a standby engine cannot salvage");
   if (standby_) return OpenStandby();
   if (open_epoch_ == 0)
     return Status::Error(Code::kInvalidArgument,
@@ -961,7 +973,7 @@ Status ReplicatedEngine::Open() {
   Events ev;
   std::unique_lock<RwLock> lk(gate_);
   ReplicaSet latest;
-  Status st = ClaimLocked(open_epoch_, &latest, &ev);
+  Status st = ClaimLocked(open_epoch_, &latest, &ev, /*need_quorum=*/!salvage_);
   if (!st.ok()) {
     lk.unlock();
     Emit(ev);
@@ -973,16 +985,20 @@ Status ReplicatedEngine::Open() {
   const std::string which = latest.empty() ? std::string("the highest epoch before this claim")
                                            : "replica set " + std::to_string(latest.epoch) + "/" +
                                                  std::to_string(latest.generation);
+  std::set<std::string> claimed;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& sl = *slots_[i];
     if (sl.mode.load() != ReplicaMode::kRW) continue;
+    claimed.insert(sl.member);
     if (sl.backend->rebuilding()) {
       MarkErr(i, -EIO, "replica " + sl.id + " was left in the middle of a rebuild: it must be rebuilt again", &ev);
-    } else if (!latest.IsRw(sl.member)) {
+    } else if (!latest.IsRw(sl.member) && !salvage_) {
       MarkErr(i, -kErrStaleEpoch, "replica " + sl.id + " (" + sl.member + ") is not RW in " + which +
                                       ": it may lack acknowledged writes and must be rebuilt", &ev);
     }
   }
+  // The latest set seen is the volume's latest only if a majority of its members answered.
+  if (salvage_) ChooseSalvageSourceLocked(latest, HasMajority(latest.members, claimed), &ev);
   CheckLayers(&ev);
   SettleSizeLocked(&ev);
 
@@ -1012,7 +1028,8 @@ Status ReplicatedEngine::Open() {
     first.members.push_back(sl->member);
     if (sl->mode.load() == ReplicaMode::kRW) first.rw.push_back(sl->member);
   }
-  const int rc = CommitLocked(latest, first, /*hold=*/false, &ev);
+  // A salvage commits over the given replicas alone: the caller asserts the others are gone.
+  const int rc = CommitLocked(salvage_ ? first : latest, first, /*hold=*/false, &ev);
   if (rc < 0) {
     lk.unlock();
     Emit(ev);
@@ -1032,6 +1049,46 @@ Status ReplicatedEngine::Open() {
   lk.unlock();
   Emit(ev);
   return Status::Ok();
+}
+
+void ReplicatedEngine::ChooseSalvageSourceLocked(const ReplicaSet& latest, bool majority, Events* ev) {
+  // Candidates: RW now (claimed, not mid-rebuild). Those in latest's rw hold everything
+  // acknowledged up to latest: they stay RW, as at a normal start.
+  std::vector<size_t> cand;
+  bool any_latest_rw = false;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i]->mode.load() != ReplicaMode::kRW) continue;
+    cand.push_back(i);
+    any_latest_rw = any_latest_rw || latest.IsRw(slots_[i]->member);
+  }
+  if (cand.empty()) return;  // Open fails with kNoHealthyReplica
+  // Rank: RW in latest first, then by last RW set (none recorded, or a server that
+  // predates the record: lowest); a tie keeps the first in member order.
+  ReplicaSetId last[kMaxReplicas];
+  size_t best = cand[0];
+  for (size_t i : cand) {
+    if (latest.IsRw(slots_[i]->member)) last[i] = ReplicaSetId::Of(latest);
+    else if (!slots_[i]->backend->LastRw(&last[i]).ok()) last[i] = ReplicaSetId{};
+    if (last[best] < last[i]) best = i;
+  }
+  for (size_t i : cand) {
+    if (i == best || (any_latest_rw && latest.IsRw(slots_[i]->member))) continue;
+    MarkErr(i, -kErrStaleEpoch, "salvage: replica " + slots_[i]->id + " (" + slots_[i]->member +
+                                    ") is not the one with the newest data; it must be rebuilt", ev);
+  }
+  const bool complete = majority && any_latest_rw;
+  const Slot& src = *slots_[best];
+  std::string why = complete ? "it is RW in the latest replica set " + std::to_string(latest.epoch) + "/" +
+                                   std::to_string(latest.generation) + ", which a majority of its members reported"
+                     : any_latest_rw ? "it is RW in the newest replica set the reachable replicas hold, but too few of "
+                                       "that set's members answered to know that no later set exists: writes "
+                                       "acknowledged after it may be missing"
+                                     : "no reachable replica is RW in the newest replica set they hold; it was RW "
+                                       "most recently: writes acknowledged after that may be missing";
+  EngineEvent e{EngineEvent::Type::kSalvaged, src.id, 0, last[best].epoch, complete ? 1u : 0u,
+                "salvage from replica " + src.id + " (" + src.member + "): " + why};
+  e.generation = last[best].generation;
+  ev->push_back(std::move(e));
 }
 
 // ---------------------------------------------------------------------------------------

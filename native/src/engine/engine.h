@@ -89,6 +89,10 @@ struct EngineEvent {
     // Raised by the binding (not the engine) while a snapshot is exported or copied
     // (engine/snapshot-reader.h): bytes = data bytes read so far, total_bytes = all of them.
     kSnapshotCopyProgress,
+    // Start with Options.salvage: replica_id = the source replica, epoch/generation = its
+    // last RW set (0: none recorded), bytes = 1 when every acknowledged write is known to
+    // be on it (the normal rules would have served from it), else 0; message says why.
+    kSalvaged,
   };
   Type type;
   std::string replica_id;  // kReplicaError, kRebuild*
@@ -147,6 +151,14 @@ class Engine : public BlockDevice {
     std::vector<std::string> members;
     // How long a request waits for a replica-set commit that lacks a majority.
     uint32_t quorum_hold_ms = 15000;
+    // Salvage (docs/salvage.md): the caller asserts that the volume's replicas not given
+    // here are gone for good, and wants the volume back from the best of these. Start then
+    // needs no majority of the latest replica set's members (only of these, to commit),
+    // and when none of the claimed replicas is RW in the latest set it serves from the one
+    // whose last RW set is newest (ReplicaBackend::LastRw). Without a claimed majority or
+    // an RW replica of the latest set, acknowledged writes may be missing: kSalvaged says
+    // so. Not for a standby.
+    bool salvage = false;
   };
 
   // Fails with kNoHealthyReplica if no replica can be used, kInvalidArgument for 0 or

@@ -626,10 +626,27 @@ Status RemoteReplica::PeekReplicaSet(ReplicaSet* out) {
   return Status::Ok();
 }
 
-Status RemoteReplica::SetReplicaSet(const ReplicaSet& set) {
+Status RemoteReplica::LastRw(ReplicaSetId* out) {
+  if (!(features_.load() & kFeatureLastRw))
+    return Status::Error(Code::kUnsupported, "replica " + id_ + " is served by a release that does not record its last RW replica set", ENOTSUP);
+  CallPtr c = NewCall(kOpLastRw, 0, 0, 0);
+  c->max_reply = 16;
+  Status st = RunStatus(c, "LAST_RW");
+  if (!st.ok()) return st;
+  PayloadReader in(c->reply_payload.data(), c->reply_payload.size());
+  ReplicaSetId last{in.U64(), in.U64()};
+  if (!in.ok() || !in.done() || (last.epoch == 0) != (last.generation == 0))
+    return Status::Error(Code::kProtocolError, "replica " + id_ + ": malformed LAST_RW reply", EPROTO);
+  *out = last;
+  return Status::Ok();
+}
+
+Status RemoteReplica::SetReplicaSet(const ReplicaSet& set, bool self_rw) {
   const std::string bad = set.Invalid();
   if (!bad.empty()) return Status::Error(Code::kInvalidArgument, bad, EINVAL);
   CallPtr c = NewCall(kOpSetReplicaSet, set.epoch, 0, 0);
+  // An older server refuses the flag: it stores the set without the record.
+  if (self_rw && (features_.load() & kFeatureLastRw)) c->h.flags |= kFlagSelfRw;
   PayloadWriter w(&c->payload);
   EncodeReplicaSet(set, &w);
   return RunStatus(c, "SET_REPLICA_SET");

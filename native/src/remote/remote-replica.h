@@ -74,8 +74,9 @@ class RemoteReplica final : public ReplicaBackend {
   bool rebuilding() const override { return rebuilding_.load(); }
 
   Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored, bool* was_clean) override;
-  Status SetReplicaSet(const ReplicaSet& set) override;
+  Status SetReplicaSet(const ReplicaSet& set, bool self_rw) override;
   Status PeekReplicaSet(ReplicaSet* out) override;
+  Status LastRw(ReplicaSetId* out) override;
   Status MarkClean(uint64_t epoch) override;
   Status Grow(uint64_t size_bytes) override;
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override;

@@ -22,7 +22,8 @@ class OfflineReplica final : public ReplicaBackend {
   bool clean() const override { return false; }
   bool rebuilding() const override { return false; }
   Status ClaimEpoch(uint64_t, ReplicaSet*, bool*) override { return Down(); }
-  Status SetReplicaSet(const ReplicaSet&) override { return Down(); }
+  Status SetReplicaSet(const ReplicaSet&, bool) override { return Down(); }
+  Status LastRw(ReplicaSetId*) override { return Down(); }
   Status PeekReplicaSet(ReplicaSet*) override { return Down(); }
   Status MarkClean(uint64_t) override { return Down(); }
   Status Grow(uint64_t) override { return Down(); }

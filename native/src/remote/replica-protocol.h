@@ -90,7 +90,11 @@ enum Op : uint8_t {
   // AUTH_PROOF carries the client's proof. Only a server with a secret accepts them.
   kOpAuth = 27,
   kOpAuthProof = 28,
-  kOpMax = 28,
+  // The replica's last RW replica set (ReplicaBackend::LastRw): no payload; the reply
+  // payload is u64 epoch, u64 generation (0, 0: none). Sent only to a server whose HELLO
+  // reply announced kFeatureLastRw.
+  kOpLastRw = 29,
+  kOpMax = 29,
 };
 
 inline const char* OpName(uint8_t op) {
@@ -99,7 +103,8 @@ inline const char* OpName(uint8_t op) {
                                       "MARK_CLEAN", "LIST_LAYERS",    "LAYER_EXTENTS", "READ_LAYER",   "SNAPSHOT",
                                       "DELETE_SNAPSHOT", "REVERT",    "ADOPT_CHAIN",   "LAYER_DIGEST", "WRITE_LAYER",
                                       "UNMAP_LAYER", "FINISH_REBUILD", "ALLOCATED_BYTES", "SET_REPLICA_SET", "PEEK_REPLICA_SET",
-                                      "GROW",       "CLIENT_FEATURES", "AUTH",   "AUTH_PROOF"};
+                                      "GROW",       "CLIENT_FEATURES", "AUTH",   "AUTH_PROOF",
+                                      "LAST_RW"};
   return op <= kOpMax ? names[op] : "?";
 }
 
@@ -108,7 +113,10 @@ constexpr uint16_t kFlagFua = 1;        // WRITE, WRITE_ZEROES
 constexpr uint16_t kFlagMayTrim = 2;    // WRITE_ZEROES
 constexpr uint16_t kFlagFastOnly = 4;   // WRITE_ZEROES
 constexpr uint16_t kFlagUserCreated = 8;  // SNAPSHOT
-constexpr uint16_t kFlagsKnown = 15;
+// SET_REPLICA_SET: the receiving replica is RW in the set (records it as its last RW set).
+// Sent only to a server that announced kFeatureLastRw (an older one refuses the flag).
+constexpr uint16_t kFlagSelfRw = 16;
+constexpr uint16_t kFlagsKnown = 31;
 
 // Reply state bits (valid only with kStateValid).
 constexpr uint16_t kStateValid = 0x8000;
@@ -419,7 +427,9 @@ constexpr uint64_t kFeatureGrow = 1;
 // GOAWAY. From a server: it knows kOpClientFeatures and may send GOAWAY to clients that
 // announced this bit with it. From a client (in CLIENT_FEATURES): it handles GOAWAY.
 constexpr uint64_t kFeatureGoAway = 2;
-constexpr uint64_t kFeaturesKnown = kFeatureGrow | kFeatureGoAway;
+// The server knows kOpLastRw and kFlagSelfRw.
+constexpr uint64_t kFeatureLastRw = 4;
+constexpr uint64_t kFeaturesKnown = kFeatureGrow | kFeatureGoAway | kFeatureLastRw;
 
 // GOAWAY: a reply frame with seq 0 and this code (outside util/status.h's Code range, so no
 // client that did not ask for it could take it for an answer), errno 0, no payload. The

@@ -441,6 +441,7 @@ void ReplicaServerConnection::Dispatch(Request* r) {
   if (h.op == kOpWrite) allowed = kFlagFua;
   if (h.op == kOpWriteZeroes) allowed = kFlagFua | kFlagMayTrim | kFlagFastOnly;
   if (h.op == kOpSnapshot) allowed = kFlagUserCreated;
+  if (h.op == kOpSetReplicaSet) allowed = kFlagSelfRw;
   if (h.reserved != 0 || (h.flags & ~allowed)) return bad("unknown flags or reserved bits set");
   auto no_payload = [&]() {
     if (h.payload_len == 0) return true;
@@ -538,7 +539,19 @@ void ReplicaServerConnection::Dispatch(Request* r) {
       if (!DecodeReplicaSet(&in, &set)) return bad("malformed replica set");
       if (!finished()) return;
       if (set.epoch != h.epoch) return bad("replica set epoch differs from the header's");
-      SetStatus(r, rep->SetReplicaSet(set));
+      SetStatus(r, rep->SetReplicaSet(set, (h.flags & kFlagSelfRw) != 0));
+      return SetState(r);
+    }
+    case kOpLastRw: {
+      if (!no_payload()) return;
+      ReplicaSetId last;
+      Status st = rep->LastRw(&last);
+      SetStatus(r, st);
+      if (st.ok()) {
+        PayloadWriter w(&r->reply_payload);
+        w.U64(last.epoch);
+        w.U64(last.generation);
+      }
       return SetState(r);
     }
     case kOpMarkClean:

@@ -237,6 +237,13 @@ Status ReplicaMetadata::Parse(const std::string& text, ReplicaMetadata* out) {
     m.backing_image = std::move(ref);
   }
   if (j.contains("replicaSet")) RETURN_IF_ERROR(ParseReplicaSet(j["replicaSet"], &m.replica_set));
+  if (j.contains("lastRw")) {
+    const Json& lr = j["lastRw"];
+    if (!lr.is_object()) return Corrupt("lastRw: must be an object");
+    RETURN_IF_ERROR(GetU64(lr, "epoch", "lastRw: ", &m.last_rw.epoch));
+    RETURN_IF_ERROR(GetU64(lr, "generation", "lastRw: ", &m.last_rw.generation));
+    if (m.last_rw.epoch == 0 || m.last_rw.generation == 0) return Corrupt("lastRw: epoch and generation must be positive");
+  }
   RETURN_IF_ERROR(GetString(j, "head", "", &m.head));
   RETURN_IF_ERROR(GetU64(j, "nextLayerId", "", &v));
   if (v == 0 || v >= std::numeric_limits<uint32_t>::max())
@@ -273,6 +280,9 @@ Status ReplicaMetadata::Validate() const {
       return Corrupt("replicaSet: epoch " + std::to_string(replica_set.epoch) + " is above the replica's epoch " +
                      std::to_string(epoch));
   }
+  if (!last_rw.empty() && (replica_set.empty() || ReplicaSetId::Of(replica_set) < last_rw))
+    return Corrupt("lastRw: " + std::to_string(last_rw.epoch) + "/" + std::to_string(last_rw.generation) +
+                   " is above the stored replica set");
   if (layers.empty()) return Corrupt("no layers");
   if (!Find(head)) return Corrupt("head '" + head.substr(0, 64) + "' is not a layer");
   std::set<std::string> ids;
@@ -355,6 +365,7 @@ std::string ReplicaMetadata::Serialize() const {
                             {"generation", replica_set.generation},
                             {"members", replica_set.members},
                             {"rw", replica_set.rw}};
+  if (!last_rw.empty()) j["lastRw"] = OJson{{"epoch", last_rw.epoch}, {"generation", last_rw.generation}};
   j["head"] = head;
   j["nextLayerId"] = next_layer_num;
   j["layers"] = layers_json;

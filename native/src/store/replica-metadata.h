@@ -69,6 +69,12 @@ struct ReplicaMetadata {
   // file ("replicaSet": {...}); absent = none, so replicas written before the protocol open
   // unchanged. Its epoch is never above `epoch`.
   ReplicaSet replica_set;
+  // The newest replica set stored here in which this replica was RW (the engine says so
+  // when it stores the set): the replica holds every write acknowledged up to that set.
+  // A replica dropped from rw keeps storing later sets, so replica_set alone cannot tell
+  // how fresh its data is; salvage (docs/salvage.md) ranks replicas by this. Optional in
+  // the file ("lastRw": {"epoch", "generation"}), absent = none; never above replica_set.
+  ReplicaSetId last_rw;
   std::string head;
   uint32_t next_layer_num = 1;
   std::vector<LayerRecord> layers;  // ordered by num (bottom first)

@@ -19,7 +19,10 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   bool clean() const override { return r_->clean(); }
   bool rebuilding() const override { return r_->rebuilding(); }
   Status ClaimEpoch(uint64_t e, ReplicaSet* stored, bool* was_clean) override { return Live() ? (WriterScope(token_), r_->ClaimEpoch(e, stored, was_clean)) : Closed(); }
-  Status SetReplicaSet(const ReplicaSet& set) override { return Live() ? r_->SetReplicaSet(set) : Closed(); }
+  Status SetReplicaSet(const ReplicaSet& set, bool self_rw) override {
+    return Live() ? r_->SetReplicaSet(set, self_rw) : Closed();
+  }
+  Status LastRw(ReplicaSetId* out) override { return Live() ? r_->LastRw(out) : Closed(); }
   Status PeekReplicaSet(ReplicaSet* out) override { return Live() ? r_->PeekReplicaSet(out) : Closed(); }
   Status MarkClean(uint64_t e) override { return Live() ? r_->MarkClean(e) : Closed(); }
   Status Grow(uint64_t size_bytes) override { return Live() ? r_->Grow(size_bytes) : Closed(); }

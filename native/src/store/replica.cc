@@ -336,7 +336,15 @@ Status Replica::PeekReplicaSet(ReplicaSet* out) {
   return Status::Ok();
 }
 
-Status Replica::SetReplicaSet(const ReplicaSet& set) {
+Status Replica::LastRw(ReplicaSetId* out) {
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> g(meta_mu_);
+  *out = meta_.last_rw;
+  return Status::Ok();
+}
+
+Status Replica::SetReplicaSet(const ReplicaSet& set, bool self_rw) {
   // ctl_mu_ orders it with ClaimEpoch (a claim and a store never interleave); the data
   // path is not involved.
   std::lock_guard<std::mutex> ctl(ctl_mu_);
@@ -353,14 +361,19 @@ Status Replica::SetReplicaSet(const ReplicaSet& set) {
     std::lock_guard<std::mutex> g(meta_mu_);
     m = meta_;
   }
-  if (m.replica_set == set) return Status::Ok();  // a retry
-  if (!set.NewerThan(m.replica_set))
+  const ReplicaSetId id = ReplicaSetId::Of(set);
+  if (m.replica_set == set) {
+    // A retry: the same set again (recorded as the last RW one if the first call was not).
+    if (!self_rw || m.last_rw == id) return Status::Ok();
+  } else if (!set.NewerThan(m.replica_set)) {
     return Status::Error(Code::kStaleEpoch, "replica " + dir_ + ": replica set " + std::to_string(set.epoch) + "/" +
                                                 std::to_string(set.generation) + " is not newer than the stored " +
                                                 std::to_string(m.replica_set.epoch) + "/" +
                                                 std::to_string(m.replica_set.generation),
                          ESTALE);
+  }
   m.replica_set = set;
+  if (self_rw) m.last_rw = id;
   return SaveMeta(m);
 }
 

@@ -85,8 +85,9 @@ class Replica : public ReplicaBackend {
   bool clean() const override { return clean_.load(); }
 
   Status ClaimEpoch(uint64_t epoch, ReplicaSet* stored, bool* was_clean) override;
-  Status SetReplicaSet(const ReplicaSet& set) override;
+  Status SetReplicaSet(const ReplicaSet& set, bool self_rw) override;
   Status PeekReplicaSet(ReplicaSet* out) override;
+  Status LastRw(ReplicaSetId* out) override;
   Status MarkClean(uint64_t epoch) override;
   Status Grow(uint64_t size_bytes) override;
 

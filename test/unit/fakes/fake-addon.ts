@@ -647,6 +647,7 @@ export class FakeAddon implements NativeAddon {
       clean: () => r.clean,
       claimEpoch: unsupported,
       setReplicaSet: unsupported,
+      lastRw: unsupported,
       grow: unsupported,
       read: unsupported,
       write: unsupported,
