@@ -44,6 +44,21 @@
  *                      c.epoch (it promises c.epoch), rather than refused
  *   STRICT_ACK_ORDER   also assert that no engine acknowledges once a newer one
  *                      serves. This does not hold (see docs/single-writer.md).
+ *   SALVAGE            the last engine is a salvage start (docs/salvage.md): when it
+ *                      starts, the replicas in GONE (default r0) are gone for good (no
+ *                      call reaches them any more, from any engine); it claims the rest,
+ *                      needs no majority of C*, keeps C*.rw & claimed if not empty, else
+ *                      serves from the claimed replica whose last RW set is newest, and
+ *                      commits over the survivors alone; when it may lose writes (no
+ *                      majority, or no replica of C*.rw) it must have claimed every
+ *                      survivor, else it stops (a lost claim reply could hide the
+ *                      freshest one). Asserted besides 1-3: (4) its
+ *                      source holds every write acknowledged while a surviving replica
+ *                      was in the committed rw (a replica may hold more, unguaranteed:
+ *                      a write that reached it after it had failed); (5) when its claim
+ *                      reached a majority of C*.members and a replica of C*.rw, nothing
+ *                      acknowledged is missing (2 as for any start). Writes held only by gone replicas may be lost otherwise:
+ *                      they are forgiven when it begins to serve, and 1-2 go on from there.
  * Deliberately broken variants, each of which must be caught:
  *   BROKEN_NO_MAJORITY a claim or commit counts as done on any one replica
  *   BROKEN_SELF_EPOCH  an engine that meets a newer epoch raises its own above it,
@@ -55,6 +70,10 @@
  *                      leaves rw, even the last one
  *   GAP_ACTIVATE_EMPTY_RW  as docs/single-writer.md first had it: Activate does not
  *                      check that the hand-over's rw & claimed is not empty
+ *   BROKEN_SALVAGE_ANY (with SALVAGE) the salvage source is any claimed replica when
+ *                      none is in C*.rw, not the one whose last RW set is newest
+ *   BROKEN_SALVAGE_PARTIAL  (with SALVAGE) a salvage that may lose writes goes on
+ *                      without claiming every survivor
  */
 
 #ifndef NR
@@ -103,6 +122,23 @@
 /* A call fails (never arrives, or its reply is lost): at most FAULTS in a run. */
 #define FAULT       (faults < FAULTS) -> faults++
 
+/* SALVAGE: replicas gone for good once the salvage engine started; a call to one never
+ * arrives (not a fault: it does not count against FAULTS). */
+#ifndef GONE
+#define GONE        1
+#endif
+#ifdef SALVAGE
+#define DOWN(r)     (gone && ((GONE >> (r)) & 1))
+#else
+#define DOWN(r)     false
+#endif
+#define SALVAGER    (SALVAGE_ON && me == NE)
+#ifdef SALVAGE
+#define SALVAGE_ON  1
+#else
+#define SALVAGE_ON  0
+#endif
+
 /* an engine raising its own epoch (BROKEN_SELF_EPOCH) stays below this */
 #define MAXEP       (NE + 3)
 
@@ -133,6 +169,8 @@ byte sGen[NR];              /*   generation, */
 byte sMem[NR];              /*   members, */
 byte sRw[NR];               /*   rw */
 short data[NR];             /* the writes it holds, one bit each */
+byte lrEp[NR];              /* the last set stored in which it was RW: epoch, */
+byte lrGen[NR];             /*   generation */
 
 /* ---- the control plane ---- */
 byte nextEpoch = 1;         /* the volume's epoch counter (compare-and-set in the store) */
@@ -143,6 +181,9 @@ byte hoEp; byte hoGen; byte hoMem; byte hoRw;
 
 /* ---- what the invariants look at ---- */
 byte faults;                /* calls failed so far */
+bool gone;                  /* SALVAGE: the replicas in GONE are gone */
+short guar[NR];             /* the writes acknowledged while it was in the committed rw */
+bool salvLossy;             /* the salvage (engine NE) may lose writes */
 short acked;                /* every write acknowledged so far */
 byte srv;                   /* engines that began to serve (bit k: engine k), */
 byte srvRw[NE + 1];         /*   and the rw each last committed */
@@ -150,13 +191,14 @@ byte srvRw[NE + 1];         /*   and the rw each last committed */
 byte maxServing;            /* the newest engine that began to serve */
 #endif
 
-/* fresh = no RW replica of the committed set is promised to a newer engine */
+/* fresh = no RW replica of the committed set is promised to a newer engine (or gone:
+ * SALVAGE) */
 inline checkFresh() {
   fresh = true; i = 0;
   do
   :: i < NR ->
      if
-     :: ((cRw >> i) & 1) && promised[i] != E -> fresh = false
+     :: ((cRw >> i) & 1) && (promised[i] != E || DOWN(i)) -> fresh = false
      :: else -> skip
      fi;
      i++
@@ -167,6 +209,12 @@ inline checkFresh() {
 
 /* At the commit that ends Start or Activate: invariants 2 and 3, then serve. */
 inline beginServing() {
+  if
+  :: lossy ->
+     printf("MSC: salvage engine %d forgives writes %d (held by gone replicas only)\n", me, acked & ~data[src]);
+     acked = acked & data[src]
+  :: else -> skip
+  fi;
   checkFresh();
   if
   :: fresh ->
@@ -188,7 +236,7 @@ inline beginServing() {
      od
   :: else -> skip
   fi;
-  i = 0; ref = 0; src = 0; fresh = false;
+  i = 0; ref = 0; src = 0; fresh = false; lossy = false;
   serving = true;
   srv = srv | BIT(me);
 #ifdef STRICT_ACK_ORDER
@@ -201,17 +249,20 @@ inline beginServing() {
          me, E, cEp, cGen, cRw, acked)
 }
 
-/* Acknowledge w: it is on every RW replica of the committed set. */
+/* Acknowledge w: it is on every RW replica of the committed set. A write acknowledged
+ * on gone replicas alone, once a salvage that may lose writes serves, is one of those
+ * it lost (`lost`: not among the acknowledged writes to keep). */
 inline ack() {
   assert(cRw != 0);                                                 /* 2 */
 #ifdef STRICT_ACK_ORDER
   assert(me >= maxServing);
 #endif
+  lost = SALVAGE_ON && me < NE && ((srv >> NE) & 1) && salvLossy && (cRw & ~GONE) == 0;
   i = me + 1;
   do
   :: i <= NE ->
      if
-     :: (srv >> i) & 1 ->
+     :: !lost && (srv >> i) & 1 ->
         ref = 0;
         do
         :: ref < NR ->
@@ -227,7 +278,7 @@ inline ack() {
   ref = 0;
   checkFresh();
   if
-  :: fresh ->
+  :: fresh && !lost ->
      do
      :: i < NR ->
         assert(((cRw >> i) & 1) == 0 || (data[i] & acked) == acked);    /* 2 */
@@ -237,9 +288,23 @@ inline ack() {
   :: else -> skip
   fi;
   i = 0; fresh = false;
-  acked = acked | w;
-  printf("MSC: engine %d (epoch %d) acknowledges write %d (on rw %d)\n", me, E, w, cRw);
-  w = 0
+  if
+  :: lost ->
+     printf("MSC: engine %d acknowledges write %d on gone replicas alone: lost\n", me, w)
+  :: else ->
+     do
+     :: i < NR ->
+        if
+        :: (cRw >> i) & 1 -> guar[i] = guar[i] | w
+        :: else -> skip
+        fi;
+        i++
+     :: else -> break
+     od;
+     acked = acked | w;
+     printf("MSC: engine %d (epoch %d) acknowledges write %d (on rw %d)\n", me, E, w, cRw)
+  fi;
+  i = 0; w = 0; lost = false
 }
 
 proctype Engine(byte me) {
@@ -258,12 +323,20 @@ proctype Engine(byte me) {
   bool act;                 /* activating from a hand-over rather than starting */
   bool mdone;               /* made its membership change (MEMBERSHIP) */
   byte seen;                /* the epoch a refusal named */
+  bool lossy;               /* SALVAGE: a salvage that may lose writes (not (5)) */
+  bool lost;                /* scratch of ack() */
 #ifdef HANDOVER
   byte hEp; byte hGen; byte hMem; byte hRw;   /* the hand-over it activates from */
 #endif
 
   /* The control plane allocates the epoch. */
-  atomic { nextEpoch == me -> E = nextEpoch; nextEpoch++ };
+  atomic {
+    nextEpoch == me -> E = nextEpoch; nextEpoch++;
+    if
+    :: SALVAGER -> gone = true; printf("MSC: replicas %d are gone; engine %d salvages\n", GONE, me)
+    :: else -> skip
+    fi
+  };
 
 #ifdef HANDOVER
   if
@@ -279,6 +352,9 @@ proctype Engine(byte me) {
        todo != 0 ->
        PICK(todo, r);
        todo = todo & ~BIT(r);
+       if
+       :: DOWN(r) -> skip
+       :: else ->
        if
        :: E > promised[r] ->
           promised[r] = E;
@@ -300,6 +376,7 @@ proctype Engine(byte me) {
           :: FAULT                                           /* the refusal lost */
           fi
        :: FAULT                                              /* never arrived */
+       fi
        fi;
        r = 0
      }
@@ -333,6 +410,7 @@ proctype Engine(byte me) {
   /* ---- Start 3: a majority of C*.members claimed, or NO_QUORUM ---- */
   if
   :: MAJ(claimed, cMem) -> skip
+  :: SALVAGER && !MAJ(claimed, cMem) -> lossy = true          /* salvage: no majority needed */
   :: else -> goto stop
   fi;
 
@@ -342,11 +420,71 @@ proctype Engine(byte me) {
 #else
   tRw = claimed & cRw;
 #endif
+#ifdef SALVAGE
   if
-  :: tRw == 0 -> goto stop                                   /* NO_HEALTHY_REPLICA */
+  :: SALVAGER && tRw == 0 && claimed != 0 ->
+     /* salvage: the claimed replica whose last RW set is newest (ties: any of them) */
+     atomic {
+       lossy = true;
+       i = 0; seen = 0; ref = 0;                   /* seen/ref: the newest (epoch, generation) */
+       do
+       :: i < NR ->
+          if
+          :: ((claimed >> i) & 1) && (lrEp[i] > seen || (lrEp[i] == seen && lrGen[i] >= ref)) ->
+             seen = lrEp[i]; ref = lrGen[i]
+          :: else -> skip
+          fi;
+          i++
+       :: else -> break
+       od;
+       i = 0;
+       do
+       :: i < NR ->
+          if
+#ifdef BROKEN_SALVAGE_ANY
+          :: (claimed >> i) & 1 -> tRw = tRw | BIT(i)
+#else
+          :: ((claimed >> i) & 1) && lrEp[i] == seen && lrGen[i] == ref -> tRw = tRw | BIT(i)
+#endif
+          :: else -> skip
+          fi;
+          i++
+       :: else -> break
+       od;
+       i = 0; seen = 0; ref = 0;
+       PICK(tRw, src); tRw = BIT(src)
+     }
   :: else -> skip
   fi;
-  atomic { PICK(tRw, src); claimed = 0; todo = tRw & ~BIT(src) };
+#endif
+  if
+  :: tRw == 0 -> goto stop                                   /* NO_HEALTHY_REPLICA */
+#ifndef BROKEN_SALVAGE_PARTIAL
+  :: SALVAGER && lossy && claimed != (ALL & ~GONE) -> goto stop   /* must see every survivor */
+#endif
+  :: else -> skip
+  fi;
+  atomic { PICK(tRw, src); todo = tRw & ~BIT(src) };
+#ifdef SALVAGE
+  /* (4): the source holds every write acknowledged while a surviving replica was in the
+   * committed rw (what that replica was guaranteed to hold) */
+  atomic {
+    if
+    :: SALVAGER ->
+       salvLossy = lossy;
+       i = 0;
+       do
+       :: i < NR ->
+          assert(((GONE >> i) & 1) || (guar[i] & ~data[src]) == 0);   /* 4 */
+          i++
+       :: else -> break
+       od;
+       i = 0
+    :: else -> skip
+    fi
+  };
+#endif
+  claimed = 0;
 
   /* ---- Start 5: reconcile the other candidates from the source ---- */
   do
@@ -354,6 +492,9 @@ proctype Engine(byte me) {
        todo != 0 ->
        PICK(todo, r);
        todo = todo & ~BIT(r);
+       if
+       :: DOWN(r) -> tRw = tRw & ~BIT(r)                      /* gone: ERR */
+       :: else ->
        if
        :: promised[r] == E ->
           data[r] = data[src];
@@ -369,6 +510,7 @@ proctype Engine(byte me) {
           fi
        :: promised[r] < E -> assert(false)                   /* a candidate was claimed */
        :: FAULT -> tRw = tRw & ~BIT(r)                       /* failed: ERR */
+       fi
        fi;
        r = 0
      }
@@ -387,6 +529,10 @@ proctype Engine(byte me) {
 #else
   tMem = cMem;
 #endif
+  if
+  :: SALVAGER -> tMem = ALL & ~GONE; cMem = tMem              /* commits over the survivors */
+  :: else -> skip
+  fi;
 
   /* ---- Commit T = (E, tGen, tMem, tRw) over C = (cEp, cGen, cMem, cRw) ---- */
 commit:
@@ -397,11 +543,18 @@ commit:
        PICK(todo, r);
        todo = todo & ~BIT(r);
        if
+       :: DOWN(r) -> failed = failed | BIT(r)                /* gone */
+       :: else ->
+       if
        :: (promised[r] == E || (ADOPTS && promised[r] < E)) &&
           (E > sEp[r] || (E == sEp[r] && (tGen > sGen[r] ||
             (tGen == sGen[r] && tMem == sMem[r] && tRw == sRw[r])))) ->
           promised[r] = E;
           sEp[r] = E; sGen[r] = tGen; sMem[r] = tMem; sRw[r] = tRw;
+          if
+          :: (tRw >> r) & 1 -> lrEp[r] = E; lrGen[r] = tGen   /* told: RW in it */
+          :: else -> skip
+          fi;
           printf("MSC: r%d stores set %d/%d rw %d of engine %d\n", r, E, tGen, tRw, me);
           if
           :: ok = ok | BIT(r)
@@ -418,6 +571,7 @@ commit:
           /* refused (not a fault): never claimed at E, or it holds a newer set */
           failed = failed | BIT(r)
        :: FAULT -> failed = failed | BIT(r)                  /* never arrived */
+       fi
        fi;
        r = 0;
        /* the last reply: RW members of T that failed the call leave it (the last
@@ -542,6 +696,9 @@ write:
        PICK(todo, r);
        todo = todo & ~BIT(r);
        if
+       :: DOWN(r) -> failed = failed | BIT(r)                /* gone */
+       :: else ->
+       if
        :: promised[r] == E ->
           data[r] = data[r] | w;
           printf("MSC: engine %d writes %d to r%d\n", me, w, r);
@@ -556,6 +713,7 @@ write:
           fi
        :: promised[r] < E -> assert(false)                   /* a RW replica was claimed */
        :: FAULT -> failed = failed | BIT(r)                  /* never arrived */
+       fi
        fi;
        r = 0;
        if
@@ -631,7 +789,7 @@ stop:
   d_step {
     E = 0; r = 0; i = 0; ref = 0; fresh = false; todo = 0; ok = 0; failed = 0;
     claimed = 0; drop = 0; cEp = 0; cGen = 0; cMem = 0; cRw = 0; tGen = 0; tMem = 0; tRw = 0;
-    src = 0; wdone = 0; w = 0; serving = false; act = false; mdone = false; seen = 0;
+    src = 0; wdone = 0; w = 0; serving = false; act = false; mdone = false; seen = 0; lossy = false;
 #ifdef HANDOVER
     hEp = 0; hGen = 0; hMem = 0; hRw = 0
 #endif
@@ -644,7 +802,7 @@ init {
     /* a new volume: every replica holds the set (0, 1, all, all) and no data */
     r = 0;
     do
-    :: r < NR && (INIT_MEM >> r) & 1 -> sGen[r] = 1; sMem[r] = INIT_MEM; sRw[r] = INIT_MEM; r++
+    :: r < NR && (INIT_MEM >> r) & 1 -> sGen[r] = 1; sMem[r] = INIT_MEM; sRw[r] = INIT_MEM; lrGen[r] = 1; r++
     :: r < NR && !((INIT_MEM >> r) & 1) -> r++       /* a spare: no replica set */
     :: else -> break
     od;

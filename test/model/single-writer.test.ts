@@ -56,6 +56,19 @@ const holds: Holds[] = [
     name: 'SetReplicaSet adopts a higher epoch: 3 replicas, 2 engines, 2 writes each, 2 failed calls',
     defines: ['NR=3', 'NE=2', 'WPE=2', 'FAULTS=2', 'SETRS_ADOPTS'],
   },
+  // Salvage (docs/salvage.md): the second engine salvages once the replicas in GONE are gone.
+  {
+    name: 'salvage: 3 replicas, r0 gone, 2 engines, 2 writes each, 2 failed calls',
+    defines: ['NR=3', 'NE=2', 'WPE=2', 'FAULTS=2', 'SALVAGE', 'GONE=1'],
+  },
+  {
+    name: 'salvage: 3 replicas, r0 and r1 gone, 2 engines, 2 writes each, 2 failed calls',
+    defines: ['NR=3', 'NE=2', 'WPE=2', 'FAULTS=2', 'SALVAGE', 'GONE=3'],
+  },
+  {
+    name: 'salvage: 4 replicas, r0 and r3 gone, 2 engines, 2 writes each, 2 failed calls',
+    defines: ['NR=4', 'NE=2', 'WPE=2', 'FAULTS=2', 'FIXED_ORDER', 'SALVAGE', 'GONE=9'],
+  },
 ];
 
 interface Broken {
@@ -67,6 +80,7 @@ interface Broken {
 
 // Any of the three invariants: 1 (a newer serving engine lacks an acknowledged write),
 // 2 (an acknowledged write missing, or acknowledged on an empty rw), 3 (RW replicas differ).
+// Salvage's own (4) names `guar`: its source lacks a write a survivor was guaranteed to hold.
 const INVARIANT = /srvRw|acked|cRw!=0|data\[ref\]/;
 
 const broken: Broken[] = [
@@ -104,6 +118,16 @@ const broken: Broken[] = [
     name: 'Activate with no RW replica of the hand-over claimed (GAP_ACTIVATE_EMPTY_RW)',
     defines: ['NR=3', 'NE=2', 'WPE=2', 'FAULTS=3', 'FIXED_ORDER', 'HANDOVER', 'GAP_ACTIVATE_EMPTY_RW'],
     assertion: /cRw!=0/,
+  },
+  {
+    name: 'salvage from any claimed replica, not the newest last RW set (BROKEN_SALVAGE_ANY)',
+    defines: ['NR=3', 'NE=2', 'WPE=2', 'FAULTS=2', 'SALVAGE', 'GONE=1', 'BROKEN_SALVAGE_ANY'],
+    assertion: /guar/,
+  },
+  {
+    name: 'a salvage that may lose writes without every survivor claimed (BROKEN_SALVAGE_PARTIAL)',
+    defines: ['NR=3', 'NE=2', 'WPE=2', 'FAULTS=2', 'SALVAGE', 'GONE=1', 'BROKEN_SALVAGE_PARTIAL'],
+    assertion: /guar/,
   },
 ];
 

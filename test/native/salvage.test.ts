@@ -3,6 +3,7 @@
 // the latest set's RW replicas when it reaches any, and otherwise serves from the replica
 // whose last RW set is newest, which a replica records when an engine stores a set in which
 // it is RW. It never bypasses the epoch fence.
+import { createServer } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NativeEngine, NativeEngineEvent } from '../../src/native/binding.js';
@@ -11,6 +12,15 @@ import { addon, codeOf, createReplicas, MiB, nextEpoch, pattern, replicaDir, Scr
 const SIZE = 4 * MiB;
 const A = pattern(81, MiB);
 const B = pattern(82, MiB);
+
+/** A port nothing listens on (bound, read, closed). */
+async function deadPort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as { port: number }).port;
+  await new Promise<void>((r) => srv.close(() => r()));
+  return port;
+}
 
 describe('engine salvage start', () => {
   let s: Scratch;
@@ -64,6 +74,18 @@ describe('engine salvage start', () => {
     }
     // r2..r4 are gone. The normal rules refuse: two of five members is no majority.
     expect(await codeOf(open(replicas, ['r0', 'r1']))).toBe('NO_QUORUM');
+    // A salvage that may lose writes must claim every replica it is given: one that does
+    // not answer might be the freshest.
+    const silent = await addon().openEngine({
+      replicas: [replicaDir(replicas, 'r0'), replicaDir(replicas, 'r1'), { host: '127.0.0.1', port: await deadPort(), name: 'vol' }],
+      members: ['r0', 'r1', 'r2'],
+      epoch: nextEpoch(),
+      salvage: true,
+    }).then(
+      (x) => x.close().then(() => 'opened'),
+      (err: { code?: string; message?: string }) => `${err.code}: ${err.message}`,
+    );
+    expect(silent).toMatch(/^NO_QUORUM: salvage: a replica given could not be claimed/);
     const { engine, events } = await open(replicas, ['r0', 'r1'], { salvage: true });
     try {
       // r1, although r0 comes first: its last RW set (e/2) is newer than r0's (e/1).

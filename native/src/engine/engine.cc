@@ -275,9 +275,11 @@ class ReplicatedEngine final : public Engine {
   Status ClaimLocked(uint64_t e, ReplicaSet* latest, Events* ev, bool need_quorum = true);
   // Salvage at Start (Options.salvage), after the claim: keeps RW only the claimed RW
   // replicas of `latest` if there are any, else the one with the newest last RW set; the
-  // others become ERR. Emits kSalvaged. `complete`: the claim reached a majority of
-  // latest's members and kept one of its RW replicas.
-  void ChooseSalvageSourceLocked(const ReplicaSet& latest, bool complete, Events* ev);
+  // others become ERR. Emits kSalvaged. `majority`: the claim reached a majority of
+  // latest's members; `all_claimed`: every given replica. A salvage that may lose writes
+  // (no majority, or no RW replica of latest) needs all of them, else kNoQuorum: one that
+  // did not answer may be the freshest (test/model, BROKEN_SALVAGE_PARTIAL).
+  Status ChooseSalvageSourceLocked(const ReplicaSet& latest, bool majority, bool all_claimed, Events* ev);
   // The replica set after `pending` were dropped and the replica-error events for them.
   void ReportDropped(const std::vector<size_t>& pending, Events* ev);
   // A copy of the committed replica set.
@@ -998,7 +1000,12 @@ Status ReplicatedEngine::Open() {
     }
   }
   // The latest set seen is the volume's latest only if a majority of its members answered.
-  if (salvage_) ChooseSalvageSourceLocked(latest, HasMajority(latest.members, claimed), &ev);
+  if (salvage_) st = ChooseSalvageSourceLocked(latest, HasMajority(latest.members, claimed), claimed.size() == slots_.size(), &ev);
+  if (!st.ok()) {
+    lk.unlock();
+    Emit(ev);
+    return st;
+  }
   CheckLayers(&ev);
   SettleSizeLocked(&ev);
 
@@ -1051,7 +1058,8 @@ Status ReplicatedEngine::Open() {
   return Status::Ok();
 }
 
-void ReplicatedEngine::ChooseSalvageSourceLocked(const ReplicaSet& latest, bool majority, Events* ev) {
+Status ReplicatedEngine::ChooseSalvageSourceLocked(const ReplicaSet& latest, bool majority, bool all_claimed,
+                                                   Events* ev) {
   // Candidates: RW now (claimed, not mid-rebuild). Those in latest's rw hold everything
   // acknowledged up to latest: they stay RW, as at a normal start.
   std::vector<size_t> cand;
@@ -1061,7 +1069,14 @@ void ReplicatedEngine::ChooseSalvageSourceLocked(const ReplicaSet& latest, bool 
     cand.push_back(i);
     any_latest_rw = any_latest_rw || latest.IsRw(slots_[i]->member);
   }
-  if (cand.empty()) return;  // Open fails with kNoHealthyReplica
+  if (cand.empty()) return Status::Ok();  // Open fails with kNoHealthyReplica
+  const bool complete = majority && any_latest_rw;
+  if (!complete && !all_claimed)
+    return Status::Error(Code::kNoQuorum,
+                         "salvage: a replica given could not be claimed, and without a majority of the latest "
+                         "replica set and one of its RW replicas the one that did not answer may hold the newest "
+                         "data: try again when every given replica answers, or leave it out",
+                         kErrNoQuorum);
   // Rank: RW in latest first, then by last RW set (none recorded, or a server that
   // predates the record: lowest); a tie keeps the first in member order.
   ReplicaSetId last[kMaxReplicas];
@@ -1076,7 +1091,6 @@ void ReplicatedEngine::ChooseSalvageSourceLocked(const ReplicaSet& latest, bool 
     MarkErr(i, -kErrStaleEpoch, "salvage: replica " + slots_[i]->id + " (" + slots_[i]->member +
                                     ") is not the one with the newest data; it must be rebuilt", ev);
   }
-  const bool complete = majority && any_latest_rw;
   const Slot& src = *slots_[best];
   std::string why = complete ? "it is RW in the latest replica set " + std::to_string(latest.epoch) + "/" +
                                    std::to_string(latest.generation) + ", which a majority of its members reported"
@@ -1089,6 +1103,7 @@ void ReplicatedEngine::ChooseSalvageSourceLocked(const ReplicaSet& latest, bool 
                 "salvage from replica " + src.id + " (" + src.member + "): " + why};
   e.generation = last[best].generation;
   ev->push_back(std::move(e));
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------
