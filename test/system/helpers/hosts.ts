@@ -167,12 +167,16 @@ export function makeHosts(root: string, n: number, basePort: number, options: { 
   );
 }
 
+/** The Mooring options a test's cluster may set (repairIntervalMs defaults to 500). */
+export interface ClusterOptions {
+  repairIntervalMs?: number;
+  replicaReplacementWaitMs?: number;
+  engineIoTimeoutMs?: number;
+  ticketWaitTimeoutMs?: number;
+}
+
 /** A cluster over the hosts' gRPC clients with a file state store under `root`. */
-export async function openCluster(
-  root: string,
-  hosts: HostProcess[],
-  options: { repairIntervalMs?: number; replicaReplacementWaitMs?: number; engineIoTimeoutMs?: number; ticketWaitTimeoutMs?: number } = {},
-): Promise<{ cluster: Mooring; store: FileStateStore }> {
+export async function openCluster(root: string, hosts: HostProcess[], options: ClusterOptions = {}): Promise<{ cluster: Mooring; store: FileStateStore }> {
   const store = await FileStateStore.open(join(root, 'state'));
   const cluster = await Mooring.open({
     store,
@@ -208,13 +212,17 @@ export async function waitFor(check: () => Promise<boolean>, timeoutMs: number, 
 }
 
 /**
- * Tears a test's cluster down (afterAll): the Mooring, its store, every host's process and
- * anything else the test started, then its scratch directory. Any part may be missing.
+ * Tears a test's cluster down (afterAll): the Mooring, its store, every host's process (a
+ * frozen one thawed first, so that it can stop) and anything else the test started, then
+ * its scratch directory. Any part may be missing.
  */
 export async function stopCluster(parts: { cluster?: Mooring | undefined; store?: FileStateStore | undefined; hosts: HostProcess[]; tmp: TempDir }): Promise<void> {
   await parts.cluster?.close();
   await parts.store?.close();
-  for (const h of parts.hosts) await h.stop().catch(() => undefined);
+  for (const h of parts.hosts) {
+    h.thaw();
+    await h.stop().catch(() => undefined);
+  }
   await killAllServers();
   parts.tmp.cleanup();
 }
