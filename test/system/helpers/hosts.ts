@@ -10,6 +10,7 @@ import { processAlive } from '../../../src/util/processes.js';
 import { processClusterSecret } from '../../../src/data-engine/cluster-secret.js';
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
 import { Mooring } from '../../../src/mooring.js';
+import type { MooringOptions } from '../../../src/mooring-options.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { readReplica, type ReplicaContent } from './replicas.js';
 import { killAllServers, startCliProcess, type MooringServer } from './serve.js';
@@ -168,24 +169,12 @@ export function makeHosts(root: string, n: number, basePort: number, options: { 
 }
 
 /** The Mooring options a test's cluster may set (repairIntervalMs defaults to 500). */
-export interface ClusterOptions {
-  repairIntervalMs?: number;
-  replicaReplacementWaitMs?: number;
-  engineIoTimeoutMs?: number;
-  ticketWaitTimeoutMs?: number;
-}
+export type ClusterOptions = Pick<MooringOptions, 'repairIntervalMs' | 'replicaReplacementWaitMs' | 'engineIoTimeoutMs' | 'ticketWaitTimeoutMs' | 'backingImageCleanupWaitMs'>;
 
 /** A cluster over the hosts' gRPC clients with a file state store under `root`. */
 export async function openCluster(root: string, hosts: HostProcess[], options: ClusterOptions = {}): Promise<{ cluster: Mooring; store: FileStateStore }> {
   const store = await FileStateStore.open(join(root, 'state'));
-  const cluster = await Mooring.open({
-    store,
-    hosts: hosts.map((h) => h.engine),
-    repairIntervalMs: options.repairIntervalMs ?? 500,
-    ...(options.replicaReplacementWaitMs !== undefined ? { replicaReplacementWaitMs: options.replicaReplacementWaitMs } : {}),
-    ...(options.engineIoTimeoutMs !== undefined ? { engineIoTimeoutMs: options.engineIoTimeoutMs } : {}),
-    ...(options.ticketWaitTimeoutMs !== undefined ? { ticketWaitTimeoutMs: options.ticketWaitTimeoutMs } : {}),
-  });
+  const cluster = await Mooring.open({ store, hosts: hosts.map((h) => h.engine), ...options, repairIntervalMs: options.repairIntervalMs ?? 500 });
   return { cluster, store };
 }
 
