@@ -316,12 +316,13 @@ export function parseHostRecord(v: unknown, key: string): HostRecord {
   const f: RecordFields = new RecordFields(KIND.host, key, v);
   const addr = f.raw('replicaAddress');
   if (addr !== null && typeof addr !== 'string') f.fail('replicaAddress is not a string or null');
+  const diskId = f.raw('diskId');
   const r: HostRecord = {
     schema: schemaOf(f),
     hostId: f.str('hostId', NAME_PATTERN),
     replicaAddress: addr,
     lastSeenMs: f.int('lastSeenMs', 0, Number.MAX_SAFE_INTEGER),
-    diskId: typeof f.raw('diskId') === 'string' ? (f.raw('diskId') as string).slice(0, 64) : '',
+    diskId: typeof diskId === 'string' ? diskId.slice(0, 64) : '',
     evicting: f.raw('evicting') === true,
   };
   if (r.hostId !== key) f.fail('hostId does not match its key');

@@ -80,6 +80,26 @@ export function replicaNamePrefix(volume: string): string {
   return `${volume.slice(0, 40)}-`;
 }
 
+/** Replicas per host id. */
+export function replicaLoad(replicas: ReplicaRecord[]): Map<string, number> {
+  const load = new Map<string, number>();
+  for (const r of replicas) load.set(r.hostId, (load.get(r.hostId) ?? 0) + 1);
+  return load;
+}
+
+/**
+ * The `count` hosts of `candidates` holding the fewest replicas (ties by id).
+ *
+ * @throws MooringError UNAVAILABLE (fewer than `count` candidates)
+ */
+export function leastLoaded(candidates: string[], load: Map<string, number>, count: number): string[] {
+  const sorted = [...candidates].sort((a, b) => (load.get(a) ?? 0) - (load.get(b) ?? 0) || a.localeCompare(b));
+  if (sorted.length < count) {
+    throw new MooringError('UNAVAILABLE', `need ${count} reachable host(s) for replicas, have ${sorted.length} (${sorted.join(', ') || 'none'})`);
+  }
+  return sorted.slice(0, count);
+}
+
 /** See the module comment. */
 export class ControlState {
   readonly epochs: EpochAllocator;
@@ -266,23 +286,23 @@ export class ControlState {
     return out;
   }
 
+  /** Offered hosts that answer, neither in `exclude` nor held by an upgrade session: where new replicas may go. */
+  async schedulableHosts(exclude: Set<string>): Promise<string[]> {
+    const held = await this.unschedulableHosts();
+    const out: string[] = [];
+    for (const id of this.hosts.ids) if (!exclude.has(id) && !held.has(id) && (await this.hosts.reachable(id))) out.push(id);
+    return out;
+  }
+
   /**
    * Reachable, schedulable hosts not in `exclude` (nor being evicted), fewest replicas first.
    *
    * @throws MooringError UNAVAILABLE (fewer than `count`)
    */
   async pickHosts(count: number, exclude: Set<string>): Promise<string[]> {
-    const load = new Map<string, number>();
-    for (const r of await this.allReplicas()) load.set(r.hostId, (load.get(r.hostId) ?? 0) + 1);
-    const held = await this.unschedulableHosts();
-    for (const h of await this.evictingHosts()) held.add(h);
-    const candidates: string[] = [];
-    for (const id of this.hosts.ids) if (!exclude.has(id) && !held.has(id) && (await this.hosts.reachable(id))) candidates.push(id);
-    candidates.sort((a, b) => (load.get(a) ?? 0) - (load.get(b) ?? 0) || a.localeCompare(b));
-    if (candidates.length < count) {
-      throw new MooringError('UNAVAILABLE', `need ${count} reachable host(s) for replicas, have ${candidates.length} (${candidates.join(', ') || 'none'})`);
-    }
-    return candidates.slice(0, count);
+    const load = replicaLoad(await this.allReplicas());
+    const evicting = await this.evictingHosts();
+    return leastLoaded(await this.schedulableHosts(new Set([...exclude, ...evicting])), load, count);
   }
 
   /** Records the replica modes an engine reports (and since when a replica is ERR). */

@@ -21,7 +21,7 @@ import type { DataEngineInfo } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
 import type { AttachmentController } from './attachment-controller.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, type EngineRecord, type HostRecord, type ReplicaRecord } from './cluster-records.js';
-import type { ControlState } from './control-state.js';
+import { leastLoaded, replicaLoad, type ControlState } from './control-state.js';
 import type { RepairController } from './repair-controller.js';
 
 /** What an eviction still has to move (Mooring.evictHost, `host-eviction` events). */
@@ -32,6 +32,14 @@ export interface HostEvictionProgress {
   replicasLeft: number;
   /** Backing image files still on it. */
   imageFilesLeft: number;
+}
+
+// What one eviction pass reads once and every volume's move uses: the evicting hosts, the
+// hosts new replicas may go to, and the replicas per host (kept current as moves add some).
+interface EvictionPass {
+  evicting: Set<string>;
+  schedulable: string[];
+  load: Map<string, number>;
 }
 
 /** See the module comment. */
@@ -102,11 +110,13 @@ export class EvictionController {
   async step(): Promise<void> {
     const evicting = await this.state.evictingHosts();
     if (evicting.size === 0) return;
+    const all = await this.state.allReplicas();
+    const pass: EvictionPass = { evicting, schedulable: await this.state.schedulableHosts(evicting), load: replicaLoad(all) };
     const byVolume = new Map<string, ReplicaRecord>();
-    for (const r of await this.state.allReplicas()) if (evicting.has(r.hostId) && !byVolume.has(r.volume)) byVolume.set(r.volume, r);
+    for (const r of all) if (evicting.has(r.hostId) && !byVolume.has(r.volume)) byVolume.set(r.volume, r);
     for (const [volume, old] of byVolume) {
       if (this.state.closed) return;
-      await this.#move(volume, old).catch((err: unknown) => this.state.events.cluster('warning', toMooringError(err, `evicting replica ${old.id} of ${volume} from ${old.hostId}`)));
+      await this.#move(pass, volume, old).catch((err: unknown) => this.state.events.cluster('warning', toMooringError(err, `evicting replica ${old.id} of ${volume} from ${old.hostId}`)));
     }
     for (const hostId of evicting) {
       const p = await this.progress(hostId);
@@ -120,24 +130,34 @@ export class EvictionController {
     }
   }
 
-  async #move(volume: string, old: ReplicaRecord): Promise<void> {
+  async #move(pass: EvictionPass, volume: string, old: ReplicaRecord): Promise<void> {
     if (await this.state.migrationRecord(volume)) return; // its writer moves: after the migration
-    const target = await this.#target(volume);
+    const before = await this.state.replicas(volume);
+    const target = this.#target(pass, before);
+    try {
+      await this.#moveTo(pass, volume, old, target);
+    } finally {
+      // What the move added (or failed to clean up) counts when the next volume picks its target.
+      if (target !== null) this.#recount(pass.load, before, await this.state.replicas(volume));
+    }
+  }
+
+  async #moveTo(pass: EvictionPass, volume: string, old: ReplicaRecord, target: string | null): Promise<void> {
     const attached = await this.state.serial(volume, async () => {
       const eng = await this.state.engineRecord(volume);
       if (!eng) return false;
       if ((await this.state.hosts.probeEngine(eng.hostId, volume)) !== 'running') return true; // the reconcile brings it back first
-      await this.#moveThrough(eng, volume, old.id, target);
+      await this.#moveThrough(pass, eng, volume, old.id, target);
       return true;
     });
     if (attached || target === null) return;
     // Detached: attached without frontend, where a replica that stays lives if one can be reached.
-    const host = await this.#ticketHost(volume, old.hostId);
+    const host = await this.#ticketHost(pass, volume, old.hostId);
     await this.attachment.withTicket(volume, 'volume-eviction', host, () =>
       this.state.serial(volume, async () => {
         const eng = await this.state.engineRecord(volume);
         if (!eng) throw new MooringError('UNAVAILABLE', `volume ${volume} detached while its eviction ticket was held`, { details: { volume } });
-        await this.#moveThrough(eng, volume, old.id, target);
+        await this.#moveThrough(pass, eng, volume, old.id, target);
       }),
     );
   }
@@ -145,7 +165,7 @@ export class EvictionController {
   // In the volume's turn, through its running engine: a new replica on `target`, then the
   // old one retired; or only the retirement when enough replicas already live elsewhere (a
   // pass that added the new one and could not retire the old).
-  async #moveThrough(eng: EngineRecord, volume: string, oldId: string, target: string | null): Promise<void> {
+  async #moveThrough(pass: EvictionPass, eng: EngineRecord, volume: string, oldId: string, target: string | null): Promise<void> {
     const vol = await this.state.volume(volume);
     const replicas = await this.state.replicas(volume);
     const old = replicas.find((r) => r.id === oldId);
@@ -154,26 +174,26 @@ export class EvictionController {
     const info = await this.state.hosts.probe(eng.hostId, volume);
     if (typeof info === 'string') return;
     const rw = new Set(info.replicas.filter((r) => r.mode === 'RW').map((r) => r.id));
-    const evicting = await this.state.evictingHosts();
-    const elsewhere = replicas.filter((r) => !evicting.has(r.hostId) && rw.has(r.id)).length;
+    const elsewhere = replicas.filter((r) => !pass.evicting.has(r.hostId) && rw.has(r.id)).length;
     if (elsewhere >= vol.replicaCount) await this.repair.retire(eng, vol, old, true);
     else if (target !== null) await this.repair.replace(eng, vol, old, target, true);
   }
 
-  // A schedulable host holding none of the volume's replicas, or null while there is none.
-  async #target(volume: string): Promise<string | null> {
-    const used = new Set((await this.state.replicas(volume)).map((r) => r.hostId));
-    try {
-      return (await this.state.pickHosts(1, used))[0] ?? null;
-    } catch {
-      return null;
-    }
+  // The schedulable host with the fewest replicas holding none of the volume's, or null while there is none.
+  #target(pass: EvictionPass, replicas: ReplicaRecord[]): string | null {
+    const used = new Set(replicas.map((r) => r.hostId));
+    const free = pass.schedulable.filter((h) => !used.has(h));
+    return free.length === 0 ? null : leastLoaded(free, pass.load, 1)[0]!;
   }
 
-  async #ticketHost(volume: string, evictingHost: string): Promise<string> {
-    const evicting = await this.state.evictingHosts();
+  #recount(load: Map<string, number>, before: ReplicaRecord[], after: ReplicaRecord[]): void {
+    for (const r of before) load.set(r.hostId, (load.get(r.hostId) ?? 0) - 1);
+    for (const r of after) load.set(r.hostId, (load.get(r.hostId) ?? 0) + 1);
+  }
+
+  async #ticketHost(pass: EvictionPass, volume: string, evictingHost: string): Promise<string> {
     for (const r of await this.state.replicas(volume)) {
-      if (r.hostId !== evictingHost && !evicting.has(r.hostId) && this.state.hosts.has(r.hostId) && (await this.state.hosts.reachable(r.hostId))) return r.hostId;
+      if (r.hostId !== evictingHost && !pass.evicting.has(r.hostId) && this.state.hosts.has(r.hostId) && (await this.state.hosts.reachable(r.hostId))) return r.hostId;
     }
     return this.attachment.operationHost(volume, undefined);
   }

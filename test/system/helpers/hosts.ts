@@ -10,6 +10,7 @@ import { processAlive } from '../../../src/util/processes.js';
 import { processClusterSecret } from '../../../src/data-engine/cluster-secret.js';
 import { RemoteDataEngine } from '../../../src/data-engine/grpc/remote-data-engine.js';
 import { Mooring } from '../../../src/mooring.js';
+import type { MooringOptions } from '../../../src/mooring-options.js';
 import { FileStateStore } from '../../../src/state/file-state-store.js';
 import { readReplica, type ReplicaContent } from './replicas.js';
 import { killAllServers, startCliProcess, type MooringServer } from './serve.js';
@@ -167,21 +168,13 @@ export function makeHosts(root: string, n: number, basePort: number, options: { 
   );
 }
 
+/** The Mooring options a test's cluster may set (repairIntervalMs defaults to 500). */
+export type ClusterOptions = Pick<MooringOptions, 'repairIntervalMs' | 'replicaReplacementWaitMs' | 'engineIoTimeoutMs' | 'ticketWaitTimeoutMs' | 'backingImageCleanupWaitMs'>;
+
 /** A cluster over the hosts' gRPC clients with a file state store under `root`. */
-export async function openCluster(
-  root: string,
-  hosts: HostProcess[],
-  options: { repairIntervalMs?: number; replicaReplacementWaitMs?: number; engineIoTimeoutMs?: number; ticketWaitTimeoutMs?: number } = {},
-): Promise<{ cluster: Mooring; store: FileStateStore }> {
+export async function openCluster(root: string, hosts: HostProcess[], options: ClusterOptions = {}): Promise<{ cluster: Mooring; store: FileStateStore }> {
   const store = await FileStateStore.open(join(root, 'state'));
-  const cluster = await Mooring.open({
-    store,
-    hosts: hosts.map((h) => h.engine),
-    repairIntervalMs: options.repairIntervalMs ?? 500,
-    ...(options.replicaReplacementWaitMs !== undefined ? { replicaReplacementWaitMs: options.replicaReplacementWaitMs } : {}),
-    ...(options.engineIoTimeoutMs !== undefined ? { engineIoTimeoutMs: options.engineIoTimeoutMs } : {}),
-    ...(options.ticketWaitTimeoutMs !== undefined ? { ticketWaitTimeoutMs: options.ticketWaitTimeoutMs } : {}),
-  });
+  const cluster = await Mooring.open({ store, hosts: hosts.map((h) => h.engine), ...options, repairIntervalMs: options.repairIntervalMs ?? 500 });
   return { cluster, store };
 }
 
@@ -208,13 +201,17 @@ export async function waitFor(check: () => Promise<boolean>, timeoutMs: number, 
 }
 
 /**
- * Tears a test's cluster down (afterAll): the Mooring, its store, every host's process and
- * anything else the test started, then its scratch directory. Any part may be missing.
+ * Tears a test's cluster down (afterAll): the Mooring, its store, every host's process (a
+ * frozen one thawed first, so that it can stop) and anything else the test started, then
+ * its scratch directory. Any part may be missing.
  */
 export async function stopCluster(parts: { cluster?: Mooring | undefined; store?: FileStateStore | undefined; hosts: HostProcess[]; tmp: TempDir }): Promise<void> {
   await parts.cluster?.close();
   await parts.store?.close();
-  for (const h of parts.hosts) await h.stop().catch(() => undefined);
+  for (const h of parts.hosts) {
+    h.thaw();
+    await h.stop().catch(() => undefined);
+  }
   await killAllServers();
   parts.tmp.cleanup();
 }

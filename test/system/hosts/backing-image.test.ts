@@ -19,12 +19,10 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { BackingImage } from '../../../src/backing-image/backing-image.js';
-import { Mooring } from '../../../src/mooring.js';
 import { BACKING_IMAGE_PART_FILE } from '../../../src/data-engine/backing-image-files.js';
-import { FileStateStore } from '../../../src/state/file-state-store.js';
-import { makeHosts, waitFor, type HostProcess } from '../helpers/hosts.js';
-import { killAllServers } from '../helpers/serve.js';
-import { qemuIo, requireTool, run, TempDir } from '../helpers/tools.js';
+import { useHostCluster } from '../helpers/host-cluster.js';
+import { waitFor } from '../helpers/hosts.js';
+import { qemuIo, requireTool, run } from '../helpers/tools.js';
 
 const MiB = 1 << 20;
 const CLEANUP_WAIT_MS = 2000;
@@ -66,56 +64,44 @@ async function sha512File(path: string): Promise<string> {
 }
 
 describe('backing images across three data-engine hosts', () => {
-  const tmp = new TempDir();
-  let hosts: HostProcess[] = [];
-  let cluster: Mooring;
-  let store: FileStateStore;
+  const env = useHostCluster({ hosts: 3, basePort: 17410, scope: 'all', cluster: { repairIntervalMs: 0, ticketWaitTimeoutMs: 120_000, backingImageCleanupWaitMs: CLEANUP_WAIT_MS } });
   let http: { server: Server; url: (name: string) => string };
   let base: BackingImage;
-  const nbd = (): string => `unix:${tmp.join('vm.sock')}`;
-  const uri = (): string => `nbd+unix:///?socket=${tmp.join('vm.sock')}`;
-  const diag = (): string => hosts.map((h) => h.diagnostics()).join('');
+  const nbd = (): string => `unix:${env.tmp.join('vm.sock')}`;
+  const uri = (): string => `nbd+unix:///?socket=${env.tmp.join('vm.sock')}`;
+  const diag = (): string => env.hosts.map((h) => h.diagnostics()).join('');
 
   beforeAll(async () => {
     requireTool('qemu-img');
     requireTool('qemu-io');
     // A qcow2 image with data in a few places, and a larger raw one for the copy that is cut.
-    await run('qemu-img', ['create', '-q', '-f', 'qcow2', tmp.join('base.qcow2'), '64M']);
-    await run('qemu-io', ['-f', 'qcow2', '-c', 'write -P 0x3c 0 4M', '-c', 'write -P 0x7e 20M 1M', '-c', 'write -P 0x11 63M 512k', tmp.join('base.qcow2')]);
-    await run('dd', ['if=/dev/urandom', `of=${tmp.join('big.raw')}`, 'bs=1M', 'count=256', 'status=none']);
-    http = await serveDir(tmp.path);
-    hosts = makeHosts(tmp.path, 3, 17410);
-    for (const h of hosts) await h.start();
-    store = await FileStateStore.open(tmp.join('state'));
-    cluster = await Mooring.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 0, ticketWaitTimeoutMs: 120_000, backingImageCleanupWaitMs: CLEANUP_WAIT_MS });
+    await run('qemu-img', ['create', '-q', '-f', 'qcow2', env.tmp.join('base.qcow2'), '64M']);
+    await run('qemu-io', ['-f', 'qcow2', '-c', 'write -P 0x3c 0 4M', '-c', 'write -P 0x7e 20M 1M', '-c', 'write -P 0x11 63M 512k', env.tmp.join('base.qcow2')]);
+    await run('dd', ['if=/dev/urandom', `of=${env.tmp.join('big.raw')}`, 'bs=1M', 'count=256', 'status=none']);
+    http = await serveDir(env.tmp.path);
   });
 
-  afterAll(async () => {
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) await h.stop().catch(() => undefined);
-    await killAllServers();
+  afterAll(() => {
     http?.server.close();
-    tmp.cleanup();
   });
 
   it('downloads a qcow2 image on host a', async () => {
-    base = await cluster.createBackingImage({ name: 'base', source: { type: 'download', url: http.url('base.qcow2') }, host: 'a', expectedChecksum: await sha512File(tmp.join('base.qcow2')) });
+    base = await env.cluster.createBackingImage({ name: 'base', source: { type: 'download', url: http.url('base.qcow2') }, host: 'a', expectedChecksum: await sha512File(env.tmp.join('base.qcow2')) });
     const st = await base.waitReady({ timeoutMs: 60_000 });
-    expect(st, diag()).toMatchObject({ state: 'ready', format: 'qcow2', virtualSizeBytes: 64 * MiB, sizeBytes: statSync(tmp.join('base.qcow2')).size });
+    expect(st, diag()).toMatchObject({ state: 'ready', format: 'qcow2', virtualSizeBytes: 64 * MiB, sizeBytes: statSync(env.tmp.join('base.qcow2')).size });
     expect(st.files.map((f) => `${f.hostId}:${f.state}`)).toEqual(['a:ready']);
   });
 
   it('serves a 3-replica volume on it whose export reads as the image converted to raw', async () => {
-    const vol = await (await cluster.createVolume({ name: 'vm-disk', replicas: 3, hosts: ['a', 'b', 'c'], backingImage: 'base' })).status();
+    const vol = await (await env.cluster.createVolume({ name: 'vm-disk', replicas: 3, hosts: ['a', 'b', 'c'], backingImage: 'base' })).status();
     expect(vol.sizeBytes).toBe(64 * MiB);
     expect(vol.backingImage).toBe('base');
     const st = await base.status();
     expect(st.files.map((f) => `${f.hostId}:${f.state}`)).toEqual(['a:ready', 'b:ready', 'c:ready']);
-    expect((await cluster.volume('vm-disk').attach({ host: 'a', nbd: nbd() })).state, diag()).toBe('healthy');
-    await run('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', tmp.join('base.qcow2'), tmp.join('expected.raw')]);
-    await run('qemu-img', ['convert', '-f', 'raw', '-O', 'raw', uri(), tmp.join('export.raw')]);
-    const cmp = await run('cmp', [tmp.join('expected.raw'), tmp.join('export.raw')], { allowFailure: true });
+    expect((await env.cluster.volume('vm-disk').attach({ host: 'a', nbd: nbd() })).state, diag()).toBe('healthy');
+    await run('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', env.tmp.join('base.qcow2'), env.tmp.join('expected.raw')]);
+    await run('qemu-img', ['convert', '-f', 'raw', '-O', 'raw', uri(), env.tmp.join('export.raw')]);
+    const cmp = await run('cmp', [env.tmp.join('expected.raw'), env.tmp.join('export.raw')], { allowFailure: true });
     expect(cmp.code, cmp.stdout + cmp.stderr).toBe(0);
     // Writes land above the image; the image's own bytes read through where nothing was written.
     await qemuIo(uri(), ['write -P 0xee 1M 64k']);
@@ -128,9 +114,9 @@ describe('backing images across three data-engine hosts', () => {
   });
 
   it('completes a copy to a host killed mid-delivery once it restarts', async () => {
-    const big = await cluster.createBackingImage({ name: 'big', source: { type: 'download', url: http.url('big.raw') }, host: 'a' });
+    const big = await env.cluster.createBackingImage({ name: 'big', source: { type: 'download', url: http.url('big.raw') }, host: 'a' });
     const st = await big.waitReady({ timeoutMs: 120_000 });
-    const b = hosts[1]!;
+    const b = env.hosts[1]!;
     let killed = false;
     // Killed once a good part is on b, so a copy that started over could not hide behind
     // a few bytes.
@@ -140,7 +126,7 @@ describe('backing images across three data-engine hosts', () => {
         void b.crash();
       }
     });
-    const creating = cluster.createVolume({ name: 'big-disk', replicas: 1, hosts: ['b'], backingImage: 'big' });
+    const creating = env.cluster.createVolume({ name: 'big-disk', replicas: 1, hosts: ['b'], backingImage: 'big' });
     expect(await waitFor(async () => killed, 60_000, 20), 'the copy to b never got far').toBe(true);
     await new Promise((r) => setTimeout(r, 1000));
     expect((await big.status()).files.find((f) => f.hostId === 'b')?.state).toMatch(/unknown|failed|in-progress/);
@@ -154,31 +140,31 @@ describe('backing images across three data-engine hosts', () => {
     const unwatch = b.engine.watch((e) => {
       if (e.type === 'backing-image-file' && e.name === 'big' && (e.state === 'starting' || e.state === 'in-progress')) after.push(e.receivedBytes);
     });
-    await cluster.addHost(b.engine);
+    await env.cluster.addHost(b.engine);
     const vol = await (await creating).status();
     unwatch();
     expect(after.length, 'no progress of the resumed copy was seen').toBeGreaterThan(0);
     expect(Math.min(...after), `resumed from ${keptBytes} bytes kept`).toBeGreaterThanOrEqual(keptBytes);
     expect(vol.replicas.map((r) => r.hostId)).toEqual(['b']);
     const file = await b.engine.backingImageFile({ name: 'big', uuid: st.uuid });
-    expect(file, diag()).toMatchObject({ state: 'ready', checksum: await sha512File(tmp.join('big.raw')) });
+    expect(file, diag()).toMatchObject({ state: 'ready', checksum: await sha512File(env.tmp.join('big.raw')) });
   });
 
   it('deletes copies nobody uses after the cleanup wait, keeping minCopies', async () => {
-    await cluster.deleteVolume('big-disk');
-    const uuid = (await cluster.backingImage('big').status()).uuid;
+    await env.cluster.deleteVolume('big-disk');
+    const uuid = (await env.cluster.backingImage('big').status()).uuid;
     const gone = await waitFor(
       async () => {
-        await cluster.repairOnce();
-        return (await hosts[1]!.engine.backingImageFile({ name: 'big', uuid })) === null;
+        await env.cluster.repairOnce();
+        return (await env.hosts[1]!.engine.backingImageFile({ name: 'big', uuid })) === null;
       },
       CLEANUP_WAIT_MS * 5,
       500,
     );
     expect(gone, diag()).toBe(true);
     // The ready copy on a stays: it is the one minCopies keeps.
-    expect((await hosts[0]!.engine.backingImageFile({ name: 'big', uuid }))?.state).toBe('ready');
-    await cluster.backingImage('big').delete();
-    expect(await hosts[0]!.engine.backingImageFile({ name: 'big', uuid })).toBeNull();
+    expect((await env.hosts[0]!.engine.backingImageFile({ name: 'big', uuid }))?.state).toBe('ready');
+    await env.cluster.backingImage('big').delete();
+    expect(await env.hosts[0]!.engine.backingImageFile({ name: 'big', uuid })).toBeNull();
   });
 });

@@ -6,16 +6,14 @@
 //   over by host b, then a resumes (SIGCONT) with a client still connected to it: a's
 //   engine, holding the old epoch, cannot change the replicas the volume now uses; its
 //   client sees errors; the data served by b is b's.
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
-import type { Mooring } from '../../../src/mooring.js';
-import type { FileStateStore } from '../../../src/state/file-state-store.js';
 import { FlushTracker } from '../helpers/flush-tracker.js';
-import { makeHosts, openCluster, readReplicas, waitFor, type HostProcess } from '../helpers/hosts.js';
+import { useHostCluster } from '../helpers/host-cluster.js';
+import { readReplicas, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { NbdClient } from '../helpers/nbd-client.js';
 import { chunkedDigest } from '../helpers/replicas.js';
-import { killAllServers, sleep } from '../helpers/serve.js';
-import { TempDir } from '../helpers/tools.js';
+import { sleep } from '../helpers/serve.js';
 import { readRange, readWholeVolume } from '../helpers/volume.js';
 
 const MiB = 1 << 20;
@@ -24,40 +22,17 @@ const TRACKED_BLOCKS = 1024; // 4 MiB at offset 0
 const VOLUME = 'vm2-disk';
 
 describe('three data-engine hosts, engine host failure', () => {
-  let tmp: TempDir;
-  let hosts: HostProcess[] = [];
-  let cluster: Mooring;
-  let store: FileStateStore;
-  let port = 17330;
+  const env = useHostCluster({ hosts: 3, basePort: 17330 });
 
-  beforeEach(async () => {
-    tmp = new TempDir();
-    hosts = makeHosts(tmp.path, 3, port);
-    port += 10;
-    for (const h of hosts) await h.start();
-    ({ cluster, store } = await openCluster(tmp.path, hosts));
-  });
-
-  afterEach(async () => {
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) {
-      h.thaw();
-      await h.stop().catch(() => undefined);
-    }
-    await killAllServers();
-    tmp.cleanup();
-  });
-
-  const sock = (host: string): string => tmp.join(`${VOLUME}-${host}.sock`);
+  const sock = (host: string): string => env.tmp.join(`${VOLUME}-${host}.sock`);
   const uriOf = (host: string): string => `nbd+unix:///?socket=${sock(host)}`;
-  const diag = (): string => hosts.map((h) => h.diagnostics()).join('');
+  const diag = (): string => env.hosts.map((h) => h.diagnostics()).join('');
   const replicasNow = async (): Promise<Array<{ host: HostProcess; name: string }>> =>
-    (await cluster.volume(VOLUME).status()).replicas.map((r) => ({ host: hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
+    (await env.cluster.volume(VOLUME).status()).replicas.map((r) => ({ host: env.hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
 
   it('keeps every flushed write when the engine host is killed, and a new engine on b serves it', async () => {
-    await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3 });
-    const first = await cluster.volume(VOLUME).attach({ host: 'a', nbd: `unix:${sock('a')}` });
+    await env.cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3 });
+    const first = await env.cluster.volume(VOLUME).attach({ host: 'a', nbd: `unix:${sock('a')}` });
     expect(first.state).toBe('healthy');
 
     const tracker = new FlushTracker(0, TRACKED_BLOCKS, 4711);
@@ -66,18 +41,18 @@ describe('three data-engine hosts, engine host failure', () => {
     tracker.onFlushed = (n) => {
       if (n >= 40 && !killed) {
         killed = true;
-        hosts[0]!.proc!.child.kill('SIGKILL');
+        env.hosts[0]!.proc!.child.kill('SIGKILL');
       }
     };
     const load = tracker.run(clients);
     const deadline = Date.now() + 60_000;
     while (!killed && Date.now() < deadline) await sleep(20);
     expect(killed, `fewer than 40 flushes in 60 s${diag()}`).toBe(true);
-    await hosts[0]!.crash();
+    await env.hosts[0]!.crash();
     await load;
     for (const c of clients) c.destroy();
 
-    const taken = await cluster.volume(VOLUME).attach({ host: 'b', nbd: `unix:${sock('b')}` });
+    const taken = await env.cluster.volume(VOLUME).attach({ host: 'b', nbd: `unix:${sock('b')}` });
     expect(taken.attachedHost).toBe('b');
     expect(taken.epoch).toBeGreaterThan(first.epoch);
     expect(taken.replicas.find((r) => r.hostId === 'a')?.mode).toBe('ERR');
@@ -90,26 +65,26 @@ describe('three data-engine hosts, engine host failure', () => {
     expect(stats.durableBlocks).toBeGreaterThan(50);
 
     // Host a comes back: its replica (which missed the takeover) is rebuilt by b's engine.
-    await hosts[0]!.start();
-    await cluster.addHost(hosts[0]!.engine);
-    const healthy = await waitFor(async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 60_000, 300);
-    expect(healthy, `not healthy after a came back: ${JSON.stringify(await cluster.volume(VOLUME).status())}${diag()}`).toBe(true);
+    await env.hosts[0]!.start();
+    await env.cluster.addHost(env.hosts[0]!.engine);
+    const healthy = await waitFor(async () => (await env.cluster.volume(VOLUME).status()).state === 'healthy', 60_000, 300);
+    expect(healthy, `not healthy after a came back: ${JSON.stringify(await env.cluster.volume(VOLUME).status())}${diag()}`).toBe(true);
     const served = await readWholeVolume(uriOf('b'));
     const list = await replicasNow();
-    await cluster.volume(VOLUME).detach();
+    await env.cluster.volume(VOLUME).detach();
     const contents = await readReplicas(list, SIZE);
     for (const c of contents) expect(c.digest, `replica ${c.id} differs from what b served`).toBe(chunkedDigest(served));
   });
 
   it('fences the old engine of a frozen host: after SIGCONT it cannot change the replicas', async () => {
-    await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3 });
-    const first = await cluster.volume(VOLUME).attach({ host: 'a', nbd: `unix:${sock('a')}` });
+    await env.cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3 });
+    const first = await env.cluster.volume(VOLUME).attach({ host: 'a', nbd: `unix:${sock('a')}` });
     const stale = await NbdClient.connect(uriOf('a'));
     await stale.write(0, Buffer.alloc(MiB, 0x01));
     await stale.flush();
 
-    hosts[0]!.freeze();
-    const taken = await cluster.volume(VOLUME).attach({ host: 'b', nbd: `unix:${sock('b')}` });
+    env.hosts[0]!.freeze();
+    const taken = await env.cluster.volume(VOLUME).attach({ host: 'b', nbd: `unix:${sock('b')}` });
     expect(taken.epoch, JSON.stringify(taken)).toBeGreaterThan(first.epoch);
     const fresh = await NbdClient.connect(uriOf('b'));
     expect((await fresh.read(0, MiB)).equals(Buffer.alloc(MiB, 0x01))).toBe(true);
@@ -117,7 +92,7 @@ describe('three data-engine hosts, engine host failure', () => {
     await fresh.flush();
 
     // The partition heals: a runs again with its old engine and its client.
-    hosts[0]!.thaw();
+    env.hosts[0]!.thaw();
     const results = await Promise.allSettled([
       stale.write(0, Buffer.alloc(MiB, 0xee)),
       stale.write(4 * MiB, Buffer.alloc(MiB, 0xee)),
@@ -130,13 +105,13 @@ describe('three data-engine hosts, engine host failure', () => {
     // What b serves is b's data, also after a's replica is rebuilt.
     expect((await fresh.read(0, MiB)).equals(Buffer.alloc(MiB, 0x02))).toBe(true);
     expect((await fresh.read(4 * MiB, MiB)).equals(Buffer.alloc(MiB, 0))).toBe(true);
-    const healthy = await waitFor(async () => (await cluster.volume(VOLUME).status()).state === 'healthy', 60_000, 300);
-    expect(healthy, `not healthy after a resumed: ${JSON.stringify(await cluster.volume(VOLUME).status())}${diag()}`).toBe(true);
+    const healthy = await waitFor(async () => (await env.cluster.volume(VOLUME).status()).state === 'healthy', 60_000, 300);
+    expect(healthy, `not healthy after a resumed: ${JSON.stringify(await env.cluster.volume(VOLUME).status())}${diag()}`).toBe(true);
     await fresh.disconnect();
     const served = await readWholeVolume(uriOf('b'));
     expect(served.subarray(4 * MiB, 5 * MiB).equals(Buffer.alloc(MiB, 0))).toBe(true);
     const list = await replicasNow();
-    await cluster.volume(VOLUME).detach();
+    await env.cluster.volume(VOLUME).detach();
     const contents = await readReplicas(list, SIZE);
     for (const c of contents) expect(c.digest, `replica ${c.id} differs from what b served`).toBe(chunkedDigest(served));
   });

@@ -6,69 +6,47 @@
 // replaced at once, with the data rebuilt from the others.
 import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
-import type { Mooring } from '../../../src/mooring.js';
-import type { FileStateStore } from '../../../src/state/file-state-store.js';
 import { FlushTracker } from '../helpers/flush-tracker.js';
-import { makeHosts, openCluster, readReplicas, replicaPath, type HostProcess } from '../helpers/hosts.js';
+import { useHostCluster } from '../helpers/host-cluster.js';
+import { readReplicas, replicaPath, type HostProcess } from '../helpers/hosts.js';
 import { NbdClient } from '../helpers/nbd-client.js';
-import { killAllServers } from '../helpers/serve.js';
-import { TempDir, qemuIo } from '../helpers/tools.js';
+import { qemuIo } from '../helpers/tools.js';
 
 const MiB = 1 << 20;
 const SIZE = 16 * MiB;
 const BLOCKS = 512; // 2 MiB tracked
 
 describe('four data-engine hosts: eviction and a replaced disk', () => {
-  let tmp: TempDir;
-  let hosts: HostProcess[] = [];
-  let cluster: Mooring;
-  let store: FileStateStore;
-  let port = 17950;
+  const env = useHostCluster({ hosts: 4, basePort: 17950, cluster: { repairIntervalMs: 0, replicaReplacementWaitMs: 3_600_000 } });
 
-  beforeEach(async () => {
-    tmp = new TempDir();
-    hosts = makeHosts(tmp.path, 4, port);
-    port += 10;
-    for (const h of hosts) await h.start();
-    ({ cluster, store } = await openCluster(tmp.path, hosts, { repairIntervalMs: 0, replicaReplacementWaitMs: 3_600_000 }));
-  });
-
-  afterEach(async () => {
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) await h.stop().catch(() => undefined);
-    await killAllServers();
-    tmp.cleanup();
-  });
-
-  const sock = (name: string): string => tmp.join(`${name}.sock`);
+  const sock = (name: string): string => env.tmp.join(`${name}.sock`);
   const uri = (name: string): string => `nbd+unix:///?socket=${sock(name)}`;
-  const diag = (): string => hosts.map((h) => h.diagnostics()).join('');
+  const diag = (): string => env.hosts.map((h) => h.diagnostics()).join('');
   const replicaDirs = (h: HostProcess): string[] => (existsSync(join(h.opts.dir, 'replicas')) ? readdirSync(join(h.opts.dir, 'replicas')) : []);
-  const hostsOf = async (v: string): Promise<string[]> => (await cluster.volume(v).status()).replicas.map((r) => r.hostId).sort();
+  const hostsOf = async (v: string): Promise<string[]> => (await env.cluster.volume(v).status()).replicas.map((r) => r.hostId).sort();
 
   it('moves every replica off an evicted host while a client writes, losing no acknowledged write', async () => {
     const warnings: string[] = [];
-    cluster.on('warning', (e) => warnings.push(`${e.code}: ${e.message}`));
+    env.cluster.on('warning', (e) => warnings.push(`${e.code}: ${e.message}`));
     let evicted = false;
-    cluster.on('host-evicted', (e) => (evicted ||= e.hostId === 'c'));
-    await cluster.createVolume({ name: 'att', sizeBytes: SIZE, replicas: 3, hosts: ['a', 'b', 'c'] });
-    await cluster.createVolume({ name: 'det', sizeBytes: SIZE, replicas: 2, hosts: ['b', 'c'] });
+    env.cluster.on('host-evicted', (e) => (evicted ||= e.hostId === 'c'));
+    await env.cluster.createVolume({ name: 'att', sizeBytes: SIZE, replicas: 3, hosts: ['a', 'b', 'c'] });
+    await env.cluster.createVolume({ name: 'det', sizeBytes: SIZE, replicas: 2, hosts: ['b', 'c'] });
     // The detached volume's data, written once through its own attach.
-    await cluster.volume('det').attach({ host: 'b', nbd: `unix:${sock('det')}` });
+    await env.cluster.volume('det').attach({ host: 'b', nbd: `unix:${sock('det')}` });
     await qemuIo(uri('det'), ['write -P 0x5a 1M 3M']);
-    await cluster.volume('det').detach();
+    await env.cluster.volume('det').detach();
 
-    await cluster.volume('att').attach({ host: 'a', nbd: `unix:${sock('att')}` });
+    await env.cluster.volume('att').attach({ host: 'a', nbd: `unix:${sock('att')}` });
     const client = await NbdClient.connect(uri('att'));
     const tracker = new FlushTracker(0, BLOCKS, 4242);
     const writing = tracker.run([client], 8, 16);
     try {
-      expect((await cluster.evictHost('c')).replicasLeft).toBe(2);
+      expect((await env.cluster.evictHost('c')).replicasLeft).toBe(2);
       // Each pass moves one replica per volume: two passes at most, with I/O in flight throughout.
-      for (let pass = 0; pass < 6 && !evicted; pass++) await cluster.repairOnce();
+      for (let pass = 0; pass < 6 && !evicted; pass++) await env.cluster.repairOnce();
     } finally {
       tracker.stop();
       await writing;
@@ -84,25 +62,25 @@ describe('four data-engine hosts: eviction and a replaced disk', () => {
     const det = await hostsOf('det');
     expect(det).not.toContain('c');
     expect(det).toHaveLength(2);
-    expect(replicaDirs(hosts[2]!), 'the evicted host keeps no replica').toEqual([]);
-    expect((await cluster.volume('att').engine())?.replicas.every((r) => r.mode === 'RW')).toBe(true);
-    expect(await cluster.volume('det').tickets()).toEqual([]);
-    expect((await cluster.volume('det').status()).state).toBe('detached');
+    expect(replicaDirs(env.hosts[2]!), 'the evicted host keeps no replica').toEqual([]);
+    expect((await env.cluster.volume('att').engine())?.replicas.every((r) => r.mode === 'RW')).toBe(true);
+    expect(await env.cluster.volume('det').tickets()).toEqual([]);
+    expect((await env.cluster.volume('det').status()).state).toBe('detached');
 
     // The moved detached volume holds its data on its new hosts: read it with c gone.
-    await hosts[2]!.stop();
-    await cluster.volume('det').attach({ host: 'a', nbd: `unix:${sock('det')}` });
+    await env.hosts[2]!.stop();
+    await env.cluster.volume('det').attach({ host: 'a', nbd: `unix:${sock('det')}` });
     await qemuIo(uri('det'), ['read -P 0x5a 1M 3M', 'read -P 0 0 1M']);
-    await cluster.volume('det').detach();
+    await env.cluster.volume('det').detach();
   });
 
   it('replaces at once the replicas of a host that came back with a wiped disk', async () => {
     const replaced: unknown[] = [];
-    cluster.on('disk-replaced', (e) => replaced.push(e));
-    await cluster.createVolume({ name: 'dv', sizeBytes: SIZE, replicas: 3, hosts: ['a', 'b', 'c'] });
-    await cluster.volume('dv').attach({ host: 'a', nbd: `unix:${sock('dv')}` });
+    env.cluster.on('disk-replaced', (e) => replaced.push(e));
+    await env.cluster.createVolume({ name: 'dv', sizeBytes: SIZE, replicas: 3, hosts: ['a', 'b', 'c'] });
+    await env.cluster.volume('dv').attach({ host: 'a', nbd: `unix:${sock('dv')}` });
     await qemuIo(uri('dv'), ['write -P 0x61 0 4M', 'flush']);
-    const b = hosts[1]!;
+    const b = env.hosts[1]!;
     const before = (await b.engine.info()).diskId;
     expect(before).toMatch(/^[0-9a-f-]{36}$/);
 
@@ -112,16 +90,16 @@ describe('four data-engine hosts: eviction and a replaced disk', () => {
     await b.start();
     const after = (await b.engine.info()).diskId;
     expect(after).not.toBe(before);
-    await cluster.addHost(b.engine);
+    await env.cluster.addHost(b.engine);
     expect(replaced).toEqual([{ hostId: 'b', oldDiskId: before, newDiskId: after, lostReplicas: [expect.stringContaining('dv')] }]);
 
     // The replacement wait is an hour: only the disk's new identity makes this immediate.
-    for (let pass = 0; pass < 4 && (await hostsOf('dv')).includes('b'); pass++) await cluster.repairOnce();
+    for (let pass = 0; pass < 4 && (await hostsOf('dv')).includes('b'); pass++) await env.cluster.repairOnce();
     expect(await hostsOf('dv'), diag()).toEqual(['a', 'c', 'd']);
     await qemuIo(uri('dv'), ['read -P 0x61 0 4M']);
     // The rebuilt replica holds the same bytes as the two that stayed.
-    await cluster.volume('dv').detach();
-    const names = (await cluster.volume('dv').status()).replicas.map((r) => ({ host: hosts['abcd'.indexOf(r.hostId)]!, name: r.name }));
+    await env.cluster.volume('dv').detach();
+    const names = (await env.cluster.volume('dv').status()).replicas.map((r) => ({ host: env.hosts['abcd'.indexOf(r.hostId)]!, name: r.name }));
     expect(names.every((n) => existsSync(replicaPath(n.host, n.name))), 'every replica directory found under its recorded name').toBe(true);
     const contents = await readReplicas(names, SIZE);
     expect(new Set(contents.map((c) => c.digest)).size, contents.map((c) => c.id).join(', ')).toBe(1);

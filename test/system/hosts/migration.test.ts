@@ -10,15 +10,12 @@
 //   cluster (after it, a keeps what b wrote); a killed after hand-over →
 //   the volume stays on b; the embedding process restarts mid-migration → a new Mooring over
 //   the same state store finds the migration and finishes it.
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 
-import type { Mooring } from '../../../src/mooring.js';
-import { Mooring as ClusterClass } from '../../../src/mooring.js';
-import { FileStateStore } from '../../../src/state/file-state-store.js';
-import { makeHosts, openCluster, readReplicas, waitFor, type HostProcess } from '../helpers/hosts.js';
+import { useHostCluster } from '../helpers/host-cluster.js';
+import { readReplicas, waitFor, type HostProcess } from '../helpers/hosts.js';
 import { chunkedDigest } from '../helpers/replicas.js';
-import { killAllServers } from '../helpers/serve.js';
-import { TempDir, qemuIo, run } from '../helpers/tools.js';
+import { qemuIo, run } from '../helpers/tools.js';
 import { readWholeVolume } from '../helpers/volume.js';
 
 const MiB = 1 << 20;
@@ -33,31 +30,11 @@ const BEFORE: Array<[number, number, number]> = [
 ];
 
 describe('three data-engine hosts, live migration', () => {
-  let tmp: TempDir;
-  let hosts: HostProcess[] = [];
-  let cluster: Mooring;
-  let store: FileStateStore;
-  let port = 17430;
+  const env = useHostCluster({ hosts: 3, basePort: 17430, cluster: { repairIntervalMs: 0 } });
 
-  beforeEach(async () => {
-    tmp = new TempDir();
-    hosts = makeHosts(tmp.path, 3, port);
-    port += 10;
-    for (const h of hosts) await h.start();
-    ({ cluster, store } = await openCluster(tmp.path, hosts, { repairIntervalMs: 0 }));
-  });
-
-  afterEach(async () => {
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) await h.stop().catch(() => undefined);
-    await killAllServers();
-    tmp.cleanup();
-  });
-
-  const sock = (host: string): string => tmp.join(`${VOLUME}-${host}.sock`);
+  const sock = (host: string): string => env.tmp.join(`${VOLUME}-${host}.sock`);
   const uriOf = (host: string): string => `nbd+unix:///?socket=${sock(host)}`;
-  const diag = (): string => hosts.map((h) => h.diagnostics()).join('');
+  const diag = (): string => env.hosts.map((h) => h.diagnostics()).join('');
   const write = (host: string, p: [number, number, number]): Promise<string> => qemuIo(uriOf(host), [`write -P ${p[2]} ${p[0]}M ${p[1]}M`]);
   const readsBack = (host: string, p: [number, number, number]): Promise<string> => qemuIo(uriOf(host), [`read -P ${p[2]} ${p[0]}M ${p[1]}M`]);
   const ioFails = async (host: string, cmd: string): Promise<string> => {
@@ -65,11 +42,11 @@ describe('three data-engine hosts, live migration', () => {
     return r.stdout + r.stderr;
   };
   const replicasNow = async (): Promise<Array<{ host: HostProcess; name: string }>> =>
-    (await cluster.volume(VOLUME).status()).replicas.map((r) => ({ host: hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
+    (await env.cluster.volume(VOLUME).status()).replicas.map((r) => ({ host: env.hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
 
   async function attachOnA(): Promise<void> {
-    await cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3, accessMode: 'migratable' });
-    const st = await cluster.volume(VOLUME).attach({ host: 'a', attacher: 'workload', nbd: `unix:${sock('a')}` });
+    await env.cluster.createVolume({ name: VOLUME, sizeBytes: SIZE, replicas: 3, accessMode: 'migratable' });
+    const st = await env.cluster.volume(VOLUME).attach({ host: 'a', attacher: 'workload', nbd: `unix:${sock('a')}` });
     expect(st.state).toBe('healthy');
     for (const p of BEFORE) await write('a', p);
   }
@@ -78,7 +55,7 @@ describe('three data-engine hosts, live migration', () => {
   async function expectReplicasEqual(host: string): Promise<void> {
     const served = await readWholeVolume(uriOf(host));
     const list = await replicasNow();
-    await cluster.volume(VOLUME).detach();
+    await env.cluster.volume(VOLUME).detach();
     const contents = await readReplicas(list, SIZE);
     expect(contents).toHaveLength(3);
     for (const c of contents) expect(c.digest, `replica ${c.id} differs from what ${host} served${diag()}`).toBe(chunkedDigest(served));
@@ -86,7 +63,7 @@ describe('three data-engine hosts, live migration', () => {
 
   it('migrates a → b: hand-over moves the writer, a is fenced, confirm removes a, replicas identical', async () => {
     await attachOnA();
-    const vol = cluster.volume(VOLUME);
+    const vol = env.cluster.volume(VOLUME);
     const steps: string[] = [];
     for (const e of ['migration-started', 'migration-target-ready', 'migration-handed-over', 'migration-confirmed'] as const) vol.on(e, () => steps.push(e));
 
@@ -109,7 +86,7 @@ describe('three data-engine hosts, live migration', () => {
     expect(dropped, dropped).not.toMatch(/Operation not permitted|wrote/);
     await readsBack('b', [12, 1, 0x55]);
     expect(steps).toEqual(['migration-started', 'migration-target-ready', 'migration-handed-over', 'migration-confirmed']);
-    expect((await hosts[0]!.engine.listEngines()).map((e) => e.volume)).not.toContain(VOLUME);
+    expect((await env.hosts[0]!.engine.listEngines()).map((e) => e.volume)).not.toContain(VOLUME);
     const st = await vol.status();
     expect(st).toMatchObject({ attachedHost: 'b', writerHost: 'b', state: 'healthy', migration: null });
     await expectReplicasEqual('b');
@@ -117,10 +94,10 @@ describe('three data-engine hosts, live migration', () => {
 
   it('rolls back before the hand-over: b stops, a keeps serving', async () => {
     await attachOnA();
-    const vol = cluster.volume(VOLUME);
+    const vol = env.cluster.volume(VOLUME);
     const m = await vol.migrate('b', { nbd: `unix:${sock('b')}` });
     await m.rollback();
-    expect((await hosts[1]!.engine.listEngines()).map((e) => e.volume)).not.toContain(VOLUME);
+    expect((await env.hosts[1]!.engine.listEngines()).map((e) => e.volume)).not.toContain(VOLUME);
     for (const p of BEFORE) await readsBack('a', p);
     await write('a', [9, 1, 0x66]);
     expect((await vol.status()).migration).toBeNull();
@@ -129,7 +106,7 @@ describe('three data-engine hosts, live migration', () => {
 
   it('rolls back after b wrote: a claims a newer epoch and serves what b wrote', async () => {
     await attachOnA();
-    const vol = cluster.volume(VOLUME);
+    const vol = env.cluster.volume(VOLUME);
     const m = await vol.migrate('b', { nbd: `unix:${sock('b')}` });
     const ho = await m.handOver();
     await write('b', [3, 1, 0x77]);
@@ -140,14 +117,14 @@ describe('three data-engine hosts, live migration', () => {
     await readsBack('a', [3, 1, 0x77]);
     for (const p of BEFORE) await readsBack('a', p);
     await write('a', [4, 1, 0x78]);
-    expect((await hosts[1]!.engine.listEngines()).map((e) => e.volume)).not.toContain(VOLUME);
+    expect((await env.hosts[1]!.engine.listEngines()).map((e) => e.volume)).not.toContain(VOLUME);
     await expectReplicasEqual('a');
   });
 
   it('migrates a degraded volume (a replica host down); the target rebuilds that replica when it returns', async () => {
     await attachOnA();
-    const vol = cluster.volume(VOLUME);
-    await hosts[2]!.crash();
+    const vol = env.cluster.volume(VOLUME);
+    await env.hosts[2]!.crash();
     await write('a', [14, 1, 0x5c]); // the engine finds c gone and goes on with a and b
     expect(await waitFor(async () => (await vol.status()).state === 'degraded', 30_000, 200), diag()).toBe(true);
     const m = await vol.migrate('b', { nbd: `unix:${sock('b')}` });
@@ -157,41 +134,41 @@ describe('three data-engine hosts, live migration', () => {
     await write('b', [15, 1, 0x5d]);
     await m.confirm();
     expect((await vol.status()).replicas.find((r) => r.hostId === 'c')?.mode).toBe('ERR');
-    await hosts[2]!.start();
-    await cluster.addHost(hosts[2]!.engine);
+    await env.hosts[2]!.start();
+    await env.cluster.addHost(env.hosts[2]!.engine);
     expect(await waitFor(async () => (await vol.status()).state === 'healthy', 60_000, 300), diag()).toBe(true);
     await expectReplicasEqual('b');
   });
 
   it('rolls back by itself when the target host dies mid-migration', async () => {
     await attachOnA();
-    const vol = cluster.volume(VOLUME);
+    const vol = env.cluster.volume(VOLUME);
     const rolled: Array<{ automatic: boolean; reason: string }> = [];
     vol.on('migration-rolled-back', (e) => rolled.push(e));
     await vol.migrate('b', { nbd: `unix:${sock('b')}` });
-    await hosts[1]!.crash();
-    await cluster.repairOnce();
+    await env.hosts[1]!.crash();
+    await env.cluster.repairOnce();
     expect(rolled, diag()).toEqual([expect.objectContaining({ automatic: true })]);
     for (const p of BEFORE) await readsBack('a', p);
     await write('a', [10, 1, 0x79]);
     expect((await vol.status()).migration).toBeNull();
     // b comes back: its replica is rebuilt by a's engine.
-    await hosts[1]!.start();
-    await cluster.addHost(hosts[1]!.engine);
+    await env.hosts[1]!.start();
+    await env.cluster.addHost(env.hosts[1]!.engine);
     expect(await waitFor(async () => (await vol.status()).state === 'healthy', 60_000, 300), diag()).toBe(true);
     await expectReplicasEqual('a');
   });
 
   it('rolls back by itself when the target host dies after the hand-over, keeping what it wrote', async () => {
     await attachOnA();
-    const vol = cluster.volume(VOLUME);
+    const vol = env.cluster.volume(VOLUME);
     const rolled: Array<{ automatic: boolean; reason: string }> = [];
     vol.on('migration-rolled-back', (e) => rolled.push(e));
     const m = await vol.migrate('b', { nbd: `unix:${sock('b')}` });
     const ho = await m.handOver();
     await write('b', [20, 1, 0x7c]);
-    await hosts[1]!.crash();
-    await cluster.repairOnce();
+    await env.hosts[1]!.crash();
+    await env.cluster.repairOnce();
     expect(rolled, diag()).toEqual([expect.objectContaining({ automatic: true })]);
     const st = await vol.status();
     expect(st).toMatchObject({ attachedHost: 'a', writerHost: 'a', migration: null });
@@ -199,45 +176,42 @@ describe('three data-engine hosts, live migration', () => {
     // a's new engine serves b's acknowledged write (it reached a's and c's replicas).
     for (const p of [...BEFORE, [20, 1, 0x7c] as [number, number, number]]) await readsBack('a', p);
     await write('a', [21, 1, 0x7d]);
-    await hosts[1]!.start();
-    await cluster.addHost(hosts[1]!.engine);
+    await env.hosts[1]!.start();
+    await env.cluster.addHost(env.hosts[1]!.engine);
     expect(await waitFor(async () => (await vol.status()).state === 'healthy', 60_000, 300), diag()).toBe(true);
     await expectReplicasEqual('a');
   });
 
   it('stays on the target when the source host dies after the hand-over', async () => {
     await attachOnA();
-    const vol = cluster.volume(VOLUME);
+    const vol = env.cluster.volume(VOLUME);
     const m = await vol.migrate('b', { nbd: `unix:${sock('b')}` });
     await m.handOver();
     await write('b', [16, 1, 0x7a]);
-    await hosts[0]!.crash();
-    await cluster.repairOnce();
+    await env.hosts[0]!.crash();
+    await env.cluster.repairOnce();
     const st = await vol.status();
     expect(st, diag()).toMatchObject({ attachedHost: 'b', writerHost: 'b', migration: null });
     for (const p of [...BEFORE, [16, 1, 0x7a] as [number, number, number]]) await readsBack('b', p);
     await write('b', [17, 1, 0x7b]);
-    await hosts[0]!.start();
-    await cluster.addHost(hosts[0]!.engine);
+    await env.hosts[0]!.start();
+    await env.cluster.addHost(env.hosts[0]!.engine);
     expect(await waitFor(async () => (await vol.status()).state === 'healthy', 60_000, 300), diag()).toBe(true);
     await expectReplicasEqual('b');
   });
 
   it('finishes a migration after the embedding process restarts', async () => {
     await attachOnA();
-    await cluster.volume(VOLUME).migrate('b', { nbd: `unix:${sock('b')}` });
-    await cluster.close();
-    await store.close();
+    await env.cluster.volume(VOLUME).migrate('b', { nbd: `unix:${sock('b')}` });
     // A new VM-manager process: same state store, fresh connections to the same hosts.
-    store = await FileStateStore.open(tmp.join('state'));
-    cluster = await ClusterClass.open({ store, hosts: hosts.map((h) => h.engine), repairIntervalMs: 0 });
-    const m = await cluster.volume(VOLUME).migration();
+    await env.reopen();
+    const m = await env.cluster.volume(VOLUME).migration();
     expect(m).not.toBeNull();
     expect(await m!.info()).toMatchObject({ sourceHost: 'a', targetHost: 'b', phase: 'target-ready' });
     await m!.handOver();
     for (const p of BEFORE) await readsBack('b', p);
     await m!.confirm();
-    expect((await cluster.volume(VOLUME).status()).attachedHost).toBe('b');
+    expect((await env.cluster.volume(VOLUME).status()).attachedHost).toBe('b');
     await expectReplicasEqual('b');
   });
 });

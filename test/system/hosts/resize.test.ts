@@ -6,15 +6,13 @@
 // read past the old end. Then the volume is grown detached (attached without frontend under a
 // volume-expansion ticket for it). Every replica ends with the same size and the same bytes.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 
-import type { Mooring } from '../../../src/mooring.js';
 import type { VolumeResizedEvent } from '../../../src/volume/volume.js';
-import type { FileStateStore } from '../../../src/state/file-state-store.js';
-import { makeHosts, openCluster, readReplicas, type HostProcess } from '../helpers/hosts.js';
+import { useHostCluster } from '../helpers/host-cluster.js';
+import { readReplicas } from '../helpers/hosts.js';
 import { CMD, NbdClient } from '../helpers/nbd-client.js';
-import { killAllServers } from '../helpers/serve.js';
-import { TempDir, qemuIo, requireTool, run } from '../helpers/tools.js';
+import { qemuIo, requireTool, run } from '../helpers/tools.js';
 
 const MiB = 1 << 20;
 const VOLUME = 'grow-vol';
@@ -63,39 +61,22 @@ class QemuIoSession {
 }
 
 describe('three data-engine hosts: resize while clients are connected', () => {
-  let tmp: TempDir;
-  let hosts: HostProcess[] = [];
-  let cluster: Mooring;
-  let store: FileStateStore;
-  let port = 17730;
+  const env = useHostCluster({ hosts: 3, basePort: 17730, cluster: { repairIntervalMs: 0 } });
   const closers: Array<() => void> = [];
 
-  beforeEach(async () => {
-    tmp = new TempDir();
-    hosts = makeHosts(tmp.path, 3, port);
-    port += 10;
-    for (const h of hosts) await h.start();
-    ({ cluster, store } = await openCluster(tmp.path, hosts, { repairIntervalMs: 0 }));
-  });
-
-  afterEach(async () => {
+  afterEach(() => {
     for (const c of closers.splice(0)) c();
-    await cluster?.close();
-    await store?.close();
-    for (const h of hosts) await h.stop().catch(() => undefined);
-    await killAllServers();
-    tmp.cleanup();
   });
 
-  const sock = (): string => tmp.join(`${VOLUME}.sock`);
+  const sock = (): string => env.tmp.join(`${VOLUME}.sock`);
   const uri = (): string => `nbd+unix:///?socket=${sock()}`;
-  const diag = (): string => hosts.map((h) => h.diagnostics()).join('');
+  const diag = (): string => env.hosts.map((h) => h.diagnostics()).join('');
   const nbdinfoSize = async (): Promise<number> => Number((await run('nbdinfo', ['--size', uri()])).stdout.trim());
 
   async function assertReplicasEqual(sizeBytes: number): Promise<void> {
-    const st = await cluster.volume(VOLUME).status();
+    const st = await env.cluster.volume(VOLUME).status();
     expect(st.state).toBe('detached');
-    const list = st.replicas.map((r) => ({ host: hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
+    const list = st.replicas.map((r) => ({ host: env.hosts.find((h) => h.hostId === r.hostId)!, name: r.name }));
     // readReplicas checks each replica's own size against sizeBytes before it reads.
     const contents = await readReplicas(list, sizeBytes);
     expect(contents).toHaveLength(3);
@@ -103,8 +84,8 @@ describe('three data-engine hosts: resize while clients are connected', () => {
   }
 
   it('grows an attached volume live: connected clients keep their size, new connections see the new one; then grows it detached', async () => {
-    await cluster.createVolume({ name: VOLUME, sizeBytes: 16 * MiB, replicas: 3 });
-    const vol = cluster.volume(VOLUME);
+    await env.cluster.createVolume({ name: VOLUME, sizeBytes: 16 * MiB, replicas: 3 });
+    const vol = env.cluster.volume(VOLUME);
     const resized: VolumeResizedEvent[] = [];
     vol.on('resized', (e) => resized.push(e));
     await vol.attach({ host: 'a', nbd: `unix:${sock()}` });
