@@ -5,6 +5,7 @@ import { UsageError, reportError, type CliContext } from './common.js';
 import { runCreate } from './create.js';
 import { runDataEngine } from './data-engine.js';
 import { runInfo } from './info.js';
+import { runRebuild } from './rebuild.js';
 import { LOG_HELP, makeCliLogger, takeLogFlags } from './log.js';
 import { runServe } from './serve.js';
 import { runSnapshot } from './snapshot.js';
@@ -18,7 +19,8 @@ Commands:
   serve      serve a volume (created first if new) over NBD until SIGINT/SIGTERM
   create     create a volume (detached)
   info       show volumes: size, replicas, epoch and snapshots (changes nothing)
-  snapshot   create, list, delete, revert or export snapshots
+  snapshot   create, list, delete, revert, export or clone snapshots
+  rebuild    bring every replica back to RW and wait, with progress
   bench      benchmark Mooring against qemu-nbd and the raw disk (needs fio, qemu-nbd)
   data-engine  run this host's data engine (replicas, engines) as a process, served over gRPC
 
@@ -37,6 +39,7 @@ const COMMANDS: Record<string, (argv: string[], ctx: CliContext) => Promise<numb
   create: runCreate,
   info: runInfo,
   snapshot: runSnapshot,
+  rebuild: runRebuild,
   bench: runBenchCommand,
   'data-engine': runDataEngine,
 };
