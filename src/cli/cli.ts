@@ -4,6 +4,7 @@ import { runBenchCommand } from './bench.js';
 import { UsageError, reportError, type CliContext } from './common.js';
 import { runCreate } from './create.js';
 import { runDataEngine } from './data-engine.js';
+import { runImage } from './image.js';
 import { runInfo } from './info.js';
 import { runRebuild } from './rebuild.js';
 import { LOG_HELP, makeCliLogger, takeLogFlags } from './log.js';
@@ -21,6 +22,7 @@ Commands:
   info       show volumes: size, replicas, epoch and snapshots (changes nothing)
   snapshot   create, list, delete, revert, export or clone snapshots
   rebuild    bring every replica back to RW and wait, with progress
+  image      import a raw or qcow2 file as a backing image and a volume on it
   bench      benchmark Mooring against qemu-nbd and the raw disk (needs fio, qemu-nbd)
   data-engine  run this host's data engine (replicas, engines) as a process, served over gRPC
 
@@ -40,6 +42,7 @@ const COMMANDS: Record<string, (argv: string[], ctx: CliContext) => Promise<numb
   info: runInfo,
   snapshot: runSnapshot,
   rebuild: runRebuild,
+  image: runImage,
   bench: runBenchCommand,
   'data-engine': runDataEngine,
 };

@@ -2,11 +2,12 @@
 // `mooring rebuild` rebuilds a replica that missed 320 MiB of writes while its host (one of
 // two real `mooring data-engine` processes) was down, and `mooring snapshot clone` copies a snapshot
 // holding 320 MiB into a new volume. Each prints progress lines on stderr that rise to a
-// final 100%, and the result is checked: identical replicas, the clone's data read back.
+// final 100%, and the result is checked: identical replicas, the clone's data read back, the
+// imported volume compared with the image by qemu-img.
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 
 import { killAllServers, runCli, startServe } from './helpers/serve.js';
-import { qemuIo, TempDir } from './helpers/tools.js';
+import { qemuIo, run, TempDir } from './helpers/tools.js';
 import { VolumeFixture } from './helpers/volume.js';
 
 const MiB = 1024 * 1024;
@@ -29,7 +30,7 @@ function jsonRecords(stderr: string): ProgressRecord[] {
     .map((l) => JSON.parse(l) as ProgressRecord);
 }
 
-describe('progress of mooring rebuild and snapshot clone', () => {
+describe('progress of mooring rebuild, snapshot clone and image import', () => {
   const tmp = new TempDir('mooring-cli-prog-');
   let vol: VolumeFixture | null = null;
   afterEach(async () => {
@@ -102,5 +103,32 @@ describe('progress of mooring rebuild and snapshot clone', () => {
     const clone = await startServe({ dir, extraArgs: ['--volume', 'c'] });
     await qemuIo(clone.uri, [`read -P 0x5a 0 ${DATA_MIB}M`, `read -P 0 ${DATA_MIB}M ${512 - DATA_MIB}M`], 120_000);
     expect(await clone.stop(), clone.diagnostics()).toBe(0);
+  }, 300_000);
+
+  it('mooring image import uploads a qcow2 file with progress lines up to 100%, and the volume reads as the image', async () => {
+    const image = tmp.join('base.qcow2');
+    await run('qemu-img', ['create', '-q', '-f', 'qcow2', image, '512M']);
+    await run('qemu-io', ['-f', 'qcow2', image, '-c', `write -P 0x5a 0 ${DATA_MIB}M`, '-c', 'write -P 0x11 400M 1M'], { timeoutMs: 120_000 });
+    const dir = tmp.join('imported');
+
+    const r = await runCli(['image', 'import', '--dir', dir, image, '--volume', 'vm', '--image', 'base', '--replicas', '1', '--progress-interval-ms', '0', '--log-format', 'json', '--json'], { timeoutMs: 120_000 });
+    const progress = jsonRecords(r.stderr).filter((x) => x.progress);
+    expect(progress.length, r.stderr).toBeGreaterThanOrEqual(2);
+    const done = progress.map((p) => p.progress!.doneBytes);
+    for (let i = 1; i < done.length; i++) expect(done[i]!, r.stderr).toBeGreaterThan(done[i - 1]!);
+    const fileBytes = progress[0]!.progress!.totalBytes;
+    expect(fileBytes).toBeGreaterThan(DATA_MIB * MiB);
+    for (const p of progress) expect(p, r.stderr).toMatchObject({ level: 'info', volume: 'vm', progress: { task: expect.stringMatching(/^import of .*base\.qcow2 into backing image base$/), totalBytes: fileBytes } });
+    expect(progress.at(-1)!.progress, r.stderr).toMatchObject({ percent: 100, doneBytes: fileBytes, done: true });
+    expect(JSON.parse(r.stdout)).toMatchObject({ image: 'base', format: 'qcow2', fileBytes, virtualSizeBytes: 512 * MiB, volume: 'vm', sizeBytes: 512 * MiB, replicaCount: 1 });
+
+    // The same name again: refused, and the first import is untouched.
+    const again = await runCli(['image', 'import', '--dir', dir, image, '--volume', 'vm', '--image', 'other'], { allowFailure: true });
+    expect(again.code, again.stderr).toBe(1);
+    expect(again.stderr).toMatch(/^mooring: ALREADY_EXISTS: /);
+
+    const server = await startServe({ dir, extraArgs: ['--volume', 'vm'] });
+    await run('qemu-img', ['compare', '-f', 'qcow2', '-F', 'raw', image, server.uri], { timeoutMs: 120_000 });
+    expect(await server.stop(), server.diagnostics()).toBe(0);
   }, 300_000);
 });
