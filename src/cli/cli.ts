@@ -30,7 +30,7 @@ Run 'mooring <command> --help' for a command's options.
   --version  print the version
   --help     show this help
 
-Every command but bench also takes (docs/logging.md):
+Every command also takes (docs/logging.md):
 ${LOG_HELP}
 
 Errors print as 'mooring: CODE: message' (exit 1; usage errors exit 2).
@@ -65,7 +65,6 @@ export async function runCli(argv: string[], ctx: CliContext): Promise<number> {
     }
     const run = COMMANDS[command];
     if (!run) throw new UsageError('', `unknown command ${JSON.stringify(command)} (expected ${Object.keys(COMMANDS).join(', ')})`);
-    if (command === 'bench') return await run(rest, ctx);
     const { settings, rest: commandArgs } = takeLogFlags(command, rest);
     ctx.logSettings = settings;
     ctx.log = makeCliLogger(ctx, settings);
