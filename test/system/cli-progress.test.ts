@@ -111,6 +111,12 @@ describe('progress of mooring rebuild, snapshot clone and image import', () => {
     await run('qemu-io', ['-f', 'qcow2', image, '-c', `write -P 0x5a 0 ${DATA_MIB}M`, '-c', 'write -P 0x11 400M 1M'], { timeoutMs: 120_000 });
     const dir = tmp.join('imported');
 
+    // A file that is not what --checksum says: refused, and nothing of it is left behind (the
+    // import below reuses both names).
+    const wrong = await runCli(['image', 'import', '--dir', dir, image, '--volume', 'vm', '--image', 'base', '--replicas', '1', '--checksum', '0'.repeat(128)], { allowFailure: true, timeoutMs: 120_000 });
+    expect(wrong.code, wrong.stderr).toBe(1);
+    expect(wrong.stderr).toMatch(/^mooring: CHECKSUM_MISMATCH: /m);
+
     const r = await runCli(['image', 'import', '--dir', dir, image, '--volume', 'vm', '--image', 'base', '--replicas', '1', '--progress-interval-ms', '0', '--log-format', 'json', '--json'], { timeoutMs: 120_000 });
     const progress = jsonRecords(r.stderr).filter((x) => x.progress);
     expect(progress.length, r.stderr).toBeGreaterThanOrEqual(2);
