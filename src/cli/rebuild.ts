@@ -10,6 +10,11 @@ import { rebuildProgress } from './progress.js';
 /** How long `mooring rebuild` waits for the volume to be healthy by default. */
 const DEFAULT_REBUILD_TIMEOUT_MS = 3_600_000;
 const REBUILD_TIMEOUT_MS_MAX = 7 * 24 * 3_600_000;
+/**
+ * How long to wait, once the volume is healthy, for the completion events of rebuilds seen
+ * starting (an event may cross from its data engine after the status that says RW).
+ */
+const COMPLETION_EVENT_WAIT_MS = 5_000;
 
 /** Help text of `mooring rebuild`. */
 export const REBUILD_HELP = `Usage: mooring rebuild --dir DIR [--volume V] [--host ADDRESS ...] [--timeout-ms MS] [--json]
@@ -54,17 +59,33 @@ export async function runRebuild(argv: string[], ctx: CliContext): Promise<numbe
     const settings = logSettingsOf(ctx);
     const progress = settings.progress ? rebuildProgress(logOf(ctx), settings.progressIntervalMs) : null;
     const rebuilt: Array<{ replicaId: string; engineHostId: string } & RebuildProgress> = [];
+    // Rebuilds seen starting and not yet ended, and who waits for them to end.
+    const running = new Set<string>();
+    let allEnded: (() => void) | null = null;
     const onEvent = (hostId: string, e: DataEngineEvent): void => {
       if (e.type === 'backing-image-file' || e.volume !== volume.name) return;
       progress?.(hostId, e);
+      if (e.type === 'rebuild-started') running.add(e.replicaId);
       if (e.type === 'rebuild-completed') {
         rebuilt.push({ replicaId: e.replicaId, engineHostId: hostId, scannedBytes: e.scannedBytes, sentBytes: e.sentBytes, totalBytes: e.totalBytes });
+      }
+      if (e.type === 'rebuild-completed' || e.type === 'rebuild-failed') {
+        running.delete(e.replicaId);
+        if (running.size === 0) allEnded?.();
       }
     };
     m.on('data-engine-event', onEvent);
     let status;
     try {
       status = await volume.rebuild({ timeoutMs });
+      if (running.size > 0) {
+        let timer: NodeJS.Timeout | undefined;
+        await new Promise<void>((res) => {
+          allEnded = res;
+          timer = setTimeout(res, COMPLETION_EVENT_WAIT_MS);
+        });
+        clearTimeout(timer);
+      }
     } finally {
       m.off('data-engine-event', onEvent);
     }
