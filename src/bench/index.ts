@@ -28,6 +28,9 @@ import { measureUpgrade, type UpgradeResults } from './upgrade.js';
 import { measureGuestMigration, type GuestMigrationResults } from './guest-migration.js';
 import { measureBackingImageDelivery, type BackingImageDeliveryResults } from './backing-image-delivery.js';
 import { measureBackingImageRead, type BackingImageReadResults } from './backing-image-read.js';
+import { benchLogLine } from './bench-log.js';
+import { DEFAULT_LOG_SETTINGS, makeCliLogger } from '../cli/log.js';
+import type { Logger } from '../util/logger.js';
 
 export { parseBenchArgs, type BenchOptions } from './options.js';
 
@@ -334,33 +337,43 @@ async function servedVersion(s: Omit<RunState, 'scratch'>, cli: string | undefin
   return s.opts.mooringCli ? `${v} (${cli})` : v;
 }
 
+/** Where `mooring bench` writes: the table, the CLI's logger, whether progress lines are wanted. */
+export interface BenchOutput {
+  /** The table and --help (default: process.stdout). */
+  stdout?: (text: string) => void;
+  /** Default: human lines on stderr, level info. */
+  log?: Logger;
+  /** False with --no-progress (default true). */
+  progress?: boolean;
+}
+
 /**
  * Runs the benchmark with `mooring bench` arguments. Resolves to the process exit code:
  * 0 done, 1 a failure (the report still lists what was measured), 2 usage, 130 interrupted.
  * Every child process and scratch file is gone when it resolves, also after Ctrl-C.
  */
-export async function runBench(argv: string[]): Promise<number> {
+export async function runBench(argv: string[], output: BenchOutput = {}): Promise<number> {
+  const logger = output.log ?? makeCliLogger({ stderr: (t) => void process.stderr.write(t) }, DEFAULT_LOG_SETTINGS);
+  const stdout = output.stdout ?? ((t: string) => void process.stdout.write(t));
   let opts: BenchOptions;
   try {
     opts = parseBenchArgs(argv);
   } catch (err) {
     if (err instanceof BenchUsageError) {
-      process.stderr.write(`mooring: INVALID_ARGUMENT: ${err.message}\nTry 'mooring bench --help'.\n`);
+      logger.error({ code: 'INVALID_ARGUMENT', hint: "Try 'mooring bench --help'." }, err.message);
       return 2;
     }
     throw err;
   }
   if (opts.help) {
-    process.stdout.write(HELP_TEXT);
+    stdout(HELP_TEXT);
     return 0;
   }
 
   const root = packageRoot();
   const tracker = new ProcessTracker();
   const controller = new AbortController();
-  const log = (line: string): void => {
-    process.stderr.write(`${line}\n`);
-  };
+  const log = benchLogLine(logger, output.progress ?? true);
   let scratch: string | undefined;
 
   const onSignal = (signal: NodeJS.Signals): void => {
@@ -430,7 +443,7 @@ export async function runBench(argv: string[]): Promise<number> {
       backingImageDelivery,
       failures: s.failures,
     };
-    process.stdout.write(renderStdout(results));
+    stdout(renderStdout(results));
     if (opts.outPath) {
       const out = opts.outPathIsDefault && root ? join(root, opts.outPath) : resolve(opts.outPath);
       mkdirSync(dirname(out), { recursive: true });
@@ -450,10 +463,10 @@ export async function runBench(argv: string[]): Promise<number> {
       return 130;
     }
     if (err instanceof BenchError) {
-      process.stderr.write(`mooring: ${err.code}: ${err.message}\n`);
+      logger.error({ code: err.code }, err.message);
       return 1;
     }
-    process.stderr.write(`mooring: BENCH_FAILED: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    logger.error({ code: 'BENCH_FAILED' }, err instanceof Error ? (err.stack ?? err.message) : String(err));
     return 1;
   } finally {
     // Targets stop themselves; anything still tracked here is a leftover (e.g. an aborted fio).

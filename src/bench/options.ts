@@ -130,6 +130,10 @@ Options:
                       qemu-nbd servers (default ${DEFAULT_GUEST_MIGRATIONS}, --quick ${QUICK_GUEST_MIGRATIONS}; 0 skips them)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
+
+The table goes to stdout; what the run is doing, warnings and errors to stderr, as every
+command's logs (docs/logging.md): --log-format human|json, --log-level LEVEL, and
+--no-progress (only warnings, failures and the files written).
 `;
 
 function splitList(value: string, option: string): string[] {

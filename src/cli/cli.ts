@@ -4,7 +4,9 @@ import { runBenchCommand } from './bench.js';
 import { UsageError, reportError, type CliContext } from './common.js';
 import { runCreate } from './create.js';
 import { runDataEngine } from './data-engine.js';
+import { runImage } from './image.js';
 import { runInfo } from './info.js';
+import { runRebuild } from './rebuild.js';
 import { LOG_HELP, makeCliLogger, takeLogFlags } from './log.js';
 import { runServe } from './serve.js';
 import { runSnapshot } from './snapshot.js';
@@ -18,7 +20,9 @@ Commands:
   serve      serve a volume (created first if new) over NBD until SIGINT/SIGTERM
   create     create a volume (detached)
   info       show volumes: size, replicas, epoch and snapshots (changes nothing)
-  snapshot   create, list, delete, revert or export snapshots
+  snapshot   create, list, delete, revert, export or clone snapshots
+  rebuild    bring every replica back to RW and wait, with progress
+  image      import a raw or qcow2 file as a backing image and a volume on it
   bench      benchmark Mooring against qemu-nbd and the raw disk (needs fio, qemu-nbd)
   data-engine  run this host's data engine (replicas, engines) as a process, served over gRPC
 
@@ -26,7 +30,7 @@ Run 'mooring <command> --help' for a command's options.
   --version  print the version
   --help     show this help
 
-Every command but bench also takes (docs/logging.md):
+Every command also takes (docs/logging.md):
 ${LOG_HELP}
 
 Errors print as 'mooring: CODE: message' (exit 1; usage errors exit 2).
@@ -37,6 +41,8 @@ const COMMANDS: Record<string, (argv: string[], ctx: CliContext) => Promise<numb
   create: runCreate,
   info: runInfo,
   snapshot: runSnapshot,
+  rebuild: runRebuild,
+  image: runImage,
   bench: runBenchCommand,
   'data-engine': runDataEngine,
 };
@@ -59,7 +65,6 @@ export async function runCli(argv: string[], ctx: CliContext): Promise<number> {
     }
     const run = COMMANDS[command];
     if (!run) throw new UsageError('', `unknown command ${JSON.stringify(command)} (expected ${Object.keys(COMMANDS).join(', ')})`);
-    if (command === 'bench') return await run(rest, ctx);
     const { settings, rest: commandArgs } = takeLogFlags(command, rest);
     ctx.logSettings = settings;
     ctx.log = makeCliLogger(ctx, settings);

@@ -38,7 +38,8 @@ export const DEFAULT_LOG_SETTINGS: LogSettings = {
 /** Help lines of the flags every command takes. */
 export const LOG_HELP = `  --log-format human|json   stderr as human lines (default) or one JSON object per line
   --log-level LEVEL         trace, debug, info (default), warn, error, fatal or silent
-  --no-progress             no progress lines for long work (exports, rebuilds)
+  --no-progress             no progress lines for long work (exports, clones, imports,
+                            rebuilds, bench steps)
   --progress-interval-ms MS least time between two progress lines (default ${DEFAULT_PROGRESS_INTERVAL_MS})`;
 
 const VALUED = ['--log-format', '--log-level', '--progress-interval-ms'] as const;

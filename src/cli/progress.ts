@@ -74,6 +74,37 @@ export class ProgressReporter {
 }
 
 /**
+ * Runs `copy` (a snapshot export or clone) while printing its progress: the
+ * `snapshot-copy-progress` events of `volume`'s snapshot `snapshot`, bytes of the snapshot's
+ * data handled of all of it; the final line at the total when `copy` resolves. `reporter`
+ * null (--no-progress) prints nothing.
+ */
+export async function withCopyProgress<T extends { copiedBytes: number }>(
+  events: { on(event: 'data-engine-event', l: (hostId: string, e: DataEngineEvent) => void): unknown; off(event: 'data-engine-event', l: (hostId: string, e: DataEngineEvent) => void): unknown },
+  volume: string,
+  snapshot: string,
+  reporter: ProgressReporter | null,
+  copy: () => Promise<T>,
+): Promise<T> {
+  let total: number | null = null;
+  const onEvent = (_host: string, e: DataEngineEvent): void => {
+    if (e.type !== 'snapshot-copy-progress' || e.volume !== volume || e.snapshot !== snapshot) return;
+    total = e.totalBytes;
+    reporter?.update(e.copiedBytes, e.totalBytes);
+  };
+  events.on('data-engine-event', onEvent);
+  let r: T;
+  try {
+    r = await copy();
+  } finally {
+    events.off('data-engine-event', onEvent);
+  }
+  const all: number = total ?? r.copiedBytes;
+  reporter?.finish(all, all);
+  return r;
+}
+
+/**
  * Progress lines of the rebuilds a long-running command sees in data-engine events (serve,
  * data-engine): one task per volume and replica, from `rebuild-started` to
  * `rebuild-completed` (the final line) or `rebuild-failed` (no final line: the failure is

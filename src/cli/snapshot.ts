@@ -1,11 +1,10 @@
-// `mooring snapshot create|list|delete|revert`.
+// `mooring snapshot create|list|delete|revert|export|clone`.
 import { resolve } from 'node:path';
 
-import type { DataEngineEvent } from '../data-engine/data-engine.js';
 import { formatBytes } from '../util/size.js';
 import { logOf, logSettingsOf } from './log.js';
-import { ProgressReporter } from './progress.js';
-import { UsageError, isoTime, parseCommandArgs, printJson, type CliContext } from './common.js';
+import { ProgressReporter, withCopyProgress } from './progress.js';
+import { UsageError, isoTime, parseCommandArgs, parseNameOption, parseReplicasOption, printJson, type CliContext } from './common.js';
 import { EMBEDDED_HELP, EMBEDDED_OPTIONS, closeEmbedded, openEmbedded, pickVolume, type Embedded } from './embedded.js';
 
 /** Help text of `mooring snapshot`. */
@@ -14,6 +13,7 @@ export const SNAPSHOT_HELP = `Usage: mooring snapshot create --dir DIR [--volume
        mooring snapshot delete --dir DIR [--volume V] NAME
        mooring snapshot revert --dir DIR [--volume V] NAME
        mooring snapshot export --dir DIR [--volume V] NAME --to FILE [--json]
+       mooring snapshot clone  --dir DIR [--volume V] NAME --into NEW [--replicas N] [--json]
 
 Manage the snapshots of a volume while no process has DIR open (they are refused with
 BUSY while mooring serve runs there). The volume attaches itself on one of its hosts,
@@ -25,16 +25,21 @@ without NBD export, for the command, and detaches again.
   revert   make the volume's content that of snapshot NAME
   export   write the volume as of snapshot NAME into a new sparse raw FILE (progress
            lines on stderr; --no-progress silences them)
+  clone    create volume NEW with the content of snapshot NAME (same size and backing
+           image; progress lines on stderr as for export); NEW stays detached
 
 Options:
 ${EMBEDDED_HELP}
   --label KEY=VALUE    label stored with a new snapshot (repeatable, at most 64)
   --to FILE            export: the raw file to write (must not exist; its directory must)
+  --into NEW           clone: the new volume's name
+  --replicas N         clone: its replicas, 1..16, one per host (default: 3, or one per
+                       host when fewer hosts are given)
   --json               machine-readable output
   -h, --help           show this help
 `;
 
-const SUBCOMMANDS = ['create', 'list', 'delete', 'revert', 'export'] as const;
+const SUBCOMMANDS = ['create', 'list', 'delete', 'revert', 'export', 'clone'] as const;
 type Subcommand = (typeof SUBCOMMANDS)[number];
 
 function parseLabels(items: string[] | undefined): Record<string, string> {
@@ -47,6 +52,12 @@ function parseLabels(items: string[] | undefined): Record<string, string> {
     labels[key] = item.slice(eq + 1);
   }
   return labels;
+}
+
+/** A progress reporter for `task`, or null with --no-progress. */
+function reporter(ctx: CliContext, task: string, fields: Record<string, unknown>): ProgressReporter | null {
+  const settings = logSettingsOf(ctx);
+  return settings.progress ? new ProgressReporter(logOf(ctx), task, { fields, intervalMs: settings.progressIntervalMs }) : null;
 }
 
 /** Runs `mooring snapshot ...`. */
@@ -73,6 +84,8 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
       ...EMBEDDED_OPTIONS,
       label: { type: 'string', multiple: true },
       to: { type: 'string' },
+      into: { type: 'string' },
+      replicas: { type: 'string' },
       json: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
@@ -88,6 +101,11 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
   const labels = parseLabels(values.label);
   if (command === 'export' && (values.to === undefined || values.to === '')) throw new UsageError('snapshot', 'snapshot export needs --to FILE');
   if (command !== 'export' && values.to !== undefined) throw new UsageError('snapshot', '--to only applies to snapshot export');
+  if (command === 'clone' && (values.into === undefined || values.into === '')) throw new UsageError('snapshot', 'snapshot clone needs --into NEW');
+  if (command !== 'clone' && values.into !== undefined) throw new UsageError('snapshot', '--into only applies to snapshot clone');
+  if (command !== 'clone' && values.replicas !== undefined) throw new UsageError('snapshot', '--replicas only applies to snapshot clone');
+  if (values.into !== undefined) parseNameOption('snapshot', '--into', values.into);
+  const replicas = values.replicas === undefined ? undefined : parseReplicasOption('snapshot', values.replicas);
 
   let embedded: Embedded | null = null;
   try {
@@ -126,28 +144,22 @@ export async function runSnapshot(argv: string[], ctx: CliContext): Promise<numb
         break;
       case 'export': {
         const path = resolve(ctx.cwd ?? process.cwd(), values.to!);
-        const settings = logSettingsOf(ctx);
-        const progress = settings.progress
-          ? new ProgressReporter(logOf(ctx), `export of snapshot ${name} of ${volume.name}`, { fields: { volume: volume.name, snapshot: name }, intervalMs: settings.progressIntervalMs })
-          : null;
         // Progress counts the snapshot's allocated bytes read (totalBytes: all of them).
-        let total: number | null = null;
-        const onEvent = (_host: string, e: DataEngineEvent): void => {
-          if (e.type !== 'snapshot-copy-progress' || e.volume !== volume.name || e.snapshot !== name) return;
-          total = e.totalBytes;
-          progress?.update(e.copiedBytes, e.totalBytes);
-        };
-        embedded.mooring.on('data-engine-event', onEvent);
-        let r;
-        try {
-          r = await volume.exportSnapshot(name!, { path });
-        } finally {
-          embedded.mooring.off('data-engine-event', onEvent);
-        }
-        const all: number = total ?? r.copiedBytes;
-        progress?.finish(all, all);
+        const progress = reporter(ctx, `export of snapshot ${name} of ${volume.name}`, { volume: volume.name, snapshot: name });
+        const r = await withCopyProgress(embedded.mooring, volume.name, name!, progress, () => volume.exportSnapshot(name!, { path }));
         if (values.json) printJson(ctx, { exported: name, path, ...r });
         else ctx.stdout(`exported snapshot ${name} of ${volume.name} to ${path} (${formatBytes(r.sizeBytes)}, ${formatBytes(r.copiedBytes)} of data)\n`);
+        break;
+      }
+      case 'clone': {
+        const into = values.into!;
+        const progress = reporter(ctx, `clone of snapshot ${name} of ${volume.name} into ${into}`, { volume: volume.name, snapshot: name, into });
+        const r = await withCopyProgress(embedded.mooring, volume.name, name!, progress, () =>
+          volume.clone({ name: into, snapshot: name!, ...(replicas !== undefined ? { replicas } : {}) }),
+        );
+        const status = await r.volume.status();
+        if (values.json) printJson(ctx, { cloned: name, from: volume.name, volume: into, sizeBytes: status.sizeBytes, replicaCount: status.replicaCount, copiedBytes: r.copiedBytes });
+        else ctx.stdout(`cloned snapshot ${name} of ${volume.name} into volume ${into} (${formatBytes(status.sizeBytes)}, ${status.replicaCount} replica${status.replicaCount === 1 ? '' : 's'}, ${formatBytes(r.copiedBytes)} of data)\n`);
         break;
       }
     }

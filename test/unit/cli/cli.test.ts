@@ -53,7 +53,7 @@ describe('mooring CLI', () => {
     expect(ctx.out.join('')).toContain('Usage: mooring <command>');
     expect(await runCli(['--version'], ctx)).toBe(0);
     expect(ctx.out.at(-1)).toMatch(/^\d+\.\d+\.\d+\n$/);
-    for (const cmd of ['serve', 'create', 'info', 'snapshot']) {
+    for (const cmd of ['serve', 'create', 'info', 'snapshot', 'rebuild', 'image']) {
       ctx.out.length = 0;
       expect(await runCli([cmd, '--help'], ctx)).toBe(0);
       expect(ctx.out.join('')).toContain(`mooring ${cmd}`);
@@ -93,6 +93,19 @@ describe('mooring CLI', () => {
     [['snapshot', 'create', '--dir', 'v', 's', '--label', 'novalue'], '--label must be KEY=VALUE'],
     [['snapshot', 'list', '--dir', 'v', 'extra'], 'unexpected argument'],
     [['snapshot', 'delete', '--dir', 'v', 's', '--label', 'a=b'], '--label only applies'],
+    [['snapshot', 'clone', '--dir', 'v', 's'], 'snapshot clone needs --into NEW'],
+    [['snapshot', 'clone', '--dir', 'v'], 'needs a snapshot NAME'],
+    [['snapshot', 'export', '--dir', 'v', 's', '--to', 'f', '--into', 'c'], '--into only applies to snapshot clone'],
+    [['snapshot', 'create', '--dir', 'v', 's', '--replicas', '2'], '--replicas only applies to snapshot clone'],
+    [['snapshot', 'clone', '--dir', 'v', 's', '--into', 'c', '--replicas', '0'], '--replicas must be'],
+    [['image', 'export'], 'unknown image command'],
+    [['image', 'import', '--dir', 'v'], 'image import needs the image FILE'],
+    [['image', 'import', '--dir', 'v', 'f', '--checksum', 'abc'], '--checksum must be a SHA-512'],
+    [['image', 'import', '--dir', 'v', 'f', '--size', '1000'], '--size: sizeBytes must be a positive multiple of 4096'],
+    [['image', 'import', '--dir', 'v', 'f', '--image', 'a/b'], '--image must match'],
+    [['rebuild'], '--dir DIR is required'],
+    [['rebuild', '--dir', 'v', 'extra'], 'unexpected argument'],
+    [['rebuild', '--dir', 'v', '--timeout-ms', '1.5'], '--timeout-ms must be an integer'],
   ])('%j is a usage error (exit 2)', async (argv, message) => {
     expect(await runCli(argv, ctx)).toBe(2);
     const err = ctx.err.join('');
