@@ -682,7 +682,7 @@ export class LocalDataEngine implements DataEngine {
       throw new MooringError('INVALID_ARGUMENT', `salvage must be a boolean (got ${describe(options.salvage)})`);
     }
     const salvage = options.salvage === true;
-    if (salvage && standby) throw new MooringError('INVALID_ARGUMENT', 'a standby cannot be a salvage start: salvage claims an epoch and serves (docs/salvage.md)');
+    if (salvage && standby) throw new MooringError('INVALID_ARGUMENT', 'salvage and standby exclude each other: a salvage start claims its epoch and serves (docs/salvage.md)');
     // The epoch comes from the caller, who allocated it; a standby claims none until activated.
     let epoch: number | undefined;
     if (standby) {

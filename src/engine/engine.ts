@@ -249,7 +249,7 @@ export type EngineEvents = {
   'replica-error': (event: ReplicaErrorEvent) => void;
   /** A new writer epoch was claimed. */
   'epoch-claimed': (event: EpochClaimedEvent) => void;
-  /** A salvage start chose its source replica (at open, after `epoch-claimed`). */
+  /** A salvage start chose its source replica (at open). */
   salvaged: (event: SalvagedEvent) => void;
   /** A new replica set was committed. */
   'replica-set-changed': (event: ReplicaSetChangedEvent) => void;
@@ -433,7 +433,8 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
    * replica (fencing any older engine) and reconciles replicas that were not closed cleanly.
    * With `standby` it does neither (see {@link EngineOptions.standby}).
    *
-   * @throws MooringError INVALID_ARGUMENT, UNSUPPORTED (remote replicas), NO_HEALTHY_REPLICA,
+   * @throws MooringError INVALID_ARGUMENT, STALE_EPOCH, NO_QUORUM (no majority of the latest
+   *   replica set answered; see {@link EngineOptions.salvage}), UNSUPPORTED (remote replicas), NO_HEALTHY_REPLICA,
    *   CORRUPT_METADATA, NATIVE_LOAD_FAILED, ...
    */
   static async open(options: EngineOptions): Promise<LocalEngine> {
