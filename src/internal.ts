@@ -30,6 +30,7 @@ export type {
   ReplicaMode,
   ReplicaSetChangedEvent,
   ReplicaStatus,
+  SalvagedEvent,
   SnapshotOptions,
   WriteOptions,
   WriteZeroesOptions,

@@ -143,16 +143,18 @@ export interface DataEngineInfo {
    */
   diskId: string;
   /**
-   * What this data engine offers beyond the base service:
+   * What this data engine's gRPC service offers beyond the base service:
    * `successor-exec` (it replaces its own process by a new version: `mooring data-engine
-   * --allow-successor-exec`) and `in-place-handoff` (it hands its engines, clients
-   * connected, to that successor). Empty in process and from older data engines.
+   * --allow-successor-exec`), `in-place-handoff` (it hands its engines, clients
+   * connected, to that successor) and `salvage` (it honours
+   * {@link EngineStartOptions.salvage}). Empty in process (where everything of this release
+   * is offered) and from older data engines.
    */
   features: string[];
 }
 
 /** Features a data engine may announce in {@link DataEngineInfo.features} (docs/upgrade.md). */
-export const DATA_ENGINE_FEATURES = { successorExec: 'successor-exec', inPlaceHandOff: 'in-place-handoff' } as const;
+export const DATA_ENGINE_FEATURES = { successorExec: 'successor-exec', inPlaceHandOff: 'in-place-handoff', salvage: 'salvage' } as const;
 
 /** How an engine reaches one replica of its volume. */
 export interface EngineReplicaRef {
@@ -182,6 +184,16 @@ export interface EngineStartOptions {
    * {@link DataEngine.activateEngine}. Another engine may be writing the same replicas meanwhile.
    */
   standby?: boolean;
+  /**
+   * Salvage start (default false; not with `standby`; docs/salvage.md): the caller asserts
+   * that the volume's replicas not given are gone for good. No majority of the latest
+   * replica set is needed; with no reachable RW replica of it, the replica whose last RW
+   * set is newest serves. A `salvaged` event names the source and whether writes may be
+   * missing. A {@link RemoteDataEngine} refuses it (UNSUPPORTED) towards a data engine
+   * whose {@link DataEngineInfo.features} lack `salvage`: an older one would ignore the
+   * field and start normally.
+   */
+  salvage?: boolean;
   /**
    * The writer epoch the engine claims: a positive integer, required unless `standby` (a
    * standby takes none; {@link DataEngine.activateEngine} gives it one). The caller
@@ -288,6 +300,12 @@ export type DataEngineEvent =
   /** An engine claimed its writer epoch (when it started, or was activated). */
   | { type: 'epoch-claimed'; volume: string; epoch: number }
   /**
+   * A salvage start ({@link EngineStartOptions.salvage}) serves from replica `replicaId`,
+   * last RW in the replica set `lastRw` (null: it recorded none); `complete` false: writes
+   * acknowledged after that set may be missing (`message` says why).
+   */
+  | { type: 'salvaged'; volume: string; replicaId: string; lastRw: { epoch: number; generation: number } | null; complete: boolean; message: string }
+  /**
    * An engine committed a new replica set to a majority of the volume's replicas (at start,
    * at activation, after dropping a failed replica, when a rebuilt one became RW or one was
    * removed): `epoch` and `generation` name the set, `rwReplicaIds` are replica ids
@@ -382,7 +400,8 @@ export interface DataEngine {
    * Starts an engine for a volume: it claims `options.epoch` (allocated by the caller) on the
    * replicas, unless it is a standby. ALREADY_EXISTS if one runs, STALE_EPOCH (a replica
    * promised that epoch or a higher one: allocate above it and try again), NO_QUORUM (a
-   * majority of the replicas cannot be reached), NO_HEALTHY_REPLICA, INVALID_ARGUMENT.
+   * majority of the replicas cannot be reached; see `salvage`), NO_HEALTHY_REPLICA,
+   * INVALID_ARGUMENT, UNSUPPORTED (`salvage` towards a data engine without it).
    */
   startEngine(options: EngineStartOptions): Promise<EngineInfo>;
   /** Stops an engine: unexports, drains, flushes, marks replicas clean. NOT_FOUND. */

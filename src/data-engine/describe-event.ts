@@ -8,6 +8,8 @@ export function describeEvent(e: DataEngineEvent): string {
       return `volume ${e.volume}: replica ${e.replicaId} failed (errno ${e.errno}): ${e.message}`;
     case 'epoch-claimed':
       return `volume ${e.volume}: writer epoch ${e.epoch} claimed`;
+    case 'salvaged':
+      return `volume ${e.volume}: salvage start serves from replica ${e.replicaId} (last RW in ${e.lastRw ? `${e.lastRw.epoch}/${e.lastRw.generation}` : 'no recorded set'}; ${e.complete ? 'complete' : 'writes may be missing'}): ${e.message}`;
     case 'replica-set-changed':
       return `volume ${e.volume}: replica set ${e.epoch}/${e.generation} committed (RW: ${e.rwReplicaIds.join(', ') || 'none'})`;
     case 'rebuild-started':

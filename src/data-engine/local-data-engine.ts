@@ -4,7 +4,7 @@ import { isAbsolute, join, resolve } from 'node:path';
 
 import { MooringError, callNative, codeFromErrno, toMooringError } from '../errors.js';
 import type { ReplicaServerStats } from '../native/replica-server-stats.js';
-import { LocalEngine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent } from '../engine/engine.js';
+import { LocalEngine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent, type SalvagedEvent } from '../engine/engine.js';
 import type { NativeAddon, NativeNbdHandOffRecord, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
 import { loadAddon, packageVersion } from '../native/load.js';
 import type { DownloadSettings } from '../backing-image/download.js';
@@ -678,6 +678,11 @@ export class LocalDataEngine implements DataEngine {
       throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }
     const standby = options.standby === true;
+    if (options.salvage !== undefined && typeof options.salvage !== 'boolean') {
+      throw new MooringError('INVALID_ARGUMENT', `salvage must be a boolean (got ${describe(options.salvage)})`);
+    }
+    const salvage = options.salvage === true;
+    if (salvage && standby) throw new MooringError('INVALID_ARGUMENT', 'salvage and standby exclude each other: a salvage start claims its epoch and serves (docs/salvage.md)');
     // The epoch comes from the caller, who allocated it; a standby claims none until activated.
     let epoch: number | undefined;
     if (standby) {
@@ -709,6 +714,7 @@ export class LocalDataEngine implements DataEngine {
         replicas: specs,
         addon: this.#addon,
         ...(standby ? { standby } : { epoch }),
+        ...(salvage ? { salvage } : {}),
         ...(quorumHoldMs !== undefined ? { quorumHoldMs } : {}),
       });
       const slot: EngineSlot = {
@@ -1212,6 +1218,9 @@ export class LocalDataEngine implements DataEngine {
       });
     });
     engine.on('epoch-claimed', (e) => this.#emit({ type: 'epoch-claimed', volume, epoch: e.epoch }));
+    const onSalvaged = (e: SalvagedEvent): void =>
+      this.#emit({ type: 'salvaged', volume, replicaId: e.replicaId, lastRw: e.lastRw && { ...e.lastRw }, complete: e.complete, message: e.message });
+    engine.on('salvaged', onSalvaged);
     engine.on('replica-set-changed', (e) =>
       this.#emit({ type: 'replica-set-changed', volume, epoch: e.epoch, generation: e.generation, rwReplicaIds: [...e.rwReplicaIds] }),
     );
@@ -1224,6 +1233,7 @@ export class LocalDataEngine implements DataEngine {
     });
     for (const e of engine.openEvents) {
       if (e.type === 'epoch-claimed') this.#emit({ type: 'epoch-claimed', volume, epoch: e.epoch });
+      if (e.type === 'salvaged') onSalvaged(e);
       if (e.type === 'replica-set-changed') {
         this.#emit({ type: 'replica-set-changed', volume, epoch: e.epoch, generation: e.generation, rwReplicaIds: [...e.rwReplicaIds] });
       }

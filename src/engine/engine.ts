@@ -82,6 +82,14 @@ export interface EngineOptions {
    */
   standby?: boolean;
   /**
+   * Salvage start (default false; not with `standby`; docs/salvage.md): the caller asserts
+   * that the volume's replicas not given are gone for good. No majority of the latest
+   * replica set is needed; with no reachable RW replica of it, the replica whose last RW
+   * set is newest serves and the others are ERR. The epoch fence still holds. A `salvaged`
+   * event names the source and whether writes may be missing.
+   */
+  salvage?: boolean;
+  /**
    * The writer epoch this engine claims (required unless `standby`). It must be allocated
    * by the caller so that no other engine ever holds it (the cluster allocates it in its
    * store; see docs/single-writer.md), and be above every epoch the replicas promised, else
@@ -139,6 +147,25 @@ export interface ReplicaErrorEvent {
   /** The error code that errno maps to. */
   code: MooringErrorCode;
   /** What failed, from the engine. */
+  message: string;
+}
+
+/**
+ * A salvage start ({@link EngineOptions.salvage}) chose the replica it serves from
+ * (docs/salvage.md).
+ */
+export interface SalvagedEvent {
+  /** The source replica's id. */
+  replicaId: string;
+  /** The newest replica set in which the source was RW, or null when it recorded none. */
+  lastRw: { epoch: number; generation: number } | null;
+  /**
+   * True when the start would have served without salvage (a majority of the latest set
+   * claimed, one of its RW replicas kept): nothing acknowledged is lost. False: writes
+   * acknowledged after `lastRw` may be missing.
+   */
+  complete: boolean;
+  /** What was chosen and why, from the engine. */
   message: string;
 }
 
@@ -222,6 +249,8 @@ export type EngineEvents = {
   'replica-error': (event: ReplicaErrorEvent) => void;
   /** A new writer epoch was claimed. */
   'epoch-claimed': (event: EpochClaimedEvent) => void;
+  /** A salvage start chose its source replica (at open). */
+  salvaged: (event: SalvagedEvent) => void;
   /** A new replica set was committed. */
   'replica-set-changed': (event: ReplicaSetChangedEvent) => void;
   /** Replicas were reconciled. */
@@ -244,6 +273,7 @@ export type EngineEvents = {
 export type EngineEvent =
   | ({ type: 'replica-error' } & ReplicaErrorEvent)
   | ({ type: 'epoch-claimed' } & EpochClaimedEvent)
+  | ({ type: 'salvaged' } & SalvagedEvent)
   | ({ type: 'replica-set-changed' } & ReplicaSetChangedEvent)
   | ({ type: 'reconciled' } & ReconciledEvent)
   | ({ type: 'rebuild-started' | 'rebuild-progress' | 'rebuild-completed' } & RebuildEvent)
@@ -373,7 +403,7 @@ export function toLayer(l: NativeLayerInfo): LayerInfo {
  * {@link LocalEngine.close}, which waits for calls in flight and closes its NBD exports first.
  */
 export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineEvents>) {
-  /** Events that arrived while the engine opened (epoch claimed, reconcile, fenced replicas); later ones are emitted. */
+  /** Events that arrived while the engine opened (epoch claimed, salvage, reconcile, fenced replicas); later ones are emitted. */
   readonly openEvents: readonly EngineEvent[];
   readonly #native: NativeEngine;
   readonly #addon: NativeAddon;
@@ -403,7 +433,8 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
    * replica (fencing any older engine) and reconciles replicas that were not closed cleanly.
    * With `standby` it does neither (see {@link EngineOptions.standby}).
    *
-   * @throws MooringError INVALID_ARGUMENT, UNSUPPORTED (remote replicas), NO_HEALTHY_REPLICA,
+   * @throws MooringError INVALID_ARGUMENT, STALE_EPOCH, NO_QUORUM (no majority of the latest
+   *   replica set answered; see {@link EngineOptions.salvage}), UNSUPPORTED (remote replicas), NO_HEALTHY_REPLICA,
    *   CORRUPT_METADATA, NATIVE_LOAD_FAILED, ...
    */
   static async open(options: EngineOptions): Promise<LocalEngine> {
@@ -415,6 +446,13 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
       throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
     }
     const standby = options.standby === true;
+    if (options.salvage !== undefined && typeof options.salvage !== 'boolean') {
+      throw new MooringError('INVALID_ARGUMENT', `salvage must be a boolean (got ${describe(options.salvage)})`);
+    }
+    const salvage = options.salvage === true;
+    if (salvage && standby) {
+      throw new MooringError('INVALID_ARGUMENT', 'salvage and standby exclude each other: a salvage start claims its epoch and serves (docs/salvage.md)');
+    }
     const epoch = checkEpoch('epoch', options.epoch, !standby);
     let quorumHoldMs: number | undefined;
     if (options.quorumHoldMs !== undefined) {
@@ -442,10 +480,11 @@ export class LocalEngine extends (EventEmitter as new () => TypedEmitter<EngineE
           members: specs.map((s) => s.id),
           onEvents,
           ...(standby ? { standby } : {}),
+          ...(salvage ? { salvage } : {}),
           ...(epoch !== undefined ? { epoch } : {}),
           ...(quorumHoldMs !== undefined ? { quorumHoldMs } : {}),
         }),
-      `opening ${standby ? 'a standby engine' : 'engine'} over ${specs.map((s) => s.id).join(', ')}`,
+      `opening ${standby ? 'a standby engine' : salvage ? 'a salvage engine' : 'engine'} over ${specs.map((s) => s.id).join(', ')}`,
     );
     engine = new LocalEngine(native, addon, specs, early);
     return engine;
@@ -897,6 +936,14 @@ function normalizeEvent(raw: NativeEngineEvent, specs: readonly ResolvedReplica[
     }
     case 'epoch-claimed':
       return { type: 'epoch-claimed', epoch: raw.epoch };
+    case 'salvaged':
+      return {
+        type: 'salvaged',
+        replicaId: matchSpec(raw.replicaId, -1, specs)?.id ?? raw.replicaId,
+        lastRw: raw.lastRw === null ? null : { epoch: raw.lastRw.epoch, generation: raw.lastRw.generation },
+        complete: raw.complete,
+        message: raw.message,
+      };
     case 'replica-set-changed':
       return { type: 'replica-set-changed', epoch: raw.epoch, generation: raw.generation, rwReplicaIds: [...raw.rwMembers] };
     case 'reconciled':

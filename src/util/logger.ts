@@ -92,6 +92,8 @@ export function dataEngineEventLevel(e: DataEngineEvent): 'debug' | 'info' | 'wa
     case 'rebuild-failed':
     case 'repair-scheduled':
       return 'warn';
+    case 'salvaged':
+      return e.complete ? 'info' : 'warn';
     case 'rebuild-progress':
     case 'snapshot-copy-progress':
       return 'debug';

@@ -281,6 +281,9 @@ export function eventToMsg(e: DataEngineEvent): Msg {
     case 'epoch-claimed':
       m.epoch = e.epoch;
       break;
+    case 'salvaged':
+      Object.assign(m, { replicaId: e.replicaId, epoch: e.lastRw?.epoch ?? 0, generation: e.lastRw?.generation ?? 0, complete: e.complete, message: e.message });
+      break;
     case 'replica-set-changed':
       Object.assign(m, { epoch: e.epoch, generation: e.generation, rwReplicaIds: [...e.rwReplicaIds] });
       break;
@@ -317,6 +320,10 @@ export function eventFromMsg(m: Msg): DataEngineEvent | undefined {
       return { type: 'replica-error', volume, replicaId, errno: num(m.errno), message: str(m.message) };
     case 'epoch-claimed':
       return { type: 'epoch-claimed', volume, epoch: num(m.epoch) };
+    case 'salvaged': {
+      const epoch = num(m.epoch);
+      return { type: 'salvaged', volume, replicaId, lastRw: epoch === 0 ? null : { epoch, generation: num(m.generation) }, complete: m.complete === true, message: str(m.message) };
+    }
     case 'replica-set-changed':
       return {
         type: 'replica-set-changed',

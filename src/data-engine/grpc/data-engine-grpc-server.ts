@@ -193,7 +193,11 @@ export class DataEngineGrpcServer {
   }
 
   #implementation(de: DataEngine, { replaceProcess, handOffProcess }: DataEngineGrpcServerOptions): UntypedServiceImplementation {
-    const features = [...(replaceProcess ? [DATA_ENGINE_FEATURES.successorExec] : []), ...(handOffProcess ? [DATA_ENGINE_FEATURES.inPlaceHandOff] : [])];
+    const features = [
+      ...(replaceProcess ? [DATA_ENGINE_FEATURES.successorExec] : []),
+      ...(handOffProcess ? [DATA_ENGINE_FEATURES.inPlaceHandOff] : []),
+      DATA_ENGINE_FEATURES.salvage,
+    ];
     const unary =
       (body: (req: Msg) => Promise<Msg>) =>
       (call: ServerUnaryCall<Msg, Msg>, callback: sendUnaryData<Msg>): void => {
@@ -240,6 +244,7 @@ export class DataEngineGrpcServer {
           ...(nbd ? { nbd } : {}),
           ...(typeof io === 'number' && io !== 0 ? { ioTimeoutMs: io } : {}),
           ...(r.standby === true ? { standby: true } : {}),
+          ...(r.salvage === true ? { salvage: true } : {}),
           ...(epoch !== 0 ? { epoch } : {}),
           ...(r.hasQuorumHoldMs === true ? { quorumHoldMs: requestUint(r, 'quorumHoldMs') } : {}),
         });

@@ -76,7 +76,7 @@ message DataEngineInfo {
   string replica_address = 4;  // "" = serves no replicas
   bool tls = 5;
   string instance_id = 6;  // "" from data engines older than the field
-  repeated string features = 7;  // DATA_ENGINE_FEATURES it offers ("successor-exec", "in-place-handoff")
+  repeated string features = 7;  // DATA_ENGINE_FEATURES it offers ("successor-exec", "in-place-handoff", "salvage")
   string disk_id = 8;  // the disk's identity (data-engine.json); "" from data engines older than the field
 }
 
@@ -153,6 +153,9 @@ message StartEngineRequest {
   uint64 epoch = 6;
   uint32 quorum_hold_ms = 7;
   bool has_quorum_hold_ms = 8;  // false = default quorum_hold_ms
+  // A salvage start (docs/salvage.md). A data engine without "salvage" in Info.features
+  // ignores it and starts normally, so clients send it only to one that announces it.
+  bool salvage = 9;
 }
 
 message VolumeName { string volume = 1; }
@@ -295,6 +298,9 @@ message Event {
   // replica-set-changed (with epoch)
   uint64 generation = 15;
   repeated string rw_replica_ids = 16;
+  // salvaged: replica_id, message, the source's last RW set as epoch and generation
+  // (epoch 0 = none recorded), and complete
+  bool complete = 17;
 }
 
 message BackingImageFileRef {

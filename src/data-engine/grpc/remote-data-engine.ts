@@ -16,6 +16,7 @@ import { parseNbdAddress } from '../../nbd/nbd-address.js';
 import { QUORUM_HOLD_MS_MAX } from '../../util/limits.js';
 import { checkEpoch, checkIntIn, describe } from '../../util/validate.js';
 import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
+import { DATA_ENGINE_FEATURES } from '../data-engine.js';
 import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
@@ -219,10 +220,13 @@ export class RemoteDataEngine implements DataEngine {
   /** @inheritDoc DataEngine.startEngine */
   async startEngine(options: EngineStartOptions): Promise<EngineInfo> {
     if (typeof options !== 'object' || options === null || !Array.isArray(options.replicas)) {
-      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, epoch, nbd?, ioTimeoutMs?, standby?, quorumHoldMs?} (got ${describe(options)})`);
+      throw new MooringError('INVALID_ARGUMENT', `engine start options must be {volume, replicas, epoch, nbd?, ioTimeoutMs?, standby?, salvage?, quorumHoldMs?} (got ${describe(options)})`);
     }
     if (options.standby !== undefined && typeof options.standby !== 'boolean') {
       throw new MooringError('INVALID_ARGUMENT', `standby must be a boolean (got ${describe(options.standby)})`);
+    }
+    if (options.salvage !== undefined && typeof options.salvage !== 'boolean') {
+      throw new MooringError('INVALID_ARGUMENT', `salvage must be a boolean (got ${describe(options.salvage)})`);
     }
     // Shape only (what protobuf would encode wrongly: a negative or inexact uint64, an
     // overflowing uint32); the data engine checks the rest (an epoch is required unless standby).
@@ -237,7 +241,18 @@ export class RemoteDataEngine implements DataEngine {
       epoch: options.epoch ?? 0,
       quorumHoldMs: options.quorumHoldMs ?? 0,
       hasQuorumHoldMs: options.quorumHoldMs !== undefined,
+      salvage: options.salvage === true,
     };
+    // An older data engine drops the unknown field and would start normally: ask first
+    // (every time: another process, maybe of another release, may answer at this address now).
+    if (options.salvage === true) {
+      const info = await this.info();
+      if (!info.features.includes(DATA_ENGINE_FEATURES.salvage)) {
+        throw new MooringError('UNSUPPORTED', `the data engine at ${this.address} (${info.version}) does not announce salvage: upgrade it first (docs/salvage.md)`, {
+          details: { hostId: info.hostId, version: info.version },
+        });
+      }
+    }
     return engineFromMsg(await this.#call('StartEngine', req, this.#longTimeoutMs));
   }
 

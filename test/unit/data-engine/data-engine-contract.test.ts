@@ -217,5 +217,28 @@ describe.each([
     expect(await codeOf(h.de.stopEngine('none'))).toBe('NOT_FOUND');
     expect(await codeOf(h.de.removeReplica('none', 'r0'))).toBe('NOT_FOUND');
     expect(await codeOf(h.de.addReplica('none', ok))).toBe('NOT_FOUND');
+    // salvage: a boolean, never with standby (checked before the replicas are looked up).
+    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [ok], epoch: 1, salvage: 'yes' as never }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(h.de.startEngine({ volume: 'v', replicas: [ok], standby: true, salvage: true }))).toBe('INVALID_ARGUMENT');
+  });
+
+  it('salvage start over the lone survivor of three replicas: serves it and reports salvaged (docs/salvage.md)', async () => {
+    const refs: EngineReplicaRef[] = ['r0', 'r1', 'r2'].map((id) => ({ id, hostId: 'host-1', name: `sal-${id}`, address: null }));
+    for (const r of refs) await h.de.createReplica(r.name, 4 * MiB);
+    await h.de.startEngine({ volume: 'sal', replicas: refs, epoch: 20 });
+    await h.de.stopEngine('sal');
+    // r0 and r1 are gone for good; alone, r2 is no majority of the last replica set.
+    await h.de.deleteReplica('sal-r0');
+    await h.de.deleteReplica('sal-r1');
+    const survivor = [refs[2]!];
+    expect(await codeOf(h.de.startEngine({ volume: 'sal', replicas: survivor, epoch: 21 }))).toBe('NO_QUORUM');
+    const info = await h.de.startEngine({ volume: 'sal', replicas: survivor, epoch: 22, salvage: true });
+    expect(info.replicas.map((r) => [r.id, r.mode])).toEqual([['r2', 'RW']]);
+    await until(() => h.events.some((e) => e.type === 'salvaged' && e.volume === 'sal'), 'salvaged');
+    expect(h.events.filter((e) => e.type === 'salvaged')).toEqual([
+      { type: 'salvaged', volume: 'sal', replicaId: 'r2', lastRw: { epoch: 20, generation: 1 }, complete: false, message: expect.stringMatching(/may be missing/) },
+    ]);
+    await h.de.stopEngine('sal');
+    await h.de.deleteReplica('sal-r2');
   });
 });
