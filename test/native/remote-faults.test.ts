@@ -3,26 +3,16 @@
 // the keepalive), and replicas that cannot be reached when the engine starts. In every case
 // the engine marks that replica ERR and keeps serving from the others, with no error to
 // its caller, and the surviving replicas stay identical.
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NativeEngine, NativeRemoteReplica, NativeReplica } from '../../src/native/binding.js';
 import { addon, codeOf, MiB, nextEpoch, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
-import { closeAll, collectEvents, endpoint, FrameProxy, type Host, silentServer, startHosts } from './remote-helpers.js';
+import { closeAll, collectEvents, deadPort, endpoint, FrameProxy, type Host, silentServer, startHosts } from './remote-helpers.js';
 
 const SIZE = 8 * MiB;
 const ENOTCONN = 107;
 const ETIMEDOUT = 110;
-
-/** A port nothing listens on (bound, read, closed). */
-async function deadPort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  const port = (srv.address() as { port: number }).port;
-  await new Promise<void>((r) => srv.close(() => r()));
-  return port;
-}
 
 describe('remote replica faults', () => {
   let s: Scratch;

@@ -309,6 +309,15 @@ export async function startHosts(s: Scratch, n: number, sizeBytes: number, name 
   return hosts;
 }
 
+/** A port nothing listens on (bound, read, closed). */
+export async function deadPort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as { port: number }).port;
+  await new Promise<void>((r) => srv.close(() => r()));
+  return port;
+}
+
 export function endpoint(port: number, name = 'vol', extra: Partial<NativeRemoteReplica> = {}): NativeRemoteReplica {
   return { host: '127.0.0.1', port, name, ...extra };
 }

@@ -3,24 +3,15 @@
 // the latest set's RW replicas when it reaches any, and otherwise serves from the replica
 // whose last RW set is newest, which a replica records when an engine stores a set in which
 // it is RW. It never bypasses the epoch fence.
-import { createServer } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NativeEngine, NativeEngineEvent } from '../../src/native/binding.js';
 import { addon, codeOf, createReplicas, MiB, nextEpoch, pattern, replicaDir, Scratch, waitFor, withReplica, type ReplicaDir } from './helpers.js';
+import { deadPort } from './remote-helpers.js';
 
 const SIZE = 4 * MiB;
 const A = pattern(81, MiB);
 const B = pattern(82, MiB);
-
-/** A port nothing listens on (bound, read, closed). */
-async function deadPort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  const port = (srv.address() as { port: number }).port;
-  await new Promise<void>((r) => srv.close(() => r()));
-  return port;
-}
 
 describe('engine salvage start', () => {
   let s: Scratch;
