@@ -61,6 +61,28 @@ export interface MooringOptions {
   logger?: Logger;
 }
 
+/** A salvage start (`Volume.salvage`; docs/salvage.md). */
+export interface VolumeSalvagedEvent {
+  /** The volume. */
+  volume: string;
+  /** The host its engine was started on. */
+  hostId: string;
+  /** The engine's epoch. */
+  epoch: number;
+  /** The replicas it serves from (RW after the start). */
+  sourceReplicas: string[];
+  /** The replicas left out: their hosts did not answer; each is replaced by a new replica. */
+  goneReplicas: string[];
+  /**
+   * True: every acknowledged write is on the source (the normal rules would have served from
+   * it). False: writes acknowledged after the source's last RW replica set may be missing.
+   * Null: the engine's report did not arrive in time.
+   */
+  complete: boolean | null;
+  /** The engine's words on why it chose that source, or why data may be missing. */
+  message: string;
+}
+
 /** A replica that stayed ERR was replaced by a new one on another host. */
 export interface ReplicaReplacedEvent {
   /** The volume. */
@@ -96,6 +118,8 @@ export type MooringEvents = {
    * replicas were lost, and are replaced at once.
    */
   'disk-replaced': (event: { hostId: string; oldDiskId: string; newDiskId: string; lostReplicas: string[] }) => void;
+  /** A volume was brought back from the replicas left (`Volume.salvage`, docs/salvage.md). */
+  'volume-salvaged': (event: VolumeSalvagedEvent) => void;
   /** Something failed in the background (repair, recording status); the cluster keeps going. */
   warning: (error: MooringError) => void;
 };

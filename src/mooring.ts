@@ -60,7 +60,7 @@ export { HOST_PROBE_TIMEOUT_MS } from './cluster/hosts.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
-export type { MooringEvents, MooringOptions, ReplicaReplacedEvent } from './mooring-options.js';
+export type { MooringEvents, MooringOptions, ReplicaReplacedEvent, VolumeSalvagedEvent } from './mooring-options.js';
 
 /** How often the repair loop looks at attached volumes, by default. */
 export const DEFAULT_REPAIR_INTERVAL_MS = 2000;
@@ -194,7 +194,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     });
     this.#repair = new RepairController(state, this.#images);
     this.#eviction = new EvictionController(state, this.#attachment, this.#repair, async (h) => (await this.#images.list()).filter((i) => i.files.some((f) => f.hostId === h)).length);
-    this.#operations = new VolumeOperations(state, this.#attachment, this.#repair);
+    this.#operations = new VolumeOperations(state, this.#attachment, this.#repair, engines);
     this.#volumes = new VolumeLifecycle(state, this.#attachment, this.#images);
     const attachment = this.#attachment;
     const migrations = this.#migrations;
@@ -257,6 +257,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       revertSnapshot: (n, s) => operations.revertSnapshot(n, s),
       exportSnapshot: (n, s, o) => operations.exportSnapshot(n, s, o),
       rebuild: (n, o) => operations.rebuild(n, o),
+      salvage: (n, o) => operations.salvage(n, o),
       resize: (n, size) => resize.resize(n, size),
     };
   }

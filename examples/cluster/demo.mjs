@@ -6,7 +6,9 @@
 // one replica per host, attaches the volume on host a (its engine reaches b's and c's
 // replicas over the replica protocol) and keeps its decisions in a FileStateStore. Then
 // host c goes away and comes back: the volume runs degraded meanwhile, and c's replica is
-// rebuilt without being asked, sending only what changed.
+// rebuilt without being asked, sending only what changed. Last, hosts b and c are lost for
+// good: a alone is no majority, so the volume is salvaged from a's replica
+// (docs/salvage.md), and b's and c's replicas are replaced on two new hosts, d and e.
 //
 //   npm run build && node examples/cluster/demo.mjs
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -43,7 +45,7 @@ try {
   store = await FileStateStore.open(join(root, 'state'));
   mooring = await Mooring.open({ store, hosts: [a, b, c], repairIntervalMs: 500 });
 
-  await mooring.createVolume({ name: 'disk0', sizeBytes: 64 * MiB, replicas: 3 });
+  await mooring.createVolume({ name: 'disk0', sizeBytes: 64 * MiB, replicas: 3, hosts: ['a', 'b', 'c'] });
   const st = await mooring.volume('disk0').attach({ host: 'a', nbd: `unix:${join(root, 'disk0.sock')}` });
   log(`NBD for QEMU: ${st.nbd.uri}`);
   await show('attached');
@@ -58,6 +60,15 @@ try {
   await mooring.addHost(await startHost('c', 17903));
   for (let i = 0; i < 60 && (await mooring.volume('disk0').status()).state !== 'healthy'; i++) await sleep(250);
   await show('host c back');
+
+  // Hosts b and c are lost for good. Two new hosts join; the operator salvages the volume.
+  await engines.b.close();
+  await engines.c.close();
+  await mooring.addHost(await startHost('d', 17904));
+  await mooring.addHost(await startHost('e', 17905));
+  const salvaged = await mooring.volume('disk0').salvage({ timeoutMs: 60_000 });
+  log(`salvaged from ${salvaged.sourceReplicas.join(', ')} on ${salvaged.hostId}; left out ${salvaged.goneReplicas.join(', ')}; complete: ${salvaged.complete}`);
+  await show('after the salvage');
 
   await mooring.volume('disk0').detach();
   await mooring.deleteVolume('disk0');

@@ -20,7 +20,7 @@ import {
   type Frontend,
 } from '../attachment/attachment-ticket.js';
 import { MooringError, toMooringError } from '../errors.js';
-import { sleep } from '../util/async.js';
+import { delay } from '../util/async.js';
 import { checkIntIn, checkName, describe } from '../util/validate.js';
 import { ATTACHMENT_TICKETS_MAX, CLUSTER_SCHEMA_VERSION, KIND, type AttachmentRecord } from './cluster-records.js';
 import type { AttachOptions, DetachOptions, VolumeTicket, VolumeStatus, TicketOptions } from '../volume/volume.js';
@@ -146,15 +146,21 @@ export class AttachmentController {
 
   /**
    * Runs `fn` while the volume holds an operation's own ticket: on the attached host (any
-   * frontend), or on `host` where the volume attaches itself without frontend. `fn` gets
-   * the host whose engine writes.
+   * frontend), or on `host` where the volume attaches itself without frontend (with
+   * `anyFrontend`, with whatever frontend the other tickets ask for). `prepare` runs first,
+   * in the same turn as the ticket's creation. `fn` gets the host whose engine writes.
    */
-  async withTicket<T>(name: string, type: AttacherType, host: string, fn: (writer: string) => Promise<T>): Promise<T> {
+  async withTicket<T>(name: string, type: AttacherType, host: string, fn: (writer: string) => Promise<T>, anyFrontend = false, prepare?: (o: Observed) => Promise<void>): Promise<T> {
     const id = `${type}-${randomUUID().slice(0, 8)}`;
     await this.state.serial(name, async () => {
-      const o = await this.state.observe(name);
+      let o = await this.state.observe(name);
+      if (prepare) {
+        // In the same turn as the ticket: nothing acts on the volume in between.
+        await prepare(o);
+        o = await this.state.observe(name);
+      }
       const here = o.eng !== null && o.eng.hostId === host;
-      await this.#upsertTicket(o, { id, type, hostId: host, parameters: checkParameters({ disableFrontend: here ? 'any' : 'true' }), generation: 0 });
+      await this.#upsertTicket(o, { id, type, hostId: host, parameters: checkParameters({ disableFrontend: here || anyFrontend ? 'any' : 'true' }), generation: 0 });
       await this.converge(name);
     });
     try {
@@ -256,7 +262,9 @@ export class AttachmentController {
       return true;
     }
     if (d.desiredHost !== null && !o.eng) {
-      await this.engines.start(name, d.desiredHost, d.frontend);
+      // A salvage ticket makes it a salvage start (docs/salvage.md).
+      const salvage = o.att.tickets.some((t) => t.type === 'salvage');
+      await this.engines.start(name, d.desiredHost, d.frontend, salvage);
       return true;
     }
     return false;
@@ -316,7 +324,7 @@ export class AttachmentController {
         const why = st?.conditions[0]?.message ?? 'not reconciled yet';
         throw new MooringError('BUSY', `ticket ${id} of ${name} not satisfied within ${timeoutMs} ms: ${why}`, { details: { reason: st?.conditions[0]?.reason ?? null } });
       }
-      await sleep(TICKET_POLL_MS);
+      await delay(TICKET_POLL_MS);
       this.state.checkOpen();
       await this.state.serial(name, () => this.converge(name));
     }

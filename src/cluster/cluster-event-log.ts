@@ -1,12 +1,12 @@
 /**
  * The control plane's own decisions as log records: what a {@link Mooring} emits as events
- * (replacements, takeovers, evictions, replaced disks, warnings), at a level that says how
+ * (replacements, takeovers, evictions, replaced disks, salvages, warnings), at a level that says how
  * much an operator should care.
  *
  * @packageDocumentation
  */
 import type { MooringError } from '../errors.js';
-import type { MooringEvents, ReplicaReplacedEvent } from '../mooring.js';
+import type { MooringEvents, ReplicaReplacedEvent, VolumeSalvagedEvent } from '../mooring.js';
 import { safeLog, type Logger } from '../util/logger.js';
 import type { HostEvictionProgress } from './eviction-controller.js';
 
@@ -46,6 +46,12 @@ export function logClusterEvent(log: Logger, event: keyof MooringEvents, arg: un
     case 'disk-replaced': {
       const e = arg as { hostId: string; oldDiskId: string; newDiskId: string; lostReplicas: string[] };
       safeLog(log, 'warn', { event, ...e }, `host ${e.hostId} came back with another disk (${e.newDiskId}, was ${e.oldDiskId}): ${e.lostReplicas.length} replica(s) lost, replaced now`);
+      break;
+    }
+    case 'volume-salvaged': {
+      const e = arg as VolumeSalvagedEvent;
+      const lost = e.complete === true ? 'nothing acknowledged is missing' : 'acknowledged writes may be missing';
+      safeLog(log, e.complete === true ? 'info' : 'warn', { event, ...e }, `volume ${e.volume} salvaged on ${e.hostId} from ${e.sourceReplicas.join(', ')} (left out: ${e.goneReplicas.join(', ') || 'none'}): ${lost}; ${e.message}`);
       break;
     }
     default:

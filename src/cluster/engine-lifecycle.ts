@@ -6,9 +6,10 @@
  *
  * @packageDocumentation
  */
-import type { DataEngine, EngineHandOver, EngineInfo, EngineStartOptions } from '../data-engine/data-engine.js';
+import type { DataEngine, DataEngineEvent, EngineHandOver, EngineInfo, EngineStartOptions } from '../data-engine/data-engine.js';
+import type { VolumeSalvagedEvent } from '../mooring-options.js';
 import { MooringError, toMooringError } from '../errors.js';
-import { withTimeout } from '../util/async.js';
+import { delay, withTimeout } from '../util/async.js';
 import type { Frontend } from '../attachment/attachment-ticket.js';
 import { CLUSTER_SCHEMA_VERSION, KIND, type EngineRecord } from './cluster-records.js';
 import type { ControlState, Observed } from './control-state.js';
@@ -22,19 +23,74 @@ import { settleEngineSize } from './volume-resize.js';
  */
 export const EPOCH_ATTEMPTS_MAX = 3;
 
+/** How long a salvage start waits for its data engine's `salvaged` report after the start returned. */
+const SALVAGED_EVENT_WAIT_MS = 2000;
+
+type SalvagedReport = Extract<DataEngineEvent, { type: 'salvaged' }>;
+
 /** See the module comment. */
 export class EngineLifecycle {
+  /** The last salvage start of each volume (read and dropped by the salvage operation). */
+  readonly salvaged = new Map<string, VolumeSalvagedEvent>();
+
   constructor(private readonly state: ControlState) {}
 
-  /** Starts the volume's engine on a host with a new epoch and records it as attached there. */
-  async start(name: string, host: string, frontend: Frontend): Promise<void> {
-    const refs = await this.state.refs(name);
+  /**
+   * Starts the volume's engine on a host with a new epoch and records it as attached there.
+   * `salvage` (a salvage ticket asks for it; docs/salvage.md): over the replicas whose hosts
+   * answer, as a salvage start; the others are recorded ERR, to be replaced.
+   */
+  async start(name: string, host: string, frontend: Frontend, salvage = false): Promise<void> {
+    let refs = await this.state.refs(name);
+    const gone: string[] = [];
+    if (salvage) {
+      const kept = [];
+      for (const r of refs) {
+        if (this.state.hosts.has(r.hostId) && (await this.state.hosts.reachable(r.hostId))) kept.push(r);
+        else gone.push(r.id);
+      }
+      if (kept.length === 0) throw new MooringError('NO_HEALTHY_REPLICA', `volume ${name}: no host holding one of its replicas answers; nothing to salvage from`);
+      refs = kept;
+    }
     const nbd = frontend.disabled ? null : frontend.nbd;
-    const info = await this.withNewEpoch(name, 0, 'start', (epoch) => this.startOn(host, { volume: name, replicas: refs, nbd, epoch }));
+    const de = this.state.hosts.engineOf(host);
+    let report: SalvagedReport | null = null;
+    const unwatch = salvage ? de.watch((e) => {
+      if (e.type === 'salvaged' && e.volume === name) report = e;
+    }) : () => undefined;
+    let info: EngineInfo;
+    try {
+      info = await this.withNewEpoch(name, 0, 'start', (epoch) => this.startOn(host, { volume: name, replicas: refs, nbd, epoch, ...(salvage ? { salvage } : {}) }));
+      // The report may trail the start (it comes over the data engine's event stream).
+      for (const until = Date.now() + SALVAGED_EVENT_WAIT_MS; salvage && report === null && Date.now() < until; ) await delay(20);
+    } finally {
+      unwatch();
+    }
     const rec: EngineRecord = { schema: CLUSTER_SCHEMA_VERSION, volume: name, hostId: host, nbd, frontendDisabled: frontend.disabled, epoch: info.epoch, startedMs: Date.now() };
     await this.state.store.put(KIND.engine, name, rec);
+    if (salvage) await this.#recordSalvage(name, host, info, gone, report);
     await this.state.recordModes(name, info);
     await settleEngineSize(this.state, name, host, info);
+  }
+
+  // The replicas left out become ERR at once (replaced by the repair that follows), and the
+  // salvage is reported.
+  async #recordSalvage(name: string, host: string, info: EngineInfo, gone: string[], report: SalvagedReport | null): Promise<void> {
+    for (const r of await this.state.replicas(name)) {
+      if (!gone.includes(r.id)) continue;
+      await this.state.store.put(KIND.replica, r.name, { ...r, mode: 'ERR', failedSinceMs: 0, lastError: `host ${r.hostId} did not answer when ${name} was salvaged: left out` });
+    }
+    const event: VolumeSalvagedEvent = {
+      volume: name,
+      hostId: host,
+      epoch: info.epoch,
+      sourceReplicas: info.replicas.filter((r) => r.mode === 'RW').map((r) => r.id),
+      goneReplicas: gone,
+      complete: report === null ? null : (report as SalvagedReport).complete,
+      message: report === null ? 'the engine\'s salvage report did not arrive in time' : (report as SalvagedReport).message,
+    };
+    this.salvaged.set(name, event);
+    this.state.events.cluster('volume-salvaged', event);
   }
 
   /**

@@ -45,10 +45,11 @@ export class RepairController {
 
     for (const r of records) {
       const seen = info.replicas.find((x) => x.id === r.id);
-      if (!seen || seen.mode !== 'ERR') continue;
+      // A record the engine does not hold counts when it is ERR: a replica a salvage left out.
+      if (seen ? seen.mode !== 'ERR' : r.mode !== 'ERR') continue;
       // Its host is back under a new address (restarted data engine): re-add with the new one.
       const host = await this.state.hostRecord(r.hostId);
-      if (host && host.replicaAddress !== null && seen.address !== null && host.replicaAddress !== seen.address && (await this.state.hosts.reachable(r.hostId))) {
+      if (seen && host && host.replicaAddress !== null && seen.address !== null && host.replicaAddress !== seen.address && (await this.state.hosts.reachable(r.hostId))) {
         await de.addReplica(eng.volume, { id: r.id, hostId: r.hostId, name: r.name, address: host.replicaAddress });
         return;
       }
@@ -130,7 +131,10 @@ export class RepairController {
    */
   async retire(eng: EngineRecord, vol: VolumeRecord, old: ReplicaRecord, healthy: boolean): Promise<void> {
     const { hosts, store } = this.state;
-    const removing = hosts.engineOf(eng.hostId).removeReplica(vol.name, old.id, { evenIfRw: healthy });
+    // NOT_FOUND: the engine does not hold it (a replica a salvage left out): already out.
+    const removing = hosts.engineOf(eng.hostId).removeReplica(vol.name, old.id, { evenIfRw: healthy }).catch((err: unknown) => {
+      if (toMooringError(err).code !== 'NOT_FOUND') throw err;
+    });
     if (healthy) await removing.catch((err: unknown) => Promise.reject(toMooringError(err, `removing ${old.id} from ${vol.name}`)));
     else await removing.catch((err: unknown) => this.state.events.cluster('warning', toMooringError(err, `removing ${old.id} from ${vol.name}`)));
     const oldHost = hosts.get(old.hostId);

@@ -9,6 +9,14 @@ export function sleep(ms: number): Promise<void> {
 }
 
 /**
+ * Resolves after `ms`; unlike {@link sleep} its timer keeps the process alive: for the polls
+ * of a call the embedder awaits (a script that awaits nothing else must not exit midway).
+ */
+export function delay(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/**
  * Resolves after `ms`, or rejects with `signal.reason` as soon as `signal` aborts (at once
  * if it already has). Unlike {@link sleep} its timer keeps the process alive: the caller is
  * waiting on it.

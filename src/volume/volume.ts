@@ -9,6 +9,7 @@ import type { Engine } from './engine.js';
 import type { LockHandover } from '../locks/locked-process.js';
 import type { Lockspace } from '../locks/lockspace.js';
 import type { MigrationPhase } from '../cluster/cluster-records.js';
+import type { VolumeSalvagedEvent } from '../mooring-options.js';
 
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
@@ -277,6 +278,7 @@ export interface VolumeOps {
   revertSnapshot(name: string, snapshot: string): Promise<void>;
   exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }>;
   rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<VolumeStatus>;
+  salvage(name: string, options: { host?: string; timeoutMs?: number }): Promise<VolumeSalvagedEvent & { status: VolumeStatus }>;
   resize(name: string, sizeBytes: number): Promise<VolumeResizedEvent>;
 }
 
@@ -506,6 +508,28 @@ export class Volume extends (EventEmitter as new () => TypedEmitter<VolumeEvents
    */
   rebuild(options: { host?: string; timeoutMs?: number } = {}): Promise<VolumeStatus> {
     return this.#ops.rebuild(this.name, options);
+  }
+
+  /**
+   * Brings the volume back when none of its RW replicas is left (docs/salvage.md): the
+   * replicas whose hosts answer are claimed, the one holding the newest data serves (every
+   * acknowledged write, when the replica set's rules can prove it: `complete`), the others
+   * are rebuilt from it, and the replicas of hosts that do not answer are replaced. Calling
+   * it asserts that those hosts are gone for good: if one still ran an engine over them, it
+   * could go on writing there. Runs under a `salvage` ticket on `host` (default: where the
+   * volume's tickets want it, else a replica host that answers) and waits until the volume
+   * is healthy; it stays attached for the tickets that want it. A running engine of the
+   * volume is stopped first (its clients reconnect): on a volume that still has a majority
+   * and a RW replica this is a restart that loses nothing (`complete`). A
+   * `volume-salvaged` event on the {@link Mooring} reports the same.
+   *
+   * @throws MooringError INVALID_STATE (it migrates), NO_HEALTHY_REPLICA (no replica host answers), NO_QUORUM (a replica host stopped answering during the start: try again), UNAVAILABLE (not healthy within `timeoutMs`; the salvage itself is done), NOT_FOUND, BUSY
+   */
+  salvage(options: { host?: string; timeoutMs?: number } = {}): Promise<VolumeSalvagedEvent & {
+    /** The volume's status once healthy. */
+    status: VolumeStatus;
+  }> {
+    return this.#ops.salvage(this.name, options);
   }
 
   /**

@@ -51,12 +51,15 @@ describe('examples', () => {
     expect(out).toMatch(/a client in the clear: refused \(.*requires TLS/);
   });
 
-  it('cluster: degraded while a host is away, healthy again once it is back', async () => {
+  it('cluster: degraded while a host is away, healthy again once it is back, salvaged once two hosts are lost', async () => {
     const out = await runExample('examples/cluster/demo.mjs');
     expect(out).toMatch(/attached: healthy, attached on a/);
     expect(out).toMatch(/host c down: degraded, .* r2@c=ERR/);
     expect(out).toMatch(/rebuild-completed: replica r2/);
     expect(out).toMatch(/host c back: healthy/);
+    // b and c lost for good: salvaged from a's replica, the others replaced on d and e.
+    expect(out).toMatch(/salvaged from r0 on a; left out r1, r2; complete: (true|false)/);
+    expect(out).toMatch(/after the salvage: healthy, attached on a, .*r0@a=RW/);
     expect(out).toMatch(/detached and deleted/);
   });
 

@@ -6,7 +6,7 @@
 // Writes to one block never overlap in time (a block is busy until its write is answered),
 // so the writes to a block are totally ordered and after a crash each sector of the block
 // must hold one of: the last durable write, or any write issued after it.
-import { CMD_FLAG, NbdClient, NbdClosedError } from './nbd-client.js';
+import { CMD_FLAG, NbdClient, NbdClosedError, NbdReplyError } from './nbd-client.js';
 import { Rng } from './pattern.js';
 
 const BLOCK = 4096;
@@ -43,6 +43,12 @@ export class FlushTracker {
   private stopped = false;
   private rng: Rng;
   private stats: TrackerRoundStats = { writes: 0, acked: 0, flushes: 0, durableBlocks: 0 };
+  /**
+   * A write answered with an error (EIO once an engine lost its quorum) is not acknowledged
+   * and may or may not have landed, as NBD allows: with this set, its writer stops there
+   * instead of failing the run.
+   */
+  allowWriteErrors = false;
   /** Called after each FLUSH reply is recorded (a test may crash the server right there). */
   onFlushed: ((flushCount: number) => void) | null = null;
 
@@ -80,6 +86,11 @@ export class FlushTracker {
     this.stopped = true;
   }
 
+  /** Writes acknowledged so far in this round (verify() starts a new round). */
+  get acked(): number {
+    return this.stats.acked;
+  }
+
   private async runClient(c: NbdClient, depth: number, flushEvery: number): Promise<void> {
     let sinceFlush = 0;
     let flushing = false;
@@ -101,7 +112,7 @@ export class FlushTracker {
           rec.ackTick = ++this.tick;
           this.stats.acked++;
         } catch (e) {
-          if (!(e instanceof NbdClosedError) && !c.isClosed) throw e;
+          if (!(e instanceof NbdClosedError) && !c.isClosed && !(this.allowWriteErrors && e instanceof NbdReplyError)) throw e;
           return;
         } finally {
           block.busy = false;

@@ -53,7 +53,7 @@ function controlPlane(f: Fixture, launcher: DataEngineLauncher | null, beforeSna
   const migrations = new MigrationController(state, engines);
   const attachment = new AttachmentController(state, engines, migrations);
   const repair = new RepairController(state, noImages);
-  const operations = new VolumeOperations(state, attachment, repair);
+  const operations = new VolumeOperations(state, attachment, repair, engines);
   const upgrade = new UpgradeController({
     state,
     launcher,
