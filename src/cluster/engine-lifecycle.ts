@@ -86,8 +86,8 @@ export class EngineLifecycle {
       epoch: info.epoch,
       sourceReplicas: info.replicas.filter((r) => r.mode === 'RW').map((r) => r.id),
       goneReplicas: gone,
-      complete: report === null ? null : (report as SalvagedReport).complete,
-      message: report === null ? 'the engine\'s salvage report did not arrive in time' : (report as SalvagedReport).message,
+      complete: report?.complete ?? null,
+      message: report?.message ?? 'the engine\'s salvage report did not arrive in time',
     };
     this.salvaged.set(name, event);
     this.state.events.cluster('volume-salvaged', event);
