@@ -268,7 +268,13 @@ describe('Lockspace lifecycle over real sanlock daemons', () => {
     expect(r.killed).toMatchObject({ reason: 'renewal-failed', lockspace: 'lsr', locks: ['diskr'] });
     expect(r.lost).toMatchObject({ lockspace: 'lsr', hostId: 1, reason: 'renewal-failed' });
     expect(r.membershipWhileFailed).not.toBe('joined');
-    expect(r.transitions.filter((t) => t.to !== 'unknown').map((t) => t.to)).toEqual(['live', 'fail', 'dead', 'live']);
+    // After the thaw the daemon gives the failed lockspace up, which may write its lease as
+    // released: a watcher that polls in that window sees it free before it is live again.
+    const seen = r.transitions.filter((t) => t.to !== 'unknown').map((t) => t.to);
+    expect([
+      ['live', 'fail', 'dead', 'live'],
+      ['live', 'fail', 'dead', 'free', 'live'],
+    ]).toContainEqual(seen);
     const gens = r.transitions.filter((t) => t.to === 'live').map((t) => t.generation);
     expect(gens[1]).toBe(gens[0] + 1);
     // The other host's windows hold through it (T3, T4 after the failure).
