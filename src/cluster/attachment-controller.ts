@@ -187,7 +187,8 @@ export class AttachmentController {
       this.state.hosts.engineOf(checkName('host id', preferred));
       return preferred;
     }
-    for (const r of await this.state.replicas(name)) if (this.state.hosts.has(r.hostId) && (await this.state.hosts.reachable(r.hostId))) return r.hostId;
+    const host = await this.state.reachableReplicaHost(name);
+    if (host !== null) return host;
     throw new MooringError('UNAVAILABLE', `volume ${name}: no host holding one of its replicas can be reached`);
   }
 

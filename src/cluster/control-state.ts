@@ -252,6 +252,12 @@ export class ControlState {
     return { id: r.id, hostId: r.hostId, name: r.name, address: host?.replicaAddress ?? null };
   }
 
+  /** The first host holding one of the volume's replicas that answers, or null. */
+  async reachableReplicaHost(volume: string): Promise<string | null> {
+    for (const r of await this.replicas(volume)) if (await this.hosts.reachable(r.hostId)) return r.hostId;
+    return null;
+  }
+
   /** @throws MooringError NO_HEALTHY_REPLICA (the volume has none) */
   async refs(volume: string): Promise<EngineReplicaRef[]> {
     const out: EngineReplicaRef[] = [];

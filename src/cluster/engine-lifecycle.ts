@@ -46,7 +46,7 @@ export class EngineLifecycle {
     if (salvage) {
       const kept = [];
       for (const r of refs) {
-        if (this.state.hosts.has(r.hostId) && (await this.state.hosts.reachable(r.hostId))) kept.push(r);
+        if (await this.state.hosts.reachable(r.hostId)) kept.push(r);
         else gone.push(r.id);
       }
       if (kept.length === 0) throw new MooringError('NO_HEALTHY_REPLICA', `volume ${name}: no host holding one of its replicas answers; nothing to salvage from`);

@@ -110,7 +110,9 @@ export class VolumeOperations {
       host = checkName('host id', options.host);
       this.state.hosts.engineOf(host);
     } else {
-      host = wanted?.hostId ?? (await this.#replicaHost(name));
+      const found = wanted?.hostId ?? (await this.state.reachableReplicaHost(name));
+      if (found === null) throw new MooringError('NO_HEALTHY_REPLICA', `volume ${name}: no host holding one of its replicas answers; nothing to salvage from`);
+      host = found;
     }
     return this.attachment.withTicket(
       name,
@@ -138,12 +140,6 @@ export class VolumeOperations {
         this.engines.salvaged.delete(name);
       },
     );
-  }
-
-  // A host holding one of the volume's replicas that answers.
-  async #replicaHost(name: string): Promise<string> {
-    for (const r of await this.state.replicas(name)) if (this.state.hosts.has(r.hostId) && (await this.state.hosts.reachable(r.hostId))) return r.hostId;
-    throw new MooringError('NO_HEALTHY_REPLICA', `volume ${name}: no host holding one of its replicas answers; nothing to salvage from`);
   }
 
   // Repairs (rebuilds, replaces) until the volume is healthy or the time is up.
