@@ -20,6 +20,7 @@ export class Hosts {
   readonly #hosts = new Map<string, { engine: DataEngine; unwatch: () => void }>();
   // Hosts found unreachable during the control loop's current pass (null outside a pass).
   #downThisPass: Set<string> | null = null;
+  #passes = 0;
 
   constructor(private readonly onEvent: (hostId: string, event: DataEngineEvent) => void) {}
 
@@ -77,14 +78,16 @@ export class Hosts {
   /**
    * Runs one pass of the control loop. A host that does not answer once during the pass
    * counts as unreachable for the rest of it: a pass over a thousand volumes of a dead host
-   * waits for one probe timeout, not a thousand.
+   * waits for one probe timeout, not a thousand. Also runs a batch of event-driven repairs.
    */
   async duringPass<T>(pass: () => Promise<T>): Promise<T> {
-    this.#downThisPass = new Set();
+    // Passes may overlap (a full pass and a batch of event-driven repairs): they share what
+    // they found down until the last of them ends.
+    if (this.#passes++ === 0) this.#downThisPass = new Set();
     try {
       return await pass();
     } finally {
-      this.#downThisPass = null;
+      if (--this.#passes === 0) this.#downThisPass = null;
     }
   }
 

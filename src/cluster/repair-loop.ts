@@ -1,0 +1,174 @@
+/**
+ * When the control plane repairs (issue 21): a periodic full pass, the safety net, whose
+ * interval grows with its duration, and repairs of one volume at a time driven by what the
+ * data engines report (a replica turned ERR, a rebuild failed, the RW set changed) or by a
+ * host offered again. Work per event is one volume's repair, not a pass over all of them.
+ * What is repaired and how stays in the controllers; this only decides when.
+ *
+ * @packageDocumentation
+ */
+import { performance } from 'node:perf_hooks';
+
+/**
+ * The next full pass starts this many times the last pass's duration after it ended (or
+ * after the configured interval, if that is longer): the loop then spends at most
+ * 1 / (1 + 4) = 20 % of its time in passes, however many volumes there are, while the
+ * safety net still comes round within five pass durations. Events repair in between.
+ */
+export const PASS_DURATION_FACTOR = 4;
+/**
+ * How long a repair asked for by an event waits before it runs: the events of one failure
+ * (a replica-error, then the replica-set change it causes, on every engine that used the
+ * replica's host) arrive together and make one repair per volume.
+ */
+export const EVENT_REPAIR_DELAY_MS = 100;
+/** Most volumes waiting for an event-driven repair; beyond it, requests are dropped (the next full pass covers them). */
+export const EVENT_REPAIR_PENDING_MAX = 10_000;
+/** setTimeout's largest delay (about 24.8 days). */
+const TIMER_DELAY_MAX_MS = 2 ** 31 - 1;
+
+/** The delay before the next full pass: max(interval, {@link PASS_DURATION_FACTOR} × the last pass's duration). */
+export function nextPassDelayMs(intervalMs: number, lastPassMs: number): number {
+  return Math.min(TIMER_DELAY_MAX_MS, Math.max(intervalMs, Math.ceil(PASS_DURATION_FACTOR * Math.max(0, lastPassMs))));
+}
+
+/** What the repair loop did so far (`Mooring.repairLoop`). */
+export interface RepairLoopStatus {
+  /** Whether the loop runs (`repairIntervalMs` > 0 and not closed). */
+  running: boolean;
+  /** Full passes the loop ran. */
+  passes: number;
+  /** Duration of the last full pass of the loop, or null before the first ended. */
+  lastPassDurationMs: number | null;
+  /** Delay until the next full pass, as scheduled when the last one ended (null before). */
+  nextPassDelayMs: number | null;
+  /** Repairs of one volume run because of an event (after coalescing). */
+  eventRepairs: number;
+  /** Volumes waiting for an event-driven repair now. */
+  pendingEventRepairs: number;
+  /** Requests dropped because {@link EVENT_REPAIR_PENDING_MAX} volumes were waiting already. */
+  droppedEventRepairs: number;
+}
+
+/** A full pass of the loop ended (the `repair-pass` event of a Mooring). */
+export interface RepairPassEvent {
+  /** How long it took. */
+  durationMs: number;
+  /** When the next one starts, from now: max(repairIntervalMs, {@link PASS_DURATION_FACTOR} × durationMs). */
+  nextDelayMs: number;
+}
+
+/** What the loop runs. */
+export interface RepairLoopActions {
+  /** One full pass. */
+  pass(): Promise<void>;
+  /** One volume's repair (in its turn). */
+  repairVolume(volume: string): Promise<void>;
+  /** Runs a batch of event-driven repairs (so a dead host is probed once per batch). */
+  batch(fn: () => Promise<void>): Promise<void>;
+  /** A pass or a repair failed (the loop goes on). */
+  failed(err: unknown, what: string): void;
+  /** A full pass ended. */
+  passed(event: RepairPassEvent): void;
+}
+
+/** See the module comment. */
+export class RepairLoop {
+  readonly #intervalMs: number;
+  readonly #act: RepairLoopActions;
+  readonly #now: () => number;
+  #started = false;
+  #closed = false;
+  #passTimer: NodeJS.Timeout | null = null;
+  #passing: Promise<void> | null = null;
+  #eventTimer: NodeJS.Timeout | null = null;
+  #draining: Promise<void> | null = null;
+  // Insertion-ordered and keyed by volume: many events for one volume make one entry.
+  readonly #pending = new Set<string>();
+  readonly #status = { passes: 0, lastPassDurationMs: null as number | null, nextPassDelayMs: null as number | null, eventRepairs: 0, droppedEventRepairs: 0 };
+
+  /** `now`: a monotonic clock in ms (tests inject durations through it). */
+  constructor(intervalMs: number, actions: RepairLoopActions, now: () => number = () => performance.now()) {
+    this.#intervalMs = intervalMs;
+    this.#act = actions;
+    this.#now = now;
+  }
+
+  /** Starts the loop: the first pass after `firstDelayMs`. Does nothing when the interval is 0 (the loop is off). */
+  start(firstDelayMs = 0): void {
+    if (this.#intervalMs <= 0 || this.#closed || this.#started) return;
+    this.#started = true;
+    this.#schedulePass(firstDelayMs);
+  }
+
+  get status(): RepairLoopStatus {
+    return { running: this.#started && !this.#closed, ...this.#status, pendingEventRepairs: this.#pending.size };
+  }
+
+  /** Asks for a repair of `volume` soon (coalesced with other requests for it). No-op while the loop does not run. */
+  request(volume: string): void {
+    if (!this.#started || this.#closed || this.#pending.has(volume)) return;
+    if (this.#pending.size >= EVENT_REPAIR_PENDING_MAX) {
+      this.#status.droppedEventRepairs++;
+      return;
+    }
+    this.#pending.add(volume);
+    // A running drain takes it in its turn; otherwise the first request of a burst arms the timer.
+    if (this.#draining || this.#eventTimer) return;
+    this.#eventTimer = setTimeout(() => {
+      this.#eventTimer = null;
+      this.#draining = this.#drain().finally(() => {
+        this.#draining = null;
+      });
+    }, EVENT_REPAIR_DELAY_MS);
+    this.#eventTimer.unref();
+  }
+
+  /** Stops: cancels the pending repairs and the next pass, and waits for what runs now. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    this.#pending.clear();
+    if (this.#passTimer) clearTimeout(this.#passTimer);
+    if (this.#eventTimer) clearTimeout(this.#eventTimer);
+    this.#passTimer = this.#eventTimer = null;
+    await Promise.all([this.#passing, this.#draining]);
+  }
+
+  async #drain(): Promise<void> {
+    await this.#act
+      .batch(async () => {
+        for (let v = this.#first(); v !== null && !this.#closed; v = this.#first()) {
+          this.#pending.delete(v);
+          this.#status.eventRepairs++;
+          await this.#act.repairVolume(v).catch((err: unknown) => this.#act.failed(err, `repairing ${v}`));
+        }
+      })
+      .catch((err: unknown) => this.#act.failed(err, 'event-driven repairs'));
+  }
+
+  #first(): string | null {
+    for (const v of this.#pending) return v;
+    return null;
+  }
+
+  #schedulePass(delayMs: number): void {
+    this.#passTimer = setTimeout(() => {
+      this.#passTimer = null;
+      this.#passing = this.#runPass().finally(() => {
+        this.#passing = null;
+      });
+    }, delayMs);
+    this.#passTimer.unref();
+  }
+
+  async #runPass(): Promise<void> {
+    const started = this.#now();
+    await this.#act.pass().catch((err: unknown) => this.#act.failed(err, 'repair loop'));
+    if (this.#closed) return;
+    const durationMs = Math.max(0, this.#now() - started);
+    const nextDelayMs = nextPassDelayMs(this.#intervalMs, durationMs);
+    Object.assign(this.#status, { passes: this.#status.passes + 1, lastPassDurationMs: durationMs, nextPassDelayMs: nextDelayMs });
+    this.#schedulePass(nextDelayMs);
+    this.#act.passed({ durationMs, nextDelayMs });
+  }
+}
