@@ -5,7 +5,7 @@
  * @packageDocumentation
  */
 import type { HostEvictionProgress } from './cluster/eviction-controller.js';
-import type { PASS_DURATION_FACTOR, RepairPassEvent } from './cluster/repair-loop.js';
+import type { RepairPassEvent } from './cluster/repair-loop.js';
 import type { DataEngine, DataEngineEvent } from './data-engine/data-engine.js';
 import type { LocalDataEngineOptions } from './data-engine/local-data-engine.js';
 import type { MooringError } from './errors.js';
@@ -35,7 +35,7 @@ export interface MooringOptions {
   hosts?: DataEngine[];
   /**
    * Least delay between two full passes of the repair loop (default 2000 ms); the delay
-   * grows to {@link PASS_DURATION_FACTOR} times the last pass's duration when that is
+   * grows to `limits.PASS_DURATION_FACTOR` (4) times the last pass's duration when that is
    * longer. Between passes, a volume is repaired on its own soon after its data engine
    * reports a replica change. 0 turns the loop and the event-driven repairs off
    * ({@link Mooring.repairOnce} still works).
