@@ -101,6 +101,7 @@ export class RepairLoop {
     this.#schedulePass(firstDelayMs);
   }
 
+  /** What the loop did so far (a copy). */
   get status(): RepairLoopStatus {
     return { running: this.#started && !this.#closed, ...this.#status, pendingEventRepairs: this.#pending.size };
   }
