@@ -376,8 +376,9 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   }
 
   /**
-   * What the repair loop did so far: its last full pass's duration and the delay it chose
-   * for the next (max(`repairIntervalMs`, `limits.PASS_DURATION_FACTOR` (4) × that duration)),
+   * What the repair loop did so far: its last full pass's duration and busy time, and the
+   * delay it chose for the next (max(`repairIntervalMs`, `limits.PASS_DURATION_FACTOR` (4) ×
+   * the time the event loop was busy during that pass)),
    * and the repairs events asked for (docs/cluster.md, the control loop).
    */
   get repairLoop(): RepairLoopStatus {
@@ -487,7 +488,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * or undo migrations), then repairs every attached volume that is not migrating (records
    * replica modes, replaces replicas that stayed ERR longer than the replacement wait), then
    * reconciles backing images. The loop calls this every `repairIntervalMs` or
-   * `limits.PASS_DURATION_FACTOR` (4) times the last pass's duration, whichever is longer, and
+   * `limits.PASS_DURATION_FACTOR` (4) times the last pass's busy time, whichever is longer, and
    * repairs single volumes in between when their data engines report a change; tests and
    * embedders may call it directly.
    */

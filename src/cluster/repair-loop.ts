@@ -10,10 +10,13 @@
 import { performance } from 'node:perf_hooks';
 
 /**
- * The next full pass starts this many times the last pass's duration after it ended (or
- * after the configured interval, if that is longer): the loop then spends at most
- * 1 / (1 + 4) = 20 % of its time in passes, however many volumes there are, while the
- * safety net still comes round within five pass durations. Events repair in between.
+ * The next full pass starts this many times the last pass's cost after it ended (or after
+ * the configured interval, if that is longer): the loop then keeps the JS thread busy at
+ * most 1 / (1 + 4) = 20 % of the time with passes, however many volumes there are, while the
+ * safety net still comes round within five pass durations. Events repair in between. The
+ * cost is the time the event loop was busy during the pass, not its wall-clock duration:
+ * a pass that waits for a host that does not answer costs nothing and must not postpone
+ * the next one (a takeover's leftovers are cleaned up by the next pass).
  */
 export const PASS_DURATION_FACTOR = 4;
 /**
@@ -27,10 +30,23 @@ export const EVENT_REPAIR_PENDING_MAX = 10_000;
 /** setTimeout's largest delay (about 24.8 days). */
 const TIMER_DELAY_MAX_MS = 2 ** 31 - 1;
 
-/** The delay before the next full pass: max(interval, {@link PASS_DURATION_FACTOR} × the last pass's duration). */
-export function nextPassDelayMs(intervalMs: number, lastPassMs: number): number {
-  return Math.min(TIMER_DELAY_MAX_MS, Math.max(intervalMs, Math.ceil(PASS_DURATION_FACTOR * Math.max(0, lastPassMs))));
+/** The delay before the next full pass: max(interval, {@link PASS_DURATION_FACTOR} × the last pass's busy time). */
+export function nextPassDelayMs(intervalMs: number, lastPassBusyMs: number): number {
+  return Math.min(TIMER_DELAY_MAX_MS, Math.max(intervalMs, Math.ceil(PASS_DURATION_FACTOR * Math.max(0, lastPassBusyMs))));
 }
+
+/** Where the loop reads time (tests inject durations through it). */
+export interface RepairLoopClock {
+  /** A monotonic clock, in ms. */
+  now(): number;
+  /** How long the event loop has been busy so far, in ms (monotonic). */
+  busyMs(): number;
+}
+
+const REAL_CLOCK: RepairLoopClock = {
+  now: () => performance.now(),
+  busyMs: () => performance.eventLoopUtilization().active,
+};
 
 /** What the repair loop did so far (`Mooring.repairLoop`). */
 export interface RepairLoopStatus {
@@ -40,6 +56,8 @@ export interface RepairLoopStatus {
   passes: number;
   /** Duration of the last full pass of the loop, or null before the first ended. */
   lastPassDurationMs: number | null;
+  /** How long the event loop was busy during it (what the next delay follows), or null. */
+  lastPassBusyMs: number | null;
   /** Delay until the next full pass, as scheduled when the last one ended (null before). */
   nextPassDelayMs: number | null;
   /** Repairs of one volume run because of an event (after coalescing). */
@@ -54,7 +72,9 @@ export interface RepairLoopStatus {
 export interface RepairPassEvent {
   /** How long it took. */
   durationMs: number;
-  /** When the next one starts, from now: max(repairIntervalMs, {@link PASS_DURATION_FACTOR} × durationMs). */
+  /** How long the event loop was busy meanwhile (waits for hosts do not count). */
+  busyMs: number;
+  /** When the next one starts, from now: max(repairIntervalMs, {@link PASS_DURATION_FACTOR} × busyMs). */
   nextDelayMs: number;
 }
 
@@ -76,7 +96,7 @@ export interface RepairLoopActions {
 export class RepairLoop {
   readonly #intervalMs: number;
   readonly #act: RepairLoopActions;
-  readonly #now: () => number;
+  readonly #clock: RepairLoopClock;
   #started = false;
   #closed = false;
   #passTimer: NodeJS.Timeout | null = null;
@@ -85,13 +105,12 @@ export class RepairLoop {
   #draining: Promise<void> | null = null;
   // Insertion-ordered and keyed by volume: many events for one volume make one entry.
   readonly #pending = new Set<string>();
-  readonly #status = { passes: 0, lastPassDurationMs: null as number | null, nextPassDelayMs: null as number | null, eventRepairs: 0, droppedEventRepairs: 0 };
+  readonly #status = { passes: 0, lastPassDurationMs: null as number | null, lastPassBusyMs: null as number | null, nextPassDelayMs: null as number | null, eventRepairs: 0, droppedEventRepairs: 0 };
 
-  /** `now`: a monotonic clock in ms (tests inject durations through it). */
-  constructor(intervalMs: number, actions: RepairLoopActions, now: () => number = () => performance.now()) {
+  constructor(intervalMs: number, actions: RepairLoopActions, clock: RepairLoopClock = REAL_CLOCK) {
     this.#intervalMs = intervalMs;
     this.#act = actions;
-    this.#now = now;
+    this.#clock = clock;
   }
 
   /** Starts the loop: the first pass after `firstDelayMs`. Does nothing when the interval is 0 (the loop is off). */
@@ -163,13 +182,16 @@ export class RepairLoop {
   }
 
   async #runPass(): Promise<void> {
-    const started = this.#now();
+    const started = this.#clock.now();
+    const busyBefore = this.#clock.busyMs();
     await this.#act.pass().catch((err: unknown) => this.#act.failed(err, 'repair loop'));
     if (this.#closed) return;
-    const durationMs = Math.max(0, this.#now() - started);
-    const nextDelayMs = nextPassDelayMs(this.#intervalMs, durationMs);
-    Object.assign(this.#status, { passes: this.#status.passes + 1, lastPassDurationMs: durationMs, nextPassDelayMs: nextDelayMs });
+    const durationMs = Math.max(0, this.#clock.now() - started);
+    // Busy time counts what else ran on the JS thread meanwhile too: it errs on the long side.
+    const busyMs = Math.min(durationMs, Math.max(0, this.#clock.busyMs() - busyBefore));
+    const nextDelayMs = nextPassDelayMs(this.#intervalMs, busyMs);
+    Object.assign(this.#status, { passes: this.#status.passes + 1, lastPassDurationMs: durationMs, lastPassBusyMs: busyMs, nextPassDelayMs: nextDelayMs });
     this.#schedulePass(nextDelayMs);
-    this.#act.passed({ durationMs, nextDelayMs });
+    this.#act.passed({ durationMs, busyMs, nextDelayMs });
   }
 }

@@ -116,7 +116,8 @@ export class MooringMetrics {
       return v === null ? [] : [{ labels: {}, value: v }];
     };
     m('mooring_repair_pass_duration_seconds', 'How long the repair loop\'s last full pass took (no series before the first).', 'gauge', loop((l) => (l.lastPassDurationMs === null ? null : l.lastPassDurationMs / 1000)));
-    m('mooring_repair_pass_next_delay_seconds', `The delay the loop chose after its last full pass: max(repairIntervalMs, ${PASS_DURATION_FACTOR} x its duration).`, 'gauge', loop((l) => (l.nextPassDelayMs === null ? null : l.nextPassDelayMs / 1000)));
+    m('mooring_repair_pass_busy_seconds', 'How long the event loop was busy during that pass (waits for hosts do not count).', 'gauge', loop((l) => (l.lastPassBusyMs === null ? null : l.lastPassBusyMs / 1000)));
+    m('mooring_repair_pass_next_delay_seconds', `The delay the loop chose after its last full pass: max(repairIntervalMs, ${PASS_DURATION_FACTOR} x its busy time).`, 'gauge', loop((l) => (l.nextPassDelayMs === null ? null : l.nextPassDelayMs / 1000)));
     m('mooring_repair_passes_total', 'Full passes the repair loop ran.', 'counter', loop((l) => l.passes));
     m('mooring_event_repairs_total', 'Repairs of one volume run because a data engine reported a replica change or its host was offered again (coalesced per volume).', 'counter', loop((l) => l.eventRepairs));
     m('mooring_event_repairs_pending', 'Volumes waiting for an event-driven repair.', 'gauge', loop((l) => l.pendingEventRepairs));

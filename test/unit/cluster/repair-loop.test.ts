@@ -1,13 +1,15 @@
 // When the control plane repairs (src/cluster/repair-loop.ts): the next full pass waits
-// max(interval, PASS_DURATION_FACTOR × the last pass's duration); event-driven repairs are
+// max(interval, PASS_DURATION_FACTOR × the last pass's busy time); event-driven repairs are
 // coalesced per volume and cancelled by close. Timers are vitest's fake ones and pass
 // durations come from an injected clock, so nothing here depends on the machine's speed.
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 
 import { EVENT_REPAIR_DELAY_MS, EVENT_REPAIR_PENDING_MAX, PASS_DURATION_FACTOR, RepairLoop, nextPassDelayMs, type RepairPassEvent } from '../../../src/cluster/repair-loop.js';
 
-function loop(intervalMs: number, passMs: () => number = () => 0) {
+// `passMs`: how long each pass takes, of which `busyMs` busy (the rest waiting for hosts).
+function loop(intervalMs: number, passMs: () => number = () => 0, busyMs: () => number = passMs) {
   let clock = 0;
+  let busy = 0;
   const repaired: string[] = [];
   const passes: RepairPassEvent[] = [];
   const failures: string[] = [];
@@ -18,6 +20,7 @@ function loop(intervalMs: number, passMs: () => number = () => 0) {
     {
       pass: async () => {
         clock += passMs();
+        busy += busyMs();
       },
       repairVolume: async (v) => {
         repaired.push(v);
@@ -31,7 +34,7 @@ function loop(intervalMs: number, passMs: () => number = () => 0) {
       failed: (_err, what) => failures.push(what),
       passed: (e) => passes.push(e),
     },
-    () => clock,
+    { now: () => clock, busyMs: () => busy },
   );
   return { l, repaired, passes, failures, batches: () => batches, release: () => release?.() };
 }
@@ -60,16 +63,26 @@ describe('RepairLoop', () => {
     const t = loop(100, () => duration);
     t.l.start(0);
     await vi.advanceTimersByTimeAsync(0);
-    expect(t.passes).toEqual([{ durationMs: 1000, nextDelayMs: PASS_DURATION_FACTOR * 1000 }]);
-    expect(t.l.status).toMatchObject({ running: true, passes: 1, lastPassDurationMs: 1000, nextPassDelayMs: PASS_DURATION_FACTOR * 1000 });
+    expect(t.passes).toEqual([{ durationMs: 1000, busyMs: 1000, nextDelayMs: PASS_DURATION_FACTOR * 1000 }]);
+    expect(t.l.status).toMatchObject({ running: true, passes: 1, lastPassDurationMs: 1000, lastPassBusyMs: 1000, nextPassDelayMs: PASS_DURATION_FACTOR * 1000 });
     duration = 10;
     await vi.advanceTimersByTimeAsync(PASS_DURATION_FACTOR * 1000 - 1);
     expect(t.passes).toHaveLength(1); // not back to back
     await vi.advanceTimersByTimeAsync(1);
     expect(t.passes).toHaveLength(2);
-    expect(t.passes[1]).toEqual({ durationMs: 10, nextDelayMs: 100 });
+    expect(t.passes[1]).toEqual({ durationMs: 10, busyMs: 10, nextDelayMs: 100 });
     await vi.advanceTimersByTimeAsync(100);
     expect(t.passes).toHaveLength(3);
+    await t.l.close();
+  });
+
+  it('does not postpone the next pass for a pass that mostly waited for hosts', async () => {
+    const t = loop(100, () => 9000, () => 50);
+    t.l.start(0);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.passes).toEqual([{ durationMs: 9000, busyMs: 50, nextDelayMs: PASS_DURATION_FACTOR * 50 }]);
+    await vi.advanceTimersByTimeAsync(PASS_DURATION_FACTOR * 50);
+    expect(t.passes).toHaveLength(2);
     await t.l.close();
   });
 

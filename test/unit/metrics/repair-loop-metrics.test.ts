@@ -32,6 +32,7 @@ describe('MooringMetrics of the repair loop', () => {
       const p = parsePromText(await metrics.registry.metrics());
       expect(p.value('mooring_repair_passes_total')).toBe(1);
       expect(p.value('mooring_repair_pass_duration_seconds')).toBe(st.lastPassDurationMs! / 1000);
+      expect(p.value('mooring_repair_pass_busy_seconds')).toBe(st.lastPassBusyMs! / 1000);
       expect(p.value('mooring_repair_pass_next_delay_seconds')).toBe(3600);
       expect(p.value('mooring_event_repairs_total')).toBe(1);
       expect(p.value('mooring_event_repairs_pending')).toBe(0);
