@@ -134,11 +134,16 @@ export class RepairLoop {
     }
     this.#pending.add(volume);
     // A running drain takes it in its turn; otherwise the first request of a burst arms the timer.
-    if (this.#draining || this.#eventTimer) return;
+    this.#arm();
+  }
+
+  #arm(): void {
+    if (this.#draining || this.#eventTimer || this.#closed || this.#pending.size === 0) return;
     this.#eventTimer = setTimeout(() => {
       this.#eventTimer = null;
       this.#draining = this.#drain().finally(() => {
         this.#draining = null;
+        this.#arm(); // anything asked for after the drain's last look
       });
     }, EVENT_REPAIR_DELAY_MS);
     this.#eventTimer.unref();
