@@ -24,7 +24,7 @@ export type { MooringErrorOptions } from './errors.js';
 
 // --- the entry point and its volumes ---
 export { Mooring } from './mooring.js';
-export type { MooringEvents, MooringOptions, ReplicaReplacedEvent, VolumeSalvagedEvent } from './mooring.js';
+export type { MooringEvents, MooringOptions, RepairLoopStatus, RepairPassEvent, ReplicaReplacedEvent, VolumeSalvagedEvent } from './mooring.js';
 export type { HostEvictionProgress } from './cluster/eviction-controller.js';
 export type { Logger, LogFn } from './util/logger.js';
 export type { DirectoryImport } from './volume/directory-import.js';

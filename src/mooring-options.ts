@@ -5,6 +5,7 @@
  * @packageDocumentation
  */
 import type { HostEvictionProgress } from './cluster/eviction-controller.js';
+import type { RepairPassEvent } from './cluster/repair-loop.js';
 import type { DataEngine, DataEngineEvent } from './data-engine/data-engine.js';
 import type { LocalDataEngineOptions } from './data-engine/local-data-engine.js';
 import type { MooringError } from './errors.js';
@@ -32,7 +33,13 @@ export interface MooringOptions {
   dataEngine?: Omit<LocalDataEngineOptions, 'dir' | 'hostId'> | false;
   /** Data engines of other hosts (e.g. RemoteDataEngine) offered for replicas and engines (more with {@link Mooring.addHost}). */
   hosts?: DataEngine[];
-  /** Repair loop period (default 2000 ms); 0 turns the loop off ({@link Mooring.repairOnce} still works). */
+  /**
+   * Least delay between two full passes of the repair loop (default 2000 ms); the delay
+   * grows to `limits.PASS_DURATION_FACTOR` (4) times the time the event loop was busy during
+   * the last pass when that is longer. Between passes, a volume is repaired on its own soon after its data engine
+   * reports a replica change. 0 turns the loop and the event-driven repairs off
+   * ({@link Mooring.repairOnce} still works).
+   */
   repairIntervalMs?: number;
   /** ERR time after which a replica is replaced on another host (default 600,000 ms). */
   replicaReplacementWaitMs?: number;
@@ -120,6 +127,8 @@ export type MooringEvents = {
   'disk-replaced': (event: { hostId: string; oldDiskId: string; newDiskId: string; lostReplicas: string[] }) => void;
   /** A volume was brought back from the replicas left (`Volume.salvage`, docs/salvage.md). */
   'volume-salvaged': (event: VolumeSalvagedEvent) => void;
+  /** A full pass of the repair loop ended: how long it took, and when the next one starts. */
+  'repair-pass': (event: RepairPassEvent) => void;
   /** Something failed in the background (repair, recording status); the cluster keeps going. */
   warning: (error: MooringError) => void;
 };

@@ -47,6 +47,7 @@ import { EngineLifecycle } from './cluster/engine-lifecycle.js';
 import { HOST_PROBE_TIMEOUT_MS, Hosts } from './cluster/hosts.js';
 import { MigrationController } from './cluster/migration-controller.js';
 import { RepairController } from './cluster/repair-controller.js';
+import { RepairLoop, type RepairLoopStatus } from './cluster/repair-loop.js';
 import { upgradeStore } from './cluster/store-schema.js';
 import { VolumeLifecycle } from './cluster/volume-lifecycle.js';
 import { VolumeOperations } from './cluster/volume-operations.js';
@@ -61,8 +62,10 @@ export { HOST_PROBE_TIMEOUT_MS } from './cluster/hosts.js';
 type TypedEmitter<E extends TE.EventMap> = TE.default<E>;
 
 export type { MooringEvents, MooringOptions, ReplicaReplacedEvent, VolumeSalvagedEvent } from './mooring-options.js';
+export type { RepairLoopStatus, RepairPassEvent } from './cluster/repair-loop.js';
+export { EVENT_REPAIR_DELAY_MS, EVENT_REPAIR_PENDING_MAX, HOST_RECHECK_INTERVAL_MS, PASS_DURATION_FACTOR } from './cluster/repair-loop.js';
 
-/** How often the repair loop looks at attached volumes, by default. */
+/** How often the repair loop runs a full pass over attached volumes, by default (at least; it adapts to the pass's duration). */
 export const DEFAULT_REPAIR_INTERVAL_MS = 2000;
 /** How long a replica may stay ERR before it is replaced on another host, by default (Longhorn: 600 s). */
 export const DEFAULT_REPLICA_REPLACEMENT_WAIT_MS = 600_000;
@@ -73,6 +76,9 @@ const ENGINE_IO_TIMEOUT_MS_MIN = 100;
 const ENGINE_IO_TIMEOUT_MS_MAX = 600_000;
 /** How long a backing image file no replica uses stays on its disk, by default (Longhorn: 60 min). */
 export const DEFAULT_BACKING_IMAGE_CLEANUP_WAIT_MS = 3_600_000;
+
+/** Data-engine events after which a volume's engine may report replicas to record, re-add or replace. */
+const REPAIR_EVENTS: ReadonlySet<string> = new Set(['replica-error', 'rebuild-failed', 'replica-set-changed']);
 
 /** Where the embedded default keeps the control-plane store, under `dir`. */
 export const STATE_SUBDIR = 'state';
@@ -110,9 +116,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   readonly #volumes: VolumeLifecycle;
   readonly #images: BackingImageController;
   readonly #upgrade: UpgradeController;
-  readonly #repairIntervalMs: number;
-  #timer: NodeJS.Timeout | null = null;
-  #repairing: Promise<void> | null = null;
+  readonly #loop: RepairLoop;
   readonly #handles = new Map<string, Volume>();
   readonly #ops: VolumeOps;
   // What this object opened itself (the embedded default) and closes with it.
@@ -146,6 +150,8 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     this.#log = checkLogger('logger', options.logger).child({ component: 'cluster' });
     const hosts = new Hosts((hostId, e) => {
       logDataEngineEvent(this.#log, hostId, e);
+      // What changes a volume's replicas asks for a repair of that volume, soon.
+      if (REPAIR_EVENTS.has(e.type) && 'volume' in e) this.#loop.request(e.volume);
       this.#images.onDataEngineEvent(hostId, e);
       safeEmit(this, 'data-engine-event', hostId, e);
       // A volume's own events go to its handle too (if one was asked for: none is made for it).
@@ -171,7 +177,16 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       },
     );
     this.#state = state;
-    this.#repairIntervalMs = options.repairIntervalMs ?? DEFAULT_REPAIR_INTERVAL_MS;
+    this.#loop = new RepairLoop(options.repairIntervalMs ?? DEFAULT_REPAIR_INTERVAL_MS, {
+      pass: () => this.repairOnce(),
+      tick: async () => {
+        for (const h of await hosts.answeringAgain()) this.#repairHostSoon(h);
+      },
+      repairVolume: (v) => this.#repairVolume(v),
+      batch: (fn) => hosts.duringPass(fn),
+      failed: (err, what) => this.#warn(toMooringError(err, what)),
+      passed: (e) => safeEmit(this, 'repair-pass', e),
+    });
     const engines = new EngineLifecycle(state);
     this.#migrations = new MigrationController(state, engines);
     this.#attachment = new AttachmentController(state, engines, this.#migrations);
@@ -309,7 +324,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       if (own.dataEngine) await m.addHost(own.dataEngine);
       for (const h of options.hosts ?? []) await m.addHost(h);
       // The first pass at once: volumes attached before a restart serve again without waiting a period.
-      if (m.#repairIntervalMs > 0) m.#schedule(0);
+      m.#loop.start(0);
       safeLog(m.#log, 'debug', { ...(dir !== null ? { dir } : {}), hostId, hostIds: m.hostIds }, `opened${dir !== null ? ` ${dir}` : ''} as host ${hostId ?? '(none)'} (hosts: ${m.hostIds.join(', ') || 'none'})`);
       return m;
     } catch (err) {
@@ -348,6 +363,38 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     this.#state.hosts.set(hostId, engine);
     if (!info) return;
     await this.#state.store.put(KIND.host, hostId, await this.#eviction.hostSeen(hostId, info));
+    // A host offered again (back, or under a new address): its volumes are repaired soon.
+    this.#repairHostSoon(hostId);
+  }
+
+  // A host is back (offered again, or answering after it did not): the volumes with their
+  // engine or a replica there, and those it runs an engine of (a takeover's leftover, which
+  // the repair stops), are repaired soon.
+  #repairHostSoon(hostId: string): void {
+    if (!this.#loop.status.running) return;
+    void this.#volumesOn(hostId).then(
+      (vs) => vs.forEach((v) => this.#loop.request(v)),
+      (err: unknown) => this.#state.closed || this.#warn(toMooringError(err, `listing the volumes of host ${hostId}`)),
+    );
+  }
+
+  // Attached volumes with their engine, a replica or a running engine on a host: three
+  // lists, whatever the host (the engines it runs are read only if it answers).
+  async #volumesOn(hostId: string): Promise<string[]> {
+    const running = this.#state.hosts.get(hostId)?.listEngines().catch(() => []) ?? Promise.resolve([]);
+    const [engines, replicas, here] = await Promise.all([this.#state.engineRecords(), this.#state.allReplicas(), withTimeout(running, HOST_PROBE_TIMEOUT_MS, `engines of ${hostId}`).catch(() => [])]);
+    const there = new Set([...replicas.filter((r) => r.hostId === hostId).map((r) => r.volume), ...here.map((e) => e.volume)]);
+    return engines.filter((e) => e.hostId === hostId || there.has(e.volume)).map((e) => e.volume);
+  }
+
+  /**
+   * What the repair loop did so far: its last full pass's duration and busy time, and the
+   * delay it chose for the next (max(`repairIntervalMs`, `limits.PASS_DURATION_FACTOR` (4) ×
+   * the time the event loop was busy during that pass)),
+   * and the repairs events asked for (docs/cluster.md, the control loop).
+   */
+  get repairLoop(): RepairLoopStatus {
+    return this.#loop.status;
   }
 
   /**
@@ -452,7 +499,9 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * One pass of the control loop: reconciles every volume's tickets (attach, detach, finish
    * or undo migrations), then repairs every attached volume that is not migrating (records
    * replica modes, replaces replicas that stayed ERR longer than the replacement wait), then
-   * reconciles backing images. The loop calls this every `repairIntervalMs`; tests and
+   * reconciles backing images. The loop calls this every `repairIntervalMs` or
+   * `limits.PASS_DURATION_FACTOR` (4) times the last pass's busy time, whichever is longer, and
+   * repairs single volumes in between when their data engines report a change; tests and
    * embedders may call it directly.
    */
   repairOnce(): Promise<void> {
@@ -558,9 +607,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     if (this.#state.closed) return;
     this.#state.markClosed();
     this.#images.close();
-    if (this.#timer) clearTimeout(this.#timer);
-    this.#timer = null;
-    await this.#repairing?.catch(() => undefined);
+    await this.#loop.close();
     await this.#upgrade.close();
     this.#state.hosts.clear();
     this.#migrations.close();
@@ -601,17 +648,5 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       for (const r of replicas) if (r.volume === v.name) e.hosts.add(r.hostId);
     }
     return out;
-  }
-
-  #schedule(delayMs = this.#repairIntervalMs): void {
-    this.#timer = setTimeout(() => {
-      this.#repairing = this.repairOnce()
-        .catch((err: unknown) => this.#warn(toMooringError(err, 'repair loop')))
-        .finally(() => {
-          this.#repairing = null;
-          if (!this.#state.closed) this.#schedule();
-        });
-    }, delayMs);
-    this.#timer.unref();
   }
 }

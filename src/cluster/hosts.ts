@@ -5,6 +5,8 @@
  *
  * @packageDocumentation
  */
+import { AsyncLocalStorage } from 'node:async_hooks';
+
 import type { DataEngine, DataEngineEvent, EngineInfo } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
 import { withTimeout } from '../util/async.js';
@@ -18,8 +20,15 @@ export type EngineProbe = EngineInfo | 'stopped' | 'unreachable';
 /** The offered data engines by host id, each watched for events while offered. */
 export class Hosts {
   readonly #hosts = new Map<string, { engine: DataEngine; unwatch: () => void }>();
-  // Hosts found unreachable during the control loop's current pass (null outside a pass).
-  #downThisPass: Set<string> | null = null;
+  // Hosts found unreachable during the pass the caller runs in (none outside a pass). Each
+  // pass has its own: a full pass and a batch of event-driven repairs may overlap, and a
+  // host that comes back must be probed again by the next one, however they overlap.
+  // Work a pass started that outlives it (a background task) inherits the context: `ended`
+  // makes it probe again like any call outside a pass.
+  readonly #pass = new AsyncLocalStorage<{ down: Set<string>; ended: boolean }>();
+  // Hosts that did not answer a probe, until {@link answeringAgain} finds them back: a host
+  // that returns without restarting (a partition healed, a freeze ended) raises no event.
+  readonly #unanswered = new Set<string>();
 
   constructor(private readonly onEvent: (hostId: string, event: DataEngineEvent) => void) {}
 
@@ -77,26 +86,34 @@ export class Hosts {
   /**
    * Runs one pass of the control loop. A host that does not answer once during the pass
    * counts as unreachable for the rest of it: a pass over a thousand volumes of a dead host
-   * waits for one probe timeout, not a thousand.
+   * waits for one probe timeout, not a thousand. Also runs a batch of event-driven repairs.
    */
-  async duringPass<T>(pass: () => Promise<T>): Promise<T> {
-    this.#downThisPass = new Set();
-    try {
-      return await pass();
-    } finally {
-      this.#downThisPass = null;
-    }
+  duringPass<T>(pass: () => Promise<T>): Promise<T> {
+    const ctx = { down: new Set<string>(), ended: false };
+    return this.#pass.run(ctx, async () => {
+      try {
+        return await pass();
+      } finally {
+        ctx.ended = true;
+      }
+    });
+  }
+
+  // What the caller's pass found down (null outside a pass, or after it ended).
+  #downThisPass(): Set<string> | null {
+    const ctx = this.#pass.getStore();
+    return ctx && !ctx.ended ? ctx.down : null;
   }
 
   /** The volume's engine on a host: its info, or whether it is stopped or the host unreachable. */
   async probe(hostId: string, volume: string): Promise<EngineProbe> {
     const h = this.#hosts.get(hostId);
-    if (!h || this.#downThisPass?.has(hostId)) return 'unreachable';
+    if (!h || this.#downThisPass()?.has(hostId)) return 'unreachable';
     try {
       return await withTimeout(h.engine.engineInfo(volume), HOST_PROBE_TIMEOUT_MS, `engine of ${volume} on ${hostId}`);
     } catch (err) {
       if (toMooringError(err).code === 'NOT_FOUND') return 'stopped';
-      this.#downThisPass?.add(hostId);
+      this.#markDown(hostId);
       return 'unreachable';
     }
   }
@@ -110,13 +127,40 @@ export class Hosts {
   /** Whether a host's data engine answers. */
   async reachable(hostId: string): Promise<boolean> {
     const h = this.#hosts.get(hostId);
-    if (!h || this.#downThisPass?.has(hostId)) return false;
+    if (!h || this.#downThisPass()?.has(hostId)) return false;
     try {
       await withTimeout(h.engine.info(), HOST_PROBE_TIMEOUT_MS, `host ${hostId}`);
       return true;
     } catch {
-      this.#downThisPass?.add(hostId);
+      this.#markDown(hostId);
       return false;
     }
+  }
+
+  #markDown(hostId: string): void {
+    this.#downThisPass()?.add(hostId);
+    this.#unanswered.add(hostId);
+  }
+
+  /**
+   * The hosts that did not answer a probe since the last call and answer now (each probed
+   * once, in parallel, bounded by {@link HOST_PROBE_TIMEOUT_MS}); they are forgotten until
+   * a probe finds them down again. Hosts no longer offered are forgotten.
+   */
+  async answeringAgain(): Promise<string[]> {
+    const ids = [...this.#unanswered];
+    const back = await Promise.all(
+      ids.map(async (hostId) => {
+        const h = this.#hosts.get(hostId);
+        if (!h) return this.#unanswered.delete(hostId) && false;
+        const ok = await withTimeout(h.engine.info(), HOST_PROBE_TIMEOUT_MS, `host ${hostId}`).then(
+          () => true,
+          () => false,
+        );
+        if (ok) this.#unanswered.delete(hostId);
+        return ok;
+      }),
+    );
+    return ids.filter((_, i) => back[i]);
   }
 }

@@ -2,15 +2,17 @@
  * Metrics of a {@link Mooring}: per volume state, size, replica modes, rebuild progress
  * and bytes, attachment, migration, writer epoch; the upgrade session's state; and, when
  * the Mooring runs this host's data engine in process, that data engine's data-path metrics
- * (data-engine-metrics.ts). Read at scrape time from the store and the engines; rebuilds
- * are counted from the data engines' events. docs/metrics.md lists them.
+ * (data-engine-metrics.ts); and the repair loop's pass duration, next delay and
+ * event-driven repairs. Read at scrape time from the store, the engines and the Mooring;
+ * rebuilds are counted from the data engines' events. docs/metrics.md lists them.
  *
  * @packageDocumentation
  */
 import { Registry } from 'prom-client';
 
 import type { DataEngineEvent } from '../data-engine/data-engine.js';
-import type { Mooring } from '../mooring.js';
+import type { Mooring, RepairLoopStatus } from '../mooring.js';
+import { PASS_DURATION_FACTOR } from '../cluster/repair-loop.js';
 import type { UpgradeSessionStatus } from '../upgrade/upgrade-session.js';
 import type { VolumeStatus } from '../volume/volume.js';
 import { HOST_UPGRADE_STATES, UPGRADE_STATES } from '../upgrade/upgrade-records.js';
@@ -108,6 +110,18 @@ export class MooringMetrics {
       (s) => (s.upgrade ? UPGRADE_STATES.map((state) => ({ labels: { state }, value: s.upgrade!.state === state ? 1 : 0 })) : []));
     m('mooring_upgrade_host_state', 'Each host of the upgrade session: 1, labelled with its step or how it ended.', 'gauge',
       (s) => (s.upgrade ? Object.values(s.upgrade.hosts).map((h) => ({ labels: { host: h.hostId, state: HOST_UPGRADE_STATES.includes(h.state) ? h.state : 'unknown' }, value: 1 })) : []));
+    // The repair loop (docs/cluster.md): read from the Mooring, not the store.
+    const loop = (f: (l: RepairLoopStatus) => number | null) => (): Sample[] => {
+      const v = f(this.#mooring.repairLoop);
+      return v === null ? [] : [{ labels: {}, value: v }];
+    };
+    m('mooring_repair_pass_duration_seconds', 'How long the repair loop\'s last full pass took (no series before the first).', 'gauge', loop((l) => (l.lastPassDurationMs === null ? null : l.lastPassDurationMs / 1000)));
+    m('mooring_repair_pass_busy_seconds', 'How long the event loop was busy during that pass (waits for hosts do not count).', 'gauge', loop((l) => (l.lastPassBusyMs === null ? null : l.lastPassBusyMs / 1000)));
+    m('mooring_repair_pass_next_delay_seconds', `The delay the loop chose after its last full pass: max(repairIntervalMs, ${PASS_DURATION_FACTOR} x its busy time).`, 'gauge', loop((l) => (l.nextPassDelayMs === null ? null : l.nextPassDelayMs / 1000)));
+    m('mooring_repair_passes_total', 'Full passes the repair loop ran.', 'counter', loop((l) => l.passes));
+    m('mooring_event_repairs_total', 'Repairs of one volume run because a data engine reported a replica change or its host was offered again (coalesced per volume).', 'counter', loop((l) => l.eventRepairs));
+    m('mooring_event_repairs_pending', 'Volumes waiting for an event-driven repair.', 'gauge', loop((l) => l.pendingEventRepairs));
+    m('mooring_event_repairs_dropped_total', 'Event-driven repair requests dropped because too many volumes were waiting (the next full pass covers them).', 'counter', loop((l) => l.droppedEventRepairs));
     m('mooring_metrics_collect_errors_total', 'Scrapes that could not read the volumes or the upgrade session (their series were left out).', 'counter',
       () => [{ labels: {}, value: this.#collectErrors }]);
     if (dataPath) for (const metric of dataPathMetrics(snapshot, (s) => s.dataPath)) this.#set.add(metric);

@@ -1,7 +1,8 @@
 // The shape of the control loop's cost (issue 21): one pass over N attached volumes reads
-// O(N) documents from the state store, not O(N²). Counted through a store that counts what
-// it returns; the ratio between two sizes is what is checked, never a time.
-import { describe, expect, it } from 'vitest';
+// O(N) documents from the state store, not O(N²); a repair asked for by one volume's event
+// reads as many whatever N. Counted through a store that counts what it returns; the ratio
+// between two sizes is what is checked, never a time.
+import { describe, expect, it, vi } from 'vitest';
 
 import { Mooring } from '../../../src/mooring.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
@@ -47,5 +48,38 @@ describe('the control loop pass', () => {
     // ×4 volumes: about ×4 reads; reading every replica record per volume made it ×16.
     console.log(`store documents read by one pass: ${small} at 10 volumes, ${large} at 40`);
     expect(large / small, `${small} reads at 10 volumes, ${large} at 40`).toBeLessThan(5.5);
+  });
+});
+
+// Documents read by the repair one volume's event asks for, among `volumes` attached ones
+// (the full pass an hour away, so only the event path runs).
+async function readsOfOneEventRepair(volumes: number): Promise<number> {
+  const hosts = ['a', 'b', 'c'].map((h) => new FakeDataEngine(h));
+  const store = new CountingStore();
+  const m = await Mooring.open({ store, hosts, repairIntervalMs: 3_600_000 });
+  try {
+    await vi.waitFor(() => expect(m.repairLoop.passes).toBe(1), { timeout: 10_000 });
+    for (let i = 0; i < volumes; i++) {
+      const v = await m.createVolume({ name: `vol-${String(i).padStart(4, '0')}`, sizeBytes: 4096 * 16, replicas: 3 });
+      await v.attach({ host: 'abc'[i % 3]! });
+    }
+    store.reads = 0;
+    hosts[0]!.emit({ type: 'replica-set-changed', volume: 'vol-0000', epoch: 1, generation: 2, rwReplicaIds: ['r0', 'r1', 'r2'] });
+    await vi.waitFor(() => expect(m.repairLoop).toMatchObject({ eventRepairs: 1, pendingEventRepairs: 0 }), { timeout: 10_000 });
+    await m.close(); // waits for the repair running
+    return store.reads;
+  } finally {
+    await m.close();
+  }
+}
+
+describe('an event-driven repair', () => {
+  it('reads as many documents whatever the number of volumes', async () => {
+    const small = await readsOfOneEventRepair(10);
+    const large = await readsOfOneEventRepair(40);
+    console.log(`store documents read by one event-driven repair: ${small} at 10 volumes, ${large} at 40`);
+    expect(small).toBeGreaterThan(0);
+    // ×4 volumes: the same reads (a little slack); reading a list of every volume's records would make it ×2 or more.
+    expect(large / small, `${small} reads at 10 volumes, ${large} at 40`).toBeLessThan(1.5);
   });
 });
