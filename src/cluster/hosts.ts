@@ -17,6 +17,14 @@ export const HOST_PROBE_TIMEOUT_MS = 3000;
 /** A volume's engine on a host: its info, or whether it is stopped or the host unreachable. */
 export type EngineProbe = EngineInfo | 'stopped' | 'unreachable';
 
+// What one pass learned about the hosts: those found down, and the volumes each runs an
+// engine of (one listEngines() per host per pass, read at the first ask).
+interface PassContext {
+  down: Set<string>;
+  engines: Map<string, Promise<Set<string> | null>>;
+  ended: boolean;
+}
+
 /** The offered data engines by host id, each watched for events while offered. */
 export class Hosts {
   readonly #hosts = new Map<string, { engine: DataEngine; unwatch: () => void }>();
@@ -25,7 +33,7 @@ export class Hosts {
   // host that comes back must be probed again by the next one, however they overlap.
   // Work a pass started that outlives it (a background task) inherits the context: `ended`
   // makes it probe again like any call outside a pass.
-  readonly #pass = new AsyncLocalStorage<{ down: Set<string>; ended: boolean }>();
+  readonly #pass = new AsyncLocalStorage<PassContext>();
   // Hosts that did not answer a probe, until {@link answeringAgain} finds them back: a host
   // that returns without restarting (a partition healed, a freeze ended) raises no event.
   readonly #unanswered = new Set<string>();
@@ -89,7 +97,7 @@ export class Hosts {
    * waits for one probe timeout, not a thousand. Also runs a batch of event-driven repairs.
    */
   duringPass<T>(pass: () => Promise<T>): Promise<T> {
-    const ctx = { down: new Set<string>(), ended: false };
+    const ctx: PassContext = { down: new Set(), engines: new Map(), ended: false };
     return this.#pass.run(ctx, async () => {
       try {
         return await pass();
@@ -116,6 +124,28 @@ export class Hosts {
       this.#markDown(hostId);
       return 'unreachable';
     }
+  }
+
+  /**
+   * Whether a host may run an engine of the volume: in a pass, from the host's engines as
+   * listed once in that pass (an engine started since is not seen: the caller looks for
+   * leftovers, which are older); outside a pass, or when the listing failed, true (probe it).
+   */
+  async mayRunEngine(hostId: string, volume: string): Promise<boolean> {
+    const ctx = this.#pass.getStore();
+    const h = this.#hosts.get(hostId);
+    if (!ctx || ctx.ended || !h) return true;
+    let listed = ctx.engines.get(hostId);
+    if (!listed) {
+      listed = ctx.down.has(hostId)
+        ? Promise.resolve(null)
+        : withTimeout(h.engine.listEngines(), HOST_PROBE_TIMEOUT_MS, `engines of ${hostId}`).then(
+            (es) => new Set(es.map((e) => e.volume)),
+            () => null,
+          );
+      ctx.engines.set(hostId, listed);
+    }
+    return (await listed)?.has(volume) ?? true;
   }
 
   /** Whether a host answers and runs the volume's engine. */

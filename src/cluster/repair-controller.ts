@@ -75,7 +75,7 @@ export class RepairController {
   // and its NBD socket.
   async #stopStrayEngines(eng: EngineRecord): Promise<void> {
     for (const [hostId, de] of this.state.hosts.entries()) {
-      if (hostId === eng.hostId) continue;
+      if (hostId === eng.hostId || !(await this.state.hosts.mayRunEngine(hostId, eng.volume))) continue;
       const state = await this.state.hosts.probeEngine(hostId, eng.volume);
       if (state !== 'running') continue;
       await de.stopEngine(eng.volume).then(

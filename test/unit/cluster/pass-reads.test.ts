@@ -83,3 +83,38 @@ describe('an event-driven repair', () => {
     expect(large / small, `${small} reads at 10 volumes, ${large} at 40`).toBeLessThan(1.5);
   });
 });
+
+// Calls one full pass makes to the data engines, over `volumes` attached 3-replica volumes
+// on `hostCount` hosts: by kind (engineInfo, listEngines...).
+async function callsOfOnePass(volumes: number, hostCount: number): Promise<Map<string, number>> {
+  const hosts = Array.from({ length: hostCount }, (_, i) => new FakeDataEngine(`h${i}`));
+  const m = await Mooring.open({ store: new MemoryStateStore(), hosts, repairIntervalMs: 0 });
+  try {
+    for (let i = 0; i < volumes; i++) {
+      const v = await m.createVolume({ name: `vol-${String(i).padStart(4, '0')}`, sizeBytes: 4096 * 16, replicas: 3 });
+      await v.attach({ host: hosts[i % hostCount]!.hostId });
+    }
+    await m.repairOnce(); // settle
+    for (const h of hosts) h.calls.length = 0;
+    await m.repairOnce();
+    const byKind = new Map<string, number>();
+    for (const c of hosts.flatMap((h) => h.calls)) byKind.set(c.split(' ')[0]!, (byKind.get(c.split(' ')[0]!) ?? 0) + 1);
+    return byKind;
+  } finally {
+    await m.close();
+  }
+}
+
+describe('the data-engine calls of a pass', () => {
+  it('ask each volume of its engine host, not of every host: the leftover-engine check lists each host once', async () => {
+    const volumes = 20;
+    const few = await callsOfOnePass(volumes, 3);
+    const many = await callsOfOnePass(volumes, 9);
+    const total = (m: Map<string, number>) => [...m.values()].reduce((a, b) => a + b, 0);
+    console.log(`data-engine calls of one pass over ${volumes} volumes: 3 hosts ${JSON.stringify(Object.fromEntries(few))}, 9 hosts ${JSON.stringify(Object.fromEntries(many))}`);
+    // Probing every host for every volume made engineInfo calls grow ×3 with ×3 hosts.
+    expect(many.get('engineInfo'), 'engineInfo calls at 9 hosts').toBe(few.get('engineInfo'));
+    expect(many.get('listEngines') ?? 0, 'listEngines calls at 9 hosts').toBeLessThanOrEqual(9);
+    expect(total(many) - total(few), 'calls added by 6 more hosts').toBeLessThanOrEqual(2 * 6);
+  });
+});

@@ -260,6 +260,10 @@ export class FakeDataEngine implements DataEngine {
 
   async engineInfo(volume: string): Promise<EngineInfo> {
     this.#check(`engineInfo ${volume}`);
+    return this.#info(volume);
+  }
+
+  #info(volume: string): EngineInfo {
     const e = this.#engine(volume);
     return {
       volume,
@@ -273,7 +277,7 @@ export class FakeDataEngine implements DataEngine {
 
   async listEngines(): Promise<EngineInfo[]> {
     this.#check('listEngines');
-    return Promise.all([...this.engines.keys()].map((v) => this.engineInfo(v)));
+    return [...this.engines.keys()].map((v) => this.#info(v));
   }
 
   async addReplica(volume: string, replica: EngineReplicaRef): Promise<RebuildResult> {
