@@ -9,12 +9,14 @@ import {
   STATE_DOCUMENT_BYTES_MAX,
   STATE_KIND_PATTERN,
   checkCompareAndSet,
+  checkGuard,
+  checkGuardVersion,
   checkExpectedVersion,
   checkKey,
   checkKind,
   serialiseValue,
 } from './state-keys.js';
-import type { StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+import type { StateGuard, StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
 
 /** The lock file inside a state store directory. */
 export const STATE_LOCK_FILE = 'state.lock';
@@ -136,11 +138,12 @@ export class FileStateStore implements StateStore {
 
   /** @inheritDoc StateStore.put */
   put<T>(kind: string, key: string, value: T, options?: StateWriteOptions): Promise<StoredObject<T>> {
-    return this.#run(kind, key, async (file) => {
+    return this.#guarded(options, kind, key, async (file) => {
       const expected = checkExpectedVersion(options);
       const text = serialiseValue(kind, key, value);
       const current = await this.#read<unknown>(kind, key, file);
       checkCompareAndSet(kind, key, expected, current?.version ?? 0);
+      await this.#checkGuard(options);
       const version = (current?.version ?? 0) + 1;
       await this.#ensureKindDir(kind);
       const doc = `{"format":${JSON.stringify(STATE_DOCUMENT_FORMAT)},"kind":${JSON.stringify(kind)},"key":${JSON.stringify(key)},"version":${version},"value":${text}}\n`;
@@ -151,12 +154,13 @@ export class FileStateStore implements StateStore {
 
   /** @inheritDoc StateStore.delete */
   delete(kind: string, key: string, options?: StateWriteOptions): Promise<void> {
-    return this.#run(kind, key, async (file) => {
+    return this.#guarded(options, kind, key, async (file) => {
       const expected = checkExpectedVersion(options);
       if (expected !== undefined) {
         const current = await this.#read<unknown>(kind, key, file);
         checkCompareAndSet(kind, key, expected, current?.version ?? 0);
       }
+      await this.#checkGuard(options);
       try {
         await unlink(file);
       } catch (err) {
@@ -178,6 +182,25 @@ export class FileStateStore implements StateStore {
 
   #assertOpen(): void {
     if (this.#closing) throw new MooringError('CLOSED', `state store ${this.dir} is closed`);
+  }
+
+  // #run, and with a guard also in the guard document's turn (taken first), so nothing in
+  // this process (the only one with the directory) changes it before the write. A guard
+  // document is never written with a guard on a document that names it as guard.
+  #guarded<R>(options: StateWriteOptions | undefined, kind: string, key: string, body: (file: string) => Promise<R>): Promise<R> {
+    let guard: StateGuard | undefined;
+    try {
+      guard = checkGuard(options);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    if (!guard || (guard.kind === kind && guard.key === key)) return this.#run(kind, key, body);
+    return this.#run(guard.kind, guard.key, () => this.#run(kind, key, body));
+  }
+
+  async #checkGuard(options: StateWriteOptions | undefined): Promise<void> {
+    const guard = checkGuard(options);
+    if (guard) checkGuardVersion(guard, (await this.#read<unknown>(guard.kind, guard.key, join(this.dir, guard.kind, `${guard.key}.json`)))?.version ?? 0);
   }
 
   // Validates, then queues `body` behind earlier operations on the same document.

@@ -1,6 +1,6 @@
 import { MooringError } from '../errors.js';
-import { checkCompareAndSet, checkExpectedVersion, checkKey, checkKind, serialiseValue } from './state-keys.js';
-import type { StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+import { checkCompareAndSet, checkExpectedVersion, checkGuard, checkGuardVersion, checkKey, checkKind, serialiseValue } from './state-keys.js';
+import type { StateGuard, StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
 
 /**
  * A {@link StateStore} in memory, for tests and embedders that keep state elsewhere. Same
@@ -30,9 +30,11 @@ export class MemoryStateStore implements StateStore {
     const docs = this.#kind(kind);
     checkKey(key);
     const expected = checkExpectedVersion(options);
+    const guard = checkGuard(options);
     const text = serialiseValue(kind, key, value);
     const version = (docs.get(key)?.version ?? 0) + 1;
     checkCompareAndSet(kind, key, expected, version - 1);
+    this.#checkGuard(guard);
     docs.set(key, { version, text });
     return { kind, key, version, value: JSON.parse(text) as T };
   }
@@ -41,12 +43,18 @@ export class MemoryStateStore implements StateStore {
   async delete(kind: string, key: string, options?: StateWriteOptions): Promise<void> {
     const docs = this.#kind(kind);
     checkCompareAndSet(kind, checkKey(key), checkExpectedVersion(options), docs.get(key)?.version ?? 0);
+    this.#checkGuard(checkGuard(options));
     docs.delete(key);
   }
 
   /** Later calls reject with CLOSED. Idempotent. */
   async close(): Promise<void> {
     this.#closed = true;
+  }
+
+  // Synchronous with the write that follows it: nothing can change the guard in between.
+  #checkGuard(guard: StateGuard | undefined): void {
+    if (guard) checkGuardVersion(guard, this.#kind(guard.kind).get(guard.key)?.version ?? 0);
   }
 
   #kind(kind: string): Map<string, { version: number; text: string }> {

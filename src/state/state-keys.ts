@@ -3,7 +3,7 @@
 // and a document are.
 import { MooringError } from '../errors.js';
 import { checkName, describe } from '../util/validate.js';
-import type { StateWriteOptions } from './state-store.js';
+import type { StateGuard, StateWriteOptions } from './state-store.js';
 
 /** Kinds: lower-case words joined by '-', e.g. `volume`, `engine-status`. */
 export const STATE_KIND_PATTERN = /^[a-z][a-z0-9-]{0,62}$/;
@@ -62,4 +62,23 @@ export function checkCompareAndSet(kind: string, key: string, expected: number |
       : `${kind}/${key} is at version ${stored}, not ${expected}${expected === 0 ? ' (expected it not to exist)' : ''}`,
     { details: { kind, key, expectedVersion: expected, version: stored } },
   );
+}
+
+/** The guard of a write ({@link StateWriteOptions.guard}), checked, or undefined. */
+export function checkGuard(options: StateWriteOptions | undefined): StateGuard | undefined {
+  const g = options?.guard;
+  if (g === undefined) return undefined;
+  if (typeof g !== 'object' || g === null) throw new MooringError('INVALID_ARGUMENT', `guard must be an object (got ${describe(g)})`);
+  if (typeof g.version !== 'number' || !Number.isSafeInteger(g.version) || g.version < 0) {
+    throw new MooringError('INVALID_ARGUMENT', `guard.version must be a non-negative integer (got ${describe(g.version)})`);
+  }
+  return { kind: checkKind(g.kind), key: checkKey(g.key), version: g.version };
+}
+
+/** Refuses a write whose guard document is not at the guard's version (0 = absent). */
+export function checkGuardVersion(guard: StateGuard | undefined, stored: number): void {
+  if (guard === undefined || guard.version === stored) return;
+  throw new MooringError('CONFLICT', `guard ${guard.kind}/${guard.key} is at version ${stored}, not ${guard.version}`, {
+    details: { guard: true, kind: guard.kind, key: guard.key, expectedVersion: guard.version, version: stored },
+  });
 }

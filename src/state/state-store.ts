@@ -31,6 +31,21 @@ export interface StateWriteOptions {
    * "must not exist yet". Otherwise CONFLICT. Omitted: unconditional.
    */
   expectedVersion?: number;
+  /**
+   * A second condition, on another document: the write happens only if that document is at
+   * this version (0: absent), checked atomically with the write. Otherwise CONFLICT with
+   * `details.guard` true. A leader's writes carry its leadership document's version, so a
+   * deposed leader's writes fail (src/cluster/leader-lease.ts). A store that cannot check it
+   * atomically must refuse it (UNSUPPORTED).
+   */
+  guard?: StateGuard;
+}
+
+/** See {@link StateWriteOptions.guard}. */
+export interface StateGuard {
+  kind: string;
+  key: string;
+  version: number;
 }
 
 /** Options of {@link StateStore.list}. */

@@ -99,6 +99,37 @@ describe.each(stores)('%s (StateStore contract)', (_name, make) => {
     expect(doc!.value).toEqual((won[0] as PromiseFulfilledResult<{ value: unknown }>).value.value);
   });
 
+  it('a guarded write happens only while the guard document is at the guard version', async () => {
+    const lead = await store.put('leader', 'cluster', { holder: 'a' });
+    const guard = { kind: 'leader', key: 'cluster', version: lead.version };
+    await store.put('volume', 'v', 1, { guard });
+    await store.delete('volume', 'v', { guard });
+    expect(await codeOf(store.put('volume', 'v', 2, { guard: { ...guard, version: 0 } }))).toBe('CONFLICT');
+    await store.put('leader', 'cluster', { holder: 'b' }); // deposed
+    const err = await store.put('volume', 'w', 3, { guard }).catch((e: MooringError) => e);
+    expect(err).toMatchObject({ code: 'CONFLICT', details: { guard: true, version: lead.version + 1 } });
+    expect(await codeOf(store.delete('volume', 'w', { guard }))).toBe('CONFLICT');
+    expect(await store.get('volume', 'w')).toBeNull();
+    expect(await codeOf(store.put('volume', 'w', 3, { guard: { kind: 'Bad', key: 'x', version: 1 } }))).toBe('INVALID_ARGUMENT');
+    expect(await codeOf(store.put('volume', 'w', 3, { guard: { ...guard, version: -1 } }))).toBe('INVALID_ARGUMENT');
+  });
+
+  it('a write racing the change of its guard either lands before it or fails', async () => {
+    const lead = await store.put('leader', 'cluster', { holder: 'a' });
+    const guard = { kind: 'leader', key: 'cluster', version: lead.version };
+    const writes = Array.from({ length: 20 }, (_, i) => store.put('volume', `v${i}`, i, { guard }));
+    const takeover = store.put('leader', 'cluster', { holder: 'b' }, { expectedVersion: lead.version });
+    const results = await Promise.allSettled([...writes, takeover]);
+    expect(results.at(-1)!.status).toBe('fulfilled');
+    // Each write either landed (stored) or failed CONFLICT (not stored): never stored after a refusal.
+    for (let i = 0; i < 20; i++) {
+      const r = results[i]!;
+      const stored = await store.get('volume', `v${i}`);
+      if (r.status === 'fulfilled') expect(stored).not.toBeNull();
+      else expect([(r.reason as MooringError).code, stored]).toEqual(['CONFLICT', null]);
+    }
+  });
+
   it('read-modify-write loops that retry on CONFLICT lose no increment', async () => {
     await store.put('counter', 'c', 0);
     const worker = async (): Promise<void> => {
