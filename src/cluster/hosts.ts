@@ -37,6 +37,8 @@ export class Hosts {
   // Hosts that did not answer a probe, until {@link answeringAgain} finds them back: a host
   // that returns without restarting (a partition healed, a freeze ended) raises no event.
   readonly #unanswered = new Set<string>();
+  // The passes running now: a host that answers again is forgotten as down by each.
+  readonly #live = new Set<PassContext>();
 
   constructor(private readonly onEvent: (hostId: string, event: DataEngineEvent) => void) {}
 
@@ -98,11 +100,13 @@ export class Hosts {
    */
   duringPass<T>(pass: () => Promise<T>): Promise<T> {
     const ctx: PassContext = { down: new Set(), engines: new Map(), ended: false };
+    this.#live.add(ctx);
     return this.#pass.run(ctx, async () => {
       try {
         return await pass();
       } finally {
         ctx.ended = true;
+        this.#live.delete(ctx);
       }
     });
   }
@@ -175,7 +179,8 @@ export class Hosts {
   /**
    * The hosts that did not answer a probe since the last call and answer now (each probed
    * once, in parallel, bounded by {@link HOST_PROBE_TIMEOUT_MS}); they are forgotten until
-   * a probe finds them down again. Hosts no longer offered are forgotten.
+   * a probe finds them down again, by the passes running now too. Hosts no longer offered
+   * are forgotten.
    */
   async answeringAgain(): Promise<string[]> {
     const ids = [...this.#unanswered];
@@ -187,7 +192,14 @@ export class Hosts {
           () => true,
           () => false,
         );
-        if (ok) this.#unanswered.delete(hostId);
+        if (ok) {
+          this.#unanswered.delete(hostId);
+          // A long batch of event repairs takes in the repairs this asks for: it must probe the host again.
+          for (const ctx of this.#live) {
+            ctx.down.delete(hostId);
+            ctx.engines.delete(hostId);
+          }
+        }
         return ok;
       }),
     );

@@ -77,7 +77,7 @@ export function testTimeout(rounds: number): number {
 // Waiting (always on a condition, always bounded)
 
 /** Polls `check` every `everyMs` until it is true; throws `what` (plus `detail()`) after `timeoutMs`. */
-export async function until(what: string, check: () => Promise<boolean> | boolean, timeoutMs: number, detail: () => string = () => '', everyMs = 50): Promise<void> {
+export async function until(what: string, check: () => Promise<boolean> | boolean, timeoutMs: number, detail: () => string | Promise<string> = () => '', everyMs = 50): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     let ok = false;
@@ -88,7 +88,7 @@ export async function until(what: string, check: () => Promise<boolean> | boolea
       err = ` (last check failed: ${(e as Error).message})`;
     }
     if (ok) return;
-    if (Date.now() >= deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${err}${detail()}`);
+    if (Date.now() >= deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${err}${await detail()}`);
     await new Promise((r) => setTimeout(r, everyMs));
   }
 }
@@ -446,7 +446,9 @@ export async function waitNoStrayEngine(ctx: RoundContext, serving: string, time
       return true;
     },
     timeoutMs,
-    () => ctx.workload.describe(),
+    async () => `${ctx.workload.describe()} | repair loop ${JSON.stringify(bench.cluster.repairLoop)} | engines: ${(
+      await Promise.all(ctx.hostIds.map(async (id) => `${id}=${await bench.host(id).engine.engineInfo(volume).then((e) => `epoch ${e.epoch} ${e.role}`, (e: Error) => e.message.slice(0, 80))}`))
+    ).join(', ')}`,
     200,
   );
   // With its engine gone, the old connections have closed; their unanswered requests stay so.

@@ -96,6 +96,31 @@ describe('event-driven repair', () => {
     expect(m.repairLoop.passes).toBe(1);
   });
 
+  it('a batch still running when a host answers again probes it again for the repairs it takes in', async () => {
+    const { hosts, m } = await setup();
+    const [a, , , d] = hosts as [FakeDataEngine, FakeDataEngine, FakeDataEngine, FakeDataEngine];
+    d.engines.set('v2', structuredClone(a.engines.get('v2')!));
+    d.reachable = false;
+    // The batch repairs v2 (finds d down) and then hangs in v0's repair.
+    let release = (): void => undefined;
+    const gate = new Promise<void>((r) => (release = r));
+    const engineInfo = a.engineInfo.bind(a);
+    a.engineInfo = async (v) => {
+      if (v === 'v0') await gate;
+      return engineInfo(v);
+    };
+    a.emit({ type: 'replica-set-changed', volume: 'v2', epoch: 1, generation: 9, rwReplicaIds: ['r0', 'r1', 'r2'] });
+    a.emit({ type: 'replica-set-changed', volume: 'v0', epoch: 1, generation: 9, rwReplicaIds: ['r0', 'r1', 'r2'] });
+    await vi.waitFor(() => expect(m.repairLoop).toMatchObject({ eventRepairs: 2, pendingEventRepairs: 0 }), WAIT);
+    // d is back while that batch still runs: the recheck asks for v2 again, in the same batch.
+    d.reachable = true;
+    await vi.waitFor(() => expect(m.repairLoop.pendingEventRepairs).toBe(1), WAIT);
+    expect(d.engines.has('v2')).toBe(true);
+    release();
+    await vi.waitFor(() => expect(d.engines.has('v2')).toBe(false), WAIT);
+    expect(m.repairLoop).toMatchObject({ passes: 1, eventRepairs: 3 });
+  });
+
   it('does nothing for events once closed, and nothing with the loop off', async () => {
     const { hosts, m } = await setup();
     hosts[0]!.emit({ type: 'replica-error', volume: 'v0', replicaId: 'r1', errno: 5, message: 'EIO' });
