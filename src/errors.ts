@@ -74,6 +74,12 @@ export const MooringErrorCode = {
   CANCELLED: 'CANCELLED',
   /** What an operation needs does not hold now; `details.reasons` lists every reason, each with its own code. */
   PRECONDITION_FAILED: 'PRECONDITION_FAILED',
+  /**
+   * Several embedders share the store (`MooringOptions.leadership`) and this one does not
+   * lead the cluster now: control operations go to the leader (`details.leader`, or null
+   * while none is known). Reads work on every embedder (docs/leadership.md).
+   */
+  NOT_LEADER: 'NOT_LEADER',
   // --- TypeScript only: backing images ---
   /** A file's SHA-512 is not the one expected; the message gives both. */
   CHECKSUM_MISMATCH: 'CHECKSUM_MISMATCH',

@@ -26,6 +26,7 @@ export type { MooringErrorOptions } from './errors.js';
 export { Mooring } from './mooring.js';
 export type { MooringEvents, MooringOptions, RepairLoopStatus, RepairPassEvent, ReplicaReplacedEvent, VolumeSalvagedEvent } from './mooring.js';
 export type { HostEvictionProgress } from './cluster/eviction-controller.js';
+export type { LeaderLeaseOptions, LeaderStatus } from './cluster/leader-lease.js';
 export type { Logger, LogFn } from './util/logger.js';
 export type { DirectoryImport } from './volume/directory-import.js';
 export { Volume, Migration } from './volume/volume.js';
@@ -126,7 +127,7 @@ export type { DataEngineGrpcServerOptions } from './data-engine/grpc/data-engine
 export { RemoteDataEngine } from './data-engine/grpc/remote-data-engine.js';
 export { generateClusterSecret, readClusterSecretFile } from './data-engine/cluster-secret.js';
 export type { RemoteDataEngineOptions } from './data-engine/grpc/remote-data-engine.js';
-export type { StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
+export type { StateGuard, StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
 export { FileStateStore } from './state/file-state-store.js';
 export type { FileStateStoreOptions } from './state/file-state-store.js';
 export { MemoryStateStore } from './state/memory-state-store.js';

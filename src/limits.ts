@@ -24,6 +24,7 @@ export {
   PASS_DURATION_FACTOR,
 } from './mooring.js';
 export { ATTACHMENT_TICKETS_MAX } from './cluster/cluster-records.js';
+export { DEFAULT_LEADER_LEASE_MS, LEADER_LEASE_MIN_MS } from './cluster/leader-lease.js';
 
 // Data engines, gRPC, backing image files and downloads.
 export { DATA_ENGINE_DEFAULTS, DATA_ENGINE_LIMITS } from './data-engine/local-data-engine.js';

@@ -4,6 +4,7 @@
  *
  * @packageDocumentation
  */
+import type { LeaderLeaseOptions, LeaderStatus } from './cluster/leader-lease.js';
 import type { HostEvictionProgress } from './cluster/eviction-controller.js';
 import type { RepairPassEvent } from './cluster/repair-loop.js';
 import type { DataEngine, DataEngineEvent } from './data-engine/data-engine.js';
@@ -66,6 +67,15 @@ export interface MooringOptions {
    * nothing is logged; the events of this class and of volumes report the same facts.
    */
   logger?: Logger;
+  /**
+   * Several embedders (a VM manager on every host) share `store`: at most one leads at a
+   * time and acts (the repair loop, control operations); the others serve reads and refuse
+   * control operations with NOT_LEADER naming the leader. A deposed leader's writes are
+   * refused by the store (fencing). `id` names this embedder (unique among them); `leaseMs`
+   * (default 15 s) is how long a silent leader keeps leading (docs/leadership.md). Omitted:
+   * this embedder is the only one.
+   */
+  leadership?: LeaderLeaseOptions;
 }
 
 /** A salvage start (`Volume.salvage`; docs/salvage.md). */
@@ -129,6 +139,8 @@ export type MooringEvents = {
   'volume-salvaged': (event: VolumeSalvagedEvent) => void;
   /** A full pass of the repair loop ended: how long it took, and when the next one starts. */
   'repair-pass': (event: RepairPassEvent) => void;
+  /** This embedder became leader, or stopped leading (`leadership` option). */
+  leadership: (status: LeaderStatus) => void;
   /** Something failed in the background (repair, recording status); the cluster keeps going. */
   warning: (error: MooringError) => void;
 };

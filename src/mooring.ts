@@ -53,6 +53,8 @@ import { VolumeLifecycle } from './cluster/volume-lifecycle.js';
 import { VolumeOperations } from './cluster/volume-operations.js';
 import { VolumeResize } from './cluster/volume-resize.js';
 import { volumeEngine, volumeStatus } from './cluster/volume-status.js';
+import { LeaderLease, type LeaderStatus } from './cluster/leader-lease.js';
+import { LeaderGuardedStore } from './cluster/leader-store.js';
 import { UpgradeController } from './upgrade/upgrade-controller.js';
 import type { UpgradeOptions, UpgradeSession } from './upgrade/upgrade-session.js';
 
@@ -117,6 +119,9 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   readonly #images: BackingImageController;
   readonly #upgrade: UpgradeController;
   readonly #loop: RepairLoop;
+  // Set when several embedders share the store (`leadership` option).
+  readonly #lease: LeaderLease | null;
+  #storeUpgraded = false;
   readonly #handles = new Map<string, Volume>();
   readonly #ops: VolumeOps;
   // What this object opened itself (the embedded default) and closes with it.
@@ -160,8 +165,9 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
         if (handle) safeEmit(handle, e.type, { ...e, hostId });
       }
     });
+    this.#lease = options.leadership === undefined ? null : new LeaderLease(options.store, options.leadership);
     const state = new ControlState(
-      options.store,
+      this.#lease ? new LeaderGuardedStore(options.store, this.#lease) : options.store,
       hosts,
       {
         replacementWaitMs: options.replicaReplacementWaitMs ?? DEFAULT_REPLICA_REPLACEMENT_WAIT_MS,
@@ -177,12 +183,29 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       },
     );
     this.#state = state;
+    state.leadership = this.#lease;
+    this.#lease?.on('elected', (term) => {
+      safeLog(this.#log, 'info', { term }, `${this.#lease!.id} leads the cluster (term ${term})`);
+      safeEmit(this, 'leadership', this.#lease!.status);
+      // The hosts offered to this embedder are recorded by it now (a follower does not write).
+      for (const [, engine] of this.#state.hosts.entries()) void this.addHost(engine).catch((err: unknown) => this.#warn(toMooringError(err, 'recording the hosts after an election')));
+    });
+    this.#lease?.on('deposed', (reason) => {
+      safeLog(this.#log, 'warn', { code: reason.code }, `${this.#lease!.id} no longer leads the cluster: ${reason.message}`);
+      safeEmit(this, 'leadership', this.#lease!.status);
+    });
+    const leads = (): boolean => this.#lease === null || this.#lease.isLeader;
     this.#loop = new RepairLoop(options.repairIntervalMs ?? DEFAULT_REPAIR_INTERVAL_MS, {
-      pass: () => this.repairOnce(),
-      tick: async () => {
-        for (const h of await hosts.answeringAgain()) this.#repairHostSoon(h);
+      // A follower does not repair: the leader does.
+      pass: async () => {
+        if (leads()) await this.repairOnce();
       },
-      repairVolume: (v) => this.#repairVolume(v),
+      tick: async () => {
+        if (leads()) for (const h of await hosts.answeringAgain()) this.#repairHostSoon(h);
+      },
+      repairVolume: async (v) => {
+        if (leads()) await this.#repairVolume(v);
+      },
       batch: (fn) => hosts.duringPass(fn),
       failed: (err, what) => this.#warn(toMooringError(err, what)),
       passed: (e) => safeEmit(this, 'repair-pass', e),
@@ -245,7 +268,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       setTicket: (n, t) => attachment.setTicket(n, t),
       deleteTicket: (n, id) => attachment.deleteTicket(n, id),
       migrate: async (n, target, o) => {
-        state.checkOpen();
+        state.checkLeader();
         checkName('host id', target);
         if (typeof o !== 'object' || o === null) throw new MooringError('INVALID_ARGUMENT', `migrate options must be an object (got ${describe(o)})`);
         await state.serial(n, () => migrations.checkMigratable(n, target));
@@ -320,7 +343,8 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       }
       const m = new Mooring({ ...options, store }, hostId, own);
       m.#imported = imported;
-      await upgradeStore(m.#state);
+      await m.#lease?.start();
+      await m.#upgradeStore();
       if (own.dataEngine) await m.addHost(own.dataEngine);
       for (const h of options.hosts ?? []) await m.addHost(h);
       // The first pass at once: volumes attached before a restart serve again without waiting a period.
@@ -362,6 +386,8 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     if (info && info.hostId !== hostId) throw new MooringError('INVALID_ARGUMENT', `data engine says it is host ${info.hostId}, its handle says ${hostId}`);
     this.#state.hosts.set(hostId, engine);
     if (!info) return;
+    // The leader records hosts: a follower's record would be refused (NOT_LEADER).
+    if (this.#lease && !this.#lease.isLeader) return;
     await this.#state.store.put(KIND.host, hostId, await this.#eviction.hostSeen(hostId, info));
     // A host offered again (back, or under a new address): its volumes are repaired soon.
     this.#repairHostSoon(hostId);
@@ -388,6 +414,14 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   }
 
   /**
+   * Who leads the cluster, as this embedder last saw it, or null when it is the only one
+   * (no `leadership` option). A `leadership` event reports each change of this embedder's role.
+   */
+  get leadership(): LeaderStatus | null {
+    return this.#lease?.status ?? null;
+  }
+
+  /**
    * What the repair loop did so far: its last full pass's duration and busy time, and the
    * delay it chose for the next (max(`repairIntervalMs`, `limits.PASS_DURATION_FACTOR` (4) ×
    * the time the event loop was busy during that pass)),
@@ -409,7 +443,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * @throws MooringError NOT_FOUND (the host never answered this cluster), CLOSED
    */
   async evictHost(hostId: string): Promise<HostEvictionProgress> {
-    this.#state.checkOpen();
+    this.#state.checkLeader();
     checkName('host id', hostId);
     await this.#eviction.request(hostId, true);
     return this.#eviction.progress(hostId);
@@ -421,13 +455,25 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * @throws MooringError NOT_FOUND, CLOSED
    */
   async cancelHostEviction(hostId: string): Promise<void> {
-    this.#state.checkOpen();
+    this.#state.checkLeader();
     checkName('host id', hostId);
     await this.#eviction.request(hostId, false);
   }
 
   // A background failure: logged (warn, with its code) and emitted as a `warning` event.
+  // Older stores are brought to the current schema by the leader, once (a follower leaves it to the leader).
+  async #upgradeStore(): Promise<void> {
+    if (this.#storeUpgraded || (this.#lease && !this.#lease.isLeader)) return;
+    await upgradeStore(this.#state);
+    this.#storeUpgraded = true;
+  }
+
   #warn(e: MooringError): void {
+    // A follower's background work meeting NOT_LEADER is the expected outcome, not news.
+    if (e.code === 'NOT_LEADER' && this.#lease && !this.#lease.isLeader) {
+      safeLog(this.#log, 'debug', { code: e.code }, e.message);
+      return;
+    }
     safeLog(this.#log, 'warn', { code: e.code }, e.message);
     safeEmit(this, 'warning', e);
   }
@@ -465,7 +511,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * @throws MooringError NOT_FOUND, BUSY (attached), UNAVAILABLE (some replicas could not be deleted)
    */
   async deleteVolume(name: string): Promise<void> {
-    this.#state.checkOpen();
+    this.#state.checkLeader();
     await this.#state.serial(name, async () => {
       await this.#volumes.delete(name);
       this.#handles.delete(name);
@@ -510,6 +556,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
 
   async #pass(): Promise<void> {
     const state = this.#state;
+    await this.#upgradeStore();
     for (const d of await state.store.list<unknown>(KIND.attachment)) {
       if (state.closed) return;
       const volume = d.key;
@@ -571,7 +618,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * @throws MooringError INVALID_ARGUMENT, ALREADY_EXISTS, NOT_FOUND (host or source volume), UNAVAILABLE (no reachable host)
    */
   async createBackingImage(options: BackingImageCreateOptions): Promise<BackingImage> {
-    this.#state.checkOpen();
+    this.#state.checkLeader();
     return this.#images.create(options);
   }
 
@@ -608,6 +655,8 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     this.#state.markClosed();
     this.#images.close();
     await this.#loop.close();
+    // A leader hands over at once: the next one need not wait for the lease.
+    await this.#lease?.close();
     await this.#upgrade.close();
     this.#state.hosts.clear();
     this.#migrations.close();
@@ -623,7 +672,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   // over already if the volume runs there (a confirm or rollback done before, by the
   // embedder or by the control loop): the call then does nothing.
   async #migrationStep<T>(name: string, step: () => Promise<T>, converge: boolean, endsOn?: string): Promise<T | undefined> {
-    this.#state.checkOpen();
+    this.#state.checkLeader();
     return this.#state.serial(name, async () => {
       if (!(await this.#state.migrationRecord(name))) {
         if (endsOn !== undefined && (await this.#state.engineRecord(name))?.hostId === endsOn) return undefined;

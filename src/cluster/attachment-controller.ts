@@ -54,7 +54,7 @@ export class AttachmentController {
    * @throws MooringError NOT_FOUND, BUSY, UNAVAILABLE, INVALID_ARGUMENT, NO_HEALTHY_REPLICA
    */
   async attach(name: string, options: AttachOptions): Promise<VolumeStatus> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `attach options must be an object (got ${describe(options)})`);
     const host = checkName('host id', options.host);
     this.state.hosts.engineOf(host);
@@ -105,7 +105,7 @@ export class AttachmentController {
    * @throws MooringError NOT_FOUND, UNAVAILABLE, INVALID_ARGUMENT
    */
   async detach(name: string, options: DetachOptions): Promise<void> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `detach options must be an object (got ${describe(options)})`);
     const host = options.host === undefined || options.host === '' ? null : checkName('host id', options.host);
     const ticketId = options.ticketId === undefined ? null : checkTicketIdentity(options.ticketId, 'api').id;
@@ -124,7 +124,7 @@ export class AttachmentController {
 
   /** Creates or updates a ticket of any attacher type and reconciles (does not wait for it). */
   async setTicket(name: string, t: TicketOptions): Promise<VolumeTicket> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     if (typeof t !== 'object' || t === null) throw new MooringError('INVALID_ARGUMENT', `a ticket must be an object (got ${describe(t)})`);
     const { id, type } = checkTicketIdentity(t.id, t.type);
     const host = checkName('host id', t.host);
@@ -139,7 +139,7 @@ export class AttachmentController {
 
   /** Deletes a ticket (no error if missing) and reconciles. */
   async deleteTicket(name: string, id: string): Promise<void> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     checkTicketIdentity(id, 'api');
     await this.state.serial(name, () => this.#removeTickets(name, (t) => t.id === id));
   }

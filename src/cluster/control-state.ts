@@ -7,6 +7,8 @@
  *
  * @packageDocumentation
  */
+import type { LeaderLease } from './leader-lease.js';
+import { notLeader } from './leader-store.js';
 import { randomUUID } from 'node:crypto';
 
 import { MIGRATING_ATTACHERS } from '../attachment/attachment-ticket.js';
@@ -127,6 +129,20 @@ export class ControlState {
   /** @throws MooringError CLOSED */
   checkOpen(): void {
     if (this.#closed) throw new MooringError('CLOSED', 'cluster is closed');
+  }
+
+  /** Set when several embedders share the store: only the leader changes anything. */
+  leadership: LeaderLease | null = null;
+
+  /**
+   * What a control operation checks first: open, and this embedder leads (when several
+   * share the store). The store refuses a deposed leader's writes as well.
+   *
+   * @throws MooringError CLOSED, NOT_LEADER
+   */
+  checkLeader(): void {
+    this.checkOpen();
+    if (this.leadership && !this.leadership.isLeader) throw notLeader(this.leadership);
   }
 
   /** Runs `fn` in the volume's turn: decisions about one volume never interleave. */

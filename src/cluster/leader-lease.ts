@@ -35,7 +35,7 @@ const KIND = 'leader';
 const LEADER_KEY = 'cluster';
 const HEARTBEAT_KEY = 'heartbeat';
 
-/** Options of {@link LeaderLease}. */
+/** Leadership among embedders sharing a store (`MooringOptions.leadership`, docs/leadership.md). */
 export interface LeaderLeaseOptions {
   /** This instance's name among the embedders sharing the store (e.g. its host name); unique. */
   id: string;
@@ -43,7 +43,7 @@ export interface LeaderLeaseOptions {
   leaseMs?: number;
 }
 
-/** Who leads, as this instance last saw it. */
+/** Who leads the cluster, as this embedder last saw it (`Mooring.leadership`). */
 export interface LeaderStatus {
   /** Whether this instance leads now (its last heartbeat is younger than the renew deadline). */
   isLeader: boolean;
@@ -84,6 +84,7 @@ export class LeaderLease extends EventEmitter<LeaderLeaseEvents> {
   #timer: NodeJS.Timeout | null = null;
   #running: Promise<void> | null = null;
   #closed = false;
+  #started = false;
   // As leader: the token, and the last good heartbeat and when it was sent.
   #token: StateGuard | null = null;
   #beat = { n: 0, sentAt: 0 };
@@ -108,10 +109,17 @@ export class LeaderLease extends EventEmitter<LeaderLeaseEvents> {
     return Math.floor((this.leaseMs * 2) / 3);
   }
 
-  /** Starts campaigning (at once, then every lease / 5). */
-  start(): void {
-    if (this.#closed || this.#timer || this.#running) return;
-    this.#schedule(0);
+  /**
+   * Starts campaigning: a first round at once (the promise resolves after it: this
+   * instance leads if nobody did, or knows who does), then one every lease / 5.
+   */
+  async start(): Promise<void> {
+    if (this.#closed || this.#timer || this.#running || this.#started) return;
+    this.#started = true;
+    this.#running = this.#round().catch(() => undefined);
+    await this.#running;
+    this.#running = null;
+    if (!this.#closed) this.#schedule(Math.max(1, Math.floor(this.leaseMs / 5)));
   }
 
   /** Who leads, as last seen. */

@@ -37,7 +37,7 @@ export class VolumeLifecycle {
    */
   async create(options: VolumeCreateOptions): Promise<void> {
     const state = this.state;
-    state.checkOpen();
+    state.checkLeader();
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `create options must be an object (got ${describe(options)})`);
     const name = checkName('volume name', options.name);
     const imageName = options.backingImage === undefined ? null : checkName('backing image name', options.backingImage);
@@ -130,7 +130,7 @@ export class VolumeLifecycle {
    */
   async clone(from: string, options: VolumeCloneOptions): Promise<{ name: string; copiedBytes: number }> {
     const { state, attachment } = this;
-    state.checkOpen();
+    state.checkLeader();
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `clone options must be an object (got ${describe(options)})`);
     const src = await state.volume(from);
     checkName('snapshot name', options.snapshot);

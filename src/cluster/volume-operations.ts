@@ -33,7 +33,7 @@ export class VolumeOperations {
   ) {}
 
   async createSnapshot(name: string, snapshot: string, labels: Record<string, string> | undefined): Promise<EngineSnapshotInfo> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     checkName('snapshot name', snapshot);
     const host = await this.attachment.operationHost(name, undefined);
     return this.attachment.withTicket(name, 'snapshot', host, (w) => this.state.hosts.engineOf(w).createSnapshot(name, snapshot, labels ? { labels } : {}));
@@ -46,7 +46,7 @@ export class VolumeOperations {
   }
 
   async deleteSnapshot(name: string, snapshot: string): Promise<void> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     checkName('snapshot name', snapshot);
     const host = await this.attachment.operationHost(name, undefined);
     await this.attachment.withTicket(name, 'snapshot', host, (w) => this.state.hosts.engineOf(w).deleteSnapshot(name, snapshot));
@@ -59,7 +59,7 @@ export class VolumeOperations {
    * @throws MooringError INVALID_STATE (attached with a frontend), NOT_FOUND
    */
   async revertSnapshot(name: string, snapshot: string): Promise<void> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     checkName('snapshot name', snapshot);
     const eng = await this.state.engineRecord(name);
     if (eng && !eng.frontendDisabled) {
@@ -70,7 +70,7 @@ export class VolumeOperations {
   }
 
   async exportSnapshot(name: string, snapshot: string, options: { path: string; host?: string }): Promise<SnapshotCopyResult & { hostId: string }> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     checkName('snapshot name', snapshot);
     if (typeof options !== 'object' || options === null || typeof options.path !== 'string') throw new MooringError('INVALID_ARGUMENT', 'exportSnapshot needs { path }');
     const host = await this.attachment.operationHost(name, options.host);
@@ -83,7 +83,7 @@ export class VolumeOperations {
    * @throws MooringError UNAVAILABLE (still not healthy), NOT_FOUND
    */
   async rebuild(name: string, options: { host?: string; timeoutMs?: number }): Promise<VolumeStatus> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     const timeoutMs = checkIntIn('timeoutMs', options?.timeoutMs, 0, MS_SETTING_MAX, this.state.settings.ticketWaitMs);
     const host = await this.attachment.operationHost(name, options?.host);
     return this.attachment.withTicket(name, 'volume-rebuild', host, () => this.#repairUntilHealthy(name, timeoutMs));
@@ -100,7 +100,7 @@ export class VolumeOperations {
    * @throws MooringError INVALID_STATE (it migrates), NO_HEALTHY_REPLICA (no replica host answers), NO_QUORUM, NOT_FOUND, UNAVAILABLE (not healthy in time; the salvage itself is done), BUSY
    */
   async salvage(name: string, options: { host?: string; timeoutMs?: number }): Promise<VolumeSalvagedEvent & { status: VolumeStatus }> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     const timeoutMs = checkIntIn('timeoutMs', options?.timeoutMs, 0, MS_SETTING_MAX, this.state.settings.ticketWaitMs);
     // Where asked, else where the tickets want it (the reconciler starts it there), else a
     // replica host that answers.

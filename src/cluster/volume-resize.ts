@@ -39,7 +39,7 @@ export class VolumeResize {
    *   resize), IO_ERROR
    */
   async resize(name: string, sizeBytes: number): Promise<VolumeResizedEvent> {
-    this.state.checkOpen();
+    this.state.checkLeader();
     checkVolumeSize(sizeBytes);
     // Refused before anything attaches for it.
     await this.#check(name, sizeBytes);

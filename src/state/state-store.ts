@@ -43,8 +43,11 @@ export interface StateWriteOptions {
 
 /** See {@link StateWriteOptions.guard}. */
 export interface StateGuard {
+  /** Kind of the guard document. */
   kind: string;
+  /** Its key. */
   key: string;
+  /** The version it must be at (0: absent). */
   version: number;
 }
 

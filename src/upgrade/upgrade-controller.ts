@@ -100,7 +100,7 @@ export class UpgradeController {
    */
   async start(options: UpgradeOptions): Promise<UpgradeSession> {
     const { state } = this.deps;
-    state.checkOpen();
+    state.checkLeader();
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `upgrade options must be an object (got ${describe(options)})`);
     const dataEngine = (() => {
       try {

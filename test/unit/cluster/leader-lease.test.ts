@@ -58,7 +58,7 @@ describe('LeaderLease', () => {
 
   it('elects one leader among three, the others see it', async () => {
     const c = cluster(3);
-    c.leases.forEach((l) => l.start());
+    c.leases.forEach((l) => void l.start());
     await run(c, 3 * LEASE);
     expect(c.leaders()).toHaveLength(1);
     const [leader] = c.leaders();
@@ -70,10 +70,10 @@ describe('LeaderLease', () => {
 
   it('hands over at once when the leader closes', async () => {
     const c = cluster(2);
-    c.leases[0]!.start();
+    void c.leases[0]!.start();
     await run(c, 100);
     expect(c.leaders()).toEqual(['m0']);
-    c.leases[1]!.start();
+    void c.leases[1]!.start();
     await run(c, 3 * LEASE);
     expect(c.leaders()).toEqual(['m0']);
     await c.leases[0]!.close();
@@ -87,7 +87,7 @@ describe('LeaderLease', () => {
     const c = cluster(3);
     const deposed: MooringError[] = [];
     c.leases.forEach((l) => l.on('deposed', (e) => deposed.push(e)));
-    c.leases.forEach((l) => l.start());
+    c.leases.forEach((l) => void l.start());
     await run(c, 3 * LEASE);
     const old = c.leases.find((l) => l.isLeader)!;
     const guard = old.guard!;
@@ -113,7 +113,7 @@ describe('LeaderLease', () => {
     const c = cluster(1);
     const deposed: MooringError[] = [];
     c.leases[0]!.on('deposed', (e) => deposed.push(e));
-    c.leases[0]!.start();
+    void c.leases[0]!.start();
     await run(c, 100);
     expect(c.leaders()).toEqual(['m0']);
     c.links[0]!.mode = 'failing';
@@ -133,7 +133,7 @@ describe('LeaderLease', () => {
     let x = seed || 1;
     const rand = (n: number) => ((x = (x * 48271) % 2147483647), x % n);
     const c = cluster(3);
-    c.leases.forEach((l) => l.start());
+    c.leases.forEach((l) => void l.start());
     const terms: number[] = [];
     c.leases.forEach((l) => l.on('elected', (t) => terms.push(t)));
     for (let round = 0; round < 40; round++) {
