@@ -1,6 +1,7 @@
 import { MooringError } from '../errors.js';
 import { checkCompareAndSet, checkExpectedVersion, checkKey, checkKind, serialiseValue } from './state-keys.js';
-import type { StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+import type { StateChange, StateListOptions, StateStore, StateWatch, StateWriteOptions, StoredObject } from './state-store.js';
+import { StateWatchers } from './state-watchers.js';
 
 /**
  * A {@link StateStore} in memory, for tests and embedders that keep state elsewhere. Same
@@ -9,6 +10,7 @@ import type { StateListOptions, StateStore, StateWriteOptions, StoredObject } fr
  */
 export class MemoryStateStore implements StateStore {
   readonly #docs = new Map<string, Map<string, { version: number; text: string }>>();
+  readonly #watchers = new StateWatchers();
   #closed = false;
 
   /** @inheritDoc StateStore.get */
@@ -34,6 +36,7 @@ export class MemoryStateStore implements StateStore {
     const version = (docs.get(key)?.version ?? 0) + 1;
     checkCompareAndSet(kind, key, expected, version - 1);
     docs.set(key, { version, text });
+    this.#watchers.put(kind, key, version, text);
     return { kind, key, version, value: JSON.parse(text) as T };
   }
 
@@ -41,12 +44,19 @@ export class MemoryStateStore implements StateStore {
   async delete(kind: string, key: string, options?: StateWriteOptions): Promise<void> {
     const docs = this.#kind(kind);
     checkCompareAndSet(kind, checkKey(key), checkExpectedVersion(options), docs.get(key)?.version ?? 0);
-    docs.delete(key);
+    if (docs.delete(key)) this.#watchers.delete(kind, key);
+  }
+
+  /** @inheritDoc StateStore.watch */
+  async watch<T>(kind: string, listener: (change: StateChange<T>) => void, options?: StateListOptions): Promise<StateWatch> {
+    if (this.#closed) throw new MooringError('CLOSED', 'state store is closed');
+    return this.#watchers.add(kind, listener, options);
   }
 
   /** Later calls reject with CLOSED. Idempotent. */
   async close(): Promise<void> {
     this.#closed = true;
+    this.#watchers.clear();
   }
 
   #kind(kind: string): Map<string, { version: number; text: string }> {

@@ -42,6 +42,25 @@ export interface StateListOptions {
   prefix?: string;
 }
 
+/**
+ * One change a {@link StateStore.watch} listener hears of.
+ *
+ * - `put`: the document was created or replaced; `version` and `value` are the new ones.
+ * - `delete`: the document is gone.
+ * - `resync`: changes may have been missed (the store reconnected, or it could not read a
+ *   change): the listener should list the kind again and treat that as the truth.
+ */
+export type StateChange<T> =
+  | { type: 'put'; kind: string; key: string; version: number; value: T }
+  | { type: 'delete'; kind: string; key: string }
+  | { type: 'resync'; kind: string };
+
+/** What {@link StateStore.watch} returns: stops the listener. */
+export interface StateWatch {
+  /** Stops delivering changes (none arrives after it resolves). Idempotent. */
+  close(): Promise<void>;
+}
+
 /** Where specs and status live. Every method may reject with a MooringError. */
 export interface StateStore {
   /** The document, or null if there is none. */
@@ -52,6 +71,18 @@ export interface StateStore {
   put<T>(kind: string, key: string, value: T, options?: StateWriteOptions): Promise<StoredObject<T>>;
   /** Removes a document (no error if missing, unless expectedVersion is given). */
   delete(kind: string, key: string, options?: StateWriteOptions): Promise<void>;
-  /** Releases resources (file locks, connections). Idempotent. */
+  /**
+   * Optional: calls `listener` for every change to the documents of `kind` (whose key
+   * starts with `options.prefix`, if given) made after the returned promise resolves, so a
+   * controller reacts to changes instead of polling. List after the watch resolves to start
+   * from a known state.
+   *
+   * Delivery is at least once and in order per document; a store may coalesce several puts
+   * of a document into the last one, and sends a `resync` change whenever it may have
+   * missed some (after reconnecting to a remote store). The listener must not throw (what
+   * it throws is reported as a process warning). Stores without it leave callers to poll.
+   */
+  watch?<T>(kind: string, listener: (change: StateChange<T>) => void, options?: StateListOptions): Promise<StateWatch>;
+  /** Releases resources (file locks, connections, watches). Idempotent. */
   close(): Promise<void>;
 }
