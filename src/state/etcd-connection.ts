@@ -29,6 +29,14 @@ export interface EtcdTlsOptions {
   key?: string | Buffer;
 }
 
+/** etcd user and password (etcd's `auth enable`). */
+export interface EtcdAuthOptions {
+  /** The etcd user; it needs read-write on the store's prefix. */
+  username: string;
+  /** Its password. */
+  password: string;
+}
+
 /** Options of {@link EtcdStateStore.open}. */
 export interface EtcdStateStoreOptions {
   /**
@@ -41,7 +49,7 @@ export interface EtcdStateStoreOptions {
   /** Connect with TLS: the CA to trust, and a client certificate when etcd requires one. */
   tls?: EtcdTlsOptions;
   /** etcd user and password (etcd's `auth enable`); the user needs read-write on the prefix. */
-  auth?: { username: string; password: string };
+  auth?: EtcdAuthOptions;
   /**
    * How long one store call may take, retries while no member answers included
    * (default 5000 ms, at most 600000); past it the call rejects with UNAVAILABLE.

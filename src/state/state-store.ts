@@ -42,18 +42,43 @@ export interface StateListOptions {
   prefix?: string;
 }
 
+/** A {@link StateChange}: the document was created or replaced. */
+export interface StatePutChange<T> {
+  /** `put`. */
+  type: 'put';
+  /** Kind of the document. */
+  kind: string;
+  /** Key of the document. */
+  key: string;
+  /** Its new version. */
+  version: number;
+  /** Its new value (a copy of the listener's own). */
+  value: T;
+}
+
+/** A {@link StateChange}: the document is gone. */
+export interface StateDeleteChange {
+  /** `delete`. */
+  type: 'delete';
+  /** Kind of the document. */
+  kind: string;
+  /** Key of the document. */
+  key: string;
+}
+
 /**
- * One change a {@link StateStore.watch} listener hears of.
- *
- * - `put`: the document was created or replaced; `version` and `value` are the new ones.
- * - `delete`: the document is gone.
- * - `resync`: changes may have been missed (the store reconnected, or it could not read a
- *   change): the listener should list the kind again and treat that as the truth.
+ * A {@link StateChange}: changes may have been missed (the store reconnected, or it could
+ * not read a change); the listener should list the kind again and treat that as the truth.
  */
-export type StateChange<T> =
-  | { type: 'put'; kind: string; key: string; version: number; value: T }
-  | { type: 'delete'; kind: string; key: string }
-  | { type: 'resync'; kind: string };
+export interface StateResyncChange {
+  /** `resync`. */
+  type: 'resync';
+  /** The kind watched. */
+  kind: string;
+}
+
+/** One change a {@link StateStore.watch} listener hears of. */
+export type StateChange<T> = StatePutChange<T> | StateDeleteChange | StateResyncChange;
 
 /** What {@link StateStore.watch} returns: stops the listener. */
 export interface StateWatch {
