@@ -78,6 +78,15 @@ const once = {
   execute: <T>(fn: (context: { signal: AbortSignal }) => T | Promise<T>): Promise<T> => Promise.resolve().then(() => fn({ signal: new AbortController().signal })),
 };
 
+// How long the client waits before reconnecting a broken watch stream: 100 ms, doubling up to
+// 2 s (etcd3's default grows to 30 s, a long blind spot after etcd restarts).
+class WatchBackoff {
+  constructor(readonly duration: number) {}
+  next(): WatchBackoff {
+    return new WatchBackoff(Math.min(Math.max(this.duration * 2, 100), 2_000));
+  }
+}
+
 /**
  * Checks the options of EtcdStateStore.open.
  *
@@ -106,7 +115,7 @@ export function etcdSettings(options: EtcdStateStoreOptions): EtcdSettings {
   const clientOptions: IOptions = {
     hosts,
     dialTimeout: timeoutMs,
-    faultHandling: { host: () => once as never, global: once as never },
+    faultHandling: { host: () => once as never, global: once as never, watchBackoff: new WatchBackoff(50) as never },
     grpcOptions: {
       'grpc.max_receive_message_length': RECEIVE_BYTES_MAX,
       // Reconnect soon after etcd comes back (grpc's default backoff grows to two minutes).

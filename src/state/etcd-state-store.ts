@@ -1,7 +1,7 @@
 import type { Etcd3, IKeyValue, Watcher } from 'etcd3';
 
 import { MooringError } from '../errors.js';
-import { delay, withTimeout } from '../util/async.js';
+import { delay, sleep, withTimeout } from '../util/async.js';
 import {
   ETCD_LIST_PAGE,
   etcdError,
@@ -136,8 +136,10 @@ export class EtcdStateStore implements StateStore {
   /**
    * Follows etcd's watch stream of the kind's keys (from the revision current when it
    * resolves). After the stream broke and etcd answers again, the client resumes from the
-   * last revision it saw and the listener also gets a `resync`; a document whose value is
-   * not JSON gives a `resync` too (the list that follows reports it).
+   * last revision it saw and the listener also gets a `resync`. If etcd ends the watch (its
+   * revisions were compacted), it is started again from the current revision, after which
+   * the listener gets a `resync`. A document whose value is not JSON gives a `resync` too
+   * (the list that follows reports it).
    *
    * @throws MooringError UNAVAILABLE when etcd does not accept the watch within `timeoutMs`
    */
@@ -145,53 +147,77 @@ export class EtcdStateStore implements StateStore {
     this.#assertOpen();
     const base = this.#kindPrefix(kind);
     const prefix = checkWatchArguments(kind, listener, options);
-    let watcher: Watcher | undefined;
     let closed = false;
-    const pending = this.#client.watch().prefix(base + prefix).create();
-    try {
-      watcher = await withTimeout(pending, this.#settings.timeoutMs, `watching ${kind} on etcd ${this.#settings.endpoints.join(',')}`);
-    } catch (err) {
-      void pending.then((w) => w.cancel()).catch(() => undefined);
-      throw etcdError(this.#mod, err, `watching ${kind}`, this.#settings, false);
-    }
-    const w = watcher;
-    let lost = false;
+    let current: Watcher | undefined;
     const send = (change: StateChange<T>): void => {
       if (!closed) deliverChange(listener, change);
     };
     const resync = (): void => send({ type: 'resync', kind });
-    w.on('put', (kv) => {
+    const keyOf = (kv: IKeyValue): string | null => {
       const key = kv.key.toString('utf8').slice(base.length);
-      if (!isKey(key)) return;
-      let doc: StoredObject<T>;
+      return isKey(key) ? key : null;
+    };
+    const start = async (): Promise<Watcher> => {
+      const pending = this.#client.watch().prefix(base + prefix).create();
+      let w: Watcher;
       try {
-        doc = this.#document<T>(kind, key, kv);
-      } catch {
-        resync();
-        return;
+        w = await withTimeout(pending, this.#settings.timeoutMs, `watching ${kind} on etcd ${this.#settings.endpoints.join(',')}`);
+      } catch (err) {
+        void pending.then((late) => late.cancel()).catch(() => undefined);
+        throw etcdError(this.#mod, err, `watching ${kind}`, this.#settings, false);
       }
-      send({ type: 'put', kind, key, version: doc.version, value: doc.value });
-    });
-    w.on('delete', (kv) => {
-      const key = kv.key.toString('utf8').slice(base.length);
-      if (isKey(key)) send({ type: 'delete', kind, key });
-    });
-    w.on('disconnected', () => {
-      lost = true;
-    });
-    w.on('connected', () => {
-      if (!lost) return;
-      lost = false;
-      resync();
-    });
-    // etcd3 reports what it cannot recover from (a compacted revision): re-list.
-    w.on('error', () => resync());
+      let lost = false;
+      w.on('put', (kv) => {
+        const key = keyOf(kv);
+        if (key === null) return;
+        let doc: StoredObject<T>;
+        try {
+          doc = this.#document<T>(kind, key, kv);
+        } catch {
+          resync();
+          return;
+        }
+        send({ type: 'put', kind, key, version: doc.version, value: doc.value });
+      });
+      w.on('delete', (kv) => {
+        const key = keyOf(kv);
+        if (key !== null) send({ type: 'delete', kind, key });
+      });
+      w.on('disconnected', () => {
+        lost = true;
+      });
+      w.on('connected', () => {
+        if (!lost) return;
+        lost = false;
+        resync();
+      });
+      // etcd ended this watch (a compacted revision): start a new one, then resync.
+      w.on('error', () => void restart());
+      return w;
+    };
+    const restart = async (): Promise<void> => {
+      while (!closed) {
+        try {
+          const w = await start();
+          if (closed) {
+            await w.cancel().catch(() => undefined);
+            return;
+          }
+          current = w;
+          resync();
+          return;
+        } catch {
+          await sleep(1_000);
+        }
+      }
+    };
+    current = await start();
     const handle: StateWatch = {
       close: async () => {
         if (closed) return;
         closed = true;
         this.#watches.delete(handle);
-        await w.cancel().catch(() => undefined);
+        await current?.cancel().catch(() => undefined);
       },
     };
     this.#watches.add(handle);

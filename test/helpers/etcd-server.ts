@@ -44,7 +44,12 @@ export class EtcdServer {
 
   /** The client URL. */
   get endpoint(): string {
-    return `${this.tls ? 'https' : 'http'}://127.0.0.1:${this.clientPort}`;
+    return this.endpointOn(this.clientPort);
+  }
+
+  /** The client URL on another port. */
+  endpointOn(port: number): string {
+    return `${this.tls ? 'https' : 'http'}://127.0.0.1:${port}`;
   }
 
   /** What etcd wrote to stderr lately (for failure messages). */
@@ -52,15 +57,18 @@ export class EtcdServer {
     return this.#log;
   }
 
-  /** Starts the member (again, on the same data); resolves once it serves clients. */
-  async restart(): Promise<void> {
+  /**
+   * Starts the member (again, on the same data); resolves once it serves clients. On
+   * `clientPort` instead of its own: clients of the usual endpoint cannot reach it.
+   */
+  async restart(clientPort = this.clientPort): Promise<void> {
     if (this.#proc) throw new Error('etcd is running already');
     const peer = `http://127.0.0.1:${this.peerPort}`;
     const args = [
       '--name', 'm1',
       '--data-dir', this.dataDir,
-      '--listen-client-urls', this.endpoint,
-      '--advertise-client-urls', this.endpoint,
+      '--listen-client-urls', this.endpointOn(clientPort),
+      '--advertise-client-urls', this.endpointOn(clientPort),
       '--listen-peer-urls', peer,
       '--initial-advertise-peer-urls', peer,
       '--initial-cluster', `m1=${peer}`,

@@ -157,6 +157,32 @@ describe('EtcdStateStore (etcd)', () => {
     await vi.waitFor(() => expect(seen.filter((c) => c.type === 'put').map((c) => (c as { key: string }).key)).toEqual(['v', 'w']), { timeout: 30_000, interval: 50 });
     expect(seen.some((c) => c.type === 'resync')).toBe(true);
   });
+
+  it('a watch whose revisions etcd compacted while it was cut off starts again, resyncs and goes on', async () => {
+    const s = await open({ prefix: '/compact/' });
+    const seen: Array<StateChange<unknown>> = [];
+    await s.watch('volume', (c) => seen.push(c));
+    await s.put('volume', 'a', 1);
+    await vi.waitFor(() => expect(seen).toHaveLength(1), { timeout: 10_000, interval: 20 });
+    // etcd comes back where the store cannot reach it, takes writes and compacts them away.
+    await server.kill();
+    await server.restart(48218);
+    const raw = new Etcd3({ hosts: server.endpointOn(48218) });
+    try {
+      await raw.put('/compact/volume/b').value('2');
+      const res = await raw.kv.put({ key: Buffer.from('/compact/volume/c'), value: Buffer.from('3') });
+      await raw.kv.compact({ revision: res.header.revision, physical: true });
+    } finally {
+      raw.close();
+    }
+    await server.kill();
+    await server.restart();
+    await vi.waitFor(() => expect(seen.some((c) => c.type === 'resync')).toBe(true), { timeout: 30_000, interval: 50 });
+    await s.put('volume', 'd', 4);
+    await vi.waitFor(() => expect(seen.at(-1)).toMatchObject({ type: 'put', key: 'd', version: 1, value: 4 }), { timeout: 30_000, interval: 50 });
+    expect(seen.filter((c) => c.type === 'put').map((c) => (c as { key: string }).key)).toEqual(['a', 'd']);
+    expect((await s.list('volume')).map((d) => d.key)).toEqual(['a', 'b', 'c', 'd']);
+  });
 });
 
 describe('EtcdStateStore with user and password', () => {
