@@ -60,7 +60,7 @@ export class EtcdStateStore implements StateStore {
     const settings = etcdSettings(options);
     const store = new EtcdStateStore(await loadEtcd3(), settings);
     try {
-      await store.#call('reading', false, (o) => store.#client.kv.range({ key: Buffer.from(settings.prefix), keys_only: true, count_only: true }, o));
+      await store.#call(`reading ${settings.prefix}`, false, (o) => store.#client.kv.range({ key: Buffer.from(settings.prefix), keys_only: true, count_only: true }, o));
     } catch (err) {
       await store.close();
       throw err;
