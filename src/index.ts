@@ -127,10 +127,23 @@ export type { DataEngineGrpcServerOptions } from './data-engine/grpc/data-engine
 export { RemoteDataEngine } from './data-engine/grpc/remote-data-engine.js';
 export { generateClusterSecret, readClusterSecretFile } from './data-engine/cluster-secret.js';
 export type { RemoteDataEngineOptions } from './data-engine/grpc/remote-data-engine.js';
-export type { StateGuard, StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state/state-store.js';
+export type {
+  StateChange,
+  StateDeleteChange,
+  StateGuard,
+  StateListOptions,
+  StatePutChange,
+  StateResyncChange,
+  StateStore,
+  StateWatch,
+  StateWriteOptions,
+  StoredObject,
+} from './state/state-store.js';
 export { FileStateStore } from './state/file-state-store.js';
 export type { FileStateStoreOptions } from './state/file-state-store.js';
 export { MemoryStateStore } from './state/memory-state-store.js';
+export { EtcdStateStore } from './state/etcd-state-store.js';
+export type { EtcdAuthOptions, EtcdStateStoreOptions, EtcdTlsOptions } from './state/etcd-connection.js';
 
 // Every named default and bound of the public API, re-exported from where each is declared.
 export * as limits from './limits.js';

@@ -7,7 +7,7 @@
  * @packageDocumentation
  */
 import { MooringError, toMooringError } from '../errors.js';
-import type { StateListOptions, StateStore, StateWriteOptions, StoredObject } from '../state/state-store.js';
+import type { StateChange, StateListOptions, StateStore, StateWatch, StateWriteOptions, StoredObject } from '../state/state-store.js';
 import type { LeaderLease } from './leader-lease.js';
 
 /** NOT_LEADER for `lease`'s embedder, naming the leader it knows. */
@@ -33,6 +33,11 @@ export class LeaderGuardedStore implements StateStore {
 
   list<T>(kind: string, options?: StateListOptions): Promise<Array<StoredObject<T>>> {
     return this.store.list<T>(kind, options);
+  }
+
+  watch<T>(kind: string, listener: (change: StateChange<T>) => void, options?: StateListOptions): Promise<StateWatch> {
+    if (!this.store.watch) return Promise.reject(new MooringError('UNSUPPORTED', 'the state store has no watches'));
+    return this.store.watch<T>(kind, listener, options);
   }
 
   put<T>(kind: string, key: string, value: T, options?: StateWriteOptions): Promise<StoredObject<T>> {

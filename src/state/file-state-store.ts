@@ -14,9 +14,11 @@ import {
   checkExpectedVersion,
   checkKey,
   checkKind,
+  isKey,
   serialiseValue,
 } from './state-keys.js';
-import type { StateGuard, StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+import type { StateChange, StateGuard, StateListOptions, StateStore, StateWatch, StateWriteOptions, StoredObject } from './state-store.js';
+import { StateWatchers } from './state-watchers.js';
 
 /** The lock file inside a state store directory. */
 export const STATE_LOCK_FILE = 'state.lock';
@@ -60,6 +62,7 @@ export class FileStateStore implements StateStore {
   // Per-document queue: each operation on a document waits for the one before it.
   readonly #queues = new Map<string, Promise<unknown>>();
   readonly #knownKinds = new Set<string>();
+  readonly #watchers = new StateWatchers();
   #closing: Promise<void> | undefined;
 
   private constructor(dir: string, lock: VolumeLock) {
@@ -115,14 +118,7 @@ export class FileStateStore implements StateStore {
     const keys = names
       .filter((n) => n.endsWith('.json') && n.startsWith(prefix))
       .map((n) => n.slice(0, -'.json'.length))
-      .filter((k) => {
-        try {
-          checkKey(k);
-          return true;
-        } catch {
-          return false;
-        }
-      })
+      .filter(isKey)
       .sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
     if (keys.length > STATE_LIST_COUNT_MAX) {
       throw new MooringError('INVALID_STATE', `${join(this.dir, kind)} holds ${keys.length} documents, more than the ${STATE_LIST_COUNT_MAX} a list reads`);
@@ -148,6 +144,7 @@ export class FileStateStore implements StateStore {
       await this.#ensureKindDir(kind);
       const doc = `{"format":${JSON.stringify(STATE_DOCUMENT_FORMAT)},"kind":${JSON.stringify(kind)},"key":${JSON.stringify(key)},"version":${version},"value":${text}}\n`;
       await writeFileAtomic(file, doc);
+      this.#watchers.put(kind, key, version, text);
       return { kind, key, version, value: JSON.parse(text) as T };
     });
   }
@@ -168,13 +165,24 @@ export class FileStateStore implements StateStore {
         throw toMooringError(err, `deleting ${file}`);
       }
       await fsyncDir(join(this.dir, kind)).catch((err: unknown) => Promise.reject(toMooringError(err, `syncing ${join(this.dir, kind)}`)));
+      this.#watchers.delete(kind, key);
     });
+  }
+
+  /**
+   * Changes made through this store (the only writer of its directory: it holds the lock),
+   * announced in process once each is durable.
+   */
+  async watch<T>(kind: string, listener: (change: StateChange<T>) => void, options?: StateListOptions): Promise<StateWatch> {
+    this.#assertOpen();
+    return this.#watchers.add(kind, listener, options);
   }
 
   /** Waits for operations in flight and releases the directory lock. Idempotent. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
       await Promise.allSettled([...this.#queues.values()]);
+      this.#watchers.clear();
       await this.#lock.release();
     })();
     return this.#closing;

@@ -1,6 +1,7 @@
 import { MooringError } from '../errors.js';
 import { checkCompareAndSet, checkExpectedVersion, checkGuard, checkGuardVersion, checkKey, checkKind, serialiseValue } from './state-keys.js';
-import type { StateGuard, StateListOptions, StateStore, StateWriteOptions, StoredObject } from './state-store.js';
+import type { StateChange, StateGuard, StateListOptions, StateStore, StateWatch, StateWriteOptions, StoredObject } from './state-store.js';
+import { StateWatchers } from './state-watchers.js';
 
 /**
  * A {@link StateStore} in memory, for tests and embedders that keep state elsewhere. Same
@@ -9,6 +10,7 @@ import type { StateGuard, StateListOptions, StateStore, StateWriteOptions, Store
  */
 export class MemoryStateStore implements StateStore {
   readonly #docs = new Map<string, Map<string, { version: number; text: string }>>();
+  readonly #watchers = new StateWatchers();
   #closed = false;
 
   /** @inheritDoc StateStore.get */
@@ -36,6 +38,7 @@ export class MemoryStateStore implements StateStore {
     checkCompareAndSet(kind, key, expected, version - 1);
     this.#checkGuard(guard);
     docs.set(key, { version, text });
+    this.#watchers.put(kind, key, version, text);
     return { kind, key, version, value: JSON.parse(text) as T };
   }
 
@@ -44,12 +47,19 @@ export class MemoryStateStore implements StateStore {
     const docs = this.#kind(kind);
     checkCompareAndSet(kind, checkKey(key), checkExpectedVersion(options), docs.get(key)?.version ?? 0);
     this.#checkGuard(checkGuard(options));
-    docs.delete(key);
+    if (docs.delete(key)) this.#watchers.delete(kind, key);
+  }
+
+  /** @inheritDoc StateStore.watch */
+  async watch<T>(kind: string, listener: (change: StateChange<T>) => void, options?: StateListOptions): Promise<StateWatch> {
+    if (this.#closed) throw new MooringError('CLOSED', 'state store is closed');
+    return this.#watchers.add(kind, listener, options);
   }
 
   /** Later calls reject with CLOSED. Idempotent. */
   async close(): Promise<void> {
     this.#closed = true;
+    this.#watchers.clear();
   }
 
   // Synchronous with the write that follows it: nothing can change the guard in between.

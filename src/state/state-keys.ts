@@ -23,6 +23,16 @@ export function checkKey(key: unknown): string {
   return checkName('state key', key);
 }
 
+/** Whether `key` is a valid key ({@link checkKey}), for skipping names that are not documents. */
+export function isKey(key: string): boolean {
+  try {
+    checkKey(key);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** The expected version of a compare-and-set, or undefined for an unconditional write. */
 export function checkExpectedVersion(options: StateWriteOptions | undefined): number | undefined {
   if (options === undefined) return undefined;

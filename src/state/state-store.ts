@@ -60,6 +60,50 @@ export interface StateListOptions {
   prefix?: string;
 }
 
+/** A {@link StateChange}: the document was created or replaced. */
+export interface StatePutChange<T> {
+  /** `put`. */
+  type: 'put';
+  /** Kind of the document. */
+  kind: string;
+  /** Key of the document. */
+  key: string;
+  /** Its new version. */
+  version: number;
+  /** Its new value (a copy of the listener's own). */
+  value: T;
+}
+
+/** A {@link StateChange}: the document is gone. */
+export interface StateDeleteChange {
+  /** `delete`. */
+  type: 'delete';
+  /** Kind of the document. */
+  kind: string;
+  /** Key of the document. */
+  key: string;
+}
+
+/**
+ * A {@link StateChange}: changes may have been missed (the store reconnected, or it could
+ * not read a change); the listener should list the kind again and treat that as the truth.
+ */
+export interface StateResyncChange {
+  /** `resync`. */
+  type: 'resync';
+  /** The kind watched. */
+  kind: string;
+}
+
+/** One change a {@link StateStore.watch} listener hears of. */
+export type StateChange<T> = StatePutChange<T> | StateDeleteChange | StateResyncChange;
+
+/** What {@link StateStore.watch} returns: stops the listener. */
+export interface StateWatch {
+  /** Stops delivering changes (none arrives after it resolves). Idempotent. */
+  close(): Promise<void>;
+}
+
 /** Where specs and status live. Every method may reject with a MooringError. */
 export interface StateStore {
   /** The document, or null if there is none. */
@@ -70,6 +114,18 @@ export interface StateStore {
   put<T>(kind: string, key: string, value: T, options?: StateWriteOptions): Promise<StoredObject<T>>;
   /** Removes a document (no error if missing, unless expectedVersion is given). */
   delete(kind: string, key: string, options?: StateWriteOptions): Promise<void>;
-  /** Releases resources (file locks, connections). Idempotent. */
+  /**
+   * Optional: calls `listener` for every change to the documents of `kind` (whose key
+   * starts with `options.prefix`, if given) made after the returned promise resolves, so a
+   * controller reacts to changes instead of polling. List after the watch resolves to start
+   * from a known state.
+   *
+   * Delivery is at least once and in order per document; a store may coalesce several puts
+   * of a document into the last one, and sends a `resync` change whenever it may have
+   * missed some (after reconnecting to a remote store). The listener must not throw (what
+   * it throws is reported as a process warning). Stores without it leave callers to poll.
+   */
+  watch?<T>(kind: string, listener: (change: StateChange<T>) => void, options?: StateListOptions): Promise<StateWatch>;
+  /** Releases resources (file locks, connections, watches). Idempotent. */
   close(): Promise<void>;
 }

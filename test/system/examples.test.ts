@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
+import { EtcdServer } from '../helpers/etcd-server.js';
 import { guestImage, writerScript } from './helpers/guest.js';
 import { ensureLibvirtd, validateDomainXml } from './helpers/libvirt.js';
 import { buildShim } from './helpers/sanlock-daemon.js';
@@ -49,6 +50,20 @@ describe('examples', () => {
     expect(out).toMatch(/qemu-io over TLS: wrote 1048576\/1048576 bytes at offset 0; read 1048576\/1048576 bytes at offset 0/);
     expect(out).toMatch(/nbdinfo over TLS: 67108864 bytes/);
     expect(out).toMatch(/a client in the clear: refused \(.*requires TLS/);
+  });
+
+  it('etcd: a Mooring over an EtcdStateStore, a watch of its volumes, a second Mooring on the same etcd attaching the volume again', async () => {
+    const etcd = await EtcdServer.start(48222, 48223);
+    try {
+      const out = await runExample('examples/etcd/demo.mjs', ['--endpoint', etcd.endpoint]);
+      expect(out).toMatch(/watch: put volume\/disk0 \(version 1\)/);
+      expect(out).toMatch(/first manager: disk0 healthy on h1, writer epoch 1/);
+      expect(out).toMatch(/second manager sees: disk0 \(detached\)/);
+      expect(out).toMatch(/second manager: disk0 healthy on h1, writer epoch 2/);
+      expect(out).toMatch(/deleted; volumes left in etcd: 0/);
+    } finally {
+      await etcd.destroy();
+    }
   });
 
   it('cluster: degraded while a host is away, healthy again once it is back, salvaged once two hosts are lost', async () => {

@@ -13,6 +13,7 @@ describe('main entry', () => {
       'DataEngineGrpcServer',
       'DataEngineMetrics',
       'Engine',
+      'EtcdStateStore',
       'FileStateStore',
       'LivenessWatcher',
       'LocalDataEngine',
