@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "store/replica-registry.h"
+#include "util/thread-name.h"
 
 namespace mooring {
 
@@ -63,6 +64,7 @@ void ReplicaServerConnection::Protocol(const std::string&) {
 }
 
 void ReplicaServerConnection::Run() {
+  NameThisThread("mr-rs-conn");
   try {
     if (t_ && wake_fd_ >= 0 && Handshake()) {
       handshaking_.store(false);
@@ -702,6 +704,7 @@ void ReplicaServerConnection::Enqueue(Request* r) {
 // Writer: sends replies as they complete, several per system call.
 
 void ReplicaServerConnection::WriterLoop() {
+  NameThisThread("mr-rs-send");
   // A client that takes none of our bytes for this long is gone or hostile.
   const int stall_ms = std::max<int>(kDrainTimeoutMs, static_cast<int>(ctx_->opts.idle_timeout_ms));
   WaitFn wait = [&](short want) -> int {

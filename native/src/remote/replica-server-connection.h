@@ -32,7 +32,7 @@ struct ReplicaServerContext {
   std::string root_real;  // realpath(opts.root)
   std::shared_ptr<TlsContext> tls;  // null: plain TCP
   ReplicaAuthKey auth;              // enabled: clients must authenticate before HELLO
-  WorkerPool* pool = nullptr;
+  WorkerPool::Lane* pool = nullptr;  // the server's lane in its worker pool
   std::unique_ptr<MemoryBudget> budget;  // opts.max_inflight_bytes_total, across connections
   std::function<void()> reclaim;         // while a reader waits for budget: drop stalled peers
   int server_wake_fd = -1;  // a connection writes here when it has finished (to be reaped)
