@@ -11,7 +11,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { NbdClient } from '../../src/bench/nbd-client.js';
 import type { NativeEngine, NativeNbdServer } from '../../src/native/binding.js';
 import { MiB, Scratch, addon, createReplicas, engineOptions, waitFor } from './helpers.js';
-import { closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
+import { FrameProxy, closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
 
 const SIZE = 4 * MiB;
 const FIRST = 25;
@@ -82,6 +82,7 @@ describe('threads and fds per attached volume', () => {
   let s: Scratch | undefined;
   let attached: Attached[] = [];
   let hosts: Host[] = [];
+  let proxy: FrameProxy | undefined;
 
   afterEach(async () => {
     for (const a of attached.splice(0)) {
@@ -89,6 +90,9 @@ describe('threads and fds per attached volume', () => {
       await a.server.close().catch(() => undefined);
       await a.engine.close().catch(() => undefined);
     }
+    proxy?.release();
+    await proxy?.close();
+    proxy = undefined;
     await closeAll(hosts);
     hosts = [];
     s?.cleanup();
@@ -148,5 +152,38 @@ describe('threads and fds per attached volume', () => {
     // client whose socket filled up): not shared yet (issue 21, docs/architecture.md).
     expectGrowth(steps, { 'mr-nbd-conn': 1, 'mr-rr-read': 3, 'mr-rs-conn': 3 });
     expect((steps[1]!.fds - steps[0]!.fds) / (SECOND - FIRST)).toBeLessThanOrEqual(20);
+  });
+
+  // The exports share one worker pool (WorkerPool::Nbd): an export whose replica stops
+  // answering holds at most its own io_threads workers, and another export is served meanwhile.
+  it('an export stuck on its replica holds at most its io_threads workers; the others go on', async () => {
+    const scratch = (s = new Scratch('mooring-threads-lanes-'));
+    hosts = await startHosts(scratch, 1, SIZE, 'stuck');
+    proxy = new FrameProxy(hosts[0]!.server.port);
+    const port = await proxy.start();
+    const stuckEngine = await addon().openEngine(engineOptions({ replicas: [endpoint(port, 'stuck')] }));
+    const stuckServer = await stuckEngine.exportNbd({ unixPath: scratch.path('stuck.sock'), ioThreads: 2 });
+    const stuck = await NbdClient.connect({ socketPath: scratch.path('stuck.sock') });
+    attached.push({ engine: stuckEngine, server: stuckServer, client: stuck });
+    await attach(scratch, 1, async () => {
+      const replicas = await createReplicas(scratch.path('good'), 1, SIZE);
+      return addon().openEngine(engineOptions({ replicas: replicas.map((r) => r.path) }));
+    });
+    const good = attached[1]!.client;
+
+    proxy.mode = 'hold';
+    proxy.maxOutstanding = proxy.outstanding;
+    const held = Array.from({ length: 8 }, (_, i) => stuck.read(i * 4096, 4096));
+    await waitFor('the stuck export to fill its share of workers', () => proxy!.outstanding >= 2);
+    for (let i = 0; i < 20; i++) {
+      const data = Buffer.alloc(4096, 0x30 + i);
+      await good.write(i * 4096, data);
+      expect((await good.read(i * 4096, 4096)).equals(data)).toBe(true);
+    }
+    // Two workers at most ran the stuck export's reads, however many it had queued.
+    expect(proxy.maxOutstanding).toBeLessThanOrEqual(2);
+    expect(threadsByName().get('mr-nbd-io') ?? 0).toBeLessThanOrEqual(64);
+    proxy.release();
+    expect((await Promise.all(held)).every((b) => b.length === 4096)).toBe(true);
   });
 });
