@@ -415,10 +415,16 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
     // The payloads are on the wire (or the connection is gone): free them now.
     for (CallPtr& c : batch) c->payload = std::vector<uint8_t>();
     batch.clear();
-    if (rc != 0) Teardown(ECONNRESET);
     lk.lock();
     sending_ = false;
     sending_cv_.notify_all();
+    if (rc != 0) {
+      // Done sending first: Close() waits for that and may hold what the failure
+      // listener (run by Teardown, on this thread) takes.
+      lk.unlock();
+      Teardown(ECONNRESET);
+      lk.lock();
+    }
   }
 }
 
