@@ -50,6 +50,7 @@
 #include "engine/reconciler.h"
 #include "image/image-reader.h"
 #include "util/rw-lock.h"
+#include "util/thread-name.h"
 
 namespace mooring {
 namespace {
@@ -674,7 +675,10 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
       std::thread helpers[kMaxReplicas];
       for (size_t k = 1; k < t.n; ++k) {
         try {
-          helpers[k] = std::thread([&, k] { rcs[k] = op(*slots_[t.idx[k]]->backend, e, k, false); });
+          helpers[k] = std::thread([&, k] {
+            NameThisThread("mr-fanout");
+            rcs[k] = op(*slots_[t.idx[k]]->backend, e, k, false);
+          });
         } catch (const std::system_error&) {
           rcs[k] = op(*slots_[t.idx[k]]->backend, e, k, false);
         }
@@ -1135,7 +1139,10 @@ void ReplicatedEngine::ForEachParallel(const Targets& t, F f) {
   std::thread helpers[kMaxReplicas];
   for (size_t k = 1; k < t.n; ++k) {
     try {
-      helpers[k] = std::thread([&, k] { f(k); });
+      helpers[k] = std::thread([&, k] {
+        NameThisThread("mr-fanout");
+        f(k);
+      });
     } catch (const std::system_error&) {
       f(k);  // no thread to be had: run it here
     }

@@ -14,6 +14,7 @@
 #include <exception>
 
 #include "nbd/nbd-protocol.h"
+#include "util/thread-name.h"
 
 namespace mooring {
 
@@ -101,6 +102,7 @@ void NbdConnection::Signal() {
 }
 
 void NbdConnection::Run() {
+  NameThisThread("mr-nbd-conn");
   try {
     if (wake_fd_ >= 0 && (adopted_ || Handshake())) {
       handshaking_.store(false);

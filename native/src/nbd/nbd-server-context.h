@@ -18,7 +18,7 @@ namespace mooring {
 struct NbdServerContext {
   BlockDevice* device = nullptr;
   NbdServerOptions opts;
-  WorkerPool* pool = nullptr;
+  WorkerPool::Lane* pool = nullptr;  // the export's lane in WorkerPool::Nbd()
   std::shared_ptr<TlsContext> tls;       // set when opts.tls is enabled(): STARTTLS is required
   std::unique_ptr<MemoryBudget> budget;  // opts.max_inflight_bytes_total, across connections
   std::function<void()> reclaim;         // a reader the budget refused calls it (rate-limited by the server)

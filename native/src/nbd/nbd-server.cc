@@ -80,8 +80,8 @@ class NbdServerImpl final : public NbdServer {
     s = tcp ? ListenTcp(ctx_.opts.tcp_host, ctx_.opts.tcp_port, &listen_fd_, &port_) : ListenUnix();
     if (!s.ok()) return s;
     try {
-      pool_.reset(new WorkerPool(ctx_.opts.io_threads));
-      ctx_.pool = pool_.get();
+      lane_.reset(new WorkerPool::Lane(&WorkerPool::Nbd(), ctx_.opts.io_threads));
+      ctx_.pool = lane_.get();
       StartAcceptor();
     } catch (const std::exception& e) {
       return Status::Error(Code::kIoError, std::string("starting NBD server threads: ") + e.what());
@@ -129,7 +129,7 @@ class NbdServerImpl final : public NbdServer {
     conns.clear();
 
     close_status_ = Status::Ok();
-    if (pool_) {
+    if (lane_) {
       int rc;
       try {
         rc = ctx_.device->Flush();
@@ -139,7 +139,7 @@ class NbdServerImpl final : public NbdServer {
       // -EPERM: a device that serves nothing now (a migration standby, or an engine that
       // handed over and flushed then) has nothing of ours to flush.
       if (rc < 0 && rc != -EPERM) close_status_ = Status::FromErrno(rc, "flushing the device while closing the NBD server");
-      pool_->Stop();
+      lane_.reset();  // every connection has ended: nothing of ours is queued or running
     }
     closed_ = true;
     return close_status_;
@@ -273,8 +273,8 @@ class NbdServerImpl final : public NbdServer {
       if (!s.ok()) return s;
     }
     try {
-      pool_.reset(new WorkerPool(ctx_.opts.io_threads));
-      ctx_.pool = pool_.get();
+      lane_.reset(new WorkerPool::Lane(&WorkerPool::Nbd(), ctx_.opts.io_threads));
+      ctx_.pool = lane_.get();
       std::lock_guard<std::mutex> l(adopted_mu_);
       for (size_t i = 0; i < rec->connections.size(); ++i) {
         int fd = rec->fds.Take(i + 1);
@@ -327,7 +327,7 @@ class NbdServerImpl final : public NbdServer {
       listen_fd_ = -1;
     }
     own_socket_file_ = false;
-    if (pool_) pool_->Stop();
+    lane_.reset();
     closed_ = true;
     close_status_ = Status::Ok();
     return close_status_;
@@ -385,7 +385,7 @@ class NbdServerImpl final : public NbdServer {
   }
 
   NbdServerContext ctx_;
-  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<WorkerPool::Lane> lane_;  // in WorkerPool::Nbd(), cap io_threads
   int listen_fd_ = -1;
   int port_ = 0;
   bool own_socket_file_ = false;
@@ -393,7 +393,7 @@ class NbdServerImpl final : public NbdServer {
   ino_t sock_ino_ = 0;
   bool adopted_owns_socket_file_ = false;
   std::atomic<State> state_{State::kServing};
-  // Declared after ctx_ and pool_: destroyed first, so no connection outlives them.
+  // Declared after ctx_ and lane_: destroyed first, so no connection outlives them.
   Acceptor<NbdConnection> acceptor_;
   mutable std::mutex adopted_mu_;
   std::list<std::unique_ptr<NbdConnection>> adopted_;  // built by Adopt, not started yet

@@ -1,11 +1,13 @@
 // The listening side shared by the NBD server and the replica server: a TCP listening
-// socket, and Acceptor<Conn>, which accepts on its own thread, turns each socket into a
-// connection object, keeps the connections and reaps those that finished.
+// socket, and Acceptor<Conn>, which accepts, turns each socket into a connection object,
+// keeps the connections and reaps those that finished. An acceptor has no thread of its
+// own: its listening socket and wake fd are watched by the process's Poller
+// (net/poller.h), whose one thread runs the accepts and reaps of every acceptor.
 //
 // Conn needs: a constructor the `make` callback calls, Start() (may throw), finished()
 // and handshaking() (thread-safe: true until the peer has completed the protocol's
 // handshake), Kill(), and a destructor that joins its threads and closes its socket. A
-// finished connection writes to wake_fd() so that the accept thread reaps it.
+// finished connection writes to wake_fd() so that the acceptor reaps it.
 //
 // Per peer (docs/hardening.md, "Connections"): a peer is the client's IP address (TCP) or
 // user id (a unix socket, SO_PEERCRED). Its share of connections in their handshake is
@@ -30,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <stdexcept>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,15 +40,18 @@
 #include <unordered_map>
 #include <vector>
 
+#include "net/poller.h"
 #include "util/status.h"
 
 namespace mooring {
 
 // Backlog of every listening socket.
 constexpr int kListenBacklog = 128;
-// After EMFILE and friends the accept thread waits this long instead of spinning.
+// After EMFILE and friends the acceptor waits this long instead of spinning.
 constexpr int kAcceptBackoffMs = 100;
-// After connections went away, the accept thread hands freed memory back to the OS this
+// Connections one acceptor accepts in one turn on the poller.
+constexpr int kAcceptBatch = 64;
+// After connections went away, the acceptor hands freed memory back to the OS this
 // long after the first of them (once for a burst of departures).
 constexpr int kTrimDelayMs = 200;
 // Buffers this large get their own mappings (see LimitAllocatorRetention).
@@ -115,15 +121,22 @@ class Acceptor {
     handshaking_per_peer_ = handshaking_per_peer;
     tcp_nodelay_ = tcp_nodelay;
     make_ = std::move(make);
-    thread_ = std::thread([this] { Loop(); });
+    Poller& poller = Poller::Get();
+    Status st;
+    wake_id_ = poller.Add(wake_fd_, EPOLLIN, [this](uint32_t ev) { OnWake(ev); }, &st);
+    if (wake_id_ == 0) throw std::runtime_error(st.message);
+    listen_id_ = poller.Add(listen_fd_, EPOLLIN, [this](uint32_t) { OnListen(); }, &st);
+    if (listen_id_ == 0) throw std::runtime_error(st.message);
   }
 
-  // Stops accepting (joins the accept thread, closes the listening socket) and hands over
-  // the connections still held, for the server to stop in its own order. Idempotent.
+  // Stops accepting (no handler of this acceptor runs once it returns, the listening socket
+  // is closed) and hands over the connections still held, for the server to stop in its own
+  // order. Idempotent.
   std::list<std::unique_ptr<Conn>> Stop() {
     closing_.store(true);
-    Wake();
-    if (thread_.joinable()) thread_.join();
+    if (listen_id_ != 0) Poller::Get().Remove(listen_id_);
+    if (wake_id_ != 0) Poller::Get().Remove(wake_id_);
+    listen_id_ = wake_id_ = 0;
     if (listen_fd_ >= 0) {
       close(listen_fd_);
       listen_fd_ = -1;
@@ -140,14 +153,15 @@ class Acceptor {
   void Pause() {
     std::lock_guard<std::mutex> l(loop_mu_);
     paused_.store(true);
-    Wake();  // the loop polls again, without the listening socket
+    if (listen_id_ != 0) Poller::Get().Modify(listen_id_, 0);
   }
   void Resume() {
     {
       std::lock_guard<std::mutex> l(loop_mu_);
       paused_.store(false);
+      if (listen_id_ != 0 && backoff_until_ms_ == 0) Poller::Get().Modify(listen_id_, EPOLLIN);
     }
-    Wake();  // and reaps what finished meanwhile
+    Wake();  // reaps what finished meanwhile
   }
   // The connections held now. Stable while paused (only reaping and Stop free them).
   std::vector<Conn*> Connections() const {
@@ -187,7 +201,7 @@ class Acceptor {
   // their handshake for a new one.
   uint64_t refused() const { return refused_.load(); }
   uint64_t evicted() const { return evicted_.load(); }
-  // Connections not finished yet (counted now: reaping happens lazily on the accept thread).
+  // Connections not finished yet (counted now: reaping happens lazily, on the poller).
   uint64_t open() const {
     std::lock_guard<std::mutex> l(mu_);
     uint64_t n = 0;
@@ -225,7 +239,10 @@ class Acceptor {
     }
     if (!done.empty()) {
       done.clear();  // joins their threads and frees their buffers first
-      if (trim_due_ms_ == 0) trim_due_ms_ = NowMonotonicMs() + kTrimDelayMs;
+      if (trim_due_ms_ == 0) {
+        trim_due_ms_ = NowMonotonicMs() + kTrimDelayMs;
+        ArmTimerLocked();
+      }
     }
   }
 
@@ -235,57 +252,67 @@ class Acceptor {
     return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
   }
 
-  // The poll timeout the loop may sleep for: until a due trim (or -1: none due).
-  int TrimTimeoutMs() {
-    if (trim_due_ms_ == 0) return -1;
-    const int64_t left = trim_due_ms_ - NowMonotonicMs();
-    if (left > 0) return static_cast<int>(left);
-    trim_due_ms_ = 0;
-    ReturnFreeMemory();
-    return -1;
+  // Under loop_mu_: the poller's timer for this acceptor, at the earlier of a due trim and
+  // the end of an accept back-off.
+  void ArmTimerLocked() {
+    int64_t at = trim_due_ms_;
+    if (backoff_until_ms_ != 0 && (at == 0 || backoff_until_ms_ < at)) at = backoff_until_ms_;
+    if (wake_id_ != 0) Poller::Get().SetTimer(wake_id_, at);
   }
 
-  void Loop() {
-    bool backoff = false;
-    while (!closing_.load()) {
-      const bool paused = paused_.load();
-      pollfd p[2] = {{backoff || paused ? -1 : listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      const int trim_ms = TrimTimeoutMs();
-      int n = poll(p, 2, backoff ? kAcceptBackoffMs : trim_ms);
-      backoff = false;
-      if (n < 0 && errno != EINTR) backoff = true;
-      std::lock_guard<std::mutex> pause_lock(loop_mu_);
-      if (p[1].revents) {
-        uint64_t v;
-        ssize_t r = read(wake_fd_, &v, sizeof v);
-        (void)r;
-        if (!paused_.load()) Reap();
+  // The wake fd (a connection finished, Resume) or the timer (events 0), on the poller.
+  void OnWake(uint32_t events) {
+    std::lock_guard<std::mutex> pause_lock(loop_mu_);
+    if (closing_.load()) return;
+    if (events != 0) {
+      uint64_t v;
+      ssize_t r = read(wake_fd_, &v, sizeof v);
+      (void)r;
+      if (!paused_.load()) Reap();
+    }
+    const int64_t now = NowMonotonicMs();
+    if (trim_due_ms_ != 0 && trim_due_ms_ <= now) {
+      trim_due_ms_ = 0;
+      ReturnFreeMemory();
+    }
+    if (backoff_until_ms_ != 0 && backoff_until_ms_ <= now) {
+      backoff_until_ms_ = 0;
+      if (!paused_.load()) Poller::Get().Modify(listen_id_, EPOLLIN);
+    }
+    ArmTimerLocked();
+  }
+
+  // The listening socket is readable, on the poller.
+  void OnListen() {
+    std::lock_guard<std::mutex> pause_lock(loop_mu_);
+    if (closing_.load() || paused_.load() || backoff_until_ms_ != 0) return;
+    // At most kAcceptBatch at a time: the socket stays readable and the poller comes back,
+    // after the other acceptors' turn.
+    for (int i = 0; i < kAcceptBatch; ++i) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+        // EMFILE, ENFILE, ENOBUFS, ENOMEM: let resources come back, without spinning.
+        backoff_until_ms_ = NowMonotonicMs() + kAcceptBackoffMs;
+        Poller::Get().Modify(listen_id_, 0);
+        ArmTimerLocked();
+        break;
       }
-      if (closing_.load()) break;
-      if (paused_.load() || !(p[0].revents & POLLIN)) continue;
-      for (;;) {
-        int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-          if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
-          backoff = true;  // EMFILE, ENFILE, ENOBUFS, ENOMEM: let resources come back
-          break;
+      const std::string peer = handshaking_per_peer_ > 0 ? PeerKey(fd) : std::string();
+      if (Held() >= max_connections_) {
+        Reap();
+        if (Held() >= max_connections_ && !MakeRoom()) {
+          close(fd);
+          refused_.fetch_add(1);
+          continue;
         }
-        const std::string peer = handshaking_per_peer_ > 0 ? PeerKey(fd) : std::string();
-        if (Held() >= max_connections_) {
-          Reap();
-          if (Held() >= max_connections_ && !MakeRoom()) {
-            close(fd);
-            refused_.fetch_add(1);
-            continue;
-          }
-        }
-        if (tcp_nodelay_) {
-          int one = 1;
-          setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        }
-        if (Admit(fd, peer)) total_.fetch_add(1);
       }
+      if (tcp_nodelay_) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      }
+      if (Admit(fd, peer)) total_.fetch_add(1);
     }
   }
 
@@ -387,16 +414,18 @@ class Acceptor {
   uint32_t handshaking_per_peer_ = 0;
   bool tcp_nodelay_ = false;
   Make make_;
-  std::thread thread_;
+  uint64_t listen_id_ = 0;  // Poller registrations (0: none)
+  uint64_t wake_id_ = 0;
   std::atomic<bool> closing_{false};
   std::atomic<bool> paused_{false};
-  std::mutex loop_mu_;  // held by the loop while it accepts or reaps; Pause() waits for it
+  std::mutex loop_mu_;  // held by the handlers while they accept or reap; Pause() waits for it
   mutable std::mutex mu_;
   std::list<std::unique_ptr<Conn>> conns_;  // guarded by mu_
   uint64_t held_ = 0;                       // conns_.size(), guarded by mu_
   std::unordered_map<Conn*, PeerInfo> peers_;  // guarded by mu_: one per connection in conns_
   uint64_t dropping_ = 0;                   // guarded by mu_: dropped (PeerInfo.dropped), not reaped yet
-  int64_t trim_due_ms_ = 0;                 // accept thread only: when to ReturnFreeMemory (0: not due)
+  int64_t trim_due_ms_ = 0;                 // under loop_mu_: when to ReturnFreeMemory (0: not due)
+  int64_t backoff_until_ms_ = 0;            // under loop_mu_: accepting resumes then (0: not backing off)
   std::atomic<int64_t> last_drop_stalled_ms_{0};
   std::atomic<uint64_t> total_{0};
   std::atomic<uint64_t> refused_{0};

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "remote/replica-auth.h"
+#include "util/thread-name.h"
 
 namespace mooring {
 
@@ -199,7 +200,6 @@ Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<Replica
   std::shared_ptr<RemoteReplica> r(new RemoteReplica(ep, &d));
   r->last_send_ms_ = MonotonicMs();
   try {
-    r->sender_ = std::thread([p = r.get()] { p->SenderLoop(); });
     r->reader_ = std::thread([p = r.get()] { p->ReaderLoop(); });
   } catch (const std::exception& e) {
     r->Close();
@@ -233,7 +233,11 @@ Status RemoteReplica::Close() {
     closed_ = true;
   }
   Teardown(EBADF);
-  if (sender_.joinable()) sender_.join();
+  {
+    // A caller may still be writing a batch (it returns once the transport is shut down).
+    std::unique_lock<std::mutex> lk(mu_);
+    while (sending_) sending_cv_.wait(lk);
+  }
   if (reader_.joinable()) reader_.join();
   return Status::Ok();
 }
@@ -264,13 +268,23 @@ int RemoteReplica::Submit(const CallPtr& c, bool block) {
   c->deadline_ms = MonotonicMs() + io_timeout_ms_;
   queue_.push_back(c);
   ++outstanding_;
-  send_cv_.notify_one();
+  // A caller that may block sends it now, itself; the others' calls wait for the next
+  // sender or the reader (Housekeep).
+  if (block) SendQueuedLocked(lk);
   return 0;
 }
 
 void RemoteReplica::Wait(const CallPtr& c) {
   std::unique_lock<std::mutex> lk(mu_);
-  while (!c->done) c->cv.wait(lk);
+  while (!c->done) {
+    // Queued and nobody sending (a GOAWAY's reconnect wakes the callers of queued calls):
+    // this caller sends.
+    if (CanSendLocked()) {
+      SendQueuedLocked(lk);
+      continue;
+    }
+    c->cv.wait(lk);
+  }
 }
 
 int RemoteReplica::Run(const CallPtr& c) {
@@ -345,7 +359,6 @@ void RemoteReplica::TeardownLocked(int err) {
   sent_.clear();
   t_->Shutdown();  // wakes the reader and a blocked sender
   slot_cv_.notify_all();
-  send_cv_.notify_all();
   sending_cv_.notify_all();
   reconnect_cv_.notify_all();
 }
@@ -361,51 +374,35 @@ bool RemoteReplica::DeadlinePassedLocked(int64_t now) const {
 // ---------------------------------------------------------------------------------------
 // Threads.
 
-void RemoteReplica::SenderLoop() {
+bool RemoteReplica::CanSendLocked() const { return !sending_ && !goaway_ && dead_errno_ == 0 && !queue_.empty(); }
+
+void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
+  // Whoever finds calls queued and nobody sending writes them all, in seq order, as one batch
+  // (several per system call); calls queued meanwhile go in the next round, by the same
+  // caller. One sender at a time keeps the wire in seq order.
   std::vector<CallPtr> batch;
   std::vector<iovec> iov;
   std::vector<uint8_t> heads;
   WaitFn wait = [this](short want) -> int {
     for (;;) {
       {
-        std::lock_guard<std::mutex> lk(mu_);
+        std::lock_guard<std::mutex> l(mu_);
         if (dead_errno_ != 0) return -ENOTCONN;
       }
       int p = PollFdOrWake(t_->fd(), want, -1, kDeadlineCheckMs);
       if (p != 0) return p < 0 ? p : 0;
     }
   };
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      for (;;) {
-        if (dead_errno_ != 0) return;
-        if (goaway_) {  // nothing more on this connection; Reconnect wakes us
-          send_cv_.wait(lk);
-          continue;
-        }
-        if (!queue_.empty()) break;
-        const int64_t idle = MonotonicMs() - last_send_ms_;
-        if (outstanding_ == 0 && idle >= kKeepaliveMs) {
-          CallPtr ping = NewCall(kOpPing, 0, 0, 0);
-          ping->internal = true;
-          ping->h.seq = next_seq_++;
-          ping->deadline_ms = MonotonicMs() + io_timeout_ms_;
-          queue_.push_back(ping);
-          ++outstanding_;
-          break;
-        }
-        send_cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(1, kKeepaliveMs - idle)));
-      }
-      while (!queue_.empty()) {
-        CallPtr c = queue_.front();
-        queue_.pop_front();
-        sent_[c->h.seq] = c;  // before sending: the reply may come back before send returns
-        batch.push_back(std::move(c));
-      }
-      last_send_ms_ = MonotonicMs();
-      sending_ = true;  // t_ stays until this batch is written
+  while (CanSendLocked()) {
+    while (!queue_.empty()) {
+      CallPtr c = queue_.front();
+      queue_.pop_front();
+      sent_[c->h.seq] = c;  // before sending: the reply may come back before send returns
+      batch.push_back(std::move(c));
     }
+    last_send_ms_ = MonotonicMs();
+    sending_ = true;  // t_ stays until this batch is written
+    lk.unlock();
     heads.resize(batch.size() * kRequestHeaderBytes);
     iov.clear();
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -418,19 +415,41 @@ void RemoteReplica::SenderLoop() {
     // The payloads are on the wire (or the connection is gone): free them now.
     for (CallPtr& c : batch) c->payload = std::vector<uint8_t>();
     batch.clear();
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      sending_ = false;
-      sending_cv_.notify_all();
-    }
+    lk.lock();
+    sending_ = false;
+    sending_cv_.notify_all();
     if (rc != 0) {
+      // Done sending first: Close() waits for that and may hold what the failure
+      // listener (run by Teardown, on this thread) takes.
+      lk.unlock();
       Teardown(ECONNRESET);
-      return;
+      lk.lock();
     }
   }
 }
 
+void RemoteReplica::Housekeep() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (dead_errno_ != 0 || goaway_ || sending_) return;
+  const int64_t now = MonotonicMs();
+  if (outstanding_ == 0 && now - last_send_ms_ >= kKeepaliveMs) {
+    CallPtr ping = NewCall(kOpPing, 0, 0, 0);
+    ping->internal = true;
+    ping->h.seq = next_seq_++;
+    ping->deadline_ms = now + io_timeout_ms_;
+    queue_.push_back(ping);
+    ++outstanding_;
+  }
+  // Only internal calls (a ping, an AllocatedBytes refresh: a header each): the reader must
+  // not wait on a full socket, it is what empties the server's side of it. Callers' calls
+  // are sent by their callers (Submit, Wait).
+  for (const CallPtr& c : queue_)
+    if (!c->internal) return;
+  SendQueuedLocked(lk);
+}
+
 void RemoteReplica::ReaderLoop() {
+  NameThisThread("mr-rr-read");
   int64_t last_check = MonotonicMs();
   // Fails the connection when any outstanding call is past its deadline.
   auto overdue = [&]() {
@@ -449,6 +468,7 @@ void RemoteReplica::ReaderLoop() {
       if (p < 0) return p;
       if (MonotonicMs() - last_check >= kDeadlineCheckMs && overdue()) return -ETIMEDOUT;
       if (p != 0) return 0;
+      Housekeep();  // idle: keepalive, queued refreshes
     }
   };
   // After a GOAWAY: true once every request sent on this connection has been answered.
@@ -475,7 +495,6 @@ void RemoteReplica::ReaderLoop() {
       } else {
         goaway_ = true;
         goaway_deadline_ms_ = MonotonicMs() + io_timeout_ms_;
-        send_cv_.notify_all();
         continue;
       }
     }
@@ -584,7 +603,8 @@ bool RemoteReplica::Reconnect() {
         for (const CallPtr& c : queue_) c->deadline_ms = t + io_timeout_ms_;  // never sent: their time starts now
         last_send_ms_ = t;
         reconnects_.fetch_add(1);
-        send_cv_.notify_all();
+        // Their callers send them (Wait); internal ones go with the reader's Housekeep.
+        for (const CallPtr& c : queue_) c->cv.notify_all();
         slot_cv_.notify_all();
       }
       return true;  // `old` closes its socket here

@@ -4,13 +4,14 @@
 // One connection per replica: the server runs requests concurrently and answers them in
 // any order, so a long control operation (a snapshot, a layer digest) does not hold up the
 // writes pipelined behind it; a second connection would only add a second way to fail.
-// A sender thread writes queued requests (several per system call), a reader thread
-// matches replies to callers by seq. At most `depth` requests are outstanding (callers
+// The calling thread writes its request itself (with whatever else is queued, several per
+// system call; one writer at a time, in seq order); one reader thread matches replies to
+// callers by seq, and while idle sends the keepalive and the AllocatedBytes refresh. At most `depth` requests are outstanding (callers
 // block beyond that). A request outstanding longer than the endpoint's io_timeout_ms fails
 // with -ETIMEDOUT and tears the connection down: every outstanding and later call fails
 // (-ENOTCONN), so the engine marks the replica ERR. There is no silent reconnect, which
 // could replay writes out of order; the control plane adds a fresh backend instead.
-// When idle the sender pings every kKeepaliveMs, so a dead peer is noticed without I/O.
+// When idle the reader pings every kKeepaliveMs, so a dead peer is noticed without I/O.
 //
 // GOAWAY (docs/replica-protocol.md): with a server that announces kFeatureGoAway the client
 // announces it too (CLIENT_FEATURES right after HELLO). On GOAWAY it stops sending (new
@@ -153,7 +154,12 @@ class RemoteReplica final : public ReplicaBackend {
   void CompleteLocked(const CallPtr& c);
   bool DeadlinePassedLocked(int64_t now) const;
 
-  void SenderLoop();
+  // Under mu_ (lk): nothing is being written, calls are queued and may go on this connection.
+  bool CanSendLocked() const;
+  // Under mu_ (lk, released while writing): writes what is queued, until nothing is.
+  void SendQueuedLocked(std::unique_lock<std::mutex>& lk);
+  // The reader, idle: queues a keepalive ping when due and sends queued internal calls.
+  void Housekeep();
   void ReaderLoop();
   // After a GOAWAY, once nothing sent is unanswered: half-close, connect again, resume.
   // False when the connection is lost instead (torn down, or closed).
@@ -175,7 +181,6 @@ class RemoteReplica final : public ReplicaBackend {
   std::atomic<int64_t> allocated_asked_ms_{0};
 
   std::mutex mu_;
-  std::condition_variable send_cv_;
   std::condition_variable slot_cv_;
   std::deque<CallPtr> queue_;                // not yet sent
   std::map<uint64_t, CallPtr> sent_;         // sent, awaiting the reply, by seq
@@ -187,7 +192,7 @@ class RemoteReplica final : public ReplicaBackend {
   bool goaway_ok_ = false;         // this connection may carry a GOAWAY (both announced it)
   bool goaway_ = false;            // GOAWAY received: send nothing more on this connection
   int64_t goaway_deadline_ms_ = 0; // connected again by then, or the connection is lost
-  bool sending_ = false;           // the sender is writing a batch
+  bool sending_ = false;           // a caller is writing a batch (SendQueuedLocked)
   std::condition_variable sending_cv_;
   std::condition_variable reconnect_cv_;
   std::mutex close_mu_;
@@ -195,7 +200,6 @@ class RemoteReplica final : public ReplicaBackend {
   FailureListener on_failure_;
 
   RecvBuffer rbuf_;
-  std::thread sender_;
   std::thread reader_;
 };
 

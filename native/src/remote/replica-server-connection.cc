@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 
 #include "store/replica-registry.h"
+#include "util/thread-name.h"
 
 namespace mooring {
 
@@ -63,10 +65,10 @@ void ReplicaServerConnection::Protocol(const std::string&) {
 }
 
 void ReplicaServerConnection::Run() {
+  NameThisThread("mr-rs-conn");
   try {
     if (t_ && wake_fd_ >= 0 && Handshake()) {
       handshaking_.store(false);
-      writer_ = std::thread([this] { WriterLoop(); });
       ReadLoop();
     }
   } catch (...) {
@@ -348,7 +350,7 @@ void ReplicaServerConnection::ClientFeatures(std::unique_ptr<Request> r) {
   r->reply.seq = h.seq;
   r->budget_bytes = 0;
   ctx_->requests.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
   if (h.flags != 0 || h.reserved != 0 || h.payload_len != 0 || h.offset != 0 || h.epoch != 0) {
     SetError(r.get(), Code::kProtocolError, "CLIENT_FEATURES: malformed");
   } else if (client_features_seen_) {
@@ -363,7 +365,7 @@ void ReplicaServerConnection::ClientFeatures(std::unique_ptr<Request> r) {
   EncodeReply(r->reply, r->reply_head);
   ++inflight_;
   out_.push_back(r.release());
-  out_cv_.notify_one();
+  SendLocked(lk);
 }
 
 bool ReplicaServerConnection::GoAway() {
@@ -372,13 +374,13 @@ bool ReplicaServerConnection::GoAway() {
   r->reply.seq = 0;
   r->reply.code = kCodeGoAway;
   EncodeReply(r->reply, r->reply_head);
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
   if (!(client_features_ & kFeatureGoAway) || writer_exit_ || dead_.load()) return false;
   if (goaway_sent_) return true;
   goaway_sent_ = true;
-  ++inflight_;  // the writer frees it like a reply
+  ++inflight_;  // freed like a reply once sent
   out_.push_back(r.release());
-  out_cv_.notify_one();
+  SendLocked(lk);
   return true;
 }
 
@@ -693,56 +695,99 @@ void ReplicaServerConnection::Dispatch(Request* r) {
 void ReplicaServerConnection::Enqueue(Request* r) {
   r->reply.payload_len = static_cast<uint32_t>(r->reply_payload.size());
   EncodeReply(r->reply, r->reply_head);
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
   out_.push_back(r);
-  out_cv_.notify_one();
+  SendLocked(lk);
 }
 
 // ---------------------------------------------------------------------------------------
-// Writer: sends replies as they complete, several per system call.
+// Sending: whoever queues a reply (a worker, mostly) sends it at once, without blocking,
+// with whatever else is queued (several per system call); replies queued while another
+// thread sends go with that thread's next round. Only when the socket is full does the
+// connection's writer thread (started then, once) take over and wait for the client, so a
+// client that stops reading stalls only itself and no worker waits on it. One sender at a
+// time (sending_) keeps each reply whole on the wire.
 
-void ReplicaServerConnection::WriterLoop() {
+void ReplicaServerConnection::SendLocked(std::unique_lock<std::mutex>& lk) {
+  if (sending_) return;  // the current sender takes it in its next round
+  sending_ = true;
+  SendRounds(lk, false);
+}
+
+void ReplicaServerConnection::SendRounds(std::unique_lock<std::mutex>& lk, bool may_block) {
   // A client that takes none of our bytes for this long is gone or hostile.
   const int stall_ms = std::max<int>(kDrainTimeoutMs, static_cast<int>(ctx_->opts.idle_timeout_ms));
   WaitFn wait = [&](short want) -> int {
     // Seen by the server's reclaim while the memory budget is exhausted (RepliesStalledMs).
     if (write_stalled_since_ms_.load() == 0) write_stalled_since_ms_.store(MonotonicMs());
+    if (!may_block) return -EAGAIN;
     int p = PollFdOrWake(t_->fd(), want, -1, stall_ms);
     if (p < 0) return p;
     return p == 0 ? -ETIMEDOUT : 0;
   };
-  std::vector<Request*> batch;
-  std::vector<iovec> iov;
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      while (out_.empty() && !writer_exit_) out_cv_.wait(lk);
-      if (out_.empty()) return;
-      batch.swap(out_);
-    }
-    if (!dead_.load()) {
-      iov.clear();
-      for (Request* r : batch) {
-        iov.push_back({r->reply_head, kReplyHeaderBytes});
-        if (!r->reply_payload.empty()) iov.push_back({r->reply_payload.data(), r->reply_payload.size()});
+    if (wbatch_.empty()) {
+      if (out_.empty()) {
+        sending_ = false;
+        return;
       }
-      int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
-      write_stalled_since_ms_.store(0);
-      if (rc == 0 && !replied_.load()) replied_.store(true);
-      if (rc != 0) {
-        dead_.store(true);
-        t_->Shutdown();  // wakes the reader
+      wbatch_.swap(out_);
+      wiov_.clear();
+      for (Request* r : wbatch_) {
+        wiov_.push_back({r->reply_head, kReplyHeaderBytes});
+        if (!r->reply_payload.empty()) wiov_.push_back({r->reply_payload.data(), r->reply_payload.size()});
       }
     }
-    std::lock_guard<std::mutex> lk(mu_);
-    for (Request* r : batch) {
+    lk.unlock();
+    int rc = 0;
+    if (!dead_.load()) rc = WriteAll(t_.get(), wiov_.data(), static_cast<int>(wiov_.size()), wait);
+    if (rc == -EAGAIN) {
+      // The socket is full: the writer thread goes on from where this stopped (wiov_ was
+      // advanced in place), waiting for the client.
+      lk.lock();
+      writer_owns_ = true;
+      if (!writer_.joinable()) {
+        try {
+          writer_ = std::thread([this] { WriterLoop(); });
+        } catch (const std::system_error&) {
+          writer_owns_ = false;
+          lk.unlock();
+          Kill();  // no thread to wait for this client: drop it rather than block a worker
+          lk.lock();
+          continue;
+        }
+      }
+      out_cv_.notify_all();
+      return;
+    }
+    write_stalled_since_ms_.store(0);
+    if (rc == 0 && !dead_.load() && !replied_.load()) replied_.store(true);
+    if (rc != 0) {
+      dead_.store(true);
+      t_->Shutdown();  // wakes the reader
+    }
+    lk.lock();
+    for (Request* r : wbatch_) {
       inflight_bytes_ -= r->budget_bytes;
       ctx_->budget->Release(r->budget_bytes);
       --inflight_;
       delete r;
     }
-    batch.clear();
+    wbatch_.clear();
     cap_cv_.notify_all();
+  }
+}
+
+// The writer thread: started the first time a reply did not fit the socket; sends, waiting
+// for the client, whenever a sender hands over (writer_owns_), until the connection ends.
+void ReplicaServerConnection::WriterLoop() {
+  NameThisThread("mr-rs-send");
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    while (!writer_owns_ && !writer_exit_) out_cv_.wait(lk);
+    if (!writer_owns_) return;
+    SendRounds(lk, true);  // sending_ stays set until it is done
+    writer_owns_ = false;
   }
 }
 

@@ -1,7 +1,8 @@
 // ReplicaServerConnection: one client of a ReplicaServer. Its reader thread runs the
 // handshake (TLS, then HELLO naming the replica), then reads requests and hands them to
-// the server's WorkerPool; workers run them against the replica and queue the replies;
-// its writer thread sends replies in the order they complete. The reader stops reading
+// the server's WorkerPool; workers run them against the replica and send the replies in
+// the order they complete, without blocking; a writer thread, started only once a reply
+// did not fit the socket, waits for a client that is slow to take them. The reader stops reading
 // while the connection has too many requests or bytes in flight, so a fast client cannot
 // make the server buffer without bound.
 #pragma once
@@ -32,7 +33,7 @@ struct ReplicaServerContext {
   std::string root_real;  // realpath(opts.root)
   std::shared_ptr<TlsContext> tls;  // null: plain TCP
   ReplicaAuthKey auth;              // enabled: clients must authenticate before HELLO
-  WorkerPool* pool = nullptr;
+  WorkerPool::Lane* pool = nullptr;  // the server's lane in its worker pool
   std::unique_ptr<MemoryBudget> budget;  // opts.max_inflight_bytes_total, across connections
   std::function<void()> reclaim;         // while a reader waits for budget: drop stalled peers
   int server_wake_fd = -1;  // a connection writes here when it has finished (to be reaped)
@@ -100,6 +101,11 @@ class ReplicaServerConnection {
   bool Handshake();
   void ReadLoop();
   void WriterLoop();
+  // Under mu_ (lk): sends what is queued unless another thread is sending (SendRounds).
+  void SendLocked(std::unique_lock<std::mutex>& lk);
+  // Under mu_, with sending_ set: sends rounds of replies until none is queued; without
+  // may_block, a full socket hands the rest to the writer thread.
+  void SendRounds(std::unique_lock<std::mutex>& lk, bool may_block);
   int WaitRead(short want, bool mid_frame);
   void Protocol(const std::string& why);
 
@@ -135,8 +141,12 @@ class ReplicaServerConnection {
 
   std::mutex mu_;
   std::condition_variable cap_cv_;  // reader: capacity back / drained
-  std::condition_variable out_cv_;  // writer: replies to send
+  std::condition_variable out_cv_;  // writer: handed the sending, or exit
   std::vector<Request*> out_;
+  bool sending_ = false;      // under mu_: a thread owns the write side (wbatch_, wiov_)
+  bool writer_owns_ = false;  // under mu_: handed to the writer thread
+  std::vector<Request*> wbatch_;  // the round being sent, by the owner of sending_
+  std::vector<iovec> wiov_;
   uint32_t inflight_ = 0;
   uint64_t inflight_bytes_ = 0;
   bool writer_exit_ = false;

@@ -74,8 +74,9 @@ class ReplicaServerImpl final : public ReplicaServer {
     s = ListenTcp(ctx_.opts.host, ctx_.opts.port, &listen_fd_, &port_);
     if (!s.ok()) return s;
     try {
-      pool_.reset(new WorkerPool(ctx_.opts.io_threads));
-      ctx_.pool = pool_.get();
+      pool_.reset(new WorkerPool(ctx_.opts.io_threads, ctx_.opts.io_threads, "mr-rs-io"));
+      lane_.reset(new WorkerPool::Lane(pool_.get(), ctx_.opts.io_threads));
+      ctx_.pool = lane_.get();
       acceptor_.Start(listen_fd_, ctx_.opts.max_connections, true,
                       [this](int fd) { return std::make_unique<ReplicaServerConnection>(&ctx_, fd); },
                       ctx_.opts.max_handshaking_per_peer);
@@ -150,6 +151,7 @@ class ReplicaServerImpl final : public ReplicaServer {
     for (auto& c : conns) c->RequestStop();
     for (auto& c : conns) c->Join();  // each answers what it has in flight, then releases its replica
     conns.clear();
+    lane_.reset();  // nothing of it is queued or running now
     if (pool_) pool_->Stop();
     closed_ = true;
     return Status::Ok();
@@ -158,6 +160,7 @@ class ReplicaServerImpl final : public ReplicaServer {
  private:
   ReplicaServerContext ctx_;
   std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<WorkerPool::Lane> lane_;  // the server's one lane in pool_ (cap: io_threads)
   int listen_fd_ = -1;
   int port_ = 0;
   // Declared after ctx_ and pool_: destroyed first, so no connection outlives them.

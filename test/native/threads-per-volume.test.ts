@@ -1,0 +1,189 @@
+// Threads and file descriptors of one process do not grow with the number of attached
+// volumes (issue 21, docs/architecture.md "Threads"): an engine with an NBD export and a
+// connected client per volume, over one local replica or three replicas served by replica
+// servers over loopback. Each native thread names itself (NameThisThread), so the count is
+// taken per kind from /proc/self/task/*/comm and the test says which kind grew.
+// Shape, not speed: counts at N and 2N volumes are compared, nothing is timed.
+import { readdirSync, readFileSync } from 'node:fs';
+
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { NbdClient } from '../../src/bench/nbd-client.js';
+import type { NativeEngine, NativeNbdServer } from '../../src/native/binding.js';
+import { MiB, Scratch, addon, createReplicas, engineOptions, waitFor } from './helpers.js';
+import { FrameProxy, closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
+
+const SIZE = 4 * MiB;
+const FIRST = 25;
+const SECOND = 50;
+
+/** Threads of this process by name (the kernel's comm: at most 15 characters). */
+function threadsByName(): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const tid of readdirSync('/proc/self/task')) {
+    let name: string;
+    try {
+      name = readFileSync(`/proc/self/task/${tid}/comm`, 'utf8').trim();
+    } catch {
+      continue; // ended meanwhile
+    }
+    out.set(name, (out.get(name) ?? 0) + 1);
+  }
+  return out;
+}
+
+function total(m: Map<string, number>): number {
+  let n = 0;
+  for (const v of m.values()) n += v;
+  return n;
+}
+
+function fds(): number {
+  return readdirSync('/proc/self/fd').length;
+}
+
+/** What grew between two counts, per thread name. */
+function growth(before: Map<string, number>, after: Map<string, number>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of after) if (v !== (before.get(k) ?? 0)) out[k] = v - (before.get(k) ?? 0);
+  return out;
+}
+
+/**
+ * Between the two steps, only the thread kinds in `perVolume` grew, each by at most that many
+ * per added volume; the shared ones stay within their bounds: one poller, an NBD I/O pool of
+ * at most WorkerPool::kNbdThreadsMax threads.
+ */
+function expectGrowth(steps: Array<{ n: number; threads: Map<string, number> }>, perVolume: Record<string, number>): void {
+  const [a, b] = [steps[0]!, steps[1]!];
+  const added = b.n - a.n;
+  const grew = growth(a.threads, b.threads);
+  for (const [kind, by] of Object.entries(grew)) {
+    // libuv's pool and V8's helpers are the runtime's, started on demand and bounded by it.
+    if (kind.startsWith('mr-') && kind !== 'mr-nbd-io') {
+      expect(by, `thread kind ${kind} grew by ${by} for ${added} volumes`).toBeLessThanOrEqual((perVolume[kind] ?? 0) * added);
+    }
+  }
+  let allowed = 0;
+  for (const v of Object.values(perVolume)) allowed += v * added;
+  expect(total(b.threads) - total(a.threads), JSON.stringify(grew)).toBeLessThanOrEqual(allowed + 8);
+  expect(b.threads.get('mr-poller') ?? 0).toBeLessThanOrEqual(1);
+  expect(b.threads.get('mr-nbd-io') ?? 0).toBeLessThanOrEqual(64);
+  expect(b.threads.get('mr-accept') ?? 0, 'no accept thread per listening socket').toBe(0);
+}
+
+interface Attached {
+  engine: NativeEngine;
+  server: NativeNbdServer;
+  client: NbdClient;
+}
+
+describe('threads and fds per attached volume', () => {
+  let s: Scratch | undefined;
+  let attached: Attached[] = [];
+  let hosts: Host[] = [];
+  let proxy: FrameProxy | undefined;
+
+  afterEach(async () => {
+    for (const a of attached.splice(0)) {
+      await a.client.disconnect().catch(() => undefined);
+      await a.server.close().catch(() => undefined);
+      await a.engine.close().catch(() => undefined);
+    }
+    proxy?.release();
+    await proxy?.close();
+    proxy = undefined;
+    await closeAll(hosts);
+    hosts = [];
+    s?.cleanup();
+    s = undefined;
+  });
+
+  async function attach(scratch: Scratch, i: number, open: (i: number) => Promise<NativeEngine>): Promise<void> {
+    const engine = await open(i);
+    const sock = scratch.path(`v${i}.sock`);
+    const server = await engine.exportNbd({ unixPath: sock });
+    const client = await NbdClient.connect({ socketPath: sock });
+    attached.push({ engine, server, client });
+    // One write through each, so every connection and replica path has run.
+    await client.write(0, Buffer.alloc(4096, i & 0xff));
+  }
+
+  // Attaches up to FIRST then SECOND volumes; returns the counts after each step.
+  async function measure(label: string, scratch: Scratch, open: (i: number) => Promise<NativeEngine>) {
+    const base = { threads: threadsByName(), fds: fds() };
+    const steps: Array<{ n: number; threads: Map<string, number>; fds: number }> = [];
+    for (const n of [FIRST, SECOND]) {
+      while (attached.length < n) await attach(scratch, attached.length, open);
+      // An engine's fan-out helpers live for one operation: count once they have ended.
+      await waitFor('fan-out helpers to end', () => !threadsByName().has('mr-fanout'), 2000);
+      steps.push({ n, threads: threadsByName(), fds: fds() });
+    }
+    for (const st of steps) {
+      console.log(
+        `${label}: ${st.n} volumes: ${total(st.threads)} threads (+${total(st.threads) - total(base.threads)}), ` +
+          `${st.fds} fds (+${st.fds - base.fds}); grew: ${JSON.stringify(growth(base.threads, st.threads))}`,
+      );
+    }
+    return { base, steps };
+  }
+
+  it('one local replica per volume', async () => {
+    const scratch = (s = new Scratch('mooring-threads-local-'));
+    const { steps } = await measure('local', scratch, async (i) => {
+      const replicas = await createReplicas(scratch.path(`r${i}`), 1, SIZE);
+      return addon().openEngine(engineOptions({ replicas: replicas.map((r) => r.path) }));
+    });
+    expectGrowth(steps, { 'mr-nbd-conn': 1 });
+    // fds per volume: the replica's files, the export's listening socket and wake fd, the
+    // connection's socket and wake fd, and the test's own client socket.
+    expect((steps[1]!.fds - steps[0]!.fds) / (SECOND - FIRST)).toBeLessThanOrEqual(10);
+  });
+
+  it('three replicas on three replica servers over loopback', async () => {
+    const scratch = (s = new Scratch('mooring-threads-remote-'));
+    hosts = await startHosts(scratch, 3, SIZE, 'v0');
+    const { steps } = await measure('3 remote replicas', scratch, async (i) => {
+      if (i > 0) for (const h of hosts) await addon().createReplica(`${h.root}/v${i}`, SIZE);
+      return addon().openEngine(engineOptions({ replicas: hosts.map((h) => endpoint(h.server.port, `v${i}`)) }));
+    });
+    // Per replica connection its reader (requests are sent by their callers), per replica
+    // served its reader (replies are sent by the workers; a writer thread starts only for a
+    // client whose socket filled up): not shared yet (issue 21, docs/architecture.md).
+    expectGrowth(steps, { 'mr-nbd-conn': 1, 'mr-rr-read': 3, 'mr-rs-conn': 3 });
+    expect((steps[1]!.fds - steps[0]!.fds) / (SECOND - FIRST)).toBeLessThanOrEqual(20);
+  });
+
+  // The exports share one worker pool (WorkerPool::Nbd): an export whose replica stops
+  // answering holds at most its own io_threads workers, and another export is served meanwhile.
+  it('an export stuck on its replica holds at most its io_threads workers; the others go on', async () => {
+    const scratch = (s = new Scratch('mooring-threads-lanes-'));
+    hosts = await startHosts(scratch, 1, SIZE, 'stuck');
+    proxy = new FrameProxy(hosts[0]!.server.port);
+    const port = await proxy.start();
+    const stuckEngine = await addon().openEngine(engineOptions({ replicas: [endpoint(port, 'stuck')] }));
+    const stuckServer = await stuckEngine.exportNbd({ unixPath: scratch.path('stuck.sock'), ioThreads: 2 });
+    const stuck = await NbdClient.connect({ socketPath: scratch.path('stuck.sock') });
+    attached.push({ engine: stuckEngine, server: stuckServer, client: stuck });
+    await attach(scratch, 1, async () => {
+      const replicas = await createReplicas(scratch.path('good'), 1, SIZE);
+      return addon().openEngine(engineOptions({ replicas: replicas.map((r) => r.path) }));
+    });
+    const good = attached[1]!.client;
+
+    proxy.mode = 'hold';
+    proxy.maxOutstanding = proxy.outstanding;
+    const held = Array.from({ length: 8 }, (_, i) => stuck.read(i * 4096, 4096));
+    await waitFor('the stuck export to fill its share of workers', () => proxy!.outstanding >= 2);
+    for (let i = 0; i < 20; i++) {
+      const data = Buffer.alloc(4096, 0x30 + i);
+      await good.write(i * 4096, data);
+      expect((await good.read(i * 4096, 4096)).equals(data)).toBe(true);
+    }
+    // Two workers at most ran the stuck export's reads, however many it had queued.
+    expect(proxy.maxOutstanding).toBeLessThanOrEqual(2);
+    expect(threadsByName().get('mr-nbd-io') ?? 0).toBeLessThanOrEqual(64);
+    proxy.release();
+    expect((await Promise.all(held)).every((b) => b.length === 4096)).toBe(true);
+  });
+});
