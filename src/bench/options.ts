@@ -290,32 +290,20 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     }
   }
 
-  if (scaleOnly) {
-    if (backingImageOnly) throw new BenchUsageError('--scale-only and --backing-image-only contradict each other');
+  if (scaleOnly && backingImageOnly) throw new BenchUsageError('--scale-only and --backing-image-only contradict each other');
+  if (backingImageOnly && !backingImage) throw new BenchUsageError('--backing-image-only and --no-backing-image contradict each other');
+  if (scaleOnly || backingImageOnly) {
+    // One step alone: the options without the --*-only flag, every other step off.
+    const only = scaleOnly ? '--scale-only' : '--backing-image-only';
     return {
-      ...parseBenchArgs(argv.filter((a) => a !== '--scale-only')),
+      ...parseBenchArgs(argv.filter((a) => a !== only)),
       targets: [],
       rss: false,
       rebuild: false,
       migrations: 0,
       upgrades: 0,
       guestMigrations: 0,
-      backingImage: false,
-      scale: true,
-      outPath: outPath === null ? undefined : outPath,
-      outPathIsDefault: false,
-    };
-  }
-  if (backingImageOnly) {
-    if (!backingImage) throw new BenchUsageError('--backing-image-only and --no-backing-image contradict each other');
-    return {
-      ...parseBenchArgs(argv.filter((a) => a !== '--backing-image-only')),
-      targets: [],
-      rss: false,
-      rebuild: false,
-      migrations: 0,
-      upgrades: 0,
-      guestMigrations: 0,
+      ...(scaleOnly ? { backingImage: false, scale: true } : { backingImage: true }),
       outPath: outPath === null ? undefined : outPath,
       outPathIsDefault: false,
     };

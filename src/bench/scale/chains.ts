@@ -15,7 +15,7 @@ import { NbdClient } from '../nbd-client.js';
 import { startBenchHost, type BenchHost } from '../remote-hosts.js';
 import type { Endpoint, TargetContext } from '../targets.js';
 import { workloadById } from '../workloads.js';
-import { growCurve, processFootprint, type ScaleCurve, type ScaleFigures } from './curve.js';
+import { growCurve, processFootprint, columns, type ScaleCurve, type ScaleFigures } from './curve.js';
 
 const BLOCK = 4096;
 /** Snapshot times reported at a depth: the last this many taken to reach it. */
@@ -92,13 +92,7 @@ export async function measureChainCurve(ctx: TargetContext, settings: ChainCurve
         'flat one gets the same writes without snapshots, so both hold the same data (nearly all of it in the chain\'s bottom layer). At each ' +
         `depth fio (nbd engine) reads 4 KiB at random, qd16, ${settings.runtimeSec} s a run, flat, chained, chained, flat (so a drift in the machine's load ` +
         `weighs on both alike); IOPS are each volume's mean of its two runs, the ratio is chained/flat. Snapshot create is the median of the last ${SNAPSHOT_SAMPLES} snapshots taken to reach the depth; fds are the data-engine process's (both volumes).`,
-      columns: [
-        { key: 'chainIops', label: 'chained IOPS', digits: 0 },
-        { key: 'flatIops', label: 'flat IOPS', digits: 0 },
-        { key: 'ratio', label: 'chained/flat', digits: 2 },
-        { key: 'snapshotMs', label: 'snapshot create ms', digits: 1 },
-        { key: 'fds', label: 'fds', digits: 0 },
-      ],
+      columns: columns(['chainIops', 'chained IOPS', 0], ['flatIops', 'flat IOPS', 0], ['ratio', 'chained/flat', 2], ['snapshotMs', 'snapshot create ms', 1], ['fds', 'fds', 0]),
       points,
     };
   } finally {

@@ -29,6 +29,11 @@ export interface ScaleColumn {
   digits: number;
 }
 
+/** Columns from [key, label, digits] triples. */
+export function columns(...cols: Array<[key: string, label: string, digits: number]>): ScaleColumn[] {
+  return cols.map(([key, label, digits]) => ({ key, label, digits }));
+}
+
 export interface ScaleCurve {
   id: 'host' | 'cluster' | 'depth' | 'extents';
   title: string;

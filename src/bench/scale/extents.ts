@@ -11,7 +11,7 @@ import { MemoryStateStore } from '../../state/memory-state-store.js';
 import { runFio, type FioJob } from '../fio.js';
 import { startBenchHost, type BenchHost } from '../remote-hosts.js';
 import type { Endpoint, TargetContext } from '../targets.js';
-import { growCurve, processFootprint, timeMs, type ScaleCurve, type ScaleFigures } from './curve.js';
+import { growCurve, processFootprint, timeMs, columns, type ScaleCurve, type ScaleFigures } from './curve.js';
 
 const BLOCK = 4096;
 /** One written block, one hole: every write its own extent. */
@@ -64,11 +64,7 @@ export async function measureExtentCurve(ctx: TargetContext, settings: ExtentCur
         'so each write is an extent of its own, up to each size. Then the volume is detached and attached again: reopen is the attach (the replica ' +
         'opened and its extent index rebuilt from the layer file). RSS is the data-engine process\'s after the reopen; per extent is its growth over the ' +
         'RSS with the volume attached empty, divided by the extents.',
-      columns: [
-        { key: 'reopenMs', label: 'reopen ms', digits: 1 },
-        { key: 'rssMiB', label: 'RSS MiB', digits: 1 },
-        { key: 'rssBytesPerExtent', label: 'RSS bytes per extent', digits: 1 },
-      ],
+      columns: columns(['reopenMs', 'reopen ms', 1], ['rssMiB', 'RSS MiB', 1], ['rssBytesPerExtent', 'RSS bytes per extent', 1]),
       points,
     };
   } finally {

@@ -19,7 +19,7 @@ import { spread } from '../migration.js';
 import { sleep } from '../processes.js';
 import { startBenchHost, type BenchHost } from '../remote-hosts.js';
 import type { TargetContext } from '../targets.js';
-import { growCurve, processFootprint, timeMs, type ScaleCurve, type ScaleFigures } from './curve.js';
+import { growCurve, processFootprint, timeMs, columns, type ScaleCurve, type ScaleFigures } from './curve.js';
 
 /** Small volumes: their size does not matter to the control plane, only their number. */
 const VOLUME_BYTES = 16 * 1024 ** 2;
@@ -85,16 +85,7 @@ export async function measureHostCurve(ctx: TargetContext, settings: VolumeCurve
         `${VOLUME_BYTES / 1024 ** 2} MiB volumes on it and attaches each (engine started there, no NBD export). Create and attach are the ` +
         'median and p99 of the volumes added since the previous size; `listVolumes` is the median of 3 calls, the status of one volume of 5; ' +
         'threads (`/proc/PID/task`), fds (`/proc/PID/fd`) and RSS are the data-engine process\'s with every volume attached.',
-      columns: [
-        { key: 'createMs', label: 'create ms (median)', digits: 1 },
-        { key: 'attachP50Ms', label: 'attach p50 ms', digits: 1 },
-        { key: 'attachP99Ms', label: 'attach p99 ms', digits: 1 },
-        { key: 'listMs', label: 'listVolumes ms', digits: 1 },
-        { key: 'statusMs', label: 'status ms', digits: 2 },
-        { key: 'threads', label: 'threads', digits: 0 },
-        { key: 'fds', label: 'fds', digits: 0 },
-        { key: 'rssMiB', label: 'RSS MiB', digits: 1 },
-      ],
+      columns: columns(['createMs', 'create ms (median)', 1], ['attachP50Ms', 'attach p50 ms', 1], ['attachP99Ms', 'attach p99 ms', 1], ['listMs', 'listVolumes ms', 1], ['statusMs', 'status ms', 2], ['threads', 'threads', 0], ['fds', 'fds', 0], ['rssMiB', 'RSS MiB', 1]),
       points,
     };
   } finally {
@@ -134,12 +125,7 @@ export async function measureClusterCurve(ctx: TargetContext, settings: VolumeCu
         '`listVolumes` is one call; the pass is one full control-loop pass (`Mooring.repairOnce()`: every attachment reconciled, every attached ' +
         `volume repaired, evictions, backing images); idle CPU is the bench process's user+system time (\`process.cpuUsage\`) over ${settings.idleCpuSec} s with every volume ` +
         'idle, in % of one core (the control loop, the gRPC clients and the file store all run in it); attach p99 is over the volumes added since the previous size.',
-      columns: [
-        { key: 'listMs', label: 'listVolumes ms', digits: 1 },
-        { key: 'passMs', label: 'full pass ms', digits: 1 },
-        { key: 'idleCpuPct', label: 'idle CPU % of a core', digits: 1 },
-        { key: 'attachP99Ms', label: 'attach p99 ms', digits: 1 },
-      ],
+      columns: columns(['listMs', 'listVolumes ms', 1], ['passMs', 'full pass ms', 1], ['idleCpuPct', 'idle CPU % of a core', 1], ['attachP99Ms', 'attach p99 ms', 1]),
       points,
     };
   } finally {
