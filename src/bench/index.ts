@@ -422,6 +422,8 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
 
   const started = new Date();
   const loadBefore = os.loadavg();
+  // Read at the start: the tree may change while a long run goes on.
+  const commit = opts.scale ? sourceCommit(root) : undefined;
   try {
     const parent = resolve(opts.parentDir ?? os.tmpdir());
     const base = { opts, tracker, abort: controller.signal, log, measurements: [], serverPeaks: [], failures: [], mooringCli: undefined };
@@ -476,7 +478,7 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
       if (opts.scaleOutPath) {
         const out = opts.scaleOutPathIsDefault && root ? join(root, opts.scaleOutPath) : resolve(opts.scaleOutPath);
         mkdirSync(dirname(out), { recursive: true });
-        const meta = { startedAt: started, durationSec: results.durationSec, machine, scratchDir: parent, loadBefore, loadAfter: results.loadAfter, commit: sourceCommit(root), command: `mooring bench ${argv.join(' ')}`.trim() };
+        const meta = { startedAt: started, durationSec: results.durationSec, machine, scratchDir: parent, loadBefore, loadAfter: results.loadAfter, commit, command: `mooring bench ${argv.join(' ')}`.trim() };
         writeFileSync(out, renderScaleMarkdown(scale, meta));
         log(`wrote ${out}`);
       }
