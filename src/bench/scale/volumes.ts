@@ -16,10 +16,10 @@ import { Mooring } from '../../mooring.js';
 import { FileStateStore } from '../../state/file-state-store.js';
 import { MemoryStateStore } from '../../state/memory-state-store.js';
 import { spread } from '../migration.js';
-import { sleep } from '../processes.js';
+import { BenchError, sleep } from '../processes.js';
 import { startBenchHost, type BenchHost } from '../remote-hosts.js';
 import type { TargetContext } from '../targets.js';
-import { growCurve, processFootprint, timeMs, columns, type ScaleCurve, type ScaleFigures } from './curve.js';
+import { columns, errorCode, growCurve, processFootprint, timeMs, type ScaleCurve, type ScaleFigures } from './curve.js';
 
 /** Small volumes: their size does not matter to the control plane, only their number. */
 const VOLUME_BYTES = 16 * 1024 ** 2;
@@ -50,12 +50,19 @@ async function addVolumes(
   const attach: number[] = [];
   for (let i = previous; i < size; i++) {
     if (ctx.abort.aborted) throw ctx.abort.reason;
-    let t0 = performance.now();
-    const v = await m.createVolume({ name: volumeName(i), sizeBytes: VOLUME_BYTES, replicas, ...(replicas === 1 ? { hosts: [hostOf(i)] } : {}) });
-    create.push(performance.now() - t0);
-    t0 = performance.now();
-    await v.attach({ host: hostOf(i) });
-    attach.push(performance.now() - t0);
+    let what = 'creating';
+    try {
+      let t0 = performance.now();
+      const v = await m.createVolume({ name: volumeName(i), sizeBytes: VOLUME_BYTES, replicas, ...(replicas === 1 ? { hosts: [hostOf(i)] } : {}) });
+      create.push(performance.now() - t0);
+      what = `attaching on ${hostOf(i)}`;
+      t0 = performance.now();
+      await v.attach({ host: hostOf(i) });
+      attach.push(performance.now() - t0);
+    } catch (err) {
+      // The code stays the error's; the message says which volume of how many.
+      throw new BenchError(errorCode(err), `${what} volume ${i + 1} of ${size} (${volumeName(i)}): ${err instanceof Error ? err.message : String(err)}`);
+    }
   }
   return { create, attach };
 }
