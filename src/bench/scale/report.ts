@@ -3,7 +3,7 @@
  * the step's growth in the size, failures with their codes, and issue 21's targets.
  */
 import type { MachineInfo } from '../machine.js';
-import { machineLines, renderMarkdown, renderText, type Table } from '../report.js';
+import { BUSY_LOAD, machineLines, renderMarkdown, renderText, type Table } from '../report.js';
 import type { ScaleCurve, ScalePoint } from './curve.js';
 import type { ScaleResults } from './index.js';
 
@@ -108,6 +108,13 @@ export function renderScaleMarkdown(r: ScaleResults, meta: ScaleReportMeta): str
     `- Open-file limit of the bench and its data engines (soft): ${r.openFileLimit}`,
     '',
   ];
+  if (meta.loadBefore[0]! > BUSY_LOAD) {
+    lines.push(
+      `> The machine was shared during this run (1-minute load ${meta.loadBefore[0]!.toFixed(2)} at the start on ${meta.machine.cores} cores): ` +
+        'absolute figures are noisy; read the growth factors, and a single step\'s factor only roughly.',
+      '',
+    );
+  }
   const verdicts = scaleVerdicts(r);
   if (verdicts.length > 0) lines.push('## Targets (issue 21)', '', '| target | measured | verdict |', '| --- | ---: | --- |', ...verdicts, '');
   for (const c of r.curves) {
