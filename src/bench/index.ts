@@ -2,6 +2,7 @@
  * `mooring bench`: fio against Mooring, qemu-nbd and a plain file on one filesystem, one job
  * at a time; prints a table and writes docs/benchmarks.md. See options.ts for the flags.
  */
+import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statfsSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -29,6 +30,8 @@ import { measureGuestMigration, type GuestMigrationResults } from './guest-migra
 import { measureBackingImageDelivery, type BackingImageDeliveryResults } from './backing-image-delivery.js';
 import { measureBackingImageRead, type BackingImageReadResults } from './backing-image-read.js';
 import { benchLogLine } from './bench-log.js';
+import { measureScale, type ScaleResults } from './scale/index.js';
+import { renderScaleMarkdown, renderScaleStdout } from './scale/report.js';
 import { DEFAULT_LOG_SETTINGS, makeCliLogger } from '../cli/log.js';
 import type { Logger } from '../util/logger.js';
 
@@ -273,12 +276,34 @@ function measureBackingImageDeliveryStep(s: RunState): Promise<BackingImageDeliv
   return hostStep(s, 'backing-image-delivery', '2 data-engine processes on loopback, one image uploaded and copied between them', measureBackingImageDelivery);
 }
 
+function measureScaleStep(s: RunState): Promise<ScaleResults | undefined> {
+  const settings = { quick: s.opts.quick, max: s.opts.scaleMax, runtimeSec: s.opts.runtimeSec, stepTimeoutSec: s.opts.scaleStepTimeoutSec };
+  return hostStep(s, 'scale', `scale curves: volumes per host and per cluster, chain depth, extents${settings.max === undefined ? '' : ` (capped at ${settings.max})`}`, async (ctx) => {
+    const r = await measureScale(ctx, settings);
+    // A curve that could not start fails the run; a size that failed is a finding, in the report.
+    for (const f of r.failures) s.failures.push({ what: `scale ${f.curve}`, message: `${f.code}: ${f.message}` });
+    return r;
+  });
+}
+
+/** The commit the package was built from (with '+ changes' if the work tree differs), if it is a git checkout. */
+function sourceCommit(root: string | undefined): string | undefined {
+  if (!root) return undefined;
+  try {
+    const git = (args: string[]): string => execFileSync('git', ['-C', root, ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], timeout: 10_000 }).trim();
+    const head = git(['rev-parse', '--short=12', 'HEAD']);
+    return git(['status', '--porcelain', '--untracked-files=no']) === '' ? head : `${head} + uncommitted changes`;
+  } catch {
+    return undefined;
+  }
+}
+
 /** Checks tools, the build and free space before minutes of work are spent. */
 async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: string | undefined): Promise<string | undefined> {
-  const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss;
+  const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss || s.opts.scale;
   const needGuest = s.opts.guestMigrations > 0;
   const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-')) || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0 || needGuest;
-  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0 || needGuest;
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0 || needGuest || s.opts.scale;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
   const orUndefined = (err: unknown): undefined => {
@@ -397,6 +422,8 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
 
   const started = new Date();
   const loadBefore = os.loadavg();
+  // Read at the start: the tree may change while a long run goes on.
+  const commit = opts.scale ? sourceCommit(root) : undefined;
   try {
     const parent = resolve(opts.parentDir ?? os.tmpdir());
     const base = { opts, tracker, abort: controller.signal, log, measurements: [], serverPeaks: [], failures: [], mooringCli: undefined };
@@ -417,6 +444,7 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
     const guestMigration = opts.guestMigrations > 0 ? await measureGuestMigrationStep(s) : undefined;
     const backingImageRead = opts.backingImage ? await measureBackingImageReadStep(s) : undefined;
     const backingImageDelivery = opts.backingImage ? await measureBackingImageDeliveryStep(s) : undefined;
+    const scale = opts.scale ? await measureScaleStep(s) : undefined;
 
     const results: BenchResults = {
       startedAt: started,
@@ -441,9 +469,20 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
       guestMigration,
       backingImageRead,
       backingImageDelivery,
+      scale,
       failures: s.failures,
     };
     stdout(renderStdout(results));
+    if (scale) {
+      stdout(renderScaleStdout(scale));
+      if (opts.scaleOutPath) {
+        const out = opts.scaleOutPathIsDefault && root ? join(root, opts.scaleOutPath) : resolve(opts.scaleOutPath);
+        mkdirSync(dirname(out), { recursive: true });
+        const meta = { startedAt: started, durationSec: results.durationSec, machine, scratchDir: parent, loadBefore, loadAfter: results.loadAfter, commit, command: `mooring bench ${argv.join(' ')}`.trim() };
+        writeFileSync(out, renderScaleMarkdown(scale, meta));
+        log(`wrote ${out}`);
+      }
+    }
     if (opts.outPath) {
       const out = opts.outPathIsDefault && root ? join(root, opts.outPath) : resolve(opts.outPath);
       mkdirSync(dirname(out), { recursive: true });

@@ -43,6 +43,16 @@ export interface BenchOptions {
    * measure upload and delivery of an image between two hosts over loopback.
    */
   backingImage: boolean;
+  /** Run the scale curves (issue 21): volumes per host and per cluster, chain depth, extents. */
+  scale: boolean;
+  /** Largest size of any scale curve; undefined = the full sizes (up to 1,000 volumes, 1,000 layers, 1 M extents). */
+  scaleMax: number | undefined;
+  /** Seconds one size of one scale curve may take before it is recorded as BENCH_TIMEOUT and its curve ends. */
+  scaleStepTimeoutSec: number;
+  /** Scale report path (default docs/benchmarks-scale.md); undefined = do not write one. */
+  scaleOutPath: string | undefined;
+  /** scaleOutPath is the default (resolved against the package root). */
+  scaleOutPathIsDefault: boolean;
   /** Explicit path of the Mooring CLI script; undefined = this package's dist/cli.js. */
   mooringCli: string | undefined;
   help: boolean;
@@ -55,6 +65,12 @@ export class BenchUsageError extends Error {
 
 /** Relative to the package root. */
 export const DEFAULT_OUT_PATH = 'docs/benchmarks.md';
+/** Relative to the package root: the scale curves' report. */
+export const DEFAULT_SCALE_OUT_PATH = 'docs/benchmarks-scale.md';
+/** The largest size of the full scale run is 1 M (extents); a cap beyond it is a typo. */
+const SCALE_MAX_MAX = 1_000_000;
+const DEFAULT_SCALE_STEP_TIMEOUT_SEC = 1800;
+const SCALE_STEP_TIMEOUT_SEC_MAX = 86_400;
 const DEFAULT_RUNTIME_SEC = 10;
 const QUICK_RUNTIME_SEC = 3;
 const DEFAULT_AREA_BYTES = 1024 ** 3;
@@ -128,6 +144,14 @@ Options:
   --upgrades N        in-place data-engine hand-offs to measure (default ${DEFAULT_UPGRADES}, --quick ${QUICK_UPGRADES}; 0 skips them)
   --guest-migrations N  live migrations of a QEMU guest (TCG) to measure, and as many between two
                       qemu-nbd servers (default ${DEFAULT_GUEST_MIGRATIONS}, --quick ${QUICK_GUEST_MIGRATIONS}; 0 skips them)
+  --scale             also run the scale curves (off by default: a full run takes tens of minutes):
+                      volumes per host and per cluster (10, 100, 1,000), snapshot chain depth
+                      (0, 100, 1,000), extents (10 k, 100 k, 1 M); --quick keeps the first two sizes
+  --scale-only        run only the scale curves (no main report unless --out is given)
+  --scale-max N       cap every scale curve at N (larger sizes left out, N measured instead)
+  --scale-step-timeout SEC  one size of one curve may take this long, then it is recorded
+                      as BENCH_TIMEOUT and its curve ends (default ${DEFAULT_SCALE_STEP_TIMEOUT_SEC})
+  --scale-out FILE    scale report (default docs/benchmarks-scale.md of this package; '-' = none)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
 
@@ -161,6 +185,11 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let guestMigrations: number | undefined;
   let backingImage = true;
   let backingImageOnly = false;
+  let scale = false;
+  let scaleOnly = false;
+  let scaleMax: number | undefined;
+  let scaleStepTimeoutSec = DEFAULT_SCALE_STEP_TIMEOUT_SEC;
+  let scaleOutPath: string | undefined | null = null; // null = default
   let runtimeSec: number | undefined;
   let repeat = 1;
   let rampSec: number | undefined;
@@ -194,6 +223,15 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '--no-rebuild': rebuild = false; break;
       case '--no-backing-image': backingImage = false; break;
       case '--backing-image-only': backingImageOnly = true; break;
+      case '--scale': scale = true; break;
+      case '--scale-only': scaleOnly = true; break;
+      case '--scale-max': {
+        scaleMax = parsePositiveNumber(value(), arg, SCALE_MAX_MAX, false);
+        if (!Number.isInteger(scaleMax)) throw new BenchUsageError('--scale-max must be a whole number');
+        break;
+      }
+      case '--scale-step-timeout': scaleStepTimeoutSec = parsePositiveNumber(value(), arg, SCALE_STEP_TIMEOUT_SEC_MAX, false); break;
+      case '--scale-out': { const v = value(); scaleOutPath = v === '-' ? undefined : v; break; }
       case '--migrations': {
         migrations = parsePositiveNumber(value(), arg, MIGRATIONS_MAX, true);
         if (!Number.isInteger(migrations)) throw new BenchUsageError('--migrations must be a whole number');
@@ -252,16 +290,20 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     }
   }
 
-  if (backingImageOnly) {
-    if (!backingImage) throw new BenchUsageError('--backing-image-only and --no-backing-image contradict each other');
+  if (scaleOnly && backingImageOnly) throw new BenchUsageError('--scale-only and --backing-image-only contradict each other');
+  if (backingImageOnly && !backingImage) throw new BenchUsageError('--backing-image-only and --no-backing-image contradict each other');
+  if (scaleOnly || backingImageOnly) {
+    // One step alone: the options without the --*-only flag, every other step off.
+    const only = scaleOnly ? '--scale-only' : '--backing-image-only';
     return {
-      ...parseBenchArgs(argv.filter((a) => a !== '--backing-image-only')),
+      ...parseBenchArgs(argv.filter((a) => a !== only)),
       targets: [],
       rss: false,
       rebuild: false,
       migrations: 0,
       upgrades: 0,
       guestMigrations: 0,
+      ...(scaleOnly ? { backingImage: false, scale: true } : { backingImage: true }),
       outPath: outPath === null ? undefined : outPath,
       outPathIsDefault: false,
     };
@@ -272,6 +314,11 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     rss,
     rebuild,
     backingImage,
+    scale,
+    scaleMax,
+    scaleStepTimeoutSec,
+    scaleOutPath: scaleOutPath === null ? DEFAULT_SCALE_OUT_PATH : scaleOutPath,
+    scaleOutPathIsDefault: scaleOutPath === null,
     migrations: migrations ?? (quick ? QUICK_MIGRATIONS : DEFAULT_MIGRATIONS),
     upgrades: upgrades ?? (quick ? QUICK_UPGRADES : DEFAULT_UPGRADES),
     guestMigrations: guestMigrations ?? (quick ? QUICK_GUEST_MIGRATIONS : DEFAULT_GUEST_MIGRATIONS),

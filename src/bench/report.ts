@@ -3,6 +3,7 @@
  */
 import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
+import type { ScaleResults } from './scale/index.js';
 import type { MigrationResults } from './migration.js';
 import type { UpgradeResults } from './upgrade.js';
 import type { GuestMigrationResults } from './guest-migration.js';
@@ -69,6 +70,8 @@ export interface BenchResults {
   backingImageRead?: BackingImageReadResults | undefined;
   /** Backing image upload and copy between two hosts over loopback; undefined when skipped or failed. */
   backingImageDelivery?: BackingImageDeliveryResults | undefined;
+  /** The scale curves (--scale); undefined when skipped. */
+  scale?: ScaleResults | undefined;
   /** Targets or steps that failed; the rest of the run went on. */
   failures: Array<{ what: string; message: string }>;
 }
@@ -141,7 +144,7 @@ class ResultIndex {
   }
 }
 
-interface Table {
+export interface Table {
   headers: string[];
   /** 'l' or 'r' per column. */
   align: Array<'l' | 'r'>;
@@ -448,7 +451,7 @@ function targetsText(v: TargetVerdict[]): string {
   return v.map((x) => `  [${x.verdict.toUpperCase()}] ${x.goal}\n         ${x.detail}`).join('\n');
 }
 
-function machineLines(r: BenchResults): string[] {
+export function machineLines(r: Pick<BenchResults, 'machine' | 'scratchDir' | 'loadBefore' | 'loadAfter'>): string[] {
   const m = r.machine;
   return [
     `CPU: ${m.cpuModel}, ${m.cores} cores; memory ${m.memoryGiB} GiB`,

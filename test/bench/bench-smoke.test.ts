@@ -7,6 +7,7 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { parseBenchArgs, runBench } from '../../src/bench/index.js';
+import { SCALE_DEPTHS, SCALE_EXTENTS, SCALE_VOLUMES, scaleSizes } from '../../src/bench/scale/index.js';
 
 // The run needs these tools and a build; a missing one fails the test loudly.
 function requireTool(tool: string): void {
@@ -21,6 +22,26 @@ const root = join(import.meta.dirname, '..', '..');
 const work = mkdtempSync(join(os.tmpdir(), 'mooring-bench-smoke-'));
 
 afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+/** Runs the bench with stdout and stderr captured (the log is kept for a failure message, not printed). */
+async function runCaptured(argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  let stdout = '';
+  let stderr = '';
+  const outSpy = vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => {
+    stdout += String(chunk);
+    return true;
+  });
+  const errSpy = vi.spyOn(process.stderr, 'write').mockImplementation((chunk: string | Uint8Array) => {
+    stderr += String(chunk);
+    return true;
+  });
+  try {
+    return { code: await runBench(argv), stdout, stderr };
+  } finally {
+    outSpy.mockRestore();
+    errSpy.mockRestore();
+  }
+}
 
 describe('bench options', () => {
   it('defaults to the full run and parses sizes and lists', () => {
@@ -41,6 +62,19 @@ describe('bench options', () => {
     expect(bi).toMatchObject({ backingImage: true, targets: [], rss: false, rebuild: false, migrations: 0, outPath: undefined, runtimeSec: 2 });
     expect(full.backingImage).toBe(true);
     expect(parseBenchArgs(['--no-backing-image']).backingImage).toBe(false);
+    // The scale curves are off by default; --scale-only runs nothing else and writes no main report.
+    expect(full).toMatchObject({ scale: false, scaleMax: undefined, scaleOutPath: 'docs/benchmarks-scale.md' });
+    expect(parseBenchArgs(['--scale']).scale).toBe(true);
+    const sc = parseBenchArgs(['--scale-only', '--scale-max', '20', '--scale-out', '-']);
+    expect(sc).toMatchObject({ scale: true, scaleMax: 20, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, backingImage: false, outPath: undefined, scaleOutPath: undefined });
+  });
+
+  it('caps the scale curves: --quick keeps two sizes, --scale-max N measures N instead of the larger ones', () => {
+    expect(scaleSizes(SCALE_VOLUMES, { quick: false, max: undefined })).toEqual([10, 100, 1000]);
+    expect(scaleSizes(SCALE_EXTENTS, { quick: true, max: undefined })).toEqual([10_000, 100_000]);
+    expect(scaleSizes(SCALE_DEPTHS, { quick: false, max: 20 })).toEqual([0, 20]);
+    expect(scaleSizes(SCALE_VOLUMES, { quick: false, max: 100 })).toEqual([10, 100]);
+    expect(scaleSizes(SCALE_EXTENTS, { quick: false, max: 20 })).toEqual([20]);
   });
 
   it('rejects unknown targets and bad sizes with exit code 2', async () => {
@@ -49,6 +83,8 @@ describe('bench options', () => {
       expect(await runBench(['--targets', 'nope'])).toBe(2);
       expect(await runBench(['--size', '1000'])).toBe(2);
       expect(await runBench(['--migrations', '2.5'])).toBe(2);
+      expect(await runBench(['--scale-max', '0'])).toBe(2);
+      expect(await runBench(['--scale-only', '--backing-image-only'])).toBe(2);
     } finally {
       err.mockRestore();
     }
@@ -62,28 +98,11 @@ describe('bench smoke run', () => {
       expect(existsSync(join(root, built)), `${built} missing: run npm run build`).toBe(true);
     const out = join(work, 'benchmarks.md');
     const targets = ['mooring-1', 'mooring-3-remote', 'qemu-raw', 'file-buffered'];
-    let stdout = '';
-    const outSpy = vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => {
-      stdout += String(chunk);
-      return true;
-    });
-    // The harness's log (stderr) is kept for the failure message, not printed.
-    let stderr = '';
-    const errSpy = vi.spyOn(process.stderr, 'write').mockImplementation((chunk: string | Uint8Array) => {
-      stderr += String(chunk);
-      return true;
-    });
-    let code: number;
-    try {
-      code = await runBench([
-        '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work,
-        '--targets', targets.join(','), '--workloads', 'randread-4k-qd16-j1,write-1m-qd8',
-        '--no-rss', '--migrations', '3', '--upgrades', '2', '--guest-migrations', '2', '--out', out,
-      ]);
-    } finally {
-      outSpy.mockRestore();
-      errSpy.mockRestore();
-    }
+    const { code, stdout, stderr } = await runCaptured([
+      '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work,
+      '--targets', targets.join(','), '--workloads', 'randread-4k-qd16-j1,write-1m-qd8',
+      '--no-rss', '--migrations', '3', '--upgrades', '2', '--guest-migrations', '2', '--out', out,
+    ]);
     expect(code, `mooring bench exited ${code}; its log:\n${stderr.slice(-8000)}`).toBe(0);
     expect(stdout).toContain('4k randread qd16 j1');
     expect(stdout).toContain('qemu-nbd raw (writeback)');
@@ -113,6 +132,35 @@ describe('bench smoke run', () => {
     expect(md).toMatch(/copy to the second host \(read stream relayed into a write, SHA-512 verified on arrival\) [\d.]+ s = \d+ MiB\/s/);
     expect(md).toMatch(/backing image copy between hosts ≥ 0\.8× the disk's sequential write rate \| \*\*(pass|miss)\*\*/);
     // The scratch directory and every child are gone.
+    expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
+  }, 300_000);
+});
+
+describe('bench scale smoke run', () => {
+  it('measures every scale curve at small sizes and writes their figures and growth factors', async () => {
+    for (const tool of ['fio']) requireTool(tool);
+    expect(existsSync(join(root, 'dist/cli.js')), 'dist/cli.js missing: run npm run build').toBe(true);
+    const out = join(work, 'benchmarks-scale.md');
+    const { code, stdout, stderr } = await runCaptured(['--scale-only', '--scale-max', '20', '--runtime', '1', '--dir', work, '--scale-out', out]);
+    expect(code, `mooring bench exited ${code}; its log:\n${stderr.slice(-8000)}`).toBe(0);
+    const md = readFileSync(out, 'utf8');
+    for (const section of ['## Machine', '## Volumes per host', '## Volumes per cluster', '## Snapshot chain depth', '## Extents']) expect(md).toContain(section);
+    const num = String.raw`[\d,]+(?:\.\d+)?`;
+    const row = (size: string, columns: number): RegExp => new RegExp(String.raw`^\| ${size} \|` + String.raw` ${num} \|`.repeat(columns) + String.raw` ${num} \| ok \|$`, 'm');
+    // Volumes per host at 10 and 20: create, attach p50/p99, list, status, threads, fds, RSS.
+    expect(md).toMatch(row('10', 8));
+    expect(md).toMatch(row('20', 8));
+    // Volumes per cluster: list, full pass, idle CPU, attach p99 at both sizes.
+    expect(md.split('## Volumes per cluster')[1]).toMatch(row('20', 4));
+    // Depth 20: IOPS of both volumes, their ratio, snapshot create, fds (depth 0 has no snapshot time).
+    expect(md.split('## Snapshot chain depth')[1]).toMatch(row('20', 5));
+    // Extents 20: reopen, RSS, RSS per extent (negative when the process shrank: small sizes are noise).
+    expect(md.split('## Extents')[1]).toMatch(new RegExp(String.raw`^\| 20 \| ${num} \| ${num} \| -?${num} \| ${num} \| ok \|$`, 'm'));
+    // Growth per step, as a factor and against the growth in N.
+    expect(md).toMatch(/\| 10 → 20 \(×2\.0\) \| ×[\d.,]+ \(-?[\d.,]+ of N's\) \|/);
+    expect(md).toMatch(/\| 0 → 20 \(from 0\) \| ×[\d.,]+ \|/);
+    expect(md).toMatch(/measured at commit `[0-9a-f]{12}/);
+    expect(stdout).toContain('Volumes per cluster:');
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
   }, 300_000);
 });
