@@ -83,6 +83,14 @@ export const DATA_ENGINE_DEFAULTS = {
   handOverFreezeMs: 2000,
   /** Request and reply bytes the replica server holds at once, across all its connections (docs/hardening.md). */
   replicaServerBufferBytesMax: 256 * 1024 * 1024,
+  /**
+   * Connections the replica server holds at once: one per replica it serves to an engine on
+   * another host (its data path) and per rebuild, so a host holding replicas of a thousand
+   * volumes whose engines run elsewhere needs about as many. The native default (256) capped
+   * a 3-host cluster at about 385 three-replica volumes per host (the scale benchmark's
+   * NO_QUORUM at volume 385).
+   */
+  replicaServerConnectionsMax: 4096,
   /** READ and WRITE data one NBD export holds at once, across all its connections. */
   nbdExportBufferBytesMax: 128 * 1024 * 1024,
 } as const;
@@ -478,6 +486,7 @@ export class LocalDataEngine implements DataEngine {
               host: listenAddress.host,
               port: listenAddress.port,
               bufferBytesMax: replicaServerBufferBytesMax,
+              maxConnections: DATA_ENGINE_DEFAULTS.replicaServerConnectionsMax,
               ...(tls ? { tls: { ...tls, serverName: '' } } : {}),
               ...(clusterSecret ? { clusterSecret } : {}),
             }),
