@@ -138,6 +138,31 @@ describe('remote replica faults', () => {
     expect((await engine.read(0, 12288)).equals(Buffer.concat([pattern(1, 4096), pattern(2, 8192)]))).toBe(true);
   });
 
+  it('fails a replica whose peer stops reading (its socket full) within the I/O timeout, whichever thread was writing', async () => {
+    hosts = await startHosts(s, 3, SIZE);
+    const proxy = new FrameProxy(hosts[2]!.server.port);
+    const port = await proxy.start();
+    cleanups.push(() => proxy.close());
+    const eps = [endpoint(hosts[0]!.server.port), endpoint(hosts[1]!.server.port), endpoint(port, 'vol', { ioTimeoutMs: 1000 })];
+    const engine = await open(eps);
+    await engine.write(0, pattern(1, 4096));
+    proxy.mode = 'stall';
+    // Megabytes of writes fill the socket; the JS thread asks for replica state meanwhile
+    // (an allocated-bytes refresh the connection's reader sends when idle).
+    const polling = setInterval(() => engine.replicas(), 5);
+    try {
+      const chunk = 1024 * 1024;
+      await Promise.all(Array.from({ length: SIZE / chunk }, (_, i) => engine.write(i * chunk, pattern(10 + i, chunk))));
+    } finally {
+      clearInterval(polling);
+    }
+    const st = engine.replicas()[2]!;
+    expect(st.mode).toBe('ERR');
+    expect(st.lastError).toBe(-ETIMEDOUT);
+    expect(engine.replicas().slice(0, 2).map((r) => r.mode)).toEqual(['RW', 'RW']);
+    expect((await engine.read(SIZE - 4096, 4096)).equals(pattern(10 + SIZE / (1024 * 1024) - 1, 1024 * 1024).subarray(1024 * 1024 - 4096))).toBe(true);
+  });
+
   it('finds a silent peer by keepalive while idle and drops it at once, without any I/O', async () => {
     hosts = await startHosts(s, 3, SIZE);
     const proxy = new FrameProxy(hosts[1]!.server.port);

@@ -360,10 +360,11 @@ export function modeOf(engine: NativeEngine, id: string): string {
 /**
  * A TCP proxy that understands frame boundaries in both directions. `hold` keeps replies
  * back (released by `release()`); `blackhole` swallows everything and answers nothing,
- * keeping the sockets open (a peer that stopped without closing).
+ * keeping the sockets open (a peer that stopped without closing); `stall` also stops
+ * reading, so the client's socket fills up (a partitioned peer whose TCP takes no data).
  */
 export class FrameProxy {
-  mode: 'pass' | 'hold' | 'blackhole' = 'pass';
+  mode: 'pass' | 'hold' | 'blackhole' | 'stall' = 'pass';
   /** Requests forwarded whose reply has not been forwarded, now and at most. */
   outstanding = 0;
   maxOutstanding = 0;
@@ -387,8 +388,9 @@ export class FrameProxy {
       const down = new FrameSplitter(REP_HEADER, 20);
       let replies = 0;
       client.on('data', (d: Buffer) => {
+        if (this.mode === 'stall') client.pause();
         for (const f of up.push(d)) {
-          if (this.mode === 'blackhole') continue;
+          if (this.mode === 'blackhole' || this.mode === 'stall') continue;
           this.outstanding++;
           this.maxOutstanding = Math.max(this.maxOutstanding, this.outstanding);
           upstream.write(f);
@@ -398,7 +400,7 @@ export class FrameProxy {
         for (const raw of down.push(d)) {
           const f = this.rewriteReply ? this.rewriteReply(raw, replies) : raw;
           replies++;
-          if (this.mode === 'blackhole') continue;
+          if (this.mode === 'blackhole' || this.mode === 'stall') continue;
           if (this.mode === 'hold') {
             this.held.push({ to: client, frame: f });
             continue;

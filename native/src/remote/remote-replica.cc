@@ -383,11 +383,15 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
   std::vector<CallPtr> batch;
   std::vector<iovec> iov;
   std::vector<uint8_t> heads;
+  // A full socket (a partitioned peer takes no data) blocks the write: past the oldest
+  // outstanding call's deadline the connection is failed from here. The reader checks the
+  // same deadlines, but it may be the thread writing (Housekeep's ping or refresh).
   WaitFn wait = [this](short want) -> int {
     for (;;) {
       {
         std::lock_guard<std::mutex> l(mu_);
         if (dead_errno_ != 0) return -ENOTCONN;
+        if (DeadlinePassedLocked(MonotonicMs())) return -ETIMEDOUT;
       }
       int p = PollFdOrWake(t_->fd(), want, -1, kDeadlineCheckMs);
       if (p != 0) return p < 0 ? p : 0;
@@ -422,7 +426,7 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
       // Done sending first: Close() waits for that and may hold what the failure
       // listener (run by Teardown, on this thread) takes.
       lk.unlock();
-      Teardown(ECONNRESET);
+      Teardown(rc == -ETIMEDOUT ? ETIMEDOUT : ECONNRESET);
       lk.lock();
     }
   }
