@@ -38,7 +38,7 @@ import { logClusterEvent } from './cluster/cluster-event-log.js';
 import type { MooringEvents, MooringOptions } from './mooring-options.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
-import { KIND } from './cluster/cluster-records.js';
+import { KIND, type ReplicaRecord } from './cluster/cluster-records.js';
 import { EvictionController, type HostEvictionProgress } from './cluster/eviction-controller.js';
 import { importDirectoryVolume, type DirectoryImport } from './volume/directory-import.js';
 import { Volume, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
@@ -522,12 +522,30 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
 
   /** Every volume in the store, with its status. */
   async listVolumes(): Promise<VolumeStatus[]> {
-    const out: VolumeStatus[] = [];
-    // Replica and engine records read once for all volumes, not once per volume.
-    const [vols, allReplicas, engineRecords] = await Promise.all([this.#state.volumes(), this.#state.allReplicas(), this.#state.engineRecords()]);
+    // Records read once for all volumes and each host asked for its engines once: O(N) work
+    // and as many data-engine calls as hosts, not one per volume.
+    const state = this.#state;
+    const [vols, allReplicas, engineRecords, migrations] = await Promise.all([state.volumes(), state.allReplicas(), state.engineRecords(), state.migrationRecords()]);
     const engines = new Map(engineRecords.map((e) => [e.volume, e]));
-    for (const vol of vols) out.push(await volumeStatus(this.#state, vol.name, { vol, allReplicas, engines }));
-    return out;
+    const migs = new Map(migrations.map((m) => [m.volume, m]));
+    const replicas = new Map<string, ReplicaRecord[]>();
+    for (const r of allReplicas) {
+      const list = replicas.get(r.volume);
+      if (list) list.push(r);
+      else replicas.set(r.volume, [r]);
+    }
+    const probe = state.hosts.listingProbe();
+    return Promise.all(
+      vols.map((vol) =>
+        volumeStatus(state, vol.name, {
+          vol,
+          replicas: (replicas.get(vol.name) ?? []).sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true })),
+          eng: engines.get(vol.name) ?? null,
+          mig: migs.get(vol.name) ?? null,
+          probe,
+        }),
+      ),
+    );
   }
 
   /** The volume's handle (attach, detach, migrate, snapshots, events); one object per name. */

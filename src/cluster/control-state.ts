@@ -213,6 +213,11 @@ export class ControlState {
     if (kept.length !== att.rec.tickets.length) await this.store.put(KIND.attachment, name, { ...att.rec, tickets: kept }, { expectedVersion: att.version });
   }
 
+  /** Every migration record. */
+  async migrationRecords(): Promise<MigrationRecord[]> {
+    return (await this.store.list<unknown>(KIND.migration)).map((d) => parseMigrationRecord(d.value, d.key));
+  }
+
   async migrationRecord(volume: string): Promise<MigrationRecord | null> {
     const d = await this.store.get<unknown>(KIND.migration, volume);
     return d ? parseMigrationRecord(d.value, d.key) : null;

@@ -8,22 +8,29 @@
 import { MooringError } from '../errors.js';
 import { Engine } from '../volume/engine.js';
 import type { VolumeStatus } from '../volume/volume.js';
-import type { EngineRecord, ReplicaRecord, VolumeRecord } from './cluster-records.js';
+import type { EngineRecord, MigrationRecord, ReplicaRecord, VolumeRecord } from './cluster-records.js';
+import type { EngineProbe } from './hosts.js';
 import { migrationInfo, type ControlState } from './control-state.js';
+
+/** What a status is made of when it is made for many volumes at once (Mooring.listVolumes): records read once, engines listed once per host. */
+export interface StatusSources {
+  vol: VolumeRecord;
+  replicas: ReplicaRecord[];
+  eng: EngineRecord | null;
+  mig: MigrationRecord | null;
+  probe: (hostId: string, volume: string) => Promise<EngineProbe>;
+}
 
 /**
  * The volume's state, replicas and export, as its engine reports them (or as last recorded).
  *
  * @throws MooringError NOT_FOUND
  */
-export async function volumeStatus(state: ControlState, name: string, known?: { vol: VolumeRecord; allReplicas: ReplicaRecord[]; engines: Map<string, EngineRecord> }): Promise<VolumeStatus> {
-  // `known`: records read once for many volumes (Mooring.listVolumes); else read here.
+export async function volumeStatus(state: ControlState, name: string, known?: StatusSources): Promise<VolumeStatus> {
   const vol = known ? known.vol : await state.volume(name);
-  const replicas = known
-    ? known.allReplicas.filter((r) => r.volume === name).sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true }))
-    : await state.replicas(name);
-  const eng = known ? (known.engines.get(name) ?? null) : await state.engineRecord(name);
-  const mig = await state.migrationRecord(name);
+  const replicas = known ? known.replicas : await state.replicas(name);
+  const eng = known ? known.eng : await state.engineRecord(name);
+  const mig = known ? known.mig : await state.migrationRecord(name);
   const writerHost = eng ? (mig?.targetActivated ? mig.targetHost : eng.hostId) : null;
   const base: VolumeStatus = {
     name,
@@ -42,7 +49,7 @@ export async function volumeStatus(state: ControlState, name: string, known?: { 
     replicas: replicas.map((r) => ({ id: r.id, hostId: r.hostId, name: r.name, mode: r.mode })),
   };
   if (!eng || !writerHost) return base;
-  const info = await state.hosts.probe(writerHost, name);
+  const info = await (known ? known.probe(writerHost, name) : state.hosts.probe(writerHost, name));
   if (typeof info === 'string') return { ...base, state: 'unknown' };
   if (base.migration) base.migration.epoch = mig?.targetActivated ? info.epoch : 0;
   const rw = info.replicas.filter((r) => r.mode === 'RW').length;

@@ -119,3 +119,29 @@ describe('the data-engine calls of a pass', () => {
     expect(total(many) - total(few), 'calls added by 6 more hosts').toBeLessThanOrEqual(2 * 6);
   });
 });
+
+describe('listVolumes', () => {
+  it('asks each host for its engines once, never one call per volume, and reads each kind of record once', async () => {
+    const hosts = ['a', 'b', 'c'].map((h) => new FakeDataEngine(h));
+    const store = new CountingStore();
+    const m = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
+    try {
+      for (let i = 0; i < 30; i++) {
+        const v = await m.createVolume({ name: `vol-${String(i).padStart(4, '0')}`, sizeBytes: 4096 * 16, replicas: 3 });
+        if (i % 2 === 0) await v.attach({ host: 'abc'[i % 3]! });
+      }
+      for (const h of hosts) h.calls.length = 0;
+      store.reads = 0;
+      const list = await m.listVolumes();
+      expect(list).toHaveLength(30);
+      expect(list.filter((v) => v.state === 'healthy')).toHaveLength(15);
+      const calls = hosts.flatMap((h) => h.calls);
+      expect(calls.filter((c) => c.startsWith('engineInfo'))).toEqual([]);
+      expect(calls.filter((c) => c === 'listEngines')).toHaveLength(3);
+      // 30 volumes, 90 replicas, 15 engines, no migration: the documents, no document twice.
+      expect(store.reads).toBeLessThanOrEqual(30 + 90 + 15 + 4);
+    } finally {
+      await m.close();
+    }
+  });
+});
