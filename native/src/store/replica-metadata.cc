@@ -369,28 +369,24 @@ void AppendLayers(std::string* out, const std::vector<LayerRecord>& layers) {
       out->append(k);
       out->append("\": ");
     };
+    auto text = [&](const char* k, const std::string& v) {
+      key(k);
+      AppendJsonString(out, v);
+      out->append(",\n");
+    };
+    auto raw = [&](const char* k, const std::string& v) {
+      key(k);
+      out->append(v);
+      out->append(",\n");
+    };
     out->append("  {\n");
-    key("id");
-    AppendJsonString(out, l.id);
-    out->append(",\n");
-    key("file");
-    AppendJsonString(out, l.file);
-    out->append(",\n");
-    key("parent");
-    AppendJsonString(out, l.parent);
-    out->append(",\n");
-    key("name");
-    AppendJsonString(out, l.name);
-    out->append(",\n");
-    key("removed");
-    out->append(l.removed ? "true" : "false");
-    out->append(",\n");
-    key("userCreated");
-    out->append(l.user_created ? "true" : "false");
-    out->append(",\n");
-    key("createdMs");
-    out->append(std::to_string(l.created_ms));
-    out->append(",\n");
+    text("id", l.id);
+    text("file", l.file);
+    text("parent", l.parent);
+    text("name", l.name);
+    raw("removed", l.removed ? "true" : "false");
+    raw("userCreated", l.user_created ? "true" : "false");
+    raw("createdMs", std::to_string(l.created_ms));
     key("labels");
     if (l.labels.empty()) {
       out->append("{}");
