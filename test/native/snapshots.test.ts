@@ -2,6 +2,8 @@
 // engine's visibleSnapshots), name checks, delete by merge and by prune with real space
 // reclaimed, revert (refused while exported), on a LocalEngine over three replicas that are
 // compared afterwards; and a chain of 1,000 snapshots.
+import { readFileSync } from 'node:fs';
+
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { visibleSnapshots } from '../../src/data-engine/snapshots.js';
@@ -211,6 +213,32 @@ describe('snapshots on a 3-replica engine (real addon)', () => {
       expect(await codeOf(engine.snapshot('ok', {}, true))).toBe('ALREADY_EXISTS');
       expect(await codeOf(engine.deleteSnapshot('missing'))).toBe('NOT_FOUND');
       expect((await engine.listSnapshots()).map((l) => l.name)).toEqual(['ok', '']);
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it('keeps labels of any text through replica.json (written directly, not through a JSON tree) and a reopen', async () => {
+    const rdir = s.path('label-text');
+    await addon().createReplica(rdir, MiB);
+    const labels = { plain: 'v', 'quote"key': 'back\\slash', 'ctl\u0001\t\n': 'del\u007f', 'utf8 é ✓': '日本', empty: '' };
+    let engine = await addon().openEngine(engineOptions({ replicas: [rdir] }));
+    try {
+      await engine.snapshot('one', labels, true);
+      await engine.snapshot('two', {}, true);
+    } finally {
+      await engine.close();
+    }
+    const text = readFileSync(`${rdir}/replica.json`, 'utf8');
+    const json = JSON.parse(text) as { layers: Array<{ name: string; labels: Record<string, string> }> };
+    expect(json.layers.map((l) => l.name)).toEqual(['one', 'two', '']);
+    expect(json.layers[0]!.labels).toEqual(labels);
+    // The layout of every replica.json before: one-space indent, keys in the documented order.
+    expect(text).toContain('\n "layers": [\n  {\n   "id": "L000001",\n   "file": "layer-L000001.img",\n   "parent": "",\n   "name": "one",\n');
+    expect(text.endsWith('\n  }\n ]\n}\n')).toBe(true);
+    engine = await addon().openEngine(engineOptions({ replicas: [rdir] }));
+    try {
+      expect((await engine.listSnapshots()).find((l) => l.name === 'one')!.labels).toEqual(labels);
     } finally {
       await engine.close();
     }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "store/layer-fd-cache.h"
 #include "util/fs-util.h"
 
 namespace mooring {
@@ -27,9 +28,78 @@ Layer::Layer(uint32_t num, std::string id, std::string path)
 
 Layer::~Layer() { CloseFile(); }
 
-void Layer::CloseFile() {
-  if (fd_ >= 0) ::close(fd_);
+void LayerFd::Reset() {
+  if (pinned_) pinned_->users_.fetch_sub(1);
+  pinned_ = nullptr;
   fd_ = -1;
+}
+
+void Layer::CloseFile() {
+  // Out of the cache first: another replica's eviction may be looking at this layer.
+  if (!resident_.load()) LayerFdCache::Instance().Release(this);
+  resident_ = true;
+  const int fd = fd_.exchange(-1);
+  if (fd >= 0) ::close(fd);
+}
+
+int Layer::Acquire(LayerFd* out) {
+  out->Reset();
+  if (resident_.load()) {
+    const int fd = fd_.load();
+    if (fd < 0) return -EBADF;
+    out->fd_ = fd;
+    return 0;
+  }
+  // Pin, then look: the cache closes a descriptor only after taking it out of fd_ and
+  // seeing no pin (LayerFdCache::TryCloseLocked), so a descriptor seen here stays open.
+  users_.fetch_add(1);
+  int fd = fd_.load();
+  if (fd < 0) {
+    users_.fetch_sub(1);
+    int rc = LayerFdCache::Instance().OpenPinned(this, &fd);
+    if (rc != 0) return rc;
+  } else {
+    used_.store(true, std::memory_order_relaxed);
+  }
+  out->pinned_ = this;
+  out->fd_ = fd;
+  return 0;
+}
+
+int Layer::MakeResident() {
+  if (resident_.load()) return fd_.load() >= 0 ? 0 : -EBADF;
+  LayerFdCache::Instance().Release(this);
+  if (fd_.load() < 0) {
+    const int fd = Reopen();
+    if (fd < 0) {
+      // Still cached (closed): the next Acquire tries again.
+      return fd;
+    }
+    fd_.store(fd);
+  }
+  resident_ = true;
+  return 0;
+}
+
+void Layer::MakeCached() {
+  if (!resident_.load()) return;
+  LayerFdCache::Instance().Adopt(this);
+}
+
+int Layer::Reopen() const {
+  const int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return -errno;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return -err;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_dev != dev_ || st.st_ino != ino_) {
+    ::close(fd);
+    return -ESTALE;
+  }
+  return fd;
 }
 
 Status Layer::Open(uint64_t size_bytes) {
@@ -77,38 +147,43 @@ Status Layer::Open(uint64_t size_bytes) {
                                              std::to_string(st.st_size) + " bytes, expected " +
                                              std::to_string(size_bytes));
   }
+  dev_ = st.st_dev;
+  ino_ = st.st_ino;
   fd_ = fd;
   return Status::Ok();
 }
 
 Status Layer::ScanExtents(uint64_t size_bytes) {
   extents_.Clear();
+  LayerFd h;
+  if (int rc = Acquire(&h); rc != 0) return Status::FromErrno(-rc, "open " + path_ + ": " + std::strerror(-rc));
+  const int fd = h.fd();
   const off_t end = static_cast<off_t>(size_bytes);
   // FIEMAP lists hundreds of extents per call where SEEK_DATA/SEEK_HOLE costs two calls per
   // extent (a fragmented layer has tens of thousands, and every open scans). Where it is
   // not supported (tmpfs), or for extents whose content it cannot vouch for, SEEK_DATA decides.
-  int rc = ScanWithFiemap(end);
+  int rc = ScanWithFiemap(fd, end);
   if (rc == -EOPNOTSUPP || rc == -ENOTTY || rc == -EINVAL) {
     extents_.Clear();
-    return ScanRange(0, end);
+    return ScanRange(fd, 0, end);
   }
   if (rc < 0) return Status::FromErrno(-rc, "FIEMAP on " + path_ + ": " + std::strerror(-rc));
   return Status::Ok();
 }
 
 // Records [data, hole) runs in [from, to) from SEEK_DATA/SEEK_HOLE, rounded out to whole blocks.
-Status Layer::ScanRange(off_t from, off_t to) {
+Status Layer::ScanRange(int fd, off_t from, off_t to) {
   off_t pos = from;
   // Each iteration consumes one data extent, so the loop is bounded by the file's extents.
   while (pos < to) {
-    off_t data = ::lseek(fd_, pos, SEEK_DATA);
+    off_t data = ::lseek(fd, pos, SEEK_DATA);
     if (data < 0) {
       if (errno == ENXIO) break;  // no data after pos
       int err = errno;
       return Status::FromErrno(err, "SEEK_DATA on " + path_ + ": " + std::strerror(err));
     }
     if (data >= to) break;
-    off_t hole = ::lseek(fd_, data, SEEK_HOLE);
+    off_t hole = ::lseek(fd, data, SEEK_HOLE);
     if (hole < 0) {
       int err = errno;
       return Status::FromErrno(err, "SEEK_HOLE on " + path_ + ": " + std::strerror(err));
@@ -124,7 +199,7 @@ Status Layer::ScanRange(off_t from, off_t to) {
 }
 
 // 0, or -errno (-EOPNOTSUPP/-ENOTTY/-EINVAL: no FIEMAP here; the caller falls back).
-int Layer::ScanWithFiemap(off_t end) {
+int Layer::ScanWithFiemap(int fd, off_t end) {
   std::vector<uint8_t> buf(sizeof(struct fiemap) + kFiemapBatch * sizeof(struct fiemap_extent));
   auto* fm = reinterpret_cast<struct fiemap*>(buf.data());
   uint64_t pos = 0;
@@ -136,7 +211,7 @@ int Layer::ScanWithFiemap(off_t end) {
     // SYNC: dirty pages not yet allocated (delayed allocation) get their extents first.
     fm->fm_flags = FIEMAP_FLAG_SYNC;
     fm->fm_extent_count = kFiemapBatch;
-    if (::ioctl(fd_, FS_IOC_FIEMAP, fm) != 0) return -errno;
+    if (::ioctl(fd, FS_IOC_FIEMAP, fm) != 0) return -errno;
     if (fm->fm_mapped_extents == 0) return 0;
     bool last = false;
     uint64_t next = pos;
@@ -151,7 +226,7 @@ int Layer::ScanWithFiemap(off_t end) {
       // Preallocated (reads as zeros unless written since), delayed or unknown: SEEK_DATA
       // knows whether the page cache holds data there.
       if (e.fe_flags & (FIEMAP_EXTENT_UNWRITTEN | FIEMAP_EXTENT_DELALLOC | FIEMAP_EXTENT_UNKNOWN)) {
-        Status st = ScanRange(static_cast<off_t>(a), static_cast<off_t>(b));
+        Status st = ScanRange(fd, static_cast<off_t>(a), static_cast<off_t>(b));
         if (!st.ok()) return -(st.sys_errno != 0 ? st.sys_errno : EIO);
         continue;
       }
@@ -164,15 +239,19 @@ int Layer::ScanWithFiemap(off_t end) {
 }
 
 int Layer::Resize(uint64_t size_bytes) {
-  if (fd_ < 0) return -EBADF;
-  if (::ftruncate(fd_, static_cast<off_t>(size_bytes)) != 0) return -errno;
+  LayerFd h;
+  if (int rc = Acquire(&h); rc != 0) return rc;
+  if (::ftruncate(h.fd(), static_cast<off_t>(size_bytes)) != 0) return -errno;
   // fdatasync covers the length: it is needed to read the file back.
-  return fsutil::FdataSync(fd_);
+  return fsutil::FdataSync(h.fd());
 }
 
 uint64_t Layer::AllocatedBytes() const {
   struct stat st;
-  if (fd_ < 0 || ::fstat(fd_, &st) != 0) return 0;
+  // A cached layer is asked by path (the cache may close its descriptor at any time), without
+  // taking a descriptor; lstat, so a planted symlink is not followed.
+  if (resident_.load() ? ::fstat(fd_.load(), &st) != 0 : (::lstat(path_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)))
+    return 0;
   return static_cast<uint64_t>(st.st_blocks) * 512;
 }
 

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 #include <limits>
-#include <set>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -285,8 +285,8 @@ Status ReplicaMetadata::Validate() const {
                    " is above the stored replica set");
   if (layers.empty()) return Corrupt("no layers");
   if (!Find(head)) return Corrupt("head '" + head.substr(0, 64) + "' is not a layer");
-  std::set<std::string> ids;
-  std::set<std::string> live_names;
+  std::unordered_set<std::string> ids;
+  std::unordered_set<std::string> live_names;
   uint32_t prev_num = 0;
   for (const LayerRecord& l : layers) {
     const std::string where = "layer " + l.id + ": ";
@@ -332,21 +332,87 @@ Status ReplicaMetadata::Validate() const {
   return Status::Ok();
 }
 
-std::string ReplicaMetadata::Serialize() const {
-  OJson layers_json = OJson::array();
-  for (const LayerRecord& l : layers) {
-    OJson labels_json = OJson::object();
-    for (const auto& kv : l.labels) labels_json[kv.first] = kv.second;
-    layers_json.push_back(OJson{{"id", l.id},
-                               {"file", l.file},
-                               {"parent", l.parent},
-                               {"name", l.name},
-                               {"removed", l.removed},
-                               {"userCreated", l.user_created},
-                               {"createdMs", l.created_ms},
-                               {"labels", labels_json},
-                               {"sizeBytes", l.size_bytes}});
+namespace {
+
+// Appends s as a JSON string exactly as OJson::dump (no ASCII escaping, invalid UTF-8
+// replaced) writes it: printable ASCII without '"' and '\\' as is, anything else through dump.
+void AppendJsonString(std::string* out, const std::string& s) {
+  bool plain = true;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') {
+      plain = false;
+      break;
+    }
   }
+  if (plain) {
+    out->push_back('"');
+    out->append(s);
+    out->push_back('"');
+  } else {
+    out->append(OJson(s).dump(-1, ' ', false, OJson::error_handler_t::replace));
+  }
+}
+
+// The "layers" array as OJson::dump(1, ' ') writes it at the top level's first indent,
+// written directly: a snapshot rewrites every layer's record, and building a JSON tree of
+// 1,000 layers to print it cost more than writing and syncing the file.
+void AppendLayers(std::string* out, const std::vector<LayerRecord>& layers) {
+  if (layers.empty()) {
+    out->append("[]");
+    return;
+  }
+  out->append("[\n");
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerRecord& l = layers[i];
+    auto key = [&](const char* k) {
+      out->append("   \"");
+      out->append(k);
+      out->append("\": ");
+    };
+    auto text = [&](const char* k, const std::string& v) {
+      key(k);
+      AppendJsonString(out, v);
+      out->append(",\n");
+    };
+    auto raw = [&](const char* k, const std::string& v) {
+      key(k);
+      out->append(v);
+      out->append(",\n");
+    };
+    out->append("  {\n");
+    text("id", l.id);
+    text("file", l.file);
+    text("parent", l.parent);
+    text("name", l.name);
+    raw("removed", l.removed ? "true" : "false");
+    raw("userCreated", l.user_created ? "true" : "false");
+    raw("createdMs", std::to_string(l.created_ms));
+    key("labels");
+    if (l.labels.empty()) {
+      out->append("{}");
+    } else {
+      out->append("{\n");
+      size_t k = 0;
+      for (const auto& kv : l.labels) {
+        out->append("    ");
+        AppendJsonString(out, kv.first);
+        out->append(": ");
+        AppendJsonString(out, kv.second);
+        out->append(++k < l.labels.size() ? ",\n" : "\n");
+      }
+      out->append("   }");
+    }
+    out->append(",\n");
+    key("sizeBytes");
+    out->append(std::to_string(l.size_bytes));
+    out->append(i + 1 < layers.size() ? "\n  },\n" : "\n  }\n");
+  }
+  out->append(" ]");
+}
+
+}  // namespace
+
+std::string ReplicaMetadata::Serialize() const {
   OJson j{{"format", format},
          {"sizeBytes", size_bytes},
          {"blockSize", block_size},
@@ -368,9 +434,15 @@ std::string ReplicaMetadata::Serialize() const {
   if (!last_rw.empty()) j["lastRw"] = OJson{{"epoch", last_rw.epoch}, {"generation", last_rw.generation}};
   j["head"] = head;
   j["nextLayerId"] = next_layer_num;
-  j["layers"] = layers_json;
+  // The last key: dump() ends the text with `"layers": []` + "\n}", where the array goes.
+  j["layers"] = OJson::array();
   // Labels are arbitrary strings: never let invalid UTF-8 throw out of dump().
-  return j.dump(1, ' ', false, OJson::error_handler_t::replace) + "\n";
+  std::string text = j.dump(1, ' ', false, OJson::error_handler_t::replace);
+  text.resize(text.size() - 4);  // "[]\n}"
+  text.reserve(text.size() + layers.size() * 240);
+  AppendLayers(&text, layers);
+  text.append("\n}\n");
+  return text;
 }
 
 Status ReplicaMetadata::Load(const std::string& dir, ReplicaMetadata* out) {

@@ -228,10 +228,13 @@ Status Replica::Open(const std::string& dir, std::unique_ptr<Replica>* out) {
       }
       s = layer->ScanExtents(r->size_);
       if (!s.ok()) return s;
+      if (rec.id != r->meta_.head) layer->MakeCached();
       r->by_num_[rec.num] = layer.get();
       r->layers_[rec.id] = std::move(layer);
     }
     r->head_ = r->layers_.at(r->meta_.head).get();
+    // Every layer but the head hands its descriptor to the process-wide cache (scanned
+    // above one at a time, so a long chain never holds more than the cache allows).
     // Layer files the metadata does not name are leftovers of an operation that crashed
     // before (new layer) or after (dropped layer) its metadata commit.
     if (DIR* d = ::opendir(dir.c_str())) {
@@ -511,15 +514,17 @@ void Replica::CollectSegments(uint64_t off, uint64_t len, bool include_head,
                 [&](uint64_t bs, uint64_t be, uint32_t num) {
                   uint64_t s = std::max(bs * kBlock, off);
                   uint64_t e = std::min(be * kBlock, end);
-                  int fd = image_ ? kImageFd : -1;
+                  Layer* layer = nullptr;
                   if (num != 0) {
                     auto it = by_num_.find(num);
-                    fd = it == by_num_.end() ? -1 : it->second->fd();
+                    if (it != by_num_.end()) layer = it->second;
                   }
-                  if (!out->empty() && out->back().fd == fd && out->back().off + out->back().len == s)
+                  const bool image = !layer && image_;
+                  if (!out->empty() && out->back().layer == layer && out->back().image == image &&
+                      out->back().off + out->back().len == s)
                     out->back().len += e - s;
                   else
-                    out->push_back(Segment{s, e - s, fd});
+                    out->push_back(Segment{s, e - s, layer, image});
                   return true;
                 });
 }
@@ -529,16 +534,19 @@ int Replica::ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include
   segs.reserve(4);
   CollectSegments(off, len, include_head, &segs);
   // The map lock is released: a layer's file holds whole blocks before the map says so,
-  // and fds stay open while io_mu_ is held, so reading without the lock is safe.
+  // and Layer objects live while io_mu_ is held, so reading without the lock is safe. A
+  // cached layer's descriptor is pinned for the read (LayerFd).
   for (const Segment& s : segs) {
     uint8_t* dst = buf + (s.off - off);
-    if (s.fd == kImageFd) {
+    if (s.image) {
       int rc = ReadImage(s.off, s.len, dst);
       if (rc != 0) return rc;
-    } else if (s.fd < 0) {
+    } else if (!s.layer) {
       std::memset(dst, 0, s.len);
     } else {
-      int rc = fsutil::PreadFull(s.fd, dst, s.len, s.off);
+      LayerFd h;
+      int rc = s.layer->Acquire(&h);
+      if (rc == 0) rc = fsutil::PreadFull(h.fd(), dst, s.len, s.off);
       if (rc != 0) return rc;
     }
   }
@@ -966,7 +974,9 @@ int Replica::ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, 
   Layer* l = FindLayer(layer_id);
   if (!l) return -ENOENT;
   if (len == 0) return 0;
-  return fsutil::PreadFull(l->fd(), buf, len, off);
+  LayerFd h;
+  int rc = l->Acquire(&h);
+  return rc != 0 ? rc : fsutil::PreadFull(h.fd(), buf, len, off);
 }
 
 uint64_t Replica::AllocatedBytes() {
@@ -1064,6 +1074,8 @@ Status Replica::CommitNewHead(ReplicaMetadata m, std::string parent, int64_t cre
   Layer* raw = layer.get();
   by_num_[rec.num] = raw;
   layers_[rec.id] = std::move(layer);
+  // The old head is read-only from now on: its descriptor goes to the cache.
+  if (head_) head_->MakeCached();
   head_ = raw;
   return Status::Ok();
 }
@@ -1091,14 +1103,17 @@ Status Replica::MergeInto(const std::string& id, const std::string& child_id) {
     ForEachGap(dst->extents(), iv.start, iv.end,
                [&](uint64_t s, uint64_t e) { todo.emplace_back(s, e); });
   });
+  LayerFd src_fd, dst_fd;
+  if (int rc = src->Acquire(&src_fd); rc != 0) return Status::FromErrno(-rc, "open " + src->path() + ": " + ErrText(rc));
+  if (int rc = dst->Acquire(&dst_fd); rc != 0) return Status::FromErrno(-rc, "open " + dst->path() + ": " + ErrText(rc));
   std::vector<uint8_t> buf(kCopyChunkBytes);
   const uint64_t chunk_blocks = kCopyChunkBytes / kBlock;
   for (const auto& r : todo) {
     for (uint64_t b = r.first; b < r.second;) {
       uint64_t e = std::min(r.second, b + chunk_blocks);
       size_t n = static_cast<size_t>((e - b) * kBlock);
-      int rc = fsutil::PreadFull(src->fd(), buf.data(), n, b * kBlock);
-      if (rc == 0) rc = fsutil::PwriteFull(dst->fd(), buf.data(), n, b * kBlock);
+      int rc = fsutil::PreadFull(src_fd.fd(), buf.data(), n, b * kBlock);
+      if (rc == 0) rc = fsutil::PwriteFull(dst_fd.fd(), buf.data(), n, b * kBlock);
       if (rc != 0) return Status::FromErrno(rc, "merge " + id + " into " + child_id + ": " + ErrText(rc));
       b = e;
     }
@@ -1108,8 +1123,10 @@ Status Replica::MergeInto(const std::string& id, const std::string& child_id) {
     for (const auto& r : todo) dst->extents().Set(r.first, r.second, dst->num());
   }
   // 2. Durable before the metadata stops pointing the child at this layer.
-  int rc = fsutil::FdataSync(dst->fd());
+  int rc = fsutil::FdataSync(dst_fd.fd());
   if (rc != 0) return Status::FromErrno(rc, "flush " + dst->path() + ": " + ErrText(rc));
+  src_fd.Reset();
+  dst_fd.Reset();
   // 3. Re-parent the child and drop the layer in one metadata commit; 4. unlink the file.
   ReplicaMetadata m = meta_;
   LayerRecord* child = m.Find(child_id);
@@ -1132,8 +1149,13 @@ Status Replica::Prune(const std::string& id) {
                                [&](const ExtentMap::Interval& h) { shadowed.push_back(h); });
     });
   }
+  LayerFd h;
+  if (!shadowed.empty()) {
+    rc = l->Acquire(&h);
+    if (rc != 0) return Status::FromErrno(-rc, "open " + l->path() + ": " + ErrText(rc));
+  }
   for (const auto& iv : shadowed) {
-    rc = fsutil::PunchHole(l->fd(), iv.start * kBlock, (iv.end - iv.start) * kBlock);
+    rc = fsutil::PunchHole(h.fd(), iv.start * kBlock, (iv.end - iv.start) * kBlock);
     if (rc != 0) return Status::FromErrno(rc, "punch " + l->path() + ": " + ErrText(rc));
   }
   std::unique_lock<RwLock> maps(map_mu_);
@@ -1374,6 +1396,14 @@ Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch)
     if (!s.ok()) return s;
   }
 
+  // A kept layer that becomes the head keeps its descriptor open from now on; a reopen that
+  // fails here fails the adoption before anything changed (a resident spare layer is harmless).
+  if (Layer* kept_head = FindLayer(m.head)) {
+    if (int rc = kept_head->MakeResident(); rc != 0) {
+      if (new_size > old_size) ResizeLayers(old_size, old_size);
+      return Status::FromErrno(-rc, "open " + kept_head->path() + ": " + ErrText(rc));
+    }
+  }
   // New files first (durable before the commit that names them); on failure nothing changed.
   std::vector<std::unique_ptr<Layer>> created;
   auto unlink_created = [&]() {
@@ -1414,6 +1444,8 @@ Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch)
       it = layers_.erase(it);
     }
     head_ = layers_.at(m.head).get();
+    for (const auto& kv : layers_)
+      if (kv.second.get() != head_) kv.second->MakeCached();
   }
   // After the commit: a crash before these unlinks leaves orphans that Open removes.
   for (const auto& path : dropped) ::unlink(path.c_str());
@@ -1463,8 +1495,10 @@ Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t 
   uint16_t masks[kMaxUnits] = {};
   std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[len]);
   if (!buf) return Status::Error(Code::kIoError, "out of memory for a layer digest", ENOMEM);
+  LayerFd h;
+  if (int rc = l->Acquire(&h); rc != 0) return Status::FromErrno(-rc, "open " + l->path() + ": " + ErrText(rc));
   for (const auto& iv : ivs) {
-    int rc = fsutil::PreadFull(l->fd(), buf.get() + (iv.start - b0) * kBlock, (iv.end - iv.start) * kBlock,
+    int rc = fsutil::PreadFull(h.fd(), buf.get() + (iv.start - b0) * kBlock, (iv.end - iv.start) * kBlock,
                                iv.start * kBlock);
     if (rc != 0) return Status::FromErrno(rc, "read " + l->path() + ": " + ErrText(rc));
     for (uint64_t b = iv.start; b < iv.end; ++b)
@@ -1506,11 +1540,13 @@ int Replica::WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t of
   Layer* l = FindLayer(layer_id);
   if (!l) return -ENOENT;
   if (len == 0) return 0;
-  rc = fsutil::PwriteFull(l->fd(), buf, len, off);
+  LayerFd h;
+  rc = l->Acquire(&h);
+  if (rc == 0) rc = fsutil::PwriteFull(h.fd(), buf, len, off);
   if (rc != 0) return rc;
   // Start writeback now: FinishRebuild's fdatasync runs while the engine holds I/O off,
   // so it should find little left to write. Advisory; errors surface at that fdatasync.
-  (void)::sync_file_range(l->fd(), static_cast<off_t>(off), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE);
+  (void)::sync_file_range(h.fd(), static_cast<off_t>(off), static_cast<off_t>(len), SYNC_FILE_RANGE_WRITE);
   const uint64_t b0 = off / kBlock, b1 = (off + len) / kBlock;
   if (l == head_) {
     std::unique_lock<RwLock> maps(map_mu_);
@@ -1540,8 +1576,11 @@ int Replica::UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t of
     l->extents().ForEach(b0, b1, [&](const ExtentMap::Interval& iv) { owned.push_back(iv); });
   }
   if (owned.empty()) return 0;
+  LayerFd h;
+  rc = l->Acquire(&h);
+  if (rc != 0) return rc;
   for (const auto& iv : owned) {
-    rc = fsutil::PunchHole(l->fd(), iv.start * kBlock, (iv.end - iv.start) * kBlock);
+    rc = fsutil::PunchHole(h.fd(), iv.start * kBlock, (iv.end - iv.start) * kBlock);
     if (rc != 0) return rc;
   }
   if (l == head_) {
@@ -1568,7 +1607,12 @@ Status Replica::FinishRebuild() {
   // Every layer may have been written by WriteLayer; all must be durable before the flag
   // that says "this replica may be incomplete" goes.
   for (const auto& kv : layers_) {
-    int rc = fsutil::FdataSync(kv.second->fd());
+    // A cached layer's descriptor may have been closed since WriteLayer wrote through it:
+    // fdatasync of a new one flushes the same inode's pages (and reports an error no
+    // descriptor saw yet).
+    LayerFd h;
+    int rc = kv.second->Acquire(&h);
+    if (rc == 0) rc = fsutil::FdataSync(h.fd());
     if (rc != 0) return Status::FromErrno(rc, "flush " + kv.second->path() + ": " + ErrText(rc));
   }
   std::lock_guard<std::mutex> g(meta_mu_);

@@ -128,9 +128,9 @@ class Replica : public ReplicaBackend {
   struct Segment {
     uint64_t off;
     uint64_t len;
-    int fd;  // -1: reads as zeros; kImageFd: reads from the backing image
+    Layer* layer;  // null: reads as zeros, or from the backing image when `image` is set
+    bool image;
   };
-  static constexpr int kImageFd = -2;
   static constexpr size_t kEdgeLockStripes = 256;
 
   explicit Replica(std::string dir);
