@@ -121,14 +121,19 @@ describe('remote replica faults', () => {
     ]);
   });
 
-  it('fails a replica whose server stops answering within the I/O timeout, without failing the write', async () => {
+  // Three hosts, the third reached through a FrameProxy with a 1 s I/O timeout; one block written.
+  async function thirdThroughProxy() {
     hosts = await startHosts(s, 3, SIZE);
     const proxy = new FrameProxy(hosts[2]!.server.port);
     const port = await proxy.start();
     cleanups.push(() => proxy.close());
-    const eps = [endpoint(hosts[0]!.server.port), endpoint(hosts[1]!.server.port), endpoint(port, 'vol', { ioTimeoutMs: 1000 })];
-    const engine = await open(eps);
+    const engine = await open([endpoint(hosts[0]!.server.port), endpoint(hosts[1]!.server.port), endpoint(port, 'vol', { ioTimeoutMs: 1000 })]);
     await engine.write(0, pattern(1, 4096));
+    return { proxy, engine };
+  }
+
+  it('fails a replica whose server stops answering within the I/O timeout, without failing the write', async () => {
+    const { proxy, engine } = await thirdThroughProxy();
     proxy.mode = 'blackhole';
     await engine.write(4096, pattern(2, 8192)); // answered by the two others once the third times out
     const st = engine.replicas()[2]!;
@@ -139,13 +144,7 @@ describe('remote replica faults', () => {
   });
 
   it('fails a replica whose peer stops reading (its socket full) within the I/O timeout, whichever thread was writing', async () => {
-    hosts = await startHosts(s, 3, SIZE);
-    const proxy = new FrameProxy(hosts[2]!.server.port);
-    const port = await proxy.start();
-    cleanups.push(() => proxy.close());
-    const eps = [endpoint(hosts[0]!.server.port), endpoint(hosts[1]!.server.port), endpoint(port, 'vol', { ioTimeoutMs: 1000 })];
-    const engine = await open(eps);
-    await engine.write(0, pattern(1, 4096));
+    const { proxy, engine } = await thirdThroughProxy();
     proxy.mode = 'stall';
     // Megabytes of writes fill the socket; the JS thread asks for replica state meanwhile
     // (an allocated-bytes refresh the connection's reader sends when idle).
