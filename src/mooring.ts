@@ -407,9 +407,8 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
   // Attached volumes with their engine, a replica or a running engine on a host: three
   // lists, whatever the host (the engines it runs are read only if it answers).
   async #volumesOn(hostId: string): Promise<string[]> {
-    const running = this.#state.hosts.get(hostId)?.listEngines().catch(() => []) ?? Promise.resolve([]);
-    const [engines, replicas, here] = await Promise.all([this.#state.engineRecords(), this.#state.allReplicas(), withTimeout(running, HOST_PROBE_TIMEOUT_MS, `engines of ${hostId}`).catch(() => [])]);
-    const there = new Set([...replicas.filter((r) => r.hostId === hostId).map((r) => r.volume), ...here.map((e) => e.volume)]);
+    const [engines, replicas, here] = await Promise.all([this.#state.engineRecords(), this.#state.allReplicas(), this.#state.hosts.engines(hostId, { markDown: false })]);
+    const there = new Set([...replicas.filter((r) => r.hostId === hostId).map((r) => r.volume), ...(here?.keys() ?? [])]);
     return engines.filter((e) => e.hostId === hostId || there.has(e.volume)).map((e) => e.volume);
   }
 

@@ -21,7 +21,7 @@ export type EngineProbe = EngineInfo | 'stopped' | 'unreachable';
 // engine of (one listEngines() per host per pass, read at the first ask).
 interface PassContext {
   down: Set<string>;
-  engines: Map<string, Promise<Set<string> | null>>;
+  engines: Map<string, Promise<Map<string, EngineInfo> | null>>;
   ended: boolean;
 }
 
@@ -141,12 +141,7 @@ export class Hosts {
     if (!ctx || ctx.ended || !h) return true;
     let listed = ctx.engines.get(hostId);
     if (!listed) {
-      listed = ctx.down.has(hostId)
-        ? Promise.resolve(null)
-        : withTimeout(h.engine.listEngines(), HOST_PROBE_TIMEOUT_MS, `engines of ${hostId}`).then(
-            (es) => new Set(es.map((e) => e.volume)),
-            () => null,
-          );
+      listed = ctx.down.has(hostId) ? Promise.resolve(null) : this.engines(hostId, { markDown: false });
       ctx.engines.set(hostId, listed);
     }
     return (await listed)?.has(volume) ?? true;
@@ -162,21 +157,29 @@ export class Hosts {
     return async (hostId, volume) => {
       let p = listed.get(hostId);
       if (!p) {
-        const h = this.#hosts.get(hostId);
-        p = !h
-          ? Promise.resolve(null)
-          : withTimeout(h.engine.listEngines(), HOST_PROBE_TIMEOUT_MS, `engines of ${hostId}`).then(
-              (es) => new Map(es.map((e) => [e.volume, e])),
-              () => {
-                this.#markDown(hostId);
-                return null;
-              },
-            );
+        p = this.engines(hostId, { markDown: true });
         listed.set(hostId, p);
       }
       const engines = await p;
       return engines ? (engines.get(volume) ?? 'stopped') : 'unreachable';
     };
+  }
+
+  /**
+   * The engines a host runs, by volume (`listEngines`, bounded by {@link HOST_PROBE_TIMEOUT_MS}),
+   * or null when the host is unknown or did not answer (then counted as down in the current
+   * pass if `markDown`).
+   */
+  async engines(hostId: string, opts: { markDown: boolean }): Promise<Map<string, EngineInfo> | null> {
+    const h = this.#hosts.get(hostId);
+    if (!h) return null;
+    try {
+      const es = await withTimeout(h.engine.listEngines(), HOST_PROBE_TIMEOUT_MS, `engines of ${hostId}`);
+      return new Map(es.map((e) => [e.volume, e]));
+    } catch {
+      if (opts.markDown) this.#markDown(hostId);
+      return null;
+    }
   }
 
   /** Whether a host answers and runs the volume's engine. */
