@@ -11,8 +11,8 @@ import { attachOn, connectClients, roundCount, runRounds, testTimeout, until, us
 
 // Default: the issue's 50 rounds per fault type (docs/fault-tests.md); MOORING_FAULT_ROUNDS=N to change it.
 const ROUNDS = roundCount('f', 50);
-// One lane: the restart closes the one Mooring every lane would share.
-const LANES = 1;
+// Two lanes, each with a control plane of its own: a restart closes only its lane's Mooring.
+const LANES = 2;
 
 const POINTS = ['at-once', 'old-record-gone', 'engine-on-target', 'attach-returned'] as const;
 
@@ -31,7 +31,7 @@ export async function controlPlaneRestart(ctx: RoundContext): Promise<{ servingH
     (st) => `returned (epoch ${st.epoch})`,
     (e: unknown) => `failed: ${(e as Error).message.split('\n')[0]}`,
   );
-  const store = bench.store;
+  const store = bench.storeOf(ctx.lane);
   if (point === 'old-record-gone') {
     await until(`the engine record of ${volume} on ${x} to go`, async () => (await store.get<{ hostId: string }>(KIND.engine, volume))?.value.hostId !== x, 30_000);
   } else if (point === 'engine-on-target') {
@@ -39,7 +39,7 @@ export async function controlPlaneRestart(ctx: RoundContext): Promise<{ servingH
   } else if (point === 'attach-returned') {
     await first;
   }
-  await bench.reopenCluster();
+  await bench.reopenCluster(ctx.lane);
   // The first attach ends either way (done, or refused by the closed cluster): bounded.
   let firstOutcome = '';
   void first.then((o) => (firstOutcome = o));
@@ -58,7 +58,7 @@ export async function controlPlaneRestart(ctx: RoundContext): Promise<{ servingH
 }
 
 describe('fault f: control plane closed and reopened in the middle of a takeover', () => {
-  const bench = useFaultBench(LANES);
+  const bench = useFaultBench(LANES, { clusterPerLane: true });
   it(`keeps every durable write and one writer over ${ROUNDS} randomized rounds`, async () => {
     await runRounds(bench, 'f', ROUNDS, controlPlaneRestart);
   }, testTimeout(ROUNDS));

@@ -264,48 +264,71 @@ export class Workload extends EventEmitter {
 // ---------------------------------------------------------------------------------------
 // The bench: hosts in namespaces, the cluster
 
+/** A control plane: a Mooring over a file state store. */
+interface ControlPlane {
+  cluster: Mooring;
+  store: FileStateStore;
+}
+
 export class FaultBench {
   tmp!: TempDir;
   lab!: NetLab;
   hosts: HostProcess[] = [];
-  cluster!: Mooring;
-  store!: FileStateStore;
   readonly warnings: string[] = [];
   readonly log: string[] = [];
   /** Replica checks of finished rounds whose replicas were still held open. */
   readonly pending: PendingCheck[] = [];
 
   lanes = 1;
+  // One control plane shared by every lane, or (clusterPerLane) one per lane over its own
+  // hosts and state directory: a fault that closes its control plane leaves the other
+  // lanes' rounds alone.
+  #planes: ControlPlane[] = [];
+  #perLane = false;
 
-  /** Sweeps leftovers, builds the network, starts 3 hosts per lane, opens the cluster. */
-  async open(lanes: number): Promise<void> {
+  /** Sweeps leftovers, builds the network, starts 3 hosts per lane, opens the cluster(s). */
+  async open(lanes: number, opts: { clusterPerLane?: boolean } = {}): Promise<void> {
     sweep();
     this.lanes = lanes;
+    this.#perLane = opts.clusterPerLane ?? false;
     this.tmp = new TempDir('mft-');
     this.lab = await NetLab.create(HOST_IDS.slice(0, 3 * lanes), this.tmp.path);
     this.hosts = this.lab.makeHosts(this.tmp.path);
     for (const h of this.hosts) await h.start();
-    await this.openCluster();
+    for (let p = 0; p < (this.#perLane ? lanes : 1); p++) this.#planes.push(await this.#openPlane(p));
   }
 
-  async openCluster(): Promise<void> {
-    ({ cluster: this.cluster, store: this.store } = await openCluster(this.tmp.path, this.hosts, {
+  /** The Mooring the rounds of `lane` use. */
+  clusterOf(lane: number): Mooring {
+    return this.#planes[this.#perLane ? lane : 0]!.cluster;
+  }
+
+  /** The state store under {@link clusterOf}. */
+  storeOf(lane: number): FileStateStore {
+    return this.#planes[this.#perLane ? lane : 0]!.store;
+  }
+
+  async #openPlane(p: number): Promise<ControlPlane> {
+    const hosts = this.#perLane ? this.hosts.filter((h) => this.laneHosts(p).includes(h.hostId)) : this.hosts;
+    const plane = await openCluster(this.#perLane ? this.tmp.join(`plane-${p}`) : this.tmp.path, hosts, {
       repairIntervalMs: 300,
       // Replicas are rebuilt in place, never replaced on another host (there is none).
       replicaReplacementWaitMs: 7 * 24 * 3600 * 1000,
       engineIoTimeoutMs: IO_TIMEOUT_MS,
       ticketWaitTimeoutMs: 30_000,
-    }));
-    this.cluster.on('warning', (e) => this.note(`cluster warning: ${e.code}: ${e.message}`, true));
-    this.cluster.on('engine-taken-over', (e) => this.note(`takeover of ${e.volume}: ${e.fromHost} → ${e.toHost} at epoch ${e.epoch}`));
-    this.cluster.on('stray-engine-stopped', (e) => this.note(`stray engine of ${e.volume} on ${e.hostId} stopped`));
+    });
+    plane.cluster.on('warning', (e) => this.note(`cluster warning: ${e.code}: ${e.message}`, true));
+    plane.cluster.on('engine-taken-over', (e) => this.note(`takeover of ${e.volume}: ${e.fromHost} → ${e.toHost} at epoch ${e.epoch}`));
+    plane.cluster.on('stray-engine-stopped', (e) => this.note(`stray engine of ${e.volume} on ${e.hostId} stopped`));
+    return plane;
   }
 
-  /** Closes the cluster and its store (the VM manager stops), then opens both again over the same directory. */
-  async reopenCluster(): Promise<void> {
-    await this.cluster.close();
-    await this.store.close();
-    await this.openCluster();
+  /** Closes the lane's cluster and its store (the VM manager stops), then opens both again over the same directory. */
+  async reopenCluster(lane: number): Promise<void> {
+    const p = this.#perLane ? lane : 0;
+    await this.#planes[p]!.cluster.close();
+    await this.#planes[p]!.store.close();
+    this.#planes[p] = await this.#openPlane(p);
   }
 
   note(line: string, warning = false): void {
@@ -341,19 +364,24 @@ export class FaultBench {
   async close(): Promise<void> {
     if (!this.lab) return;
     this.restore();
-    await this.cluster?.close().catch(() => undefined);
-    await this.store?.close().catch(() => undefined);
+    for (const p of this.#planes) {
+      await p.cluster.close().catch(() => undefined);
+      await p.store.close().catch(() => undefined);
+    }
     for (const h of this.hosts) await h.stop().catch(() => undefined);
     this.lab.destroy();
     this.tmp.cleanup();
   }
 }
 
-/** A bench for the test file with `lanes` lanes: opened before its tests, closed (network and all) after, whatever happened. */
-export function useFaultBench(lanes: number): FaultBench {
+/**
+ * A bench for the test file with `lanes` lanes: opened before its tests, closed (network
+ * and all) after, whatever happened. `clusterPerLane`: a control plane per lane.
+ */
+export function useFaultBench(lanes: number, opts: { clusterPerLane?: boolean } = {}): FaultBench {
   const bench = new FaultBench();
   beforeAll(async () => {
-    await bench.open(lanes);
+    await bench.open(lanes, opts);
   }, 120_000);
   afterAll(async () => {
     await bench.close();
@@ -366,6 +394,9 @@ export function useFaultBench(lanes: number): FaultBench {
 
 export interface RoundContext {
   bench: FaultBench;
+  /** The lane's control plane (another object after {@link FaultBench.reopenCluster}). */
+  readonly cluster: Mooring;
+  lane: number;
   seed: number;
   rng: Rng;
   volume: string;
@@ -413,7 +444,7 @@ const REGION = { offset: 0, length: VOLUME_BYTES };
 export async function attachOn(ctx: RoundContext, host: string, extra: { attacher?: 'api' | 'workload' } = {}): Promise<VolumeStatus> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await ctx.bench.cluster.volume(ctx.volume).attach({ host, nbd: ctx.nbdAddress(host), ...extra });
+      return await ctx.cluster.volume(ctx.volume).attach({ host, nbd: ctx.nbdAddress(host), ...extra });
     } catch (e) {
       if (!(e instanceof MooringError && e.code === 'NO_QUORUM') || attempt >= 5) throw e;
       ctx.step(`attach on ${host} refused (NO_QUORUM: ${e.message.split('\n')[0]}); again`);
@@ -446,7 +477,7 @@ export async function waitNoStrayEngine(ctx: RoundContext, serving: string, time
       return true;
     },
     timeoutMs,
-    async () => `${ctx.workload.describe()} | repair loop ${JSON.stringify(bench.cluster.repairLoop)} | engines: ${(
+    async () => `${ctx.workload.describe()} | repair loop ${JSON.stringify(ctx.cluster.repairLoop)} | engines: ${(
       await Promise.all(ctx.hostIds.map(async (id) => `${id}=${await bench.host(id).engine.engineInfo(volume).then((e) => `epoch ${e.epoch} ${e.role}`, (e: Error) => e.message.slice(0, 80))}`))
     ).join(', ')}`,
     200,
@@ -465,7 +496,7 @@ export async function recover(ctx: RoundContext, serving: string, timeoutMs = 60
   let last: VolumeStatus | null = null;
   let lastError = '';
   for (let attempt = 0; attempt < 200; attempt++) {
-    last = await bench.cluster.volume(volume).status();
+    last = await ctx.cluster.volume(volume).status();
     if (last.state === 'healthy' && last.writerHost === serving) return;
     if (Date.now() >= deadline) break;
     const engine = bench.host(serving).engine;
@@ -477,7 +508,7 @@ export async function recover(ctx: RoundContext, serving: string, timeoutMs = 60
       });
     }
     // A rebuild in progress (WO) finishes by itself: wait for the state to change.
-    await until('the volume to change state', async () => (await bench.cluster.volume(volume).status()).state === 'healthy', Math.max(0, Math.min(5000, deadline - Date.now())), () => '', 100).catch(() => undefined);
+    await until('the volume to change state', async () => (await ctx.cluster.volume(volume).status()).state === 'healthy', Math.max(0, Math.min(5000, deadline - Date.now())), () => '', 100).catch(() => undefined);
   }
   throw new Error(`volume ${volume} not healthy on ${serving} after ${timeoutMs} ms: ${JSON.stringify(last)}; last re-add error: ${lastError || 'none'}`);
 }
@@ -515,6 +546,10 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
   const steps: string[] = [];
   const ctx: RoundContext = {
     bench,
+    get cluster() {
+      return bench.clusterOf(lane);
+    },
+    lane,
     seed,
     rng,
     volume,
@@ -545,11 +580,11 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
     if (h.proc?.alive) continue;
     const why = h.diagnostics();
     await h.start();
-    await bench.cluster.addHost(h.engine);
+    await ctx.cluster.addHost(h.engine);
     throw fail(`the data engine of host ${id} had died before this round (restarted now)${why}`);
   }
   try {
-    await bench.cluster.createVolume({ name: volume, sizeBytes: VOLUME_BYTES, replicas: 3, hosts: hostIds, accessMode: opts.accessMode ?? 'rwo' });
+    await ctx.cluster.createVolume({ name: volume, sizeBytes: VOLUME_BYTES, replicas: 3, hosts: hostIds, accessMode: opts.accessMode ?? 'rwo' });
     const st = await attachOn(ctx, engineHost, opts.accessMode === 'migratable' ? { attacher: 'workload' } : {});
     if (st.state !== 'healthy') throw new Error(`attach on ${engineHost}: ${JSON.stringify(st)}`);
     ctx.step(`attached on ${engineHost} (epoch ${st.epoch}; clients depth ${params.depth}, FLUSH every ${params.flushEvery}, FUA ${params.fuaChance})`);
@@ -582,9 +617,9 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
     // stays open on the server's side until its idle timeout, 30 s): now if possible,
     // else by a later round or at the end (checkPending).
     const served = await readWhole(ctx.uri(out.servingHost));
-    const list = (await bench.cluster.volume(volume).status()).replicas.map((r) => ({ host: bench.host(r.hostId), name: r.name }));
-    await bench.cluster.volume(volume).detach();
-    const pending: PendingCheck = { volume, seed, servedBy: out.servingHost, want: chunkedDigest(served), list, fail: (what) => fail(what), since: Date.now() };
+    const list = (await ctx.cluster.volume(volume).status()).replicas.map((r) => ({ host: bench.host(r.hostId), name: r.name }));
+    await ctx.cluster.volume(volume).detach();
+    const pending: PendingCheck = { lane, volume, seed, servedBy: out.servingHost, want: chunkedDigest(served), list, fail: (what) => fail(what), since: Date.now() };
     if (!(await checkReplicas(bench, pending))) bench.pending.push(pending);
   } catch (err) {
     if (err instanceof Error && err.message.startsWith(`fault ${type}, seed ${seed}`)) throw err;
@@ -601,10 +636,10 @@ export async function runRound(bench: FaultBench, lane: number, type: string, se
  * first violations, read from the replica files once the volume is detached.
  */
 async function whatReplicasHold(ctx: RoundContext, verdict: Verdict): Promise<string> {
-  const { bench, volume, history } = ctx;
+  const { bench, cluster, volume, history } = ctx;
   try {
-    const st = await bench.cluster.volume(volume).status();
-    await bench.cluster.volume(volume).detach();
+    const st = await cluster.volume(volume).status();
+    await cluster.volume(volume).detach();
     const offsets = [...new Set(verdict.violations.filter((v) => v.kind !== 'dual-writer').slice(0, 4).map((v) => v.offset))];
     const lines: string[] = [];
     for (const r of st.replicas) {
@@ -635,6 +670,7 @@ async function whatReplicasHold(ctx: RoundContext, verdict: Verdict): Promise<st
 
 /** A replica check left for later (its replicas were still held open). */
 export interface PendingCheck {
+  lane: number;
   volume: string;
   seed: number;
   servedBy: string;
@@ -656,7 +692,7 @@ async function checkReplicas(bench: FaultBench, p: PendingCheck): Promise<boolea
   }
   const differ = contents.filter((c) => c.digest !== p.want).map((c) => c.id);
   if (contents.length !== 3 || differ.length > 0) throw p.fail(`replicas differ from what ${p.servedBy} served after repair: ${differ.join(', ')} (of ${contents.length})`);
-  await bench.cluster.deleteVolume(p.volume);
+  await bench.clusterOf(p.lane).deleteVolume(p.volume);
   return true;
 }
 
@@ -689,9 +725,10 @@ async function readWhole(uri: string): Promise<Buffer> {
 // After a failed round (survey mode only): the volume goes, whatever state it is in.
 async function discardVolume(bench: FaultBench, lane: number, volume: string): Promise<void> {
   bench.restore(bench.laneHosts(lane));
-  await bench.cluster.volume(volume).detach().catch(() => undefined);
+  const cluster = bench.clusterOf(lane);
+  await cluster.volume(volume).detach().catch(() => undefined);
   for (const id of bench.laneHosts(lane)) await bench.host(id).engine.stopEngine(volume).catch(() => undefined);
-  await bench.cluster.deleteVolume(volume).catch((e: unknown) => bench.note(`discarding ${volume}: ${(e as Error).message}`, true));
+  await cluster.deleteVolume(volume).catch((e: unknown) => bench.note(`discarding ${volume}: ${(e as Error).message}`, true));
 }
 
 /**

@@ -25,7 +25,7 @@ async function endOrAlreadyEnded(ctx: RoundContext, call: () => Promise<void>): 
   try {
     await call();
   } catch (e) {
-    if (!(e instanceof MooringError && e.code === 'INVALID_STATE' && (await ctx.bench.cluster.volume(ctx.volume).status()).migration === null)) throw e;
+    if (!(e instanceof MooringError && e.code === 'INVALID_STATE' && (await ctx.cluster.volume(ctx.volume).status()).migration === null)) throw e;
     ctx.step('(the cluster had ended the migration already)');
   }
 }
@@ -34,7 +34,7 @@ export async function migrationHandOver(ctx: RoundContext): Promise<{ servingHos
   const { bench, rng, workload, engineHost: x, history, volume } = ctx;
   const y = rng.pick(ctx.hostIds.filter((h) => h !== x));
   const variant = rng.pick(VARIANTS);
-  const vol = bench.cluster.volume(volume);
+  const vol = ctx.cluster.volume(volume);
   ctx.step(`variant ${variant}, ${x} → ${y}`);
   await workload.waitAcks(rng.range(20, 300), { group: x, flush: true, timeoutMs: 30_000 });
 
@@ -49,14 +49,14 @@ export async function migrationHandOver(ctx: RoundContext): Promise<{ servingHos
   ctx.step(`standby on ${y}, ${workload.inFlight(x)} requests in flight on ${x}`);
 
   if (variant === 'tickets-rollback') {
-    await bench.cluster.volume(volume).detach({ host: y });
+    await ctx.cluster.volume(volume).detach({ host: y });
     ctx.step(`detached ${y}: rolled back before the hand-over`);
     await workload.waitAcks(rng.range(0, 200), { group: x, flush: true, timeoutMs: 30_000 });
     return { servingHost: x };
   }
   if (variant === 'tickets-confirm') {
     history.unfence(y, 'hand-over by detach from the source');
-    await bench.cluster.volume(volume).detach({ host: x });
+    await ctx.cluster.volume(volume).detach({ host: x });
     history.fence(x, 'handed over and confirmed');
     ctx.step(`detached ${x}: handed over and confirmed`);
     await workload.waitAcks(rng.range(0, 200), { group: y, flush: true, timeoutMs: 30_000 });
