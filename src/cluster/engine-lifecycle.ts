@@ -107,7 +107,7 @@ export class EngineLifecycle {
       return await de.startEngine(options);
     } catch (err) {
       if (toMooringError(err).code !== 'ALREADY_EXISTS') throw err;
-      await de.stopEngine(options.volume).catch(() => undefined);
+      await this.state.hosts.stopEngine(host, options.volume).catch(() => undefined);
       this.state.events.cluster('stray-engine-stopped', { volume: options.volume, hostId: host });
       return de.startEngine(options);
     }
@@ -120,10 +120,9 @@ export class EngineLifecycle {
    */
   async stop(o: Observed): Promise<void> {
     const eng = o.eng!;
-    const de = this.state.hosts.get(eng.hostId);
-    if (!de) throw new MooringError('UNAVAILABLE', `volume ${o.vol.name} is attached on ${eng.hostId}, which is not a host of this cluster`);
+    if (!this.state.hosts.has(eng.hostId)) throw new MooringError('UNAVAILABLE', `volume ${o.vol.name} is attached on ${eng.hostId}, which is not a host of this cluster`);
     try {
-      await de.stopEngine(o.vol.name);
+      await this.state.hosts.stopEngine(eng.hostId, o.vol.name);
     } catch (err) {
       const e = toMooringError(err);
       if (e.code !== 'NOT_FOUND' && (await this.state.hosts.probe(eng.hostId, o.vol.name)) !== 'stopped') throw e;

@@ -9,10 +9,16 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 
 import type { DataEngine, DataEngineEvent, EngineInfo } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
-import { withTimeout } from '../util/async.js';
+import { sleep, withTimeout } from '../util/async.js';
 
 /** How long a call to a data engine may take before its host counts as unreachable for a decision. */
 export const HOST_PROBE_TIMEOUT_MS = 3000;
+
+/**
+ * While a data engine stops an engine (drains its NBD clients, flushes: this may take
+ * long), how often the control plane checks that the host still answers.
+ */
+export const STOP_LIVENESS_INTERVAL_MS = 1000;
 
 /** A volume's engine on a host: its info, or whether it is stopped or the host unreachable. */
 export type EngineProbe = EngineInfo | 'stopped' | 'unreachable';
@@ -186,6 +192,35 @@ export class Hosts {
   async probeEngine(hostId: string, volume: string): Promise<'running' | 'stopped' | 'unreachable'> {
     const p = await this.probe(hostId, volume);
     return typeof p === 'string' ? p : 'running';
+  }
+
+  /**
+   * Stops the volume's engine on a host, for as long as the stop takes while the host
+   * answers: a stop drains and flushes (the data engine's call has a long deadline), but a
+   * host that stops answering meanwhile (frozen, cut off) is given up on with UNAVAILABLE
+   * after one failed probe (about {@link STOP_LIVENESS_INTERVAL_MS} + {@link HOST_PROBE_TIMEOUT_MS});
+   * the stop may still complete there. Every stop the control plane makes goes through here,
+   * so that none holds a volume's turn on a host that is gone.
+   */
+  async stopEngine(hostId: string, volume: string): Promise<void> {
+    const h = this.#hosts.get(hostId);
+    if (!h) throw new MooringError('UNAVAILABLE', `host ${hostId} is not a host of this cluster`);
+    let done = false;
+    const stop = h.engine.stopEngine(volume).finally(() => (done = true));
+    stop.catch(() => undefined);
+    while (!done) {
+      await Promise.race([stop.catch(() => undefined), sleep(STOP_LIVENESS_INTERVAL_MS)]);
+      if (done) break;
+      const answers = await withTimeout(h.engine.info(), HOST_PROBE_TIMEOUT_MS, `host ${hostId}`).then(
+        () => true,
+        () => false,
+      );
+      if (!answers && !done) {
+        this.#markDown(hostId);
+        throw new MooringError('UNAVAILABLE', `host ${hostId} stopped answering while stopping the engine of ${volume}; the stop may still complete there`);
+      }
+    }
+    await stop;
   }
 
   /** Whether a host's data engine answers. */

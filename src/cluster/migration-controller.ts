@@ -153,9 +153,8 @@ export class MigrationController {
     }
     if (m.phase !== 'handed-over' && m.phase !== 'confirming') throw new MooringError('INVALID_STATE', `migration of ${name} is ${m.phase}; it cannot be confirmed now`);
     m = await this.state.putMigration({ ...m, phase: 'confirming' });
-    const src = this.state.hosts.get(m.sourceHost);
-    if (src) {
-      await src.stopEngine(name).catch((err: unknown) => {
+    if (this.state.hosts.has(m.sourceHost)) {
+      await this.state.hosts.stopEngine(m.sourceHost, name).catch((err: unknown) => {
         // A source that cannot be reached is fenced already; the repair loop stops it later.
         if (toMooringError(err).code !== 'NOT_FOUND') this.#warn(err, `stopping the migration source of ${name} on ${m.sourceHost}`);
       });
@@ -213,7 +212,7 @@ export class MigrationController {
         // the volume over as after a crash. A fresh engine claims a newly allocated epoch,
         // above every one handed out before; replicas the target fenced open ERR and are rebuilt.
         const eng = await this.state.engineRecord(name);
-        await src.stopEngine(name).catch(() => undefined);
+        await this.state.hosts.stopEngine(m.sourceHost, name).catch(() => undefined);
         const refs = await this.state.refs(name);
         const info = await this.engines.withNewEpoch(name, 0, 'start', (epoch) => this.engines.startOn(m.sourceHost, { volume: name, replicas: refs, nbd: eng?.nbd ?? null, epoch }));
         if (eng) await this.state.store.put(KIND.engine, name, { ...eng, epoch: info.epoch, startedMs: Date.now() });
@@ -221,7 +220,7 @@ export class MigrationController {
       m = await this.state.putMigration({ ...m, targetActivated: false });
     }
     if (target) {
-      await target.stopEngine(name).catch((err: unknown) => {
+      await this.state.hosts.stopEngine(m.targetHost, name).catch((err: unknown) => {
         if (toMooringError(err).code !== 'NOT_FOUND') this.#warn(err, `stopping the migration target of ${name} on ${m.targetHost}`);
       });
     }

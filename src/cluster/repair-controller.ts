@@ -74,11 +74,11 @@ export class RepairController {
   // unreachable then): the newer epoch already fences it; stopping it releases its replicas
   // and its NBD socket.
   async #stopStrayEngines(eng: EngineRecord): Promise<void> {
-    for (const [hostId, de] of this.state.hosts.entries()) {
+    for (const hostId of this.state.hosts.ids) {
       if (hostId === eng.hostId || !(await this.state.hosts.mayRunEngine(hostId, eng.volume))) continue;
       const state = await this.state.hosts.probeEngine(hostId, eng.volume);
       if (state !== 'running') continue;
-      await de.stopEngine(eng.volume).then(
+      await this.state.hosts.stopEngine(hostId, eng.volume).then(
         () => this.state.events.cluster('stray-engine-stopped', { volume: eng.volume, hostId }),
         (err: unknown) => this.state.events.cluster('warning', toMooringError(err, `stopping the stale engine of ${eng.volume} on ${hostId}`)),
       );
