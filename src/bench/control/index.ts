@@ -1,0 +1,184 @@
+/**
+ * The control-plane step of `mooring bench` (`--control`, issue 18): control operations per
+ * second and their p50/p99 latency with the file store and with etcd.
+ *
+ * Two `mooring data-engine` processes on loopback and one etcd member (Debian etcd-server,
+ * on loopback with its data in the scratch directory) serve three control planes in the
+ * bench process, each with its own store: a FileStateStore, an EtcdStateStore, and an
+ * EtcdStateStore under leadership (every write guarded by the leader's fencing token, as
+ * several embedders run it). Each runs cycles of create, attach, snapshot, migrate (to the
+ * other host, handed over and confirmed), detach and delete, one operation at a time, on
+ * volumes of its own; the stores take turns cycle by cycle, so a burst of other load on a
+ * shared machine weighs on all of them alike.
+ */
+import { join } from 'node:path';
+
+import { Mooring } from '../../mooring.js';
+import { FileStateStore } from '../../state/file-state-store.js';
+import { EtcdStateStore } from '../../state/etcd-state-store.js';
+import type { StateStore } from '../../state/state-store.js';
+import { EtcdServer } from '../etcd-server.js';
+import { spread } from '../migration.js';
+import { BenchError } from '../processes.js';
+import { startBenchHost, type BenchHost } from '../remote-hosts.js';
+import type { TargetContext } from '../targets.js';
+import { errorCode } from '../scale/curve.js';
+
+/** The operations of a cycle, in the order they run. */
+export const CONTROL_OPS = ['create', 'attach', 'snapshot', 'migrate', 'detach', 'delete'] as const;
+export type ControlOp = (typeof CONTROL_OPS)[number];
+
+/** The stores measured, in the report's order. */
+export const CONTROL_STORES = ['file', 'etcd', 'etcd-leader'] as const;
+export type ControlStoreId = (typeof CONTROL_STORES)[number];
+
+export const CONTROL_STORE_LABELS: Record<ControlStoreId, string> = {
+  file: 'file store',
+  etcd: 'etcd',
+  'etcd-leader': 'etcd, leader-guarded writes',
+};
+
+/** Small volumes: the control plane's cost does not depend on their size. */
+const VOLUME_BYTES = 16 * 1024 ** 2;
+/** Replicas of each volume: one on each host, so the migration target holds one. */
+const REPLICAS = 2;
+
+export interface ControlSettings {
+  /** Measured cycles per store (one warm-up cycle each comes first, unmeasured). */
+  cycles: number;
+  /** First of the CONTROL_PORTS_USED loopback TCP ports. */
+  basePort: number;
+}
+
+/** One operation on one store. */
+export interface ControlOpFigures {
+  op: ControlOp;
+  count: number;
+  /** count over the time the operations took (they run one at a time). */
+  opsPerSec: number;
+  p50Ms: number;
+  p99Ms: number;
+}
+
+export interface ControlStoreResult {
+  store: ControlStoreId;
+  ops: ControlOpFigures[];
+  /** A whole cycle, create to delete: median, ms. */
+  cycleP50Ms: number;
+}
+
+export interface ControlResults {
+  settings: ControlSettings;
+  volumeBytes: number;
+  replicas: number;
+  /** `etcd --version`'s first line. */
+  etcdVersion: string;
+  stores: ControlStoreResult[];
+}
+
+/** One store's control plane and its samples. */
+interface Plane {
+  id: ControlStoreId;
+  mooring: Mooring;
+  samples: Record<ControlOp, number[]>;
+  cycles: number[];
+}
+
+async function etcdVersion(ctx: TargetContext): Promise<string> {
+  const r = await ctx.tracker.run('etcd', ['--version'], ctx.abort, { timeoutMs: 30_000 }).catch((err: unknown) => {
+    if (ctx.abort.aborted) throw err;
+    return undefined;
+  });
+  if (!r || r.code !== 0) throw new BenchError('BENCH_TOOL_MISSING', 'etcd is not installed (apt-get install etcd-server), or leave out --control');
+  return r.stdout.trim().split('\n')[0]!;
+}
+
+/** One cycle on volume `name`: every operation timed into the plane's samples (when `record`). */
+async function cycle(p: Plane, name: string, dir: string, record: boolean): Promise<void> {
+  const times: Partial<Record<ControlOp, number>> = {};
+  const timed = async <T>(op: ControlOp, fn: () => Promise<T>): Promise<T> => {
+    const t0 = performance.now();
+    try {
+      const out = await fn();
+      times[op] = performance.now() - t0;
+      return out;
+    } catch (err) {
+      throw new BenchError(errorCode(err), `${op} of ${name} (${CONTROL_STORE_LABELS[p.id]}): ${err instanceof Error ? err.message : String(err)}`);
+    }
+  };
+  const m = p.mooring;
+  const t0 = performance.now();
+  const v = await timed('create', () => m.createVolume({ name, sizeBytes: VOLUME_BYTES, replicas: REPLICAS, accessMode: 'migratable', hosts: ['h0', 'h1'] }));
+  await timed('attach', () => v.attach({ host: 'h0', nbd: `unix:${join(dir, `${name}-h0.sock`)}` }));
+  await timed('snapshot', () => v.createSnapshot('s1'));
+  await timed('migrate', async () => {
+    const mig = await v.migrate('h1', { nbd: `unix:${join(dir, `${name}-h1.sock`)}` });
+    await mig.handOver();
+    await mig.confirm();
+  });
+  await timed('detach', () => v.detach());
+  await timed('delete', () => m.deleteVolume(name));
+  if (!record) return;
+  p.cycles.push(performance.now() - t0);
+  for (const op of CONTROL_OPS) p.samples[op].push(times[op]!);
+}
+
+function figures(p: Plane): ControlStoreResult {
+  return {
+    store: p.id,
+    ops: CONTROL_OPS.map((op) => {
+      const xs = p.samples[op];
+      const s = spread(xs);
+      const total = xs.reduce((a, b) => a + b, 0);
+      return { op, count: xs.length, opsPerSec: total > 0 ? (xs.length * 1000) / total : 0, p50Ms: s.median, p99Ms: s.p99 };
+    }),
+    cycleP50Ms: spread(p.cycles).median,
+  };
+}
+
+/** Runs the cycles on every store; every process it started is stopped when it returns or throws. */
+export async function measureControl(ctx: TargetContext, settings: ControlSettings): Promise<ControlResults> {
+  const version = await etcdVersion(ctx);
+  const hosts: BenchHost[] = [];
+  const stores: StateStore[] = [];
+  const planes: Plane[] = [];
+  let etcd: EtcdServer | undefined;
+  try {
+    const base = settings.basePort;
+    etcd = await EtcdServer.start(base, base + 1, { parentDir: ctx.dir, spawn: (cmd, args, o) => ctx.tracker.spawn(cmd, args, o) });
+    ctx.log(`  etcd (${version}) serving at ${etcd.endpoint}`);
+    for (let i = 0; i < 2; i++) hosts.push(await startBenchHost(ctx, i, base + 2 + i));
+    const engines = hosts.map((h) => h.engine);
+    for (const id of CONTROL_STORES) {
+      const store =
+        id === 'file'
+          ? await FileStateStore.open(join(ctx.dir, 'state'))
+          : await EtcdStateStore.open({ endpoints: [etcd.endpoint], prefix: `/bench-${id}/` });
+      stores.push(store);
+      // No control loop: only the operations measured touch the store.
+      const mooring = await Mooring.open({ store, hosts: engines, repairIntervalMs: 0, ...(id === 'etcd-leader' ? { leadership: { id: 'bench' } } : {}) });
+      planes.push({ id, mooring, samples: { create: [], attach: [], snapshot: [], migrate: [], detach: [], delete: [] }, cycles: [] });
+    }
+    // Names per store: the control planes share the data engines, never a volume.
+    const name = (p: Plane, i: number): string => `${p.id}-${String(i).padStart(4, '0')}`;
+    for (const p of planes) await cycle(p, name(p, 0), ctx.dir, false);
+    for (let i = 1; i <= settings.cycles; i++) {
+      if (ctx.abort.aborted) throw ctx.abort.reason;
+      // The first store of a cycle rotates, so none always runs right after another.
+      for (let k = 0; k < planes.length; k++) {
+        const p = planes[(i + k) % planes.length]!;
+        await cycle(p, name(p, i), ctx.dir, true);
+      }
+    }
+    const results = planes.map(figures);
+    for (const r of results) {
+      ctx.log(`  ${CONTROL_STORE_LABELS[r.store]}: ` + r.ops.map((o) => `${o.op} p50 ${o.p50Ms.toFixed(1)} ms`).join(', '));
+    }
+    return { settings, volumeBytes: VOLUME_BYTES, replicas: REPLICAS, etcdVersion: version, stores: results };
+  } finally {
+    for (const p of planes) await p.mooring.close().catch(() => undefined);
+    for (const s of stores) await s.close().catch(() => undefined);
+    for (const h of hosts) await h.stop().catch(() => undefined);
+    await etcd?.destroy().catch(() => undefined);
+  }
+}
