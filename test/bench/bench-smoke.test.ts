@@ -67,6 +67,11 @@ describe('bench options', () => {
     expect(parseBenchArgs(['--scale']).scale).toBe(true);
     const sc = parseBenchArgs(['--scale-only', '--scale-max', '20', '--scale-out', '-']);
     expect(sc).toMatchObject({ scale: true, scaleMax: 20, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, backingImage: false, outPath: undefined, scaleOutPath: undefined });
+    // The control step is off by default; --control-only runs nothing else.
+    expect(full).toMatchObject({ control: false, controlCycles: 50, controlBasePort: 17900, controlOutPath: 'docs/benchmarks-control.md' });
+    expect(quick.controlCycles).toBe(10);
+    const co = parseBenchArgs(['--control-only', '--control-cycles', '7', '--control-port', '48400', '--control-out', '-']);
+    expect(co).toMatchObject({ control: true, controlCycles: 7, controlBasePort: 48400, controlOutPath: undefined, scale: false, backingImage: false, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, outPath: undefined });
   });
 
   it('caps the scale curves: --quick keeps two sizes, --scale-max N measures N instead of the larger ones', () => {
@@ -85,6 +90,9 @@ describe('bench options', () => {
       expect(await runBench(['--migrations', '2.5'])).toBe(2);
       expect(await runBench(['--scale-max', '0'])).toBe(2);
       expect(await runBench(['--scale-only', '--backing-image-only'])).toBe(2);
+      expect(await runBench(['--control-only', '--scale-only'])).toBe(2);
+      expect(await runBench(['--control-cycles', '0'])).toBe(2);
+      expect(await runBench(['--control-port', '65535'])).toBe(2);
     } finally {
       err.mockRestore();
     }
@@ -161,6 +169,35 @@ describe('bench scale smoke run', () => {
     expect(md).toMatch(/\| 0 → 20 \(from 0\) \| ×[\d.,]+ \|/);
     expect(md).toMatch(/measured at commit `[0-9a-f]{12}/);
     expect(stdout).toContain('Volumes per cluster:');
+    expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
+  }, 300_000);
+});
+
+describe('bench control smoke run', () => {
+  it('runs the control operations with the file store, etcd and etcd under leadership, and writes their figures and ratios', async () => {
+    for (const tool of ['fio', 'etcd']) requireTool(tool);
+    expect(existsSync(join(root, 'dist/cli.js')), 'dist/cli.js missing: run npm run build').toBe(true);
+    const out = join(work, 'benchmarks-control.md');
+    // Ports 48410-48413: etcd's client and peer ports, the two data engines' replica servers.
+    const { code, stdout, stderr } = await runCaptured(['--control-only', '--control-cycles', '2', '--control-port', '48410', '--dir', work, '--control-out', out]);
+    expect(code, `mooring bench exited ${code}; its log:\n${stderr.slice(-8000)}`).toBe(0);
+    const md = readFileSync(out, 'utf8');
+    for (const section of ['## Machine', '## Method', '## Operations', '## etcd against the file store']) expect(md).toContain(section);
+    expect(md).toMatch(/^- etcd: etcd \d+\.\d+/m);
+    const num = String.raw`[\d,]+\.\d`;
+    // Every operation on every store: 2 measured, ops/s, p50 and p99.
+    for (const op of ['create', 'attach', 'snapshot', 'migrate', 'detach', 'delete']) {
+      for (const store of ['file store', 'etcd', 'etcd, leader-guarded writes']) {
+        expect(md).toMatch(new RegExp(String.raw`^\| ${op} \| ${store} \| 2 \| ${num} \| ${num} \| ${num} \|$`, 'm'));
+      }
+      for (const store of ['etcd', 'etcd, leader-guarded writes']) {
+        expect(md).toMatch(new RegExp(String.raw`^\| ${op} \| ${store} \| ${num}\d× \| ${num}\d× \| ${num}\d× \|$`, 'm'));
+      }
+    }
+    expect(md).toMatch(/^\| whole cycle \| etcd \| – \| [\d.,]+× \| – \|$/m);
+    expect(md).toMatch(/measured at commit `[0-9a-f]{12}/);
+    expect(stdout).toContain('Control operations (2 cycles per store):');
+    // The scratch directory (etcd's data and the data engines') is gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
   }, 300_000);
 });

@@ -71,7 +71,7 @@ export interface ControlResults {
   settings: ControlSettings;
   volumeBytes: number;
   replicas: number;
-  /** `etcd --version`'s first line. */
+  /** `etcd --version`'s version, e.g. `etcd 3.4.23`. */
   etcdVersion: string;
   stores: ControlStoreResult[];
 }
@@ -90,7 +90,8 @@ async function etcdVersion(ctx: TargetContext): Promise<string> {
     return undefined;
   });
   if (!r || r.code !== 0) throw new BenchError('BENCH_TOOL_MISSING', 'etcd is not installed (apt-get install etcd-server), or leave out --control');
-  return r.stdout.trim().split('\n')[0]!;
+  // "etcd Version: 3.4.23" → "etcd 3.4.23"
+  return r.stdout.trim().split('\n')[0]!.replace(/^etcd Version:\s*/, 'etcd ');
 }
 
 /** One cycle on volume `name`: every operation timed into the plane's samples (when `record`). */
