@@ -23,6 +23,7 @@ import { BenchError } from '../processes.js';
 import { startBenchHost, type BenchHost } from '../remote-hosts.js';
 import type { TargetContext } from '../targets.js';
 import { errorCode } from '../scale/curve.js';
+import { CountingStore } from './counting-store.js';
 
 /** The operations of a cycle, in the order they run. */
 export const CONTROL_OPS = ['create', 'attach', 'snapshot', 'migrate', 'detach', 'delete'] as const;
@@ -58,6 +59,9 @@ export interface ControlOpFigures {
   opsPerSec: number;
   p50Ms: number;
   p99Ms: number;
+  /** Store calls one operation made (median): gets and lists, puts and deletes. */
+  reads: number;
+  writes: number;
 }
 
 export interface ControlStoreResult {
@@ -80,7 +84,9 @@ export interface ControlResults {
 interface Plane {
   id: ControlStoreId;
   mooring: Mooring;
-  samples: Record<ControlOp, number[]>;
+  store: CountingStore;
+  /** Per operation: its latency (ms) and its store reads and writes, one entry per cycle. */
+  samples: Record<ControlOp, Array<{ ms: number; reads: number; writes: number }>>;
   cycles: number[];
 }
 
@@ -96,12 +102,13 @@ async function etcdVersion(ctx: TargetContext): Promise<string> {
 
 /** One cycle on volume `name`: every operation timed into the plane's samples (when `record`). */
 async function cycle(p: Plane, name: string, dir: string, record: boolean): Promise<void> {
-  const times: Partial<Record<ControlOp, number>> = {};
+  const taken: Partial<Record<ControlOp, { ms: number; reads: number; writes: number }>> = {};
   const timed = async <T>(op: ControlOp, fn: () => Promise<T>): Promise<T> => {
+    const { reads, writes } = p.store;
     const t0 = performance.now();
     try {
       const out = await fn();
-      times[op] = performance.now() - t0;
+      taken[op] = { ms: performance.now() - t0, reads: p.store.reads - reads, writes: p.store.writes - writes };
       return out;
     } catch (err) {
       throw new BenchError(errorCode(err), `${op} of ${name} (${CONTROL_STORE_LABELS[p.id]}): ${err instanceof Error ? err.message : String(err)}`);
@@ -121,7 +128,7 @@ async function cycle(p: Plane, name: string, dir: string, record: boolean): Prom
   await timed('delete', () => m.deleteVolume(name));
   if (!record) return;
   p.cycles.push(performance.now() - t0);
-  for (const op of CONTROL_OPS) p.samples[op].push(times[op]!);
+  for (const op of CONTROL_OPS) p.samples[op].push(taken[op]!);
 }
 
 function figures(p: Plane): ControlStoreResult {
@@ -129,9 +136,17 @@ function figures(p: Plane): ControlStoreResult {
     store: p.id,
     ops: CONTROL_OPS.map((op) => {
       const xs = p.samples[op];
-      const s = spread(xs);
-      const total = xs.reduce((a, b) => a + b, 0);
-      return { op, count: xs.length, opsPerSec: total > 0 ? (xs.length * 1000) / total : 0, p50Ms: s.median, p99Ms: s.p99 };
+      const s = spread(xs.map((x) => x.ms));
+      const total = xs.reduce((a, x) => a + x.ms, 0);
+      return {
+        op,
+        count: xs.length,
+        opsPerSec: total > 0 ? (xs.length * 1000) / total : 0,
+        p50Ms: s.median,
+        p99Ms: s.p99,
+        reads: spread(xs.map((x) => x.reads)).median,
+        writes: spread(xs.map((x) => x.writes)).median,
+      };
     }),
     cycleP50Ms: spread(p.cycles).median,
   };
@@ -156,9 +171,10 @@ export async function measureControl(ctx: TargetContext, settings: ControlSettin
           ? await FileStateStore.open(join(ctx.dir, 'state'))
           : await EtcdStateStore.open({ endpoints: [etcd.endpoint], prefix: `/bench-${id}/` });
       stores.push(store);
+      const counted = new CountingStore(store);
       // No control loop: only the operations measured touch the store.
-      const mooring = await Mooring.open({ store, hosts: engines, repairIntervalMs: 0, ...(id === 'etcd-leader' ? { leadership: { id: 'bench' } } : {}) });
-      planes.push({ id, mooring, samples: { create: [], attach: [], snapshot: [], migrate: [], detach: [], delete: [] }, cycles: [] });
+      const mooring = await Mooring.open({ store: counted, hosts: engines, repairIntervalMs: 0, ...(id === 'etcd-leader' ? { leadership: { id: 'bench' } } : {}) });
+      planes.push({ id, mooring, store: counted, samples: { create: [], attach: [], snapshot: [], migrate: [], detach: [], delete: [] }, cycles: [] });
     }
     // Names per store: the control planes share the data engines, never a volume.
     const name = (p: Plane, i: number): string => `${p.id}-${String(i).padStart(4, '0')}`;

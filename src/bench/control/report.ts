@@ -18,12 +18,12 @@ function fmt(v: number | undefined, digits: number): string {
 export function controlTable(r: ControlResults): Table {
   const rows: string[][] = [];
   for (const s of r.stores) {
-    for (const o of s.ops) rows.push([o.op, CONTROL_STORE_LABELS[s.store], fmt(o.count, 0), fmt(o.opsPerSec, 1), fmt(o.p50Ms, 1), fmt(o.p99Ms, 1)]);
+    for (const o of s.ops) rows.push([o.op, CONTROL_STORE_LABELS[s.store], fmt(o.count, 0), fmt(o.opsPerSec, 1), fmt(o.p50Ms, 1), fmt(o.p99Ms, 1), fmt(o.reads, 0), fmt(o.writes, 0)]);
   }
   const order = (op: string): number => (CONTROL_OPS as readonly string[]).indexOf(op);
   // Grouped by operation, the stores in their order within each.
   rows.sort((a, b) => order(a[0]!) - order(b[0]!));
-  return { headers: ['operation', 'store', 'count', 'ops/s', 'p50 ms', 'p99 ms'], align: ['l', 'l', 'r', 'r', 'r', 'r'], rows };
+  return { headers: ['operation', 'store', 'count', 'ops/s', 'p50 ms', 'p99 ms', 'store reads', 'store writes'], align: ['l', 'l', 'r', 'r', 'r', 'r', 'r', 'r'], rows };
 }
 
 function opOf(s: ControlStoreResult, op: string): ControlOpFigures | undefined {
@@ -58,7 +58,9 @@ function method(r: ControlResults): string {
     `(after one unmeasured warm-up cycle) on ${r.replicas}-replica ${r.volumeBytes / 1024 ** 2} MiB migratable volumes of its own: create (one replica on each host), ` +
     'attach on h0 with an NBD export, snapshot create, migrate to h1 (the standby started, handed over and confirmed), detach, delete. ' +
     'Operations run one at a time and the stores take turns cycle by cycle (the first store rotating), so a burst of other load weighs on all alike. ' +
-    'ops/s is the operations over the time they took (1 / mean latency, one caller); p50 and p99 are over the cycles, the whole cycle\'s p50 is create to delete.'
+    'ops/s is the operations over the time they took (1 / mean latency, one caller); p50 and p99 are over the cycles, the whole cycle\'s p50 is create to delete. ' +
+    'Store reads (get, list) and writes (put, delete) are the calls one operation made to its store, median over the cycles (under leadership, ' +
+    'a heartbeat of the leader\'s lease that fell into an operation counts too).'
   );
 }
 
