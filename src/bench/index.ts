@@ -290,7 +290,12 @@ function measureScaleStep(s: RunState): Promise<ScaleResults | undefined> {
 
 function measureControlStep(s: RunState): Promise<ControlResults | undefined> {
   const settings = { cycles: s.opts.controlCycles, basePort: s.opts.controlBasePort };
-  return hostStep(s, 'control', `2 data-engine processes and etcd on loopback, ${settings.cycles} cycles of control operations per store`, (ctx) => measureControl(ctx, settings));
+  return hostStep(s, 'control', `2 data-engine processes and etcd on loopback, ${settings.cycles} cycles of control operations per store`, async (ctx) => {
+    const r = await measureControl(ctx, settings);
+    // A failed operation is a finding, in the report; the run fails as for a scale size that failed.
+    for (const st of r.stores) for (const f of st.failures) s.failures.push({ what: `control ${st.store} ${f.op}`, message: `${f.code}: ${f.message}` });
+    return r;
+  });
 }
 
 /** The commit the package was built from (with '+ changes' if the work tree differs), if it is a git checkout. */

@@ -55,6 +55,8 @@ export interface ControlSettings {
 export interface ControlOpFigures {
   op: ControlOp;
   count: number;
+  /** Attempts that failed (not in count). */
+  failed: number;
   /** count over the time the operations took (they run one at a time). */
   opsPerSec: number;
   p50Ms: number;
@@ -64,9 +66,17 @@ export interface ControlOpFigures {
   writes: number;
 }
 
+/** An operation that failed (its cycle ended there). */
+export interface ControlFailure {
+  op: ControlOp;
+  code: string;
+  message: string;
+}
+
 export interface ControlStoreResult {
   store: ControlStoreId;
   ops: ControlOpFigures[];
+  failures: ControlFailure[];
   /** A whole cycle, create to delete: median, ms. */
   cycleP50Ms: number;
 }
@@ -87,7 +97,11 @@ interface Plane {
   store: CountingStore;
   /** Per operation: its latency (ms) and its store reads and writes, one entry per cycle. */
   samples: Record<ControlOp, Array<{ ms: number; reads: number; writes: number }>>;
+  /** Cycles completed whole: create to delete, ms. */
   cycles: number[];
+  failures: ControlFailure[];
+  /** The message of the last `warning` event of the plane's Mooring in this cycle. */
+  lastWarning: string | undefined;
 }
 
 async function etcdVersion(ctx: TargetContext): Promise<string> {
@@ -100,35 +114,47 @@ async function etcdVersion(ctx: TargetContext): Promise<string> {
   return r.stdout.trim().split('\n')[0]!.replace(/^etcd Version:\s*/, 'etcd ');
 }
 
-/** One cycle on volume `name`: every operation timed into the plane's samples (when `record`). */
+/**
+ * One cycle on volume `name`: every operation timed into the plane's samples (when
+ * `record`). An operation that fails is recorded with its code (and the warning Mooring
+ * emitted last, which often names the cause) and ends the cycle; what the cycle left is
+ * detached and deleted if it can be, and the next cycle goes on with a volume of its own.
+ */
 async function cycle(p: Plane, name: string, dir: string, record: boolean): Promise<void> {
   const taken: Partial<Record<ControlOp, { ms: number; reads: number; writes: number }>> = {};
+  let current: ControlOp = 'create';
   const timed = async <T>(op: ControlOp, fn: () => Promise<T>): Promise<T> => {
+    current = op;
     const { reads, writes } = p.store;
     const t0 = performance.now();
-    try {
-      const out = await fn();
-      taken[op] = { ms: performance.now() - t0, reads: p.store.reads - reads, writes: p.store.writes - writes };
-      return out;
-    } catch (err) {
-      throw new BenchError(errorCode(err), `${op} of ${name} (${CONTROL_STORE_LABELS[p.id]}): ${err instanceof Error ? err.message : String(err)}`);
-    }
+    const out = await fn();
+    taken[op] = { ms: performance.now() - t0, reads: p.store.reads - reads, writes: p.store.writes - writes };
+    return out;
   };
   const m = p.mooring;
   const t0 = performance.now();
-  const v = await timed('create', () => m.createVolume({ name, sizeBytes: VOLUME_BYTES, replicas: REPLICAS, accessMode: 'migratable', hosts: ['h0', 'h1'] }));
-  await timed('attach', () => v.attach({ host: 'h0', nbd: `unix:${join(dir, `${name}-h0.sock`)}` }));
-  await timed('snapshot', () => v.createSnapshot('s1'));
-  await timed('migrate', async () => {
-    const mig = await v.migrate('h1', { nbd: `unix:${join(dir, `${name}-h1.sock`)}` });
-    await mig.handOver();
-    await mig.confirm();
-  });
-  await timed('detach', () => v.detach());
-  await timed('delete', () => m.deleteVolume(name));
-  if (!record) return;
-  p.cycles.push(performance.now() - t0);
-  for (const op of CONTROL_OPS) p.samples[op].push(taken[op]!);
+  p.lastWarning = undefined;
+  try {
+    const v = await timed('create', () => m.createVolume({ name, sizeBytes: VOLUME_BYTES, replicas: REPLICAS, accessMode: 'migratable', hosts: ['h0', 'h1'] }));
+    await timed('attach', () => v.attach({ host: 'h0', nbd: `unix:${join(dir, `${name}-h0.sock`)}` }));
+    await timed('snapshot', () => v.createSnapshot('s1'));
+    await timed('migrate', async () => {
+      const mig = await v.migrate('h1', { nbd: `unix:${join(dir, `${name}-h1.sock`)}` });
+      await mig.handOver();
+      await mig.confirm();
+    });
+    await timed('detach', () => v.detach());
+    await timed('delete', () => m.deleteVolume(name));
+  } catch (err) {
+    const message = `${current} of ${name}: ${err instanceof Error ? err.message : String(err)}${p.lastWarning ? ` (last warning: ${p.lastWarning})` : ''}`;
+    p.failures.push({ op: current, code: errorCode(err), message });
+    await m.volume(name).detach().catch(() => undefined);
+    await m.deleteVolume(name).catch(() => undefined);
+    return;
+  } finally {
+    if (record) for (const op of CONTROL_OPS) if (taken[op]) p.samples[op].push(taken[op]);
+  }
+  if (record) p.cycles.push(performance.now() - t0);
 }
 
 function figures(p: Plane): ControlStoreResult {
@@ -141,6 +167,7 @@ function figures(p: Plane): ControlStoreResult {
       return {
         op,
         count: xs.length,
+        failed: p.failures.filter((f) => f.op === op).length,
         opsPerSec: total > 0 ? (xs.length * 1000) / total : 0,
         p50Ms: s.median,
         p99Ms: s.p99,
@@ -149,6 +176,7 @@ function figures(p: Plane): ControlStoreResult {
       };
     }),
     cycleP50Ms: spread(p.cycles).median,
+    failures: p.failures,
   };
 }
 
@@ -174,7 +202,9 @@ export async function measureControl(ctx: TargetContext, settings: ControlSettin
       const counted = new CountingStore(store);
       // No control loop: only the operations measured touch the store.
       const mooring = await Mooring.open({ store: counted, hosts: engines, repairIntervalMs: 0, ...(id === 'etcd-leader' ? { leadership: { id: 'bench' } } : {}) });
-      planes.push({ id, mooring, store: counted, samples: { create: [], attach: [], snapshot: [], migrate: [], detach: [], delete: [] }, cycles: [] });
+      const plane: Plane = { id, mooring, store: counted, samples: { create: [], attach: [], snapshot: [], migrate: [], detach: [], delete: [] }, cycles: [], failures: [], lastWarning: undefined };
+      mooring.on('warning', (e) => (plane.lastWarning = `${e.code}: ${e.message}`));
+      planes.push(plane);
     }
     // Names per store: the control planes share the data engines, never a volume.
     const name = (p: Plane, i: number): string => `${p.id}-${String(i).padStart(4, '0')}`;

@@ -18,12 +18,12 @@ function fmt(v: number | undefined, digits: number): string {
 export function controlTable(r: ControlResults): Table {
   const rows: string[][] = [];
   for (const s of r.stores) {
-    for (const o of s.ops) rows.push([o.op, CONTROL_STORE_LABELS[s.store], fmt(o.count, 0), fmt(o.opsPerSec, 1), fmt(o.p50Ms, 1), fmt(o.p99Ms, 1), fmt(o.reads, 0), fmt(o.writes, 0)]);
+    for (const o of s.ops) rows.push([o.op, CONTROL_STORE_LABELS[s.store], fmt(o.count, 0), fmt(o.failed, 0), fmt(o.opsPerSec, 1), fmt(o.p50Ms, 1), fmt(o.p99Ms, 1), fmt(o.reads, 0), fmt(o.writes, 0)]);
   }
   const order = (op: string): number => (CONTROL_OPS as readonly string[]).indexOf(op);
   // Grouped by operation, the stores in their order within each.
   rows.sort((a, b) => order(a[0]!) - order(b[0]!));
-  return { headers: ['operation', 'store', 'count', 'ops/s', 'p50 ms', 'p99 ms', 'store reads', 'store writes'], align: ['l', 'l', 'r', 'r', 'r', 'r', 'r', 'r'], rows };
+  return { headers: ['operation', 'store', 'count', 'failed', 'ops/s', 'p50 ms', 'p99 ms', 'store reads', 'store writes'], align: ['l', 'l', 'r', 'r', 'r', 'r', 'r', 'r', 'r'], rows };
 }
 
 function opOf(s: ControlStoreResult, op: string): ControlOpFigures | undefined {
@@ -64,6 +64,11 @@ function method(r: ControlResults): string {
   );
 }
 
+/** Each failed operation, store by store. */
+function failureLines(r: ControlResults): string[] {
+  return r.stores.flatMap((s) => s.failures.map((f) => `- ${CONTROL_STORE_LABELS[s.store]}: **${f.code}**: ${f.message.replace(/\s+/g, ' ').slice(0, 600)}`));
+}
+
 export function renderControlMarkdown(r: ControlResults, meta: ControlReportMeta): string {
   const lines = [
     '# Control-plane benchmarks',
@@ -87,6 +92,8 @@ export function renderControlMarkdown(r: ControlResults, meta: ControlReportMeta
     );
   }
   lines.push('## Method', '', method(r), '', '## Operations', '', renderMarkdown(controlTable(r)), '');
+  const failures = failureLines(r);
+  if (failures.length > 0) lines.push('## Failed operations', '', 'Each ended its cycle (not counted above); the next cycle went on.', '', ...failures, '');
   const ratios = ratioTable(r);
   if (ratios) lines.push('## etcd against the file store', '', 'Above 1× on ops/s, or below 1× on latency, is etcd faster.', '', renderMarkdown(ratios), '');
   return `${lines.join('\n').trimEnd()}\n`;
@@ -97,5 +104,6 @@ export function renderControlStdout(r: ControlResults): string {
   const parts = [`Control operations (${r.settings.cycles} cycles per store):`, renderText(controlTable(r))];
   const ratios = ratioTable(r);
   if (ratios) parts.push('etcd against the file store:', renderText(ratios));
+  parts.push(...failureLines(r));
   return `${parts.join('\n')}\n`;
 }
