@@ -465,6 +465,22 @@ export function machineLines(r: Pick<BenchResults, 'machine' | 'scratchDir' | 'l
   ];
 }
 
+/**
+ * The Machine section of a report of its own (scale, control): the machine's lines, `extra`
+ * ones, and when the machine was busy a note ending in how to read the figures then.
+ */
+export function machineSection(r: Pick<BenchResults, 'machine' | 'scratchDir' | 'loadBefore' | 'loadAfter'>, extra: string[], whenShared: string): string[] {
+  const lines = ['## Machine', '', ...[...machineLines(r), ...extra].map((l) => `- ${l}`), ''];
+  if (r.loadBefore[0]! > BUSY_LOAD) {
+    lines.push(
+      `> The machine was shared during this run (1-minute load ${r.loadBefore[0]!.toFixed(2)} at the start on ${r.machine.cores} cores): ` +
+        `absolute figures are noisy; ${whenShared}`,
+      '',
+    );
+  }
+  return lines;
+}
+
 /** What goes to stdout at the end of a run. */
 export function renderStdout(r: BenchResults): string {
   const parts = [

@@ -2,7 +2,7 @@
  * docs/benchmarks-control.md: control operations per second and their p50/p99 latency per
  * store, and each etcd store's ratio to the file store.
  */
-import { BUSY_LOAD, machineLines, renderMarkdown, renderText, type Table } from '../report.js';
+import { machineSection, renderMarkdown, renderText, type Table } from '../report.js';
 import type { ScaleReportMeta } from '../scale/report.js';
 import { CONTROL_OPS, CONTROL_STORE_LABELS, type ControlOpFigures, type ControlResults, type ControlStoreResult } from './index.js';
 
@@ -78,19 +78,8 @@ export function renderControlMarkdown(r: ControlResults, meta: ControlReportMeta
       '(`--control-cycles N` sets the cycles per store); the figures answer issue 18\'s benchmark: control operations per second and their ' +
       'p50/p99 latency with the file store and with etcd ([etcd.md](etcd.md), [leadership.md](leadership.md)).',
     '',
-    '## Machine',
-    '',
-    ...machineLines(meta).map((l) => `- ${l}`),
-    `- etcd: ${r.etcdVersion}`,
-    '',
+    ...machineSection(meta, [`etcd: ${r.etcdVersion}`], 'the stores took turns, so read the ratios.'),
   ];
-  if (meta.loadBefore[0]! > BUSY_LOAD) {
-    lines.push(
-      `> The machine was shared during this run (1-minute load ${meta.loadBefore[0]!.toFixed(2)} at the start on ${meta.machine.cores} cores): ` +
-        'absolute figures are noisy; the stores took turns, so read the ratios.',
-      '',
-    );
-  }
   lines.push('## Method', '', method(r), '', '## Operations', '', renderMarkdown(controlTable(r)), '');
   const failures = failureLines(r);
   if (failures.length > 0) lines.push('## Failed operations', '', 'Each ended its cycle (not counted above); the next cycle went on.', '', ...failures, '');
