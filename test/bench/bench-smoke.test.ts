@@ -8,6 +8,8 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { parseBenchArgs, runBench } from '../../src/bench/index.js';
 import { SCALE_DEPTHS, SCALE_EXTENTS, SCALE_VOLUMES, scaleSizes } from '../../src/bench/scale/index.js';
+import { CONTROL_OPS, type ControlResults, type ControlStoreId } from '../../src/bench/control/index.js';
+import { renderControlMarkdown } from '../../src/bench/control/report.js';
 
 // The run needs these tools and a build; a missing one fails the test loudly.
 function requireTool(tool: string): void {
@@ -96,6 +98,24 @@ describe('bench options', () => {
     } finally {
       err.mockRestore();
     }
+  });
+});
+
+describe('bench control report', () => {
+  it('shows failed operations with their codes, and etcd against the file store per operation', () => {
+    const store = (id: ControlStoreId, p50Ms: number, failed: number): ControlResults['stores'][number] => ({
+      store: id,
+      ops: CONTROL_OPS.map((op) => ({ op, count: op === 'delete' ? 10 - failed : 10, failed: op === 'delete' ? failed : 0, opsPerSec: 1000 / p50Ms, p50Ms, p99Ms: 2 * p50Ms, reads: 3, writes: 2 })),
+      cycleP50Ms: 6 * p50Ms,
+      failures: failed > 0 ? [{ op: 'delete', code: 'UNAVAILABLE', message: 'delete of etcd-0003: 1 replica(s) could not be deleted' }] : [],
+    });
+    const r: ControlResults = { settings: { cycles: 10, basePort: 17900 }, volumeBytes: 16 * 1024 ** 2, replicas: 2, etcdVersion: 'etcd 3.4.23', stores: [store('file', 10, 0), store('etcd', 15, 1)] };
+    const machine = { cpuModel: 'cpu', cores: 2, memoryGiB: 4, distro: 'Debian', kernel: 'Linux', filesystem: 'ext4', fio: 'fio', qemuNbd: 'qemu-nbd', node: 'v20', mooring: '0.1.0' };
+    const md = renderControlMarkdown(r, { startedAt: new Date(0), durationSec: 1, machine, scratchDir: '/tmp', loadBefore: [0, 0, 0], loadAfter: [0, 0, 0], commit: undefined, command: 'mooring bench --control-only' });
+    expect(md).toContain('| delete | etcd | 9 | 1 | 66.7 | 15.0 | 30.0 | 3 | 2 |');
+    expect(md).toMatch(/## Failed operations[\s\S]*- etcd: \*\*UNAVAILABLE\*\*: delete of etcd-0003/);
+    expect(md).toContain('| attach | etcd | 0.67× | 1.50× | 1.50× |');
+    expect(md).toContain('| whole cycle | etcd | – | 1.50× | – |');
   });
 });
 
