@@ -32,6 +32,8 @@ import { measureBackingImageRead, type BackingImageReadResults } from './backing
 import { benchLogLine } from './bench-log.js';
 import { measureScale, type ScaleResults } from './scale/index.js';
 import { renderScaleMarkdown, renderScaleStdout } from './scale/report.js';
+import { measureControl, type ControlResults } from './control/index.js';
+import { renderControlMarkdown, renderControlStdout } from './control/report.js';
 import { DEFAULT_LOG_SETTINGS, makeCliLogger } from '../cli/log.js';
 import type { Logger } from '../util/logger.js';
 
@@ -286,6 +288,16 @@ function measureScaleStep(s: RunState): Promise<ScaleResults | undefined> {
   });
 }
 
+function measureControlStep(s: RunState): Promise<ControlResults | undefined> {
+  const settings = { cycles: s.opts.controlCycles, basePort: s.opts.controlBasePort };
+  return hostStep(s, 'control', `2 data-engine processes and etcd on loopback, ${settings.cycles} cycles of control operations per store`, async (ctx) => {
+    const r = await measureControl(ctx, settings);
+    // A failed operation is a finding, in the report; the run fails as for a scale size that failed.
+    for (const st of r.stores) for (const f of st.failures) s.failures.push({ what: `control ${st.store} ${f.op}`, message: `${f.code}: ${f.message}` });
+    return r;
+  });
+}
+
 /** The commit the package was built from (with '+ changes' if the work tree differs), if it is a git checkout. */
 function sourceCommit(root: string | undefined): string | undefined {
   if (!root) return undefined;
@@ -303,7 +315,7 @@ async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: str
   const needNbd = s.opts.targets.some((t) => !t.startsWith('file-')) || s.opts.rss || s.opts.scale;
   const needGuest = s.opts.guestMigrations > 0;
   const needQemu = s.opts.targets.some((t) => t.startsWith('qemu-')) || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0 || needGuest;
-  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0 || needGuest || s.opts.scale;
+  const needMooring = s.opts.targets.some((t) => t.startsWith('mooring-')) || s.opts.rss || s.opts.rebuild || s.opts.backingImage || s.opts.migrations > 0 || s.opts.upgrades > 0 || needGuest || s.opts.scale || s.opts.control;
 
   // A missing tool rejects with BENCH_TOOL_MISSING; keep an interrupt an interrupt.
   const orUndefined = (err: unknown): undefined => {
@@ -423,7 +435,7 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
   const started = new Date();
   const loadBefore = os.loadavg();
   // Read at the start: the tree may change while a long run goes on.
-  const commit = opts.scale ? sourceCommit(root) : undefined;
+  const commit = opts.scale || opts.control ? sourceCommit(root) : undefined;
   try {
     const parent = resolve(opts.parentDir ?? os.tmpdir());
     const base = { opts, tracker, abort: controller.signal, log, measurements: [], serverPeaks: [], failures: [], mooringCli: undefined };
@@ -445,6 +457,7 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
     const backingImageRead = opts.backingImage ? await measureBackingImageReadStep(s) : undefined;
     const backingImageDelivery = opts.backingImage ? await measureBackingImageDeliveryStep(s) : undefined;
     const scale = opts.scale ? await measureScaleStep(s) : undefined;
+    const control = opts.control ? await measureControlStep(s) : undefined;
 
     const results: BenchResults = {
       startedAt: started,
@@ -470,25 +483,28 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
       backingImageRead,
       backingImageDelivery,
       scale,
+      control,
       failures: s.failures,
     };
     stdout(renderStdout(results));
+    // A report path given on the command line is the working directory's; a default one, the package's.
+    const write = (path: string | undefined, isDefault: boolean, text: () => string): void => {
+      if (!path) return;
+      const out = isDefault && root ? join(root, path) : resolve(path);
+      mkdirSync(dirname(out), { recursive: true });
+      writeFileSync(out, text());
+      log(`wrote ${out}`);
+    };
+    const meta = { startedAt: started, durationSec: results.durationSec, machine, scratchDir: parent, loadBefore, loadAfter: results.loadAfter, commit, command: `mooring bench ${argv.join(' ')}`.trim() };
     if (scale) {
       stdout(renderScaleStdout(scale));
-      if (opts.scaleOutPath) {
-        const out = opts.scaleOutPathIsDefault && root ? join(root, opts.scaleOutPath) : resolve(opts.scaleOutPath);
-        mkdirSync(dirname(out), { recursive: true });
-        const meta = { startedAt: started, durationSec: results.durationSec, machine, scratchDir: parent, loadBefore, loadAfter: results.loadAfter, commit, command: `mooring bench ${argv.join(' ')}`.trim() };
-        writeFileSync(out, renderScaleMarkdown(scale, meta));
-        log(`wrote ${out}`);
-      }
+      write(opts.scaleOutPath, opts.scaleOutPathIsDefault, () => renderScaleMarkdown(scale, meta));
     }
-    if (opts.outPath) {
-      const out = opts.outPathIsDefault && root ? join(root, opts.outPath) : resolve(opts.outPath);
-      mkdirSync(dirname(out), { recursive: true });
-      writeFileSync(out, renderMarkdownReport(results));
-      log(`wrote ${out}`);
+    if (control) {
+      stdout(renderControlStdout(control));
+      write(opts.controlOutPath, opts.controlOutPathIsDefault, () => renderControlMarkdown(control, meta));
     }
+    write(opts.outPath, opts.outPathIsDefault, () => renderMarkdownReport(results));
     if (opts.jsonPath) {
       const out = resolve(opts.jsonPath);
       mkdirSync(dirname(out), { recursive: true });

@@ -53,6 +53,16 @@ export interface BenchOptions {
   scaleOutPath: string | undefined;
   /** scaleOutPath is the default (resolved against the package root). */
   scaleOutPathIsDefault: boolean;
+  /** Run the control-plane step (issue 18): control operations with the file store and with etcd. */
+  control: boolean;
+  /** Measured create-to-delete cycles per store of the control step. */
+  controlCycles: number;
+  /** First of the loopback TCP ports the control step uses (etcd client and peer, two replica servers). */
+  controlBasePort: number;
+  /** Control report path (default docs/benchmarks-control.md); undefined = do not write one. */
+  controlOutPath: string | undefined;
+  /** controlOutPath is the default (resolved against the package root). */
+  controlOutPathIsDefault: boolean;
   /** Explicit path of the Mooring CLI script; undefined = this package's dist/cli.js. */
   mooringCli: string | undefined;
   help: boolean;
@@ -67,6 +77,15 @@ export class BenchUsageError extends Error {
 export const DEFAULT_OUT_PATH = 'docs/benchmarks.md';
 /** Relative to the package root: the scale curves' report. */
 export const DEFAULT_SCALE_OUT_PATH = 'docs/benchmarks-scale.md';
+/** Relative to the package root: the control-plane report. */
+export const DEFAULT_CONTROL_OUT_PATH = 'docs/benchmarks-control.md';
+const DEFAULT_CONTROL_CYCLES = 50;
+const QUICK_CONTROL_CYCLES = 10;
+const CONTROL_CYCLES_MAX = 10_000;
+/** Distinct from the other steps' fixed ports (17810-17999 in steps of 10 and up). */
+const DEFAULT_CONTROL_BASE_PORT = 17900;
+/** Ports from the control step's base: etcd client, etcd peer, the replica servers of h0 and h1. */
+export const CONTROL_PORTS_USED = 4;
 /** The largest size of the full scale run is 1 M (extents); a cap beyond it is a typo. */
 const SCALE_MAX_MAX = 1_000_000;
 const DEFAULT_SCALE_STEP_TIMEOUT_SEC = 1800;
@@ -152,6 +171,14 @@ Options:
   --scale-step-timeout SEC  one size of one curve may take this long, then it is recorded
                       as BENCH_TIMEOUT and its curve ends (default ${DEFAULT_SCALE_STEP_TIMEOUT_SEC})
   --scale-out FILE    scale report (default docs/benchmarks-scale.md of this package; '-' = none)
+  --control           also run the control-plane step: cycles of create, attach, snapshot,
+                      migrate, detach and delete with the file store, with etcd, and with etcd
+                      under leadership (needs etcd: apt-get install etcd-server)
+  --control-only      run only the control-plane step (no main report unless --out is given)
+  --control-cycles N  measured cycles per store (default ${DEFAULT_CONTROL_CYCLES}, --quick ${QUICK_CONTROL_CYCLES})
+  --control-port N    first of 4 loopback TCP ports the step uses: etcd client and peer, two
+                      replica servers (default ${DEFAULT_CONTROL_BASE_PORT})
+  --control-out FILE  control report (default docs/benchmarks-control.md of this package; '-' = none)
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
 
@@ -174,6 +201,12 @@ function parsePositiveNumber(value: string, option: string, max: number, allowZe
   return n;
 }
 
+function wholeNumber(value: string, option: string, max: number, allowZero: boolean): number {
+  const n = parsePositiveNumber(value, option, max, allowZero);
+  if (!Number.isInteger(n)) throw new BenchUsageError(`${option} must be a whole number`);
+  return n;
+}
+
 /** Parses `mooring bench` arguments (without the leading `bench`). Throws BenchUsageError. */
 export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let quick = false;
@@ -190,6 +223,11 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let scaleMax: number | undefined;
   let scaleStepTimeoutSec = DEFAULT_SCALE_STEP_TIMEOUT_SEC;
   let scaleOutPath: string | undefined | null = null; // null = default
+  let control = false;
+  let controlOnly = false;
+  let controlCycles: number | undefined;
+  let controlBasePort = DEFAULT_CONTROL_BASE_PORT;
+  let controlOutPath: string | undefined | null = null; // null = default
   let runtimeSec: number | undefined;
   let repeat = 1;
   let rampSec: number | undefined;
@@ -225,34 +263,19 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '--backing-image-only': backingImageOnly = true; break;
       case '--scale': scale = true; break;
       case '--scale-only': scaleOnly = true; break;
-      case '--scale-max': {
-        scaleMax = parsePositiveNumber(value(), arg, SCALE_MAX_MAX, false);
-        if (!Number.isInteger(scaleMax)) throw new BenchUsageError('--scale-max must be a whole number');
-        break;
-      }
+      case '--scale-max': scaleMax = wholeNumber(value(), arg, SCALE_MAX_MAX, false); break;
       case '--scale-step-timeout': scaleStepTimeoutSec = parsePositiveNumber(value(), arg, SCALE_STEP_TIMEOUT_SEC_MAX, false); break;
       case '--scale-out': { const v = value(); scaleOutPath = v === '-' ? undefined : v; break; }
-      case '--migrations': {
-        migrations = parsePositiveNumber(value(), arg, MIGRATIONS_MAX, true);
-        if (!Number.isInteger(migrations)) throw new BenchUsageError('--migrations must be a whole number');
-        break;
-      }
-      case '--upgrades': {
-        upgrades = parsePositiveNumber(value(), arg, UPGRADES_MAX, true);
-        if (!Number.isInteger(upgrades)) throw new BenchUsageError('--upgrades must be a whole number');
-        break;
-      }
-      case '--guest-migrations': {
-        guestMigrations = parsePositiveNumber(value(), arg, GUEST_MIGRATIONS_MAX, true);
-        if (!Number.isInteger(guestMigrations)) throw new BenchUsageError('--guest-migrations must be a whole number');
-        break;
-      }
+      case '--control': control = true; break;
+      case '--control-only': controlOnly = true; break;
+      case '--control-cycles': controlCycles = wholeNumber(value(), arg, CONTROL_CYCLES_MAX, false); break;
+      case '--control-port': controlBasePort = wholeNumber(value(), arg, 65536 - CONTROL_PORTS_USED, false); break;
+      case '--control-out': { const v = value(); controlOutPath = v === '-' ? undefined : v; break; }
+      case '--migrations': migrations = wholeNumber(value(), arg, MIGRATIONS_MAX, true); break;
+      case '--upgrades': upgrades = wholeNumber(value(), arg, UPGRADES_MAX, true); break;
+      case '--guest-migrations': guestMigrations = wholeNumber(value(), arg, GUEST_MIGRATIONS_MAX, true); break;
       case '--runtime': runtimeSec = parsePositiveNumber(value(), arg, RUNTIME_SEC_MAX, false); break;
-      case '--repeat': {
-        repeat = parsePositiveNumber(value(), arg, REPEAT_MAX, false);
-        if (!Number.isInteger(repeat)) throw new BenchUsageError('--repeat must be a whole number');
-        break;
-      }
+      case '--repeat': repeat = wholeNumber(value(), arg, REPEAT_MAX, false); break;
       case '--ramp': rampSec = parsePositiveNumber(value(), arg, RUNTIME_SEC_MAX, true); break;
       case '--size': {
         areaBytes = parseSizeBytes(value());
@@ -290,11 +313,12 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     }
   }
 
-  if (scaleOnly && backingImageOnly) throw new BenchUsageError('--scale-only and --backing-image-only contradict each other');
+  const onlys = [scaleOnly && '--scale-only', backingImageOnly && '--backing-image-only', controlOnly && '--control-only'].filter((o): o is string => o !== false);
+  if (onlys.length > 1) throw new BenchUsageError(`${onlys.join(' and ')} contradict each other`);
   if (backingImageOnly && !backingImage) throw new BenchUsageError('--backing-image-only and --no-backing-image contradict each other');
-  if (scaleOnly || backingImageOnly) {
+  if (onlys.length === 1) {
     // One step alone: the options without the --*-only flag, every other step off.
-    const only = scaleOnly ? '--scale-only' : '--backing-image-only';
+    const only = onlys[0]!;
     return {
       ...parseBenchArgs(argv.filter((a) => a !== only)),
       targets: [],
@@ -303,7 +327,9 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       migrations: 0,
       upgrades: 0,
       guestMigrations: 0,
-      ...(scaleOnly ? { backingImage: false, scale: true } : { backingImage: true }),
+      backingImage: backingImageOnly,
+      scale: scaleOnly,
+      control: controlOnly,
       outPath: outPath === null ? undefined : outPath,
       outPathIsDefault: false,
     };
@@ -319,6 +345,11 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     scaleStepTimeoutSec,
     scaleOutPath: scaleOutPath === null ? DEFAULT_SCALE_OUT_PATH : scaleOutPath,
     scaleOutPathIsDefault: scaleOutPath === null,
+    control,
+    controlCycles: controlCycles ?? (quick ? QUICK_CONTROL_CYCLES : DEFAULT_CONTROL_CYCLES),
+    controlBasePort,
+    controlOutPath: controlOutPath === null ? DEFAULT_CONTROL_OUT_PATH : controlOutPath,
+    controlOutPathIsDefault: controlOutPath === null,
     migrations: migrations ?? (quick ? QUICK_MIGRATIONS : DEFAULT_MIGRATIONS),
     upgrades: upgrades ?? (quick ? QUICK_UPGRADES : DEFAULT_UPGRADES),
     guestMigrations: guestMigrations ?? (quick ? QUICK_GUEST_MIGRATIONS : DEFAULT_GUEST_MIGRATIONS),

@@ -4,6 +4,7 @@
 import type { FioFigures } from './fio.js';
 import type { MachineInfo } from './machine.js';
 import type { ScaleResults } from './scale/index.js';
+import type { ControlResults } from './control/index.js';
 import type { MigrationResults } from './migration.js';
 import type { UpgradeResults } from './upgrade.js';
 import type { GuestMigrationResults } from './guest-migration.js';
@@ -72,6 +73,8 @@ export interface BenchResults {
   backingImageDelivery?: BackingImageDeliveryResults | undefined;
   /** The scale curves (--scale); undefined when skipped. */
   scale?: ScaleResults | undefined;
+  /** Control operations with the file store and etcd (--control); undefined when skipped. */
+  control?: ControlResults | undefined;
   /** Targets or steps that failed; the rest of the run went on. */
   failures: Array<{ what: string; message: string }>;
 }
@@ -462,6 +465,22 @@ export function machineLines(r: Pick<BenchResults, 'machine' | 'scratchDir' | 'l
   ];
 }
 
+/**
+ * The Machine section of a report of its own (scale, control): the machine's lines, `extra`
+ * ones, and when the machine was busy a note ending in how to read the figures then.
+ */
+export function machineSection(r: Pick<BenchResults, 'machine' | 'scratchDir' | 'loadBefore' | 'loadAfter'>, extra: string[], whenShared: string): string[] {
+  const lines = ['## Machine', '', ...[...machineLines(r), ...extra].map((l) => `- ${l}`), ''];
+  if (r.loadBefore[0]! > BUSY_LOAD) {
+    lines.push(
+      `> The machine was shared during this run (1-minute load ${r.loadBefore[0]!.toFixed(2)} at the start on ${r.machine.cores} cores): ` +
+        `absolute figures are noisy; ${whenShared}`,
+      '',
+    );
+  }
+  return lines;
+}
+
 /** What goes to stdout at the end of a run. */
 export function renderStdout(r: BenchResults): string {
   const parts = [
@@ -515,6 +534,12 @@ export function renderMarkdownReport(r: BenchResults): string {
     '',
     'Why the figures are what they are (profiles, the 3-replica write ratio on a single disk, what is left to do): ' +
       '[performance-notes.md](performance-notes.md).',
+    '',
+    'Reports of their own: [benchmarks-hosts.md](benchmarks-hosts.md) (remote replicas and rebuilds), ' +
+      '[benchmarks-upgrade.md](benchmarks-upgrade.md) (pauses during an in-place upgrade), ' +
+      '[benchmarks-guest-migration.md](benchmarks-guest-migration.md) (a QEMU guest\'s migration downtime), ' +
+      '[benchmarks-scale.md](benchmarks-scale.md) (volumes, chain depth, extents), ' +
+      '[benchmarks-control.md](benchmarks-control.md) (control operations with the file store and with etcd).',
     '',
     '## Machine',
     '',

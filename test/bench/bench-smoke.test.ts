@@ -8,6 +8,8 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { parseBenchArgs, runBench } from '../../src/bench/index.js';
 import { SCALE_DEPTHS, SCALE_EXTENTS, SCALE_VOLUMES, scaleSizes } from '../../src/bench/scale/index.js';
+import { CONTROL_OPS, type ControlResults, type ControlStoreId } from '../../src/bench/control/index.js';
+import { renderControlMarkdown } from '../../src/bench/control/report.js';
 
 // The run needs these tools and a build; a missing one fails the test loudly.
 function requireTool(tool: string): void {
@@ -67,6 +69,11 @@ describe('bench options', () => {
     expect(parseBenchArgs(['--scale']).scale).toBe(true);
     const sc = parseBenchArgs(['--scale-only', '--scale-max', '20', '--scale-out', '-']);
     expect(sc).toMatchObject({ scale: true, scaleMax: 20, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, backingImage: false, outPath: undefined, scaleOutPath: undefined });
+    // The control step is off by default; --control-only runs nothing else.
+    expect(full).toMatchObject({ control: false, controlCycles: 50, controlBasePort: 17900, controlOutPath: 'docs/benchmarks-control.md' });
+    expect(quick.controlCycles).toBe(10);
+    const co = parseBenchArgs(['--control-only', '--control-cycles', '7', '--control-port', '48400', '--control-out', '-']);
+    expect(co).toMatchObject({ control: true, controlCycles: 7, controlBasePort: 48400, controlOutPath: undefined, scale: false, backingImage: false, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, outPath: undefined });
   });
 
   it('caps the scale curves: --quick keeps two sizes, --scale-max N measures N instead of the larger ones', () => {
@@ -85,9 +92,30 @@ describe('bench options', () => {
       expect(await runBench(['--migrations', '2.5'])).toBe(2);
       expect(await runBench(['--scale-max', '0'])).toBe(2);
       expect(await runBench(['--scale-only', '--backing-image-only'])).toBe(2);
+      expect(await runBench(['--control-only', '--scale-only'])).toBe(2);
+      expect(await runBench(['--control-cycles', '0'])).toBe(2);
+      expect(await runBench(['--control-port', '65535'])).toBe(2);
     } finally {
       err.mockRestore();
     }
+  });
+});
+
+describe('bench control report', () => {
+  it('shows failed operations with their codes, and etcd against the file store per operation', () => {
+    const store = (id: ControlStoreId, p50Ms: number, failed: number): ControlResults['stores'][number] => ({
+      store: id,
+      ops: CONTROL_OPS.map((op) => ({ op, count: op === 'delete' ? 10 - failed : 10, failed: op === 'delete' ? failed : 0, opsPerSec: 1000 / p50Ms, p50Ms, p99Ms: 2 * p50Ms, reads: 3, writes: 2 })),
+      cycleP50Ms: 6 * p50Ms,
+      failures: failed > 0 ? [{ op: 'delete', code: 'UNAVAILABLE', message: 'delete of etcd-0003: 1 replica(s) could not be deleted' }] : [],
+    });
+    const r: ControlResults = { settings: { cycles: 10, basePort: 17900 }, volumeBytes: 16 * 1024 ** 2, replicas: 2, etcdVersion: 'etcd 3.4.23', stores: [store('file', 10, 0), store('etcd', 15, 1)] };
+    const machine = { cpuModel: 'cpu', cores: 2, memoryGiB: 4, distro: 'Debian', kernel: 'Linux', filesystem: 'ext4', fio: 'fio', qemuNbd: 'qemu-nbd', node: 'v20', mooring: '0.1.0' };
+    const md = renderControlMarkdown(r, { startedAt: new Date(0), durationSec: 1, machine, scratchDir: '/tmp', loadBefore: [0, 0, 0], loadAfter: [0, 0, 0], commit: undefined, command: 'mooring bench --control-only' });
+    expect(md).toContain('| delete | etcd | 9 | 1 | 66.7 | 15.0 | 30.0 | 3 | 2 |');
+    expect(md).toMatch(/## Failed operations[\s\S]*- etcd: \*\*UNAVAILABLE\*\*: delete of etcd-0003/);
+    expect(md).toContain('| attach | etcd | 0.67× | 1.50× | 1.50× |');
+    expect(md).toContain('| whole cycle | etcd | – | 1.50× | – |');
   });
 });
 
@@ -161,6 +189,36 @@ describe('bench scale smoke run', () => {
     expect(md).toMatch(/\| 0 → 20 \(from 0\) \| ×[\d.,]+ \|/);
     expect(md).toMatch(/measured at commit `[0-9a-f]{12}/);
     expect(stdout).toContain('Volumes per cluster:');
+    expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
+  }, 300_000);
+});
+
+describe('bench control smoke run', () => {
+  it('runs the control operations with the file store, etcd and etcd under leadership, and writes their figures and ratios', async () => {
+    for (const tool of ['fio', 'etcd']) requireTool(tool);
+    expect(existsSync(join(root, 'dist/cli.js')), 'dist/cli.js missing: run npm run build').toBe(true);
+    const out = join(work, 'benchmarks-control.md');
+    // Ports 48410-48413: etcd's client and peer ports, the two data engines' replica servers.
+    const { code, stdout, stderr } = await runCaptured(['--control-only', '--control-cycles', '2', '--control-port', '48410', '--dir', work, '--control-out', out]);
+    expect(code, `mooring bench exited ${code}; its log:\n${stderr.slice(-8000)}`).toBe(0);
+    const md = readFileSync(out, 'utf8');
+    for (const section of ['## Machine', '## Method', '## Operations', '## etcd against the file store']) expect(md).toContain(section);
+    expect(md).toMatch(/^- etcd: etcd \d+\.\d+/m);
+    const num = String.raw`[\d,]+\.\d`;
+    // Every operation on every store: 2 measured, none failed, ops/s, p50 and p99, store reads and writes
+    // (every operation writes: at least its records, or the volume's epoch).
+    for (const op of ['create', 'attach', 'snapshot', 'migrate', 'detach', 'delete']) {
+      for (const store of ['file store', 'etcd', 'etcd, leader-guarded writes']) {
+        expect(md).toMatch(new RegExp(String.raw`^\| ${op} \| ${store} \| 2 \| 0 \| ${num} \| ${num} \| ${num} \| \d+ \| [1-9]\d* \|$`, 'm'));
+      }
+      for (const store of ['etcd', 'etcd, leader-guarded writes']) {
+        expect(md).toMatch(new RegExp(String.raw`^\| ${op} \| ${store} \| ${num}\d× \| ${num}\d× \| ${num}\d× \|$`, 'm'));
+      }
+    }
+    expect(md).toMatch(/^\| whole cycle \| etcd \| – \| [\d.,]+× \| – \|$/m);
+    expect(md).toMatch(/measured at commit `[0-9a-f]{12}/);
+    expect(stdout).toContain('Control operations (2 cycles per store):');
+    // The scratch directory (etcd's data and the data engines') is gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);
   }, 300_000);
 });

@@ -13,7 +13,7 @@ import { MooringError } from '../../src/errors.js';
 import { EtcdStateStore } from '../../src/state/etcd-state-store.js';
 import type { StateChange } from '../../src/state/state-store.js';
 import { codeOf } from '../helpers/codes.js';
-import { EtcdServer } from '../helpers/etcd-server.js';
+import { EtcdServer } from '../../src/bench/etcd-server.js';
 import { makePki, type TestPki } from '../native/remote-helpers.js';
 import { stateStoreContract } from '../unit/state/state-store-contract.js';
 
@@ -216,7 +216,7 @@ describe('EtcdStateStore over TLS', () => {
   beforeAll(async () => {
     dir = await mkdtemp(join(tmpdir(), 'mooring-etcd-pki-'));
     pki = makePki(dir);
-    tlsServer = await EtcdServer.start(48212, 48213, { caFile: join(dir, 'ca1.crt'), certFile: join(dir, 'server.crt'), keyFile: join(dir, 'server.key'), clientCertAuth: true });
+    tlsServer = await EtcdServer.start(48212, 48213, { tls: { caFile: join(dir, 'ca1.crt'), certFile: join(dir, 'server.crt'), keyFile: join(dir, 'server.key'), clientCertAuth: true } });
   });
   afterAll(async () => {
     await tlsServer?.destroy();

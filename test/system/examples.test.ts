@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 
-import { EtcdServer } from '../helpers/etcd-server.js';
+import { EtcdServer } from '../../src/bench/etcd-server.js';
 import { guestImage, writerScript } from './helpers/guest.js';
 import { ensureLibvirtd, validateDomainXml } from './helpers/libvirt.js';
 import { buildShim } from './helpers/sanlock-daemon.js';

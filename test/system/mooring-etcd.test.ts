@@ -8,7 +8,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { Mooring } from '../../src/mooring.js';
 import { EtcdStateStore } from '../../src/state/etcd-state-store.js';
-import { EtcdServer } from '../helpers/etcd-server.js';
+import { EtcdServer } from '../../src/bench/etcd-server.js';
 import { qemuIo, requireTool, run, TempDir } from './helpers/tools.js';
 
 const MiB = 1024 * 1024;

@@ -3,7 +3,7 @@
  * the step's growth in the size, failures with their codes, and issue 21's targets.
  */
 import type { MachineInfo } from '../machine.js';
-import { BUSY_LOAD, machineLines, renderMarkdown, renderText, type Table } from '../report.js';
+import { machineSection, renderMarkdown, renderText, type Table } from '../report.js';
 import type { ScaleCurve, ScalePoint } from './curve.js';
 import type { ScaleResults } from './index.js';
 
@@ -102,19 +102,8 @@ export function renderScaleMarkdown(r: ScaleResults, meta: ScaleReportMeta): str
       "previous size, and in brackets that factor over the step's growth in the size itself (\"of N's\"): about 1 means the cost grows " +
       'linearly, about 0 that it stays flat, above 1 faster than linearly. A size that failed is listed with its error code and ends its curve.',
     '',
-    '## Machine',
-    '',
-    ...machineLines(meta).map((l) => `- ${l}`),
-    `- Open-file limit of the bench and its data engines (soft): ${r.openFileLimit}`,
-    '',
+    ...machineSection(meta, [`Open-file limit of the bench and its data engines (soft): ${r.openFileLimit}`], 'read the growth factors, and a single step\'s factor only roughly.'),
   ];
-  if (meta.loadBefore[0]! > BUSY_LOAD) {
-    lines.push(
-      `> The machine was shared during this run (1-minute load ${meta.loadBefore[0]!.toFixed(2)} at the start on ${meta.machine.cores} cores): ` +
-        'absolute figures are noisy; read the growth factors, and a single step\'s factor only roughly.',
-      '',
-    );
-  }
   const verdicts = scaleVerdicts(r);
   if (verdicts.length > 0) lines.push('## Targets (issue 21)', '', '| target | measured | verdict |', '| --- | ---: | --- |', ...verdicts, '');
   for (const c of r.curves) {

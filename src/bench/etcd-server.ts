@@ -1,12 +1,13 @@
-// A real etcd server for tests (Debian package etcd-server, installed by .ci/setup.sh): one
-// member on loopback, a temporary data directory, the client and peer ports a test gives.
-// It can be stopped and started again on the same data, serve TLS, and have auth enabled.
-import { spawn, type ChildProcess } from 'node:child_process';
+// A real etcd server (Debian package etcd-server, installed by .ci/setup.sh) for the tests
+// and the control-plane benchmark: one member on loopback, a temporary data directory, the
+// client and peer ports the caller gives. It can be stopped and started again on the same
+// data, serve TLS, and have auth enabled.
+import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { Etcd3 } from 'etcd3';
+import { loadEtcd3 } from '../state/etcd-connection.js';
 
 /** Server TLS: PEM files (the CA also checks client certificates when clientCertAuth). */
 export interface EtcdServerTls {
@@ -14,6 +15,16 @@ export interface EtcdServerTls {
   certFile: string;
   keyFile: string;
   clientCertAuth: boolean;
+}
+
+/** Options of {@link EtcdServer.start}. */
+export interface EtcdServerOptions {
+  /** Serve clients over TLS. */
+  tls?: EtcdServerTls;
+  /** Where the temporary directory of its data goes (default: the OS temp dir). */
+  parentDir?: string;
+  /** Starts the process (default child_process.spawn): the bench tracks its children with it. */
+  spawn?: (command: string, args: readonly string[], options: SpawnOptions) => ChildProcess;
 }
 
 const LOG_KEEP_BYTES = 256 * 1024;
@@ -24,21 +35,29 @@ export class EtcdServer {
   readonly clientPort: number;
   readonly peerPort: number;
   readonly tls: EtcdServerTls | undefined;
+  readonly #spawn: NonNullable<EtcdServerOptions['spawn']>;
   #proc: ChildProcess | undefined;
   #log = '';
+  #onExit: ((code: number | null, signal: NodeJS.Signals | null) => void) | undefined;
 
-  private constructor(dataDir: string, clientPort: number, peerPort: number, tls: EtcdServerTls | undefined) {
+  private constructor(dataDir: string, clientPort: number, peerPort: number, options: EtcdServerOptions) {
     this.dataDir = dataDir;
     this.clientPort = clientPort;
     this.peerPort = peerPort;
-    this.tls = tls;
+    this.tls = options.tls;
+    this.#spawn = options.spawn ?? spawn;
   }
 
-  /** Starts a new member on fresh data. */
-  static async start(clientPort: number, peerPort: number, tls?: EtcdServerTls): Promise<EtcdServer> {
-    const dir = await mkdtemp(join(tmpdir(), 'mooring-etcd-'));
-    const s = new EtcdServer(join(dir, 'data'), clientPort, peerPort, tls);
-    await s.restart();
+  /** Starts a new member on fresh data; its data directory is removed if it does not start. */
+  static async start(clientPort: number, peerPort: number, options: EtcdServerOptions = {}): Promise<EtcdServer> {
+    const dir = await mkdtemp(join(options.parentDir ?? tmpdir(), 'mooring-etcd-'));
+    const s = new EtcdServer(join(dir, 'data'), clientPort, peerPort, options);
+    try {
+      await s.restart();
+    } catch (err) {
+      await s.destroy();
+      throw err;
+    }
     return s;
   }
 
@@ -78,7 +97,7 @@ export class EtcdServer {
       args.push('--cert-file', this.tls.certFile, '--key-file', this.tls.keyFile, '--trusted-ca-file', this.tls.caFile);
       if (this.tls.clientCertAuth) args.push('--client-cert-auth');
     }
-    const proc = spawn('etcd', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const proc = this.#spawn('etcd', args, { stdio: ['ignore', 'pipe', 'pipe'] });
     this.#proc = proc;
     await new Promise<void>((resolve, reject) => {
       const onData = (b: Buffer): void => {
@@ -90,11 +109,15 @@ export class EtcdServer {
       };
       proc.stdout!.on('data', onData);
       proc.stderr!.on('data', onData);
-      proc.once('error', (err) => reject(new Error(`cannot start etcd (install the Debian package etcd-server): ${err.message}`)));
-      proc.once('exit', (code, signal) => {
+      proc.once('error', (err) => {
+        this.#proc = undefined;
+        reject(new Error(`cannot start etcd (install the Debian package etcd-server): ${err.message}`));
+      });
+      this.#onExit = (code, signal) => {
         this.#proc = undefined;
         reject(new Error(`etcd exited (${code ?? signal}) before serving clients:\n${this.#log}`));
-      });
+      };
+      proc.once('exit', this.#onExit);
     });
     proc.stdout!.removeAllListeners('data');
     proc.stderr!.removeAllListeners('data');
@@ -110,7 +133,8 @@ export class EtcdServer {
     const proc = this.#proc;
     if (!proc) return;
     this.#proc = undefined;
-    proc.removeAllListeners('exit');
+    if (this.#onExit) proc.off('exit', this.#onExit);
+    if (proc.exitCode !== null || proc.signalCode !== null) return;
     const exited = new Promise((r) => proc.once('exit', r));
     proc.kill('SIGKILL');
     await exited;
@@ -127,6 +151,7 @@ export class EtcdServer {
    * Needs a server without TLS client auth.
    */
   async enableAuth(rootPassword: string, user: string, password: string, prefix: string): Promise<void> {
+    const { Etcd3 } = await loadEtcd3();
     const c = new Etcd3({ hosts: this.endpoint });
     try {
       await c.role('root').create();
