@@ -18,13 +18,19 @@
  * lease starts when it *sees* that heartbeat, later. And were clocks to disagree, the guard
  * still refuses a deposed leader's writes.
  *
+ * Over a store with watches (etcd), every instance also watches `cluster`: a leader that
+ * sees another holder there stops leading at once (not at its next heartbeat), and a
+ * follower that sees it freed (a leader that closed) campaigns at once (not at its next
+ * round, up to `leaseMs / 5` later). Rounds stay the timing of record: a missed change
+ * only costs that wait.
+ *
  * @packageDocumentation
  */
 import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 
 import { MooringError, toMooringError } from '../errors.js';
-import type { StateGuard, StateStore, StoredObject } from '../state/state-store.js';
+import type { StateChange, StateGuard, StateStore, StateWatch, StoredObject } from '../state/state-store.js';
 import { checkName } from '../util/validate.js';
 
 /** How long a leader that stops renewing keeps leadership, as followers count, by default. */
@@ -85,6 +91,7 @@ export class LeaderLease extends EventEmitter<LeaderLeaseEvents> {
   #running: Promise<void> | null = null;
   #closed = false;
   #started = false;
+  #watch: StateWatch | null = null;
   // As leader: the token, and the last good heartbeat and when it was sent.
   #token: StateGuard | null = null;
   #beat = { n: 0, sentAt: 0 };
@@ -116,6 +123,9 @@ export class LeaderLease extends EventEmitter<LeaderLeaseEvents> {
   async start(): Promise<void> {
     if (this.#closed || this.#timer || this.#running || this.#started) return;
     this.#started = true;
+    // A store that cannot watch, or a watch that fails to start, leaves the rounds alone to do it.
+    this.#watch = (await this.#store.watch?.<LeaderDoc>(KIND, (c) => this.#changed(c), { prefix: LEADER_KEY }).catch(() => null)) ?? null;
+    if (this.#closed) await this.#watch?.close();
     this.#running = this.#round().catch(() => undefined);
     await this.#running;
     this.#running = null;
@@ -146,12 +156,29 @@ export class LeaderLease extends EventEmitter<LeaderLeaseEvents> {
     this.#closed = true;
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = null;
+    await this.#watch?.close();
     await this.#running;
     const token = this.#token;
     if (!token) return;
     this.#depose(new MooringError('CLOSED', `${this.id} closed`));
     // An empty holder: free for the taking. Fails harmlessly if another took over already.
     await this.#store.put<LeaderDoc>(KIND, LEADER_KEY, { holder: '', term: this.#last?.term ?? 0 }, { expectedVersion: token.version }).catch(() => undefined);
+  }
+
+  // A change of `cluster` seen by the watch (see the module comment).
+  #changed(c: StateChange<LeaderDoc>): void {
+    if (this.#closed || (c.type !== 'resync' && c.key !== LEADER_KEY)) return;
+    if (c.type === 'put' && this.#token && c.version > this.#token.version) {
+      this.#depose(new MooringError('CONFLICT', `${this.id} was deposed: ${c.value.holder || 'nobody'} holds the leadership now (term ${c.value.term})`));
+    }
+    if (!this.#token && (c.type !== 'put' || c.value.holder === '')) this.#roundNow();
+  }
+
+  // Runs a round now instead of at the scheduled time (unless one runs already).
+  #roundNow(): void {
+    if (!this.#timer || this.#running) return;
+    clearTimeout(this.#timer);
+    this.#schedule(0);
   }
 
   #schedule(delayMs: number): void {

@@ -158,3 +158,39 @@ describe('LeaderLease', () => {
     expect(new LeaderLease(s, { id: 'a' }).leaseMs).toBe(DEFAULT_LEADER_LEASE_MS);
   });
 });
+
+// With a store that watches (the memory store here, etcd in production), changes of the
+// leadership document are acted on when they happen, not at the next round: rounds every
+// lease / 5 = 2 min here, and the fake clock is advanced by far less.
+describe('LeaderLease over a store with watches', () => {
+  const LONG = 600_000;
+  beforeEach(() => {
+    vi.useFakeTimers();
+  });
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  it('a follower takes over as soon as the leader closes; a leader stops leading as soon as another holds the document', async () => {
+    const store = new MemoryStateStore();
+    const a = new LeaderLease(store, { id: 'a', leaseMs: LONG }, clock);
+    const b = new LeaderLease(store, { id: 'b', leaseMs: LONG }, clock);
+    await a.start();
+    await b.start();
+    expect([a.isLeader, b.isLeader]).toEqual([true, false]);
+    await a.close();
+    await vi.advanceTimersByTimeAsync(50);
+    expect(b.status).toEqual({ isLeader: true, holder: 'b', term: 2 });
+
+    // Someone takes the document over from b (as a follower whose lease ran out would).
+    const deposed: MooringError[] = [];
+    b.on('deposed', (e) => deposed.push(e));
+    const doc = (await store.get<{ holder: string; term: number }>('leader', 'cluster'))!;
+    await store.put('leader', 'cluster', { holder: 'c', term: 3 }, { expectedVersion: doc.version });
+    await vi.advanceTimersByTimeAsync(50);
+    expect(b.isLeader).toBe(false);
+    expect(deposed.map((e) => e.code)).toEqual(['CONFLICT']);
+    expect(deposed[0]!.message).toMatch(/c holds the leadership now \(term 3\)/);
+    await b.close();
+  });
+});
