@@ -48,7 +48,7 @@ import type {
   ReplicaRemoveOptions,
 } from './data-engine.js';
 import { checkReplicaBackingImage } from './replica-backing-image.js';
-import { growReplicaDir } from './replica-grow.js';
+import { growReplicaDir, whenReleased } from './replica-grow.js';
 import { Semaphore } from './semaphore.js';
 import { visibleSnapshots } from './snapshots.js';
 import { checkLogger, safeLog, type Logger } from '../util/logger.js';
@@ -595,14 +595,16 @@ export class LocalDataEngine implements DataEngine {
       if (!(await pathExists(path))) throw new MooringError('NOT_FOUND', `no replica ${name} on ${this.hostId}`, { details: { name } });
       const user = this.#engineUsing(name);
       if (user) throw new MooringError('BUSY', `replica ${name} is open in the engine of volume ${user}; stop it first`, { details: { name, volume: user } });
-      const info = await this.#inspect(name).catch((err: unknown) => {
-        // A replica that cannot be read at all (half-created, damaged) may still be deleted.
-        if (err instanceof MooringError && (err.code === 'NOT_FOUND' || err.code === 'CORRUPT_METADATA')) return undefined;
-        throw err;
+      await whenReleased(async () => {
+        const info = await this.#inspect(name).catch((err: unknown) => {
+          // A replica that cannot be read at all (half-created, damaged) may still be deleted.
+          if (err instanceof MooringError && (err.code === 'NOT_FOUND' || err.code === 'CORRUPT_METADATA')) return undefined;
+          throw err;
+        });
+        if (info && info.users > 0) {
+          throw new MooringError('BUSY', `replica ${name} is in use (${info.users} open handles, e.g. served to an engine on another host)`, { details: { name } });
+        }
       });
-      if (info && info.users > 0) {
-        throw new MooringError('BUSY', `replica ${name} is in use (${info.users} open handles, e.g. served to an engine on another host)`, { details: { name } });
-      }
       await rm(path, { recursive: true, force: true }).catch((err: unknown) => Promise.reject(toMooringError(err, `deleting replica ${name}`)));
     });
   }

@@ -11,39 +11,46 @@ import type { NativeAddon } from '../native/binding.js';
 import { sleep } from '../util/async.js';
 
 /**
- * How long a grow waits for a replica to be let go. An engine elsewhere that just stopped
- * closes its connection to this host's replica server, which releases the replica a moment
- * later: a resize right after a detach must not fail for that.
+ * How long a grow or a delete waits for a replica to be let go. An engine elsewhere that
+ * just stopped closes its connection to this host's replica server, which releases the
+ * replica a moment later: a resize or a delete right after a detach (or after a migration
+ * moved the engine away) must not fail for that.
  */
-export const GROW_BUSY_WAIT_MS = 2000;
-const GROW_BUSY_RETRY_MS = 100;
+export const REPLICA_RELEASE_WAIT_MS = 2000;
+const RELEASE_RETRY_MS = 100;
+
+/** Runs `run` again while it fails BUSY, for up to {@link REPLICA_RELEASE_WAIT_MS}. */
+export async function whenReleased<T>(run: () => Promise<T>): Promise<T> {
+  const deadline = Date.now() + REPLICA_RELEASE_WAIT_MS;
+  for (;;) {
+    try {
+      return await run();
+    } catch (err) {
+      const e = toMooringError(err);
+      if (e.code !== 'BUSY' || Date.now() >= deadline) throw e;
+      await sleep(RELEASE_RETRY_MS);
+    }
+  }
+}
 
 /**
  * Grows the replica at `path` to `sizeBytes`.
  *
  * @throws MooringError INVALID_ARGUMENT (smaller: a replica only grows), BUSY (still open
- *   elsewhere after {@link GROW_BUSY_WAIT_MS}), NOT_FOUND, CORRUPT_METADATA, IO_ERROR
+ *   elsewhere after {@link REPLICA_RELEASE_WAIT_MS}), NOT_FOUND, CORRUPT_METADATA, IO_ERROR
  */
 export async function growReplicaDir(addon: NativeAddon, path: string, name: string, sizeBytes: number): Promise<void> {
-  const deadline = Date.now() + GROW_BUSY_WAIT_MS;
-  for (;;) {
+  await whenReleased(async () => {
+    const replica = await callNative(() => addon.openReplica(path), `opening replica ${name}`);
     try {
-      const replica = await callNative(() => addon.openReplica(path), `opening replica ${name}`);
-      try {
-        if (sizeBytes < replica.sizeBytes) {
-          throw new MooringError('INVALID_ARGUMENT', `replica ${name} has ${replica.sizeBytes} bytes: it can grow, not shrink to ${sizeBytes}`, {
-            details: { name, sizeBytes, currentSizeBytes: replica.sizeBytes },
-          });
-        }
-        await callNative(() => replica.grow(sizeBytes), `growing replica ${name}`);
-        return;
-      } finally {
-        await replica.close().catch(() => undefined);
+      if (sizeBytes < replica.sizeBytes) {
+        throw new MooringError('INVALID_ARGUMENT', `replica ${name} has ${replica.sizeBytes} bytes: it can grow, not shrink to ${sizeBytes}`, {
+          details: { name, sizeBytes, currentSizeBytes: replica.sizeBytes },
+        });
       }
-    } catch (err) {
-      const e = toMooringError(err);
-      if (e.code !== 'BUSY' || Date.now() >= deadline) throw e;
-      await sleep(GROW_BUSY_RETRY_MS);
+      await callNative(() => replica.grow(sizeBytes), `growing replica ${name}`);
+    } finally {
+      await replica.close().catch(() => undefined);
     }
-  }
+  });
 }

@@ -7,6 +7,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
 import type { DataEngineEvent, EngineReplicaRef } from '../../../src/data-engine/data-engine.js';
 import { LocalDataEngine, type LocalDataEngineOptions } from '../../../src/data-engine/local-data-engine.js';
+import { REPLICA_RELEASE_WAIT_MS } from '../../../src/data-engine/replica-grow.js';
 import { MooringError } from '../../../src/errors.js';
 import { FakeAddon } from '../fakes/fake-addon.js';
 import { codeOf } from '../../helpers/codes.js';
@@ -164,6 +165,17 @@ describe('LocalDataEngine', () => {
       expect(await codeOf(de.deleteReplica('r1'))).toBe('BUSY');
       await de.stopEngine('v');
       await de.deleteReplica('r0');
+    });
+
+    it('deletes a replica the replica server lets go of within the release wait (an engine elsewhere just stopped)', async () => {
+      const de = await start('h1', { replicaListen: null });
+      await de.createReplica('r1', MiB);
+      const path = join(root, 'h1', 'replicas', 'r1');
+      addon.extraUsers.set(path, 1);
+      const deleting = de.deleteReplica('r1');
+      setTimeout(() => addon.extraUsers.delete(path), REPLICA_RELEASE_WAIT_MS / 4);
+      await deleting;
+      expect((await de.listReplicas()).map((r) => r.name)).toEqual([]);
     });
   });
 
