@@ -208,14 +208,8 @@ export class MigrationController {
           throw new MooringError('UNAVAILABLE', `volume ${name}: the migration source ${m.sourceHost} stopped answering during the rollback; it is finished once ${m.sourceHost} is back`);
         }
       } else {
-        // The target cannot hand back (its host is gone, or it was fenced): the source takes
-        // the volume over as after a crash. A fresh engine claims a newly allocated epoch,
-        // above every one handed out before; replicas the target fenced open ERR and are rebuilt.
-        const eng = await this.state.engineRecord(name);
-        await this.state.hosts.stopEngine(m.sourceHost, name).catch(() => undefined);
-        const refs = await this.state.refs(name);
-        const info = await this.engines.withNewEpoch(name, 0, 'start', (epoch) => this.engines.startOn(m.sourceHost, { volume: name, replicas: refs, nbd: eng?.nbd ?? null, epoch }));
-        if (eng) await this.state.store.put(KIND.engine, name, { ...eng, epoch: info.epoch, startedMs: Date.now() });
+        // The target cannot hand back (its host is gone, or it was fenced).
+        await this.#restartSource(name, m.sourceHost);
       }
       m = await this.state.putMigration({ ...m, targetActivated: false });
     }
@@ -258,6 +252,14 @@ export class MigrationController {
           await this.rollback(name, true, `the target ${target === 'stopped' ? 'engine is gone' : 'host cannot be reached'}`);
           return true;
         }
+        // The source drained for a hand-over whose record was never written (the control
+        // plane died in between): nobody writes, and what it handed over is lost with that
+        // process. The target has not claimed; the source serves again as a fresh engine.
+        if (target.role === 'standby' && !gone(source) && source.role === 'standby') {
+          await this.#restartSource(name, m.sourceHost);
+          this.#warn(new MooringError('INVALID_STATE', `the source engine of ${name} on ${m.sourceHost} had drained for a hand-over that was never recorded`), `restarted it; the migration stays target-ready`);
+          return true;
+        }
         return false;
       case 'handing-over':
         // Interrupted between the source's drain and the target's claim.
@@ -290,6 +292,17 @@ export class MigrationController {
         await this.rollback(name, true, 'finishing a rollback that was interrupted');
         return true;
     }
+  }
+
+  // The source takes the volume over as after a crash: a fresh engine claims a newly
+  // allocated epoch, above every one handed out before; replicas the target fenced open ERR
+  // and are rebuilt. Its export is recreated: its clients reconnect.
+  async #restartSource(name: string, sourceHost: string): Promise<void> {
+    const eng = await this.state.engineRecord(name);
+    await this.state.hosts.stopEngine(sourceHost, name).catch(() => undefined);
+    const refs = await this.state.refs(name);
+    const info = await this.engines.withNewEpoch(name, 0, 'start', (epoch) => this.engines.startOn(sourceHost, { volume: name, replicas: refs, nbd: eng?.nbd ?? null, epoch }));
+    if (eng) await this.state.store.put(KIND.engine, name, { ...eng, epoch: info.epoch, startedMs: Date.now() });
   }
 
   /** Forgets every volume's hooks and locks. */

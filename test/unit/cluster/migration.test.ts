@@ -190,6 +190,31 @@ describe('Mooring tickets and migration', () => {
     expect(confirmed).toHaveLength(1);
   });
 
+  it('serves again from the source when the process died after the source drained, before the hand-over was recorded', async () => {
+    const { hosts, store, cluster, name, vol } = await setup();
+    await vol.attach({ host: 'a' });
+    await vol.migrate('b');
+    const before = hosts[0]!.engines.get(name)!.epoch;
+    // The hand-over's first step, and nothing recorded: the record still says target-ready.
+    await hosts[0]!.deactivateEngine(name);
+    await cluster.close();
+    expect(active(hosts, name)).toEqual([]);
+    const again = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
+    open.push(again);
+    const warnings: string[] = [];
+    again.on('warning', (e) => warnings.push(e.message));
+    await again.repairOnce();
+    // A fresh source engine writes, at a newer epoch; the migration waits, target-ready.
+    expect(active(hosts, name)).toEqual(['a']);
+    expect(hosts[0]!.engines.get(name)!.epoch).toBeGreaterThan(before);
+    expect(hosts[1]!.engines.get(name)!.role).toBe('standby');
+    expect((await (await again.volume(name).migration())!.info())?.phase).toBe('target-ready');
+    expect(warnings.some((w) => w.includes('never recorded'))).toBe(true);
+    // And it goes on: confirmed, it ends on the target.
+    await again.volume(name).migration().then((x) => x!.confirm());
+    expect(active(hosts, name)).toEqual(['b']);
+  });
+
   it('resumes after a restart of the embedding process, in each phase', async () => {
     const { hosts, store, cluster, name, vol } = await setup();
     await vol.attach({ host: 'a' });

@@ -433,6 +433,28 @@ describe('LocalDataEngine', () => {
       expect((await a.engineInfo('v')).replicas.map((r) => r.id)).toEqual(['r0']);
     });
 
+    it('addReplica under a new address (its host came back elsewhere) rebuilds there, not at the old one', async () => {
+      const { a, b, refs, bPort } = await twoHosts();
+      const log = new EventLog(a);
+      await a.startEngine({ volume: 'v', replicas: refs, epoch: 1 });
+      await b.close();
+      addon.engine.failReplica(`127.0.0.1:${bPort}/v-r1`, 107);
+      await addon.engine.write(4096, Buffer.from('written while b was away'));
+      await log.next((e) => e.type === 'repair-scheduled');
+      // b comes back under another replica server address; the old one stays dead.
+      const b2 = await start('b', { repair });
+      const moved = (await b2.info()).replicaAddress!;
+      expect(moved).not.toBe(refs[1]!.address);
+      const result = await a.addReplica('v', { ...refs[1]!, address: moved });
+      expect(result).toMatchObject({ replicaId: 'r1' });
+      expect((await a.engineInfo('v')).replicas.map((r) => [r.id, r.mode, r.address])).toEqual([
+        ['r0', 'RW', null],
+        ['r1', 'RW', moved],
+      ]);
+      expect(addon.engine.replicaDirs[1]).toBe(`${moved.slice('tcp:'.length)}/v-r1`);
+      expect(addon.replica(join(root, 'b', 'replicas', 'v-r1')).data.subarray(4096, 4096 + 24).toString()).toBe('written while b was away');
+    });
+
     it('repairs nothing for a standby; deactivate stops a repair in flight for good; activation repairs what is ERR', async () => {
       const { a, b, refs: own } = await twoHosts();
       const refs: EngineReplicaRef[] = [{ ...own[0]!, address: (await a.info()).replicaAddress }, own[1]!];
