@@ -23,7 +23,7 @@ import type * as TE from 'typed-emitter';
 
 import { BackingImageController } from './backing-image/backing-image-controller.js';
 import type { BackingImage, BackingImageCreateOptions, BackingImageStatus } from './backing-image/backing-image.js';
-import type { DataEngine } from './data-engine/data-engine.js';
+import type { DataEngine, DataEngineInfo } from './data-engine/data-engine.js';
 import { MooringError, toMooringError } from './errors.js';
 import { LocalDataEngine, readDataEngineHostId } from './data-engine/local-data-engine.js';
 import { FileStateStore } from './state/file-state-store.js';
@@ -201,7 +201,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
         if (leads()) await this.repairOnce();
       },
       tick: async () => {
-        if (leads()) for (const h of await hosts.answeringAgain()) this.#repairHostSoon(h);
+        if (leads()) for (const h of await hosts.answeringAgain()) await this.#hostSeen(h.hostId, h.info).catch((err: unknown) => this.#warn(toMooringError(err, `recording host ${h.hostId}, answering again`)));
       },
       repairVolume: async (v) => {
         if (leads()) await this.#repairVolume(v);
@@ -385,11 +385,17 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
     }
     if (info && info.hostId !== hostId) throw new MooringError('INVALID_ARGUMENT', `data engine says it is host ${info.hostId}, its handle says ${hostId}`);
     this.#state.hosts.set(hostId, engine);
-    if (!info) return;
-    // The leader records hosts: a follower's record would be refused (NOT_LEADER).
+    // Not answering: asked again every few seconds, and recorded once it answers.
+    if (!info) return this.#state.hosts.unanswered(hostId);
+    await this.#hostSeen(hostId, info);
+  }
+
+  // A host that answers, offered or back (perhaps restarted under a new replica address):
+  // recorded with what it answered, and its volumes repaired soon. Only by the leader: a
+  // follower's record would be refused (NOT_LEADER).
+  async #hostSeen(hostId: string, info: DataEngineInfo): Promise<void> {
     if (this.#lease && !this.#lease.isLeader) return;
     await this.#state.store.put(KIND.host, hostId, await this.#eviction.hostSeen(hostId, info));
-    // A host offered again (back, or under a new address): its volumes are repaired soon.
     this.#repairHostSoon(hostId);
   }
 

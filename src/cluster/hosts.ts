@@ -7,7 +7,7 @@
  */
 import { AsyncLocalStorage } from 'node:async_hooks';
 
-import type { DataEngine, DataEngineEvent, EngineInfo } from '../data-engine/data-engine.js';
+import type { DataEngine, DataEngineEvent, DataEngineInfo, EngineInfo } from '../data-engine/data-engine.js';
 import { MooringError, toMooringError } from '../errors.js';
 import { sleep, withTimeout } from '../util/async.js';
 
@@ -241,23 +241,28 @@ export class Hosts {
     this.#unanswered.add(hostId);
   }
 
+  /** Counts a host as not answering (an {@link answeringAgain} call finds it when it does). */
+  unanswered(hostId: string): void {
+    this.#unanswered.add(hostId);
+  }
+
   /**
    * The hosts that did not answer a probe since the last call and answer now (each probed
-   * once, in parallel, bounded by {@link HOST_PROBE_TIMEOUT_MS}); they are forgotten until
-   * a probe finds them down again, by the passes running now too. Hosts no longer offered
-   * are forgotten.
+   * once, in parallel, bounded by {@link HOST_PROBE_TIMEOUT_MS}), with what they answered;
+   * they are forgotten until a probe finds them down again, by the passes running now too.
+   * Hosts no longer offered are forgotten.
    */
-  async answeringAgain(): Promise<string[]> {
+  async answeringAgain(): Promise<Array<{ hostId: string; info: DataEngineInfo }>> {
     const ids = [...this.#unanswered];
     const back = await Promise.all(
       ids.map(async (hostId) => {
         const h = this.#hosts.get(hostId);
-        if (!h) return this.#unanswered.delete(hostId) && false;
-        const ok = await withTimeout(h.engine.info(), HOST_PROBE_TIMEOUT_MS, `host ${hostId}`).then(
-          () => true,
-          () => false,
-        );
-        if (ok) {
+        if (!h) {
+          this.#unanswered.delete(hostId);
+          return null;
+        }
+        const info = await withTimeout(h.engine.info(), HOST_PROBE_TIMEOUT_MS, `host ${hostId}`).catch(() => null);
+        if (info) {
           this.#unanswered.delete(hostId);
           // A long batch of event repairs takes in the repairs this asks for: it must probe the host again.
           for (const ctx of this.#live) {
@@ -265,9 +270,9 @@ export class Hosts {
             ctx.engines.delete(hostId);
           }
         }
-        return ok;
+        return info ? { hostId, info } : null;
       }),
     );
-    return ids.filter((_, i) => back[i]);
+    return back.filter((b) => b !== null);
   }
 }

@@ -79,6 +79,21 @@ describe('event-driven repair', () => {
     expect(probed().has('elsewhere')).toBe(false);
   });
 
+  it('a host offered while it does not answer is recorded once it answers, under its new replica address, and its replicas re-added there', async () => {
+    const { hosts, store, m } = await setup();
+    const b = hosts[1]!;
+    // b restarted under another replica address; the VM manager offers it while its channel
+    // does not answer yet (gRPC's reconnect back-off), and does not offer it again.
+    b.reachable = false;
+    (b as { replicaAddress: string | null }).replicaAddress = 'tcp:127.0.0.1:9999';
+    for (let i = 0; i < VOLUMES; i++) hosts[0]!.setMode(`v${i}`, 'r1', 'ERR');
+    await m.addHost(b);
+    expect((await store.get<{ replicaAddress: string }>('host', 'b'))?.value.replicaAddress).not.toBe('tcp:127.0.0.1:9999');
+    b.reachable = true;
+    await vi.waitFor(async () => expect((await store.get<{ replicaAddress: string }>('host', 'b'))?.value.replicaAddress).toBe('tcp:127.0.0.1:9999'), WAIT);
+    await vi.waitFor(() => expect(hosts[0]!.calls.filter((c) => c.startsWith('addReplica ') && c.endsWith('@b'))).toHaveLength(VOLUMES), WAIT);
+  });
+
   it('stops a leftover engine on a host that answers again (no event, no full pass)', async () => {
     const { hosts, m } = await setup();
     const d = hosts[3]!;

@@ -29,7 +29,7 @@ describe('Hosts.stopEngine', () => {
     // One interval and one probe timeout, not the data engine call's deadline.
     expect(Date.now() - t0).toBeLessThan(STOP_LIVENESS_INTERVAL_MS + HOST_PROBE_TIMEOUT_MS + 5000);
     answering = true;
-    expect(await hosts.answeringAgain()).toEqual(['a']);
+    expect((await hosts.answeringAgain()).map((b) => b.hostId)).toEqual(['a']);
   }, 20_000);
 
   it('waits for a stop longer than a probe while the host answers, and passes its failure on', async () => {
