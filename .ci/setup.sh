@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 #   g++ make python3         node-gyp (native addon)
 #   nlohmann-json3-dev        JSON in native code
 #   qemu-utils                qemu-img, qemu-io, qemu-nbd (system tests, benchmark)
+#   nbdkit linux-perf         the benchmark's nbdkit peer (file plugin), and perf stat for its syscalls and context
+#                             switches per I/O; its quorum peer's qemu-storage-daemon comes with qemu-system-x86
 #   libnbd-bin                nbdinfo, nbdcopy (system tests)
 #   fio                       fio with the nbd engine (system tests, benchmark)
 #   util-linux iproute2 procps coreutils   mount/ss/ps/cp --sparse used by tests and tooling
@@ -39,7 +41,7 @@ cd "$(dirname "$0")/.."
 #                             (test/sanitizers; g++ pulls them in already, named here because that pass needs them)
 #   etcd-server               etcd: the EtcdStateStore tests start their own etcd on loopback (a temporary data
 #                             directory, ports of their own); the packaged service on 2379 is not used
-PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils libasan8 libubsan1 binutils g++-aarch64-linux-gnu qemu-user libc6-arm64-cross etcd-server)
+PACKAGES=(g++ make python3 nlohmann-json3-dev qemu-utils nbdkit linux-perf libnbd-bin fio util-linux iproute2 procps coreutils ca-certificates sanlock libsanlock-client1 gcc e2fsprogs openssl libzstd1 spin nftables qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils libasan8 libubsan1 binutils g++-aarch64-linux-gnu qemu-user libc6-arm64-cross etcd-server)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -66,7 +68,7 @@ if (( node_major < 20 )); then
   echo "setup: node $(node --version) is too old; Mooring needs Node.js >= 20" >&2
   exit 1
 fi
-for tool in qemu-img qemu-io qemu-nbd nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft qemu-system-x86_64 libvirtd virtlogd virsh virt-xml-validate xmllint objdump aarch64-linux-gnu-g++ aarch64-linux-gnu-strip qemu-aarch64; do
+for tool in qemu-img qemu-io qemu-nbd nbdkit perf qemu-storage-daemon nbdinfo nbdcopy fio g++ make python3 sanlock gcc mkfs.ext4 fsfreeze openssl spin ip tc nft qemu-system-x86_64 libvirtd virtlogd virsh virt-xml-validate xmllint objdump aarch64-linux-gnu-g++ aarch64-linux-gnu-strip qemu-aarch64; do
   command -v "$tool" >/dev/null 2>&1 || { echo "setup: $tool still missing after apt-get" >&2; exit 1; }
 done
 

@@ -16,7 +16,7 @@ import { startBenchHost, type BenchHost } from './remote-hosts.js';
 import type { TargetContext } from './targets.js';
 
 /** Replica ports of the delivery hosts (distinct from the rebuild and remote-target ones). */
-const DELIVERY_BASE_PORT = 17860;
+const DELIVERY_PORT_OFFSET = 50;
 /** Largest file copied (the test area caps it too): a few hundred MiB is what an OS image is. */
 const DELIVERY_FILE_BYTES_MAX = 512 * 1024 ** 2;
 /** Random bytes are written in pieces of this size (random data: nothing compresses or is sparse). */
@@ -36,7 +36,7 @@ export interface BackingImageDeliveryResults {
 export async function measureBackingImageDelivery(ctx: TargetContext): Promise<BackingImageDeliveryResults> {
   const hosts: BenchHost[] = [];
   try {
-    for (let i = 0; i < 2; i++) hosts.push(await startBenchHost(ctx, i, DELIVERY_BASE_PORT + i));
+    for (let i = 0; i < 2; i++) hosts.push(await startBenchHost(ctx, i, ctx.portBase + DELIVERY_PORT_OFFSET + i));
     const [h0, h1] = hosts as [BenchHost, BenchHost];
     const size = Math.min(DELIVERY_FILE_BYTES_MAX, ctx.areaBytes);
     const path = join(ctx.dir, 'image.raw');

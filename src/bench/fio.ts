@@ -129,7 +129,9 @@ export async function runFio(job: FioJob, direction: 'read' | 'write', tracker: 
     ...job.options.map((o) => `--${o}`),
   ];
   const timeoutSec = job.expectedSec + FIO_SLACK_SEC;
-  const r = await tracker.run('fio', args, abort, { timeoutMs: timeoutSec * 1000 });
+  const preload = job.endpoint.kind === 'nbd' ? job.endpoint.preload : undefined;
+  const env = preload === undefined ? {} : { env: { ...process.env, LD_PRELOAD: preload } };
+  const r = await tracker.run('fio', args, abort, { timeoutMs: timeoutSec * 1000, ...env });
   if (r.timedOut) {
     throw new BenchError('BENCH_FIO_FAILED', `fio ${job.name} did not finish within ${timeoutSec} s (hung server?)`);
   }

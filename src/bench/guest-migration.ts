@@ -25,7 +25,7 @@ import { startBenchHost, type BenchHost } from './remote-hosts.js';
 import { createSparse, type TargetContext } from './targets.js';
 
 /** Replica ports of the guest migration hosts (distinct from the other steps' ones). */
-const GUEST_MIGRATION_BASE_PORT = 17880;
+const GUEST_MIGRATION_PORT_OFFSET = 70;
 const VOLUME_BYTES = 128 * 1024 * 1024;
 /** Blocks the guest's writer writes before it stops (more than a run takes at ~180 dd/s). */
 const WRITER_BLOCKS = VOLUME_BYTES / 4096;
@@ -129,7 +129,7 @@ export async function measureGuestMigration(ctx: TargetContext, rounds: number):
   const total: number[] = [];
   const quit: number[] = [];
   try {
-    for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, GUEST_MIGRATION_BASE_PORT + i));
+    for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, ctx.portBase + GUEST_MIGRATION_PORT_OFFSET + i));
     cluster = await Mooring.open({ store: new MemoryStateStore(), hosts: hosts.map((h) => h.engine), repairIntervalMs: 0 });
     await cluster.createVolume({ name: 'vm', sizeBytes: VOLUME_BYTES, replicas: 3, accessMode: 'migratable', hosts: ['h0', 'h1', 'h2'] });
     const vol = cluster.volume('vm');

@@ -23,6 +23,8 @@ import {
 import { TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { startMooring, startTarget, type RunningTarget, type TargetContext } from './targets.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
+import type { FioFigures } from './fio.js';
+import { CostProbe, costPerIo, perfWorks, warmPageCache } from './cost.js';
 import { measureMigration, type MigrationResults } from './migration.js';
 import { measureRebuild, type RebuildResults } from './rebuild.js';
 import { measureUpgrade, type UpgradeResults } from './upgrade.js';
@@ -90,6 +92,8 @@ interface RunState {
   measurements: Measurement[];
   serverPeaks: ServerPeak[];
   failures: Array<{ what: string; message: string }>;
+  /** perf stat counts syscalls and context switches (checked in preflight). */
+  perf: boolean;
 }
 
 /** Flushes the scratch filesystem so one run's writeback does not land in the next. */
@@ -99,7 +103,7 @@ async function syncfs(s: RunState): Promise<void> {
 }
 
 function targetContext(s: RunState, dir: string): TargetContext {
-  return { tracker: s.tracker, abort: s.abort, dir, areaBytes: s.opts.areaBytes, mooringCli: s.mooringCli, log: s.log };
+  return { tracker: s.tracker, abort: s.abort, dir, areaBytes: s.opts.areaBytes, mooringCli: s.mooringCli, log: s.log, portBase: s.opts.portBase };
 }
 
 /** A started, pre-written target taking part in the rotation. */
@@ -133,36 +137,59 @@ async function prepareTarget(s: RunState, id: TargetId): Promise<LiveTarget | un
   }
 }
 
-/** Runs one workload on one target and records it (a failure is recorded, not thrown). */
+/**
+ * Runs one workload on one target and records it (a failure is recorded, not thrown). The
+ * target's files are read into the page cache first, alike for every target. The cost
+ * window runs from the end of fio's ramp to fio's exit: a few tens of ms longer than fio's
+ * measured window, alike for every target.
+ */
 async function measure(s: RunState, t: LiveTarget, w: Workload, round: number): Promise<void> {
-  const pid = t.running.pid;
-  const cpuBefore = pid === undefined ? undefined : readProcStats(pid)?.cpuSec;
-  const started = Date.now();
+  const procs = t.running.processes;
+  let probe: CostProbe | undefined;
+  let probeDir: string | undefined;
   try {
-    const figures = await runFio(
-      workloadJob(w, t.running.endpoint, s.opts.areaBytes, s.opts.runtimeSec, s.opts.rampSec),
-      isWrite(w) ? 'write' : 'read',
-      s.tracker,
-      s.abort,
-    );
+    await warmPageCache(t.dir);
+    probeDir = mkdtempSync(join(s.scratch, 'cost-'));
+    probe = await CostProbe.attach(procs, s.perf, probeDir, s.tracker, s.abort);
+    const job = workloadJob(w, t.running.endpoint, s.opts.areaBytes, s.opts.runtimeSec, s.opts.rampSec);
+    const started = Date.now();
+    const cpuAtStart = procs.map((p) => readProcStats(p.pid)?.cpuSec ?? NaN);
+    const fio = runFio(job, isWrite(w) ? 'write' : 'read', s.tracker, s.abort);
+    let rampTimer: NodeJS.Timeout | undefined;
+    const began = new Promise<void>((resolve, reject) => {
+      rampTimer = setTimeout(() => probe!.begin().then(resolve, reject), s.opts.rampSec * 1000);
+    });
+    let figures: FioFigures;
+    try {
+      figures = await fio;
+    } finally {
+      clearTimeout(rampTimer);
+    }
+    await began;
+    const window = await probe.end();
     const wallSec = (Date.now() - started) / 1000;
-    const cpuAfter = pid === undefined ? undefined : readProcStats(pid)?.cpuSec;
-    const serverCpuPct =
-      cpuBefore === undefined || cpuAfter === undefined ? undefined : ((cpuAfter - cpuBefore) / wallSec) * 100;
-    s.measurements.push({ targetId: t.id, workloadId: w.id, figures, serverCpuPct, round });
+    const cpuAtEnd = procs.map((p) => readProcStats(p.pid)?.cpuSec ?? NaN);
+    const cpuSec = cpuAtEnd.reduce((a, b, i) => a + b - cpuAtStart[i]!, 0);
+    const serverCpuPct = procs.length === 0 || !Number.isFinite(cpuSec) ? undefined : (cpuSec / wallSec) * 100;
+    const cost = costPerIo(procs, window, figures.ioBytes / w.blockBytes);
+    s.measurements.push({ targetId: t.id, workloadId: w.id, figures, serverCpuPct, cost, round });
     s.log(
       `  ${w.label.padEnd(20)} ${TARGET_SHORT[t.id].padEnd(16)} ${figures.iops.toFixed(0).padStart(7)} IOPS ` +
         `${figures.mibPerSec.toFixed(1).padStart(7)} MiB/s  clat p50 ${figures.clatP50Us.toFixed(0)} µs p99 ${figures.clatP99Us.toFixed(0)} µs` +
-        (serverCpuPct === undefined ? '' : `  server CPU ${serverCpuPct.toFixed(0)}%`),
+        (serverCpuPct === undefined ? '' : `  server CPU ${serverCpuPct.toFixed(0)}%`) +
+        (cost === undefined ? '' : `  per I/O: ${cost.cpuUsPerIo.toFixed(1)} µs CPU, ${cost.syscallsPerIo?.toFixed(1) ?? '–'} syscalls, ${cost.switchesPerIo?.toFixed(2) ?? '–'} switches`),
     );
   } catch (err) {
     if (s.abort.aborted) throw err;
+    await probe?.detach();
     s.failures.push({ what: `${t.id} ${w.label}`, message: errorText(err) });
     s.log(`  ${w.label} ${t.id}: FAILED: ${errorText(err)}`);
-    if (pid !== undefined && readProcStats(pid) === undefined) {
+    if (procs.some((p) => readProcStats(p.pid) === undefined)) {
       t.dead = true;
-      s.failures.push({ what: t.id, message: `server died during ${w.label}; its remaining workloads were skipped` });
+      s.failures.push({ what: t.id, message: `a server process died during ${w.label}; its remaining workloads were skipped` });
     }
+  } finally {
+    if (probeDir) rmSync(probeDir, { recursive: true, force: true });
   }
 }
 
@@ -191,8 +218,10 @@ async function benchAll(s: RunState): Promise<void> {
       }
     }
     for (const t of live) {
-      const st = t.running.pid === undefined ? undefined : readProcStats(t.running.pid);
-      if (st) s.serverPeaks.push({ targetId: t.id, peakRssBytes: st.peakRssBytes, threads: st.threads });
+      const st = t.running.processes.map((p) => readProcStats(p.pid));
+      if (st.length > 0 && st.every((x) => x !== undefined)) {
+        s.serverPeaks.push({ targetId: t.id, peakRssBytes: st.reduce((a, x) => a + x!.peakRssBytes, 0), threads: st.reduce((a, x) => a + x!.threads, 0), processes: st.length });
+      }
     }
   } finally {
     for (const t of live) {
@@ -209,7 +238,7 @@ async function measureRss(s: RunState): Promise<RssResult | undefined> {
   let running: RunningTarget | undefined;
   try {
     running = await startMooring('mooring-1', 1, RSS_VOLUME_BYTES, targetContext(s, dir));
-    const pid = running.pid!;
+    const pid = running.processes[0]!.pid;
     const atReady = readProcStats(pid);
     await runFio(scatteredWritesJob(running.endpoint, RSS_VOLUME_BYTES, RSS_WRITES), 'write', s.tracker, s.abort);
     const after = readProcStats(pid);
@@ -336,6 +365,17 @@ async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: str
       }
     }
   }
+  const peerTools: Array<[TargetId, string, string[], string]> = [
+    ['nbdkit-file', 'nbdkit', ['--version'], 'nbdkit'],
+    ['qemu-quorum', 'qemu-storage-daemon', ['--version'], 'qemu-system-common'],
+    ['qemu-nbd-tcp', 'cc', ['--version'], 'gcc'],
+    ['qemu-quorum', 'cc', ['--version'], 'gcc'],
+  ];
+  for (const [target, tool, args, pkg] of peerTools) {
+    if (!s.opts.targets.includes(target)) continue;
+    const r = await s.tracker.run(tool, args, s.abort).catch(orUndefined);
+    if (!r || r.code !== 0) throw new BenchError('BENCH_TOOL_MISSING', `${tool} is not installed (apt-get install ${pkg}), or leave ${target} out with --targets`);
+  }
   if (needGuest) {
     const r = await s.tracker.run('qemu-system-x86_64', ['--version'], s.abort).catch(orUndefined);
     if (!r || r.code !== 0) throw new BenchError('BENCH_TOOL_MISSING', 'qemu-system-x86_64 is not installed (apt-get install qemu-system-x86), or skip the guest migrations with --guest-migrations 0');
@@ -354,8 +394,8 @@ async function preflight(s: Omit<RunState, 'scratch'>, parent: string, root: str
   if (!existsSync(parent)) throw new BenchError('INVALID_ARGUMENT', `--dir ${parent} does not exist`);
   const fs = statfsSync(parent);
   const freeBytes = fs.bavail * fs.bsize;
-  // All targets live at once (interleaved runs); mooring-3 holds three copies.
-  const copies = s.opts.targets.reduce((n, t) => n + (t.startsWith('mooring-3') ? 3 : 1), 0);
+  // All targets live at once (interleaved runs); mooring-3 and the quorum hold three copies.
+  const copies = s.opts.targets.reduce((n, t) => n + (t.startsWith('mooring-3') || t === 'qemu-quorum' ? 3 : 1), 0);
   const needBytes = copies * s.opts.areaBytes + FREE_SPACE_MARGIN_BYTES;
   if (freeBytes < needBytes) {
     throw new BenchError(
@@ -438,8 +478,19 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
   const commit = opts.scale || opts.control ? sourceCommit(root) : undefined;
   try {
     const parent = resolve(opts.parentDir ?? os.tmpdir());
-    const base = { opts, tracker, abort: controller.signal, log, measurements: [], serverPeaks: [], failures: [], mooringCli: undefined };
+    const base = { opts, tracker, abort: controller.signal, log, measurements: [], serverPeaks: [], failures: [], mooringCli: undefined, perf: false };
     const mooringCli = await preflight(base, parent, root);
+    let costNote: string | undefined;
+    if (opts.cost && opts.targets.length > 0) {
+      const p = await perfWorks(tracker, controller.signal);
+      base.perf = p.ok;
+      if (!p.ok) {
+        costNote = `syscalls and context switches not measured: ${p.why}`;
+        log(`warning: ${costNote}`);
+      }
+    } else if (opts.targets.length > 0) {
+      costNote = 'syscalls and context switches not measured (--no-perf)';
+    }
     if (loadBefore[0]! > BUSY_LOAD) {
       log(`warning: load average is ${loadBefore[0]!.toFixed(2)}: other work is running and the figures will be noisy`);
     }
@@ -475,6 +526,8 @@ export async function runBench(argv: string[], output: BenchOutput = {}): Promis
       workloads: opts.workloadIds.map(workloadById),
       measurements: s.measurements,
       serverPeaks: s.serverPeaks,
+      costNote,
+      portBase: opts.portBase,
       rss,
       rebuild,
       migration,

@@ -23,7 +23,7 @@ import { startBenchHost, type BenchHost } from './remote-hosts.js';
 import { createSparse, type TargetContext } from './targets.js';
 
 /** Replica ports of the migration hosts (distinct from the rebuild and remote-target ones). */
-const MIGRATION_BASE_PORT = 17870;
+const MIGRATION_PORT_OFFSET = 60;
 /** Volume size: small, the hand-over does not depend on it. */
 const VOLUME_BYTES = 64 * 1024 * 1024;
 /** Writes after the first one on the target before a round ends. */
@@ -100,7 +100,7 @@ export async function measureMigration(ctx: TargetContext, rounds: number): Prom
   let cluster: Mooring | null = null;
   const clients: NbdClient[] = [];
   try {
-    for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, MIGRATION_BASE_PORT + i));
+    for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, ctx.portBase + MIGRATION_PORT_OFFSET + i));
     cluster = await Mooring.open({ store: new MemoryStateStore(), hosts: hosts.map((h) => h.engine), repairIntervalMs: 0 });
     const name = 'mig';
     await cluster.createVolume({ name, sizeBytes: VOLUME_BYTES, replicas: 3, accessMode: 'migratable', hosts: ['h0', 'h1', 'h2'] });

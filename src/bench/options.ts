@@ -63,6 +63,10 @@ export interface BenchOptions {
   controlOutPath: string | undefined;
   /** controlOutPath is the default (resolved against the package root). */
   controlOutPathIsDefault: boolean;
+  /** Count syscalls and context switches with perf stat (CPU per I/O is always measured). */
+  cost: boolean;
+  /** First TCP port of the run: the servers of every step listen on fixed offsets from it (up to +82). */
+  portBase: number;
   /** Explicit path of the Mooring CLI script; undefined = this package's dist/cli.js. */
   mooringCli: string | undefined;
   help: boolean;
@@ -111,6 +115,9 @@ const GUEST_MIGRATIONS_MAX = 200;
 /** Rounds are whole passes over every workload and target; more than a few is a typo. */
 const REPEAT_MAX = 20;
 const AREA_BYTES_MIN = 16 * 1024 ** 2;
+/** The default --port-base, and the highest offset any step adds to it. */
+export const DEFAULT_PORT_BASE = 17810;
+export const PORT_SPAN = 83;
 
 const SIZE_UNITS: Record<string, number> = {
   '': 1,
@@ -136,10 +143,13 @@ export function parseSizeBytes(text: string): number {
 
 export const HELP_TEXT = `Usage: mooring bench [options]
 
-Runs fio (ioengine=nbd) against Mooring (1 and 3 replicas) and qemu-nbd (raw, qcow2),
+Runs fio (ioengine=nbd) against Mooring (1 and 3 replicas, local and remote), qemu-nbd
+(raw, qcow2, one copy over TCP), nbdkit's file plugin and QEMU's quorum over 3 qemu-nbd,
 and fio with io_uring directly on a file as the physical limit, all on one filesystem.
 All targets are started first; each workload then runs on each target in turn, one fio
-at a time. Prints a table and writes a Markdown report.
+at a time, the target's files read into the page cache right before. Measures the CPU,
+syscalls and context switches per I/O of every server process. Prints a table and
+writes a Markdown report.
 
 Options:
   --quick             ${QUICK_WORKLOAD_IDS.length} workloads, ${QUICK_RUNTIME_SEC} s each, ${QUICK_AREA_BYTES / 1024 ** 2} MiB test area
@@ -179,6 +189,9 @@ Options:
   --control-port N    first of 4 loopback TCP ports the step uses: etcd client and peer, two
                       replica servers (default ${DEFAULT_CONTROL_BASE_PORT})
   --control-out FILE  control report (default docs/benchmarks-control.md of this package; '-' = none)
+  --no-perf           leave out the syscall and context-switch counts of the cost per I/O (perf stat);
+                      CPU per I/O is still measured
+  --port-base N       first TCP port the run's servers listen on (default ${DEFAULT_PORT_BASE}; they use up to N+${PORT_SPAN - 1})
   --mooring-cli FILE  the Mooring CLI script to serve with (default dist/cli.js of this package)
   -h, --help          show this help
 
@@ -238,6 +251,8 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let targets: TargetId[] | undefined;
   let workloadIds: string[] | undefined;
   let mooringCli: string | undefined;
+  let cost = true;
+  let portBase = DEFAULT_PORT_BASE;
 
   for (let i = 0; i < argv.length; i++) {
     let arg = argv[i]!;
@@ -258,6 +273,12 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '-h':
       case '--help': help = true; break;
       case '--no-rss': rss = false; break;
+      case '--no-perf': cost = false; break;
+      case '--port-base': {
+        portBase = parsePositiveNumber(value(), arg, 65536 - PORT_SPAN, false);
+        if (!Number.isInteger(portBase) || portBase < 1024) throw new BenchUsageError(`--port-base must be a whole number in [1024, ${65536 - PORT_SPAN}]`);
+        break;
+      }
       case '--no-rebuild': rebuild = false; break;
       case '--no-backing-image': backingImage = false; break;
       case '--backing-image-only': backingImageOnly = true; break;
@@ -364,5 +385,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     targets: targets ?? [...DEFAULT_TARGET_IDS],
     workloadIds: workloadIds ?? (quick ? [...QUICK_WORKLOAD_IDS] : ALL_WORKLOADS.map((w) => w.id)),
     mooringCli,
+    cost,
+    portBase,
   };
 }

@@ -20,7 +20,7 @@ import { startBenchHost, refOn, type BenchHost } from './remote-hosts.js';
 import { createSparse, type TargetContext } from './targets.js';
 
 /** Replica ports of the rebuild hosts (127.0.0.101.. on loopback; distinct from the remote target's). */
-const REBUILD_BASE_PORT = 17840;
+const REBUILD_PORT_OFFSET = 30;
 /** Bytes of unique 4 KiB blocks written while the replica is down (capped at the area). */
 const INCREMENTAL_CHANGED_BYTES = 64 * 1024 * 1024;
 
@@ -42,7 +42,7 @@ async function fill(ctx: TargetContext, uri: string, areaBytes: number): Promise
 export async function measureRebuild(ctx: TargetContext): Promise<RebuildResults> {
   const hosts: BenchHost[] = [];
   try {
-    for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, REBUILD_BASE_PORT + i));
+    for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, ctx.portBase + REBUILD_PORT_OFFSET + i));
     const [h0, h1, h2] = hosts as [BenchHost, BenchHost, BenchHost];
     const size = ctx.areaBytes;
     await h1.engine.createReplica('rb-r0', size);
@@ -83,7 +83,7 @@ export async function measureRebuild(ctx: TargetContext): Promise<RebuildResults
       ctx.abort,
     );
     const completed = rebuildCompleted(h0.engine, 'rb', 'r1');
-    const back = await startBenchHost(ctx, 2, REBUILD_BASE_PORT + 2);
+    const back = await startBenchHost(ctx, 2, ctx.portBase + REBUILD_PORT_OFFSET + 2);
     hosts[2] = back;
     // The engine's data engine re-adds a replica whose host came back by itself; asking as
     // well is harmless (a second request for the same replica is refused while one runs).

@@ -11,6 +11,8 @@ import type { GuestMigrationResults } from './guest-migration.js';
 import type { BackingImageDeliveryResults } from './backing-image-delivery.js';
 import type { BackingImageReadResults, BackingImageRow } from './backing-image-read.js';
 import type { RebuildResults } from './rebuild.js';
+import type { IoCost } from './cost.js';
+import { costMethodLines, costSection, costTable, judgeCostTargets, peerRatioTable } from './cost-report.js';
 import { LIMIT_TARGET, PEER_TARGET, TARGET_LABELS, TARGET_SHORT, type TargetId } from './target-ids.js';
 import { isWrite, workloadById, type Workload } from './workloads.js';
 
@@ -19,17 +21,20 @@ export interface Measurement {
   targetId: TargetId;
   workloadId: string;
   figures: FioFigures;
-  /** CPU used by the server process during the run, % of one core; undefined for file targets. */
+  /** CPU used by all server processes during the run, % of one core; undefined for file targets. */
   serverCpuPct: number | undefined;
+  /** Cost per I/O over all server processes (cost.ts); undefined for file targets. */
+  cost?: IoCost | undefined;
   /** 0-based round (see --repeat). */
   round: number;
 }
 
-/** Peak memory of a server process over its whole benchmark run. */
+/** Peak memory of a target's server processes over its whole benchmark run (summed over them). */
 export interface ServerPeak {
   targetId: TargetId;
   peakRssBytes: number;
   threads: number;
+  processes: number;
 }
 
 /** The 1 TiB sparse volume measurement. */
@@ -59,6 +64,10 @@ export interface BenchResults {
   workloads: Workload[];
   measurements: Measurement[];
   serverPeaks: ServerPeak[];
+  /** Why part of the cost per I/O was not measured; undefined when all of it was. */
+  costNote?: string | undefined;
+  /** --port-base of the run. */
+  portBase?: number;
   rss: RssResult | undefined;
   /** Full and incremental rebuild over loopback; undefined when skipped or failed. */
   rebuild?: RebuildResults | undefined;
@@ -102,7 +111,7 @@ function fmtUs(n: number): string {
   return n >= 100 ? n.toFixed(0) : n.toFixed(1);
 }
 
-function fmtRatio(n: number | undefined): string {
+export function fmtRatio(n: number | undefined): string {
   return n === undefined || !Number.isFinite(n) ? '–' : `${n.toFixed(2)}×`;
 }
 
@@ -111,17 +120,17 @@ function fmtMiB(bytes: number): string {
 }
 
 /** The figure a workload is judged by: IOPS for 4k random, MiB/s for 1M sequential. */
-function headline(w: Workload, f: FioFigures): number {
+export function headline(w: Workload, f: FioFigures): number {
   return w.family === 'random-4k' ? f.iops : f.mibPerSec;
 }
 
-function fmtHeadline(w: Workload, f: FioFigures | undefined): string {
+export function fmtHeadline(w: Workload, f: FioFigures | undefined): string {
   if (!f) return '–';
   return w.family === 'random-4k' ? fmtIops(f.iops) : `${fmtMib(f.mibPerSec)} MiB/s`;
 }
 
 /** Lookup over the measurements: with several rounds, the run with the median headline figure. */
-class ResultIndex {
+export class ResultIndex {
   private readonly map = new Map<string, Measurement>();
   constructor(measurements: readonly Measurement[]) {
     const groups = new Map<string, Measurement[]>();
@@ -185,7 +194,7 @@ export function summaryTable(r: BenchResults): Table {
     if (r.targets.includes(PEER_TARGET)) ratioCols.push({ name: `${s}/qemu raw`, f: (w) => idx.ratio(w, m, PEER_TARGET) });
     if (r.targets.includes(LIMIT_TARGET)) ratioCols.push({ name: `${s}/limit`, f: (w) => idx.ratio(w, m, LIMIT_TARGET) });
   }
-  if (moorings.length === 2) {
+  if (moorings.includes('mooring-1') && moorings.includes('mooring-3')) {
     ratioCols.push({ name: 'M3/M1 (writes)', f: (w) => (isWrite(w) ? idx.ratio(w, 'mooring-3', 'mooring-1') : undefined) });
   }
   headers.push(...ratioCols.map((c) => c.name));
@@ -235,7 +244,7 @@ export interface TargetVerdict {
   detail: string;
 }
 
-function judgeRatios(
+export function judgeRatios(
   goal: string,
   threshold: number,
   pairs: Array<{ w: Workload; ratio: number | undefined }>,
@@ -361,6 +370,7 @@ export function judgeTargets(r: BenchResults): TargetVerdict[] {
       detail: `VmHWM ${fmtMiB(r.rss.peakRssBytes)} (VmRSS at READY ${fmtMiB(r.rss.rssAtReadyBytes)}, ${r.rss.threads} threads)`,
     });
   }
+  verdicts.push(...judgeCostTargets(r));
   return verdicts;
 }
 
@@ -499,6 +509,8 @@ export function renderStdout(r: BenchResults): string {
       renderText(detailTable(r)),
       '',
     );
+    const cost = costTable(r);
+    if (cost.rows.length > 0) parts.push('Cost per I/O (all server processes of a target summed):', renderText(cost), '', renderText(peerRatioTable(r)), '');
   }
   if (r.rss) {
     parts.push(
@@ -574,12 +586,14 @@ export function renderMarkdownReport(r: BenchResults): string {
     '  - **qemu-nbd**: `qemu-nbd -f raw|qcow2 -t -e 8 -k S FILE` with its default `cache=writeback` (also the page cache: ' +
       'the same cache family as Mooring, so this is the primary peer). The qcow2 image is fully allocated by the pre-write.' +
       (r.targets.includes('qemu-raw-nocache') ? ' The `cache=none` row adds `--cache=none --aio=native` (O_DIRECT) for reference.' : ''),
+    ...costMethodLines(r).filter((l) => l.startsWith('  - ')),
     '- **Limit**: fio `--ioengine=io_uring` directly on a file, buffered (`direct=0`, same page-cache path, no NBD, no server); ' +
       'this is what "vs limit" divides by. It is one fio process: where the page cache is not the bottleneck ' +
       '(1 MiB copies), a multi-threaded server can exceed it, so a ratio above 1 there is no error.' +
       (r.targets.includes('file-direct') ? ' `file io_uring direct=1` (O_DIRECT, the device itself) is shown for reference only.' : ''),
-    '- Server CPU is the server process\'s user+system time during the workload (from /proc/PID/stat), in % of one core. ' +
-      'fio and the server share the same cores, so client CPU competes with the server.',
+    '- Server CPU is the user+system time of all of a target\'s server processes during the workload (from /proc/PID/stat), in % of one core. ' +
+      'fio and the servers share the same cores, so client CPU competes with the servers.',
+    ...costMethodLines(r).filter((l) => l.startsWith('- ')),
     '- RSS: `mooring serve --size 1T` (one replica) on a fresh sparse volume, then fio `randwrite bs=4k --number_ios=10000 --size=1T`; ' +
       'the figure is VmHWM from /proc/PID/status (peak resident set of the whole Node process, including Node\'s own baseline).',
     '',
@@ -597,8 +611,8 @@ export function renderMarkdownReport(r: BenchResults): string {
   ];
   if (r.serverPeaks.length > 0) {
     out.push(
-      'Server peak RSS over each target\'s whole run: ' +
-        r.serverPeaks.map((p) => `${TARGET_LABELS[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads)`).join('; ') +
+      'Server peak RSS over each target\'s whole run (summed over its server processes): ' +
+        r.serverPeaks.map((p) => `${TARGET_LABELS[p.targetId]} ${fmtMiB(p.peakRssBytes)} (${p.threads} threads${p.processes > 1 ? ` in ${p.processes} processes` : ''})`).join('; ') +
         '.',
       '',
     );
@@ -627,6 +641,7 @@ export function renderMarkdownReport(r: BenchResults): string {
   } else {
     out.push('Not measured in this run.', '');
   }
+  out.push(...costSection(r, renderMarkdown));
   out.push(
     '## Targets',
     '',

@@ -10,19 +10,28 @@ export const ALL_TARGET_IDS = [
   'qemu-raw',
   'qemu-qcow2',
   'qemu-raw-nocache',
+  'nbdkit-file',
+  'qemu-nbd-tcp',
+  'qemu-quorum',
   'file-buffered',
   'file-direct',
 ] as const;
 
 export type TargetId = (typeof ALL_TARGET_IDS)[number];
 
-/** The default run: qemu-nbd with cache=none is optional (Mooring serves through the page cache). */
+/**
+ * The default run: qemu-nbd with cache=none is optional (Mooring serves through the page cache).
+ * The replicated-path peers (issue 16) need nbdkit, qemu-storage-daemon and cc, which .ci/setup.sh installs.
+ */
 export const DEFAULT_TARGET_IDS: readonly TargetId[] = [
   'mooring-1',
   'mooring-3',
   'mooring-3-remote',
   'qemu-raw',
   'qemu-qcow2',
+  'nbdkit-file',
+  'qemu-nbd-tcp',
+  'qemu-quorum',
   'file-buffered',
   'file-direct',
 ];
@@ -35,6 +44,9 @@ export const TARGET_LABELS: Record<TargetId, string> = {
   'qemu-raw': 'qemu-nbd raw (writeback)',
   'qemu-qcow2': 'qemu-nbd qcow2 (writeback)',
   'qemu-raw-nocache': 'qemu-nbd raw (cache=none, aio=native)',
+  'nbdkit-file': 'nbdkit file plugin',
+  'qemu-nbd-tcp': 'qemu-nbd raw over TCP (one remote copy)',
+  'qemu-quorum': 'QEMU quorum over 3 qemu-nbd (TCP)',
   'file-buffered': 'file io_uring buffered (limit)',
   'file-direct': 'file io_uring direct=1',
 };
@@ -47,6 +59,9 @@ export const TARGET_SHORT: Record<TargetId, string> = {
   'qemu-raw': 'qemu raw',
   'qemu-qcow2': 'qemu qcow2',
   'qemu-raw-nocache': 'qemu raw nocache',
+  'nbdkit-file': 'nbdkit',
+  'qemu-nbd-tcp': 'qemu tcp',
+  'qemu-quorum': 'quorum',
   'file-buffered': 'file buf',
   'file-direct': 'file direct',
 };

@@ -14,21 +14,34 @@ import {
 } from './processes.js';
 import type { ReadyInfo } from '../cli/serve.js';
 import { refOn, startBenchHost, type BenchHost } from './remote-hosts.js';
+import { startNbdkit, startQemuNbdTcp, startQuorum } from './peers.js';
 import type { TargetId } from './target-ids.js';
 
 export type { ReadyInfo };
 
-/** Where fio sends its I/O. */
+/**
+ * Where fio sends its I/O. `preload` (NBD over TCP) is a shared object fio runs with in
+ * LD_PRELOAD: the TCP_NODELAY shim, so that the client side of a TCP peer gets what its server gets.
+ */
 export type Endpoint =
-  | { kind: 'nbd'; uri: string }
+  | { kind: 'nbd'; uri: string; preload?: string }
   | { kind: 'file'; path: string; direct: boolean };
 
-/** A started target; `stop()` ends its process (if any). Files are removed with the scratch dir. */
+/** One process serving a target, named for the cost table (e.g. 'engine host', 'replica h1'). */
+export interface ServerProcess {
+  name: string;
+  pid: number;
+}
+
+/** A started target; `stop()` ends its processes (if any). Files are removed with the scratch dir. */
 export interface RunningTarget {
   id: TargetId;
   endpoint: Endpoint;
-  /** The server process measured for CPU and RSS; undefined for the file targets. */
-  pid: number | undefined;
+  /**
+   * Every process serving it, the one fio talks to first: CPU, switches and syscalls are
+   * summed over all of them, RSS too. Empty for the file targets (fio does the I/O itself).
+   */
+  processes: ServerProcess[];
   /** Ends the target; `graceMs` overrides how long a server may take to drain and flush. */
   stop(graceMs?: number): Promise<void>;
 }
@@ -53,6 +66,8 @@ export interface TargetContext {
   mooringCli: string | undefined;
   /** Verbose progress lines go here. */
   log: (line: string) => void;
+  /** First TCP port of the run (--port-base): every step listens on fixed offsets from it. */
+  portBase: number;
 }
 
 function checkSocketPath(path: string): void {
@@ -93,6 +108,12 @@ export async function startTarget(id: TargetId, ctx: TargetContext): Promise<Run
       return startQemuNbd(id, 'qcow2', false, ctx);
     case 'qemu-raw-nocache':
       return startQemuNbd(id, 'raw', true, ctx);
+    case 'nbdkit-file':
+      return startNbdkit(id, ctx);
+    case 'qemu-nbd-tcp':
+      return startQemuNbdTcp(id, ctx);
+    case 'qemu-quorum':
+      return startQuorum(id, ctx);
     case 'file-buffered':
     case 'file-direct': {
       const path = join(ctx.dir, 'disk.raw');
@@ -101,7 +122,7 @@ export async function startTarget(id: TargetId, ctx: TargetContext): Promise<Run
       return {
         id,
         endpoint: { kind: 'file', path, direct: id === 'file-direct' },
-        pid: undefined,
+        processes: [],
         stop: async () => {},
       };
     }
@@ -148,7 +169,7 @@ export async function startMooring(
   return {
     id,
     endpoint: { kind: 'nbd', uri: ready.uri },
-    pid: child.pid,
+    processes: [{ name: 'mooring serve', pid: child.pid! }],
     stop: async (graceMs = STOP_GRACE_MS) => {
       await stopChild(child, graceMs);
       if (child.exitCode !== 0 && child.exitCode !== null) {
@@ -160,8 +181,11 @@ export async function startMooring(
   };
 }
 
-/** Replica ports of the 3-replica targets' hosts (127.0.0.101.. on loopback). */
-const REMOTE_BASE_PORT = 17810;
+/**
+ * Replica ports of the 3-replica targets' hosts (127.0.0.101.. on loopback), from --port-base:
+ * both targets run at once, so each has its own (the peers use offsets 4 to 7).
+ */
+const PORT_OFFSET = { remote: 0, local: 8 } as const;
 
 /**
  * Three replicas under one engine, run by `mooring data-engine` processes on loopback: the
@@ -175,7 +199,7 @@ async function startMooringEngine(id: TargetId, where: 'local' | 'remote', ctx: 
     for (const h of hosts.reverse()) await h.stop();
   };
   try {
-    for (let i = 0; i < (where === 'local' ? 1 : 4); i++) hosts.push(await startBenchHost(ctx, i, REMOTE_BASE_PORT + i));
+    for (let i = 0; i < (where === 'local' ? 1 : 4); i++) hosts.push(await startBenchHost(ctx, i, ctx.portBase + PORT_OFFSET[where] + i));
     const engineHost = hosts[0]!;
     const replicaHosts = where === 'local' ? [engineHost, engineHost, engineHost] : hosts.slice(1);
     const refs = [];
@@ -194,7 +218,8 @@ async function startMooringEngine(id: TargetId, where: 'local' | 'remote', ctx: 
     return {
       id,
       endpoint: { kind: 'nbd', uri: info.nbd.uri },
-      pid: engineHost.child.pid,
+      // Each host once (the local variant's replicas live in the engine's process).
+      processes: hosts.map((h, i) => ({ name: i === 0 ? `engine host ${h.hostId}` : `replica host ${h.hostId}`, pid: h.child.pid! })),
       stop: async () => {
         await engineHost.engine.stopEngine('bench').catch((err: unknown) => ctx.log(`  warning: stopping the remote engine: ${String(err)}`));
         await stopAll();
@@ -264,10 +289,18 @@ export async function waitForReady<T>(
   });
 }
 
-/** Connects to a unix socket and resolves true once the NBD greeting ('NBDMAGIC') arrives. */
-function probeNbd(path: string): Promise<boolean> {
+/** Where an NBD server listens: a unix socket or a TCP address. */
+export type NbdAddress = { path: string } | { host: string; port: number };
+
+/** The URI fio (libnbd) connects to for `addr`, default export. */
+export function nbdUri(addr: NbdAddress): string {
+  return 'path' in addr ? `nbd+unix:///?socket=${addr.path}` : `nbd://${addr.host}:${addr.port}/`;
+}
+
+/** Connects to `addr` and resolves true once the NBD greeting ('NBDMAGIC') arrives. */
+function probeNbd(addr: NbdAddress): Promise<boolean> {
   return new Promise((resolve) => {
-    const sock = connect(path);
+    const sock = connect(addr);
     let got = '';
     const done = (ok: boolean): void => {
       sock.destroy();
@@ -311,13 +344,28 @@ export async function serveQemuNbd(
   extraArgs: string[],
   ctx: TargetContext,
 ): Promise<Omit<RunningTarget, 'id'>> {
-  const id = label;
   const socket = join(ctx.dir, 'nbd.sock');
   checkSocketPath(socket);
   // -t: keep serving after a client disconnects; -e 8: fio numjobs=4 opens 4 connections.
-  const args = ['-f', format, '-t', '-e', '8', '-k', socket, ...extraArgs, image];
-  ctx.log(`  start: qemu-nbd ${args.join(' ')}`);
-  const child = ctx.tracker.spawn('qemu-nbd', args);
+  return serveNbd(label, 'qemu-nbd', ['-f', format, '-t', '-e', '8', '-k', socket, ...extraArgs, image], { path: socket }, ctx);
+}
+
+/**
+ * Starts an NBD server (`command args`, optionally with `env` added) and waits until `addr`
+ * greets with NBDMAGIC; a server that exits or stays silent for a minute fails the target.
+ */
+export async function serveNbd(
+  label: string,
+  command: string,
+  args: string[],
+  addr: NbdAddress,
+  ctx: TargetContext,
+  env: Record<string, string> = {},
+): Promise<Omit<RunningTarget, 'id'>> {
+  if ('path' in addr) checkSocketPath(addr.path);
+  const envText = Object.entries(env).map(([k, v]) => `${k}=${v} `).join('');
+  ctx.log(`  start: ${envText}${command} ${args.join(' ')}`);
+  const child = ctx.tracker.spawn(command, args, Object.keys(env).length > 0 ? { env: { ...process.env, ...env } } : {});
   const stderr = new TailBuffer(STDERR_TAIL_CHARS);
   child.stderr?.setEncoding('utf8').on('data', (d: string) => stderr.push(d));
   child.stdout?.resume();
@@ -332,15 +380,15 @@ export async function serveQemuNbd(
       if (spawnError) {
         throw new BenchError(
           (spawnError as NodeJS.ErrnoException).code === 'ENOENT' ? 'BENCH_TOOL_MISSING' : 'BENCH_TARGET_FAILED',
-          `cannot start qemu-nbd: ${spawnError.message}`,
+          `cannot start ${command}: ${spawnError.message}`,
         );
       }
       if (child.exitCode !== null || child.signalCode !== null) {
-        throw new BenchError('BENCH_TARGET_FAILED', `qemu-nbd (${id}) ${exitText(child)}; stderr:\n${stderr}`);
+        throw new BenchError('BENCH_TARGET_FAILED', `${command} (${label}) ${exitText(child)}; stderr:\n${stderr}`);
       }
-      if (await probeNbd(socket)) break;
+      if (await probeNbd(addr)) break;
       if (Date.now() > deadline) {
-        throw new BenchError('BENCH_TARGET_FAILED', `qemu-nbd (${id}) did not accept connections within ${START_TIMEOUT_MS / 1000} s; stderr:\n${stderr}`);
+        throw new BenchError('BENCH_TARGET_FAILED', `${command} (${label}) did not accept connections within ${START_TIMEOUT_MS / 1000} s; stderr:\n${stderr}`);
       }
       await sleep(PROBE_INTERVAL_MS, ctx.abort);
     }
@@ -348,11 +396,11 @@ export async function serveQemuNbd(
     await stopChild(child, 5_000);
     throw err;
   }
-  const uri = `nbd+unix:///?socket=${socket}`;
+  const uri = nbdUri(addr);
   ctx.log(`  ready: ${uri}`);
   return {
     endpoint: { kind: 'nbd', uri },
-    pid: child.pid,
+    processes: [{ name: command, pid: child.pid! }],
     stop: async (graceMs = STOP_GRACE_MS) => {
       await stopChild(child, graceMs);
     },

@@ -32,7 +32,7 @@ import { startBenchHost, type BenchHost } from './remote-hosts.js';
 import { createSparse, type TargetContext } from './targets.js';
 
 /** Replica ports of the upgrade hosts (distinct from the migration, rebuild and remote-target ones). */
-const UPGRADE_BASE_PORT = 17990;
+const UPGRADE_PORT_OFFSET = 80;
 const VOLUME_BYTES = 64 * 1024 * 1024;
 const BLOCK = 4096;
 const QUEUE_DEPTH = 16;
@@ -175,7 +175,7 @@ export async function measureUpgrade(ctx: TargetContext, handOffs: number): Prom
   let cluster: Mooring | null = null;
   let writer: Writer | null = null;
   try {
-    for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, UPGRADE_BASE_PORT + i, ['--allow-successor-exec', prefix]));
+    for (let i = 0; i < 3; i++) hosts.push(await startBenchHost(ctx, i, ctx.portBase + UPGRADE_PORT_OFFSET + i, ['--allow-successor-exec', prefix]));
     cluster = await Mooring.open({ store: new MemoryStateStore(), hosts: hosts.map((h) => h.engine), repairIntervalMs: 500 });
     await cluster.createVolume({ name: 'up', sizeBytes: VOLUME_BYTES, replicas: 3, hosts: ['h0', 'h1', 'h2'] });
     const socket = join(ctx.dir, 'up.sock');

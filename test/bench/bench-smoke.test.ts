@@ -10,6 +10,11 @@ import { parseBenchArgs, runBench } from '../../src/bench/index.js';
 import { SCALE_DEPTHS, SCALE_EXTENTS, SCALE_VOLUMES, scaleSizes } from '../../src/bench/scale/index.js';
 import { CONTROL_OPS, type ControlResults, type ControlStoreId } from '../../src/bench/control/index.js';
 import { renderControlMarkdown } from '../../src/bench/control/report.js';
+import { costPerIo, parsePerfCsv } from '../../src/bench/cost.js';
+
+// The run's servers listen on --port-base and up to 82 ports above it (default 17810); a
+// machine running several suites at once can give this one its own range.
+const PORT_BASE = process.env.MOORING_BENCH_PORT_BASE ?? '17810';
 
 // The run needs these tools and a build; a missing one fails the test loudly.
 function requireTool(tool: string): void {
@@ -74,6 +79,25 @@ describe('bench options', () => {
     expect(quick.controlCycles).toBe(10);
     const co = parseBenchArgs(['--control-only', '--control-cycles', '7', '--control-port', '48400', '--control-out', '-']);
     expect(co).toMatchObject({ control: true, controlCycles: 7, controlBasePort: 48400, controlOutPath: undefined, scale: false, backingImage: false, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, outPath: undefined });
+    // The replicated-path peers run by default; perf counts by default; the ports move as a block.
+    expect(full.targets).toEqual(expect.arrayContaining(['nbdkit-file', 'qemu-nbd-tcp', 'qemu-quorum']));
+    expect(full).toMatchObject({ cost: true, portBase: 17810 });
+    expect(parseBenchArgs(['--no-perf', '--port-base', '48300'])).toMatchObject({ cost: false, portBase: 48300 });
+  });
+
+  it('reads perf stat CSV and turns a window into per-I/O figures per process', () => {
+    const csv = '# started on x\n\n7290,,raw_syscalls:sys_enter,84380673,100.00,,\n<not counted>,,context-switches,0,100.00,,\n';
+    expect(parsePerfCsv(csv)).toEqual({ syscalls: 7290, switches: 0 });
+    expect(parsePerfCsv('<not supported>,,raw_syscalls:sys_enter,0,100.00,,\n')).toEqual({ syscalls: undefined, switches: undefined });
+    const procs = [{ name: 'engine host h0', pid: 1 }, { name: 'replica host h1', pid: 2 }];
+    expect(costPerIo(procs, { cpuSec: [0.3, 0.1], syscalls: 2000, switches: 500 }, 10_000)).toEqual({
+      ios: 10_000,
+      cpuUsPerIo: 40,
+      perProcess: [{ name: 'engine host h0', cpuUsPerIo: 30 }, { name: 'replica host h1', cpuUsPerIo: 10 }],
+      syscallsPerIo: 0.2,
+      switchesPerIo: 0.05,
+    });
+    expect(costPerIo([], { cpuSec: [], syscalls: undefined, switches: undefined }, 100)).toBeUndefined();
   });
 
   it('caps the scale curves: --quick keeps two sizes, --scale-max N measures N instead of the larger ones', () => {
@@ -95,6 +119,7 @@ describe('bench options', () => {
       expect(await runBench(['--control-only', '--scale-only'])).toBe(2);
       expect(await runBench(['--control-cycles', '0'])).toBe(2);
       expect(await runBench(['--control-port', '65535'])).toBe(2);
+      expect(await runBench(['--port-base', '80'])).toBe(2);
     } finally {
       err.mockRestore();
     }
@@ -121,13 +146,13 @@ describe('bench control report', () => {
 
 describe('bench smoke run', () => {
   it('produces the table and the report, and leaves nothing behind', async () => {
-    for (const tool of ['fio', 'qemu-nbd', 'qemu-img']) requireTool(tool);
+    for (const tool of ['fio', 'qemu-nbd', 'qemu-img', 'nbdkit', 'qemu-storage-daemon', 'cc']) requireTool(tool);
     for (const built of ['dist/cli.js', 'prebuilds/linux-x64/mooring.node'])
       expect(existsSync(join(root, built)), `${built} missing: run npm run build`).toBe(true);
     const out = join(work, 'benchmarks.md');
-    const targets = ['mooring-1', 'mooring-3-remote', 'qemu-raw', 'file-buffered'];
+    const targets = ['mooring-1', 'mooring-3-remote', 'qemu-raw', 'nbdkit-file', 'qemu-nbd-tcp', 'qemu-quorum', 'file-buffered'];
     const { code, stdout, stderr } = await runCaptured([
-      '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work,
+      '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work, '--port-base', PORT_BASE,
       '--targets', targets.join(','), '--workloads', 'randread-4k-qd16-j1,write-1m-qd8',
       '--no-rss', '--migrations', '3', '--upgrades', '2', '--guest-migrations', '2', '--out', out,
     ]);
@@ -140,6 +165,25 @@ describe('bench smoke run', () => {
     expect(md).toContain('| workload |');
     expect(md).toContain('## Targets');
     expect(md).toMatch(/M1\/qemu raw/);
+    // The peers ran: nbdkit, one qemu-nbd over TCP and the quorum, the TCP ones with the TCP_NODELAY shim.
+    for (const label of ['nbdkit file plugin', 'qemu-nbd raw over TCP (one remote copy)', 'QEMU quorum over 3 qemu-nbd (TCP)']) expect(stdout).toContain(label);
+    expect(md).toContain('TCP_NODELAY');
+    // Cost per I/O: a row per served target and workload, CPU per process for the multi-process ones;
+    // syscalls and switches are figures when perf works here, and the report says why when it does not.
+    expect(md).toContain('## Cost per I/O and the replicated-path peers');
+    const costRows = md.split('## Cost per I/O and the replicated-path peers')[1]!;
+    const fig = String.raw`(\d+\.\d+|–)`;
+    for (const label of ['Mooring 1 replica', 'nbdkit file plugin', 'qemu-nbd raw over TCP \\(one remote copy\\)']) {
+      expect(costRows).toMatch(new RegExp(String.raw`^\| 4k randread qd16 j1 \| ${label} \| \S+ \| \d+\.\d \| ${fig} \| ${fig} \|  \|$`, 'm'));
+    }
+    expect(costRows).toMatch(/^\| 1M write qd8 \| Mooring 3 remote replicas \(loopback TCP\) \| .* \| engine host h0 [\d.]+, replica host h1 [\d.]+, replica host h2 [\d.]+, replica host h3 [\d.]+ \|$/m);
+    expect(costRows).toMatch(/^\| 1M write qd8 \| QEMU quorum over 3 qemu-nbd \(TCP\) \| .* \| qemu-storage-daemon [\d.]+, qemu-nbd c0 [\d.]+, qemu-nbd c1 [\d.]+, qemu-nbd c2 [\d.]+ \|$/m);
+    if (/syscalls and context switches not measured/.test(md)) expect(costRows).toMatch(/\| – \| – \|/);
+    else expect(costRows).toMatch(/^\| 4k randread qd16 j1 \| Mooring 1 replica \| \S+ \| \d+\.\d \| \d+\.\d \| \d+\.\d\d \|/m);
+    expect(costRows).toMatch(/^\| 1M write qd8 \| [\d.]+× \| [\d.]+× \| [\d.]+× \| [\d.]+× \| [\d.]+× \| [\d.]+× \| [\d.]+× \| [\d.]+× \|$/m);
+    expect(md).toMatch(/cost per 4k random write, 3 remote replicas, all processes: ≤ 25 µs CPU, ≤ 6 syscalls, ≤ 1 context switch \| \*\*not measured\*\*/);
+    expect(md).toMatch(/3 remote replicas ≥ 1\.0× QEMU quorum on every row \| \*\*(pass|miss)\*\*/);
+    expect(md).toMatch(/1 replica ≥ 1\.0× nbdkit on every row \| \*\*(pass|miss)\*\*/);
     // The remote target ran (4 data-engine processes) and the rebuild step measured both rebuilds.
     expect(stdout).toContain('Mooring 3 remote replicas');
     expect(md).toMatch(/full rebuild into an empty replica \S+ MiB in/);
