@@ -887,8 +887,11 @@ export class LocalDataEngine implements DataEngine {
       throw new MooringError('INVALID_STATE', `the engine of ${volume} on ${this.hostId} is a standby (or handing over): it rebuilds nothing`, { details: { volume } });
     }
     const current = slot.refs.find((r) => r.id === ref.id);
+    // The slot holds this very replica at this address (else: another replica takes the
+    // slot, or the same one under a new address, its host back with another server address).
+    const unchanged = current !== undefined && sameReplica(current, ref) && current.address === ref.address;
     const st = slot.repairs.get(ref.id);
-    if (current && sameReplica(current, ref) && current.address === ref.address && st?.phase === 'busy' && st.promise) return st.promise;
+    if (unchanged && st?.phase === 'busy' && st.promise) return st.promise;
     const clash = slot.refs.find((r) => r.id !== ref.id && sameReplica(r, ref));
     if (clash) throw new MooringError('INVALID_ARGUMENT', `replica ${ref.name} on ${ref.hostId} is in volume ${volume} already as ${clash.id}`);
     if (ref.hostId === this.hostId) {
@@ -896,9 +899,8 @@ export class LocalDataEngine implements DataEngine {
       if (user && user !== volume) throw new MooringError('BUSY', `replica ${ref.name} is open in the engine of volume ${user}`);
       if (!(await pathExists(join(this.#replicasDir, ref.name)))) throw new MooringError('NOT_FOUND', `no replica ${ref.name} on ${this.hostId}`);
     }
-    if (current && (!sameReplica(current, ref) || current.address !== ref.address)) {
-      // A different replica takes over the slot, or the same one under a new address (its
-      // host came back with another replica server address): the old one must not be RW.
+    if (current && !unchanged) {
+      // What the slot held must not be RW.
       const mode = slot.engine.replicas().find((r) => r.id === ref.id)?.mode;
       if (mode === 'RW') throw new MooringError('INVALID_STATE', `replica ${ref.id} of ${volume} is RW; remove it before replacing it`);
       this.#cancelRepair(slot, ref.id);

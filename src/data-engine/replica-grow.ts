@@ -2,7 +2,8 @@
  * Growing a replica that no engine uses (a detached volume's; docs/data-engine.md,
  * "Resize"). It is opened on its own, which takes its directory lock, so a replica that an
  * engine or the replica server still holds is refused rather than changed behind that
- * engine's back.
+ * engine's back. Also the wait for such a hold to end ({@link whenReleased}), which
+ * deleteReplica uses too.
  *
  * @packageDocumentation
  */
