@@ -1,7 +1,7 @@
 // A real etcd server (Debian package etcd-server, installed by .ci/setup.sh) for the tests
-// and the control-plane benchmark: one member on loopback, a temporary data directory, the
-// client and peer ports the caller gives. It can be stopped and started again on the same
-// data, serve TLS, and have auth enabled.
+// and the control-plane benchmark: one member on loopback (or an address the caller gives), a
+// temporary data directory, the client and peer ports the caller gives. It can be stopped and
+// started again on the same data, serve TLS, and have auth enabled.
 import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -23,7 +23,9 @@ export interface EtcdServerOptions {
   tls?: EtcdServerTls;
   /** Where the temporary directory of its data goes (default: the OS temp dir). */
   parentDir?: string;
-  /** Starts the process (default child_process.spawn): the bench tracks its children with it. */
+  /** The address it listens on, clients and peer (default 127.0.0.1). */
+  host?: string;
+  /** Starts the process (default child_process.spawn): the bench tracks its children with it; a test runs it in a network namespace with it. */
   spawn?: (command: string, args: readonly string[], options: SpawnOptions) => ChildProcess;
 }
 
@@ -35,6 +37,7 @@ export class EtcdServer {
   readonly clientPort: number;
   readonly peerPort: number;
   readonly tls: EtcdServerTls | undefined;
+  readonly host: string;
   readonly #spawn: NonNullable<EtcdServerOptions['spawn']>;
   #proc: ChildProcess | undefined;
   #log = '';
@@ -45,6 +48,7 @@ export class EtcdServer {
     this.clientPort = clientPort;
     this.peerPort = peerPort;
     this.tls = options.tls;
+    this.host = options.host ?? '127.0.0.1';
     this.#spawn = options.spawn ?? spawn;
   }
 
@@ -68,7 +72,7 @@ export class EtcdServer {
 
   /** The client URL on another port. */
   endpointOn(port: number): string {
-    return `${this.tls ? 'https' : 'http'}://127.0.0.1:${port}`;
+    return `${this.tls ? 'https' : 'http'}://${this.host}:${port}`;
   }
 
   /** What etcd wrote to stderr lately (for failure messages). */
@@ -82,7 +86,7 @@ export class EtcdServer {
    */
   async restart(clientPort = this.clientPort): Promise<void> {
     if (this.#proc) throw new Error('etcd is running already');
-    const peer = `http://127.0.0.1:${this.peerPort}`;
+    const peer = `http://${this.host}:${this.peerPort}`;
     const args = [
       '--name', 'm1',
       '--data-dir', this.dataDir,

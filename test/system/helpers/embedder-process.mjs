@@ -56,6 +56,12 @@ const ops = {
   handOver: async (name) => (await migration(name)).handOver(),
   confirm: async (name) => (await migration(name)).confirm(),
   rollback: async (name) => (await migration(name)).rollback(),
+  startUpgrade: async (o) => (await cluster.startUpgrade(o)).status(),
+  upgradeStatus: async () => (await (await cluster.upgradeSession())?.status()) ?? null,
+  createBackingImage: async (o) => (await cluster.createBackingImage(o)).waitReady({ timeoutMs: 120_000 }),
+  backingImageStatus: (name) => cluster.backingImage(name).status(),
+  setMinCopies: (name, n) => cluster.backingImage(name).setMinCopies(n),
+  deleteBackingImage: (name) => cluster.backingImage(name).delete(),
   // The VM manager offers a host again (it came back, perhaps under a new replica address).
   addHost: (i) => cluster.addHost(engines[i]),
   close: async () => {

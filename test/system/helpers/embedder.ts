@@ -22,6 +22,11 @@ export interface EmbedderConfig {
   replicaReplacementWaitMs?: number;
 }
 
+/** Where the process runs: a command prefix such as `ip netns exec NS` (NetLab.wrap), or none. */
+export interface EmbedderPlace {
+  wrap?: string[];
+}
+
 /** A leadership change as the embedder reported it, on the machine's monotonic clock (ms). */
 export interface LeadershipEvent {
   status: LeaderStatus;
@@ -86,8 +91,11 @@ export class Embedder {
   }
 
   /** Starts the process; resolves once its Mooring is open (it knows whether it leads). */
-  static async start(cfg: EmbedderConfig): Promise<{ embedder: Embedder; status: LeaderStatus }> {
+  static async start(cfg: EmbedderConfig, place: EmbedderPlace = {}): Promise<{ embedder: Embedder; status: LeaderStatus }> {
+    // In a namespace: `ip netns exec NS node SCRIPT` (ip execs node: same pid, the IPC channel's fd inherited).
+    const [wrapCmd, ...wrapArgs] = place.wrap ?? [];
     const child = fork(SCRIPT, [], {
+      ...(wrapCmd ? { execPath: wrapCmd, execArgv: [...wrapArgs, process.execPath] } : {}),
       env: { ...process.env, MOORING_DIST_INDEX: join(repoRoot, 'dist', 'index.js'), MOORING_EMBEDDER_CONFIG: JSON.stringify(cfg) },
       stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
     });
