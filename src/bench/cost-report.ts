@@ -86,6 +86,8 @@ export function judgeCostTargets(r: BenchResults): TargetVerdict[] {
     judgeRatios('3 remote replicas ≥ 0.5× of 1 local replica on 4k random writes', 0.5, randWrites.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-3-remote', 'mooring-1') }))),
     judgeRatios('3 remote replicas ≥ 1.0× QEMU quorum on every row', 1.0, r.workloads.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-3-remote', 'qemu-quorum') }))),
     judgeRatios('1 replica ≥ 1.0× nbdkit on every row', 1.0, r.workloads.map((w) => ({ w, ratio: idx.ratio(w, 'mooring-1', 'nbdkit-file') }))),
+    // Reads go to the replica on the engine's host: as fast as one local replica, give or take the noise.
+    judgeRatios('reads from the local replica when there is one: 3 replicas, 1 on the engine host, ≥ 0.9× of 1 local replica on reads', 0.9, r.workloads.filter((w) => !isWrite(w)).map((w) => ({ w, ratio: idx.ratio(w, 'mooring-3-mixed', 'mooring-1') }))),
   );
   return verdicts;
 }

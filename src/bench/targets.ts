@@ -102,6 +102,8 @@ export async function startTarget(id: TargetId, ctx: TargetContext): Promise<Run
       return startMooringEngine(id, 'local', ctx);
     case 'mooring-3-remote':
       return startMooringEngine(id, 'remote', ctx);
+    case 'mooring-3-mixed':
+      return startMooringEngine(id, 'mixed', ctx);
     case 'qemu-raw':
       return startQemuNbd(id, 'raw', false, ctx);
     case 'qemu-qcow2':
@@ -183,29 +185,32 @@ export async function startMooring(
 
 /**
  * Replica ports of the 3-replica targets' hosts (127.0.0.101.. on loopback), from --port-base:
- * both targets run at once, so each has its own (the peers use offsets 4 to 7).
+ * the targets run at once, so each has its own (the peers use offsets 4 to 7).
  */
-const PORT_OFFSET = { remote: 0, local: 8 } as const;
+const PORT_OFFSET = { remote: 0, local: 8, mixed: 9 } as const;
+/** Data-engine processes of each 3-replica target (the engine's host first). */
+const HOSTS_OF = { remote: 4, local: 1, mixed: 3 } as const;
 
 /**
  * Three replicas under one engine, run by `mooring data-engine` processes on loopback: the
  * engine on h0 and its replicas either on h0 too (`local`: three replica directories on the
- * engine's host, the fan-out without a network) or on h1..h3 (`remote`: every replica reached
- * over TCP, the replica protocol); exported over NBD by h0.
+ * engine's host, the fan-out without a network), on h1..h3 (`remote`: every replica reached
+ * over TCP, the replica protocol), or one on h0 and two on h1, h2 (`mixed`: the usual layout,
+ * where reads stay on the engine's host); exported over NBD by h0.
  */
-async function startMooringEngine(id: TargetId, where: 'local' | 'remote', ctx: TargetContext): Promise<RunningTarget> {
+async function startMooringEngine(id: TargetId, where: 'local' | 'remote' | 'mixed', ctx: TargetContext): Promise<RunningTarget> {
   const hosts: BenchHost[] = [];
   const stopAll = async (): Promise<void> => {
     for (const h of hosts.reverse()) await h.stop();
   };
   try {
-    for (let i = 0; i < (where === 'local' ? 1 : 4); i++) hosts.push(await startBenchHost(ctx, i, ctx.portBase + PORT_OFFSET[where] + i));
+    for (let i = 0; i < HOSTS_OF[where]; i++) hosts.push(await startBenchHost(ctx, i, ctx.portBase + PORT_OFFSET[where] + i));
     const engineHost = hosts[0]!;
-    const replicaHosts = where === 'local' ? [engineHost, engineHost, engineHost] : hosts.slice(1);
+    const replicaHosts = where === 'local' ? [engineHost, engineHost, engineHost] : where === 'mixed' ? hosts : hosts.slice(1);
     const refs = [];
     for (const [i, h] of replicaHosts.entries()) {
       await h.engine.createReplica(`bench-r${i}`, ctx.areaBytes);
-      refs.push(where === 'local' ? { id: `r${i}`, hostId: h.hostId, name: `bench-r${i}`, address: null } : refOn(h, `r${i}`, `bench-r${i}`));
+      refs.push(h === engineHost ? { id: `r${i}`, hostId: h.hostId, name: `bench-r${i}`, address: null } : refOn(h, `r${i}`, `bench-r${i}`));
     }
     const socket = join(ctx.dir, 'nbd.sock');
     checkSocketPath(socket);

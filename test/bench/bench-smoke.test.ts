@@ -150,7 +150,7 @@ describe('bench smoke run', () => {
     for (const built of ['dist/cli.js', 'prebuilds/linux-x64/mooring.node'])
       expect(existsSync(join(root, built)), `${built} missing: run npm run build`).toBe(true);
     const out = join(work, 'benchmarks.md');
-    const targets = ['mooring-1', 'mooring-3-remote', 'qemu-raw', 'nbdkit-file', 'qemu-nbd-tcp', 'qemu-quorum', 'file-buffered'];
+    const targets = ['mooring-1', 'mooring-3-remote', 'mooring-3-mixed', 'qemu-raw', 'nbdkit-file', 'qemu-nbd-tcp', 'qemu-quorum', 'file-buffered'];
     const { code, stdout, stderr } = await runCaptured([
       '--runtime', '1', '--ramp', '0', '--size', '32M', '--dir', work, '--port-base', PORT_BASE,
       '--targets', targets.join(','), '--workloads', 'randread-4k-qd16-j1,write-1m-qd8',
@@ -184,6 +184,9 @@ describe('bench smoke run', () => {
     expect(md).toMatch(/cost per 4k random write, 3 remote replicas, all processes: ≤ 25 µs CPU, ≤ 6 syscalls, ≤ 1 context switch \| \*\*not measured\*\*/);
     expect(md).toMatch(/3 remote replicas ≥ 1\.0× QEMU quorum on every row \| \*\*(pass|miss)\*\*/);
     expect(md).toMatch(/1 replica ≥ 1\.0× nbdkit on every row \| \*\*(pass|miss)\*\*/);
+    // One replica on the engine's host and two remote: three data-engine processes, and reads judged against 1 local replica.
+    expect(costRows).toMatch(/^\| 4k randread qd16 j1 \| Mooring 3 replicas, 1 on the engine host \+ 2 remote \(loopback TCP\) \| .* \| engine host h0 [\d.]+, replica host h1 [\d.]+, replica host h2 [\d.]+ \|$/m);
+    expect(md).toMatch(/reads from the local replica when there is one: .* ≥ 0\.9× of 1 local replica on reads \| \*\*(pass|miss)\*\*/);
     // The remote target ran (4 data-engine processes) and the rebuild step measured both rebuilds.
     expect(stdout).toContain('Mooring 3 remote replicas');
     expect(md).toMatch(/full rebuild into an empty replica \S+ MiB in/);

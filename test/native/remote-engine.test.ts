@@ -164,6 +164,24 @@ describe('engine over remote replicas', () => {
     expect(engine.replicas()[0]!.mode).toBe('RW');
   });
 
+  it('reads from the replica in its own process when it is RW, round-robin over the remote ones otherwise', async () => {
+    hosts = await startHosts(s, 3, SIZE);
+    const proxies = hosts.slice(1).map((h) => new FrameProxy(h.server.port));
+    const ports = await Promise.all(proxies.map((p) => p.start()));
+    for (const p of proxies) cleanups.push(() => p.close());
+    const reads = (): number[] => proxies.map((p) => p.ops.get(Op.READ) ?? 0);
+    const local = join(hosts[0]!.root, 'vol');
+    const mixed = await addon().openEngine(engineOptions({ replicas: [endpoint(ports[0]!), local, endpoint(ports[1]!)] }));
+    await mixed.write(0, pattern(7, 64 * 1024));
+    for (let i = 0; i < 60; i++) expect((await mixed.read((i % 16) * 4096, 4096)).equals(pattern(7, 64 * 1024).subarray((i % 16) * 4096, (i % 16 + 1) * 4096))).toBe(true);
+    expect(reads()).toEqual([0, 0]);
+    await mixed.close();
+    // Only remote replicas: the reads are spread over them.
+    const remote = await openEngine(ports);
+    for (let i = 0; i < 60; i++) await remote.read((i % 16) * 4096, 4096);
+    expect(reads().every((n) => n >= 20), `READ requests per remote replica: ${reads().join(', ')}`).toBe(true);
+  });
+
   it('runs a pipelined burst concurrently and answers every request by its seq', async () => {
     hosts = await startHosts(s, 1, SIZE);
     const c = await RawClient.open(hosts[0]!.server.port, 'vol');

@@ -371,6 +371,8 @@ export class FrameProxy {
   private held: Array<{ to: Socket; frame: Buffer }> = [];
   private server: Server;
   port = 0;
+  /** Requests forwarded, by opcode ({@link Op}). */
+  readonly ops = new Map<number, number>();
   /** Called when a client connection of the proxy is closed by the client. */
   onClientClose: (() => void) | null = null;
   /** Rewrites each reply frame (header and payload) before it is passed on; `n` counts the connection's replies from 0 (the HELLO reply). */
@@ -393,6 +395,7 @@ export class FrameProxy {
           if (this.mode === 'blackhole' || this.mode === 'stall') continue;
           this.outstanding++;
           this.maxOutstanding = Math.max(this.maxOutstanding, this.outstanding);
+          this.ops.set(f.readUInt8(5), (this.ops.get(f.readUInt8(5)) ?? 0) + 1);
           upstream.write(f);
         }
       });

@@ -768,6 +768,11 @@ int ReplicatedEngine::ReadFrom(Op op) {
     for (size_t attempt = 0; attempt < n; ++attempt) {
       const uint32_t start = next_read_.fetch_add(1, std::memory_order_relaxed);
       size_t pick = n;
+      // A replica in this process first: its read costs no network hop and no remote CPU.
+      for (size_t k = 0; k < n && pick == n; ++k) {
+        size_t i = (start + k) % n;
+        if (slots_[i]->mode.load() == ReplicaMode::kRW && !slots_[i]->backend->remote()) pick = i;
+      }
       for (size_t k = 0; k < n && pick == n; ++k) {
         size_t i = (start + k) % n;
         if (slots_[i]->mode.load() == ReplicaMode::kRW) pick = i;

@@ -1,8 +1,9 @@
 // Engine (replicator): serves one volume as a BlockDevice over N replicas.
 //
 // - Writes (and trims, write-zeroes) fan out to every RW replica; the call returns only
-//   when all have it (invariant 1). Reads go round-robin over RW replicas; a failed read
-//   is retried on the next RW replica.
+//   when all have it (invariant 1). Reads go to an RW replica in this process when there
+//   is one (no network hop), else round-robin over RW replicas; a failed read is retried on
+//   the next RW replica.
 // - One writer (docs/single-writer.md): the engine is handed a unique epoch and never
 //   changes it. The volume's replica set {epoch, generation, members, rw} is committed to
 //   a majority of the members; a write is acknowledged only when every RW member has it.
