@@ -81,7 +81,7 @@ function handshakeCase(rng: Rng): { what: string; bytes: Buffer; want: 'drop' | 
 function txCase(rng: Rng, seq: number, home: number): { what: string; req: Request; want: Expect; verify?: Buffer } {
   const off = home + rng.int(64) * 4096;
   const PE = CodeNum.PROTOCOL_ERROR;
-  switch (rng.int(26)) {
+  switch (rng.int(27)) {
     case 0: {
       const data = rng.bytes(4096);
       return { what: 'good write', req: { op: Op.WRITE, seq, offset: off, length: 4096, payload: data }, want: 'ok' };
@@ -138,6 +138,9 @@ function txCase(rng: Rng, seq: number, home: number): { what: string; req: Reque
     case 24:
       // SELF_RW belongs to SET_REPLICA_SET alone.
       return { what: 'self-rw flag on another op', req: { op: rng.pick([Op.READ, Op.FLUSH, Op.CLAIM_EPOCH, Op.LAST_RW]), seq, flags: 16, offset: 0, length: 0 }, want: PE };
+    case 25:
+      // MASKS_ONLY belongs to LAYER_DIGEST alone.
+      return { what: 'masks-only flag on another op', req: { op: rng.pick([Op.READ, Op.FLUSH, Op.LAYER_EXTENTS, Op.READ_LAYER]), seq, flags: 32, offset: 0, length: 0 }, want: PE };
     default: {
       // Random header fields on a random op, small random payload: any coded answer.
       const op = 2 + rng.int(24);

@@ -375,6 +375,8 @@ export class FrameProxy {
   readonly ops = new Map<number, number>();
   /** Called when a client connection of the proxy is closed by the client. */
   onClientClose: (() => void) | null = null;
+  /** Sees each request frame (header and payload) the proxy receives from a client. */
+  onRequest: ((frame: Buffer) => void) | null = null;
   /** Rewrites each reply frame (header and payload) before it is passed on; `n` counts the connection's replies from 0 (the HELLO reply). */
   rewriteReply: ((frame: Buffer, n: number) => Buffer) | null = null;
   private sockets = new Set<Socket>();
@@ -392,6 +394,7 @@ export class FrameProxy {
       client.on('data', (d: Buffer) => {
         if (this.mode === 'stall') client.pause();
         for (const f of up.push(d)) {
+          this.onRequest?.(f);
           if (this.mode === 'blackhole' || this.mode === 'stall') continue;
           this.outstanding++;
           this.maxOutstanding = Math.max(this.maxOutstanding, this.outstanding);

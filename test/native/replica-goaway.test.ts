@@ -36,6 +36,7 @@ const BLOCK = 4096;
 const FEATURE_GROW = 1n;
 const FEATURE_GOAWAY = 2n;
 const FEATURE_LAST_RW = 4n;
+const FEATURE_DIGEST_MASKS = 8n;
 const CODE_GOAWAY = 0x100;
 const CLIENT_FEATURES = 26;
 const PEER = join(dirname(fileURLToPath(import.meta.url)), 'replica-server-peer.mjs');
@@ -230,7 +231,7 @@ describe('replica server GOAWAY', () => {
     announced.send({ op: Op.HELLO, seq: 0, payload: Buffer.from('vol') });
     const hello = await announced.next();
     expect(hello?.code).toBe(0);
-    expect(hello!.payload.readBigUInt64LE(8)).toBe(FEATURE_GROW | FEATURE_GOAWAY | FEATURE_LAST_RW);
+    expect(hello!.payload.readBigUInt64LE(8)).toBe(FEATURE_GROW | FEATURE_GOAWAY | FEATURE_LAST_RW | FEATURE_DIGEST_MASKS);
     // Unknown bits are ignored: the reply names the ones both know.
     announced.send({ op: CLIENT_FEATURES, seq: 0, length: FEATURE_GOAWAY | (1n << 40n) });
     const cf = await announced.next();

@@ -65,6 +65,8 @@ constexpr const char* kBackingImageLayerId = "backing-image";
 
 // Largest range one LayerDigest call covers (bounds the reply: 1024 units of 4 KiB).
 constexpr uint64_t kMaxDigestRangeBytes = 4ull << 20;
+// What LayerDigest computes: masks and SHA-256 of every unit, or the masks alone.
+enum class DigestDetail { kHashes, kMasksOnly };
 
 class ReplicaBackend {
  public:
@@ -159,7 +161,9 @@ class ReplicaBackend {
   virtual Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) = 0;
   // Digests of the units of one layer that intersect [off, off+len), in address order.
   // off and len are multiples of kDigestUnitBytes; len at most kMaxDigestRangeBytes.
-  virtual Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len,
+  // kMasksOnly: the same units and masks, sha256 left zero (nothing read or hashed): for a
+  // rebuild window the target holds nothing of, where only the source's blocks matter.
+  virtual Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, DigestDetail detail,
                              std::vector<UnitDigest>* out) = 0;
   // Rebuild target only (rebuilding() true): writes whole blocks into one layer (any
   // layer, the head included) and records that the layer now holds them. `epoch` is the

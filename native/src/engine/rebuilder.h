@@ -11,6 +11,9 @@
 // Foreground writes reach the target too (it is WO), so the head layer changes under the
 // copy: each head window is compared and copied while the engine's RangeLock holds that
 // window, so a foreground write to it lands wholly before or wholly after the copy.
+// Up to kWindowsInFlight windows are in flight at once, each under its own lock (windows
+// are disjoint), so the source's digest and read of one overlap the target's write of
+// another.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,8 @@ class Rebuilder {
  public:
   // Window of one compare step; also the size of the copy buffer.
   static constexpr uint64_t kWindowBytes = kMaxDigestRangeBytes;
+  // Windows compared and copied at once (each by its own thread, under its own range lock).
+  static constexpr size_t kWindowsInFlight = 4;
 
   struct Hooks {
     RangeLock* ranges = nullptr;  // the engine's: held for each head-layer window
@@ -61,10 +66,16 @@ class Rebuilder {
  private:
   int LoadUnion(ReplicaBackend* source, const std::string& layer_id, std::vector<Range>* src,
                 std::vector<Range>* all, bool* source_failed);
+  // Bytes one window sent and unmapped (added to totals_ by CopyLayer).
+  struct WindowTotals {
+    uint64_t sent = 0;
+    uint64_t unmapped = 0;
+  };
   int CopyWindow(ReplicaBackend* source, const std::string& id, bool head, uint64_t off, uint64_t len,
-                 const std::vector<Range>& src, bool* source_failed);
-  // Sends source blocks [off, off+len) of layer `id` to the target.
-  int Send(ReplicaBackend* source, const std::string& id, uint64_t off, uint64_t len, bool* source_failed);
+                 const std::vector<Range>& src, std::vector<uint8_t>* buf, WindowTotals* wt, bool* source_failed);
+  // Sends source blocks [off, off+len) of layer `id` to the target through `buf`.
+  int Send(ReplicaBackend* source, const std::string& id, uint64_t off, uint64_t len, std::vector<uint8_t>* buf,
+           WindowTotals* wt, bool* source_failed);
 
   // Runs a target write with the engine's epoch. An engine's epoch does not change while
   // it rebuilds (it is handed one epoch; only Activate, on a standby, gives it another), so
@@ -77,7 +88,7 @@ class Rebuilder {
   ReplicaBackend* target_;
   Hooks hooks_;
   RebuildResult totals_;
-  std::vector<uint8_t> buf_;
+  std::vector<std::vector<uint8_t>> bufs_;  // one copy buffer per window in flight
 };
 
 }  // namespace mooring

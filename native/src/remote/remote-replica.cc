@@ -859,11 +859,14 @@ Status RemoteReplica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t 
   return RunStatus(c, "ADOPT_CHAIN");
 }
 
-Status RemoteReplica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) {
+Status RemoteReplica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, DigestDetail detail,
+                                  std::vector<UnitDigest>* out) {
   if (layer_id.size() > kMaxWireStringBytes) return Status::Error(Code::kInvalidArgument, "layer id too long");
   if (len > kMaxDigestRangeBytes)
     return Status::Error(Code::kInvalidArgument, "digest range exceeds " + std::to_string(kMaxDigestRangeBytes));
-  CallPtr c = NewCall(kOpLayerDigest, 0, off, len);
+  // An older server refuses the flag: it computes the hashes too, which cost only time.
+  const bool masks_only = detail == DigestDetail::kMasksOnly && (features_.load() & kFeatureDigestMasks);
+  CallPtr c = NewCall(kOpLayerDigest, 0, off, len, masks_only ? kFlagMasksOnly : 0);
   PayloadWriter(&c->payload).Str(layer_id);
   c->max_reply = 4 + 42 * kMaxDigestsPerReply;
   Status st = RunStatus(c, "LAYER_DIGEST");

@@ -95,7 +95,8 @@ class RemoteReplica final : public ReplicaBackend {
   Status DeleteSnapshot(const std::string& name) override;
   Status Revert(const std::string& name, int64_t created_ms) override;
   Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) override;
-  Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) override;
+  Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, DigestDetail detail,
+                     std::vector<UnitDigest>* out) override;
   int WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) override;
   int UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) override;
   Status FinishRebuild() override;

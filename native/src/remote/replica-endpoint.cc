@@ -40,7 +40,7 @@ class OfflineReplica final : public ReplicaBackend {
   Status DeleteSnapshot(const std::string&) override { return Down(); }
   Status Revert(const std::string&, int64_t) override { return Down(); }
   Status AdoptChain(const std::vector<LayerInfo>&, uint64_t) override { return Down(); }
-  Status LayerDigest(const std::string&, uint64_t, uint64_t, std::vector<UnitDigest>*) override { return Down(); }
+  Status LayerDigest(const std::string&, uint64_t, uint64_t, DigestDetail, std::vector<UnitDigest>*) override { return Down(); }
   int WriteLayer(uint64_t, const std::string&, uint64_t, uint32_t, const uint8_t*) override { return -ENOTCONN; }
   int UnmapLayer(uint64_t, const std::string&, uint64_t, uint64_t) override { return -ENOTCONN; }
   Status FinishRebuild() override { return Down(); }

@@ -116,7 +116,10 @@ constexpr uint16_t kFlagUserCreated = 8;  // SNAPSHOT
 // SET_REPLICA_SET: the receiving replica is RW in the set (records it as its last RW set).
 // Sent only to a server that announced kFeatureLastRw (an older one refuses the flag).
 constexpr uint16_t kFlagSelfRw = 16;
-constexpr uint16_t kFlagsKnown = 31;
+// LAYER_DIGEST: masks only, every sha256 zero (DigestDetail::kMasksOnly). Sent only to a
+// server that announced kFeatureDigestMasks (an older one refuses the flag).
+constexpr uint16_t kFlagMasksOnly = 32;
+constexpr uint16_t kFlagsKnown = 63;
 
 // Reply state bits (valid only with kStateValid).
 constexpr uint16_t kStateValid = 0x8000;
@@ -429,7 +432,9 @@ constexpr uint64_t kFeatureGrow = 1;
 constexpr uint64_t kFeatureGoAway = 2;
 // The server knows kOpLastRw and kFlagSelfRw.
 constexpr uint64_t kFeatureLastRw = 4;
-constexpr uint64_t kFeaturesKnown = kFeatureGrow | kFeatureGoAway | kFeatureLastRw;
+// The server knows kFlagMasksOnly on LAYER_DIGEST.
+constexpr uint64_t kFeatureDigestMasks = 8;
+constexpr uint64_t kFeaturesKnown = kFeatureGrow | kFeatureGoAway | kFeatureLastRw | kFeatureDigestMasks;
 
 // GOAWAY: a reply frame with seq 0 and this code (outside util/status.h's Code range, so no
 // client that did not ask for it could take it for an answer), errno 0, no payload. The

@@ -444,6 +444,7 @@ void ReplicaServerConnection::Dispatch(Request* r) {
   if (h.op == kOpWriteZeroes) allowed = kFlagFua | kFlagMayTrim | kFlagFastOnly;
   if (h.op == kOpSnapshot) allowed = kFlagUserCreated;
   if (h.op == kOpSetReplicaSet) allowed = kFlagSelfRw;
+  if (h.op == kOpLayerDigest) allowed = kFlagMasksOnly;
   if (h.reserved != 0 || (h.flags & ~allowed)) return bad("unknown flags or reserved bits set");
   auto no_payload = [&]() {
     if (h.payload_len == 0) return true;
@@ -643,7 +644,8 @@ void ReplicaServerConnection::Dispatch(Request* r) {
       if (!finished()) return;
       if (h.length > kMaxDigestRangeBytes) return bad("range exceeds " + std::to_string(kMaxDigestRangeBytes));
       std::vector<UnitDigest> d;
-      Status st = rep->LayerDigest(id, h.offset, h.length, &d);
+      const DigestDetail detail = (h.flags & kFlagMasksOnly) ? DigestDetail::kMasksOnly : DigestDetail::kHashes;
+      Status st = rep->LayerDigest(id, h.offset, h.length, detail, &d);
       if (!st.ok()) return SetStatus(r, st);
       if (d.size() > kMaxDigestsPerReply) return SetError(r, Code::kIoError, "replica returned too many digests");
       PayloadWriter w(&r->reply_payload);

@@ -53,8 +53,9 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t e) override {
     return Live() ? (WriterScope(token_), r_->AdoptChain(layers, e)) : Closed();
   }
-  Status LayerDigest(const std::string& id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) override {
-    return Live() ? r_->LayerDigest(id, off, len, out) : Closed();
+  Status LayerDigest(const std::string& id, uint64_t off, uint64_t len, DigestDetail detail,
+                     std::vector<UnitDigest>* out) override {
+    return Live() ? r_->LayerDigest(id, off, len, detail, out) : Closed();
   }
   int WriteLayer(uint64_t e, const std::string& id, uint64_t off, uint32_t len, const uint8_t* buf) override {
     return Live() ? (WriterScope(token_), r_->WriteLayer(e, id, off, len, buf)) : -EBADF;

@@ -1472,7 +1472,8 @@ Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch)
   return Status::Ok();
 }
 
-Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, std::vector<UnitDigest>* out) {
+Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, DigestDetail detail,
+                            std::vector<UnitDigest>* out) {
   if (!out) return Status::Error(Code::kInvalidArgument, "no output vector");
   // The last unit may reach past the end of a volume whose size is not a multiple of it.
   const uint64_t limit = (size_ + kDigestUnitBytes - 1) / kDigestUnitBytes * kDigestUnitBytes;
@@ -1498,6 +1499,21 @@ Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t 
 
   constexpr size_t kMaxUnits = kMaxDigestRangeBytes / kDigestUnitBytes;
   uint16_t masks[kMaxUnits] = {};
+  auto mark = [&](const ExtentMap::Interval& iv) {
+    for (uint64_t b = iv.start; b < iv.end; ++b)
+      masks[(b - b0) / kDigestBlocksPerUnit] |= static_cast<uint16_t>(1u << ((b - b0) % kDigestBlocksPerUnit));
+  };
+  if (detail == DigestDetail::kMasksOnly) {
+    for (const auto& iv : ivs) mark(iv);
+    for (size_t u = 0; u < len / kDigestUnitBytes; ++u) {
+      if (masks[u] == 0) continue;
+      UnitDigest d{};
+      d.off = off + u * kDigestUnitBytes;
+      d.mask = masks[u];
+      out->push_back(d);
+    }
+    return Status::Ok();
+  }
   std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[len]);
   if (!buf) return Status::Error(Code::kIoError, "out of memory for a layer digest", ENOMEM);
   LayerFd h;
@@ -1506,8 +1522,7 @@ Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t 
     int rc = fsutil::PreadFull(h.fd(), buf.get() + (iv.start - b0) * kBlock, (iv.end - iv.start) * kBlock,
                                iv.start * kBlock);
     if (rc != 0) return Status::FromErrno(rc, "read " + l->path() + ": " + ErrText(rc));
-    for (uint64_t b = iv.start; b < iv.end; ++b)
-      masks[(b - b0) / kDigestBlocksPerUnit] |= static_cast<uint16_t>(1u << ((b - b0) % kDigestBlocksPerUnit));
+    mark(iv);
   }
 
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);

@@ -110,7 +110,7 @@ class Replica : public ReplicaBackend {
 
   bool rebuilding() const override { return rebuilding_.load(); }
   Status AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) override;
-  Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len,
+  Status LayerDigest(const std::string& layer_id, uint64_t off, uint64_t len, DigestDetail detail,
                      std::vector<UnitDigest>* out) override;
   int WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) override;
   int UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) override;
