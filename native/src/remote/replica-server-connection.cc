@@ -38,26 +38,40 @@ void ReplicaServerConnection::Start() {
 
 void ReplicaServerConnection::RequestStop() {
   stop_.store(true);
-  if (wake_fd_ >= 0) {
+  if (wake_fd_ >= 0) {  // wakes the handshake
     uint64_t one = 1;
     ssize_t n = write(wake_fd_, &one, sizeof one);
     (void)n;
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  cap_cv_.notify_all();
+  Nudge();
 }
 
 void ReplicaServerConnection::Kill() {
   if (dead_.exchange(true)) return;
   Protocol("replies not taken while the server's memory budget is exhausted");
-  if (t_) t_->Shutdown();  // wakes the reader and the writer; the writer discards the rest
-  std::lock_guard<std::mutex> lk(mu_);
-  cap_cv_.notify_all();
-  out_cv_.notify_all();
+  if (t_) t_->Shutdown();  // wakes the handshake and the writer; the writer discards the rest
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    out_cv_.notify_all();
+  }
+  Nudge();
+}
+
+void ReplicaServerConnection::Nudge() {
+  const uint64_t id = loop_id_.load();
+  if (id != 0) loop_->ArmTimer(id, Poller::NowMs());
 }
 
 void ReplicaServerConnection::Join() {
   if (reader_.joinable()) reader_.join();
+  const uint64_t id = loop_id_.load();
+  if (id == 0) return;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [this] { return finished_.load(); });
+  }
+  loop_->Remove(id);  // returns once its handler has returned
+  loop_id_.store(0);
 }
 
 void ReplicaServerConnection::Protocol(const std::string&) {
@@ -65,33 +79,46 @@ void ReplicaServerConnection::Protocol(const std::string&) {
 }
 
 void ReplicaServerConnection::Run() {
-  NameThisThread("mr-rs-conn");
+  NameThisThread("mr-rs-hello");
+  bool handed = false;
   try {
     if (t_ && wake_fd_ >= 0 && Handshake()) {
       handshaking_.store(false);
-      ReadLoop();
+      handed = Register();
     }
   } catch (...) {
     // Allocation failure: lose this one connection, keep the server.
     dead_.store(true);
     if (t_) t_->Shutdown();
   }
-  // Every request of this connection must be finished before it goes away: workers hold
-  // pointers to it until their reply is sent (or discarded).
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    while (inflight_ > 0) cap_cv_.wait(lk);
-    writer_exit_ = true;
-    out_cv_.notify_all();
-  }
-  if (writer_.joinable()) writer_.join();
+  if (!handed) Finish();  // nothing was ever in flight
+}
+
+bool ReplicaServerConnection::Register() {
+  Poller& loop = Poller::ForConnection();
+  Status st;
+  const uint64_t id = loop.Add(t_->fd(), 0, [this](uint32_t) { OnLoop(); }, &st);
+  if (id == 0) return false;
+  loop_ = &loop;
+  loop_id_.store(id);
+  Nudge();  // the first turn: bytes may already be buffered (rbuf_, TLS)
+  return true;
+}
+
+void ReplicaServerConnection::Finish() {
+  if (writer_.joinable()) writer_.join();  // it has nothing to send: it exits at once
   if (replica_) replica_->Close();  // gives our share back to the registry
   replica_.reset();
   if (t_) t_->Shutdown();
-  finished_.store(true);
-  if (ctx_->server_wake_fd >= 0) {
+  const int server_wake = ctx_->server_wake_fd;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    finished_.store(true);
+  }
+  done_cv_.notify_all();
+  if (server_wake >= 0) {
     uint64_t one = 1;
-    ssize_t n = write(ctx_->server_wake_fd, &one, sizeof one);
+    ssize_t n = write(server_wake, &one, sizeof one);
     (void)n;
   }
 }
@@ -240,108 +267,208 @@ bool ReplicaServerConnection::Handshake() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Reader.
+// Reading, on the connection loop: each turn reads what the socket has, frame by frame,
+// without waiting; a frame stays half-read (hb_, cur_) until the next turn.
 
-int ReplicaServerConnection::WaitRead(short want, bool mid_frame) {
-  for (;;) {
-    if (stop_.load()) return -ESHUTDOWN;
-    if (dead_.load()) return -EPIPE;
-    int p = PollFdOrWake(t_->fd(), want, wake_fd_, kReaderPollMs);
-    if (p < 0) return p;
-    if (p != 0) return 0;
-    // Idle: nothing received for idle_timeout_ms, and either nothing in flight (a client
-    // that is alive pings) or stuck in the middle of a frame.
-    int64_t quiet = MonotonicMs() - last_rx_ms_.load();
-    if (quiet < static_cast<int64_t>(ctx_->opts.idle_timeout_ms)) continue;
-    bool idle;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      idle = inflight_ == 0;
+void ReplicaServerConnection::OnLoop() {
+  if (finished_.load()) return;
+  try {
+    if (!reading_done_) {
+      if (stop_.load() || dead_.load()) EndReading();
+      else ReadFrames();
     }
-    if (idle || mid_frame) return -ETIMEDOUT;
+  } catch (...) {
+    // Allocation failure: lose this one connection, keep the server.
+    dead_.store(true);
+    if (t_) t_->Shutdown();
+    if (!reading_done_) EndReading();
+  }
+  if (reading_done_) TryFinish();
+}
+
+void ReplicaServerConnection::Watch(uint32_t events) {
+  if (events == watched_) return;
+  loop_->Modify(loop_id_.load(), events);
+  watched_ = events;
+}
+
+void ReplicaServerConnection::ReadFrames() {
+  const ReplicaServerOptions& o = ctx_->opts;
+  for (int frames = 0;;) {
+    if (stop_.load() || dead_.load()) return EndReading();
+    if (rstate_ == ReadState::kHeader && hb_got_ == 0) {
+      if (frames == kFramesPerTurn) {
+        Nudge();  // more next turn, after the loop's other connections
+        return;
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      if (inflight_ >= o.max_inflight_per_connection || inflight_bytes_ >= o.max_inflight_bytes_per_connection) {
+        paused_ = true;  // a reply sent clears it and nudges the loop
+        Watch(0);
+        return;
+      }
+    }
+    if (rstate_ == ReadState::kBudget) {
+      if (!TakeBudget()) return;
+      ++frames;
+      continue;
+    }
+    uint8_t* dst;
+    size_t want_bytes;
+    if (rstate_ == ReadState::kHeader) {
+      dst = hb_ + hb_got_;
+      want_bytes = sizeof hb_ - hb_got_;
+    } else {
+      dst = cur_->payload.data() + payload_got_;
+      want_bytes = cur_->payload.size() - payload_got_;
+    }
+    short want = 0;
+    const ssize_t r = rbuf_.ReadSome(t_.get(), dst, want_bytes, &want);
+    if (r == -EAGAIN) return WaitInput(want);
+    if (r <= 0) {
+      // End of stream at a frame boundary is a client going away; anything else is not.
+      const bool clean = r == 0 && rstate_ == ReadState::kHeader && hb_got_ == 0;
+      if (!clean) Protocol(rstate_ == ReadState::kHeader ? "connection lost mid-frame" : "connection lost mid-payload");
+      return EndReading();
+    }
+    last_rx_ms_.store(MonotonicMs());
+    if (rstate_ == ReadState::kHeader) {
+      hb_got_ += static_cast<size_t>(r);
+      if (hb_got_ < sizeof hb_) continue;
+      hb_got_ = 0;
+      if (!StartFrame()) return;
+    } else {
+      payload_got_ += static_cast<size_t>(r);
+      if (payload_got_ < cur_->payload.size()) continue;
+      Deliver();
+      ++frames;
+    }
   }
 }
 
-void ReplicaServerConnection::ReadLoop() {
-  const ReplicaServerOptions& o = ctx_->opts;
-  WaitFn at_boundary = [this](short want) { return WaitRead(want, false); };
-  WaitFn mid_frame = [this](short want) { return WaitRead(want, true); };
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      while (!stop_.load() && !dead_.load() &&
-             (inflight_ >= o.max_inflight_per_connection || inflight_bytes_ >= o.max_inflight_bytes_per_connection))
-        cap_cv_.wait(lk);
-      if (stop_.load() || dead_.load()) return;
-    }
-    uint8_t hb[kRequestHeaderBytes];
-    bool eof = false;
-    // The first byte may take forever (idle rule); the rest of a frame must keep coming.
-    int rc = rbuf_.ReadExact(t_.get(), hb, 1, at_boundary, &eof);
-    if (rc == 0) rc = rbuf_.ReadExact(t_.get(), hb + 1, sizeof hb - 1, mid_frame);
-    if (rc != 0) {
-      if (!eof && rc != -ESHUTDOWN) Protocol("connection lost mid-frame");
-      return;
-    }
-    last_rx_ms_.store(MonotonicMs());
-    std::unique_ptr<Request> r(new Request());
-    r->conn = this;
-    if (!DecodeRequest(hb, &r->h)) {
-      Protocol("bad magic");  // the stream is out of step: nothing after this can be trusted
-      return;
-    }
-    const RequestHeader& h = r->h;
-    if (h.version != kVersion || h.payload_len > kMaxPayloadBytes) {
-      // Cannot be skipped safely: answer, then drop the connection once it is sent.
-      Protocol("bad version or payload length");
-      r->early_code = Code::kProtocolError;
-      r->early_message = h.version != kVersion ? "unsupported protocol version " + std::to_string(h.version)
-                                                : "payload length " + std::to_string(h.payload_len) + " exceeds " +
-                                                      std::to_string(kMaxPayloadBytes);
-      r->budget_bytes = 0;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        ++inflight_;
-      }
-      Execute(r.release());
-      stop_.store(true);
-      return;
-    }
-    // The request's bytes (payload in, reply out) come out of the server's budget before
-    // the payload is read: past the budget this reader stops reading (back-pressure).
-    const uint64_t reply_bytes = (h.op == kOpRead || h.op == kOpReadLayer) ? std::min<uint64_t>(h.length, kMaxIoBytes) : 0;
-    const uint64_t take = h.op == kOpClientFeatures ? 0 : h.payload_len + reply_bytes + kRequestHeaderBytes;
-    if (take > 0) {
-      const bool got = ctx_->budget->Acquire(
-          take, [this] { return Responsive(MonotonicMs()); }, [this] { return stop_.load() || dead_.load(); }, ctx_->reclaim);
-      if (!got) return;
-    }
-    BudgetHold hold(ctx_->budget.get(), take);  // given back unless the request is queued
-    if (h.payload_len > 0) {
-      r->payload.resize(h.payload_len);
-      rc = rbuf_.ReadExact(t_.get(), r->payload.data(), h.payload_len, mid_frame);
-      if (rc != 0) {
-        if (rc != -ESHUTDOWN) Protocol("connection lost mid-payload");
-        return;
-      }
-      last_rx_ms_.store(MonotonicMs());
-    }
-    if (h.op == kOpClientFeatures) {
-      ClientFeatures(std::move(r));
-      continue;
-    }
-    r->budget_bytes = hold.Transfer();
+bool ReplicaServerConnection::StartFrame() {
+  std::unique_ptr<Request> r(new Request());
+  r->conn = this;
+  if (!DecodeRequest(hb_, &r->h)) {
+    Protocol("bad magic");  // the stream is out of step: nothing after this can be trusted
+    EndReading();
+    return false;
+  }
+  const RequestHeader& h = r->h;
+  if (h.version != kVersion || h.payload_len > kMaxPayloadBytes) {
+    // Cannot be skipped safely: answer, then drop the connection once it is sent.
+    Protocol("bad version or payload length");
+    r->early_code = Code::kProtocolError;
+    r->early_message = h.version != kVersion ? "unsupported protocol version " + std::to_string(h.version)
+                                              : "payload length " + std::to_string(h.payload_len) + " exceeds " +
+                                                    std::to_string(kMaxPayloadBytes);
+    r->budget_bytes = 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
       ++inflight_;
-      inflight_bytes_ += r->budget_bytes;
     }
-    WorkerPool::Batch b;
-    b.Push(r.get());
-    r->run = &ReplicaServerConnection::RunJob;
-    r.release();
-    ctx_->pool->Submit(&b);
+    Execute(r.release());
+    stop_.store(true);
+    EndReading();
+    return false;
   }
+  // The request's bytes (payload in, reply out) come out of the server's budget before
+  // the payload is read: past the budget this connection is not read (back-pressure).
+  const uint64_t reply_bytes = (h.op == kOpRead || h.op == kOpReadLayer) ? std::min<uint64_t>(h.length, kMaxIoBytes) : 0;
+  cur_need_ = h.op == kOpClientFeatures ? 0 : h.payload_len + reply_bytes + kRequestHeaderBytes;
+  cur_ = std::move(r);
+  rstate_ = ReadState::kBudget;
+  return true;
+}
+
+bool ReplicaServerConnection::TakeBudget() {
+  if (cur_need_ > 0) {
+    MemoryBudget* budget = ctx_->budget.get();
+    bool got = budget->TryAcquire(cur_need_, Responsive(MonotonicMs()));
+    if (!got && ctx_->reclaim) {
+      ctx_->reclaim();  // drops the peers that hold budget without taking their replies
+      got = budget->TryAcquire(cur_need_, Responsive(MonotonicMs()), false);
+    }
+    if (!got) {
+      Watch(0);
+      loop_->ArmTimer(loop_id_.load(), Poller::NowMs() + MemoryBudget::kWaitSliceMs);
+      return false;
+    }
+  }
+  cur_take_ = cur_need_;
+  cur_need_ = 0;
+  if (cur_->h.payload_len > 0) {
+    cur_->payload.resize(cur_->h.payload_len);
+    payload_got_ = 0;
+    rstate_ = ReadState::kPayload;
+  } else {
+    Deliver();
+  }
+  return true;
+}
+
+void ReplicaServerConnection::Deliver() {
+  std::unique_ptr<Request> r = std::move(cur_);
+  rstate_ = ReadState::kHeader;
+  BudgetHold hold(ctx_->budget.get(), cur_take_);  // given back unless the request is queued
+  cur_take_ = 0;
+  if (r->h.op == kOpClientFeatures) return ClientFeatures(std::move(r));
+  r->budget_bytes = hold.Transfer();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++inflight_;
+    inflight_bytes_ += r->budget_bytes;
+  }
+  WorkerPool::Batch b;
+  b.Push(r.get());
+  r->run = &ReplicaServerConnection::RunJob;
+  r.release();
+  ctx_->pool->Submit(&b);
+}
+
+void ReplicaServerConnection::WaitInput(short want) {
+  Watch(EPOLLIN | ((want & POLLOUT) ? uint32_t{EPOLLOUT} : 0u));  // TLS may need to write to read
+  // Idle: nothing received for idle_timeout_ms, and either nothing in flight (a client that
+  // is alive pings) or stuck in the middle of a frame.
+  const int64_t now = MonotonicMs();
+  const int64_t idle_at = last_rx_ms_.load() + static_cast<int64_t>(ctx_->opts.idle_timeout_ms);
+  if (now < idle_at) {
+    loop_->ArmTimer(loop_id_.load(), idle_at);
+    return;
+  }
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    idle = inflight_ == 0;
+  }
+  if (idle || rstate_ != ReadState::kHeader || hb_got_ > 0) {
+    Protocol("connection idle past its timeout");
+    return EndReading();
+  }
+  loop_->ArmTimer(loop_id_.load(), now + kReaderPollMs);
+}
+
+void ReplicaServerConnection::EndReading() {
+  reading_done_ = true;
+  Watch(0);
+  cur_.reset();
+  if (cur_take_ > 0) ctx_->budget->Release(cur_take_);
+  cur_take_ = 0;
+}
+
+void ReplicaServerConnection::TryFinish() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // Every request must be finished before the connection goes away: workers hold
+    // pointers to it until their reply is sent (or discarded).
+    if (inflight_ > 0) {
+      draining_ = true;  // the last reply sent nudges the loop
+      return;
+    }
+    writer_exit_ = true;
+    out_cv_.notify_all();
+  }
+  Finish();
 }
 
 void ReplicaServerConnection::ClientFeatures(std::unique_ptr<Request> r) {
@@ -764,7 +891,8 @@ void ReplicaServerConnection::SendRounds(std::unique_lock<std::mutex>& lk, bool 
     if (rc == 0 && !dead_.load() && !replied_.load()) replied_.store(true);
     if (rc != 0) {
       dead_.store(true);
-      t_->Shutdown();  // wakes the reader
+      t_->Shutdown();
+      Nudge();  // the loop stops reading it
     }
     lk.lock();
     for (Request* r : wbatch_) {
@@ -774,7 +902,12 @@ void ReplicaServerConnection::SendRounds(std::unique_lock<std::mutex>& lk, bool 
       delete r;
     }
     wbatch_.clear();
-    cap_cv_.notify_all();
+    const ReplicaServerOptions& o = ctx_->opts;
+    if (paused_ && inflight_ < o.max_inflight_per_connection && inflight_bytes_ < o.max_inflight_bytes_per_connection) {
+      paused_ = false;
+      Nudge();  // the loop reads this connection again
+    }
+    if (draining_ && inflight_ == 0) Nudge();
   }
 }
 
