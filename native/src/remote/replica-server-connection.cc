@@ -38,10 +38,13 @@ void ReplicaServerConnection::Start() {
 
 void ReplicaServerConnection::RequestStop() {
   stop_.store(true);
-  if (wake_fd_ >= 0) {  // wakes the handshake
-    uint64_t one = 1;
-    ssize_t n = write(wake_fd_, &one, sizeof one);
-    (void)n;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (wake_fd_ >= 0) {  // wakes the handshake
+      uint64_t one = 1;
+      ssize_t n = write(wake_fd_, &one, sizeof one);
+      (void)n;
+    }
   }
   Nudge();
 }
@@ -85,6 +88,12 @@ void ReplicaServerConnection::Run() {
     if (t_ && wake_fd_ >= 0 && Handshake()) {
       handshaking_.store(false);
       handed = Register();
+    }
+    if (handed) {
+      // Only the handshake waits on it: an fd fewer per connection served.
+      std::lock_guard<std::mutex> lk(mu_);
+      close(wake_fd_);
+      wake_fd_ = -1;
     }
   } catch (...) {
     // Allocation failure: lose this one connection, keep the server.
