@@ -3,11 +3,17 @@
 // a connection at its in-flight cap (128 requests, ReplicaServerOptions) and read it again
 // once replies are taken: a client that sends 1,000 READs without reading any reply makes
 // the server hold at most 128 of them (the budget's peak says so: the rest of the requests
-// wait in the socket), and once it reads, every one of them is answered. Nothing is timed.
+// wait in the socket), and once it reads, every one of them is answered. The number of
+// loops is a setting (MOORING_CONNECTION_LOOPS, read once per process: each test file runs
+// in a process of its own), whatever the number of connections. Nothing is timed.
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { MiB, Scratch, threadsByName, waitFor } from './helpers.js';
 import { closeAll, type Host, Op, RawClient, REQ_HEADER, startHosts } from './remote-helpers.js';
+
+// Before any connection of this process: the loops start with the first one.
+const LOOPS = 3;
+process.env.MOORING_CONNECTION_LOOPS = String(LOOPS);
 
 const SIZE = 4 * MiB;
 const IO = 64 * 1024;
@@ -55,4 +61,19 @@ describe('replica server connection loop', () => {
     expect(server.stats().bufferBytesPeak).toBeLessThanOrEqual(CAP * HELD_PER_READ);
     await waitFor('the budget to be given back', () => server.stats().bufferBytes === 0);
   }, 120_000);
+
+  it('reads every connection on MOORING_CONNECTION_LOOPS loops, however many connections there are', async () => {
+    s = new Scratch('mooring-rs-loops-');
+    hosts = await startHosts(s, 1, SIZE, 'vol');
+    const port = hosts[0]!.server.port;
+    const clients: RawClient[] = [];
+    try {
+      for (let i = 0; i < 4 * LOOPS; i++) clients.push(await RawClient.open(port, 'vol'));
+      for (const [i, c] of clients.entries()) c.send({ op: Op.PING, seq: i + 1 });
+      for (const [i, c] of clients.entries()) expect((await c.reply(i + 1))?.code).toBe(0);
+      expect(threadsByName().get('mr-conn-loop')).toBe(LOOPS);
+    } finally {
+      for (const c of clients) c.close();
+    }
+  });
 });
