@@ -2,7 +2,7 @@
 // fakes the addon: loading it fails loudly (NATIVE_LOAD_FAILED, with what was tried and how
 // to fix it) when it has not been built, so these tests can never pass by skipping.
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, mkdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -116,6 +116,31 @@ export async function withReplica<T>(dir: string, fn: (r: NativeReplica) => Prom
 }
 
 /** Calls `cond` until it returns true (or throws the last error) within `timeoutMs`. */
+/**
+ * Threads of a process by name (the kernel's comm: at most 15 characters). Each native
+ * thread names itself (NameThisThread), so a count per kind says which kind grew.
+ */
+export function threadsByName(pid: number | 'self' = 'self'): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    let name: string;
+    try {
+      name = readFileSync(`/proc/${pid}/task/${tid}/comm`, 'utf8').trim();
+    } catch {
+      continue; // ended meanwhile
+    }
+    out.set(name, (out.get(name) ?? 0) + 1);
+  }
+  return out;
+}
+
+/** All the threads of a count by name. */
+export function threadTotal(m: Map<string, number>): number {
+  let n = 0;
+  for (const v of m.values()) n += v;
+  return n;
+}
+
 export async function waitFor(what: string, cond: () => boolean | Promise<boolean>, timeoutMs = 5000): Promise<void> {
   const until = Date.now() + timeoutMs;
   for (;;) {

@@ -4,39 +4,18 @@
 // servers over loopback. Each native thread names itself (NameThisThread), so the count is
 // taken per kind from /proc/self/task/*/comm and the test says which kind grew.
 // Shape, not speed: counts at N and 2N volumes are compared, nothing is timed.
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
 
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { NbdClient } from '../../src/bench/nbd-client.js';
 import type { NativeEngine, NativeNbdServer } from '../../src/native/binding.js';
-import { MiB, Scratch, addon, createReplicas, engineOptions, waitFor } from './helpers.js';
+import { MiB, Scratch, addon, createReplicas, engineOptions, threadTotal as total, threadsByName, waitFor } from './helpers.js';
 import { FrameProxy, closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
 
 const SIZE = 4 * MiB;
 const FIRST = 25;
 const SECOND = 50;
-
-/** Threads of this process by name (the kernel's comm: at most 15 characters). */
-function threadsByName(): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const tid of readdirSync('/proc/self/task')) {
-    let name: string;
-    try {
-      name = readFileSync(`/proc/self/task/${tid}/comm`, 'utf8').trim();
-    } catch {
-      continue; // ended meanwhile
-    }
-    out.set(name, (out.get(name) ?? 0) + 1);
-  }
-  return out;
-}
-
-function total(m: Map<string, number>): number {
-  let n = 0;
-  for (const v of m.values()) n += v;
-  return n;
-}
 
 function fds(): number {
   return readdirSync('/proc/self/fd').length;
@@ -70,6 +49,10 @@ function expectGrowth(steps: Array<{ n: number; threads: Map<string, number> }>,
   expect(b.threads.get('mr-poller') ?? 0).toBeLessThanOrEqual(1);
   expect(b.threads.get('mr-nbd-io') ?? 0).toBeLessThanOrEqual(64);
   expect(b.threads.get('mr-accept') ?? 0, 'no accept thread per listening socket').toBe(0);
+  // Replica servers' connections are read by the connection loops (Poller::ForConnection,
+  // MOORING_CONNECTION_LOOPS, 2 by default), none by a thread of its own.
+  expect(b.threads.get('mr-conn-loop') ?? 0).toBeLessThanOrEqual(2);
+  expect(b.threads.get('mr-rs-conn') ?? 0, 'no thread per replica server connection').toBe(0);
 }
 
 interface Attached {
@@ -115,8 +98,12 @@ describe('threads and fds per attached volume', () => {
     const steps: Array<{ n: number; threads: Map<string, number>; fds: number }> = [];
     for (const n of [FIRST, SECOND]) {
       while (attached.length < n) await attach(scratch, attached.length, open);
-      // An engine's fan-out helpers live for one operation: count once they have ended.
-      await waitFor('fan-out helpers to end', () => !threadsByName().has('mr-fanout'), 2000);
+      // An engine's fan-out helpers live for one operation, a replica server connection's
+      // handshake thread until HELLO is answered: count once they have ended.
+      await waitFor('fan-out and handshake threads to end', () => {
+        const t = threadsByName();
+        return !t.has('mr-fanout') && !t.has('mr-rs-hello');
+      }, 2000);
       steps.push({ n, threads: threadsByName(), fds: fds() });
     }
     for (const st of steps) {
@@ -147,10 +134,11 @@ describe('threads and fds per attached volume', () => {
       if (i > 0) for (const h of hosts) await addon().createReplica(`${h.root}/v${i}`, SIZE);
       return addon().openEngine(engineOptions({ replicas: hosts.map((h) => endpoint(h.server.port, `v${i}`)) }));
     });
-    // Per replica connection its reader (requests are sent by their callers), per replica
-    // served its reader (replies are sent by the workers; a writer thread starts only for a
-    // client whose socket filled up): not shared yet (issue 21, docs/architecture.md).
-    expectGrowth(steps, { 'mr-nbd-conn': 1, 'mr-rr-read': 3, 'mr-rs-conn': 3 });
+    // Per replica connection its reader (requests are sent by their callers): not shared yet
+    // (issue 21, docs/architecture.md). A replica served costs no thread: the connection
+    // loops read it, the workers send its replies (a writer thread starts only for a client
+    // whose socket filled up).
+    expectGrowth(steps, { 'mr-nbd-conn': 1, 'mr-rr-read': 3 });
     expect((steps[1]!.fds - steps[0]!.fds) / (SECOND - FIRST)).toBeLessThanOrEqual(20);
   });
 

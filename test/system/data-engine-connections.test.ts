@@ -2,10 +2,13 @@
 // many volumes needs (issue 21): each replica served to an engine on another host is one
 // connection, and the native default of 256 stopped a 3-host cluster at about 385
 // three-replica volumes per host (NO_QUORUM in the scale benchmark). 400 clients complete
-// their HELLO and stay served; nothing is timed.
+// their HELLO and stay served, and the process has no more threads for them: the replica
+// server's connections are read by a fixed set of connection loops (docs/architecture.md,
+// "Threads"). Nothing is timed.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { DATA_ENGINE_DEFAULTS, LocalDataEngine } from '../../src/data-engine/local-data-engine.js';
+import { threadTotal, threadsByName, waitFor } from '../native/helpers.js';
 import { Op, RawClient, rawAuthenticate } from '../native/remote-helpers.js';
 import { TempDir } from './helpers/tools.js';
 
@@ -41,9 +44,24 @@ describe('data engine replica server connections', () => {
     const names = Array.from({ length: 8 }, (_, i) => `vol-${i}`);
     for (const n of names) await de.createReplica(n, 4 * 1024 * 1024);
     const clients: RawClient[] = [];
+    const before = threadsByName();
     try {
       for (let i = 0; i < CONNECTIONS; i++) clients.push(await served(port, names[i % names.length]!));
       expect(clients.filter((c) => c.isOpen)).toHaveLength(CONNECTIONS);
+      // Every connection is still read: each answers a PING.
+      for (const [i, c] of clients.entries()) c.send({ op: Op.PING, seq: i + 1 });
+      for (const [i, c] of clients.entries()) {
+        const r = await c.next();
+        expect(r && { code: r.code, seq: r.seq }).toEqual({ code: 0, seq: BigInt(i + 1) });
+      }
+      // A connection's handshake thread ends once HELLO is answered; then the threads are
+      // those of before, plus the connection loops (2 by default) and what the runtime and
+      // the I/O pool start on demand, within their bounds: none per connection.
+      await waitFor('handshake threads to end', () => !threadsByName().has('mr-rs-hello'), 10_000);
+      const after = threadsByName();
+      const grew = threadTotal(after) - threadTotal(before);
+      expect(grew, JSON.stringify(Object.fromEntries(after))).toBeLessThanOrEqual(2 + 8);
+      expect(after.get('mr-conn-loop') ?? 0).toBeLessThanOrEqual(2);
     } finally {
       for (const c of clients) c.close();
     }

@@ -65,11 +65,12 @@ class MemoryBudget {
     return true;
   }
 
-  // Acquire without waiting: false (nothing taken) when the bytes do not fit now.
-  bool TryAcquire(uint64_t bytes, bool reserve_ok) {
+  // Acquire without waiting: false (nothing taken) when the bytes do not fit now, counted as
+  // a wait unless `count` is false (a retry of the same request).
+  bool TryAcquire(uint64_t bytes, bool reserve_ok, bool count = true) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!FitsLocked(bytes, reserve_ok)) {
-      ++waits_;
+      if (count) ++waits_;
       return false;
     }
     used_ += bytes;

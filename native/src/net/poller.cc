@@ -4,7 +4,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -25,11 +27,32 @@ int64_t Poller::NowMs() {
 }
 
 Poller& Poller::Get() {
-  static Poller* p = new Poller();  // never destroyed: its thread runs until the process ends
+  static Poller* p = new Poller("mr-poller");  // never destroyed: its thread runs until the process ends
   return *p;
 }
 
-Poller::Poller() {
+int Poller::ConnectionLoops() {
+  static const int n = [] {
+    const char* v = getenv("MOORING_CONNECTION_LOOPS");
+    char* end = nullptr;
+    const long k = v ? strtol(v, &end, 10) : 0;
+    if (!v || end == v || *end != '\0' || k < 1 || k > kMaxConnectionLoops) return kDefaultConnectionLoops;
+    return static_cast<int>(k);
+  }();
+  return n;
+}
+
+Poller& Poller::ForConnection() {
+  static Poller* loops[kMaxConnectionLoops] = {};
+  static std::mutex mu;
+  static unsigned next = 0;
+  std::lock_guard<std::mutex> l(mu);
+  const unsigned i = next++ % static_cast<unsigned>(ConnectionLoops());
+  if (!loops[i]) loops[i] = new Poller("mr-conn-loop");  // never destroyed, like Get()'s
+  return *loops[i];
+}
+
+Poller::Poller(const char* name) : name_(name) {
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epfd_ < 0 || wake_fd_ < 0) throw std::runtime_error(std::string("starting the poller: ") + strerror(errno));
@@ -38,7 +61,7 @@ Poller::Poller() {
   ev.data.u64 = kWakeId;
   epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
   std::thread t([this] {
-    NameThisThread("mr-poller");
+    NameThisThread(name_);
     Loop();
   });
   thread_id_ = t.get_id();
@@ -48,15 +71,18 @@ Poller::Poller() {
 uint64_t Poller::Add(int fd, uint32_t events, Handler h, Status* st) {
   std::lock_guard<std::mutex> l(mu_);
   const uint64_t id = next_id_++;
-  epoll_event ev{};
-  ev.events = events;
-  ev.data.u64 = id;
-  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-    *st = Status::FromErrno(errno, std::string("epoll_ctl: ") + strerror(errno));
-    return 0;
+  if (events != 0) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      *st = Status::FromErrno(errno, std::string("epoll_ctl: ") + strerror(errno));
+      return 0;
+    }
   }
   Reg& r = regs_[id];
   r.fd = fd;
+  r.in_epoll = events != 0;
   r.handler = std::move(h);
   return id;
 }
@@ -65,18 +91,42 @@ void Poller::Modify(uint64_t id, uint32_t events) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = regs_.find(id);
   if (it == regs_.end()) return;
+  Reg& r = it->second;
+  // None: out of the epoll set, where EPOLLHUP and EPOLLERR would still be reported (level-
+  // triggered, so a hung-up socket nobody reads would spin the loop).
+  if (events == 0) {
+    if (r.in_epoll) epoll_ctl(epfd_, EPOLL_CTL_DEL, r.fd, nullptr);
+    r.in_epoll = false;
+    return;
+  }
   epoll_event ev{};
   ev.events = events;
   ev.data.u64 = id;
-  epoll_ctl(epfd_, EPOLL_CTL_MOD, it->second.fd, &ev);
+  epoll_ctl(epfd_, r.in_epoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, r.fd, &ev);
+  r.in_epoll = true;
 }
 
-void Poller::SetTimer(uint64_t id, int64_t at_ms) {
+void Poller::SetTimerLocked(uint64_t id, int64_t at_ms, bool earlier_only) {
+  auto it = regs_.find(id);
+  if (it == regs_.end()) return;
+  Reg& r = it->second;
+  if (earlier_only && r.timer_ms != 0 && r.timer_ms <= at_ms) return;
+  if (r.timer_ms != 0) timers_.erase({r.timer_ms, id});
+  r.timer_ms = at_ms;
+  if (at_ms != 0) timers_.insert({at_ms, id});
+}
+
+void Poller::SetTimer(uint64_t id, int64_t at_ms) { ArmOrSet(id, at_ms, false); }
+
+void Poller::ArmTimer(uint64_t id, int64_t at_ms) {
+  if (at_ms == 0) return;
+  ArmOrSet(id, at_ms, true);
+}
+
+void Poller::ArmOrSet(uint64_t id, int64_t at_ms, bool earlier_only) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = regs_.find(id);
-    if (it == regs_.end()) return;
-    it->second.timer_ms = at_ms;
+    SetTimerLocked(id, at_ms, earlier_only);
   }
   if (std::this_thread::get_id() != thread_id_) {
     uint64_t one = 1;
@@ -89,7 +139,8 @@ void Poller::Remove(uint64_t id) {
   std::unique_lock<std::mutex> l(mu_);
   auto it = regs_.find(id);
   if (it == regs_.end()) return;
-  epoll_ctl(epfd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  if (it->second.in_epoll) epoll_ctl(epfd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  if (it->second.timer_ms != 0) timers_.erase({it->second.timer_ms, id});
   regs_.erase(it);
   if (std::this_thread::get_id() == thread_id_) return;  // from its own handler
   idle_cv_.wait(l, [&] { return running_ != id; });
@@ -102,11 +153,9 @@ void Poller::Loop() {
     int timeout = -1;
     {
       std::lock_guard<std::mutex> l(mu_);
-      const int64_t now = NowMs();
-      for (const auto& [id, r] : regs_) {
-        if (r.timer_ms == 0) continue;
-        const int64_t left = r.timer_ms > now ? r.timer_ms - now : 0;
-        if (timeout < 0 || left < timeout) timeout = static_cast<int>(left);
+      if (!timers_.empty()) {
+        const int64_t at = timers_.begin()->first, now = NowMs();
+        timeout = at > now ? static_cast<int>(std::min<int64_t>(at - now, 1 << 30)) : 0;
       }
     }
     const int n = epoll_wait(epfd_, evs, kMaxEvents, timeout);
@@ -120,7 +169,7 @@ void Poller::Loop() {
         if (it == regs_.end()) return;
         if (events == 0) {
           if (it->second.timer_ms == 0 || it->second.timer_ms > NowMs()) return;
-          it->second.timer_ms = 0;
+          SetTimerLocked(id, 0, false);
         }
         h = it->second.handler;  // a copy: Remove from within may destroy the original
         running_ = id;
@@ -145,8 +194,7 @@ void Poller::Loop() {
     {
       std::lock_guard<std::mutex> l(mu_);
       const int64_t now = NowMs();
-      for (const auto& [id, r] : regs_)
-        if (r.timer_ms != 0 && r.timer_ms <= now) due.push_back(id);
+      for (auto t = timers_.begin(); t != timers_.end() && t->first <= now; ++t) due.push_back(t->second);
     }
     for (uint64_t id : due) call(id, 0);
   }

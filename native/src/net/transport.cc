@@ -351,23 +351,29 @@ int WriteAll(Transport* t, iovec* iov, int count, const WaitFn& wait) {
   return 0;
 }
 
+ssize_t RecvBuffer::ReadSome(Transport* t, void* dst, size_t n, short* want) {
+  if (n == 0) return -EINVAL;
+  if (pos_ == end_) {
+    pos_ = end_ = 0;
+    // Large remainders go straight to the destination; small ones fill the buffer.
+    if (n >= kBytes) return t->Read(dst, n, want);
+    ssize_t r = t->Read(buf_.get(), kBytes, want);
+    if (r <= 0) return r;
+    end_ = static_cast<size_t>(r);
+  }
+  const size_t k = std::min(n, end_ - pos_);
+  memcpy(dst, buf_.get() + pos_, k);
+  pos_ += k;
+  return static_cast<ssize_t>(k);
+}
+
 int RecvBuffer::ReadExact(Transport* t, void* dst, size_t n, const WaitFn& wait, bool* eof_at_start) {
   uint8_t* out = static_cast<uint8_t*>(dst);
   const size_t total = n;
   if (eof_at_start) *eof_at_start = false;
   while (n > 0) {
-    if (pos_ < end_) {
-      size_t k = std::min(n, end_ - pos_);
-      memcpy(out, buf_.get() + pos_, k);
-      pos_ += k;
-      out += k;
-      n -= k;
-      continue;
-    }
-    pos_ = end_ = 0;
     short want = 0;
-    // Large remainders go straight to the destination; small ones fill the buffer.
-    ssize_t r = n >= kBytes ? t->Read(out, n, &want) : t->Read(buf_.get(), kBytes, &want);
+    ssize_t r = ReadSome(t, out, n, &want);
     if (r == -EAGAIN) {
       int w = wait(want);
       if (w < 0) return w;
@@ -378,12 +384,8 @@ int RecvBuffer::ReadExact(Transport* t, void* dst, size_t n, const WaitFn& wait,
       if (eof_at_start && n == total) *eof_at_start = true;
       return -ECONNRESET;
     }
-    if (n >= kBytes) {
-      out += r;
-      n -= static_cast<size_t>(r);
-    } else {
-      end_ = static_cast<size_t>(r);
-    }
+    out += r;
+    n -= static_cast<size_t>(r);
   }
   return 0;
 }

@@ -93,6 +93,10 @@ class RecvBuffer {
   // 0 when n bytes were read; -ECONNRESET if the peer closed (at a frame boundary when
   // *clean_eof is set by the caller to be checked), or the error from the transport/wait.
   int ReadExact(Transport* t, void* dst, size_t n, const WaitFn& wait, bool* eof_at_start = nullptr);
+  // Without waiting: up to n bytes (> 0, from the buffer or one read of the transport); 0
+  // when the peer closed; -EAGAIN with *want set to the poll events to wait for; or the
+  // transport's error. For readers driven by a connection loop (net/poller.h).
+  ssize_t ReadSome(Transport* t, void* dst, size_t n, short* want);
   size_t buffered() const { return end_ - pos_; }
 
  private:

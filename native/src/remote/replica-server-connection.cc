@@ -38,26 +38,43 @@ void ReplicaServerConnection::Start() {
 
 void ReplicaServerConnection::RequestStop() {
   stop_.store(true);
-  if (wake_fd_ >= 0) {
-    uint64_t one = 1;
-    ssize_t n = write(wake_fd_, &one, sizeof one);
-    (void)n;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (wake_fd_ >= 0) {  // wakes the handshake
+      uint64_t one = 1;
+      ssize_t n = write(wake_fd_, &one, sizeof one);
+      (void)n;
+    }
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  cap_cv_.notify_all();
+  Nudge();
 }
 
 void ReplicaServerConnection::Kill() {
   if (dead_.exchange(true)) return;
   Protocol("replies not taken while the server's memory budget is exhausted");
-  if (t_) t_->Shutdown();  // wakes the reader and the writer; the writer discards the rest
-  std::lock_guard<std::mutex> lk(mu_);
-  cap_cv_.notify_all();
-  out_cv_.notify_all();
+  if (t_) t_->Shutdown();  // wakes the handshake and the writer; the writer discards the rest
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    out_cv_.notify_all();
+  }
+  Nudge();
+}
+
+void ReplicaServerConnection::Nudge() {
+  const uint64_t id = loop_id_.load();
+  if (id != 0) loop_->ArmTimer(id, Poller::NowMs());
 }
 
 void ReplicaServerConnection::Join() {
   if (reader_.joinable()) reader_.join();
+  const uint64_t id = loop_id_.load();
+  if (id == 0) return;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [this] { return finished_.load(); });
+  }
+  loop_->Remove(id);  // returns once its handler has returned
+  loop_id_.store(0);
 }
 
 void ReplicaServerConnection::Protocol(const std::string&) {
@@ -65,33 +82,52 @@ void ReplicaServerConnection::Protocol(const std::string&) {
 }
 
 void ReplicaServerConnection::Run() {
-  NameThisThread("mr-rs-conn");
+  NameThisThread("mr-rs-hello");
+  bool handed = false;
   try {
     if (t_ && wake_fd_ >= 0 && Handshake()) {
       handshaking_.store(false);
-      ReadLoop();
+      handed = Register();
+    }
+    if (handed) {
+      // Only the handshake waits on it: an fd fewer per connection served.
+      std::lock_guard<std::mutex> lk(mu_);
+      close(wake_fd_);
+      wake_fd_ = -1;
     }
   } catch (...) {
     // Allocation failure: lose this one connection, keep the server.
     dead_.store(true);
     if (t_) t_->Shutdown();
   }
-  // Every request of this connection must be finished before it goes away: workers hold
-  // pointers to it until their reply is sent (or discarded).
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    while (inflight_ > 0) cap_cv_.wait(lk);
-    writer_exit_ = true;
-    out_cv_.notify_all();
-  }
-  if (writer_.joinable()) writer_.join();
+  if (!handed) Finish();  // nothing was ever in flight
+}
+
+bool ReplicaServerConnection::Register() {
+  Poller& loop = Poller::ForConnection();
+  Status st;
+  const uint64_t id = loop.Add(t_->fd(), 0, [this](uint32_t) { OnLoop(); }, &st);
+  if (id == 0) return false;
+  loop_ = &loop;
+  loop_id_.store(id);
+  Nudge();  // the first turn: bytes may already be buffered (rbuf_, TLS)
+  return true;
+}
+
+void ReplicaServerConnection::Finish() {
+  if (writer_.joinable()) writer_.join();  // it has nothing to send: it exits at once
   if (replica_) replica_->Close();  // gives our share back to the registry
   replica_.reset();
   if (t_) t_->Shutdown();
-  finished_.store(true);
-  if (ctx_->server_wake_fd >= 0) {
+  const int server_wake = ctx_->server_wake_fd;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    finished_.store(true);
+  }
+  done_cv_.notify_all();
+  if (server_wake >= 0) {
     uint64_t one = 1;
-    ssize_t n = write(ctx_->server_wake_fd, &one, sizeof one);
+    ssize_t n = write(server_wake, &one, sizeof one);
     (void)n;
   }
 }
@@ -240,108 +276,208 @@ bool ReplicaServerConnection::Handshake() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Reader.
+// Reading, on the connection loop: each turn reads what the socket has, frame by frame,
+// without waiting; a frame stays half-read (hb_, cur_) until the next turn.
 
-int ReplicaServerConnection::WaitRead(short want, bool mid_frame) {
-  for (;;) {
-    if (stop_.load()) return -ESHUTDOWN;
-    if (dead_.load()) return -EPIPE;
-    int p = PollFdOrWake(t_->fd(), want, wake_fd_, kReaderPollMs);
-    if (p < 0) return p;
-    if (p != 0) return 0;
-    // Idle: nothing received for idle_timeout_ms, and either nothing in flight (a client
-    // that is alive pings) or stuck in the middle of a frame.
-    int64_t quiet = MonotonicMs() - last_rx_ms_.load();
-    if (quiet < static_cast<int64_t>(ctx_->opts.idle_timeout_ms)) continue;
-    bool idle;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      idle = inflight_ == 0;
+void ReplicaServerConnection::OnLoop() {
+  if (finished_.load()) return;
+  try {
+    if (!reading_done_) {
+      if (stop_.load() || dead_.load()) EndReading();
+      else ReadFrames();
     }
-    if (idle || mid_frame) return -ETIMEDOUT;
+  } catch (...) {
+    // Allocation failure: lose this one connection, keep the server.
+    dead_.store(true);
+    if (t_) t_->Shutdown();
+    if (!reading_done_) EndReading();
+  }
+  if (reading_done_) TryFinish();
+}
+
+void ReplicaServerConnection::Watch(uint32_t events) {
+  if (events == watched_) return;
+  loop_->Modify(loop_id_.load(), events);
+  watched_ = events;
+}
+
+void ReplicaServerConnection::ReadFrames() {
+  const ReplicaServerOptions& o = ctx_->opts;
+  for (int frames = 0;;) {
+    if (stop_.load() || dead_.load()) return EndReading();
+    if (rstate_ == ReadState::kHeader && hb_got_ == 0) {
+      if (frames == kFramesPerTurn) {
+        Nudge();  // more next turn, after the loop's other connections
+        return;
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      if (inflight_ >= o.max_inflight_per_connection || inflight_bytes_ >= o.max_inflight_bytes_per_connection) {
+        paused_ = true;  // a reply sent clears it and nudges the loop
+        Watch(0);
+        return;
+      }
+    }
+    if (rstate_ == ReadState::kBudget) {
+      if (!TakeBudget()) return;
+      ++frames;
+      continue;
+    }
+    uint8_t* dst;
+    size_t want_bytes;
+    if (rstate_ == ReadState::kHeader) {
+      dst = hb_ + hb_got_;
+      want_bytes = sizeof hb_ - hb_got_;
+    } else {
+      dst = cur_->payload.data() + payload_got_;
+      want_bytes = cur_->payload.size() - payload_got_;
+    }
+    short want = 0;
+    const ssize_t r = rbuf_.ReadSome(t_.get(), dst, want_bytes, &want);
+    if (r == -EAGAIN) return WaitInput(want);
+    if (r <= 0) {
+      // End of stream at a frame boundary is a client going away; anything else is not.
+      const bool clean = r == 0 && rstate_ == ReadState::kHeader && hb_got_ == 0;
+      if (!clean) Protocol(rstate_ == ReadState::kHeader ? "connection lost mid-frame" : "connection lost mid-payload");
+      return EndReading();
+    }
+    last_rx_ms_.store(MonotonicMs());
+    if (rstate_ == ReadState::kHeader) {
+      hb_got_ += static_cast<size_t>(r);
+      if (hb_got_ < sizeof hb_) continue;
+      hb_got_ = 0;
+      if (!StartFrame()) return;
+    } else {
+      payload_got_ += static_cast<size_t>(r);
+      if (payload_got_ < cur_->payload.size()) continue;
+      Deliver();
+      ++frames;
+    }
   }
 }
 
-void ReplicaServerConnection::ReadLoop() {
-  const ReplicaServerOptions& o = ctx_->opts;
-  WaitFn at_boundary = [this](short want) { return WaitRead(want, false); };
-  WaitFn mid_frame = [this](short want) { return WaitRead(want, true); };
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      while (!stop_.load() && !dead_.load() &&
-             (inflight_ >= o.max_inflight_per_connection || inflight_bytes_ >= o.max_inflight_bytes_per_connection))
-        cap_cv_.wait(lk);
-      if (stop_.load() || dead_.load()) return;
-    }
-    uint8_t hb[kRequestHeaderBytes];
-    bool eof = false;
-    // The first byte may take forever (idle rule); the rest of a frame must keep coming.
-    int rc = rbuf_.ReadExact(t_.get(), hb, 1, at_boundary, &eof);
-    if (rc == 0) rc = rbuf_.ReadExact(t_.get(), hb + 1, sizeof hb - 1, mid_frame);
-    if (rc != 0) {
-      if (!eof && rc != -ESHUTDOWN) Protocol("connection lost mid-frame");
-      return;
-    }
-    last_rx_ms_.store(MonotonicMs());
-    std::unique_ptr<Request> r(new Request());
-    r->conn = this;
-    if (!DecodeRequest(hb, &r->h)) {
-      Protocol("bad magic");  // the stream is out of step: nothing after this can be trusted
-      return;
-    }
-    const RequestHeader& h = r->h;
-    if (h.version != kVersion || h.payload_len > kMaxPayloadBytes) {
-      // Cannot be skipped safely: answer, then drop the connection once it is sent.
-      Protocol("bad version or payload length");
-      r->early_code = Code::kProtocolError;
-      r->early_message = h.version != kVersion ? "unsupported protocol version " + std::to_string(h.version)
-                                                : "payload length " + std::to_string(h.payload_len) + " exceeds " +
-                                                      std::to_string(kMaxPayloadBytes);
-      r->budget_bytes = 0;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        ++inflight_;
-      }
-      Execute(r.release());
-      stop_.store(true);
-      return;
-    }
-    // The request's bytes (payload in, reply out) come out of the server's budget before
-    // the payload is read: past the budget this reader stops reading (back-pressure).
-    const uint64_t reply_bytes = (h.op == kOpRead || h.op == kOpReadLayer) ? std::min<uint64_t>(h.length, kMaxIoBytes) : 0;
-    const uint64_t take = h.op == kOpClientFeatures ? 0 : h.payload_len + reply_bytes + kRequestHeaderBytes;
-    if (take > 0) {
-      const bool got = ctx_->budget->Acquire(
-          take, [this] { return Responsive(MonotonicMs()); }, [this] { return stop_.load() || dead_.load(); }, ctx_->reclaim);
-      if (!got) return;
-    }
-    BudgetHold hold(ctx_->budget.get(), take);  // given back unless the request is queued
-    if (h.payload_len > 0) {
-      r->payload.resize(h.payload_len);
-      rc = rbuf_.ReadExact(t_.get(), r->payload.data(), h.payload_len, mid_frame);
-      if (rc != 0) {
-        if (rc != -ESHUTDOWN) Protocol("connection lost mid-payload");
-        return;
-      }
-      last_rx_ms_.store(MonotonicMs());
-    }
-    if (h.op == kOpClientFeatures) {
-      ClientFeatures(std::move(r));
-      continue;
-    }
-    r->budget_bytes = hold.Transfer();
+bool ReplicaServerConnection::StartFrame() {
+  std::unique_ptr<Request> r(new Request());
+  r->conn = this;
+  if (!DecodeRequest(hb_, &r->h)) {
+    Protocol("bad magic");  // the stream is out of step: nothing after this can be trusted
+    EndReading();
+    return false;
+  }
+  const RequestHeader& h = r->h;
+  if (h.version != kVersion || h.payload_len > kMaxPayloadBytes) {
+    // Cannot be skipped safely: answer, then drop the connection once it is sent.
+    Protocol("bad version or payload length");
+    r->early_code = Code::kProtocolError;
+    r->early_message = h.version != kVersion ? "unsupported protocol version " + std::to_string(h.version)
+                                              : "payload length " + std::to_string(h.payload_len) + " exceeds " +
+                                                    std::to_string(kMaxPayloadBytes);
+    r->budget_bytes = 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
       ++inflight_;
-      inflight_bytes_ += r->budget_bytes;
     }
-    WorkerPool::Batch b;
-    b.Push(r.get());
-    r->run = &ReplicaServerConnection::RunJob;
-    r.release();
-    ctx_->pool->Submit(&b);
+    Execute(r.release());
+    stop_.store(true);
+    EndReading();
+    return false;
   }
+  // The request's bytes (payload in, reply out) come out of the server's budget before
+  // the payload is read: past the budget this connection is not read (back-pressure).
+  const uint64_t reply_bytes = (h.op == kOpRead || h.op == kOpReadLayer) ? std::min<uint64_t>(h.length, kMaxIoBytes) : 0;
+  cur_need_ = h.op == kOpClientFeatures ? 0 : h.payload_len + reply_bytes + kRequestHeaderBytes;
+  cur_ = std::move(r);
+  rstate_ = ReadState::kBudget;
+  return true;
+}
+
+bool ReplicaServerConnection::TakeBudget() {
+  if (cur_need_ > 0) {
+    MemoryBudget* budget = ctx_->budget.get();
+    bool got = budget->TryAcquire(cur_need_, Responsive(MonotonicMs()));
+    if (!got && ctx_->reclaim) {
+      ctx_->reclaim();  // drops the peers that hold budget without taking their replies
+      got = budget->TryAcquire(cur_need_, Responsive(MonotonicMs()), false);
+    }
+    if (!got) {
+      Watch(0);
+      loop_->ArmTimer(loop_id_.load(), Poller::NowMs() + MemoryBudget::kWaitSliceMs);
+      return false;
+    }
+  }
+  cur_take_ = cur_need_;
+  cur_need_ = 0;
+  if (cur_->h.payload_len > 0) {
+    cur_->payload.resize(cur_->h.payload_len);
+    payload_got_ = 0;
+    rstate_ = ReadState::kPayload;
+  } else {
+    Deliver();
+  }
+  return true;
+}
+
+void ReplicaServerConnection::Deliver() {
+  std::unique_ptr<Request> r = std::move(cur_);
+  rstate_ = ReadState::kHeader;
+  BudgetHold hold(ctx_->budget.get(), cur_take_);  // given back unless the request is queued
+  cur_take_ = 0;
+  if (r->h.op == kOpClientFeatures) return ClientFeatures(std::move(r));
+  r->budget_bytes = hold.Transfer();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++inflight_;
+    inflight_bytes_ += r->budget_bytes;
+  }
+  WorkerPool::Batch b;
+  b.Push(r.get());
+  r->run = &ReplicaServerConnection::RunJob;
+  r.release();
+  ctx_->pool->Submit(&b);
+}
+
+void ReplicaServerConnection::WaitInput(short want) {
+  Watch(EPOLLIN | ((want & POLLOUT) ? uint32_t{EPOLLOUT} : 0u));  // TLS may need to write to read
+  // Idle: nothing received for idle_timeout_ms, and either nothing in flight (a client that
+  // is alive pings) or stuck in the middle of a frame.
+  const int64_t now = MonotonicMs();
+  const int64_t idle_at = last_rx_ms_.load() + static_cast<int64_t>(ctx_->opts.idle_timeout_ms);
+  if (now < idle_at) {
+    loop_->ArmTimer(loop_id_.load(), idle_at);
+    return;
+  }
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    idle = inflight_ == 0;
+  }
+  if (idle || rstate_ != ReadState::kHeader || hb_got_ > 0) {
+    Protocol("connection idle past its timeout");
+    return EndReading();
+  }
+  loop_->ArmTimer(loop_id_.load(), now + kReaderPollMs);
+}
+
+void ReplicaServerConnection::EndReading() {
+  reading_done_ = true;
+  Watch(0);
+  cur_.reset();
+  if (cur_take_ > 0) ctx_->budget->Release(cur_take_);
+  cur_take_ = 0;
+}
+
+void ReplicaServerConnection::TryFinish() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // Every request must be finished before the connection goes away: workers hold
+    // pointers to it until their reply is sent (or discarded).
+    if (inflight_ > 0) {
+      draining_ = true;  // the last reply sent nudges the loop
+      return;
+    }
+    writer_exit_ = true;
+    out_cv_.notify_all();
+  }
+  Finish();
 }
 
 void ReplicaServerConnection::ClientFeatures(std::unique_ptr<Request> r) {
@@ -433,267 +569,6 @@ void ReplicaServerConnection::Execute(Request* r) {
   Enqueue(r);
 }
 
-void ReplicaServerConnection::Dispatch(Request* r) {
-  const RequestHeader& h = r->h;
-  ReplicaBackend* rep = replica_.get();
-  PayloadReader in(r->payload.data(), r->payload.size());
-  auto bad = [&](const std::string& why) { SetError(r, Code::kProtocolError, std::string(OpName(h.op)) + ": " + why); };
-  // The flags each op may carry.
-  uint16_t allowed = 0;
-  if (h.op == kOpWrite) allowed = kFlagFua;
-  if (h.op == kOpWriteZeroes) allowed = kFlagFua | kFlagMayTrim | kFlagFastOnly;
-  if (h.op == kOpSnapshot) allowed = kFlagUserCreated;
-  if (h.op == kOpSetReplicaSet) allowed = kFlagSelfRw;
-  if (h.op == kOpLayerDigest) allowed = kFlagMasksOnly;
-  if (h.reserved != 0 || (h.flags & ~allowed)) return bad("unknown flags or reserved bits set");
-  auto no_payload = [&]() {
-    if (h.payload_len == 0) return true;
-    bad("takes no payload");
-    return false;
-  };
-  auto io_len = [&](uint64_t len) {
-    if (len <= kMaxIoBytes) return true;
-    bad("length " + std::to_string(len) + " exceeds " + std::to_string(kMaxIoBytes));
-    return false;
-  };
-  auto finished = [&]() {
-    if (in.done()) return true;
-    bad("malformed payload");
-    return false;
-  };
-
-  switch (h.op) {
-    case kOpPing:
-      if (!no_payload()) return;
-      return;
-    case kOpHello:
-      return bad("the connection is already open");
-    case kOpRead: {
-      if (!no_payload() || !io_len(h.length)) return;
-      r->reply_payload.resize(h.length);
-      int rc = h.length ? rep->Read(h.offset, static_cast<uint32_t>(h.length), r->reply_payload.data()) : 0;
-      if (rc < 0) {
-        r->reply_payload.clear();
-        return SetRc(r, rc);
-      }
-      ctx_->bytes_read.fetch_add(h.length, std::memory_order_relaxed);
-      return;
-    }
-    case kOpWrite: {
-      if (!io_len(h.length)) return;
-      if (h.length != h.payload_len) return bad("length and payload length differ");
-      int rc = h.length ? rep->Write(h.epoch, h.offset, static_cast<uint32_t>(h.length), r->payload.data(), h.flags & kFlagFua) : 0;
-      if (rc == 0) ctx_->bytes_written.fetch_add(h.length, std::memory_order_relaxed);
-      return SetRc(r, rc);
-    }
-    case kOpTrim:
-      if (!no_payload()) return;
-      return SetRc(r, rep->Trim(h.epoch, h.offset, h.length));
-    case kOpWriteZeroes:
-      if (!no_payload()) return;
-      return SetRc(r, rep->WriteZeroes(h.epoch, h.offset, h.length, h.flags & kFlagMayTrim, h.flags & kFlagFastOnly,
-                                       h.flags & kFlagFua));
-    case kOpFlush:
-      if (!no_payload()) return;
-      return SetRc(r, rep->Flush());
-    case kOpBlockStatus: {
-      uint32_t max = in.U32();
-      if (!finished()) return;
-      if (max == 0 || max > kMaxExtentsPerReply) max = kMaxExtentsPerReply;
-      std::vector<Extent> ext;
-      int rc = rep->BlockStatus(h.offset, h.length, max, &ext);
-      if (rc < 0) return SetRc(r, rc);
-      if (ext.size() > max) ext.resize(max);
-      PayloadWriter w(&r->reply_payload);
-      w.U32(static_cast<uint32_t>(ext.size()));
-      for (const Extent& e : ext) {
-        w.U64(e.length);
-        w.U32(e.flags);
-      }
-      return;
-    }
-    case kOpClaimEpoch: {
-      if (!no_payload()) return;
-      ReplicaSet stored;
-      bool was_clean = false;
-      Status st = rep->ClaimEpoch(h.epoch, &stored, &was_clean);
-      SetStatus(r, st);
-      if (st.ok()) {
-        PayloadWriter w(&r->reply_payload);
-        EncodeReplicaSet(stored, &w);
-      }
-      SetState(r);
-      if (st.ok() && was_clean) r->reply.state |= kStateWasClean;
-      return;
-    }
-    case kOpPeekReplicaSet: {
-      if (!no_payload()) return;
-      ReplicaSet stored;
-      Status st = rep->PeekReplicaSet(&stored);
-      SetStatus(r, st);
-      if (st.ok()) {
-        PayloadWriter w(&r->reply_payload);
-        EncodeReplicaSet(stored, &w);
-      }
-      return SetState(r);
-    }
-    case kOpSetReplicaSet: {
-      ReplicaSet set;
-      if (!DecodeReplicaSet(&in, &set)) return bad("malformed replica set");
-      if (!finished()) return;
-      if (set.epoch != h.epoch) return bad("replica set epoch differs from the header's");
-      SetStatus(r, rep->SetReplicaSet(set, (h.flags & kFlagSelfRw) != 0));
-      return SetState(r);
-    }
-    case kOpLastRw: {
-      if (!no_payload()) return;
-      ReplicaSetId last;
-      Status st = rep->LastRw(&last);
-      SetStatus(r, st);
-      if (st.ok()) {
-        PayloadWriter w(&r->reply_payload);
-        w.U64(last.epoch);
-        w.U64(last.generation);
-      }
-      return SetState(r);
-    }
-    case kOpMarkClean:
-      if (!no_payload()) return;
-      SetStatus(r, rep->MarkClean(h.epoch));
-      return SetState(r);
-    case kOpListLayers: {
-      if (!no_payload()) return;
-      std::vector<LayerInfo> layers;
-      Status st = rep->ListLayers(&layers);
-      if (!st.ok()) return SetStatus(r, st);
-      if (!EncodeLayers(layers, &r->reply_payload)) {
-        r->reply_payload.clear();
-        return SetError(r, Code::kOutOfRange, "the layer list of " + name_ + " exceeds the protocol's limits");
-      }
-      return;
-    }
-    case kOpLayerExtents: {
-      std::string id = in.Str();
-      if (!finished()) return;
-      std::vector<Range> ranges;
-      Status st = rep->LayerExtents(id, &ranges);
-      if (!st.ok()) return SetStatus(r, st);
-      // Page: ranges ending after `offset`, clipped to start there, at most a page's worth.
-      std::vector<Range> page;
-      bool more = false;
-      for (const Range& x : ranges) {
-        if (x.off + x.len <= h.offset) continue;
-        if (page.size() == kMaxRangesPerReply) {
-          more = true;
-          break;
-        }
-        uint64_t from = std::max(x.off, h.offset);
-        page.push_back({from, x.off + x.len - from});
-      }
-      PayloadWriter w(&r->reply_payload);
-      w.U8(more ? 1 : 0);
-      w.U32(static_cast<uint32_t>(page.size()));
-      for (const Range& x : page) {
-        w.U64(x.off);
-        w.U64(x.len);
-      }
-      r->reply.value = page.empty() ? h.offset : page.back().off + page.back().len;
-      return;
-    }
-    case kOpReadLayer: {
-      std::string id = in.Str();
-      if (!finished() || !io_len(h.length)) return;
-      r->reply_payload.resize(h.length);
-      int rc = h.length ? rep->ReadLayer(id, h.offset, static_cast<uint32_t>(h.length), r->reply_payload.data()) : 0;
-      if (rc < 0) {
-        r->reply_payload.clear();
-        return SetRc(r, rc);
-      }
-      ctx_->bytes_read.fetch_add(h.length, std::memory_order_relaxed);
-      return;
-    }
-    case kOpSnapshot: {
-      std::string name = in.Str();
-      int64_t created = static_cast<int64_t>(in.U64());
-      Labels labels;
-      if (!DecodeLabels(&in, &labels) || !finished()) return bad("malformed payload");
-      SetStatus(r, rep->Snapshot(name, created, labels, h.flags & kFlagUserCreated));
-      return SetState(r);
-    }
-    case kOpDeleteSnapshot: {
-      std::string name = in.Str();
-      if (!finished()) return;
-      SetStatus(r, rep->DeleteSnapshot(name));
-      return SetState(r);
-    }
-    case kOpRevert: {
-      std::string name = in.Str();
-      int64_t created = static_cast<int64_t>(in.U64());
-      if (!finished()) return;
-      SetStatus(r, rep->Revert(name, created));
-      return SetState(r);
-    }
-    case kOpAdoptChain: {
-      std::vector<LayerInfo> layers;
-      if (!DecodeLayers(&in, &layers) || !finished()) return bad("malformed layer list");
-      SetStatus(r, rep->AdoptChain(layers, h.epoch));
-      return SetState(r);
-    }
-    case kOpLayerDigest: {
-      std::string id = in.Str();
-      if (!finished()) return;
-      if (h.length > kMaxDigestRangeBytes) return bad("range exceeds " + std::to_string(kMaxDigestRangeBytes));
-      std::vector<UnitDigest> d;
-      const DigestDetail detail = (h.flags & kFlagMasksOnly) ? DigestDetail::kMasksOnly : DigestDetail::kHashes;
-      Status st = rep->LayerDigest(id, h.offset, h.length, detail, &d);
-      if (!st.ok()) return SetStatus(r, st);
-      if (d.size() > kMaxDigestsPerReply) return SetError(r, Code::kIoError, "replica returned too many digests");
-      PayloadWriter w(&r->reply_payload);
-      w.U32(static_cast<uint32_t>(d.size()));
-      for (const UnitDigest& u : d) {
-        w.U64(u.off);
-        w.U16(u.mask);
-        w.Bytes(u.sha256, sizeof u.sha256);
-      }
-      return;
-    }
-    case kOpWriteLayer: {
-      std::string id = in.Str();
-      if (!in.ok()) return bad("malformed payload");
-      if (!io_len(h.length)) return;
-      if (in.left() != h.length) return bad("length and data length differ");
-      const uint8_t* data = in.Take(in.left());
-      int rc = h.length ? rep->WriteLayer(h.epoch, id, h.offset, static_cast<uint32_t>(h.length), data) : 0;
-      if (rc == 0) ctx_->bytes_written.fetch_add(h.length, std::memory_order_relaxed);
-      return SetRc(r, rc);
-    }
-    case kOpUnmapLayer: {
-      std::string id = in.Str();
-      if (!finished()) return;
-      return SetRc(r, rep->UnmapLayer(h.epoch, id, h.offset, h.length));
-    }
-    case kOpFinishRebuild:
-      if (!no_payload()) return;
-      SetStatus(r, rep->FinishRebuild());
-      return SetState(r);
-    case kOpGrow:
-      if (!no_payload()) return;
-      SetStatus(r, rep->Grow(h.length));
-      return SetState(r);
-    case kOpAllocatedBytes:
-      if (!no_payload()) return;
-      r->reply.value = rep->AllocatedBytes();
-      return;
-    case kOpClientFeatures:  // handled by the reader (ClientFeatures); never dispatched
-      return bad("unexpected");
-    case kOpAuth:
-    case kOpAuthProof:
-      return bad("only before HELLO");
-    default:
-      return bad("unknown op " + std::to_string(h.op));
-  }
-}
-
 void ReplicaServerConnection::Enqueue(Request* r) {
   r->reply.payload_len = static_cast<uint32_t>(r->reply_payload.size());
   EncodeReply(r->reply, r->reply_head);
@@ -766,7 +641,8 @@ void ReplicaServerConnection::SendRounds(std::unique_lock<std::mutex>& lk, bool 
     if (rc == 0 && !dead_.load() && !replied_.load()) replied_.store(true);
     if (rc != 0) {
       dead_.store(true);
-      t_->Shutdown();  // wakes the reader
+      t_->Shutdown();
+      Nudge();  // the loop stops reading it
     }
     lk.lock();
     for (Request* r : wbatch_) {
@@ -776,7 +652,12 @@ void ReplicaServerConnection::SendRounds(std::unique_lock<std::mutex>& lk, bool 
       delete r;
     }
     wbatch_.clear();
-    cap_cv_.notify_all();
+    const ReplicaServerOptions& o = ctx_->opts;
+    if (paused_ && inflight_ < o.max_inflight_per_connection && inflight_bytes_ < o.max_inflight_bytes_per_connection) {
+      paused_ = false;
+      Nudge();  // the loop reads this connection again
+    }
+    if (draining_ && inflight_ == 0) Nudge();
   }
 }
 

@@ -1,10 +1,12 @@
-// ReplicaServerConnection: one client of a ReplicaServer. Its reader thread runs the
-// handshake (TLS, then HELLO naming the replica), then reads requests and hands them to
-// the server's WorkerPool; workers run them against the replica and send the replies in
-// the order they complete, without blocking; a writer thread, started only once a reply
-// did not fit the socket, waits for a client that is slow to take them. The reader stops reading
-// while the connection has too many requests or bytes in flight, so a fast client cannot
-// make the server buffer without bound.
+// ReplicaServerConnection: one client of a ReplicaServer. A short-lived thread runs the
+// handshake (TLS, then HELLO naming the replica) and hands the socket to one of the
+// process's connection loops (Poller::ForConnection), which reads requests as they come,
+// without a thread per connection, and hands them to the server's WorkerPool; workers run
+// them against the replica and send the replies in the order they complete, without
+// blocking; a writer thread, started only once a reply did not fit the socket, waits for a
+// client that is slow to take them. The loop stops reading a connection while it has too
+// many requests or bytes in flight, or while the server's memory budget is exhausted, so a
+// fast client cannot make the server buffer without bound.
 #pragma once
 
 #include <atomic>
@@ -20,6 +22,7 @@
 #include "block/replica-backend.h"
 #include "nbd/worker-pool.h"
 #include "net/memory-budget.h"
+#include "net/poller.h"
 #include "remote/replica-auth.h"
 #include "remote/replica-protocol.h"
 #include "remote/replica-server.h"
@@ -51,8 +54,10 @@ class ReplicaServerConnection {
   // How long replies may wait for a client that does not read them before the connection
   // is dropped (also while draining at close).
   static constexpr int kDrainTimeoutMs = 10000;
-  // Poll slice of the reader: how often it re-checks the idle rule.
+  // How often the loop re-checks the idle rule of a quiet connection with requests in flight.
   static constexpr int kReaderPollMs = 1000;
+  // Frames one connection reads per turn of its loop before letting the others' go.
+  static constexpr int kFramesPerTurn = 64;
 
   ReplicaServerConnection(ReplicaServerContext* ctx, int fd);
   ~ReplicaServerConnection();
@@ -97,16 +102,30 @@ class ReplicaServerConnection {
     uint64_t budget_bytes = 0;
   };
 
+  // The handshake thread: Handshake, then Register (or Finish).
   void Run();
   bool Handshake();
-  void ReadLoop();
+  bool Register();
+  // The connection loop's handler and what it calls, one at a time on the loop's thread.
+  void OnLoop();
+  void ReadFrames();
+  bool StartFrame();  // a header was read: false when reading ends
+  bool TakeBudget();  // false: waiting for the server's memory budget
+  void Deliver();     // the frame is whole: to the workers (or answered here)
+  void WaitInput(short want);  // the socket has nothing more now: the idle rule, the timer
+  void Watch(uint32_t events);
+  void EndReading();
+  void TryFinish();
+  // Once nothing is in flight: releases the replica, marks the connection finished.
+  void Finish();
+  // Any thread: has the loop look at this connection again now.
+  void Nudge();
   void WriterLoop();
   // Under mu_ (lk): sends what is queued unless another thread is sending (SendRounds).
   void SendLocked(std::unique_lock<std::mutex>& lk);
   // Under mu_, with sending_ set: sends rounds of replies until none is queued; without
   // may_block, a full socket hands the rest to the writer thread.
   void SendRounds(std::unique_lock<std::mutex>& lk, bool may_block);
-  int WaitRead(short want, bool mid_frame);
   void Protocol(const std::string& why);
 
   static void RunJob(WorkerPool::Job* job);
@@ -125,7 +144,7 @@ class ReplicaServerConnection {
   std::unique_ptr<Transport> t_;
   int raw_fd_;
   int wake_fd_ = -1;
-  std::thread reader_;
+  std::thread reader_;  // the handshake's
   std::thread writer_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshaking_{true};
@@ -139,9 +158,26 @@ class ReplicaServerConnection {
   std::string name_;
   RecvBuffer rbuf_;
 
+  // The connection loop (set by Register before loop_id_; read by any thread after).
+  Poller* loop_ = nullptr;
+  std::atomic<uint64_t> loop_id_{0};
+  // The frame being read, on the loop's thread only.
+  enum class ReadState { kHeader, kBudget, kPayload };
+  ReadState rstate_ = ReadState::kHeader;
+  uint8_t hb_[rp::kRequestHeaderBytes];
+  size_t hb_got_ = 0;
+  std::unique_ptr<Request> cur_;
+  uint64_t cur_need_ = 0;  // its budget bytes (kBudget)
+  uint64_t cur_take_ = 0;  // held for it (kPayload), released unless it is queued
+  size_t payload_got_ = 0;
+  uint32_t watched_ = 0;   // the events the loop watches now
+  bool reading_done_ = false;
+
   std::mutex mu_;
-  std::condition_variable cap_cv_;  // reader: capacity back / drained
-  std::condition_variable out_cv_;  // writer: handed the sending, or exit
+  std::condition_variable done_cv_;  // Join: finished
+  std::condition_variable out_cv_;   // writer: handed the sending, or exit
+  bool paused_ = false;    // under mu_: the loop stopped reading for capacity
+  bool draining_ = false;  // under mu_: reading ended, waiting for inflight_ to reach 0
   std::vector<Request*> out_;
   bool sending_ = false;      // under mu_: a thread owns the write side (wbatch_, wiov_)
   bool writer_owns_ = false;  // under mu_: handed to the writer thread
