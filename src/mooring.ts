@@ -38,7 +38,7 @@ import { logClusterEvent } from './cluster/cluster-event-log.js';
 import type { MooringEvents, MooringOptions } from './mooring-options.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
-import { KIND, type ReplicaRecord } from './cluster/cluster-records.js';
+import { KIND, byReplicaId, type ReplicaRecord } from './cluster/cluster-records.js';
 import { EvictionController, type HostEvictionProgress } from './cluster/eviction-controller.js';
 import { importDirectoryVolume, type DirectoryImport } from './volume/directory-import.js';
 import { Volume, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
@@ -544,7 +544,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       vols.map((vol) =>
         volumeStatus(state, vol.name, {
           vol,
-          replicas: (replicas.get(vol.name) ?? []).sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true })),
+          replicas: (replicas.get(vol.name) ?? []).sort(byReplicaId),
           eng: engines.get(vol.name) ?? null,
           mig: migs.get(vol.name) ?? null,
           probe,
@@ -574,7 +574,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * embedders may call it directly.
    */
   repairOnce(): Promise<void> {
-    return this.#state.hosts.duringPass(() => this.#pass());
+    return this.#state.hosts.duringPass(() => this.#pass(), { full: true });
   }
 
   async #pass(): Promise<void> {
