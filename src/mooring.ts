@@ -428,7 +428,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
 
   /**
    * What the repair loop did so far: its last full pass's duration and busy time, and the
-   * delay it chose for the next (max(`repairIntervalMs`, `limits.PASS_DURATION_FACTOR` (4) ×
+   * delay it chose for the next (max(`repairIntervalMs`, `limits.PASS_DURATION_FACTOR` (19) ×
    * the time the event loop was busy during that pass)),
    * and the repairs events asked for (docs/cluster.md, the control loop).
    */
@@ -569,7 +569,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * or undo migrations), then repairs every attached volume that is not migrating (records
    * replica modes, replaces replicas that stayed ERR longer than the replacement wait), then
    * reconciles backing images. The loop calls this every `repairIntervalMs` or
-   * `limits.PASS_DURATION_FACTOR` (4) times the last pass's busy time, whichever is longer, and
+   * `limits.PASS_DURATION_FACTOR` (19) times the last pass's busy time, whichever is longer, and
    * repairs single volumes in between when their data engines report a change; tests and
    * embedders may call it directly.
    */
