@@ -36,7 +36,7 @@ export interface MooringOptions {
   hosts?: DataEngine[];
   /**
    * Least delay between two full passes of the repair loop (default 2000 ms); the delay
-   * grows to `limits.PASS_DURATION_FACTOR` (4) times the time the event loop was busy during
+   * grows to `limits.PASS_DURATION_FACTOR` (19) times the time the event loop was busy during
    * the last pass when that is longer. Between passes, a volume is repaired on its own soon after its data engine
    * reports a replica change. 0 turns the loop and the event-driven repairs off
    * ({@link Mooring.repairOnce} still works).

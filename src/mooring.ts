@@ -38,7 +38,7 @@ import { logClusterEvent } from './cluster/cluster-event-log.js';
 import type { MooringEvents, MooringOptions } from './mooring-options.js';
 import { checkIntIn, checkName, describe } from './util/validate.js';
 import { AttachmentController, MS_SETTING_MAX } from './cluster/attachment-controller.js';
-import { KIND, type ReplicaRecord } from './cluster/cluster-records.js';
+import { KIND, byReplicaId, type ReplicaRecord } from './cluster/cluster-records.js';
 import { EvictionController, type HostEvictionProgress } from './cluster/eviction-controller.js';
 import { importDirectoryVolume, type DirectoryImport } from './volume/directory-import.js';
 import { Volume, type VolumeCreateOptions, type VolumeOps, type VolumeStatus } from './volume/volume.js';
@@ -428,7 +428,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
 
   /**
    * What the repair loop did so far: its last full pass's duration and busy time, and the
-   * delay it chose for the next (max(`repairIntervalMs`, `limits.PASS_DURATION_FACTOR` (4) ×
+   * delay it chose for the next (max(`repairIntervalMs`, `limits.PASS_DURATION_FACTOR` (19) ×
    * the time the event loop was busy during that pass)),
    * and the repairs events asked for (docs/cluster.md, the control loop).
    */
@@ -544,7 +544,7 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
       vols.map((vol) =>
         volumeStatus(state, vol.name, {
           vol,
-          replicas: (replicas.get(vol.name) ?? []).sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true })),
+          replicas: (replicas.get(vol.name) ?? []).sort(byReplicaId),
           eng: engines.get(vol.name) ?? null,
           mig: migs.get(vol.name) ?? null,
           probe,
@@ -569,12 +569,12 @@ export class Mooring extends (EventEmitter as new () => TypedEmitter<MooringEven
    * or undo migrations), then repairs every attached volume that is not migrating (records
    * replica modes, replaces replicas that stayed ERR longer than the replacement wait), then
    * reconciles backing images. The loop calls this every `repairIntervalMs` or
-   * `limits.PASS_DURATION_FACTOR` (4) times the last pass's busy time, whichever is longer, and
+   * `limits.PASS_DURATION_FACTOR` (19) times the last pass's busy time, whichever is longer, and
    * repairs single volumes in between when their data engines report a change; tests and
    * embedders may call it directly.
    */
   repairOnce(): Promise<void> {
-    return this.#state.hosts.duringPass(() => this.#pass());
+    return this.#state.hosts.duringPass(() => this.#pass(), { full: true });
   }
 
   async #pass(): Promise<void> {

@@ -308,7 +308,7 @@ function measureBackingImageDeliveryStep(s: RunState): Promise<BackingImageDeliv
 }
 
 function measureScaleStep(s: RunState): Promise<ScaleResults | undefined> {
-  const settings = { quick: s.opts.quick, max: s.opts.scaleMax, runtimeSec: s.opts.runtimeSec, stepTimeoutSec: s.opts.scaleStepTimeoutSec };
+  const settings = { quick: s.opts.quick, max: s.opts.scaleMax, runtimeSec: s.opts.runtimeSec, stepTimeoutSec: s.opts.scaleStepTimeoutSec, curves: s.opts.scaleCurves };
   return hostStep(s, 'scale', `scale curves: volumes per host and per cluster, chain depth, extents${settings.max === undefined ? '' : ` (capped at ${settings.max})`}`, async (ctx) => {
     const r = await measureScale(ctx, settings);
     // A curve that could not start fails the run; a size that failed is a finding, in the report.

@@ -49,6 +49,8 @@ export interface BenchOptions {
   scaleMax: number | undefined;
   /** Seconds one size of one scale curve may take before it is recorded as BENCH_TIMEOUT and its curve ends. */
   scaleStepTimeoutSec: number;
+  /** The scale curves to run, in their run order (default: all). */
+  scaleCurves: ScaleCurveId[];
   /** Scale report path (default docs/benchmarks-scale.md); undefined = do not write one. */
   scaleOutPath: string | undefined;
   /** scaleOutPath is the default (resolved against the package root). */
@@ -93,6 +95,9 @@ export const CONTROL_PORTS_USED = 4;
 /** The largest size of the full scale run is 1 M (extents); a cap beyond it is a typo. */
 const SCALE_MAX_MAX = 1_000_000;
 const DEFAULT_SCALE_STEP_TIMEOUT_SEC = 1800;
+/** The scale curves, in their run order (the cluster curve last: at 1,000 volumes it is the one most likely to time out). */
+export const SCALE_CURVE_IDS = ['host', 'depth', 'extents', 'cluster'] as const;
+export type ScaleCurveId = (typeof SCALE_CURVE_IDS)[number];
 const SCALE_STEP_TIMEOUT_SEC_MAX = 86_400;
 const DEFAULT_RUNTIME_SEC = 10;
 const QUICK_RUNTIME_SEC = 3;
@@ -178,6 +183,7 @@ Options:
                       (0, 100, 1,000), extents (10 k, 100 k, 1 M); --quick keeps the first two sizes
   --scale-only        run only the scale curves (no main report unless --out is given)
   --scale-max N       cap every scale curve at N (larger sizes left out, N measured instead)
+  --scale-curves LIST comma-separated scale curves to run (default all: host,depth,extents,cluster)
   --scale-step-timeout SEC  one size of one curve may take this long, then it is recorded
                       as BENCH_TIMEOUT and its curve ends (default ${DEFAULT_SCALE_STEP_TIMEOUT_SEC})
   --scale-out FILE    scale report (default docs/benchmarks-scale.md of this package; '-' = none)
@@ -220,6 +226,15 @@ function wholeNumber(value: string, option: string, max: number, allowZero: bool
   return n;
 }
 
+/** `--scale-curves`: known ids, kept in their run order whatever order they are given in. */
+function parseScaleCurves(value: string): ScaleCurveId[] {
+  const list = splitList(value, '--scale-curves');
+  for (const c of list) {
+    if (!(SCALE_CURVE_IDS as readonly string[]).includes(c)) throw new BenchUsageError(`unknown scale curve '${c}' (available: ${SCALE_CURVE_IDS.join(', ')})`);
+  }
+  return SCALE_CURVE_IDS.filter((c) => list.includes(c));
+}
+
 /** Parses `mooring bench` arguments (without the leading `bench`). Throws BenchUsageError. */
 export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let quick = false;
@@ -235,6 +250,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
   let scaleOnly = false;
   let scaleMax: number | undefined;
   let scaleStepTimeoutSec = DEFAULT_SCALE_STEP_TIMEOUT_SEC;
+  let scaleCurves: ScaleCurveId[] = [...SCALE_CURVE_IDS];
   let scaleOutPath: string | undefined | null = null; // null = default
   let control = false;
   let controlOnly = false;
@@ -285,6 +301,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
       case '--scale': scale = true; break;
       case '--scale-only': scaleOnly = true; break;
       case '--scale-max': scaleMax = wholeNumber(value(), arg, SCALE_MAX_MAX, false); break;
+      case '--scale-curves': scaleCurves = parseScaleCurves(value()); break;
       case '--scale-step-timeout': scaleStepTimeoutSec = parsePositiveNumber(value(), arg, SCALE_STEP_TIMEOUT_SEC_MAX, false); break;
       case '--scale-out': { const v = value(); scaleOutPath = v === '-' ? undefined : v; break; }
       case '--control': control = true; break;
@@ -364,6 +381,7 @@ export function parseBenchArgs(argv: readonly string[]): BenchOptions {
     scale,
     scaleMax,
     scaleStepTimeoutSec,
+    scaleCurves,
     scaleOutPath: scaleOutPath === null ? DEFAULT_SCALE_OUT_PATH : scaleOutPath,
     scaleOutPathIsDefault: scaleOutPath === null,
     control,

@@ -271,6 +271,15 @@ export function parseMigrationRecord(v: unknown, key: string): MigrationRecord {
   return r;
 }
 
+// One collator for every sort by replica id: localeCompare with options builds one per call,
+// which made sorting each volume's replicas a large part of a pass over many volumes.
+const REPLICA_ID_ORDER = new Intl.Collator('en', { numeric: true });
+
+/** Orders replica records by id, numerically (r2 before r10). */
+export function byReplicaId(a: { id: string }, b: { id: string }): number {
+  return REPLICA_ID_ORDER.compare(a.id, b.id);
+}
+
 const MODES = new Set(['RW', 'WO', 'ERR', 'unknown']);
 
 /** @internal */

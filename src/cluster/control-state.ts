@@ -19,6 +19,7 @@ import { KeyedSerial } from '../util/async.js';
 import { checkName } from '../util/validate.js';
 import {
   CLUSTER_SCHEMA_VERSION,
+  byReplicaId,
   KIND,
   emptyAttachmentRecord,
   parseAttachmentRecord,
@@ -183,7 +184,7 @@ export class ControlState {
     return docs
       .map((d) => parseReplicaRecord(d.value, d.key))
       .filter((r) => r.volume === volume)
-      .sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true }));
+      .sort(byReplicaId);
   }
 
   newReplicaRecord(volume: string, id: string, hostId: string): ReplicaRecord {
@@ -248,7 +249,9 @@ export class ControlState {
     let engState: Observed['engState'] = 'none';
     let engInfo: EngineInfo | null = null;
     if (eng) {
-      const p = await this.hosts.probe(eng.hostId, name);
+      // In a full pass, an engine its host listed runs (a stale 'running' waits one pass;
+      // 'stopped', which drops the record, is always asked of the host itself).
+      const p = (await this.hosts.listedEngine(eng.hostId, name)) ?? (await this.hosts.probe(eng.hostId, name));
       if (p === 'stopped' && (await this.#handingOff(eng.hostId))) {
         // Its host's process is handing its engines to a new one (an in-place upgrade): the
         // engine is between the two, and the upgrade controller brings it back. Starting it

@@ -29,6 +29,8 @@ interface PassContext {
   down: Set<string>;
   engines: Map<string, Promise<Map<string, EngineInfo> | null>>;
   ended: boolean;
+  /** A full pass: {@link Hosts.listedEngine} answers from the listing. */
+  full: boolean;
 }
 
 /** The offered data engines by host id, each watched for events while offered. */
@@ -104,8 +106,8 @@ export class Hosts {
    * counts as unreachable for the rest of it: a pass over a thousand volumes of a dead host
    * waits for one probe timeout, not a thousand. Also runs a batch of event-driven repairs.
    */
-  duringPass<T>(pass: () => Promise<T>): Promise<T> {
-    const ctx: PassContext = { down: new Set(), engines: new Map(), ended: false };
+  duringPass<T>(pass: () => Promise<T>, opts: { full?: boolean } = {}): Promise<T> {
+    const ctx: PassContext = { down: new Set(), engines: new Map(), ended: false, full: opts.full ?? false };
     this.#live.add(ctx);
     return this.#pass.run(ctx, async () => {
       try {
@@ -143,14 +145,32 @@ export class Hosts {
    */
   async mayRunEngine(hostId: string, volume: string): Promise<boolean> {
     const ctx = this.#pass.getStore();
-    const h = this.#hosts.get(hostId);
-    if (!ctx || ctx.ended || !h) return true;
+    if (!ctx || ctx.ended || !this.#hosts.has(hostId)) return true;
+    return (await this.#listedInPass(ctx, hostId))?.has(volume) ?? true;
+  }
+
+  /**
+   * In a full pass (`duringPass(fn, { full: true })`), the volume's engine on a host as the
+   * host listed it once in that pass: one `listEngines` per host per pass instead of one
+   * `engineInfo` per volume. It may be older than what the pass did since, so it only ever
+   * says that an engine runs, and callers act on it only when it shows nothing to do (they
+   * {@link probe} before acting). Undefined outside a full pass, when the host does not list
+   * the volume, or when the listing failed: then probe.
+   */
+  async listedEngine(hostId: string, volume: string): Promise<EngineInfo | undefined> {
+    const ctx = this.#pass.getStore();
+    if (!ctx || ctx.ended || !ctx.full || !this.#hosts.has(hostId) || ctx.down.has(hostId)) return undefined;
+    return (await this.#listedInPass(ctx, hostId))?.get(volume);
+  }
+
+  // The host's engines, listed at the first ask in the pass (null: down, or did not answer).
+  #listedInPass(ctx: PassContext, hostId: string): Promise<Map<string, EngineInfo> | null> {
     let listed = ctx.engines.get(hostId);
     if (!listed) {
       listed = ctx.down.has(hostId) ? Promise.resolve(null) : this.engines(hostId, { markDown: false });
       ctx.engines.set(hostId, listed);
     }
-    return (await listed)?.has(volume) ?? true;
+    return listed;
   }
 
   /**

@@ -11,6 +11,7 @@ import type { BackingImageController } from '../backing-image/backing-image-cont
 import { MooringError, toMooringError } from '../errors.js';
 import { KIND, type EngineRecord, type ReplicaRecord, type VolumeRecord } from './cluster-records.js';
 import type { ControlState } from './control-state.js';
+import type { EngineInfo } from '../data-engine/data-engine.js';
 
 /**
  * How long a replacement waits in the repair pass for its backing image file on the new host.
@@ -35,6 +36,14 @@ export class RepairController {
     const vol = await this.state.volume(eng.volume);
     const de = this.state.hosts.get(eng.hostId);
     if (!de) return;
+    // A full pass has each host's engines listed once: a volume whose listed engine shows
+    // what its records say, nothing failed, needs nothing (most of them, most passes); any
+    // other is asked of its host before anything is decided (the listing may be older).
+    const listed = await this.state.hosts.listedEngine(eng.hostId, eng.volume);
+    if (listed && this.#steady(listed, await this.state.replicas(eng.volume))) {
+      await this.#stopStrayEngines(eng);
+      return;
+    }
     const info = await this.state.hosts.probe(eng.hostId, eng.volume);
     if (typeof info === 'string') return; // the engine is gone or its host away: nothing to decide from here
     await this.state.recordModes(eng.volume, info);
@@ -68,6 +77,15 @@ export class RepairController {
       await this.replace(eng, vol, r, target);
       return; // one replacement per pass per volume
     }
+  }
+
+  // Every record seen by the engine in the mode recorded, none failed: recordModes would
+  // write nothing and the loop of repair() would pass over every record.
+  #steady(info: EngineInfo, records: ReplicaRecord[]): boolean {
+    return records.every((r) => {
+      const seen = info.replicas.find((x) => x.id === r.id);
+      return seen !== undefined && seen.mode !== 'ERR' && seen.mode === r.mode && r.failedSinceMs === null;
+    });
   }
 
   // An engine for the volume on another host is a leftover of a takeover (its host was

@@ -13,13 +13,14 @@ import { performance } from 'node:perf_hooks';
 /**
  * The next full pass starts this many times the last pass's cost after it ended (or after
  * the configured interval, if that is longer): the loop then keeps the JS thread busy at
- * most 1 / (1 + 4) = 20 % of the time with passes, however many volumes there are, while the
- * safety net still comes round within five pass durations. Events repair in between. The
+ * most 1 / (1 + 19) = 5 % of the time with passes, however many volumes there are (issue
+ * 21's idle target), while the safety net still comes round within twenty pass durations
+ * (a few seconds at a thousand volumes). Events repair in between. The
  * cost is the time the event loop was busy during the pass, not its wall-clock duration:
  * a pass that waits for a host that does not answer costs nothing and must not postpone
  * the next one (a takeover's leftovers are cleaned up by the next pass).
  */
-export const PASS_DURATION_FACTOR = 4;
+export const PASS_DURATION_FACTOR = 19;
 /**
  * How long a repair asked for by an event waits before it runs: the events of one failure
  * (a replica-error, then the replica-set change it causes, on every engine that used the

@@ -19,6 +19,7 @@ import {
 } from './state-keys.js';
 import type { StateChange, StateGuard, StateListOptions, StateStore, StateWatch, StateWriteOptions, StoredObject } from './state-store.js';
 import { StateWatchers } from './state-watchers.js';
+import { SortedKeys } from './sorted-keys.js';
 
 /** The lock file inside a state store directory. */
 export const STATE_LOCK_FILE = 'state.lock';
@@ -30,6 +31,17 @@ const DOCUMENT_FILE_BYTES_MAX = STATE_DOCUMENT_BYTES_MAX + 4096;
 export const STATE_LIST_COUNT_MAX = 100_000;
 // Temporary files writeFileAtomic leaves behind when the process dies mid-write.
 const TMP_FILE_PATTERN = /^\..+\.json\.tmp-\d+-[0-9a-f]{8}$/;
+
+/** A document as the store last read or wrote it: its value as JSON text (each caller gets its own copy), or null: no such file. */
+type CachedDocument = { version: number; text: string } | null;
+
+/** What the store knows of one kind's directory. */
+interface KindCache {
+  /** Documents read or written so far. */
+  docs: Map<string, CachedDocument>;
+  /** Every key in the directory, once a list has read it (kept up to date by put and delete); null before. */
+  keys: SortedKeys | null;
+}
 
 /** Options of {@link FileStateStore.open}. */
 export interface FileStateStoreOptions {
@@ -54,6 +66,12 @@ async function fsyncDir(dir: string): Promise<void> {
  * One process owns a store directory at a time (`DIR/state.lock`); a second opener gets
  * BUSY. Within the process, operations on one document run one after another, which makes
  * compare-and-set exact.
+ *
+ * Being the directory's only writer, the store keeps what it read and wrote in memory: a
+ * document is read from its file once, a kind's directory listed once, and a write does not
+ * read the file it replaces (issue 21: the control loop reads every record each pass, and
+ * reading files made a pass over 200 volumes spend most of its time in open/read/close).
+ * Files changed behind an open store's back are therefore not seen until it is reopened.
  */
 export class FileStateStore implements StateStore {
   /** The store directory (absolute). */
@@ -62,6 +80,7 @@ export class FileStateStore implements StateStore {
   // Per-document queue: each operation on a document waits for the one before it.
   readonly #queues = new Map<string, Promise<unknown>>();
   readonly #knownKinds = new Set<string>();
+  readonly #cache = new Map<string, KindCache>();
   readonly #watchers = new StateWatchers();
   #closing: Promise<void> | undefined;
 
@@ -100,6 +119,11 @@ export class FileStateStore implements StateStore {
 
   /** @inheritDoc StateStore.get */
   get<T>(kind: string, key: string): Promise<StoredObject<T> | null> {
+    // Known, and no operation on it queued: answered from memory without a turn in its queue.
+    if (!this.#closing && typeof key === 'string' && isKey(key) && !this.#queues.has(`${kind}/${key}`)) {
+      const known = this.#known<T>(kind, key);
+      if (known !== undefined) return Promise.resolve(known);
+    }
     return this.#run(kind, key, (file) => this.#read<T>(kind, key, file));
   }
 
@@ -108,18 +132,7 @@ export class FileStateStore implements StateStore {
     this.#assertOpen();
     checkKind(kind);
     const prefix = typeof options?.prefix === 'string' ? options.prefix : '';
-    let names: string[];
-    try {
-      names = await readdir(join(this.dir, kind));
-    } catch (err) {
-      if ((err as { code?: string }).code === 'ENOENT') return [];
-      throw toMooringError(err, `listing ${join(this.dir, kind)}`);
-    }
-    const keys = names
-      .filter((n) => n.endsWith('.json') && n.startsWith(prefix))
-      .map((n) => n.slice(0, -'.json'.length))
-      .filter(isKey)
-      .sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    const keys = (await this.#keysOf(kind)).withPrefix(prefix);
     if (keys.length > STATE_LIST_COUNT_MAX) {
       throw new MooringError('INVALID_STATE', `${join(this.dir, kind)} holds ${keys.length} documents, more than the ${STATE_LIST_COUNT_MAX} a list reads`);
     }
@@ -143,7 +156,14 @@ export class FileStateStore implements StateStore {
       const version = (current?.version ?? 0) + 1;
       await this.#ensureKindDir(kind);
       const doc = `{"format":${JSON.stringify(STATE_DOCUMENT_FORMAT)},"kind":${JSON.stringify(kind)},"key":${JSON.stringify(key)},"version":${version},"value":${text}}\n`;
-      await writeFileAtomic(file, doc);
+      try {
+        await writeFileAtomic(file, doc);
+      } catch (err) {
+        // Whether the rename happened is not known: the file is read again next time.
+        this.#forget(kind, key);
+        throw err;
+      }
+      this.#remember(kind, key, { version, text });
       this.#watchers.put(kind, key, version, text);
       return { kind, key, version, value: JSON.parse(text) as T };
     });
@@ -161,9 +181,14 @@ export class FileStateStore implements StateStore {
       try {
         await unlink(file);
       } catch (err) {
-        if ((err as { code?: string }).code === 'ENOENT') return;
+        if ((err as { code?: string }).code === 'ENOENT') {
+          this.#remember(kind, key, null);
+          return;
+        }
+        this.#forget(kind, key);
         throw toMooringError(err, `deleting ${file}`);
       }
+      this.#remember(kind, key, null);
       await fsyncDir(join(this.dir, kind)).catch((err: unknown) => Promise.reject(toMooringError(err, `syncing ${join(this.dir, kind)}`)));
       this.#watchers.delete(kind, key);
     });
@@ -237,14 +262,73 @@ export class FileStateStore implements StateStore {
   }
 
   async #read<T>(kind: string, key: string, file: string): Promise<StoredObject<T> | null> {
+    const known = this.#known<T>(kind, key);
+    if (known !== undefined) return known;
     let text: string;
     try {
       text = await readFileLimited(file, DOCUMENT_FILE_BYTES_MAX);
     } catch (err) {
-      if (err instanceof MooringError && err.code === 'NOT_FOUND') return null;
+      if (err instanceof MooringError && err.code === 'NOT_FOUND') {
+        this.#remember(kind, key, null);
+        return null;
+      }
       throw err;
     }
-    return parseDocument<T>(file, kind, key, text);
+    // A damaged document is not remembered: every read reports it.
+    const doc = parseDocument<T>(file, kind, key, text);
+    this.#remember(kind, key, { version: doc.version, text: JSON.stringify(doc.value) });
+    return doc;
+  }
+
+  #kindCache(kind: string): KindCache {
+    let c = this.#cache.get(kind);
+    if (!c) this.#cache.set(kind, (c = { docs: new Map(), keys: null }));
+    return c;
+  }
+
+  // The document as last read or written (null: none), or undefined: not known without reading.
+  #known<T>(kind: string, key: string): StoredObject<T> | null | undefined {
+    const c = this.#cache.get(kind);
+    if (!c) return undefined;
+    const d = c.docs.get(key);
+    if (d === undefined) return c.keys && !c.keys.has(key) ? null : undefined;
+    return d && { kind, key, version: d.version, value: JSON.parse(d.text) as T };
+  }
+
+  #remember(kind: string, key: string, doc: CachedDocument): void {
+    const c = this.#kindCache(kind);
+    c.docs.set(key, doc);
+    if (doc) c.keys?.add(key);
+    else c.keys?.delete(key);
+  }
+
+  // After a write whose outcome on disk is unknown: read the file again next time.
+  #forget(kind: string, key: string): void {
+    const c = this.#kindCache(kind);
+    c.docs.delete(key);
+    c.keys = null;
+  }
+
+  // The kind's keys: its directory read once, then kept up to date by put and delete.
+  async #keysOf(kind: string): Promise<SortedKeys> {
+    const known = this.#cache.get(kind)?.keys;
+    if (known) return known;
+    let names: string[];
+    try {
+      names = await readdir(join(this.dir, kind));
+    } catch (err) {
+      if ((err as { code?: string }).code !== 'ENOENT') throw toMooringError(err, `listing ${join(this.dir, kind)}`);
+      names = [];
+    }
+    const keys = SortedKeys.of(names.filter((n) => n.endsWith('.json')).map((n) => n.slice(0, -'.json'.length)).filter(isKey));
+    // Writes that ended while the directory was read are applied over what it showed.
+    const c = this.#kindCache(kind);
+    for (const [key, doc] of c.docs) {
+      if (doc) keys.add(key);
+      else keys.delete(key);
+    }
+    c.keys ??= keys;
+    return c.keys;
   }
 
   async #ensureKindDir(kind: string): Promise<void> {

@@ -9,7 +9,7 @@
  */
 import { join } from 'node:path';
 
-import { KIND, parseEngineRecord, parseReplicaRecord, parseVolumeEpochRecord, parseVolumeRecord } from '../cluster/cluster-records.js';
+import { KIND, byReplicaId, parseEngineRecord, parseReplicaRecord, parseVolumeEpochRecord, parseVolumeRecord } from '../cluster/cluster-records.js';
 import { DATA_ENGINE_LOCK_FILE, DATA_ENGINE_REPLICAS_SUBDIR, readDataEngineHostId } from '../data-engine/local-data-engine.js';
 import type { EngineSnapshotInfo } from '../data-engine/data-engine.js';
 import { MooringError, callNative, toMooringError } from '../errors.js';
@@ -82,7 +82,7 @@ export async function inspectStoredVolumes(dir: string, addon: NativeAddon, name
         const counter = await store.get<unknown>(KIND.volumeEpoch, v.name);
         const engine = await store.get<unknown>(KIND.engine, v.name);
         const mine: StoredReplica[] = [];
-        for (const r of replicas.filter((x) => x.volume === v.name).sort((a, b) => a.id.localeCompare(b.id, 'en', { numeric: true }))) {
+        for (const r of replicas.filter((x) => x.volume === v.name).sort(byReplicaId)) {
           const path = r.hostId === hostId ? join(hostDir, DATA_ENGINE_REPLICAS_SUBDIR, r.name) : null;
           const base: StoredReplica = { id: r.id, hostId: r.hostId, mode: r.mode, path, ...(r.lastError ? { lastError: r.lastError } : {}) };
           if (path === null) {

@@ -73,6 +73,9 @@ describe('bench options', () => {
     expect(full).toMatchObject({ scale: false, scaleMax: undefined, scaleOutPath: 'docs/benchmarks-scale.md' });
     expect(parseBenchArgs(['--scale']).scale).toBe(true);
     const sc = parseBenchArgs(['--scale-only', '--scale-max', '20', '--scale-out', '-']);
+    expect(full.scaleCurves).toEqual(['host', 'depth', 'extents', 'cluster']);
+    // --scale-curves: the curves named, in their run order whatever order they are given in.
+    expect(parseBenchArgs(['--scale-only', '--scale-curves', 'cluster,host']).scaleCurves).toEqual(['host', 'cluster']);
     expect(sc).toMatchObject({ scale: true, scaleMax: 20, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, backingImage: false, outPath: undefined, scaleOutPath: undefined });
     // The control step is off by default; --control-only runs nothing else.
     expect(full).toMatchObject({ control: false, controlCycles: 50, controlBasePort: 17900, controlOutPath: 'docs/benchmarks-control.md' });
@@ -115,6 +118,7 @@ describe('bench options', () => {
       expect(await runBench(['--size', '1000'])).toBe(2);
       expect(await runBench(['--migrations', '2.5'])).toBe(2);
       expect(await runBench(['--scale-max', '0'])).toBe(2);
+      expect(await runBench(['--scale-only', '--scale-curves', 'cluster,nope'])).toBe(2);
       expect(await runBench(['--scale-only', '--backing-image-only'])).toBe(2);
       expect(await runBench(['--control-only', '--scale-only'])).toBe(2);
       expect(await runBench(['--control-cycles', '0'])).toBe(2);

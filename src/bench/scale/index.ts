@@ -7,6 +7,7 @@
 import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 
+import type { ScaleCurveId } from '../options.js';
 import type { TargetContext } from '../targets.js';
 import { errorCode, type ScaleCurve } from './curve.js';
 import { measureChainCurve } from './chains.js';
@@ -33,6 +34,8 @@ export interface ScaleSettings {
   runtimeSec: number;
   /** One size of one curve may take this long before it is recorded as BENCH_TIMEOUT. */
   stepTimeoutSec: number;
+  /** The curves to run (`--scale-curves`). */
+  curves: readonly ScaleCurveId[];
 }
 
 export interface ScaleResults {
@@ -68,8 +71,8 @@ function openFileLimit(): string {
 export async function measureScale(ctx: TargetContext, settings: ScaleSettings): Promise<ScaleResults> {
   const volumes = scaleSizes(SCALE_VOLUMES, settings);
   const stepTimeoutMs = settings.stepTimeoutSec * 1000;
-  // The cluster curve last: at 1,000 volumes it is the one most likely to run into its timeout.
-  const steps: Array<[string, (c: TargetContext) => Promise<ScaleCurve>]> = [
+  // In SCALE_CURVE_IDS's order: the cluster curve last.
+  const steps: Array<[ScaleCurveId, (c: TargetContext) => Promise<ScaleCurve>]> = [
     ['host', (c) => measureHostCurve(c, { sizes: volumes, stepTimeoutMs, idleCpuSec: 0 })],
     ['depth', (c) => measureChainCurve(c, { depths: scaleSizes(SCALE_DEPTHS, settings), stepTimeoutMs, areaBytes: CHAIN_AREA_BYTES, runtimeSec: settings.runtimeSec })],
     ['extents', (c) => measureExtentCurve(c, { sizes: scaleSizes(SCALE_EXTENTS, settings), stepTimeoutMs })],
@@ -77,6 +80,7 @@ export async function measureScale(ctx: TargetContext, settings: ScaleSettings):
   ];
   const results: ScaleResults = { curves: [], failures: [], openFileLimit: openFileLimit(), settings };
   for (const [id, run] of steps) {
+    if (!settings.curves.includes(id)) continue;
     const dir = join(ctx.dir, id);
     mkdirSync(dir);
     ctx.log(`  [scale ${id}]`);

@@ -6,13 +6,22 @@ import { describe, expect, it, vi } from 'vitest';
 
 import { Mooring } from '../../../src/mooring.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
-import type { StateListOptions, StoredObject } from '../../../src/state/state-store.js';
+import type { StateListOptions, StateWriteOptions, StoredObject } from '../../../src/state/state-store.js';
 import { FakeDataEngine } from '../fakes/fake-data-engine.js';
 
 // Every get counts, found or not (a miss is a round trip to the store too); a list counts
 // as one call plus each document it returns.
 class CountingStore extends MemoryStateStore {
   reads = 0;
+  writes = 0;
+  override async put<T>(kind: string, key: string, value: T, options?: StateWriteOptions): Promise<StoredObject<T>> {
+    this.writes++;
+    return super.put(kind, key, value, options);
+  }
+  override async delete(kind: string, key: string, options?: StateWriteOptions): Promise<void> {
+    this.writes++;
+    return super.delete(kind, key, options);
+  }
   override async get<T>(kind: string, key: string): Promise<StoredObject<T> | null> {
     this.reads++;
     return super.get<T>(kind, key);
@@ -24,7 +33,7 @@ class CountingStore extends MemoryStateStore {
   }
 }
 
-async function readsOfOnePass(volumes: number): Promise<number> {
+async function readsOfOnePass(volumes: number): Promise<{ reads: number; writes: number }> {
   const hosts = ['a', 'b', 'c'].map((h) => new FakeDataEngine(h));
   const store = new CountingStore();
   const m = await Mooring.open({ store, hosts, repairIntervalMs: 0 });
@@ -34,9 +43,9 @@ async function readsOfOnePass(volumes: number): Promise<number> {
       await v.attach({ host: 'abc'[i % 3]! });
     }
     await m.repairOnce(); // settle
-    store.reads = 0;
+    store.reads = store.writes = 0;
     await m.repairOnce();
-    return store.reads;
+    return { reads: store.reads, writes: store.writes };
   } finally {
     await m.close();
   }
@@ -44,8 +53,10 @@ async function readsOfOnePass(volumes: number): Promise<number> {
 
 describe('the control loop pass', () => {
   it('reads a number of documents linear in the number of volumes', async () => {
-    const small = await readsOfOnePass(10);
-    const large = await readsOfOnePass(40);
+    const { reads: small, writes: smallWrites } = await readsOfOnePass(10);
+    const { reads: large, writes: largeWrites } = await readsOfOnePass(40);
+    // Nothing changed since the settling pass: nothing is written.
+    expect([smallWrites, largeWrites]).toEqual([0, 0]);
     // ×4 volumes: about ×4 reads; reading every replica record per volume made it ×16.
     console.log(`store reads (gets, lists and listed documents) by one pass: ${small} at 10 volumes, ${large} at 40`);
     expect(large / small, `${small} reads at 10 volumes, ${large} at 40`).toBeLessThan(5.5);
@@ -115,6 +126,9 @@ describe('the data-engine calls of a pass', () => {
     console.log(`data-engine calls of one pass over ${volumes} volumes: 3 hosts ${JSON.stringify(Object.fromEntries(few))}, 9 hosts ${JSON.stringify(Object.fromEntries(many))}`);
     // Probing every host for every volume made engineInfo calls grow ×3 with ×3 hosts.
     expect(many.get('engineInfo'), 'engineInfo calls at 9 hosts').toBe(few.get('engineInfo'));
+    // Nothing changed: each host's engines are listed once and no volume is asked about on its own.
+    expect(few.get('engineInfo') ?? 0, 'engineInfo calls of a pass with nothing to repair').toBe(0);
+    expect(few.get('listEngines'), 'listEngines calls at 3 hosts').toBe(3);
     expect(many.get('listEngines') ?? 0, 'listEngines calls at 9 hosts').toBeLessThanOrEqual(9);
     expect(total(many) - total(few), 'calls added by 6 more hosts').toBeLessThanOrEqual(2 * 6);
   });

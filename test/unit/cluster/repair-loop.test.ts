@@ -47,7 +47,7 @@ describe('the next full pass', () => {
   it('waits max(interval, k × the last pass duration)', () => {
     expect(PASS_DURATION_FACTOR).toBeGreaterThanOrEqual(2);
     expect(nextPassDelayMs(2000, 0)).toBe(2000);
-    expect(nextPassDelayMs(2000, 400)).toBe(2000);
+    expect(nextPassDelayMs(2000, 100)).toBe(2000); // k × 100 ms is under the interval
     expect(nextPassDelayMs(2000, 1000)).toBe(PASS_DURATION_FACTOR * 1000);
     expect(nextPassDelayMs(2000, 60_000)).toBe(PASS_DURATION_FACTOR * 60_000);
     expect(nextPassDelayMs(2000, 1e12)).toBe(2 ** 31 - 1); // setTimeout's bound
@@ -69,12 +69,12 @@ describe('RepairLoop', () => {
     await vi.advanceTimersByTimeAsync(0);
     expect(t.passes).toEqual([{ durationMs: 1000, busyMs: 1000, nextDelayMs: PASS_DURATION_FACTOR * 1000 }]);
     expect(t.l.status).toMatchObject({ running: true, passes: 1, lastPassDurationMs: 1000, lastPassBusyMs: 1000, nextPassDelayMs: PASS_DURATION_FACTOR * 1000 });
-    duration = 10;
+    duration = 5; // k × 5 ms is under the 100 ms interval
     await vi.advanceTimersByTimeAsync(PASS_DURATION_FACTOR * 1000 - 1);
     expect(t.passes).toHaveLength(1); // not back to back
     await vi.advanceTimersByTimeAsync(1);
     expect(t.passes).toHaveLength(2);
-    expect(t.passes[1]).toEqual({ durationMs: 10, busyMs: 10, nextDelayMs: 100 });
+    expect(t.passes[1]).toEqual({ durationMs: 5, busyMs: 5, nextDelayMs: 100 });
     await vi.advanceTimersByTimeAsync(100);
     expect(t.passes).toHaveLength(3);
     await t.l.close();

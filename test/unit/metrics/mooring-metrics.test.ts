@@ -139,6 +139,9 @@ describe('MooringMetrics on a real in-process volume', () => {
       let done = false;
       void writer.finally(() => (done = true));
       while (!done || scrapes < 2) {
+        // A scrape may finish without any I/O (the state store answers from memory): give the
+        // writer's socket a turn of the event loop between scrapes, as an HTTP scrape would.
+        await new Promise((r) => setImmediate(r));
         const seen = acked;
         const next = parsePromText(await registry.metrics());
         expectMonotonic(prev, next);

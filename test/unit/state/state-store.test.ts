@@ -71,7 +71,7 @@ describe('FileStateStore (files)', () => {
   });
 
   it('a truncated or hostile document is CORRUPT_METADATA naming the file; others stay readable; delete clears it', async () => {
-    const s = await open();
+    let s = await open();
     await s.put('volume', 'good', 1);
     await s.put('volume', 'bad', { big: 'x'.repeat(100) });
     const bad = join(dir, 'volume', 'bad.json');
@@ -86,7 +86,10 @@ describe('FileStateStore (files)', () => {
       '{"format":"something-else","kind":"volume","key":"bad","version":1,"value":1}',
     ];
     for (const text of cases) {
+      // Damaged at rest: an open store keeps what it wrote (it is the directory's only writer).
+      await s.close();
       await writeFile(bad, text);
+      s = await open();
       let err: unknown;
       await s.get('volume', 'bad').catch((e: unknown) => (err = e));
       expect(err, text).toBeInstanceOf(MooringError);
@@ -96,11 +99,56 @@ describe('FileStateStore (files)', () => {
       expect(await codeOf(s.put('volume', 'bad', 2))).toBe('CORRUPT_METADATA');
     }
     // A document far larger than any put can write is refused before it is read.
+    await s.close();
     await writeFile(bad, Buffer.alloc(STATE_DOCUMENT_BYTES_MAX + 8192, 0x20));
+    s = await open();
     expect(await codeOf(s.get('volume', 'bad'))).toBe('CORRUPT_METADATA');
     expect((await s.get('volume', 'good'))!.value).toBe(1);
     await s.delete('volume', 'bad');
     expect((await s.list('volume')).map((d) => d.key)).toEqual(['good']);
+  });
+
+  it('reads each file once while open: the directory is listed once, then served from what the store wrote and read', async () => {
+    const s = await open();
+    await s.put('replica', 'a-1', 1);
+    await s.put('replica', 'b-1', 2);
+    expect((await s.list('replica')).map((d) => d.key)).toEqual(['a-1', 'b-1']);
+    // Behind the store's back (it is the directory's only writer, so this never happens in use):
+    // a removed file and a new one are not seen, which shows nothing is read again.
+    await rm(join(dir, 'replica', 'a-1.json'));
+    await writeFile(join(dir, 'replica', 'c-1.json'), '{"format":"mooring-state","kind":"replica","key":"c-1","version":1,"value":3}');
+    expect((await s.list('replica')).map((d) => d.key)).toEqual(['a-1', 'b-1']);
+    expect((await s.get('replica', 'a-1'))!.value).toBe(1);
+    expect(await s.get('replica', 'c-1')).toBeNull();
+    // Its own writes are: put, delete and list by prefix stay exact.
+    await s.put('replica', 'a-2', 4);
+    await s.delete('replica', 'b-1');
+    expect((await s.list('replica', { prefix: 'a-' })).map((d) => [d.key, d.value])).toEqual([['a-1', 1], ['a-2', 4]]);
+    // Reopened, the directory is what counts.
+    await s.close();
+    const again = await open();
+    expect((await again.list('replica')).map((d) => d.key)).toEqual(['a-2', 'c-1']);
+  });
+
+  it('writes racing the first list of a kind are all in it and in every later one', async () => {
+    const s = await open();
+    for (let i = 0; i < 20; i += 2) await s.put('volume', `v${String(i).padStart(2, '0')}`, i);
+    const closed = await open().catch(() => undefined); // BUSY: one owner
+    expect(closed).toBeUndefined();
+    const writes: Array<Promise<unknown>> = [];
+    for (let i = 1; i < 20; i += 2) writes.push(s.put('volume', `v${String(i).padStart(2, '0')}`, i));
+    writes.push(s.delete('volume', 'v00'));
+    const first = s.list('volume');
+    await Promise.all(writes);
+    await first;
+    const keys = (await s.list('volume')).map((d) => d.key);
+    expect(keys).toEqual(Array.from({ length: 19 }, (_, i) => `v${String(i + 1).padStart(2, '0')}`));
+    // A copy each time: changing what a read returned changes nothing stored.
+    const doc = (await s.get<{ n: number }>('volume', 'v01'))!;
+    expect(doc.value).toBe(1);
+    await s.put('volume', 'obj', { n: 1 });
+    (await s.get<{ n: number }>('volume', 'obj'))!.value.n = 99;
+    expect((await s.get<{ n: number }>('volume', 'obj'))!.value.n).toBe(1);
   });
 
   it('ignores files that are not documents (wrong names) when listing', async () => {
