@@ -373,6 +373,8 @@ export class FrameProxy {
   port = 0;
   /** Requests forwarded, by opcode ({@link Op}). */
   readonly ops = new Map<number, number>();
+  /** Bytes received from clients, forwarded or not. */
+  received = 0;
   /** Called when a client connection of the proxy is closed by the client. */
   onClientClose: (() => void) | null = null;
   /** Sees each request frame (header and payload) the proxy receives from a client. */
@@ -392,6 +394,7 @@ export class FrameProxy {
       const down = new FrameSplitter(REP_HEADER, 20);
       let replies = 0;
       client.on('data', (d: Buffer) => {
+        this.received += d.length;
         if (this.mode === 'stall') client.pause();
         for (const f of up.push(d)) {
           this.onRequest?.(f);

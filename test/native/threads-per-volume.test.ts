@@ -53,6 +53,14 @@ function expectGrowth(steps: Array<{ n: number; threads: Map<string, number> }>,
   // MOORING_CONNECTION_LOOPS, 2 by default), none by a thread of its own.
   expect(b.threads.get('mr-conn-loop') ?? 0).toBeLessThanOrEqual(2);
   expect(b.threads.get('mr-rs-conn') ?? 0, 'no thread per replica server connection').toBe(0);
+  expectNoReplicaClientThreads(b.threads);
+}
+
+/** The engine's side of replica connections: read by the connection loops, no thread each. */
+function expectNoReplicaClientThreads(t: Map<string, number>): void {
+  expect(t.get('mr-rr-read') ?? 0, 'no reader thread per remote replica').toBe(0);
+  expect(t.get('mr-rr-lost') ?? 0, 'one failure-listener thread per process').toBeLessThanOrEqual(1);
+  expect(t.get('mr-conn-loop') ?? 0).toBeLessThanOrEqual(2);
 }
 
 interface Attached {
@@ -134,12 +142,48 @@ describe('threads and fds per attached volume', () => {
       if (i > 0) for (const h of hosts) await addon().createReplica(`${h.root}/v${i}`, SIZE);
       return addon().openEngine(engineOptions({ replicas: hosts.map((h) => endpoint(h.server.port, `v${i}`)) }));
     });
-    // Per replica connection its reader (requests are sent by their callers): not shared yet
-    // (issue 21, docs/architecture.md). A replica served costs no thread: the connection
-    // loops read it, the workers send its replies (a writer thread starts only for a client
-    // whose socket filled up).
-    expectGrowth(steps, { 'mr-nbd-conn': 1, 'mr-rr-read': 3 });
+    // A replica connection costs no thread on either side: the connection loops read the
+    // engine's side (requests are sent by their callers) and the server's (the workers send
+    // its replies; a writer thread starts only for a client whose socket filled up).
+    expectGrowth(steps, { 'mr-nbd-conn': 1 });
     expect((steps[1]!.fds - steps[0]!.fds) / (SECOND - FIRST)).toBeLessThanOrEqual(20);
+  });
+
+  // The engines' replica connections (and the servers' ends of them, in this same process)
+  // are read by the connection loops: 100 connections add a fixed number of threads, none
+  // per connection, whatever the number of engines.
+  it('50 engines with 2 remote replicas each add no thread per replica connection', async () => {
+    const scratch = (s = new Scratch('mooring-threads-rr-'));
+    const ENGINES = 50;
+    hosts = await startHosts(scratch, 2, SIZE, 'v0');
+    for (let i = 1; i < ENGINES; i++) for (const h of hosts) await addon().createReplica(`${h.root}/v${i}`, SIZE);
+    const engines: NativeEngine[] = [];
+    const open = async (i: number): Promise<void> => {
+      const e = await addon().openEngine(engineOptions({ replicas: hosts.map((h) => endpoint(h.server.port, `v${i}`)) }));
+      engines.push(e);
+      await e.write(0, Buffer.alloc(4096, i + 1)); // every connection has carried a request
+      await waitFor('fan-out and handshake threads to end', () => {
+        const t = threadsByName();
+        return !t.has('mr-fanout') && !t.has('mr-rs-hello');
+      }, 2000);
+    };
+    try {
+      // The first engine starts what is shared (the loops, the servers' worker pools).
+      await open(0);
+      const before = threadsByName();
+      for (let i = 1; i < ENGINES; i++) await open(i);
+      const after = threadsByName();
+      const grew = growth(before, after);
+      console.log(`${ENGINES} engines x 2 remote replicas: +${total(after) - total(before)} threads after the first; grew: ${JSON.stringify(grew)}`);
+      expectNoReplicaClientThreads(after);
+      for (const [kind, by] of Object.entries(grew))
+        if (kind.startsWith('mr-')) expect(by, `thread kind ${kind} grew by ${by} for ${2 * (ENGINES - 1)} replica connections`).toBe(0);
+      // Only the runtime's own pools (libuv, V8) may still start threads: a few, not one per connection.
+      expect(total(after) - total(before), JSON.stringify(grew)).toBeLessThanOrEqual(8);
+      for (let i = 0; i < ENGINES; i++) expect((await engines[i]!.read(0, 4096))[0]).toBe((i + 1) & 0xff);
+    } finally {
+      await Promise.allSettled(engines.map((e) => e.close()));
+    }
   });
 
   // The exports share one worker pool (WorkerPool::Nbd): an export whose replica stops

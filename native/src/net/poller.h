@@ -2,8 +2,8 @@
 // handlers. The process's poller (Get) holds the listening sockets, so that they cost no
 // thread each: every Acceptor (NBD exports, replica servers) registers its listening socket
 // and its wake eventfd there. A small fixed set of connection loops (ForConnection) reads
-// the established connections of the replica servers, so that a connection costs no thread
-// either (docs/architecture.md, "Threads").
+// the established replica connections, both the servers' ends and the engines' (remote
+// replicas), so that a connection costs no thread either (docs/architecture.md, "Threads").
 //
 // Handlers run on the poller's thread, one at a time: they must be short and never wait for
 // another handler. Remove() returns once the handler is not running and will not run again

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
+#include <functional>
 
 #include "remote/replica-auth.h"
 #include "util/thread-name.h"
@@ -15,6 +15,40 @@ namespace mooring {
 using namespace rp;  // NOLINT: wire constants
 
 namespace {
+
+// The process's one thread for failure listeners (mr-rr-lost), started on first use and never
+// stopped: runs what is posted, one at a time, in order. A listener takes its engine's
+// locks, so it never runs on a connection loop (whose holder may wait for a reply that loop
+// must read) nor on a caller's thread (which may hold them).
+void PostListener(std::function<void()> f) {
+  struct Runner {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> q;
+  };
+  static Runner* r = [] {
+    Runner* n = new Runner();  // never destroyed, like the poller's
+    std::thread([n] {
+      NameThisThread("mr-rr-lost");
+      for (;;) {
+        std::function<void()> job;
+        {
+          std::unique_lock<std::mutex> lk(n->mu);
+          n->cv.wait(lk, [n] { return !n->q.empty(); });
+          job = std::move(n->q.front());
+          n->q.pop_front();
+        }
+        job();
+      }
+    }).detach();
+    return n;
+  }();
+  {
+    std::lock_guard<std::mutex> lk(r->mu);
+    r->q.push_back(std::move(f));
+  }
+  r->cv.notify_one();
+}
 
 // Waits for `t` to be ready until an absolute deadline (the handshake's bound).
 WaitFn UntilDeadline(Transport* t, int64_t deadline_ms) {
@@ -198,12 +232,15 @@ Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<Replica
   Status st = Dial(ep, deadline, &d);
   if (!st.ok()) return st;
   std::shared_ptr<RemoteReplica> r(new RemoteReplica(ep, &d));
-  r->last_send_ms_ = MonotonicMs();
-  try {
-    r->reader_ = std::thread([p = r.get()] { p->ReaderLoop(); });
-  } catch (const std::exception& e) {
+  {
+    std::lock_guard<std::mutex> lk(r->mu_);
+    r->last_send_ms_ = MonotonicMs();
+    r->loop_ = &Poller::ForConnection();
+    st = r->RegisterLocked();
+  }
+  if (!st.ok()) {
     r->Close();
-    return Status::Error(Code::kIoError, std::string("starting replica client threads: ") + e.what());
+    return Status::Error(st.code, "replica " + ep.Id() + ": " + st.message, st.sys_errno);
   }
   r->AllocatedBytes();  // first refresh
   *out = std::move(r);
@@ -234,11 +271,17 @@ Status RemoteReplica::Close() {
   }
   Teardown(EBADF);
   {
-    // A caller may still be writing a batch (it returns once the transport is shut down).
+    // A caller may still be writing a batch (it returns once the transport is shut down);
+    // a Redial thread ends at its next check (dead: it registers nothing).
     std::unique_lock<std::mutex> lk(mu_);
     while (sending_) sending_cv_.wait(lk);
+    while (reconnecting_) redial_cv_.wait(lk);
   }
-  if (reader_.joinable()) reader_.join();
+  // Dead and not reconnecting: the loop starts nothing more, so loop_id_ and redial_ stay.
+  const uint64_t id = loop_id_.load();
+  if (id != 0) loop_->Remove(id);  // returns once its handler has returned
+  loop_id_.store(0);
+  if (redial_.joinable()) redial_.join();
   return Status::Ok();
 }
 
@@ -265,11 +308,16 @@ int RemoteReplica::Submit(const CallPtr& c, bool block) {
   }
   if (dead_errno_ != 0) return closed_ ? -EBADF : -ENOTCONN;
   c->h.seq = next_seq_++;
-  c->deadline_ms = MonotonicMs() + io_timeout_ms_;
+  const int64_t now = MonotonicMs();
+  c->deadline_ms = now + io_timeout_ms_;
   queue_.push_back(c);
   ++outstanding_;
+  // The loop checks deadlines while anything is outstanding (its timer); an internal call
+  // waits for the loop to send it.
+  if (!block) ArmLocked(now);
+  else if (outstanding_ == 1) ArmLocked(now + kDeadlineCheckMs);
   // A caller that may block sends it now, itself; the others' calls wait for the next
-  // sender or the reader (Housekeep).
+  // sender or the connection loop (HousekeepLocked).
   if (block) SendQueuedLocked(lk);
   return 0;
 }
@@ -327,8 +375,8 @@ void RemoteReplica::CompleteLocked(const CallPtr& c) {
 }
 
 void RemoteReplica::SetFailureListener(FailureListener l) {
-  std::lock_guard<std::mutex> lk(listener_mu_);
-  on_failure_ = std::move(l);
+  std::lock_guard<std::mutex> lk(listener_->mu);
+  listener_->fn = std::move(l);
 }
 
 void RemoteReplica::Teardown(int err) {
@@ -339,9 +387,14 @@ void RemoteReplica::Teardown(int err) {
     notify = !closed_;
     TeardownLocked(err);
   }
+  // The calls failed above are answered first, as before; the listener follows on the
+  // mr-rr-lost thread (the engine handles either order: an I/O failure marks the replica
+  // ERR itself, and the listener finds it ERR already).
   if (notify) {
-    std::lock_guard<std::mutex> lk(listener_mu_);
-    if (on_failure_) on_failure_(-err);
+    PostListener([cell = listener_, err] {
+      std::lock_guard<std::mutex> lk(cell->mu);
+      if (cell->fn) cell->fn(-err);
+    });
   }
 }
 
@@ -357,7 +410,13 @@ void RemoteReplica::TeardownLocked(int err) {
     CompleteLocked(kv.second);
   }
   sent_.clear();
-  t_->Shutdown();  // wakes the reader and a blocked sender
+  if (loop_sending_) {  // the loop's write is abandoned with its calls
+    loop_sending_ = false;
+    sending_ = false;
+    loop_out_.clear();
+  }
+  t_->Shutdown();  // wakes a blocked sender; the loop stops at its next turn
+  ArmLocked(MonotonicMs());
   slot_cv_.notify_all();
   sending_cv_.notify_all();
   reconnect_cv_.notify_all();
@@ -369,257 +428,6 @@ bool RemoteReplica::DeadlinePassedLocked(int64_t now) const {
   // After a GOAWAY, queued calls wait for the new connection; goaway_deadline_ms_ bounds that.
   if (goaway_) return now >= goaway_deadline_ms_;
   return !queue_.empty() && queue_.front()->deadline_ms <= now;
-}
-
-// ---------------------------------------------------------------------------------------
-// Threads.
-
-bool RemoteReplica::CanSendLocked() const { return !sending_ && !goaway_ && dead_errno_ == 0 && !queue_.empty(); }
-
-void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
-  // Whoever finds calls queued and nobody sending writes them all, in seq order, as one batch
-  // (several per system call); calls queued meanwhile go in the next round, by the same
-  // caller. One sender at a time keeps the wire in seq order.
-  std::vector<CallPtr> batch;
-  std::vector<iovec> iov;
-  std::vector<uint8_t> heads;
-  // A full socket (a partitioned peer takes no data) blocks the write: past the oldest
-  // outstanding call's deadline the connection is failed from here. The reader checks the
-  // same deadlines, but it may be the thread writing (Housekeep's ping or refresh).
-  WaitFn wait = [this](short want) -> int {
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (dead_errno_ != 0) return -ENOTCONN;
-        if (DeadlinePassedLocked(MonotonicMs())) return -ETIMEDOUT;
-      }
-      int p = PollFdOrWake(t_->fd(), want, -1, kDeadlineCheckMs);
-      if (p != 0) return p < 0 ? p : 0;
-    }
-  };
-  while (CanSendLocked()) {
-    while (!queue_.empty()) {
-      CallPtr c = queue_.front();
-      queue_.pop_front();
-      sent_[c->h.seq] = c;  // before sending: the reply may come back before send returns
-      batch.push_back(std::move(c));
-    }
-    last_send_ms_ = MonotonicMs();
-    sending_ = true;  // t_ stays until this batch is written
-    lk.unlock();
-    heads.resize(batch.size() * kRequestHeaderBytes);
-    iov.clear();
-    for (size_t i = 0; i < batch.size(); ++i) {
-      uint8_t* hb = heads.data() + i * kRequestHeaderBytes;
-      EncodeRequest(batch[i]->h, hb);
-      iov.push_back({hb, kRequestHeaderBytes});
-      if (!batch[i]->payload.empty()) iov.push_back({batch[i]->payload.data(), batch[i]->payload.size()});
-    }
-    int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
-    // The payloads are on the wire (or the connection is gone): free them now.
-    for (CallPtr& c : batch) c->payload = std::vector<uint8_t>();
-    batch.clear();
-    lk.lock();
-    sending_ = false;
-    sending_cv_.notify_all();
-    if (rc != 0) {
-      // Done sending first: Close() waits for that and may hold what the failure
-      // listener (run by Teardown, on this thread) takes.
-      lk.unlock();
-      Teardown(rc == -ETIMEDOUT ? ETIMEDOUT : ECONNRESET);
-      lk.lock();
-    }
-  }
-}
-
-void RemoteReplica::Housekeep() {
-  std::unique_lock<std::mutex> lk(mu_);
-  if (dead_errno_ != 0 || goaway_ || sending_) return;
-  const int64_t now = MonotonicMs();
-  if (outstanding_ == 0 && now - last_send_ms_ >= kKeepaliveMs) {
-    CallPtr ping = NewCall(kOpPing, 0, 0, 0);
-    ping->internal = true;
-    ping->h.seq = next_seq_++;
-    ping->deadline_ms = now + io_timeout_ms_;
-    queue_.push_back(ping);
-    ++outstanding_;
-  }
-  // Only internal calls (a ping, an AllocatedBytes refresh: a header each): the reader must
-  // not wait on a full socket, it is what empties the server's side of it. Callers' calls
-  // are sent by their callers (Submit, Wait).
-  for (const CallPtr& c : queue_)
-    if (!c->internal) return;
-  SendQueuedLocked(lk);
-}
-
-void RemoteReplica::ReaderLoop() {
-  NameThisThread("mr-rr-read");
-  int64_t last_check = MonotonicMs();
-  // Fails the connection when any outstanding call is past its deadline.
-  auto overdue = [&]() {
-    const int64_t now = MonotonicMs();
-    last_check = now;
-    std::lock_guard<std::mutex> lk(mu_);
-    return DeadlinePassedLocked(now);
-  };
-  WaitFn wait = [&](short want) -> int {
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (dead_errno_ != 0) return -ENOTCONN;
-      }
-      int p = PollFdOrWake(t_->fd(), want, -1, kDeadlineCheckMs);
-      if (p < 0) return p;
-      if (MonotonicMs() - last_check >= kDeadlineCheckMs && overdue()) return -ETIMEDOUT;
-      if (p != 0) return 0;
-      Housekeep();  // idle: keepalive, queued refreshes
-    }
-  };
-  // After a GOAWAY: true once every request sent on this connection has been answered.
-  auto drained = [&]() {
-    std::lock_guard<std::mutex> lk(mu_);
-    return goaway_ && sent_.empty();
-  };
-  for (;;) {
-    if (drained()) {
-      if (!Reconnect()) return;
-      last_check = MonotonicMs();
-      continue;
-    }
-    uint8_t hb[kReplyHeaderBytes];
-    int rc = rbuf_.ReadExact(t_.get(), hb, sizeof hb, wait);
-    ReplyHeader rh;
-    CallPtr c;
-    if (rc == 0 && !DecodeReply(hb, &rh)) rc = -EPROTO;
-    if (rc == 0 && rh.seq == 0 && rh.code == kCodeGoAway) {
-      // GOAWAY: only on a connection that announced it, once, without a payload.
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!goaway_ok_ || goaway_ || rh.payload_len != 0) {
-        rc = -EPROTO;
-      } else {
-        goaway_ = true;
-        goaway_deadline_ms_ = MonotonicMs() + io_timeout_ms_;
-        continue;
-      }
-    }
-    if (rc == 0 && !ValidCode(rh.code)) rc = -EPROTO;
-    if (rc == -ECONNRESET && drained()) continue;  // the server closed first: Reconnect
-    if (rc == 0) {
-      std::lock_guard<std::mutex> lk(mu_);
-      auto it = sent_.find(rh.seq);
-      if (it == sent_.end()) {
-        rc = -EPROTO;  // a reply to nothing we asked: the stream cannot be trusted
-      } else {
-        c = it->second;
-        const uint32_t limit = rh.code == 0 ? c->max_reply : kMaxMessageBytes;
-        if (rh.payload_len > limit) rc = -EPROTO;
-      }
-    }
-    std::vector<uint8_t> payload;
-    if (rc == 0 && rh.payload_len > 0) {
-      payload.resize(rh.payload_len);
-      rc = rbuf_.ReadExact(t_.get(), payload.data(), payload.size(), wait);
-    }
-    if (rc != 0) {
-      Teardown(rc == -ETIMEDOUT ? ETIMEDOUT : rc == -EPROTO ? EPROTO : ECONNRESET);
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (sent_.erase(rh.seq) == 1) {
-        c->reply = rh;
-        c->reply_payload = std::move(payload);
-        if (c->internal && c->h.op == kOpAllocatedBytes && rh.code == 0) allocated_.store(rh.value);
-        CompleteLocked(c);
-      }
-    }
-    if (MonotonicMs() - last_check >= kDeadlineCheckMs && overdue()) {
-      Teardown(ETIMEDOUT);
-      return;
-    }
-  }
-}
-
-bool RemoteReplica::Reconnect() {
-  int64_t deadline;
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    while (sending_ && dead_errno_ == 0) sending_cv_.wait(lk);  // the last batch's write returning
-    if (dead_errno_ != 0) return false;
-    deadline = goaway_deadline_ms_;
-  }
-  // Half-close: the server has answered everything we sent and closes once it reads EOF.
-  t_->ShutdownWrite();
-  {
-    WaitFn wait = [&](short want) -> int {
-      for (;;) {
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          if (dead_errno_ != 0) return -ENOTCONN;
-        }
-        const int64_t left = deadline - MonotonicMs();
-        if (left <= 0) return -ETIMEDOUT;
-        int p = PollFdOrWake(t_->fd(), want, -1, static_cast<int>(std::min<int64_t>(left, kDeadlineCheckMs)));
-        if (p != 0) return p < 0 ? p : 0;
-      }
-    };
-    uint8_t b;
-    int rc = rbuf_.ReadExact(t_.get(), &b, 1, wait);
-    if (rc != -ECONNRESET) {  // anything but the server's close
-      Teardown(rc == 0 ? EPROTO : rc == -ETIMEDOUT ? ETIMEDOUT : ECONNRESET);
-      return false;
-    }
-  }
-  // Connect again, as Connect does, until the deadline.
-  int backoff = kReconnectFirstMs;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (dead_errno_ != 0) return false;  // closed meanwhile
-    }
-    const int64_t now = MonotonicMs();
-    if (now >= deadline) break;
-    Dialed d;
-    if (Dial(ep_, std::min<int64_t>(deadline, now + kReconnectAttemptMs), &d).ok()) {
-      // The same replica, never older: its durable epoch and its size only grow, and the
-      // frames already split for this connection must still fit.
-      if (d.hello.epoch < epoch_.load() || d.hello.value < size_.load() || d.max_io < max_io_) {
-        Teardown(EPROTO);
-        return false;
-      }
-      std::unique_ptr<Transport> old;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (dead_errno_ != 0) return false;
-        old = std::move(t_);
-        t_ = std::move(d.t);
-        rbuf_ = std::move(d.rbuf);
-        // What Connect takes from a HELLO reply, taken again.
-        size_.store(d.hello.value);
-        epoch_.store(d.hello.epoch);
-        clean_.store(d.hello.state & kStateClean);
-        rebuilding_.store(d.hello.state & kStateRebuilding);
-        depth_ = d.depth;
-        features_.store(d.features);
-        goaway_ok_ = d.goaway;
-        goaway_ = false;
-        const int64_t t = MonotonicMs();
-        for (const CallPtr& c : queue_) c->deadline_ms = t + io_timeout_ms_;  // never sent: their time starts now
-        last_send_ms_ = t;
-        reconnects_.fetch_add(1);
-        // Their callers send them (Wait); internal ones go with the reader's Housekeep.
-        for (const CallPtr& c : queue_) c->cv.notify_all();
-        slot_cv_.notify_all();
-      }
-      return true;  // `old` closes its socket here
-    }
-    std::unique_lock<std::mutex> lk(mu_);
-    const int64_t wait_ms = std::min<int64_t>(backoff, deadline - MonotonicMs());
-    if (wait_ms > 0) reconnect_cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [this] { return dead_errno_ != 0; });
-    backoff = std::min(backoff * 2, kReconnectMaxMs);
-  }
-  Teardown(ETIMEDOUT);  // not connected again in time, whatever the last attempt said
-  return false;
 }
 
 // ---------------------------------------------------------------------------------------

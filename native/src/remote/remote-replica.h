@@ -5,19 +5,24 @@
 // any order, so a long control operation (a snapshot, a layer digest) does not hold up the
 // writes pipelined behind it; a second connection would only add a second way to fail.
 // The calling thread writes its request itself (with whatever else is queued, several per
-// system call; one writer at a time, in seq order); one reader thread matches replies to
-// callers by seq, and while idle sends the keepalive and the AllocatedBytes refresh. At most `depth` requests are outstanding (callers
-// block beyond that). A request outstanding longer than the endpoint's io_timeout_ms fails
-// with -ETIMEDOUT and tears the connection down: every outstanding and later call fails
-// (-ENOTCONN), so the engine marks the replica ERR. There is no silent reconnect, which
-// could replay writes out of order; the control plane adds a fresh backend instead.
-// When idle the reader pings every kKeepaliveMs, so a dead peer is noticed without I/O.
+// system call; one writer at a time, in seq order). The connection costs no thread of its
+// own: one of the process's connection loops (Poller::ForConnection, net/poller.h) reads
+// it, matches replies to callers by seq, checks deadlines by timer, and while idle sends
+// the keepalive and the AllocatedBytes refresh without waiting (what the socket does not
+// take at once goes on at the loop's next turn). At most `depth` requests are outstanding
+// (callers block beyond that). A request outstanding longer than the endpoint's
+// io_timeout_ms fails with -ETIMEDOUT and tears the connection down: every outstanding and
+// later call fails (-ENOTCONN), so the engine marks the replica ERR. There is no silent
+// reconnect, which could replay writes out of order; the control plane adds a fresh backend
+// instead. When idle the loop pings every kKeepaliveMs, so a dead peer is noticed without
+// I/O. The failure listener runs on the process's one mr-rr-lost thread, never on a loop:
+// it takes the engine's locks, whose holder may be waiting for a reply that loop must read.
 //
 // GOAWAY (docs/replica-protocol.md): with a server that announces kFeatureGoAway the client
 // announces it too (CLIENT_FEATURES right after HELLO). On GOAWAY it stops sending (new
 // calls wait in the queue, their callers held), lets every request already sent be answered,
-// half-closes, waits for the server to close, then connects again to the same address with
-// back-off and redoes exactly what Connect does (TLS, HELLO, CLIENT_FEATURES; the cached
+// half-closes, waits for the server to close, then (on a short-lived mr-rr-redial thread, so
+// the loop never waits) connects again to the same address with back-off and redoes exactly what Connect does (TLS, HELLO, CLIENT_FEATURES; the cached
 // epoch, state and size from the new HELLO reply) and sends what was queued. Nothing is
 // resent: only requests that never reached the wire travel on the new connection. If that
 // does not succeed within io_timeout_ms of the GOAWAY (or a request sent before it fails),
@@ -43,6 +48,7 @@
 
 #include "block/replica-endpoint.h"
 #include "remote/replica-protocol.h"
+#include "net/poller.h"
 #include "net/transport.h"
 
 namespace mooring {
@@ -159,12 +165,32 @@ class RemoteReplica final : public ReplicaBackend {
   bool CanSendLocked() const;
   // Under mu_ (lk, released while writing): writes what is queued, until nothing is.
   void SendQueuedLocked(std::unique_lock<std::mutex>& lk);
-  // The reader, idle: queues a keepalive ping when due and sends queued internal calls.
-  void Housekeep();
-  void ReaderLoop();
-  // After a GOAWAY, once nothing sent is unanswered: half-close, connect again, resume.
-  // False when the connection is lost instead (torn down, or closed).
+
+  // The connection loop's side, one turn at a time on the loop's thread, never waiting.
+  // Under mu_: t_'s socket read by the loop (Connect, and after a reconnect).
+  Status RegisterLocked();
+  void OnLoop();
+  // Reads what the socket has, reply by reply: 0, kRedial (a GOAWAY is drained), or the
+  // errno to tear the connection down with.
+  int ReadReplies();
+  int StartReply();   // a header was read
+  void FinishReply(); // its payload too
+  // Under mu_: deadlines, the keepalive, queued internal calls, then what to wait for.
+  int HousekeepLocked();
+  // Under mu_: writes what the socket takes of loop_out_ (the loop's own calls).
+  int LoopSendLocked();
+  void Watch(uint32_t events);
+  void StopLoopLocked();
+  // Under mu_: the loop looks again by at_ms (any thread; only ever earlier).
+  void ArmLocked(int64_t at_ms);
+  // After a GOAWAY, once nothing sent is unanswered: Redial on a short-lived thread.
+  void StartRedial();
+  void Redial();
+  // Half-close, connect again, resume. False when the connection is lost instead (torn
+  // down, or closed).
   bool Reconnect();
+  static constexpr int kRedial = -1;
+  static constexpr int kRepliesPerTurn = 64;  // then the loop's other connections get a turn
 
   const ReplicaEndpoint ep_;
   const std::string id_;
@@ -197,11 +223,37 @@ class RemoteReplica final : public ReplicaBackend {
   std::condition_variable sending_cv_;
   std::condition_variable reconnect_cv_;
   std::mutex close_mu_;
-  std::mutex listener_mu_;                   // held while the listener runs, and by Set
-  FailureListener on_failure_;
+  // The failure listener, shared with the runs queued for it (they may outlive us): its
+  // mutex is held while it runs and by Set.
+  struct ListenerCell {
+    std::mutex mu;
+    FailureListener fn;
+  };
+  const std::shared_ptr<ListenerCell> listener_ = std::make_shared<ListenerCell>();
 
-  RecvBuffer rbuf_;
-  std::thread reader_;
+  RecvBuffer rbuf_;  // read by the loop, or by Reconnect while the loop leaves it alone
+
+  // The connection loop: loop_ chosen once; loop_id_ set under mu_ (0: not registered).
+  Poller* loop_ = nullptr;
+  std::atomic<uint64_t> loop_id_{0};
+  bool reconnecting_ = false;      // under mu_: a Redial thread runs; the loop leaves t_ alone
+  std::condition_variable redial_cv_;  // reconnecting_ went false
+  std::thread redial_;             // started by the loop, joined by the next start or Close
+  bool loop_sending_ = false;      // under mu_: the loop holds sending_ for loop_out_
+  std::vector<uint8_t> loop_out_;  // under mu_: the loop's calls' headers, loop_out_pos_ on
+  size_t loop_out_pos_ = 0;
+  short loop_send_want_ = 0;       // under mu_: what its write waits for
+  // The reply being read, on the loop's thread only.
+  uint8_t hb_[rp::kReplyHeaderBytes];
+  size_t hb_got_ = 0;
+  rp::ReplyHeader rh_;
+  CallPtr cur_;
+  std::vector<uint8_t> payload_;
+  size_t payload_got_ = 0;
+  bool in_payload_ = false;
+  bool more_ = false;       // stopped at kRepliesPerTurn: another turn at once
+  short read_want_ = 0;     // what the last read waits for
+  uint32_t watched_ = 0;    // the events the loop watches now
 };
 
 }  // namespace mooring
