@@ -138,7 +138,9 @@ export class FileStateStore implements StateStore {
     }
     const out: Array<StoredObject<T>> = [];
     for (const key of keys) {
-      const doc = await this.get<T>(kind, key);
+      // Known documents are taken from memory without a turn of the event loop each.
+      const known = this.#closing || this.#queues.has(`${kind}/${key}`) ? undefined : this.#known<T>(kind, key);
+      const doc = known !== undefined ? known : await this.get<T>(kind, key);
       // Deleted between readdir and get: it is simply no longer there.
       if (doc) out.push(doc);
     }
