@@ -29,4 +29,8 @@ export interface ReplicaServerStats {
   bufferBytesPeak: number;
   /** Requests that waited for the budget (back-pressure). */
   bufferWaits: number;
+  /** Spare large payload buffers the process keeps for reuse (all its replica connections, both ends; at most 32 MiB). */
+  spareBufferBytes: number;
+  /** Large payloads (replica reads, rebuild windows) that reused a spare buffer instead of fresh memory, since the process started. */
+  spareBufferHits: number;
 }

@@ -182,6 +182,30 @@ describe('engine over remote replicas', () => {
     expect(reads().every((n) => n >= 20), `READ requests per remote replica: ${reads().join(', ')}`).toBe(true);
   });
 
+  it('large replica payloads reuse the process\'s spare buffers, within its cap, and carry the right bytes', async () => {
+    hosts = await startHosts(s, 2, SIZE);
+    const engine = await openEngine(hosts.map((h) => h.server.port));
+    const data = pattern(11, 4 * MiB);
+    await engine.write(0, data);
+    const before = hosts[0]!.server.stats();
+    // 1 MiB reads: a reply payload on the server and a receive buffer in the engine, per read.
+    for (let i = 0; i < 24; i++) {
+      const off = (i % 4) * MiB;
+      expect((await engine.read(off, MiB)).equals(data.subarray(off, off + MiB))).toBe(true);
+    }
+    const after = hosts[0]!.server.stats();
+    // Both ends of every read after the first few find a spare buffer (the counters are the
+    // process's: both "hosts" and the engine live here).
+    expect(after.spareBufferHits - before.spareBufferHits, `spare buffer hits over 24 reads of 1 MiB`).toBeGreaterThanOrEqual(24);
+    expect(after.spareBufferBytes).toBeGreaterThan(0);
+    expect(after.spareBufferBytes).toBeLessThanOrEqual(32 * MiB);
+    // A buffer taken back and reused holds whatever it held: a write then a read of other
+    // bytes at the same size must not show the old ones.
+    const other = pattern(12, MiB);
+    await engine.write(MiB, other);
+    expect((await engine.read(MiB, MiB)).equals(other)).toBe(true);
+  });
+
   it('runs a pipelined burst concurrently and answers every request by its seq', async () => {
     hosts = await startHosts(s, 1, SIZE);
     const c = await RawClient.open(hosts[0]!.server.port, 'vol');

@@ -3,6 +3,7 @@
 #include "binding/async-worker.h"
 #include "binding/js-args.h"
 #include "binding/replica-endpoint-args.h"
+#include "util/byte-buffer.h"
 
 namespace mooring {
 
@@ -99,6 +100,9 @@ Napi::Value ReplicaServerWrap::Stats(const Napi::CallbackInfo& info) {
   o.Set("bufferBytes", JsNum(env, s.buffer_bytes));
   o.Set("bufferBytesPeak", JsNum(env, s.buffer_bytes_peak));
   o.Set("bufferWaits", JsNum(env, s.buffer_waits));
+  // Process-wide: the payload buffers this process keeps for reuse (util/byte-buffer.h).
+  o.Set("spareBufferBytes", JsNum(env, BufferPool::Get().spare_bytes()));
+  o.Set("spareBufferHits", JsNum(env, BufferPool::Get().hits()));
   return o;
 }
 

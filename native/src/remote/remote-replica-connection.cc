@@ -61,7 +61,7 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
     }
     int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
     // The payloads are on the wire (or the connection is gone): free them now.
-    for (CallPtr& c : batch) c->payload = std::vector<uint8_t>();
+    for (CallPtr& c : batch) c->payload = ByteBuffer();
     batch.clear();
     lk.lock();
     sending_ = false;
@@ -204,15 +204,15 @@ int RemoteReplica::StartReply() {
     FinishReply();
     return 0;
   }
-  payload_.resize(rh.payload_len);
+  payload_ = BufferPool::Get().Take(rh.payload_len);
   payload_got_ = 0;
   in_payload_ = true;
   return 0;
 }
 
 void RemoteReplica::FinishReply() {
-  std::vector<uint8_t> payload = std::move(payload_);
-  payload_ = std::vector<uint8_t>();
+  ByteBuffer payload = std::move(payload_);
+  payload_ = ByteBuffer();
   CallPtr c = std::move(cur_);
   cur_.reset();
   if (!c) return;

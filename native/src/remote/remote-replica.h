@@ -113,7 +113,7 @@ class RemoteReplica final : public ReplicaBackend {
  private:
   struct Call {
     rp::RequestHeader h;
-    std::vector<uint8_t> payload;
+    ByteBuffer payload;
     uint32_t max_reply = 0;  // largest reply payload accepted on success
     bool internal = false;   // ping / refresh: nobody waits
     int64_t deadline_ms = 0;
@@ -121,8 +121,9 @@ class RemoteReplica final : public ReplicaBackend {
     bool done = false;
     int fail_errno = 0;      // local failure: timeout, connection lost, closed
     rp::ReplyHeader reply;
-    std::vector<uint8_t> reply_payload;
+    ByteBuffer reply_payload;  // a large one goes back to the BufferPool with the call
     std::condition_variable cv;
+    ~Call() { BufferPool::Get().Give(std::move(reply_payload)); }
   };
   using CallPtr = std::shared_ptr<Call>;
 
@@ -248,7 +249,7 @@ class RemoteReplica final : public ReplicaBackend {
   size_t hb_got_ = 0;
   rp::ReplyHeader rh_;
   CallPtr cur_;
-  std::vector<uint8_t> payload_;
+  ByteBuffer payload_;
   size_t payload_got_ = 0;
   bool in_payload_ = false;
   bool more_ = false;       // stopped at kRepliesPerTurn: another turn at once

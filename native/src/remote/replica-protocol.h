@@ -25,6 +25,7 @@
 
 #include "block/replica-backend.h"
 #include "block/replica-endpoint.h"
+#include "util/byte-buffer.h"
 #include "util/status.h"
 
 namespace mooring {
@@ -238,7 +239,7 @@ inline bool ValidCode(uint16_t c) { return c <= static_cast<uint16_t>(Code::kUna
 
 class PayloadWriter {
  public:
-  explicit PayloadWriter(std::vector<uint8_t>* out) : out_(out) {}
+  explicit PayloadWriter(ByteBuffer* out) : out_(out) {}
   void U8(uint8_t v) { out_->push_back(v); }
   void U16(uint16_t v) { Grow(2, [&](uint8_t* p) { Put16(p, v); }); }
   void U32(uint32_t v) { Grow(4, [&](uint8_t* p) { Put32(p, v); }); }
@@ -260,7 +261,7 @@ class PayloadWriter {
     out_->resize(at + n);
     f(out_->data() + at);
   }
-  std::vector<uint8_t>* out_;
+  ByteBuffer* out_;
 };
 
 // Bounds-checked reads; any overrun sets ok() false and yields zeros.
@@ -337,7 +338,7 @@ inline bool DecodeReplicaSet(PayloadReader* in, ReplicaSet* out) {
 //   (1 head, 2 removed, 4 user_created), i64 created_ms, u64 size_bytes,
 //   u64 allocated_bytes, u16 label count, label count x (str key, str value).
 // False when the list does not fit kMaxPayloadBytes or breaks a limit.
-inline bool EncodeLayers(const std::vector<LayerInfo>& layers, std::vector<uint8_t>* out) {
+inline bool EncodeLayers(const std::vector<LayerInfo>& layers, ByteBuffer* out) {
   if (layers.size() > kMaxLayersPerList) return false;
   PayloadWriter w(out);
   w.U32(static_cast<uint32_t>(layers.size()));

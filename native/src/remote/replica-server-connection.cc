@@ -407,7 +407,7 @@ bool ReplicaServerConnection::TakeBudget() {
   cur_take_ = cur_need_;
   cur_need_ = 0;
   if (cur_->h.payload_len > 0) {
-    cur_->payload.resize(cur_->h.payload_len);
+    cur_->payload = BufferPool::Get().Take(cur_->h.payload_len);
     payload_got_ = 0;
     rstate_ = ReadState::kPayload;
   } else {
@@ -496,7 +496,7 @@ void ReplicaServerConnection::ClientFeatures(std::unique_ptr<Request> r) {
     client_features_ = h.length & kFeaturesKnown;  // bits we do not know are ignored
     r->reply.value = client_features_;
   }
-  r->payload = std::vector<uint8_t>();
+  BufferPool::Get().Give(std::move(r->payload));
   r->reply.payload_len = static_cast<uint32_t>(r->reply_payload.size());
   EncodeReply(r->reply, r->reply_head);
   ++inflight_;
@@ -565,7 +565,7 @@ void ReplicaServerConnection::Execute(Request* r) {
     r->reply_payload.clear();
     SetError(r, Code::kIoError, "internal error running " + std::string(OpName(r->h.op)));
   }
-  r->payload = std::vector<uint8_t>();  // the request's memory is not needed while the reply waits
+  BufferPool::Get().Give(std::move(r->payload));  // the request's memory is not needed while the reply waits
   Enqueue(r);
 }
 

@@ -93,13 +93,18 @@ class ReplicaServerConnection {
   struct Request : WorkerPool::Job {
     ReplicaServerConnection* conn = nullptr;
     rp::RequestHeader h;
-    std::vector<uint8_t> payload;
+    ByteBuffer payload;
     Code early_code = Code::kOk;  // answer with this without running (set by the reader)
     std::string early_message;
     rp::ReplyHeader reply;
     uint8_t reply_head[rp::kReplyHeaderBytes];
-    std::vector<uint8_t> reply_payload;
+    ByteBuffer reply_payload;
     uint64_t budget_bytes = 0;
+    // Large payloads go back to the BufferPool for the next request.
+    ~Request() {
+      BufferPool::Get().Give(std::move(payload));
+      BufferPool::Get().Give(std::move(reply_payload));
+    }
   };
 
   // The handshake thread: Handshake, then Register (or Finish).

@@ -48,7 +48,7 @@ void ReplicaServerConnection::Dispatch(Request* r) {
       return bad("the connection is already open");
     case kOpRead: {
       if (!no_payload() || !io_len(h.length)) return;
-      r->reply_payload.resize(h.length);
+      r->reply_payload = BufferPool::Get().Take(h.length);
       int rc = h.length ? rep->Read(h.offset, static_cast<uint32_t>(h.length), r->reply_payload.data()) : 0;
       if (rc < 0) {
         r->reply_payload.clear();
@@ -181,7 +181,7 @@ void ReplicaServerConnection::Dispatch(Request* r) {
     case kOpReadLayer: {
       std::string id = in.Str();
       if (!finished() || !io_len(h.length)) return;
-      r->reply_payload.resize(h.length);
+      r->reply_payload = BufferPool::Get().Take(h.length);
       int rc = h.length ? rep->ReadLayer(id, h.offset, static_cast<uint32_t>(h.length), r->reply_payload.data()) : 0;
       if (rc < 0) {
         r->reply_payload.clear();
