@@ -124,7 +124,12 @@ export interface BackingImagePullOptions extends BackingImageWriteOptions {
    * on this machine) and host id (checked: a data engine with another id is refused).
    * Reached with this data engine's own TLS certificate and cluster secret.
    */
-  source: { address: string; hostId: string };
+  source: {
+    /** `tcp:HOST:PORT` or `unix:PATH` of the source's gRPC server, as this data engine reaches it. */
+    address: string;
+    /** The source's host id; a data engine with another id at `address` is refused (INVALID_ARGUMENT). */
+    hostId: string;
+  };
 }
 
 /** Who this data engine is and how other hosts reach its replicas. */
