@@ -8,17 +8,22 @@
 //   from that offset ("receiving from byte N") and ends verified;
 // - a wrong expected checksum fails b's file (CHECKSUM_MISMATCH, state failed);
 // - c, which does not know the secret, is refused by a (UNAUTHENTICATED), promptly; a
-//   source address that is another data engine than the one named is refused too.
+//   source address that is another data engine than the one named is refused too;
+// - between hosts (gRPC on TCP with mutual TLS and the secret, as across machines): t2 pulls
+//   from t1 with the certificate its replica connections use; t3, whose certificate another
+//   CA signed, is refused (the TLS handshake fails: UNAVAILABLE) and has no file.
 import { createHash, randomBytes } from 'node:crypto';
-import { createReadStream, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { createReadStream, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
 import { copyBackingImageFile, newCopyState } from '../../src/backing-image/copy.js';
 import type { BackingImageFileRef, DataEngine, DataEngineEvent } from '../../src/data-engine/data-engine.js';
 import { MooringError } from '../../src/errors.js';
+import { RemoteDataEngine } from '../../src/data-engine/grpc/remote-data-engine.js';
 import { HostProcess } from './helpers/hosts.js';
-import { killAllServers } from './helpers/serve.js';
+import { killAllServers, startCliProcess, type MooringServer } from './helpers/serve.js';
 import { TempDir } from './helpers/tools.js';
 
 const MiB = 1 << 20;
@@ -150,4 +155,59 @@ describe('backing image files pulled data engine to data engine', () => {
     expect(wrongHost.code).toBe('INVALID_ARGUMENT');
     expect(wrongHost.message).toContain('is data engine a, not the source x');
   }, 60_000);
+
+  it('pulls over gRPC with mutual TLS between hosts, and a host of another CA is refused', async () => {
+    const ssl = (...args: string[]): void => void execFileSync('openssl', args, { cwd: tmp.path, stdio: 'pipe' });
+    const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
+    for (const ca of ['ca', 'other-ca']) ssl('req', '-x509', ...ec, '-keyout', `${ca}.key`, '-out', `${ca}.crt`, '-subj', `/CN=${ca}`, '-days', '2');
+    const hosts: Array<{ id: string; ca: string }> = [
+      { id: 't1', ca: 'ca' },
+      { id: 't2', ca: 'ca' },
+      { id: 't3', ca: 'other-ca' },
+    ];
+    const procs: MooringServer[] = [];
+    const clients: RemoteDataEngine[] = [];
+    try {
+      for (const [i, h] of hosts.entries()) {
+        ssl('req', ...ec, '-keyout', `${h.id}.key`, '-out', `${h.id}.csr`, '-subj', `/CN=${h.id}`);
+        ssl('x509', '-req', '-in', `${h.id}.csr`, '-CA', `${h.ca}.crt`, '-CAkey', `${h.ca}.key`, '-CAcreateserial', '-out', `${h.id}.crt`, '-days', '2');
+        const grpc = `tcp:127.0.0.${41 + i}:${BASE_PORT + 10 + i}`;
+        procs.push(
+          await startCliProcess(
+            [
+              'data-engine', '--dir', join(tmp.path, h.id), '--host-id', h.id, '--listen', grpc,
+              '--replica-listen', `tcp:127.0.0.${41 + i}:${BASE_PORT + 20 + i}`,
+              '--tls-cert', join(tmp.path, `${h.id}.crt`), '--tls-key', join(tmp.path, `${h.id}.key`), '--tls-ca', join(tmp.path, `${h.ca}.crt`),
+              '--cluster-secret-file', a.clusterSecretFile!,
+            ],
+            `data-engine ${h.id}`,
+          ),
+        );
+        // The test's client of each host holds a certificate of that host's CA.
+        const tls = { cert: readFileSync(join(tmp.path, `${h.id}.crt`), 'utf8'), key: readFileSync(join(tmp.path, `${h.id}.key`), 'utf8'), ca: readFileSync(join(tmp.path, `${h.ca}.crt`), 'utf8') };
+        clients.push(await RemoteDataEngine.connect({ address: grpc, tls, clusterSecret: a.clusterSecret!, timeoutMs: 10_000 }));
+      }
+      const [t1, t2, t3] = clients as [RemoteDataEngine, RemoteDataEngine, RemoteDataEngine];
+      const small = 8 * MiB;
+      const bytes = randomBytes(small);
+      bytes.fill(0, 0, 512);
+      const sum = createHash('sha512').update(bytes).digest('hex');
+      const r2: BackingImageFileRef = { name: 'tls', uuid: '00000000-0000-4000-8000-0000000000b2' };
+      await t1.writeBackingImageFile(r2, { sizeBytes: small, offset: 0, expectedChecksum: sum }, (async function* () {
+        yield bytes;
+      })());
+      const state = newCopyState();
+      const out = await copyBackingImageFile(state, { engine: t1, hostId: 't1' }, t2, r2, { sizeBytes: small, offset: 0, expectedChecksum: sum });
+      expect(out.path, procs.map((p) => p.diagnostics()).join('')).toBe('pull');
+      expect(out.info.checksum).toBe(sum);
+      expect(state.relayedBytes).toBe(0);
+      const refused = await errorOf(t3.pullBackingImageFile(r2, { sizeBytes: small, offset: 0, expectedChecksum: sum, source: { address: t1.address, hostId: 't1' } }));
+      expect(refused.code, refused.message).toBe('UNAVAILABLE');
+      expect(refused.message).toContain('source data engine t1');
+      expect(await t3.backingImageFile(r2)).toBeNull();
+    } finally {
+      for (const c of clients) await c.close();
+      for (const p of procs) await p.stop().catch(() => undefined);
+    }
+  }, 120_000);
 });
