@@ -761,48 +761,64 @@ async function truncateOrCreate(path: string): Promise<void> {
 
 /**
  * Appends chunks to a file with at most one write in flight: what arrives meanwhile is
- * queued (up to writeBatchBytesMax; then the caller waits) and written by one writev.
+ * queued (up to writeBatchBytesMax; then the caller waits) and written by the next writev,
+ * started as soon as the one in flight ends. Writes stay in order, so the file is always a
+ * prefix of the stream. A failed write is reported by the next add or flush.
  */
 class WriteBatch {
   readonly #fh: FileHandle;
   #queued: Uint8Array[] = [];
   #queuedBytes = 0;
+  /** The write in flight; it never rejects (a failure is kept in #failure). */
   #writing: Promise<void> | undefined;
+  #failure: { error: unknown } | undefined;
 
   constructor(fh: FileHandle) {
     this.#fh = fh;
   }
 
   async add(chunk: Uint8Array): Promise<void> {
-    if (this.#queuedBytes + chunk.length > BACKING_IMAGE_FILE_LIMITS.writeBatchBytesMax && this.#writing) await this.#writing;
+    this.#throwIfFailed();
+    while (this.#writing && this.#queuedBytes + chunk.length > BACKING_IMAGE_FILE_LIMITS.writeBatchBytesMax) {
+      await this.#writing;
+      this.#throwIfFailed();
+    }
     this.#queued.push(chunk);
     this.#queuedBytes += chunk.length;
     if (!this.#writing) this.#start();
   }
 
-  /** Writes everything queued; rejects with the first write's error. */
+  /** Waits until everything queued is written; throws the first write's error. */
   async flush(): Promise<void> {
-    while (this.#writing || this.#queued.length > 0) {
-      if (!this.#writing) this.#start();
-      await this.#writing;
-    }
+    await this.settle();
+    this.#throwIfFailed();
   }
 
-  /** Waits for the write in flight, ignoring its outcome (the caller failed already). */
+  /** Waits until no write is in flight, whatever its outcome. */
   async settle(): Promise<void> {
-    await this.#writing?.catch(() => undefined);
+    while (this.#writing) await this.#writing;
   }
 
   #start(): void {
     const bufs = this.#queued;
     this.#queued = [];
     this.#queuedBytes = 0;
-    const w = writeAllV(this.#fh, bufs).finally(() => {
-      if (this.#writing === w) this.#writing = undefined;
-    });
-    // Observed by the next add, flush or settle; never an unhandled rejection meanwhile.
-    w.catch(() => undefined);
+    const w: Promise<void> = writeAllV(this.#fh, bufs).then(
+      () => {
+        if (this.#writing !== w) return;
+        this.#writing = undefined;
+        if (this.#queued.length > 0) this.#start();
+      },
+      (error: unknown) => {
+        this.#failure = { error };
+        if (this.#writing === w) this.#writing = undefined;
+      },
+    );
     this.#writing = w;
+  }
+
+  #throwIfFailed(): void {
+    if (this.#failure) throw toMooringError(this.#failure.error, 'writing the backing image file');
   }
 }
 
