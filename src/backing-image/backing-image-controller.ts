@@ -150,12 +150,12 @@ export class BackingImageController {
     this.#ctx = ctx;
   }
 
-  /** The handle of an image (one object per name). */
   /** Bytes of copies relayed through this process (targets that cannot pull). @internal */
   get relayedBytes(): number {
     return this.#copies.relayedBytes;
   }
 
+  /** The handle of an image (one object per name). */
   handle(name: string): BackingImage {
     checkName('backing image name', name);
     let h = this.#handles.get(name);
