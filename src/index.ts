@@ -101,6 +101,7 @@ export type {
   BackingImageFileInfo,
   BackingImageFileRef,
   BackingImageFileState,
+  BackingImagePullOptions,
   BackingImageWriteOptions,
   DataEngine,
   DataEngineEvent,

@@ -32,6 +32,7 @@ import {
   type BackingImageRecord,
   type BackingImageSource,
 } from './backing-image-records.js';
+import { copyBackingImageFile, newCopyState, type CopyState } from './copy.js';
 import { BackingImage, type BackingImageCreateOptions, type BackingImageFileStatus, type BackingImageOps, type BackingImageStatus } from './backing-image.js';
 
 /** Preparations of the first file of a download before the image stays failed (Longhorn resets the source while every file failed). */
@@ -131,6 +132,8 @@ export class BackingImageController {
   readonly #requests = new Map<string, Map<string, number>>();
   /** Failures in a row and the time before which no retry starts, per `<image>/<host>` (host `*`: the first file). */
   readonly #retries = new Map<string, { failures: number; notBeforeMs: number; error: MooringError }>();
+  /** Copies' shared state: targets that cannot pull (relayed to), bytes relayed through this process. */
+  readonly #copies: CopyState = newCopyState();
   #closed = false;
   /** What {@link BackingImage} handles call. */
   readonly ops: BackingImageOps = {
@@ -145,6 +148,11 @@ export class BackingImageController {
 
   constructor(ctx: BackingImageContext) {
     this.#ctx = ctx;
+  }
+
+  /** Bytes of copies relayed through this process (targets that cannot pull). @internal */
+  get relayedBytes(): number {
+    return this.#copies.relayedBytes;
   }
 
   /** The handle of an image (one object per name). */
@@ -562,8 +570,13 @@ export class BackingImageController {
     const run = async (): Promise<unknown> => {
       const source = this.#ctx.engineOf(dl.source);
       const target = this.#ctx.engineOf(dl.target);
-      // The target verifies the whole file against the image's checksum on arrival.
-      const info = await target.writeBackingImageFile(ref, { sizeBytes: rec.sizeBytes, offset: dl.offsetBytes, expectedChecksum: rec.currentChecksum }, source.readBackingImageFile(ref, { offset: dl.offsetBytes }));
+      // The target pulls from the source directly (else this process relays) and verifies
+      // the whole file against the image's checksum on arrival.
+      const { info } = await copyBackingImageFile(this.#copies, { engine: source, hostId: dl.source }, target, ref, {
+        sizeBytes: rec.sizeBytes,
+        offset: dl.offsetBytes,
+        expectedChecksum: rec.currentChecksum,
+      });
       // A write that resolves without a ready file would be retried at once, forever: count it as a failure (it backs off).
       if (info.state !== 'ready') throw new MooringError('INVALID_STATE', `copy of backing image ${rec.name} to ${dl.target} ended ${info.state}: ${info.message}`);
       return info;

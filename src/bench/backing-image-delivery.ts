@@ -1,9 +1,11 @@
 /**
  * Backing image delivery: two `mooring data-engine` processes on loopback. A file
- * of random bytes is uploaded into h0 (writeBackingImageFile), then copied to h1 the way the
- * cluster's controller relays a copy: h0's readBackingImageFile stream fed into h1's
- * writeBackingImageFile, checked against the SHA-512 on arrival. Throughput = file bytes /
- * copy time, against the disk's own sequential write rate (the rebuild step's fio job).
+ * of random bytes is uploaded into h0 (writeBackingImageFile), then copied to h1 twice:
+ * relayed through this process (h0's readBackingImageFile stream fed into h1's
+ * writeBackingImageFile, the fallback for data engines without the pull), then, after h1's
+ * copy was deleted, pulled by h1 from h0 directly (pullBackingImageFile, the controller's
+ * way); each checked against the SHA-512 on arrival. Throughput = file bytes / copy time,
+ * against the disk's own sequential write rate (the rebuild step's fio job).
  */
 import { createHash } from 'node:crypto';
 import { createReadStream, writeFileSync } from 'node:fs';
@@ -11,6 +13,7 @@ import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 
 import type { BackingImageFileRef } from '../data-engine/data-engine.js';
+import type { RemoteDataEngine } from '../data-engine/grpc/remote-data-engine.js';
 import { diskSeqWriteMibPerSec } from './rebuild.js';
 import { startBenchHost, type BenchHost } from './remote-hosts.js';
 import type { TargetContext } from './targets.js';
@@ -26,8 +29,10 @@ export interface BackingImageDeliveryResults {
   fileBytes: number;
   /** Upload into the first host (a stream from a local file through gRPC). */
   upload: { durationMs: number; mibPerSec: number };
-  /** Copy from h0 to h1, relayed through the controller's process, verified on arrival. */
+  /** Copy from h0 to h1, pulled by h1 from h0 directly (data engine to data engine), verified on arrival. */
   delivery: { durationMs: number; mibPerSec: number };
+  /** The same copy relayed through this process (the fallback), verified on arrival. */
+  relay?: { durationMs: number; mibPerSec: number };
   /** fio sequential write to a file on the same filesystem, fsync at the end. */
   diskSeqWriteMibPerSec: number;
 }
@@ -57,9 +62,18 @@ export async function measureBackingImageDelivery(ctx: TargetContext): Promise<B
 
     t0 = performance.now();
     await h1.engine.writeBackingImageFile(ref, { sizeBytes: size, offset: 0, expectedChecksum: checksum }, h0.engine.readBackingImageFile(ref));
+    const relayMs = performance.now() - t0;
+    const relayMibPerSec = size / 1024 ** 2 / (relayMs / 1000);
+    ctx.log(`  copy h0 → h1 relayed: ${(size / 1024 ** 2).toFixed(0)} MiB in ${(relayMs / 1000).toFixed(2)} s = ${relayMibPerSec.toFixed(0)} MiB/s`);
+    await h1.engine.deleteBackingImageFile(ref);
+
+    const pull = h1.engine.pullBackingImageFile;
+    if (!pull) throw new Error('the data engine client has no pullBackingImageFile');
+    t0 = performance.now();
+    await pull.call(h1.engine, ref, { sizeBytes: size, offset: 0, expectedChecksum: checksum, source: { address: (h0.engine as RemoteDataEngine).address, hostId: h0.hostId } });
     const deliveryMs = performance.now() - t0;
     const mibPerSec = size / 1024 ** 2 / (deliveryMs / 1000);
-    ctx.log(`  copy h0 → h1: ${(size / 1024 ** 2).toFixed(0)} MiB in ${(deliveryMs / 1000).toFixed(2)} s = ${mibPerSec.toFixed(0)} MiB/s`);
+    ctx.log(`  copy h0 → h1 pulled directly: ${(size / 1024 ** 2).toFixed(0)} MiB in ${(deliveryMs / 1000).toFixed(2)} s = ${mibPerSec.toFixed(0)} MiB/s`);
 
     const seq = await diskSeqWriteMibPerSec(ctx, size);
     ctx.log(`  disk sequential write: ${seq.toFixed(0)} MiB/s`);
@@ -67,6 +81,7 @@ export async function measureBackingImageDelivery(ctx: TargetContext): Promise<B
       fileBytes: size,
       upload: { durationMs: uploadMs, mibPerSec: size / 1024 ** 2 / (uploadMs / 1000) },
       delivery: { durationMs: deliveryMs, mibPerSec },
+      relay: { durationMs: relayMs, mibPerSec: relayMibPerSec },
       diskSeqWriteMibPerSec: seq,
     };
   } finally {

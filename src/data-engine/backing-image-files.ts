@@ -14,7 +14,7 @@
  * `image.part` renamed to `image`. States: pending → starting → in-progress → ready | failed.
  * docs/data-engine.md, "Backing image files".
  */
-import { open, readdir, rename, rm, truncate } from 'node:fs/promises';
+import { open, readdir, rename, rm, truncate, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { checkDownloadSettings, checkDownloadUrl, download, partialSize, type DownloadSettings } from '../backing-image/download.js';
@@ -51,6 +51,8 @@ export const BACKING_IMAGE_FILE_LIMITS = {
   readsPerFileMax: 3,
   /** Size of each chunk {@link DataEngine.readBackingImageFile} yields (also the gRPC data message). */
   readChunkBytes: 1024 * 1024,
+  /** Most bytes queued for the disk while a write is in flight (then the stream waits). */
+  writeBatchBytesMax: 8 * 1024 * 1024,
   /** Progress events at most every 1 % ... */
   progressStepPercent: 1,
   /** ... or every 250 ms, whichever comes first. */
@@ -259,20 +261,26 @@ export class BackingImageFiles {
       await this.#setState(r, 'in-progress', offset > 0 ? `receiving from byte ${offset}` : 'receiving');
       const fh = await open(part, 'a', PRIVATE_FILE_MODE).catch((err: unknown) => Promise.reject(toMooringError(err, `opening ${part}`)));
       let received = offset;
+      // The disk write runs beside the hashing and the receiving: chunks that arrive while a
+      // write is in flight are written together by the next one (one writev of at most
+      // writeBatchBytesMax), so the file always grows by whole, contiguous batches. No fsync
+      // until the end (the file is verified before it is used, and resumed from its size).
+      const batch = new WriteBatch(fh);
       try {
         for await (const chunk of abortable(data, signal)) {
           if (!(chunk instanceof Uint8Array)) throw new MooringError('INVALID_ARGUMENT', `data chunks must be Uint8Array (got ${describe(chunk)})`);
           if (received + chunk.length > sizeBytes) {
             // Which bytes are wrong is unknown: the next attempt starts over.
+            await batch.settle();
             await fh.truncate(0);
             throw new MooringError('INVALID_ARGUMENT', `the stream sent more than the ${sizeBytes} bytes declared`);
           }
-          let off = 0;
-          while (off < chunk.length) off += (await fh.write(chunk, off, chunk.length - off)).bytesWritten;
           hash.update(chunk);
+          await batch.add(chunk);
           received += chunk.length;
           this.#progress(r, received);
         }
+        await batch.flush();
         if (received < sizeBytes) {
           throw new MooringError('UNAVAILABLE', `the stream ended after ${received} of ${sizeBytes} bytes; resume from offset ${received}`, {
             details: { receivedBytes: received },
@@ -280,6 +288,7 @@ export class BackingImageFiles {
         }
         await fh.sync();
       } finally {
+        await batch.settle();
         await fh.close().catch(() => undefined);
       }
       return { sizeBytes, checksum: hash.digest('hex') };
@@ -324,20 +333,31 @@ export class BackingImageFiles {
     r.readers++;
     const path = join(r.dir, BACKING_IMAGE_FILE);
     let fh;
+    let ahead: Promise<Buffer> | undefined;
     try {
       fh = await open(path, 'r').catch((err: unknown) => Promise.reject(toMooringError(err, `opening ${path}`)));
-      let at = offset;
-      while (at < r.sizeBytes) {
-        if (this.#closed) throw new MooringError('CLOSED', 'the data engine is closing');
-        // A fresh buffer per chunk: the consumer may keep it (e.g. queued in a gRPC stream).
+      const file = fh;
+      // One read ahead: the next chunk is read from the disk while the consumer sends this one.
+      // A fresh buffer per chunk: the consumer may keep it (e.g. queued in a gRPC stream).
+      const readAt = async (at: number): Promise<Buffer> => {
         const buf = Buffer.allocUnsafe(Math.min(BACKING_IMAGE_FILE_LIMITS.readChunkBytes, r.sizeBytes - at));
-        const { bytesRead } = await fh.read(buf, 0, buf.length, at);
+        const { bytesRead } = await file.read(buf, 0, buf.length, at);
         if (bytesRead === 0) throw new MooringError('IO_ERROR', `${path} ended at ${at} bytes, ${r.sizeBytes} recorded`);
-        at += bytesRead;
-        yield bytesRead === buf.length ? buf : buf.subarray(0, bytesRead);
+        return bytesRead === buf.length ? buf : buf.subarray(0, bytesRead);
+      };
+      let at = offset;
+      if (at < r.sizeBytes) ahead = readAt(at);
+      while (ahead) {
+        if (this.#closed) throw new MooringError('CLOSED', 'the data engine is closing');
+        const chunk = await ahead;
+        at += chunk.length;
+        ahead = at < r.sizeBytes ? readAt(at) : undefined;
+        yield chunk;
       }
     } finally {
       r.readers--;
+      // A read still running is waited for before its file is closed.
+      await ahead?.catch(() => undefined);
       await fh?.close().catch(() => undefined);
     }
   }
@@ -736,6 +756,82 @@ async function truncateOrCreate(path: string): Promise<void> {
   } catch {
     const fh = await open(path, 'w', PRIVATE_FILE_MODE);
     await fh.close();
+  }
+}
+
+/**
+ * Appends chunks to a file with at most one write in flight: what arrives meanwhile is
+ * queued (up to writeBatchBytesMax; then the caller waits) and written by the next writev,
+ * started as soon as the one in flight ends. Writes stay in order, so the file is always a
+ * prefix of the stream. A failed write is reported by the next add or flush.
+ */
+class WriteBatch {
+  readonly #fh: FileHandle;
+  #queued: Uint8Array[] = [];
+  #queuedBytes = 0;
+  /** The write in flight; it never rejects (a failure is kept in #failure). */
+  #writing: Promise<void> | undefined;
+  #failure: { error: unknown } | undefined;
+
+  constructor(fh: FileHandle) {
+    this.#fh = fh;
+  }
+
+  async add(chunk: Uint8Array): Promise<void> {
+    this.#throwIfFailed();
+    while (this.#writing && this.#queuedBytes + chunk.length > BACKING_IMAGE_FILE_LIMITS.writeBatchBytesMax) {
+      await this.#writing;
+      this.#throwIfFailed();
+    }
+    this.#queued.push(chunk);
+    this.#queuedBytes += chunk.length;
+    if (!this.#writing) this.#start();
+  }
+
+  /** Waits until everything queued is written; throws the first write's error. */
+  async flush(): Promise<void> {
+    await this.settle();
+    this.#throwIfFailed();
+  }
+
+  /** Waits until no write is in flight, whatever its outcome. */
+  async settle(): Promise<void> {
+    while (this.#writing) await this.#writing;
+  }
+
+  #start(): void {
+    const bufs = this.#queued;
+    this.#queued = [];
+    this.#queuedBytes = 0;
+    const w: Promise<void> = writeAllV(this.#fh, bufs).then(
+      () => {
+        if (this.#writing !== w) return;
+        this.#writing = undefined;
+        if (this.#queued.length > 0) this.#start();
+      },
+      (error: unknown) => {
+        this.#failure = { error };
+        if (this.#writing === w) this.#writing = undefined;
+      },
+    );
+    this.#writing = w;
+  }
+
+  #throwIfFailed(): void {
+    if (this.#failure) throw toMooringError(this.#failure.error, 'writing the backing image file');
+  }
+}
+
+async function writeAllV(fh: FileHandle, bufs: Uint8Array[]): Promise<void> {
+  let rest = bufs;
+  while (rest.length > 0) {
+    let n = (await fh.writev(rest)).bytesWritten;
+    // A short write: go on from the first byte not written.
+    while (rest.length > 0 && n >= rest[0]!.length) {
+      n -= rest[0]!.length;
+      rest = rest.slice(1);
+    }
+    if (n > 0) rest = [rest[0]!.subarray(n), ...rest.slice(1)];
   }
 }
 

@@ -117,6 +117,21 @@ export interface BackingImageWriteOptions {
   expectedChecksum?: string;
 }
 
+/** Options of {@link DataEngine.pullBackingImageFile}. */
+export interface BackingImagePullOptions extends BackingImageWriteOptions {
+  /**
+   * The data engine holding a ready copy: its gRPC address (`tcp:HOST:PORT`, or `unix:PATH`
+   * on this machine) and host id (checked: a data engine with another id is refused).
+   * Reached with this data engine's own TLS certificate and cluster secret.
+   */
+  source: {
+    /** `tcp:HOST:PORT` or `unix:PATH` of the source's gRPC server, as this data engine reaches it. */
+    address: string;
+    /** The source's host id; a data engine with another id at `address` is refused (INVALID_ARGUMENT). */
+    hostId: string;
+  };
+}
+
 /** Who this data engine is and how other hosts reach its replicas. */
 export interface DataEngineInfo {
   /** The host id the embedder gave it. */
@@ -506,6 +521,18 @@ export interface DataEngine {
    * @throws MooringError NOT_FOUND, INVALID_STATE (not ready), BUSY (3 reads of the file run already)
    */
   readBackingImageFile(ref: BackingImageFileRef, options?: { offset?: number }): AsyncIterable<Uint8Array>;
+  /**
+   * Prepares the file by reading it from another data engine directly (data engine to data
+   * engine, its `readBackingImageFile` stream over gRPC with this data engine's own TLS
+   * certificate and cluster secret): as {@link writeBackingImageFile} with that stream, the
+   * bytes never pass through the caller. Resume with `offset` = this disk's `receivedBytes`.
+   * A data engine of a release before this call answers UNSUPPORTED (gRPC UNIMPLEMENTED):
+   * the caller relays instead (docs/backing-images.md, "Delivery").
+   *
+   * @throws MooringError as writeBackingImageFile, and the source's errors: UNAUTHENTICATED
+   * (the source refused our credentials), UNAVAILABLE (unreachable), NOT_FOUND, INVALID_STATE, BUSY
+   */
+  pullBackingImageFile?(ref: BackingImageFileRef, options: BackingImagePullOptions): Promise<BackingImageFileInfo>;
   /**
    * Prepares the file from a snapshot of a volume whose active engine runs here (a raw
    * image of the volume's content as of the snapshot).

@@ -22,12 +22,14 @@ import {
   type TcpAddress,
 } from './addresses.js';
 import { BackingImageFiles } from './backing-image-files.js';
+import { checkPullSource, openPullSource } from './backing-image-pull.js';
 import { checkClusterSecret, processClusterSecret } from './cluster-secret.js';
 import { ExportHold } from './export-hold.js';
 import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
   BackingImageFileRef,
+  BackingImagePullOptions,
   BackingImageWriteOptions,
   DataEngine,
   DataEngineEvent,
@@ -1119,6 +1121,21 @@ export class LocalDataEngine implements DataEngine {
   async *readBackingImageFile(ref: BackingImageFileRef, options?: { offset?: number }): AsyncGenerator<Uint8Array> {
     this.#assertOpen();
     yield* this.#files.read(ref, options);
+  }
+
+  /** @inheritDoc DataEngine.pullBackingImageFile */
+  async pullBackingImageFile(ref: BackingImageFileRef, options: BackingImagePullOptions): Promise<BackingImageFileInfo> {
+    this.#assertOpen();
+    const source = checkPullSource(options);
+    const { source: _s, ...write } = options;
+    const offset = typeof write.offset === 'number' ? write.offset : 0;
+    const creds = { tls: this.#tls, clusterSecret: this.#clusterSecret, allowInsecureRemote: this.#allowInsecureRemote };
+    const src = await openPullSource(creds, source, this.hostId, ref, offset);
+    try {
+      return await this.#files.write(ref, write, src.data);
+    } finally {
+      await src.close();
+    }
   }
 
   /** @inheritDoc DataEngine.exportSnapshotToBackingImageFile */

@@ -75,6 +75,16 @@ export function toGrpcError(err: unknown): Partial<ServiceError> {
 }
 
 /**
+ * Whether `err` (from {@link fromGrpcError}) is a server's UNIMPLEMENTED for a method it does
+ * not know (a release before it), not an UNSUPPORTED a data engine raised.
+ */
+export function isUnimplementedMethod(err: unknown): boolean {
+  if (!(err instanceof MooringError) || err.code !== 'UNSUPPORTED') return false;
+  const c = err.cause as Partial<ServiceError> | undefined;
+  return typeof c === 'object' && c !== null && c.code === GrpcStatus.UNIMPLEMENTED && !(c.metadata instanceof Metadata && c.metadata.get(ERROR_CODE_KEY).length > 0);
+}
+
+/**
  * The MooringError a gRPC failure stands for: the code the server sent when there is one,
  * else one derived from the gRPC status (a server that could not be reached is UNAVAILABLE).
  */

@@ -47,6 +47,8 @@ export const GRPC_LIMITS = {
   shutdownGraceMs: 5000,
   /** Data bytes in one WriteBackingImageFile / ReadBackingImageFile message. */
   fileDataBytesMax: BACKING_IMAGE_FILE_LIMITS.readChunkBytes,
+  /** HTTP/2 receive window of a client (the most a server may send ahead of what it read). */
+  clientFlowControlWindowBytes: 8 * 1024 * 1024,
 } as const;
 
 /** Options of {@link DataEngineGrpcServer.start}. */
@@ -328,6 +330,18 @@ export class DataEngineGrpcServer {
       }),
       WriteBackingImageFile: (call: ServerReadableStream<Msg, Msg>, callback: sendUnaryData<Msg>) => this.#writeFile(de, call, callback),
       ReadBackingImageFile: (call: ServerWritableStream<Msg, Msg>) => this.#readFile(de, call),
+      // Left out for an engine without the call: grpc-js answers UNIMPLEMENTED, as a data
+      // engine of an earlier release does, and the controller relays instead.
+      ...(de.pullBackingImageFile ? { PullBackingImageFile: unary(async (r) => {
+        const expected = requestString(r, 'expectedChecksum');
+        const info = await de.pullBackingImageFile!(fileRefFromMsg(requestRef(r)), {
+          sizeBytes: r.sizeBytes as number,
+          offset: r.offset as number,
+          ...(expected ? { expectedChecksum: expected } : {}),
+          source: { address: requestString(r, 'sourceAddress'), hostId: requestString(r, 'sourceHostId') },
+        });
+        return fileToMsg(info);
+      }) } : {}),
       ExportSnapshotToBackingImageFile: unary(async (r) => {
         const expected = requestString(r, 'expectedChecksum');
         const info = await de.exportSnapshotToBackingImageFile(requestString(r, 'volume'), requestString(r, 'snapshot'), fileRefFromMsg(requestRef(r)), expected ? { expectedChecksum: expected } : {});

@@ -62,6 +62,7 @@ service DataEngine {
   rpc DownloadBackingImageFile(DownloadBackingImageFileRequest) returns (BackingImageFile);
   rpc WriteBackingImageFile(stream WriteBackingImageFileMessage) returns (BackingImageFile);
   rpc ReadBackingImageFile(ReadBackingImageFileRequest) returns (stream DataChunk);
+  rpc PullBackingImageFile(PullBackingImageFileRequest) returns (BackingImageFile);
   rpc ExportSnapshotToBackingImageFile(ExportSnapshotToBackingImageFileRequest) returns (BackingImageFile);
   rpc CancelBackingImageFile(BackingImageFileRef) returns (Empty);
   rpc DeleteBackingImageFile(BackingImageFileRef) returns (Empty);
@@ -351,6 +352,17 @@ message ReadBackingImageFileRequest {
 }
 
 message DataChunk { bytes data = 1; }
+
+// The target reads the file from the source data engine itself (its gRPC
+// ReadBackingImageFile, with the target's own TLS certificate and cluster secret).
+message PullBackingImageFileRequest {
+  BackingImageFileRef ref = 1;
+  uint64 size_bytes = 2;
+  uint64 offset = 3;
+  string expected_checksum = 4;  // "" = none
+  string source_address = 5;     // tcp:HOST:PORT or unix:PATH of the source's gRPC server
+  string source_host_id = 6;
+}
 
 message ExportSnapshotToBackingImageFileRequest {
   string volume = 1;

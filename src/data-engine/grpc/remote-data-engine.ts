@@ -21,6 +21,7 @@ import type {
   BackingImageDownloadOptions,
   BackingImageFileInfo,
   BackingImageFileRef,
+  BackingImagePullOptions,
   BackingImageWriteOptions,
   DataEngine,
   DataEngineEvent,
@@ -49,6 +50,7 @@ import {
   handOverToMsg,
   hostedFromMsg,
   infoFromMsg,
+  isUnimplementedMethod,
   rebuildResultFromMsg,
   refToMsg,
   snapshotFromMsg,
@@ -166,6 +168,8 @@ export class RemoteDataEngine implements DataEngine {
       // and a new client to a data engine that just restarted would inherit the old
       // client's reconnect back-off and fail at once ("No connection established").
       'grpc.use_local_subchannel_pool': 1,
+      // A read stream (a backing image file) is not held up by 64 KiB window updates.
+      'grpc-node.flow_control_window': GRPC_LIMITS.clientFlowControlWindowBytes,
       // A data engine that restarted (an upgrade, a crash) is found again within seconds.
       'grpc.initial_reconnect_backoff_ms': 250,
       'grpc.max_reconnect_backoff_ms': 5000,
@@ -489,6 +493,37 @@ export class RemoteDataEngine implements DataEngine {
         call.cancel();
       }
     }
+  }
+
+  /**
+   * @inheritDoc DataEngine.pullBackingImageFile
+   *
+   * A data engine of a release without the call answers UNIMPLEMENTED: this rejects with
+   * UNSUPPORTED, and nothing changed on its disk.
+   */
+  async pullBackingImageFile(ref: BackingImageFileRef, options: BackingImagePullOptions): Promise<BackingImageFileInfo> {
+    const o = checkObject('pull options', options);
+    if (!isCount(o.sizeBytes)) throw new MooringError('INVALID_ARGUMENT', `sizeBytes must be a non-negative integer (got ${describe(o.sizeBytes)})`);
+    if (o.offset !== undefined && !isCount(o.offset)) throw new MooringError('INVALID_ARGUMENT', `offset must be a non-negative integer (got ${describe(o.offset)})`);
+    optionalString('expectedChecksum', o.expectedChecksum);
+    const src = checkObject('source', o.source);
+    if (typeof src.address !== 'string' || typeof src.hostId !== 'string') throw new MooringError('INVALID_ARGUMENT', `source must be {address, hostId} strings (got ${describe(src)})`);
+    const req: Msg = {
+      ref: fileRefToMsg(checkFileRefShape(ref)),
+      sizeBytes: o.sizeBytes,
+      offset: o.offset ?? 0,
+      expectedChecksum: o.expectedChecksum ?? '',
+      sourceAddress: src.address,
+      sourceHostId: src.hostId,
+    };
+    const reply = await this.#call('PullBackingImageFile', req, this.#longTimeoutMs).catch((err: unknown) => {
+      if (!isUnimplementedMethod(err)) throw err;
+      throw new MooringError('UNSUPPORTED', `data engine ${this.hostId} cannot pull backing image files (an earlier release): relay instead`, {
+        cause: err,
+        details: { unimplemented: 'PullBackingImageFile' },
+      });
+    });
+    return fileFromMsg(reply);
   }
 
   /** @inheritDoc DataEngine.exportSnapshotToBackingImageFile */

@@ -8,6 +8,8 @@ import { createHash } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { BACKING_IMAGE_KIND } from '../../../src/backing-image/backing-image-records.js';
+import type { BackingImageFileInfo, BackingImageFileRef, BackingImagePullOptions } from '../../../src/data-engine/data-engine.js';
+import { MooringError } from '../../../src/errors.js';
 import type { BackingImageFileStatus } from '../../../src/backing-image/backing-image.js';
 import { Mooring, type MooringOptions } from '../../../src/mooring.js';
 import { MemoryStateStore } from '../../../src/state/memory-state-store.js';
@@ -631,5 +633,61 @@ describe('backing images', () => {
     hosts[1]!.reachable = true;
     await cluster.repairOnce();
     expect((await bi.status()).files.find((f) => f.hostId === 'b')).toMatchObject({ state: 'ready' });
+  });
+});
+
+// The controller's copies through Mooring: targets that can pull are asked to (the bytes go
+// source → target without this process relaying them); a target of an earlier release
+// (UNIMPLEMENTED, reported UNSUPPORTED with details.unimplemented) gets a relayed copy.
+describe('backing image copies pulled by the target', () => {
+  const open: Mooring[] = [];
+  afterEach(async () => {
+    for (const c of open.splice(0)) await c.close();
+  });
+
+  /** A fake reached at a TCP address that pulls from a peer fake (or answers like an earlier release). */
+  class PullingFake extends FakeDataEngine {
+    readonly address: string;
+    pulls: string[] = [];
+    relayedWrites = 0;
+    constructor(id: string, index: number, readonly peers: Map<string, FakeDataEngine>, readonly unimplemented = false) {
+      super(id);
+      this.address = `tcp:10.0.0.${index + 1}:7000`;
+    }
+    override async writeBackingImageFile(...args: Parameters<FakeDataEngine['writeBackingImageFile']>): ReturnType<FakeDataEngine['writeBackingImageFile']> {
+      this.relayedWrites++;
+      return super.writeBackingImageFile(...args);
+    }
+    async pullBackingImageFile(ref: BackingImageFileRef, options: BackingImagePullOptions): Promise<BackingImageFileInfo> {
+      this.pulls.push(`${options.source.hostId}@${options.source.address} offset=${options.offset ?? 0}`);
+      if (this.unimplemented) {
+        throw new MooringError('UNSUPPORTED', `data engine ${this.hostId} cannot pull backing image files (an earlier release)`, { details: { unimplemented: 'PullBackingImageFile' } });
+      }
+      const src = this.peers.get(options.source.hostId)!;
+      const { source: _s, ...write } = options;
+      return super.writeBackingImageFile(ref, write, src.readBackingImageFile(ref, { offset: options.offset ?? 0 }));
+    }
+  }
+
+  it('has b pull from a, and relays to c, which does not know the call', async () => {
+    const img = qcow2Like(7);
+    const peers = new Map<string, FakeDataEngine>();
+    const hosts = ['a', 'b', 'c'].map((id, i) => new PullingFake(id, i, peers, id === 'c'));
+    for (const h of hosts) {
+      peers.set(h.hostId, h);
+      h.fetchUrl = () => chunks(img);
+    }
+    const cluster = await Mooring.open({ store: new MemoryStateStore(), hosts, repairIntervalMs: 0, ticketWaitTimeoutMs: 5000 });
+    open.push(cluster);
+    const bi = await cluster.createBackingImage({ name: 'pulled', source: { type: 'download', url: 'http://x/i' }, host: 'a', minCopies: 3 });
+    await until('three ready copies', async () => (await bi.status()).files.filter((f) => f.state === 'ready').length === 3);
+    const [a, b, c] = hosts as [PullingFake, PullingFake, PullingFake];
+    expect(b.pulls).toEqual(['a@tcp:10.0.0.1:7000 offset=0']);
+    expect(b.relayedWrites).toBe(0);
+    // c was asked once, then relayed to (from a, or from b once b was ready).
+    expect(c.pulls).toHaveLength(1);
+    expect(c.relayedWrites).toBe(1);
+    expect(a.pulls).toEqual([]);
+    for (const h of hosts) expect(h.files.get(`pulled-${(await bi.status()).uuid}`)?.checksum).toBe(sha512(img));
   });
 });

@@ -14,6 +14,7 @@ import protobuf from 'protobufjs';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 
 import type { DataEngineEvent } from '../../../src/data-engine/data-engine.js';
+import { copyBackingImageFile, newCopyState } from '../../../src/backing-image/copy.js';
 import { eventFromMsg, eventToMsg, hostedFromMsg, hostedToMsg } from '../../../src/data-engine/grpc/codec.js';
 import { DataEngineGrpcServer } from '../../../src/data-engine/grpc/data-engine-grpc-server.js';
 import { DATA_ENGINE_PROTO } from '../../../src/data-engine/grpc/data-engine-proto.js';
@@ -282,5 +283,69 @@ describe('backing image files over gRPC', () => {
     // Still serving.
     expect((await remote.info()).hostId).toBe('h1');
     expect((await remote.listBackingImageFiles()).map((f) => f.name)).toEqual(['w']);
+  });
+});
+
+// Version negotiation of the direct copy over the real service: a data engine whose server
+// does not know PullBackingImageFile (as an earlier release; here an engine without the call,
+// so the server leaves the method out) answers UNIMPLEMENTED, RemoteDataEngine reports it
+// as UNSUPPORTED with details.unimplemented, and the controller's copy relays instead; a
+// data engine that knows it pulls from the other one itself.
+describe('PullBackingImageFile over gRPC', () => {
+  let dir: string;
+  const closers: Array<() => Promise<void>> = [];
+  beforeEach(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'mooring-grpc-pull-'));
+  });
+  afterEach(async () => {
+    for (const c of closers.splice(0).reverse()) await c().catch(() => undefined);
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  async function host(id: string, withPull: boolean): Promise<RemoteDataEngine> {
+    const local = await LocalDataEngine.start({ dir: join(dir, id), hostId: id, addon: loadAddon(), replicaListen: null });
+    closers.push(() => local.close());
+    // Functions bound to the engine (its private fields), the pull left out when asked.
+    const engine = withPull
+      ? local
+      : (new Proxy(local, {
+          get: (t, p) => {
+            if (p === 'pullBackingImageFile') return undefined;
+            const v = Reflect.get(t, p, t) as unknown;
+            return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+          },
+        }) as LocalDataEngine);
+    const server = await DataEngineGrpcServer.start({ engine, listen: `unix:${join(dir, `${id}.sock`)}` });
+    closers.push(() => server.close());
+    const remote = await RemoteDataEngine.connect({ address: server.address });
+    closers.push(() => remote.close());
+    return remote;
+  }
+
+  it('an engine without the call answers UNIMPLEMENTED (UNSUPPORTED, details.unimplemented) and the copy relays; one with it pulls', async () => {
+    const src = await host('s', true);
+    const old = await host('old', false);
+    const neu = await host('new', true);
+    const body = rawImage(6 * MiB);
+    const ref = { name: 'neg', uuid: randomUUID() };
+    const opts = { sizeBytes: body.length, offset: 0, expectedChecksum: sha(body) };
+    await src.writeBackingImageFile(ref, opts, chunks(body));
+
+    const e = await errorOf(old.pullBackingImageFile(ref, { ...opts, source: { address: src.address, hostId: 's' } }));
+    expect(e.code).toBe('UNSUPPORTED');
+    expect(e.details).toEqual({ unimplemented: 'PullBackingImageFile' });
+    expect(await old.backingImageFile(ref)).toBeNull();
+
+    const state = newCopyState();
+    const relayed = await copyBackingImageFile(state, { engine: src, hostId: 's' }, old, ref, opts);
+    expect(relayed.path).toBe('relay');
+    expect(relayed.info).toMatchObject({ state: 'ready', checksum: sha(body) });
+    expect(state.relayedBytes).toBe(body.length);
+
+    const pulled = await copyBackingImageFile(state, { engine: src, hostId: 's' }, neu, ref, opts);
+    expect(pulled.path).toBe('pull');
+    expect(pulled.info).toMatchObject({ state: 'ready', checksum: sha(body) });
+    expect(state.relayedBytes).toBe(body.length);
+    expect((await collect(neu.readBackingImageFile(ref))).equals(body)).toBe(true);
   });
 });
