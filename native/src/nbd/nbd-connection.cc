@@ -78,6 +78,12 @@ NbdConnection::~NbdConnection() {
 }
 
 void NbdConnection::Start() {
+  // An adopted client is past its handshake: straight to a loop (a thread only if no loop
+  // takes it).
+  if (adopted_ && wake_fd_ >= 0) {
+    handshaking_.store(false);
+    if (Register()) return;
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -92,9 +98,18 @@ void NbdConnection::RequestStop() {
 
 void NbdConnection::Join() {
   if (thread_.joinable()) thread_.join();
+  const uint64_t id = loop_id_.load();
+  if (id == 0) return;
+  {
+    std::unique_lock<std::mutex> lock(freeze_mu_);
+    freeze_cv_.wait(lock, [this] { return finished_.load(); });
+  }
+  loop_->Remove(id);  // returns once its handler has returned
+  loop_id_.store(0);
 }
 
 void NbdConnection::Signal() {
+  if (loop_id_.load() != 0) return Nudge();
   if (wake_fd_ < 0) return;
   uint64_t one = 1;
   ssize_t n = write(wake_fd_, &one, sizeof one);
@@ -102,10 +117,14 @@ void NbdConnection::Signal() {
 }
 
 void NbdConnection::Run() {
-  NameThisThread("mr-nbd-conn");
+  NameThisThread("mr-nbd-hello");
   try {
     if (wake_fd_ >= 0 && (adopted_ || Handshake())) {
       handshaking_.store(false);
+      // In transmission: a connection loop reads it from here on; the thread ends. A TLS
+      // connection keeps its thread (its Transport is driven by poll(), docs/nbd-frontend.md).
+      if (!tls_ && Register()) return;
+      NameThisThread("mr-nbd-tls");
       Transmission();
     }
   } catch (...) {
@@ -113,6 +132,10 @@ void NbdConnection::Run() {
     std::lock_guard<std::mutex> lock(send_mu_);
     MarkDeadLocked();
   }
+  FinishThread();
+}
+
+void NbdConnection::FinishThread() {
   // Every request charged to this connection must be finished before it can go away:
   // workers hold pointers to it until their reply is completed.
   for (;;) {
@@ -124,6 +147,10 @@ void NbdConnection::Run() {
     ssize_t n = read(wake_fd_, &v, sizeof v);
     (void)n;
   }
+  MarkFinished();
+}
+
+void NbdConnection::MarkFinished() {
   { std::lock_guard<std::mutex> lock(send_mu_); }  // the last completer has left the lock
   // A released socket belongs to another process now: closing our fd (the destructor) is
   // all we may do with it.
@@ -738,6 +765,7 @@ NbdRequest* NbdConnection::Acquire() {
     r->iov.reserve(4);
   }
   r->early_error = 0;
+  r->held_flush = false;
   r->budget_bytes = 0;
   r->iov.clear();
   r->iov_pos = 0;
@@ -1051,6 +1079,14 @@ void NbdConnection::BuildChunkError(NbdRequest* r, uint32_t error) {
 }
 
 void NbdConnection::Execute(NbdRequest* r) {
+  if (r->held_flush) {  // read by the loop while parked in a hold (counted by HeldFlushReply)
+    r->iov.clear();
+    r->iov_pos = 0;
+    HeldFlushReply(r->cookie, r->head);
+    r->iov.push_back({r->head, kSimpleReplyBytes});
+    SendReply(r);
+    return;
+  }
   ctx_->requests.fetch_add(1, std::memory_order_relaxed);
   const uint64_t started_ns = NowNs();
   bool failed = r->early_error != 0;
