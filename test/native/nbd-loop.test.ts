@@ -7,10 +7,12 @@
 // itself: every other client on the same loop writes and reads back meanwhile, and the stuck
 // one gets every reply, intact, once it reads again. Fails with a thread per connection (the
 // count) or with a loop that waits for a connection's socket (the test times out).
+// A freeze with hold parks each connection as a loop state: the FLUSHes at the head of its
+// stream are still answered (by a worker), anything else waits, unread, for the unfreeze.
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { NbdClient } from '../../src/bench/nbd-client.js';
-import type { NativeEngine, NativeNbdServer } from '../../src/native/binding.js';
+import type { NativeEngine, NativeNbdHandOffServer, NativeNbdServer } from '../../src/native/binding.js';
 import { MiB, Scratch, addon, createReplicas, engineOptions, pattern, threadTotal, threadsByName, waitFor } from './helpers.js';
 
 // Before any connection of this process: the loops start with the first one.
@@ -111,5 +113,43 @@ describe('NBD connections on one shared connection loop', () => {
     }
     await waitFor('the budget to be given back', () => server!.ioStats!().budgetUsedBytes === 0);
     expect(server.stats().protocolErrors).toBe(0);
+  });
+
+  it('parked in a hold, answers the FLUSHes at the head of each stream and holds the rest until unfrozen', async () => {
+    s = new Scratch('mooring-nbd-loop-hold-');
+    const replicas = await createReplicas(s.path('r'), 1, SIZE);
+    engine = await addon().openEngine(engineOptions({ replicas: replicas.map((r) => r.path) }));
+    const sock = s.path('v.sock');
+    const exp = (server = await engine.exportNbd({ unixPath: sock })) as NativeNbdHandOffServer;
+    const a = await NbdClient.connect({ socketPath: sock });
+    const b = await NbdClient.connect({ socketPath: sock });
+    clients.push(a, b);
+    const data = pattern(3, 64 * 1024);
+    await a.write(0, data);
+
+    await exp.freeze(5000, true);
+    await a.flush(); // at the head: answered while parked
+    await a.flush();
+    let readDone = false;
+    let flushAfterRead = false;
+    const read = a.read(0, data.length).then((r) => {
+      readDone = true;
+      return r;
+    });
+    const laterFlush = a.flush().then(() => {
+      flushAfterRead = true;
+    });
+    // The other connection, on the same loop, still has its FLUSHes answered meanwhile.
+    for (let i = 0; i < 3; i++) await b.flush();
+    expect(readDone, 'a READ at the head of a held stream waits for the unfreeze').toBe(false);
+    expect(flushAfterRead, 'a FLUSH behind it waits too: requests stay in order').toBe(false);
+    const io = exp.ioStats!();
+    expect(io.ops.read.count, 'the held READ was not executed').toBe(0);
+
+    await exp.unfreeze();
+    expect((await read).equals(data)).toBe(true);
+    await laterFlush;
+    expect(readDone && flushAfterRead).toBe(true);
+    expect(exp.stats().protocolErrors).toBe(0);
   });
 });
