@@ -1,12 +1,16 @@
-// NbdConnection's transmission phase on a connection loop (Poller::ForConnection): the
-// states of Transmission() (nbd-connection.cc, the thread's version kept for TLS) as a
-// handler that never waits. Each turn parses what is buffered, reads what the socket has
-// (a half-read header or WRITE payload stays in rbuf_/cur_ until the next turn), flushes
-// the replies the socket could not take, and then says what it waits for: the socket
-// (EPOLLIN while it may read, EPOLLOUT while replies are queued) and a timer (the drain,
-// freeze and memory-budget deadlines). Whatever changes the connection's state from another
-// thread (a completion it waits for, RequestStop, a freeze, Kill) nudges the loop (Signal).
+// NbdConnection's transmission phase on a connection loop (Poller::ForConnection), as a
+// handler that never waits. Each turn parses what is buffered, reads what the socket (or
+// TLS) has (a half-read header or WRITE payload stays in rbuf_/cur_ until the next turn),
+// flushes the replies the socket could not take, and then says what it waits for: the
+// socket (EPOLLIN while it may read, or what a TLS read wants; EPOLLOUT while replies are
+// queued) and a timer (the drain, freeze and memory-budget deadlines). Whatever changes the
+// connection's state from another thread (a completion it waits for, RequestStop, a freeze,
+// Kill) nudges the loop (Signal). Reading on as long as there are bytes also covers what TLS
+// has decrypted and poll() cannot see (Transport::Pending).
+#include <poll.h>
 #include <sys/socket.h>
+
+#include <cstring>
 
 #include <algorithm>
 
@@ -57,8 +61,8 @@ void NbdConnection::OnLoop() {
   if (ending_) TryFinishLoop();
 }
 
-// One turn of Transmission()'s loop, without its poll(): where the thread would wait, the
-// handler says what for (Watch, a timer) and returns.
+// One turn: parse, read, flush; where a thread would wait, the handler says what for (Watch,
+// a timer) and returns.
 void NbdConnection::Turn() {
   if (parked_ && ParkedTurn()) return;
   for (int reads = 0;;) {
@@ -170,7 +174,7 @@ void NbdConnection::Turn() {
         if (r != -EAGAIN) return EndTransmission(false);
       }
     }
-    Watch((want_read ? uint32_t{EPOLLIN} : 0u) | (want_write ? uint32_t{EPOLLOUT} : 0u));
+    Watch((want_read ? ReadEvents() : 0u) | (want_write ? uint32_t{EPOLLOUT} : 0u));
     if (wake_at != 0) loop_->ArmTimer(loop_id_.load(), wake_at);
     return;
   }
@@ -201,17 +205,27 @@ bool NbdConnection::ParkedTurn() {
     return true;
   }
   if (!parked_) return false;
-  AnswerHeldFlushOnLoop();
+  AnswerHeldFlush();
   return true;
 }
 
-// The loop's AnswerHeldFlush (nbd-connection.cc): a FLUSH at the head of the stream, with
-// nothing buffered before it, is read and handed to a worker (the device's flush may wait);
-// its reply is sent as any other. The next is looked at once it has been answered. Answering
-// ends for good once the head is anything else, the client left, the socket failed or a reply
-// did not go out at once: the connection then waits, unwatched. The first bytes read decide,
-// so the stream stays framed.
-void NbdConnection::AnswerHeldFlushOnLoop() {
+uint32_t NbdConnection::ReadEvents() const {
+  if (!tls_ || tls_read_wants_ == 0) return EPOLLIN;
+  return ((tls_read_wants_ & POLLIN) ? uint32_t{EPOLLIN} : 0u) | ((tls_read_wants_ & POLLOUT) ? uint32_t{EPOLLOUT} : 0u);
+}
+
+// Parked in a hold: a FLUSH at the head of the stream, with nothing buffered before it, is
+// read and handed to a worker (the device's flush may wait; an engine that handed over, a
+// standby, answers EPERM and flushed everything it acknowledged at the hand-over, so that
+// counts as done: HeldFlushReply); its reply is sent as any other. The next is looked at
+// once it has been answered. A client that only flushes and leaves (QEMU quitting after a
+// completed migration) is then not held. Answering ends for good once the head is anything
+// else, the client left, the socket failed or a reply did not go out at once: the connection
+// then waits, unwatched, until unfrozen. The first bytes read decide, so the stream stays
+// framed: without TLS the header is peeked at; over TLS, where nothing can be peeked at, it
+// is read into the receive buffer (where the parser finds it once unfrozen), one header at
+// most (what follows stays in TLS's buffer).
+void NbdConnection::AnswerHeldFlush() {
   if (out_pending_.load()) {
     hold_answering_ = false;
     std::lock_guard<std::mutex> lock(send_mu_);
@@ -219,17 +233,35 @@ void NbdConnection::AnswerHeldFlushOnLoop() {
   }
   if (out_pending_.load()) return Watch(EPOLLOUT);
   if (!hold_answering_ || inflight_.load() > 0 || dead_.load()) return Watch(0);
-  if (cur_ || rend_ != rpos_) {
+  auto stop_answering = [this] {
     hold_answering_ = false;
-    return Watch(0);
-  }
+    Watch(0);
+  };
+  if (cur_ || (!tls_ && rend_ != rpos_)) return stop_answering();
   uint8_t h[kRequestHeaderBytes];
-  ssize_t n = recv(fd_, h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Watch(EPOLLIN);
-  if (n != static_cast<ssize_t>(sizeof h) || !IsBareFlush(h) ||
-      recv(fd_, h, sizeof h, MSG_DONTWAIT) != static_cast<ssize_t>(sizeof h)) {
-    hold_answering_ = false;
-    return Watch(0);
+  if (!tls_) {
+    ssize_t n = recv(fd_, h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Watch(EPOLLIN);
+    if (n != static_cast<ssize_t>(sizeof h) || !IsBareFlush(h) ||
+        recv(fd_, h, sizeof h, MSG_DONTWAIT) != static_cast<ssize_t>(sizeof h)) {
+      return stop_answering();
+    }
+  } else {
+    while (rend_ - rpos_ < kRequestHeaderBytes) {
+      if (rpos_ > 0) {
+        memmove(rbuf_.get(), rbuf_.get() + rpos_, rend_ - rpos_);
+        rend_ -= rpos_;
+        rpos_ = 0;
+      }
+      const ssize_t n = RecvRaw(rbuf_.get() + rend_, kRequestHeaderBytes - rend_);
+      if (n == -EAGAIN) return Watch(ReadEvents());
+      if (n == -EINTR) continue;
+      if (n <= 0) return stop_answering();
+      rend_ += static_cast<size_t>(n);
+    }
+    if (!IsBareFlush(rbuf_.get() + rpos_)) return stop_answering();
+    memcpy(h, rbuf_.get() + rpos_, sizeof h);
+    rpos_ += kRequestHeaderBytes;
   }
   NbdRequest* r = Acquire();
   r->held_flush = true;

@@ -17,9 +17,9 @@
 // process's fd, so it would cut the connection in the new owner.
 //
 // TLS (NBD_OPT_STARTTLS, required when the server has a TlsContext): from the handshake on,
-// every byte goes through tls_ (net/transport.h) instead of the socket; such a connection
-// cannot be snapshotted for a hand-off, and keeps its thread (mr-nbd-tls) for the whole
-// transmission phase (Transmission(), the same states driven by poll()).
+// every byte goes through tls_ (net/transport.h) instead of the socket, on the loop too (a
+// TLS read may wait for the socket to be writable); such a connection cannot be snapshotted
+// for a hand-off.
 #pragma once
 
 #include <atomic>
@@ -129,25 +129,19 @@ class NbdConnection {
   bool StartTls();
   // One recv() of at most n bytes, or one TLS read: >0, 0 at EOF, -EAGAIN, or -errno.
   ssize_t RecvRaw(void* buf, size_t n);
-  bool AnswerHeldFlushTls();
-  int PollHeld(short events);
   static bool IsBareFlush(const uint8_t* h);
   void HeldFlushReply(uint64_t cookie, uint8_t* reply);
   bool NameMatches(const uint8_t* name, uint32_t len) const;
   uint16_t TransmissionFlags() const;
   static uint16_t TransmissionFlags(const NbdServerOptions& o, bool structured);
 
-  enum class Frozen { kResume, kStop, kRelease };
   bool FreezeRequested() const { return freeze_requested_.load(); }
   void FreezeFailed();
-  Frozen ParkFrozen();  // the thread, frozen: waits for Unfreeze, Release or RequestStop
-  bool AnswerHeldFlush();
 
-  // The thread's transmission phase (TLS connections, or a loop that could not take it).
-  void Transmission();
-  // After the thread's transmission: waits for what is in flight, closes, marks finished.
+  // A connection that never reached a loop (handshake failed, stopped or refused): nothing
+  // was in flight.
   void FinishThread();
-  // Final steps shared by both: shutdown (unless released), finished_, the server's wake.
+  // shutdown (unless released), finished_, the server's wake.
   void MarkFinished();
 
   // --- On a connection loop (nbd-connection-loop.cc); the handler's state below. ---
@@ -156,7 +150,10 @@ class NbdConnection {
   void Turn();
   // Parked (frozen) on the loop: false once it is no longer parked (carry on with Turn).
   bool ParkedTurn();
-  void AnswerHeldFlushOnLoop();
+  // Parked in a hold: a FLUSH at the head of the stream is read and handed to a worker.
+  void AnswerHeldFlush();
+  // The event(s) a TLS read that could not go on waits for (EPOLLIN without TLS).
+  uint32_t ReadEvents() const;
   // Reading ended (clean: answered everything; else the connection is dropped).
   void EndTransmission(bool clean);
   void TryFinishLoop();
@@ -196,7 +193,7 @@ class NbdConnection {
   short tls_read_wants_ = 0;         // a TLS read that could not go on waits for these events
   const uint64_t id_;
   const bool adopted_ = false;
-  int wake_fd_ = -1;  // wakes the thread (handshake, TLS); Signal() nudges the loop instead
+  int wake_fd_ = -1;  // wakes the handshake thread; once on a loop, Signal() nudges the loop
   std::thread thread_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshaking_{true};
@@ -209,7 +206,7 @@ class NbdConnection {
   bool meta_base_allocation_ = false;
   uint64_t size_ = 0;
 
-  // Reader state (connection thread only).
+  // Reader state (the connection's loop only).
   std::unique_ptr<uint8_t[]> rbuf_;
   size_t rpos_ = 0;
   size_t rend_ = 0;
@@ -235,7 +232,7 @@ class NbdConnection {
   NbdRequest* free_ = nullptr;
   size_t pooled_bytes_ = 0;
 
-  // Freeze, between the connection thread and the server.
+  // Freeze, between the connection's loop and the server.
   enum class FreezeState { kNone, kRequested, kFrozen, kFailed, kReleased };
   mutable std::mutex freeze_mu_;
   std::condition_variable freeze_cv_;
@@ -243,12 +240,12 @@ class NbdConnection {
   int64_t freeze_deadline_ms_ = 0;                 // guarded by freeze_mu_
   bool freeze_hold_ = false;                        // guarded by freeze_mu_
   std::atomic<bool> freeze_requested_{false};      // freeze_state_ == kRequested, lock-free
-  bool released_ = false;                          // the connection thread (or loop) only
+  bool released_ = false;                          // the connection's loop only
 
   // The connection loop (set by Register before loop_id_; read by any thread after).
   Poller* loop_ = nullptr;
   std::atomic<uint64_t> loop_id_{0};
-  // The loop handler's own state (the loop's thread only): Transmission()'s locals.
+  // The loop handler's own state (the loop's thread only).
   uint32_t watched_ = 0;
   bool eof_ = false;
   bool abandoned_ = false;   // a half-received WRITE was dropped: the buffer is not framed
