@@ -82,7 +82,7 @@ void NbdConnection::Start() {
   // thread below drops it).
   if (adopted_ && wake_fd_ >= 0) {
     handshaking_.store(false);
-    if (Register()) return;
+    if (Register()) return CloseWakeFd();
   }
   thread_ = std::thread([this] { Run(); });
 }
@@ -108,12 +108,25 @@ void NbdConnection::Join() {
   loop_id_.store(0);
 }
 
+void NbdConnection::CloseWakeFd() {
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  close(wake_fd_);
+  wake_fd_ = -1;
+}
+
 void NbdConnection::Signal() {
-  if (loop_id_.load() != 0) return Nudge();
-  if (wake_fd_ < 0) return;
-  uint64_t one = 1;
-  ssize_t n = write(wake_fd_, &one, sizeof one);
-  (void)n;  // EAGAIN means the counter is already non-zero: the reader will wake anyway
+  if (loop_id_.load() == 0) {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    // Before Register: the handshake thread waits on the wake fd. Closed: it has been
+    // registered (loop_id_ is set), and the loop looks at everything on its first turn.
+    if (wake_fd_ >= 0) {
+      uint64_t one = 1;
+      ssize_t n = write(wake_fd_, &one, sizeof one);
+      (void)n;  // EAGAIN means the counter is already non-zero: the thread will wake anyway
+      return;
+    }
+  }
+  Nudge();
 }
 
 void NbdConnection::Run() {
@@ -121,8 +134,9 @@ void NbdConnection::Run() {
   try {
     if (wake_fd_ >= 0 && (adopted_ || Handshake())) {
       handshaking_.store(false);
-      // In transmission: a connection loop reads it from here on; the thread ends.
-      if (Register()) return;
+      // In transmission: a connection loop reads it from here on; the thread ends, and its
+      // wake fd with it (an fd fewer per connection served).
+      if (Register()) return CloseWakeFd();
       std::lock_guard<std::mutex> lock(send_mu_);  // no loop took it: lose this one connection
       MarkDeadLocked();
     }

@@ -185,6 +185,8 @@ class NbdConnection {
   NbdRequest* Acquire();
   void Recycle(NbdRequest* r);
   void Signal();
+  // Registered with a loop: the handshake's wake fd is not needed any more.
+  void CloseWakeFd();
 
   NbdServerContext* const ctx_;
   BlockDevice* dev_;  // changed only while frozen (Unfreeze), when nothing is in flight
@@ -193,7 +195,8 @@ class NbdConnection {
   short tls_read_wants_ = 0;         // a TLS read that could not go on waits for these events
   const uint64_t id_;
   const bool adopted_ = false;
-  int wake_fd_ = -1;  // wakes the handshake thread; once on a loop, Signal() nudges the loop
+  std::mutex wake_mu_;  // Signal's write against CloseWakeFd
+  int wake_fd_ = -1;  // wakes the handshake thread; closed once on a loop (Signal nudges it)
   std::thread thread_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshaking_{true};
