@@ -65,6 +65,7 @@ void NbdConnection::OnLoop() {
 // a timer) and returns.
 void NbdConnection::Turn() {
   if (parked_ && ParkedTurn()) return;
+  bool drained = false;  // the socket gave less than asked: nothing more to read this turn
   for (int reads = 0;;) {
     const bool stopping = eof_ || disc_ || stop_requested_.load();
     ParseResult pr = ParseResult::kNeedMore;
@@ -156,12 +157,12 @@ void NbdConnection::Turn() {
     // completions free it but do not nudge this one, so look again shortly.
     if (budget_blocked_) wake_by(Poller::NowMs() + kBudgetRetryMs);
 
-    if (want_read) {
+    if (want_read && !drained) {
       if (reads == kReadsPerTurn) {
         wake_by(Poller::NowMs());  // more at the next turn, after the loop's other connections
       } else {
         ++reads;
-        const int r = RecvSome(freezing);
+        const int r = RecvSome(freezing, &drained);
         if (r > 0 || r == -EINTR) continue;
         if (r == 0) {
           eof_ = true;

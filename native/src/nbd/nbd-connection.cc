@@ -800,12 +800,14 @@ NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
   }
 }
 
-int NbdConnection::RecvSome(bool exact) {
+int NbdConnection::RecvSome(bool exact, bool* drained) {
   ssize_t n;
+  size_t asked;
   if (cur_ && rpos_ == rend_ && (exact || cur_->length - cur_got_ >= kDirectRecvMinBytes)) {
     // Straight into the request: skips the copy for a large payload, and while freezing it
     // is what keeps the next request's bytes in the socket (never past this payload).
-    n = RecvRaw(cur_->data.get() + cur_got_, cur_->length - cur_got_);
+    asked = cur_->length - cur_got_;
+    n = RecvRaw(cur_->data.get() + cur_got_, asked);
     if (n > 0) cur_got_ += static_cast<size_t>(n);
   } else {
     if (rpos_ > 0) {
@@ -816,9 +818,11 @@ int NbdConnection::RecvSome(bool exact) {
     // Parse() leaves less than one header unconsumed, so there is always room; a zero-size
     // recv would read as EOF, so refuse rather than trust that.
     if (rend_ == kRecvBufferBytes) return -ENOBUFS;
-    n = RecvRaw(rbuf_.get() + rend_, kRecvBufferBytes - rend_);
+    asked = kRecvBufferBytes - rend_;
+    n = RecvRaw(rbuf_.get() + rend_, asked);
     if (n > 0) rend_ += static_cast<size_t>(n);
   }
+  *drained = !tls_ && n > 0 && static_cast<size_t>(n) < asked;
   return n >= 0 ? static_cast<int>(std::min<ssize_t>(n, INT_MAX)) : static_cast<int>(n);
 }
 

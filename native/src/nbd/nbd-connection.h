@@ -164,7 +164,9 @@ class NbdConnection {
   uint32_t Validate(const NbdRequest* r) const;
   // >0 bytes, 0 EOF, -EAGAIN, or another negative errno. `exact`: of a WRITE payload begun,
   // receive no byte past its end.
-  int RecvSome(bool exact);
+  // *drained: a plain socket gave less than asked, so it has nothing more now (level-triggered
+  // epoll reports what comes next; TLS may hold decrypted bytes, so never set for it).
+  int RecvSome(bool exact, bool* drained);
   bool CanAcceptMore() const;
 
   static void RunJob(WorkerPool::Job* job);
