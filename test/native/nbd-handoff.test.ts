@@ -399,7 +399,15 @@ describe('NBD export hand-off between processes', () => {
     const n = 48;
     const parts: Buffer[] = [];
     for (let i = 0; i < n; i++) parts.push(requestFrame(CMD.READ, 0, BigInt(1000 + i), BigInt(i * 256 * KiB), 256 * KiB));
+    const requestsBefore = (await t!.o.call<{ requests: number }>('stats')).requests;
     c.socket.write(Buffer.concat(parts));
+    // The server has taken them (one recv() reads all 48 headers): a freeze asked before
+    // that, on a loaded machine, would find the connection idle and succeed.
+    const until = Date.now() + 10_000;
+    while ((await t!.o.call<{ requests: number }>('stats')).requests === requestsBefore) {
+      if (Date.now() > until) throw new Error('the server did not take the READs');
+      await new Promise((r) => setTimeout(r, 10));
+    }
     const t0 = Date.now();
     const err = await t!.o.call('freeze', { timeoutMs: 500 }).then(() => null, (e: { code: string }) => e);
     expect(err).toMatchObject({ code: 'BUSY' });

@@ -3,7 +3,8 @@
 // client (qemu-io and qemu-img with a tls-creds-x509 object), libnbd's (nbdinfo, nbdcopy with
 // nbds:// URIs) and the test client; clients in the clear (told TLS is required), without a
 // certificate or with one from another CA (refused in the TLS handshake) are not served; a hold answers FLUSHes through TLS; a TLS export is not handed
-// off.
+// off. TLS connections are read by the connection loops like the others: no thread each, and
+// one that does not read its replies holds up no other.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -13,7 +14,7 @@ import { NbdClient } from '../../src/bench/nbd-client.js';
 import { LocalEngine } from '../../src/engine/engine.js';
 import type { NbdExport } from '../../src/nbd/nbd-export.js';
 import { run } from '../system/helpers/tools.js';
-import { MiB, Scratch, createReplicas, nextEpoch, pattern, type ReplicaDir } from './helpers.js';
+import { MiB, Scratch, createReplicas, nextEpoch, pattern, threadTotal, threadsByName, waitFor, type ReplicaDir } from './helpers.js';
 import { makePki, type TestPki } from './remote-helpers.js';
 
 const SIZE = 64 * MiB;
@@ -105,6 +106,8 @@ describe('NBD over TLS', () => {
     const r2 = await run('nbdinfo', ['--size', `nbds://127.0.0.1:${port}/?tls-certificates=${other}`], { allowFailure: true });
     expect(r2.code, r2.stdout + r2.stderr).not.toBe(0);
     // Both were refused by the server in their TLS handshake (not by the client's own checks).
+    // The server counts a refusal after sending its alert: the client may exit first.
+    await waitFor('both refusals to be counted', () => exp.stats().protocolErrors - refusedBefore >= 2);
     expect(exp.stats().protocolErrors - refusedBefore).toBe(2);
     // The export still serves the right client afterwards.
     await run('qemu-io', [...qemuOpts(good), '-c', 'read -P 0xa5 1M 4k']);
@@ -128,6 +131,45 @@ describe('NBD over TLS', () => {
       expect((await read).equals(Buffer.alloc(64 * 1024, 3))).toBe(true);
     } finally {
       await c.disconnect();
+    }
+  });
+
+  it('reads TLS connections on the connection loops: no thread each, and a client that does not read stalls only itself', async () => {
+    const tlsOpts = { tls: { ca: pki.ca, cert: pki.clientCert, key: pki.clientKey } };
+    const clients: NbdClient[] = [];
+    const handshakesDone = () => waitFor('handshake threads to end', () => !threadsByName().has('mr-nbd-hello'), 5000);
+    try {
+      for (let i = 0; i < 2; i++) clients.push(await NbdClient.connect({ host: '127.0.0.1', port }, tlsOpts));
+      await clients[1]!.write(0, Buffer.alloc(4096, 1)); // the loops and workers have started
+      await handshakesDone();
+      const before = threadsByName();
+      for (let i = 2; i < 18; i++) {
+        const c = await NbdClient.connect({ host: '127.0.0.1', port }, tlsOpts);
+        clients.push(c);
+        await c.write(8 * MiB + i * 4096, pattern(i, 4096));
+      }
+      await handshakesDone();
+      const after = threadsByName();
+      const grew = threadTotal(after) - threadTotal(before) - ((after.get('mr-nbd-io') ?? 0) - (before.get('mr-nbd-io') ?? 0));
+      expect(after.has('mr-nbd-tls') || after.has('mr-nbd-conn'), 'no thread per TLS connection').toBe(false);
+      expect(grew, `16 TLS connections: ${JSON.stringify(Object.fromEntries(after))}`).toBeLessThanOrEqual(4);
+
+      // One stops reading: 8 x 1 MiB READ replies fill its socket and wait for EPOLLOUT.
+      const stuck = clients[0]!;
+      const want = pattern(5, 8 * MiB);
+      await stuck.write(16 * MiB, want);
+      stuck.socket.pause();
+      const reads = Array.from({ length: 8 }, (_, k) => stuck.read(16 * MiB + k * MiB, MiB));
+      await waitFor('its replies to wait in a full socket', () => (exp.ioStats()?.budgetUsedBytes ?? 0) >= 2 * MiB);
+      for (let i = 2; i < 18; i++) {
+        expect((await clients[i]!.read(8 * MiB + i * 4096, 4096)).equals(pattern(i, 4096))).toBe(true);
+      }
+      expect((exp.ioStats()?.budgetUsedBytes ?? 0), 'its replies still wait').toBeGreaterThan(0);
+      stuck.socket.resume();
+      const got = await Promise.all(reads);
+      for (let k = 0; k < 8; k++) expect(got[k]!.equals(want.subarray(k * MiB, (k + 1) * MiB)), `read ${k}`).toBe(true);
+    } finally {
+      for (const c of clients) await c.disconnect().catch(() => undefined);
     }
   });
 });

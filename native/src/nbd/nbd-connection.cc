@@ -78,12 +78,18 @@ NbdConnection::~NbdConnection() {
 }
 
 void NbdConnection::Start() {
+  // An adopted client is past its handshake: straight to a loop (if none takes it, the
+  // thread below drops it).
+  if (adopted_ && wake_fd_ >= 0) {
+    handshaking_.store(false);
+    if (Register()) return CloseWakeFd();
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
 void NbdConnection::RequestStop() {
   {
-    std::lock_guard<std::mutex> lock(freeze_mu_);  // a parked thread checks it under this lock
+    std::lock_guard<std::mutex> lock(freeze_mu_);  // a parked connection checks it under this lock
     stop_requested_.store(true);
   }
   freeze_cv_.notify_all();
@@ -92,38 +98,62 @@ void NbdConnection::RequestStop() {
 
 void NbdConnection::Join() {
   if (thread_.joinable()) thread_.join();
+  const uint64_t id = loop_id_.load();
+  if (id == 0) return;
+  {
+    std::unique_lock<std::mutex> lock(freeze_mu_);
+    freeze_cv_.wait(lock, [this] { return finished_.load(); });
+  }
+  loop_->Remove(id);  // returns once its handler has returned
+  loop_id_.store(0);
+}
+
+void NbdConnection::CloseWakeFd() {
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  close(wake_fd_);
+  wake_fd_ = -1;
 }
 
 void NbdConnection::Signal() {
-  if (wake_fd_ < 0) return;
-  uint64_t one = 1;
-  ssize_t n = write(wake_fd_, &one, sizeof one);
-  (void)n;  // EAGAIN means the counter is already non-zero: the reader will wake anyway
+  if (loop_id_.load() == 0) {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    // Before Register: the handshake thread waits on the wake fd. Closed: it has been
+    // registered (loop_id_ is set), and the loop looks at everything on its first turn.
+    if (wake_fd_ >= 0) {
+      uint64_t one = 1;
+      ssize_t n = write(wake_fd_, &one, sizeof one);
+      (void)n;  // EAGAIN means the counter is already non-zero: the thread will wake anyway
+      return;
+    }
+  }
+  Nudge();
 }
 
 void NbdConnection::Run() {
-  NameThisThread("mr-nbd-conn");
+  NameThisThread("mr-nbd-hello");
   try {
     if (wake_fd_ >= 0 && (adopted_ || Handshake())) {
       handshaking_.store(false);
-      Transmission();
+      // In transmission: a connection loop reads it from here on; the thread ends, and its
+      // wake fd with it (an fd fewer per connection served).
+      if (Register()) return CloseWakeFd();
+      std::lock_guard<std::mutex> lock(send_mu_);  // no loop took it: lose this one connection
+      MarkDeadLocked();
     }
   } catch (...) {
     // Allocation, or a device exception during the handshake: lose this one connection.
     std::lock_guard<std::mutex> lock(send_mu_);
     MarkDeadLocked();
   }
-  // Every request charged to this connection must be finished before it can go away:
-  // workers hold pointers to it until their reply is completed.
-  for (;;) {
-    waiting_.store(true);
-    if (inflight_.load() == 0) break;
-    pollfd p{wake_fd_, POLLIN, 0};
-    poll(&p, 1, 1000);
-    uint64_t v;
-    ssize_t n = read(wake_fd_, &v, sizeof v);
-    (void)n;
-  }
+  FinishThread();
+}
+
+void NbdConnection::FinishThread() {
+  // Nothing was ever in flight: the connection never reached a loop.
+  MarkFinished();
+}
+
+void NbdConnection::MarkFinished() {
   { std::lock_guard<std::mutex> lock(send_mu_); }  // the last completer has left the lock
   // A released socket belongs to another process now: closing our fd (the destructor) is
   // all we may do with it.
@@ -145,7 +175,7 @@ void NbdConnection::Run() {
 
 // ---------------------------------------------------------------------------------------
 // Freeze and hand-off. The server side calls RequestFreeze/WaitFreeze/Unfreeze/Snapshot/
-// Release; the connection thread answers in Transmission() (FreezeFailed, ParkFrozen).
+// Release; the connection's loop answers (nbd-connection-loop.cc: Turn, ParkedTurn).
 // freeze_state_ is the one source of truth, under freeze_mu_.
 
 Status NbdConnection::Honours(const NbdServerContext& ctx, const NbdConnectionRecord& rec) {
@@ -204,31 +234,11 @@ void NbdConnection::FreezeFailed() {
   freeze_cv_.notify_all();
 }
 
-NbdConnection::Frozen NbdConnection::ParkFrozen() {
-  std::unique_lock<std::mutex> lock(freeze_mu_);
-  if (freeze_state_ != FreezeState::kRequested) return Frozen::kResume;  // cancelled meanwhile
-  freeze_state_ = FreezeState::kFrozen;
-  freeze_requested_.store(false);
-  freeze_cv_.notify_all();
-  const auto parked = [this] { return freeze_state_ == FreezeState::kFrozen && !stop_requested_.load(); };
-  // A hold answers the FLUSHes at the head of the stream while parked (AnswerHeldFlush);
-  // whatever wakes the thread (Unfreeze, Release, RequestStop) also signals the wake fd.
-  for (bool answering = freeze_hold_; answering && parked();) {
-    lock.unlock();
-    answering = AnswerHeldFlush();
-    lock.lock();
-  }
-  freeze_cv_.wait(lock, [&] { return !parked(); });
-  if (freeze_state_ == FreezeState::kReleased) return Frozen::kRelease;
-  freeze_state_ = FreezeState::kNone;
-  return stop_requested_.load() ? Frozen::kStop : Frozen::kResume;
-}
-
 void NbdConnection::Unfreeze(BlockDevice* device) {
   {
     std::lock_guard<std::mutex> lock(freeze_mu_);
     if (freeze_state_ == FreezeState::kReleased) return;
-    // Nothing is in flight while frozen, and the thread reads dev_ only after this lock.
+    // Nothing is in flight while frozen, and the loop reads dev_ only after this lock.
     if (device && freeze_state_ == FreezeState::kFrozen) dev_ = device;
     freeze_state_ = FreezeState::kNone;
     freeze_requested_.store(false);
@@ -246,7 +256,7 @@ Status NbdConnection::Snapshot(NbdConnectionRecord* out, int* fd) const {
     return Status::Error(Code::kUnsupported, "NBD connection " + std::to_string(id_) +
                                                  " is over TLS: its state cannot move to another process");
   }
-  // The parked thread last touched these before taking freeze_mu_ to park.
+  // The parked loop last touched these before taking freeze_mu_ to park.
   out->id = id_;
   out->size = size_;
   out->max_request_bytes = ctx_->opts.max_request_bytes;
@@ -269,74 +279,6 @@ void NbdConnection::Release() {
   }
   freeze_cv_.notify_all();
   Signal();
-}
-
-// Parked in a hold: waits for the socket or the wake fd. A FLUSH at the head of the stream,
-// with nothing buffered before it, is read and answered from here: the device flushes, and
-// an engine that handed over (a standby: EPERM) flushed everything it acknowledged at the
-// hand-over, so that counts as done. A client that only flushes and leaves (QEMU quitting
-// after a completed migration) is then not held. True to go on; false once the head is
-// anything else (held from there on), the client left, or the socket failed: the thread
-// then waits without reading. The first bytes read decide, so the stream stays framed.
-bool NbdConnection::AnswerHeldFlush() {
-  if (tls_) return AnswerHeldFlushTls();
-  if (cur_ || rend_ != rpos_) return false;
-  const int ready = PollHeld(POLLIN);
-  if (ready <= 0) return ready == 0;
-  uint8_t h[kRequestHeaderBytes];
-  if (recv(fd_, h, sizeof h, MSG_PEEK) != static_cast<ssize_t>(sizeof h)) return false;
-  if (!IsBareFlush(h)) return false;
-  if (recv(fd_, h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return false;
-  uint8_t reply[kSimpleReplyBytes];
-  HeldFlushReply(Load64(h + 8), reply);
-  std::lock_guard<std::mutex> lock(send_mu_);
-  return send(fd_, reply, sizeof reply, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof reply);
-}
-
-// The same over TLS, where nothing can be peeked at: the head of the stream is read into the
-// receive buffer (where the parser finds it once released) and a FLUSH taken from there.
-bool NbdConnection::AnswerHeldFlushTls() {
-  if (cur_) return false;
-  if (rend_ - rpos_ < kRequestHeaderBytes) {
-    if (tls_->Pending() == 0) {
-      const int ready = PollHeld(static_cast<short>(tls_read_wants_ ? tls_read_wants_ : POLLIN));
-      if (ready <= 0) return ready == 0;
-    }
-    if (rpos_ > 0) {
-      memmove(rbuf_.get(), rbuf_.get() + rpos_, rend_ - rpos_);
-      rend_ -= rpos_;
-      rpos_ = 0;
-    }
-    // At most one header: what follows stays in TLS's buffer, read as usual once released.
-    ssize_t n = RecvRaw(rbuf_.get() + rend_, kRequestHeaderBytes - rend_);
-    if (n == -EAGAIN || n == -EINTR) return true;
-    if (n <= 0) return false;
-    rend_ += static_cast<size_t>(n);
-    if (rend_ - rpos_ < kRequestHeaderBytes) return true;
-  }
-  const uint8_t* h = rbuf_.get() + rpos_;
-  if (!IsBareFlush(h)) return false;
-  const uint64_t cookie = Load64(h + 8);
-  rpos_ += kRequestHeaderBytes;
-  uint8_t reply[kSimpleReplyBytes];
-  HeldFlushReply(cookie, reply);
-  std::lock_guard<std::mutex> lock(send_mu_);
-  iovec v{reply, sizeof reply};
-  short want = 0;
-  return tls_->Writev(&v, 1, &want) == static_cast<ssize_t>(sizeof reply);
-}
-
-// Parked: waits for the socket (events) or the wake fd. 1: the socket is ready; 0: woken or
-// interrupted (the caller looks again); -1: poll failed.
-int NbdConnection::PollHeld(short events) {
-  pollfd p[2] = {{fd_, events, 0}, {wake_fd_, POLLIN, 0}};
-  if (poll(p, 2, -1) < 0) return errno == EINTR ? 0 : -1;
-  if (p[1].revents) {
-    uint64_t v;
-    ssize_t r = read(wake_fd_, &v, sizeof v);
-    (void)r;
-  }
-  return p[0].revents ? 1 : 0;
 }
 
 // A FLUSH with no flags, offset or length. Anything unusual is left to the parser once
@@ -738,6 +680,7 @@ NbdRequest* NbdConnection::Acquire() {
     r->iov.reserve(4);
   }
   r->early_error = 0;
+  r->held_flush = false;
   r->budget_bytes = 0;
   r->iov.clear();
   r->iov_pos = 0;
@@ -857,12 +800,14 @@ NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
   }
 }
 
-int NbdConnection::RecvSome(bool exact) {
+int NbdConnection::RecvSome(bool exact, bool* drained) {
   ssize_t n;
+  size_t asked;
   if (cur_ && rpos_ == rend_ && (exact || cur_->length - cur_got_ >= kDirectRecvMinBytes)) {
     // Straight into the request: skips the copy for a large payload, and while freezing it
     // is what keeps the next request's bytes in the socket (never past this payload).
-    n = RecvRaw(cur_->data.get() + cur_got_, cur_->length - cur_got_);
+    asked = cur_->length - cur_got_;
+    n = RecvRaw(cur_->data.get() + cur_got_, asked);
     if (n > 0) cur_got_ += static_cast<size_t>(n);
   } else {
     if (rpos_ > 0) {
@@ -873,158 +818,17 @@ int NbdConnection::RecvSome(bool exact) {
     // Parse() leaves less than one header unconsumed, so there is always room; a zero-size
     // recv would read as EOF, so refuse rather than trust that.
     if (rend_ == kRecvBufferBytes) return -ENOBUFS;
-    n = RecvRaw(rbuf_.get() + rend_, kRecvBufferBytes - rend_);
+    asked = kRecvBufferBytes - rend_;
+    n = RecvRaw(rbuf_.get() + rend_, asked);
     if (n > 0) rend_ += static_cast<size_t>(n);
   }
+  *drained = !tls_ && n > 0 && static_cast<size_t>(n) < asked;
   return n >= 0 ? static_cast<int>(std::min<ssize_t>(n, INT_MAX)) : static_cast<int>(n);
 }
 
 void NbdConnection::ReleaseUnsent(NbdRequest* r) {
   std::lock_guard<std::mutex> lock(send_mu_);
   CompleteLocked(r);
-}
-
-void NbdConnection::Transmission() {
-  deadline_ms_ = 0;
-  if (!rbuf_) rbuf_.reset(new uint8_t[kRecvBufferBytes]);
-  bool eof = false;
-  bool clean = true;
-  int64_t drain_deadline = 0;
-
-  bool abandoned = false;  // a half-received WRITE was dropped: the buffer is no longer framed
-
-  for (;;) {
-    bool stopping = eof || disc_ || stop_requested_.load();
-    ParseResult pr = ParseResult::kNeedMore;
-    if (!eof && !disc_ && !abandoned) {
-      // After a stop request, requests already buffered are still parsed, and answered
-      // with ESHUTDOWN. While freezing they are parsed and executed as usual: only the
-      // socket stops being read.
-      WorkerPool::Batch batch;
-      pr = Parse(&batch);
-      ctx_->pool->Submit(&batch);
-      if (pr == ParseResult::kProtocolError) {
-        ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
-        clean = false;
-        break;
-      }
-      if (pr == ParseResult::kDisc) {
-        disc_ = true;
-        continue;
-      }
-    }
-    if (dead_.load()) {
-      clean = false;
-      break;
-    }
-    if (stopping) {
-      if (cur_) {  // a WRITE whose payload will never arrive
-        ReleaseUnsent(cur_);
-        cur_ = nullptr;
-        abandoned = true;
-      }
-      if (drain_deadline == 0) drain_deadline = NowMs() + kDrainTimeoutMs;
-    }
-
-    // Freezing: done at a request boundary (no WRITE payload pending, less than a header
-    // buffered) with nothing in flight and nothing queued to send.
-    const bool freezing = !stopping && FreezeRequested();
-    int64_t freeze_deadline = 0;
-    if (freezing) {
-      if (!cur_ && rend_ - rpos_ < kRequestHeaderBytes && inflight_.load() == 0 && !out_pending_.load()) {
-        Frozen f = ParkFrozen();
-        if (f == Frozen::kRelease) {
-          released_ = true;
-          return;
-        }
-        continue;  // resumed, or stopping: look again
-      }
-      {
-        std::lock_guard<std::mutex> lock(freeze_mu_);
-        freeze_deadline = freeze_deadline_ms_;
-      }
-      if (NowMs() >= freeze_deadline) {
-        FreezeFailed();
-        continue;
-      }
-    }
-
-    // Publish that we may sleep on in-flight work before re-checking it, so a completion
-    // racing with us either is seen here or signals the wake fd.
-    bool paused = pr == ParseResult::kPaused;
-    waiting_.store(stopping || paused || freezing);
-    if (paused && CanAcceptMore() && !budget_blocked_) continue;
-    if (freezing && inflight_.load() == 0 && !out_pending_.load() && !cur_ && !paused) {
-      // Raced with the last completion: re-check at the top rather than sleep.
-      if (rend_ - rpos_ < kRequestHeaderBytes) continue;
-    }
-    bool want_write = out_pending_.load();
-    if (stopping && inflight_.load() == 0 && !want_write) break;
-    bool want_read = !stopping && !paused && (!freezing || cur_ != nullptr);
-
-    int timeout = -1;
-    if (stopping) {
-      int64_t left = drain_deadline - NowMs();
-      if (left <= 0) {
-        clean = false;  // the client does not take its replies
-        break;
-      }
-      timeout = static_cast<int>(left);
-    } else if (freezing) {
-      timeout = static_cast<int>(std::max<int64_t>(freeze_deadline - NowMs(), 0));
-    }
-    // Waiting for the export's budget with nothing of its own in flight: other connections'
-    // completions free it but do not wake this one, so look again shortly.
-    if (budget_blocked_ && (timeout < 0 || timeout > kBudgetRetryMs)) timeout = kBudgetRetryMs;
-    // TLS may hold bytes it has already taken from the socket: poll() would not see them.
-    const bool tls_ready = want_read && tls_ && tls_->Pending() > 0;
-    if (tls_ready) timeout = 0;
-    const short read_events = tls_ && tls_read_wants_ ? tls_read_wants_ : POLLIN;
-    pollfd p[2];
-    p[0].fd = (want_read || want_write) ? fd_ : -1;  // -1: a hung-up socket must not spin us
-    p[0].events = static_cast<short>((want_read ? read_events : 0) | (want_write ? POLLOUT : 0));
-    p[0].revents = 0;
-    p[1] = {wake_fd_, POLLIN, 0};
-    int n = poll(p, 2, timeout);
-    waiting_.store(false);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      clean = false;
-      break;
-    }
-    if (p[1].revents) {
-      uint64_t v;
-      ssize_t r = read(wake_fd_, &v, sizeof v);
-      (void)r;
-    }
-    if (want_write && p[0].revents) {
-      std::lock_guard<std::mutex> lock(send_mu_);
-      FlushPendingLocked();
-    }
-    if (want_read && (tls_ready || (p[0].revents & (read_events | POLLHUP | POLLERR)))) {
-      int r = RecvSome(freezing);
-      if (r == 0) {
-        eof = true;
-        if (cur_ || rend_ != rpos_) {  // the client vanished mid-request
-          ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
-          clean = false;
-          break;
-        }
-      } else if (r < 0 && r != -EAGAIN && r != -EINTR) {
-        clean = false;
-        break;
-      }
-    }
-  }
-
-  if (cur_) {
-    ReleaseUnsent(cur_);
-    cur_ = nullptr;
-  }
-  if (!clean) {
-    std::lock_guard<std::mutex> lock(send_mu_);
-    MarkDeadLocked();
-  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1051,6 +855,14 @@ void NbdConnection::BuildChunkError(NbdRequest* r, uint32_t error) {
 }
 
 void NbdConnection::Execute(NbdRequest* r) {
+  if (r->held_flush) {  // read by the loop while parked in a hold (counted by HeldFlushReply)
+    r->iov.clear();
+    r->iov_pos = 0;
+    HeldFlushReply(r->cookie, r->head);
+    r->iov.push_back({r->head, kSimpleReplyBytes});
+    SendReply(r);
+    return;
+  }
   ctx_->requests.fetch_add(1, std::memory_order_relaxed);
   const uint64_t started_ns = NowNs();
   bool failed = r->early_error != 0;
@@ -1274,7 +1086,7 @@ void NbdConnection::SendReply(NbdRequest* r) {
       return;
     }
   }
-  // The socket is full (or earlier replies are queued): leave it to the connection thread,
+  // The socket is full (or earlier replies are queued): leave it to the connection's loop,
   // which waits for the socket to become writable.
   r->next_out = nullptr;
   if (out_tail_) out_tail_->next_out = r; else out_head_ = r;
@@ -1287,7 +1099,7 @@ void NbdConnection::Kill() {
   std::lock_guard<std::mutex> lock(send_mu_);
   if (dead_.load()) return;
   ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
-  MarkDeadLocked();  // shuts the socket down: the connection thread sees it and ends
+  MarkDeadLocked();  // shuts the socket down: the loop (nudged) sees it and ends
   Signal();
 }
 
@@ -1298,7 +1110,7 @@ int NbdConnection::SendIov(NbdRequest* r) {
     if (tls_) {
       short want = 0;
       n = tls_->Writev(&r->iov[r->iov_pos], count, &want);
-      if (n == -EAGAIN) return 0;  // the connection thread waits for POLLOUT and tries again
+      if (n == -EAGAIN) return 0;  // the loop waits for EPOLLOUT and tries again
       if (n < 0) return -1;
     } else {
       msghdr m{};

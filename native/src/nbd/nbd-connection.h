@@ -1,19 +1,25 @@
-// NbdConnection: one NBD client. Its own thread runs the handshake, then reads requests
+// NbdConnection: one NBD client. A short-lived thread (mr-nbd-hello) runs the handshake;
+// once the client is in the transmission phase its socket is registered with one of the
+// process's connection loops (Poller::ForConnection, net/poller.h), which reads and parses
+// requests without waiting (a half-read header or WRITE payload stays until the next turn)
 // and hands them to the shared WorkerPool; workers call the device and send replies
 // (possibly out of order) under the connection's send lock. Sends never block a worker: a
-// reply the socket cannot take yet is queued and the connection thread finishes it when
-// the socket is writable, so a client that stops reading stalls only itself.
+// reply the socket cannot take yet is queued and the loop finishes it when the socket is
+// writable, so a client that stops reading stalls only itself. A connection costs no thread
+// once in transmission (docs/architecture.md, "Threads").
 //
 // Hand-off (docs/nbd-frontend.md, "Hand-off of an export between processes"): a freeze
-// brings the connection to a request boundary with nothing in flight and its thread parked;
-// from there it resumes (Unfreeze), or gives its state away (Snapshot) and leaves the socket
-// to another process (Release). A connection built from such a state (the adopting
-// constructor) skips the handshake. None of this ever shutdown()s the socket: shutdown acts
-// on the socket, not on this process's fd, so it would cut the connection in the new owner.
+// brings the connection to a request boundary with nothing in flight and parks it (a loop
+// state: its socket unwatched); from there it resumes (Unfreeze), or gives its state away
+// (Snapshot) and leaves the socket to another process (Release). A connection built from
+// such a state (the adopting constructor) skips the handshake and goes to a loop at once.
+// None of this ever shutdown()s the socket: shutdown acts on the socket, not on this
+// process's fd, so it would cut the connection in the new owner.
 //
 // TLS (NBD_OPT_STARTTLS, required when the server has a TlsContext): from the handshake on,
-// every byte goes through tls_ (net/transport.h) instead of the socket; such a connection
-// cannot be snapshotted for a hand-off.
+// every byte goes through tls_ (net/transport.h) instead of the socket, on the loop too (a
+// TLS read may wait for the socket to be writable); such a connection cannot be snapshotted
+// for a hand-off.
 #pragma once
 
 #include <atomic>
@@ -29,6 +35,7 @@
 #include "nbd/nbd-handoff-record.h"
 #include "nbd/nbd-request.h"
 #include "nbd/nbd-server-context.h"
+#include "net/poller.h"
 #include "net/transport.h"
 
 namespace mooring {
@@ -63,6 +70,7 @@ class NbdConnection {
   NbdConnection(const NbdConnection&) = delete;
   NbdConnection& operator=(const NbdConnection&) = delete;
 
+  // Accepted: starts the handshake thread. Adopted: registers with a connection loop.
   void Start();
   // Stop reading new requests; answer those in flight; then close. Returns at once.
   void RequestStop();
@@ -75,20 +83,20 @@ class NbdConnection {
   // Whether this server can keep what `rec` promised its client (same flags, limits, ids).
   static Status Honours(const NbdServerContext& ctx, const NbdConnectionRecord& rec);
 
-  // Asks the thread to stop at a request boundary: it reads nothing more from the socket
+  // Asks the connection to stop at a request boundary: it reads nothing more from the socket
   // except the rest of a WRITE payload already begun (exactly that many bytes), parses
   // what it holds, and parks once nothing is in flight and no reply is queued. Past
   // deadline_ms it gives up and carries on as if never asked. Returns at once.
   // hold: parked, it answers FLUSHes at the head of the stream (AnswerHeldFlush); only for a
   // device that outlives the freeze (not a hand-off, whose engine closes while frozen).
   void RequestFreeze(int64_t deadline_ms, bool hold = false);
-  // Waits (until until_ms) for the thread's answer; on kFailed it runs normally again.
+  // Waits (until until_ms) for the connection's answer; on kFailed it runs normally again.
   FreezeResult WaitFreeze(int64_t until_ms);
   // Frozen, or a freeze under way: carry on exactly where it stopped, on `device` if given.
   void Unfreeze(BlockDevice* device);
   // Frozen only: its state, with a dup of its socket in *fd.
   Status Snapshot(NbdConnectionRecord* out, int* fd) const;
-  // Frozen only: the thread ends without touching the socket (no reply, no shutdown).
+  // Frozen only: the connection ends without touching the socket (no reply, no shutdown).
   void Release();
   // How long replies have waited for a client that takes none of them (0: none waiting).
   int64_t RepliesStalledMs(int64_t now_ms) const {
@@ -121,26 +129,44 @@ class NbdConnection {
   bool StartTls();
   // One recv() of at most n bytes, or one TLS read: >0, 0 at EOF, -EAGAIN, or -errno.
   ssize_t RecvRaw(void* buf, size_t n);
-  bool AnswerHeldFlushTls();
-  int PollHeld(short events);
   static bool IsBareFlush(const uint8_t* h);
   void HeldFlushReply(uint64_t cookie, uint8_t* reply);
   bool NameMatches(const uint8_t* name, uint32_t len) const;
   uint16_t TransmissionFlags() const;
   static uint16_t TransmissionFlags(const NbdServerOptions& o, bool structured);
 
-  enum class Frozen { kResume, kStop, kRelease };
   bool FreezeRequested() const { return freeze_requested_.load(); }
   void FreezeFailed();
-  Frozen ParkFrozen();  // the thread, frozen: waits for Unfreeze, Release or RequestStop
-  bool AnswerHeldFlush();
 
-  void Transmission();
+  // A connection that never reached a loop (handshake failed, stopped or refused): nothing
+  // was in flight.
+  void FinishThread();
+  // shutdown (unless released), finished_, the server's wake.
+  void MarkFinished();
+
+  // --- On a connection loop (nbd-connection-loop.cc); the handler's state below. ---
+  bool Register();
+  void OnLoop();
+  void Turn();
+  // Parked (frozen) on the loop: false once it is no longer parked (carry on with Turn).
+  bool ParkedTurn();
+  // Parked in a hold: a FLUSH at the head of the stream is read and handed to a worker.
+  void AnswerHeldFlush();
+  // The event(s) a TLS read that could not go on waits for (EPOLLIN without TLS).
+  uint32_t ReadEvents() const;
+  // Reading ended (clean: answered everything; else the connection is dropped).
+  void EndTransmission(bool clean);
+  void TryFinishLoop();
+  void Watch(uint32_t events);
+  void Nudge();
+
   ParseResult Parse(WorkerPool::Batch* batch);
   uint32_t Validate(const NbdRequest* r) const;
   // >0 bytes, 0 EOF, -EAGAIN, or another negative errno. `exact`: of a WRITE payload begun,
   // receive no byte past its end.
-  int RecvSome(bool exact);
+  // *drained: a plain socket gave less than asked, so it has nothing more now (level-triggered
+  // epoll reports what comes next; TLS may hold decrypted bytes, so never set for it).
+  int RecvSome(bool exact, bool* drained);
   bool CanAcceptMore() const;
 
   static void RunJob(WorkerPool::Job* job);
@@ -161,6 +187,8 @@ class NbdConnection {
   NbdRequest* Acquire();
   void Recycle(NbdRequest* r);
   void Signal();
+  // Registered with a loop: the handshake's wake fd is not needed any more.
+  void CloseWakeFd();
 
   NbdServerContext* const ctx_;
   BlockDevice* dev_;  // changed only while frozen (Unfreeze), when nothing is in flight
@@ -169,7 +197,8 @@ class NbdConnection {
   short tls_read_wants_ = 0;         // a TLS read that could not go on waits for these events
   const uint64_t id_;
   const bool adopted_ = false;
-  int wake_fd_ = -1;
+  std::mutex wake_mu_;  // Signal's write against CloseWakeFd
+  int wake_fd_ = -1;  // wakes the handshake thread; closed once on a loop (Signal nudges it)
   std::thread thread_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> handshaking_{true};
@@ -182,7 +211,7 @@ class NbdConnection {
   bool meta_base_allocation_ = false;
   uint64_t size_ = 0;
 
-  // Reader state (connection thread only).
+  // Reader state (the connection's loop only).
   std::unique_ptr<uint8_t[]> rbuf_;
   size_t rpos_ = 0;
   size_t rend_ = 0;
@@ -208,7 +237,7 @@ class NbdConnection {
   NbdRequest* free_ = nullptr;
   size_t pooled_bytes_ = 0;
 
-  // Freeze, between the connection thread and the server.
+  // Freeze, between the connection's loop and the server.
   enum class FreezeState { kNone, kRequested, kFrozen, kFailed, kReleased };
   mutable std::mutex freeze_mu_;
   std::condition_variable freeze_cv_;
@@ -216,7 +245,19 @@ class NbdConnection {
   int64_t freeze_deadline_ms_ = 0;                 // guarded by freeze_mu_
   bool freeze_hold_ = false;                        // guarded by freeze_mu_
   std::atomic<bool> freeze_requested_{false};      // freeze_state_ == kRequested, lock-free
-  bool released_ = false;                          // the connection thread only
+  bool released_ = false;                          // the connection's loop only
+
+  // The connection loop (set by Register before loop_id_; read by any thread after).
+  Poller* loop_ = nullptr;
+  std::atomic<uint64_t> loop_id_{0};
+  // The loop handler's own state (the loop's thread only).
+  uint32_t watched_ = 0;
+  bool eof_ = false;
+  bool abandoned_ = false;   // a half-received WRITE was dropped: the buffer is not framed
+  int64_t drain_deadline_ = 0;
+  bool parked_ = false;      // frozen, the handler set kFrozen
+  bool hold_answering_ = false;  // parked in a hold: answering FLUSHes at the head
+  bool ending_ = false;      // reading ended: waiting for in-flight work, then finished
 };
 
 }  // namespace mooring

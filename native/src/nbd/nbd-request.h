@@ -31,6 +31,8 @@ struct NbdRequest : WorkerPool::Job {
   // Non-zero: reply with this NBD error without calling the device (validation failed,
   // or the server is shutting down).
   uint32_t early_error = 0;
+  // A FLUSH read while the connection is parked in a hold (NbdConnection::AnswerHeldFlush).
+  bool held_flush = false;
   // The NBD error the reply carries (0: success); set by Execute, read by its counters.
   uint32_t reply_error = 0;
   // Bytes charged against the connection's in-flight byte budget.

@@ -1,7 +1,8 @@
 // NbdServer: serves one BlockDevice to NBD clients (fixed newstyle, see
-// docs/nbd-frontend.md) on a unix socket or TCP. Own threads: one accept thread, one
-// reader thread per connection, and a shared pool of I/O workers that call the device
-// and send replies (out of order, under a per-connection send lock).
+// docs/nbd-frontend.md) on a unix socket or TCP. No thread of its own: the process's poller
+// accepts, a short-lived thread per connection runs its handshake, the process's connection
+// loops read the connections (a TLS connection keeps its thread), and a shared pool of I/O
+// workers calls the device and sends replies (out of order, under a per-connection send lock).
 #pragma once
 
 #include <cstdint>
