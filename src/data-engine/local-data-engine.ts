@@ -1020,7 +1020,7 @@ export class LocalDataEngine implements DataEngine {
     if (typeof options !== 'object' || options === null) throw new MooringError('INVALID_ARGUMENT', `snapshot options must be an object (got ${describe(options)})`);
     const labels = checkLabels(options.labels);
     await slot.engine.createSnapshot(name, { labels });
-    const found = visibleSnapshots(await slot.engine.listLayers()).find((x) => x.name === name);
+    const found = visibleSnapshots(await slot.engine.snapshotLayers(name)).find((x) => x.name === name);
     if (!found) throw new MooringError('IO_ERROR', `snapshot ${name} of ${volume} was created but is not listed`);
     return found;
   }

@@ -533,7 +533,8 @@ export interface NativeEngine {
   writeZeroes(offset: number, length: number, options?: NativeWriteZeroesOptions): Promise<void>;
   blockStatus(offset: number, length: number): Promise<NativeExtent[]>;
   snapshot(name: string, labels: Record<string, string>, userCreated: boolean): Promise<void>;
-  listSnapshots(): Promise<NativeLayerInfo[]>;
+  /** Every layer; with `name`, only that snapshot's layer and its ancestors up to its nearest visible one (empty: no such snapshot). */
+  listSnapshots(name?: string): Promise<NativeLayerInfo[]>;
   deleteSnapshot(name: string): Promise<void>;
   revert(name: string): Promise<void>;
   /**

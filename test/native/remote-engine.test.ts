@@ -62,6 +62,8 @@ describe('engine over remote replicas', () => {
     expect(extents.length).toBeGreaterThan(1);
 
     await engine.snapshot('s1', { why: 'test' }, true);
+    // Over the wire the first replica lists everything and the engine picks (no protocol op).
+    expect((await engine.listSnapshots('s1')).map((l) => [l.name, l.labels])).toEqual([['s1', { why: 'test' }]]);
     const before = Buffer.from(model);
     await put(0, pattern(5, 8192));
     const layers = await engine.listSnapshots();

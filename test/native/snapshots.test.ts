@@ -129,6 +129,14 @@ describe('snapshots on a 3-replica engine (real addon)', () => {
     await write(12 * MiB, pattern(5, MiB));
     await checkData('before merge');
     const layersBefore = await vol.listLayers();
+    // One snapshot's layers (what a data engine's createSnapshot answers from): s3 and the
+    // way to its visible parent past the removed s2, exactly as the full listing has them.
+    const mine = await vol.snapshotLayers('s3');
+    expect(mine.map((l) => l.name)).toEqual(['s1', 's2', 's3']);
+    expect(mine).toEqual(layersBefore.filter((l) => !l.head && ['s1', 's2', 's3'].includes(l.name)));
+    expect(visibleSnapshots(mine).find((x) => x.name === 's3')?.parent).toBe('s1');
+    expect(await vol.snapshotLayers('s2')).toEqual([]); // removed: not a snapshot any more
+    expect(await vol.snapshotLayers('nope')).toEqual([]);
     const before = await allocated();
 
     await vol.deleteSnapshot('s1');

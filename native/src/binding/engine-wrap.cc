@@ -357,6 +357,13 @@ Napi::Value EngineWrap::ListSnapshots(const Napi::CallbackInfo& info) {
     CheckOpen();
     auto engine = engine_;
     auto out = std::make_shared<std::vector<LayerInfo>>();
+    // listSnapshots(name): only that snapshot's layer and the way to its visible parent.
+    if (info.Length() >= 1 && !info[0].IsUndefined()) {
+      const std::string name = ToStr(Arg(info, 0), "name", 1, kMaxNameBytes);
+      return PinnedTask(
+          info, [engine, out, name]() { return engine->SnapshotLayers(name, out.get()); },
+          [out](Napi::Env env) -> Napi::Value { return LayerInfosToJs(env, *out); });
+    }
     return PinnedTask(
         info, [engine, out]() { return engine->ListSnapshots(out.get()); },
         [out](Napi::Env env) -> Napi::Value { return LayerInfosToJs(env, *out); });

@@ -4,11 +4,13 @@
 // thread-safe and return 0 or -errno.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "block/block-device.h"
@@ -53,6 +55,31 @@ struct LayerInfo {
   uint64_t size_bytes = 0;       // virtual size when the layer was created
   uint64_t allocated_bytes = 0;  // real disk usage (st_blocks * 512)
 };
+
+// Of `all` (a ListLayers answer, bottom first): the snapshot named `name` (not removed, not
+// the head) and its ancestors up to and including the nearest one that is neither removed
+// nor the head, bottom first. Empty when there is no such snapshot. Bounded by all.size()
+// whatever the parent links say.
+inline void SelectSnapshotLayers(const std::vector<LayerInfo>& all, const std::string& name, std::vector<LayerInfo>* out) {
+  out->clear();
+  const LayerInfo* cur = nullptr;
+  for (const LayerInfo& l : all) {
+    if (!l.head && !l.removed && l.name == name) cur = &l;
+  }
+  if (!cur) return;
+  out->push_back(*cur);
+  std::unordered_map<std::string, const LayerInfo*> by_id;
+  for (const LayerInfo& l : all) by_id[l.id] = &l;
+  for (size_t hops = 0; hops < all.size() && !cur->parent.empty(); ++hops) {
+    auto it = by_id.find(cur->parent);
+    if (it == by_id.end()) break;
+    const LayerInfo* p = it->second;
+    out->push_back(*p);
+    if (!p->head && !p->removed) break;
+    cur = p;
+  }
+  std::reverse(out->begin(), out->end());
+}
 
 // The pseudo layer id under which LayerExtents and ReadLayer expose the backing image, so
 // that a snapshot's content (engine/snapshot-reader.h) can read it like the bottom of the
@@ -139,6 +166,15 @@ class ReplicaBackend {
 
   // Per-layer access (reconcile, rebuild, export).
   virtual Status ListLayers(std::vector<LayerInfo>* out) = 0;       // every layer, bottom first
+  // SelectSnapshotLayers of ListLayers: what a snapshot's info needs (its layer and the way to
+  // its visible parent). A local replica answers from memory at a cost independent of the
+  // chain's depth; this default lists everything.
+  virtual Status SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) {
+    std::vector<LayerInfo> all;
+    Status s = ListLayers(&all);
+    if (s.ok()) SelectSnapshotLayers(all, name, out);
+    return s;
+  }
   virtual Status LayerExtents(const std::string& layer_id, std::vector<Range>* out) = 0;
   virtual int ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) = 0;
 

@@ -215,6 +215,7 @@ class ReplicatedEngine final : public Engine {
     return Control([&](ReplicaBackend& b) { return b.Snapshot(name, now, labels, user_created); }, true);
   }
   Status ListSnapshots(std::vector<LayerInfo>* out) override;
+  Status SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) override;
   Status DeleteSnapshot(const std::string& name) override {
     return Control([&](ReplicaBackend& b) { return b.DeleteSnapshot(name); }, false);
   }
@@ -845,6 +846,14 @@ Status ReplicatedEngine::ListSnapshots(std::vector<LayerInfo>* out) {
   Targets t = RwTargets();
   if (t.n == 0) return Status::Error(Code::kNoHealthyReplica, "no RW replica");
   return slots_[t.idx[0]]->backend->ListLayers(out);
+}
+
+Status ReplicatedEngine::SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) {
+  std::shared_lock<RwLock> lk(gate_);
+  if (closed_) return Status::Error(Code::kClosed, "engine is closed");
+  Targets t = RwTargets();
+  if (t.n == 0) return Status::Error(Code::kNoHealthyReplica, "no RW replica");
+  return slots_[t.idx[0]]->backend->SnapshotLayers(name, out);
 }
 
 std::vector<ReplicaState> ReplicatedEngine::Replicas() const {

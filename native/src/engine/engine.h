@@ -215,6 +215,9 @@ class Engine : public BlockDevice {
   // Every layer (snapshots, removed-but-kept ones, and the head), bottom first, from the
   // first RW replica.
   virtual Status ListSnapshots(std::vector<LayerInfo>* out) = 0;
+  // Of the same replica: what a snapshot's info needs (ReplicaBackend::SnapshotLayers), at
+  // a cost independent of the chain's depth for a local replica.
+  virtual Status SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) = 0;
   virtual Status DeleteSnapshot(const std::string& name) = 0;
   virtual Status Revert(const std::string& name) = 0;
 

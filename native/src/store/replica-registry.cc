@@ -39,6 +39,9 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
     return Live() ? r_->BlockStatus(off, len, max, out) : -EBADF;
   }
   Status ListLayers(std::vector<LayerInfo>* out) override { return Live() ? r_->ListLayers(out) : Closed(); }
+  Status SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) override {
+    return Live() ? r_->SnapshotLayers(name, out) : Closed();
+  }
   Status LayerExtents(const std::string& id, std::vector<Range>* out) override {
     return Live() ? r_->LayerExtents(id, out) : Closed();
   }

@@ -927,21 +927,51 @@ Status Replica::ListLayers(std::vector<LayerInfo>* out) {
   std::lock_guard<std::mutex> g(meta_mu_);
   out->clear();
   // meta_.layers is kept in id order and parents are always older: bottom first.
-  for (const LayerRecord& rec : meta_.layers) {
-    LayerInfo info;
-    info.id = rec.id;
-    info.file = rec.file;
-    info.parent = rec.parent;
-    info.name = rec.name;
-    info.head = rec.id == meta_.head;
-    info.removed = rec.removed;
-    info.user_created = rec.user_created;
-    info.created_ms = rec.created_ms;
-    info.labels = rec.labels;
-    info.size_bytes = rec.size_bytes;
-    if (Layer* l = FindLayer(rec.id)) info.allocated_bytes = l->AllocatedBytes();
-    out->push_back(std::move(info));
+  for (const LayerRecord& rec : meta_.layers) out->push_back(InfoOfLocked(rec));
+  return Status::Ok();
+}
+
+LayerInfo Replica::InfoOfLocked(const LayerRecord& rec) const {
+  LayerInfo info;
+  info.id = rec.id;
+  info.file = rec.file;
+  info.parent = rec.parent;
+  info.name = rec.name;
+  info.head = rec.id == meta_.head;
+  info.removed = rec.removed;
+  info.user_created = rec.user_created;
+  info.created_ms = rec.created_ms;
+  info.labels = rec.labels;
+  info.size_bytes = rec.size_bytes;
+  if (Layer* l = FindLayer(rec.id)) info.allocated_bytes = l->AllocatedBytes();
+  return info;
+}
+
+Status Replica::SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) {
+  if (!out) return Status::Error(Code::kInvalidArgument, "no output vector");
+  Status s = CheckOpen();
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> g(meta_mu_);
+  out->clear();
+  // From memory: comparisons over the records, a stat only for the layers answered (the
+  // snapshot and, past removed ones, its visible parent), whatever the chain's depth.
+  auto find = [&](auto pred) -> const LayerRecord* {
+    for (const LayerRecord& rec : meta_.layers) {
+      if (pred(rec)) return &rec;
+    }
+    return nullptr;
+  };
+  const LayerRecord* cur = find([&](const LayerRecord& r) { return r.id != meta_.head && !r.removed && r.name == name; });
+  if (!cur) return Status::Ok();
+  out->push_back(InfoOfLocked(*cur));
+  for (size_t hops = 0; hops < meta_.layers.size() && !cur->parent.empty(); ++hops) {
+    const LayerRecord* p = find([&](const LayerRecord& r) { return r.id == cur->parent; });
+    if (!p) break;
+    out->push_back(InfoOfLocked(*p));
+    if (p->id != meta_.head && !p->removed) break;
+    cur = p;
   }
+  std::reverse(out->begin(), out->end());
   return Status::Ok();
 }
 

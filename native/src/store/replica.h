@@ -100,6 +100,7 @@ class Replica : public ReplicaBackend {
   int BlockStatus(uint64_t off, uint64_t len, uint32_t max_extents, std::vector<Extent>* out) override;
 
   Status ListLayers(std::vector<LayerInfo>* out) override;
+  Status SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) override;
   Status LayerExtents(const std::string& layer_id, std::vector<Range>* out) override;
   int ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, uint8_t* buf) override;
 
@@ -189,6 +190,8 @@ class Replica : public ReplicaBackend {
   Status Collect();
   void RebuildBase();
   Layer* FindLayer(const std::string& id) const;
+  // ListLayers' entry for one record (one stat for its allocation); under meta_mu_.
+  LayerInfo InfoOfLocked(const LayerRecord& rec) const;
 
   // --- rebuild helpers ---
   // The layers the head reads through, nearest first (head excluded). Caller holds io_mu_.

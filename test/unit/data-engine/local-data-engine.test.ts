@@ -536,6 +536,27 @@ describe('LocalDataEngine', () => {
       expect(await codeOf(de.listSnapshots('w'))).toBe('NOT_FOUND');
     });
 
+    it('answers a new snapshot from its own layers, not a listing of the whole chain, with the parent past removed ones', async () => {
+      const de = await start('h1', { replicaListen: null });
+      await de.createReplica('v-r0', MiB);
+      await de.startEngine({ volume: 'v', replicas: [{ id: 'r0', hostId: 'h1', name: 'v-r0', address: null }], epoch: 1 });
+      await de.createSnapshot('v', 's1');
+      await de.createSnapshot('v', 's2');
+      await de.deleteSnapshot('v', 's2'); // kept under the head, removed
+      const engine = addon.engine;
+      const asked: Array<string | undefined> = [];
+      const list = engine.listSnapshots.bind(engine);
+      engine.listSnapshots = (name?: string) => {
+        asked.push(name);
+        return list(name);
+      };
+      const s3 = await de.createSnapshot('v', 's3', { labels: { k: 'v' } });
+      expect(s3).toMatchObject({ name: 's3', parent: 's1', labels: { k: 'v' } });
+      // Only the snapshot's own layers were asked for: a cost independent of the chain's depth.
+      expect(asked).toEqual(['s3']);
+      expect((await de.listSnapshots('v')).find((x) => x.name === 's3')).toEqual(s3);
+    });
+
     it('runs at most maxConcurrentSnapshotCopies exports and copies at once; the others wait their turn', async () => {
       const de = await start('h1', { replicaListen: null, maxConcurrentSnapshotCopies: 1 });
       for (const n of ['v-r0', 'w-r0']) await de.createReplica(n, MiB);

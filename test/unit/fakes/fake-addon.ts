@@ -340,9 +340,21 @@ export class FakeEngine implements NativeEngine {
     }
   }
 
-  async listSnapshots(): Promise<NativeLayerInfo[]> {
+  async listSnapshots(name?: string): Promise<NativeLayerInfo[]> {
     await this.#enter();
-    return this.#rw()[0]!.layers.map((l) => ({ ...l, labels: { ...l.labels } }));
+    const all = this.#rw()[0]!.layers.map((l) => ({ ...l, labels: { ...l.labels } }));
+    if (name === undefined) return all;
+    // As the addon: the snapshot's layer and its ancestors up to its nearest visible one.
+    const visible = (l: NativeLayerInfo): boolean => !l.head && !l.removed;
+    let cur = all.find((l) => visible(l) && l.name === name);
+    const out: NativeLayerInfo[] = [];
+    for (let hops = 0; cur && hops <= all.length; hops++) {
+      out.unshift(cur);
+      if (hops > 0 && visible(cur)) break;
+      const parent: string = cur.parent;
+      cur = all.find((l) => l.id === parent);
+    }
+    return out;
   }
 
   async resize(sizeBytes: number): Promise<void> {
