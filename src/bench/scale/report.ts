@@ -80,7 +80,7 @@ export function scaleVerdicts(r: ScaleResults): string[] {
   const base = c10?.figures['attachP99Ms'];
   if (p99 !== undefined && base !== undefined) judge('cluster, 1,000 volumes: attach p99 within 2× of 10 volumes', p99 / base, (v) => v <= 2, `×${fmt(p99 / base, 2)}`);
   const h1000 = pointAt(r, 'host', 1000);
-  judge('host, 1,000 attached volumes: < 100 threads in the data engine', h1000?.figures['threads'], (v) => v < 100, fmt(h1000?.figures['threads'], 0));
+  judge('host, 1,000 attached volumes, an NBD client on each: < 100 threads in the data engine', h1000?.figures['threads'], (v) => v < 100, fmt(h1000?.figures['threads'], 0));
   const d1000 = pointAt(r, 'depth', 1000);
   judge('depth 1,000: 4k random reads ≥ 0.9× a flat volume', d1000?.figures['ratio'], (v) => v >= 0.9, `${fmt(d1000?.figures['ratio'], 2)}×`);
   return out;

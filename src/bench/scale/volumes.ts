@@ -2,9 +2,10 @@
  * Volumes per host and per cluster (issue 21): volumes are created and attached in one
  * growing population; at each size the figures are taken over everything created so far.
  *
- * - Host: one `mooring data-engine` process, 1-replica volumes attached there (engine, no
- *   NBD export); create and attach times of the volumes added since the last size, listVolumes,
- *   status of one volume, and the process's threads, fds and RSS.
+ * - Host: one `mooring data-engine` process, 1-replica volumes attached there, each with an
+ *   NBD export and one NBD client connected to it; create and attach times of the volumes
+ *   added since the last size, listVolumes, status of one volume, and the process's threads,
+ *   fds and RSS with every client connected.
  * - Cluster: three `mooring data-engine` processes, a file state store and the control loop
  *   at its default interval; 3-replica volumes attached round-robin. listVolumes, one full
  *   control-loop pass (Mooring.repairOnce), the embedding process's CPU with every volume
@@ -16,6 +17,7 @@ import { Mooring } from '../../mooring.js';
 import { FileStateStore } from '../../state/file-state-store.js';
 import { MemoryStateStore } from '../../state/memory-state-store.js';
 import { spread } from '../migration.js';
+import { NbdClient } from '../nbd-client.js';
 import { BenchError, sleep } from '../processes.js';
 import { startBenchHost, type BenchHost } from '../remote-hosts.js';
 import type { TargetContext } from '../targets.js';
@@ -45,6 +47,7 @@ async function addVolumes(
   replicas: number,
   hostOf: (i: number) => string,
   ctx: TargetContext,
+  nbdSocket?: (i: number) => string,
 ): Promise<{ create: number[]; attach: number[] }> {
   const create: number[] = [];
   const attach: number[] = [];
@@ -57,7 +60,7 @@ async function addVolumes(
       create.push(performance.now() - t0);
       what = `attaching on ${hostOf(i)}`;
       t0 = performance.now();
-      await v.attach({ host: hostOf(i) });
+      await v.attach({ host: hostOf(i), ...(nbdSocket ? { nbd: `unix:${nbdSocket(i)}` } : {}) });
       attach.push(performance.now() - t0);
     } catch (err) {
       // The code stays the error's; the message says which volume of how many.
@@ -70,13 +73,22 @@ async function addVolumes(
 export async function measureHostCurve(ctx: TargetContext, settings: VolumeCurveSettings): Promise<ScaleCurve> {
   let host: BenchHost | undefined;
   let m: Mooring | undefined;
+  const clients: NbdClient[] = [];
   try {
     host = await startBenchHost(ctx, 0, ANY_PORT);
     const pid = host.child.pid!;
+    const socket = (i: number): string => join(ctx.dir, `${volumeName(i)}.sock`);
     m = await Mooring.open({ store: new MemoryStateStore(), hosts: [host.engine], repairIntervalMs: 0 });
     const cluster = m;
     const points = await growCurve(settings.sizes, settings.stepTimeoutMs, ctx.log, ctx.abort, async (size, previous): Promise<ScaleFigures> => {
-      const { create, attach } = await addVolumes(cluster, previous, size, 1, () => 'h0', ctx);
+      const { create, attach } = await addVolumes(cluster, previous, size, 1, () => 'h0', ctx, socket);
+      // One client per volume, each past its handshake (a read answered): the footprint
+      // below counts one open NBD connection per volume.
+      for (let i = previous; i < size; i++) {
+        const c = await NbdClient.connect(`nbd+unix:///?socket=${socket(i)}`);
+        clients.push(c);
+        await c.read(0, 4096);
+      }
       const a = spread(attach);
       const listMs = await timeMs(() => cluster.listVolumes(), 3);
       const statusMs = await timeMs(() => cluster.volume(volumeName(0)).status(), 5);
@@ -89,13 +101,14 @@ export async function measureHostCurve(ctx: TargetContext, settings: VolumeCurve
       sizeLabel: 'volumes',
       method:
         'One `mooring data-engine` process; a control plane in the bench process (memory state store, no control loop) creates 1-replica ' +
-        `${VOLUME_BYTES / 1024 ** 2} MiB volumes on it and attaches each (engine started there, no NBD export). Create and attach are the ` +
+        `${VOLUME_BYTES / 1024 ** 2} MiB volumes on it and attaches each with an NBD export on a unix socket, then connects one NBD client to each (a 4 KiB read answered). Create and attach are the ` +
         'median and p99 of the volumes added since the previous size; `listVolumes` is the median of 3 calls, the status of one volume of 5; ' +
-        'threads (`/proc/PID/task`), fds (`/proc/PID/fd`) and RSS are the data-engine process\'s with every volume attached.',
+        'threads (`/proc/PID/task`), fds (`/proc/PID/fd`) and RSS are the data-engine process\'s with every volume attached and every client connected.',
       columns: columns(['createMs', 'create ms (median)', 1], ['attachP50Ms', 'attach p50 ms', 1], ['attachP99Ms', 'attach p99 ms', 1], ['listMs', 'listVolumes ms', 1], ['statusMs', 'status ms', 2], ['threads', 'threads', 0], ['fds', 'fds', 0], ['rssMiB', 'RSS MiB', 1]),
       points,
     };
   } finally {
+    for (const c of clients) c.destroy();
     await m?.close().catch(() => undefined);
     await host?.stop().catch(() => undefined);
   }
