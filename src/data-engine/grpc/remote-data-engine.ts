@@ -71,7 +71,18 @@ export const REMOTE_DATA_ENGINE_DEFAULTS = {
   watchRetryFirstMs: 250,
   /** Largest delay before the watch stream reconnects. */
   watchRetryMaxMs: 5000,
+  /**
+   * How often the connection is checked with an HTTP/2 PING, with calls or without; a PING
+   * not answered within as long again ends the connection (its calls fail UNAVAILABLE, the
+   * watch stream reconnects on a new one). A peer that went silent (a partition, a host gone
+   * without a FIN) is found in at most twice this, not after TCP gives up (minutes).
+   */
+  keepaliveMs: 10_000,
 } as const;
+
+/** Bounds of {@link RemoteDataEngineOptions.keepaliveMs}. */
+const KEEPALIVE_MS_MIN = 100;
+const KEEPALIVE_MS_MAX = 3600_000;
 
 /** Bounds of the deadlines in {@link RemoteDataEngineOptions}. */
 const TIMEOUT_MS_MIN = 100;
@@ -97,6 +108,8 @@ export interface RemoteDataEngineOptions {
   timeoutMs?: number;
   /** Deadline of addReplica, stopEngine, exportSnapshot and copySnapshot (default 6 h). */
   longCallTimeoutMs?: number;
+  /** HTTP/2 PING interval, and how long a PING may go unanswered before the connection is dropped (default 10 s; 100 ms to 1 h). */
+  keepaliveMs?: number;
 }
 
 type Callback = (err: ServiceError | null, reply?: Msg) => void;
@@ -143,6 +156,7 @@ export class RemoteDataEngine implements DataEngine {
     const secret = checkClusterSecret(options.clusterSecret);
     const timeoutMs = checkIntIn('timeoutMs', options.timeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.timeoutMs);
     const longTimeoutMs = checkIntIn('longCallTimeoutMs', options.longCallTimeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.longCallTimeoutMs);
+    const keepaliveMs = checkIntIn('keepaliveMs', options.keepaliveMs, KEEPALIVE_MS_MIN, KEEPALIVE_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.keepaliveMs);
     const addr = parseNbdAddress(options.address);
     let target: string;
     let creds: ChannelCredentials;
@@ -173,6 +187,11 @@ export class RemoteDataEngine implements DataEngine {
       // A data engine that restarted (an upgrade, a crash) is found again within seconds.
       'grpc.initial_reconnect_backoff_ms': 250,
       'grpc.max_reconnect_backoff_ms': 5000,
+      // A connection that went silent is dropped: without this a watch stream on it would
+      // wait forever, since it sends nothing that could fail.
+      'grpc.keepalive_time_ms': keepaliveMs,
+      'grpc.keepalive_timeout_ms': keepaliveMs,
+      'grpc.keepalive_permit_without_calls': 1,
       ...(secret ? { interceptors: [authInterceptor(grpcAuthToken(secret))] } : {}),
     });
     const address = addr.kind === 'unix' ? `unix:${addr.path}` : formatTcpAddress({ host: addr.host, port: addr.port });

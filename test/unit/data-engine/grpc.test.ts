@@ -5,7 +5,7 @@
 // generation and replica-set-changed events carried intact, and garbage in them refused.
 import { execFileSync, spawn } from 'node:child_process';
 import { lstat, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { connect } from 'node:net';
+import { connect, createServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { status, type ServiceError } from '@grpc/grpc-js';
@@ -186,6 +186,61 @@ describe('DataEngine gRPC', () => {
     server = await DataEngineGrpcServer.start({ engine: local, listen: `unix:${path}` });
     await cycle('after');
     expect(events.filter((e) => e.type === 'epoch-claimed' && e.volume === 'after').length).toBeGreaterThan(0);
+  });
+
+  it('drops a connection that went silent (keepalive) and moves the watch stream to a new one', async () => {
+    server = await DataEngineGrpcServer.start({ engine: local, listen: 'tcp:127.0.0.1:0' });
+    // A TCP relay whose connections can be silenced: their bytes dropped both ways, the
+    // sockets left open (no FIN, no RST), as a partition or a host gone without a word.
+    const open: Array<[Socket, Socket]> = [];
+    const all: Socket[] = [];
+    let accepted = 0;
+    const relay = createServer((c) => {
+      accepted++;
+      const u = connect(Number(server!.address.split(':')[2]), '127.0.0.1');
+      c.pipe(u);
+      u.pipe(c);
+      for (const [a, b] of [[c, u], [u, c]] as const) {
+        a.on('error', () => b.destroy());
+        a.on('close', () => b.destroy());
+      }
+      open.push([c, u]);
+      all.push(c, u);
+    });
+    await new Promise<void>((r) => relay.listen(0, '127.0.0.1', r));
+    try {
+      const port = (relay.address() as { port: number }).port;
+      const remote = await RemoteDataEngine.connect({ address: `tcp:127.0.0.1:${port}`, keepaliveMs: 300 });
+      clients.push(remote);
+      const events: DataEngineEvent[] = [];
+      remote.watch((e) => events.push(e));
+      await local.createReplica('r0', MiB);
+      let epoch = 0;
+      const cycle = async (volume: string): Promise<void> => {
+        for (let i = 0; !events.some((e) => e.type === 'engine-stopped' && e.volume === volume); i++) {
+          if (i >= 200) throw new Error(`no engine-stopped for ${volume} through the watch stream (relay connections: ${accepted})`);
+          await local.startEngine({ volume, replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], epoch: ++epoch });
+          await local.stopEngine(volume);
+          await new Promise((r) => setTimeout(r, 25));
+        }
+      };
+      await cycle('before');
+      const before = accepted;
+      for (const [c, u] of open.splice(0)) {
+        c.unpipe(u);
+        u.unpipe(c);
+        c.on('data', () => undefined);
+        u.on('data', () => undefined);
+      }
+      // Without keepalive the stream would wait on the silent connection for good.
+      await cycle('after');
+      expect(accepted, 'the client dialled again').toBeGreaterThan(before);
+      expect((await remote.info()).hostId).toBe('h1');
+      expect(await codeOf(RemoteDataEngine.connect({ address: `tcp:127.0.0.1:${port}`, keepaliveMs: 50 }))).toBe('INVALID_ARGUMENT');
+    } finally {
+      for (const s of all) s.destroy();
+      await new Promise<void>((r) => relay.close(() => r()));
+    }
   });
 
   describe('writer epochs', () => {
