@@ -206,6 +206,8 @@ describe('engine over remote replicas', () => {
     const other = pattern(12, MiB);
     await engine.write(MiB, other);
     expect((await engine.read(MiB, MiB)).equals(other)).toBe(true);
+    // Idle, the spares are freed (after 1 s unused): the process keeps no memory for them.
+    await waitFor('the spare buffers to be freed once idle', () => hosts[0]!.server.stats().spareBufferBytes === 0, 10_000);
   });
 
   it('runs a pipelined burst concurrently and answers every request by its seq', async () => {

@@ -3,7 +3,7 @@
 #include "binding/async-worker.h"
 #include "binding/js-args.h"
 #include "binding/replica-endpoint-args.h"
-#include "util/byte-buffer.h"
+#include "net/buffer-pool.h"
 
 namespace mooring {
 

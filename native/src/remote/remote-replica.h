@@ -50,6 +50,7 @@
 #include "remote/replica-protocol.h"
 #include "net/poller.h"
 #include "net/transport.h"
+#include "net/buffer-pool.h"
 
 namespace mooring {
 

@@ -27,6 +27,7 @@
 #include "remote/replica-protocol.h"
 #include "remote/replica-server.h"
 #include "net/transport.h"
+#include "net/buffer-pool.h"
 
 namespace mooring {
 
