@@ -949,6 +949,8 @@ LayerInfo Replica::InfoOfLocked(const LayerRecord& rec) const {
 
 Status Replica::SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) {
   if (!out) return Status::Error(Code::kInvalidArgument, "no output vector");
+  // As ListLayers: Layer objects (their allocation is asked below) live while io_mu_ is held.
+  std::shared_lock<RwLock> io(io_mu_);
   Status s = CheckOpen();
   if (!s.ok()) return s;
   std::lock_guard<std::mutex> g(meta_mu_);
