@@ -452,8 +452,13 @@ describe('leader failover: 3 embedder processes, etcd, 3 data engines', () => {
       note(`(d) cut ${old.id} (term ${term}) from etcd`);
       try {
         const { e: next, term: term2 } = await leader(term);
-        const stopped = old.leading.filter((l) => !l.isLeader && l.atMono >= cutAt)[0];
-        const elected = next.leading.filter((l) => l.isLeader && l.atMono >= cutAt)[0];
+        // The leadership events travel on each embedder's event stream: the status that named
+        // the new leader may come before the event that says so.
+        const stoppedEv = () => old.leading.filter((l) => !l.isLeader && l.atMono >= cutAt)[0];
+        const electedEv = () => next.leading.filter((l) => l.isLeader && l.atMono >= cutAt)[0];
+        await until('the leadership events of the cut and the election', async () => stoppedEv() !== undefined && electedEv() !== undefined, TAKEOVER_BOUND_MS, diagnostics, 50);
+        const stopped = stoppedEv();
+        const elected = electedEv();
         note(`(d) ${old.id} stopped leading ${stopped ? (stopped.atMono - cutAt).toFixed(0) : '?'} ms after the cut, ${next.id} leads at term ${term2} ${elected ? (elected.atMono - cutAt).toFixed(0) : '?'} ms after it`);
         expect(stopped).toBeDefined();
         expect(elected).toBeDefined();
