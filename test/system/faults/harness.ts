@@ -692,7 +692,17 @@ async function checkReplicas(bench: FaultBench, p: PendingCheck): Promise<boolea
   }
   const differ = contents.filter((c) => c.digest !== p.want).map((c) => c.id);
   if (contents.length !== 3 || differ.length > 0) throw p.fail(`replicas differ from what ${p.servedBy} served after repair: ${differ.join(', ')} (of ${contents.length})`);
-  await bench.clusterOf(p.lane).deleteVolume(p.volume);
+  // A host just healed or resumed may still be reconnecting (its old connection dropped by
+  // the client's keepalive during the fault): as documented, delete again once it answers.
+  await until(`${p.volume} deleted`, async () => {
+    try {
+      await bench.clusterOf(p.lane).deleteVolume(p.volume);
+      return true;
+    } catch (e) {
+      if ((e as { code?: string }).code === 'UNAVAILABLE') return false;
+      throw e;
+    }
+  }, 30_000, () => '', 250);
   return true;
 }
 
