@@ -163,24 +163,31 @@ describe('DataEngine gRPC', () => {
     expect(await codeOf(DataEngineGrpcServer.start({ engine: local, listen: `unix:${join(root, 'plain')}` }))).toBe('ADDRESS_IN_USE');
   });
 
-  it('the watch stream reconnects when the server comes back', async () => {
-    const path = join(root, 'de.sock');
-    server = await DataEngineGrpcServer.start({ engine: local, listen: `unix:${path}` });
-    const remote = await RemoteDataEngine.connect({ address: `unix:${path}` });
-    clients.push(remote);
+  // Watches remote, creates replica r0 on the local engine, and returns cycle(volume): an
+  // engine over r0 started and stopped (each at a new epoch, as an allocator would) until its
+  // engine-stopped event has come through the watch stream (at most 200 tries).
+  async function watchedCycles(remote: RemoteDataEngine, detail: () => string = () => ''): Promise<{ events: DataEngineEvent[]; cycle: (volume: string) => Promise<void> }> {
     const events: DataEngineEvent[] = [];
     remote.watch((e) => events.push(e));
     await local.createReplica('r0', MiB);
-    // Every engine over r0 is given a new epoch, as an allocator would.
     let epoch = 0;
     const cycle = async (volume: string): Promise<void> => {
       for (let i = 0; !events.some((e) => e.type === 'engine-stopped' && e.volume === volume); i++) {
-        if (i >= 200) throw new Error(`no engine-stopped for ${volume} through the watch stream`);
+        if (i >= 200) throw new Error(`no engine-stopped for ${volume} through the watch stream${detail()}`);
         await local.startEngine({ volume, replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], epoch: ++epoch });
         await local.stopEngine(volume);
         await new Promise((r) => setTimeout(r, 25));
       }
     };
+    return { events, cycle };
+  }
+
+  it('the watch stream reconnects when the server comes back', async () => {
+    const path = join(root, 'de.sock');
+    server = await DataEngineGrpcServer.start({ engine: local, listen: `unix:${path}` });
+    const remote = await RemoteDataEngine.connect({ address: `unix:${path}` });
+    clients.push(remote);
+    const { events, cycle } = await watchedCycles(remote);
     await cycle('before');
     await server.close();
     server = await DataEngineGrpcServer.start({ engine: local, listen: `unix:${path}` });
@@ -212,18 +219,7 @@ describe('DataEngine gRPC', () => {
       const port = (relay.address() as { port: number }).port;
       const remote = await RemoteDataEngine.connect({ address: `tcp:127.0.0.1:${port}`, keepaliveMs: 300 });
       clients.push(remote);
-      const events: DataEngineEvent[] = [];
-      remote.watch((e) => events.push(e));
-      await local.createReplica('r0', MiB);
-      let epoch = 0;
-      const cycle = async (volume: string): Promise<void> => {
-        for (let i = 0; !events.some((e) => e.type === 'engine-stopped' && e.volume === volume); i++) {
-          if (i >= 200) throw new Error(`no engine-stopped for ${volume} through the watch stream (relay connections: ${accepted})`);
-          await local.startEngine({ volume, replicas: [{ id: 'r0', hostId: 'h1', name: 'r0', address: null }], epoch: ++epoch });
-          await local.stopEngine(volume);
-          await new Promise((r) => setTimeout(r, 25));
-        }
-      };
+      const { cycle } = await watchedCycles(remote, () => ` (relay connections: ${accepted})`);
       await cycle('before');
       const before = accepted;
       for (const [c, u] of open.splice(0)) {
