@@ -119,9 +119,8 @@ export class FileStateStore implements StateStore {
 
   /** @inheritDoc StateStore.get */
   get<T>(kind: string, key: string): Promise<StoredObject<T> | null> {
-    // Known, and no operation on it queued: answered from memory without a turn in its queue.
-    if (!this.#closing && typeof key === 'string' && isKey(key) && !this.#queues.has(`${kind}/${key}`)) {
-      const known = this.#known<T>(kind, key);
+    if (typeof key === 'string' && isKey(key)) {
+      const known = this.#fromMemory<T>(kind, key);
       if (known !== undefined) return Promise.resolve(known);
     }
     return this.#run(kind, key, (file) => this.#read<T>(kind, key, file));
@@ -139,7 +138,7 @@ export class FileStateStore implements StateStore {
     const out: Array<StoredObject<T>> = [];
     for (const key of keys) {
       // Known documents are taken from memory without a turn of the event loop each.
-      const known = this.#closing || this.#queues.has(`${kind}/${key}`) ? undefined : this.#known<T>(kind, key);
+      const known = this.#fromMemory<T>(kind, key);
       const doc = known !== undefined ? known : await this.get<T>(kind, key);
       // Deleted between readdir and get: it is simply no longer there.
       if (doc) out.push(doc);
@@ -286,6 +285,12 @@ export class FileStateStore implements StateStore {
     let c = this.#cache.get(kind);
     if (!c) this.#cache.set(kind, (c = { docs: new Map(), keys: null }));
     return c;
+  }
+
+  // Known, and no operation on it queued: the document from memory without a turn in its
+  // queue (null: none); undefined when it must be read in turn.
+  #fromMemory<T>(kind: string, key: string): StoredObject<T> | null | undefined {
+    return this.#closing || this.#queues.has(`${kind}/${key}`) ? undefined : this.#known<T>(kind, key);
   }
 
   // The document as last read or written (null: none), or undefined: not known without reading.
