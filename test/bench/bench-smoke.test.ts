@@ -80,12 +80,12 @@ describe('bench options', () => {
     // The control step is off by default; --control-only runs nothing else.
     expect(full).toMatchObject({ control: false, controlCycles: 50, controlBasePort: 17900, controlOutPath: 'docs/benchmarks-control.md' });
     expect(quick.controlCycles).toBe(10);
-    const co = parseBenchArgs(['--control-only', '--control-cycles', '7', '--control-port', '48400', '--control-out', '-']);
-    expect(co).toMatchObject({ control: true, controlCycles: 7, controlBasePort: 48400, controlOutPath: undefined, scale: false, backingImage: false, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, outPath: undefined });
+    const co = parseBenchArgs(['--control-only', '--control-cycles', '7', '--control-port', '28400', '--control-out', '-']);
+    expect(co).toMatchObject({ control: true, controlCycles: 7, controlBasePort: 28400, controlOutPath: undefined, scale: false, backingImage: false, targets: [], rss: false, rebuild: false, migrations: 0, upgrades: 0, guestMigrations: 0, outPath: undefined });
     // The replicated-path peers run by default; perf counts by default; the ports move as a block.
     expect(full.targets).toEqual(expect.arrayContaining(['nbdkit-file', 'qemu-nbd-tcp', 'qemu-quorum']));
     expect(full).toMatchObject({ cost: true, portBase: 17810 });
-    expect(parseBenchArgs(['--no-perf', '--port-base', '48300'])).toMatchObject({ cost: false, portBase: 48300 });
+    expect(parseBenchArgs(['--no-perf', '--port-base', '28300'])).toMatchObject({ cost: false, portBase: 28300 });
   });
 
   it('reads perf stat CSV and turns a window into per-I/O figures per process', () => {
@@ -250,8 +250,8 @@ describe('bench control smoke run', () => {
     for (const tool of ['fio', 'etcd']) requireTool(tool);
     expect(existsSync(join(root, 'dist/cli.js')), 'dist/cli.js missing: run npm run build').toBe(true);
     const out = join(work, 'benchmarks-control.md');
-    // Ports 48410-48413: etcd's client and peer ports, the two data engines' replica servers.
-    const { code, stdout, stderr } = await runCaptured(['--control-only', '--control-cycles', '2', '--control-port', '48410', '--dir', work, '--control-out', out]);
+    // Ports 28410-28413: etcd's client and peer ports, the two data engines' replica servers.
+    const { code, stdout, stderr } = await runCaptured(['--control-only', '--control-cycles', '2', '--control-port', '28410', '--dir', work, '--control-out', out]);
     expect(code, `mooring bench exited ${code}; its log:\n${stderr.slice(-8000)}`).toBe(0);
     const md = readFileSync(out, 'utf8');
     for (const section of ['## Machine', '## Method', '## Operations', '## etcd against the file store']) expect(md).toContain(section);

@@ -30,7 +30,7 @@ const MiB = 1 << 20;
 const SIZE = 256 * MiB;
 /** Progress of b's pull at which b is killed. */
 const KILL_AT_PERCENT = 5;
-const BASE_PORT = 49420;
+const BASE_PORT = 29420;
 
 async function sha512File(path: string): Promise<string> {
   const h = createHash('sha512');

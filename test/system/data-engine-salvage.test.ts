@@ -27,7 +27,7 @@ describe('salvage start through data-engine processes', () => {
   let hosts: HostProcess[];
   beforeAll(async () => {
     tmp = new TempDir('mooring-salvage-sys-');
-    hosts = makeHosts(tmp.path, 3, 47540);
+    hosts = makeHosts(tmp.path, 3, 27540);
     for (const h of hosts) await h.start();
   });
   afterAll(async () => {

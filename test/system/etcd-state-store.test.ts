@@ -1,5 +1,5 @@
 // EtcdStateStore against a real etcd (Debian etcd-server, started here on loopback with a
-// temporary data directory; ports 48210-48219): the StateStore contract, writers on two
+// temporary data directory; ports 28210-28219): the StateStore contract, writers on two
 // clients racing, watches across clients, etcd killed and started again mid-use, user and
 // password auth, and TLS with client certificates.
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -28,7 +28,7 @@ async function open(options: { timeoutMs?: number; prefix?: string } = {}): Prom
 }
 
 beforeAll(async () => {
-  server = await EtcdServer.start(48210, 48211);
+  server = await EtcdServer.start(28210, 28211);
 });
 afterAll(async () => {
   await server?.destroy();
@@ -112,10 +112,10 @@ describe('EtcdStateStore (etcd)', () => {
   });
 
   it('no etcd at the endpoint: open is UNAVAILABLE within the timeout, naming the endpoint', async () => {
-    const err = await EtcdStateStore.open({ endpoints: ['http://127.0.0.1:48219'], timeoutMs: 500 }).catch((e: unknown) => e);
+    const err = await EtcdStateStore.open({ endpoints: ['http://127.0.0.1:28219'], timeoutMs: 500 }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(MooringError);
     expect((err as MooringError).code).toBe('UNAVAILABLE');
-    expect((err as MooringError).message).toContain('127.0.0.1:48219');
+    expect((err as MooringError).message).toContain('127.0.0.1:28219');
   });
 
   it('bad options are INVALID_ARGUMENT', async () => {
@@ -166,8 +166,8 @@ describe('EtcdStateStore (etcd)', () => {
     await vi.waitFor(() => expect(seen).toHaveLength(1), { timeout: 10_000, interval: 20 });
     // etcd comes back where the store cannot reach it, takes writes and compacts them away.
     await server.kill();
-    await server.restart(48218);
-    const raw = new Etcd3({ hosts: server.endpointOn(48218) });
+    await server.restart(28218);
+    const raw = new Etcd3({ hosts: server.endpointOn(28218) });
     try {
       await raw.put('/compact/volume/b').value('2');
       const res = await raw.kv.put({ key: Buffer.from('/compact/volume/c'), value: Buffer.from('3') });
@@ -188,7 +188,7 @@ describe('EtcdStateStore (etcd)', () => {
 describe('EtcdStateStore with user and password', () => {
   let authServer: EtcdServer;
   beforeAll(async () => {
-    authServer = await EtcdServer.start(48214, 48215);
+    authServer = await EtcdServer.start(28214, 28215);
     await authServer.enableAuth('root-secret', 'mooring', 'app-secret', '/app/');
   });
   afterAll(async () => {
@@ -216,7 +216,7 @@ describe('EtcdStateStore over TLS', () => {
   beforeAll(async () => {
     dir = await mkdtemp(join(tmpdir(), 'mooring-etcd-pki-'));
     pki = makePki(dir);
-    tlsServer = await EtcdServer.start(48212, 48213, { tls: { caFile: join(dir, 'ca1.crt'), certFile: join(dir, 'server.crt'), keyFile: join(dir, 'server.key'), clientCertAuth: true } });
+    tlsServer = await EtcdServer.start(28212, 28213, { tls: { caFile: join(dir, 'ca1.crt'), certFile: join(dir, 'server.crt'), keyFile: join(dir, 'server.key'), clientCertAuth: true } });
   });
   afterAll(async () => {
     await tlsServer?.destroy();

@@ -37,8 +37,8 @@ describe('examples', () => {
   });
 
   it('metrics: an embedder mounts MooringMetrics\' registry; qemu-io\'s writes are counted; a deleted volume\'s series go', async () => {
-    const out = await runExample('examples/metrics/demo.mjs', ['--port', '47153']);
-    expect(out).toMatch(/metrics at http:\/\/127\.0\.0\.1:47153\/metrics/);
+    const out = await runExample('examples/metrics/demo.mjs', ['--port', '27153']);
+    expect(out).toMatch(/metrics at http:\/\/127\.0\.0\.1:27153\/metrics/);
     expect(out).toMatch(/before: mooring_volume_state healthy=1, RW replicas=1, write requests=no series yet/);
     expect(out).toMatch(/after 16 writes of 64 KiB: write requests=16, bytes written=1048576, write latency count=16/);
     expect(out).toMatch(/after delete: series naming disk0: 0/);
@@ -53,7 +53,7 @@ describe('examples', () => {
   });
 
   it('etcd: a Mooring over an EtcdStateStore, a watch of its volumes, a second Mooring on the same etcd attaching the volume again', async () => {
-    const etcd = await EtcdServer.start(48222, 48223);
+    const etcd = await EtcdServer.start(28222, 28223);
     try {
       const out = await runExample('examples/etcd/demo.mjs', ['--endpoint', etcd.endpoint]);
       expect(out).toMatch(/watch: put volume\/disk0 \(version 1\)/);

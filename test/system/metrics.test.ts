@@ -3,7 +3,7 @@
 // monotonic and count at least what was acknowledged, and at the end exactly what was
 // sent (requests, bytes, histogram counts); the replica host's replica server counts the
 // bytes the engine host sent it; a deleted volume's series disappear; the endpoint closes
-// with the process. Ports 47150-47179.
+// with the process. Ports 27150-27179.
 import { existsSync } from 'node:fs';
 
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
@@ -93,9 +93,9 @@ describe('mooring serve --metrics', () => {
   afterAll(() => tmp.cleanup());
 
   it('serves counters that grow with the I/O done, histograms that match the requests, and closes with the process', async () => {
-    server = await startServe({ dir: tmp.join('d'), size: '64M', replicas: 1, extraArgs: ['--metrics', 'tcp:127.0.0.1:47151'] });
+    server = await startServe({ dir: tmp.join('d'), size: '64M', replicas: 1, extraArgs: ['--metrics', 'tcp:127.0.0.1:27151'] });
     const address = server.ready.metrics!;
-    expect(address).toBe('tcp:127.0.0.1:47151');
+    expect(address).toBe('tcp:127.0.0.1:27151');
     const labels = { host: server.ready.hostId, volume: server.ready.volume };
     const first = await scrape(address);
     // No request yet: no per-kind series yet, the connection gauges are there.
@@ -127,15 +127,15 @@ describe('mooring serve --metrics', () => {
       await client.disconnect();
     }
     expect(await server.stop()).toBe(0);
-    expect(server.stderr).toContain('metrics at http://127.0.0.1:47151/metrics');
+    expect(server.stderr).toContain('metrics at http://127.0.0.1:27151/metrics');
     expect(await listening(address)).toBe(false);
   });
 
   it('refuses a bad or non-loopback --metrics address as a usage error (exit 2), for serve and data-engine', async () => {
     for (const [addr, message] of [
-      ['127.0.0.1:47152', /--metrics must be tcp:HOST:PORT/],
+      ['127.0.0.1:27152', /--metrics must be tcp:HOST:PORT/],
       ['tcp:127.0.0.1:99999', /--metrics/],
-      ['tcp:192.0.2.1:47152', /not a loopback address.*--metrics-allow-remote/],
+      ['tcp:192.0.2.1:27152', /not a loopback address.*--metrics-allow-remote/],
     ] as const) {
       const r = await run(process.execPath, [cliPath, 'serve', '--dir', tmp.join('bad'), '--size', '4M', '--metrics', addr], { allowFailure: true });
       expect(r.code, r.stderr).toBe(2);
@@ -157,7 +157,7 @@ describe('mooring data-engine --metrics', () => {
         hostId: `m${i}`,
         dir: tmp.join(`host-${i}`),
         ip: `127.0.0.${31 + i}`,
-        replicaPort: 47170 + i,
+        replicaPort: 27170 + i,
         // Port 0: a fixed port here could meet another test's ephemeral port on a busy CI run.
         extraArgs: ['--metrics', 'tcp:127.0.0.1:0'],
       }),

@@ -1,4 +1,4 @@
-// Mooring with its control-plane store in a real etcd (ports 48220-48221): a volume is
+// Mooring with its control-plane store in a real etcd (ports 28220-28221): a volume is
 // created, attached (NBD), written and detached by one Mooring; after it closed, a second
 // Mooring on the same etcd and the same host directory finds the volume, attaches it again
 // with a higher epoch and reads back what the first wrote.
@@ -27,7 +27,7 @@ describe('Mooring on an EtcdStateStore', () => {
   beforeAll(async () => {
     requireTool('qemu-io');
     requireTool('nbdinfo');
-    server = await EtcdServer.start(48220, 48221);
+    server = await EtcdServer.start(28220, 28221);
   });
   afterEach(async () => {
     for (const m of moorings.splice(0)) await m.close();

@@ -3,7 +3,7 @@
 // data-engine` processes. etcd and each embedder run in network namespaces of their own on
 // one bridge (helpers/netns.ts), so a partition between an embedder and etcd is silence on
 // the wire (nftables drops the frames), while the embedder still reaches the data engines
-// (their gRPC unix sockets) and answers us (IPC). Ports 48500-48599. Lease 3 s. A volume's
+// (their gRPC unix sockets) and answers us (IPC). Ports 28500-28599. Lease 3 s. A volume's
 // NBD clients write tracked data throughout each scenario (harness Workload, History); at its
 // end the volume is read back and the history checker runs: no violation, and every
 // acknowledged write survives (no data engine crashes here). Over the whole file, the
@@ -52,9 +52,9 @@ import { TempDir, repoRoot, requireBuilt, requireTool, run } from '../helpers/to
 import { VOLUME_BYTES, Workload, readBack, roundSeeds, until, type ClientParams, type RoundContext } from './harness.js';
 
 /** etcd's ports, in its own namespace. */
-const ETCD_PORT = 48500;
-const REPLICA_PORT = 48520;
-const IMAGE_PORT = 48530;
+const ETCD_PORT = 28500;
+const REPLICA_PORT = 28520;
+const IMAGE_PORT = 28530;
 const ROUNDS = Number(process.env.MOORING_FAULT_ROUNDS ?? 2);
 /** Per round: vitest's timeout of a scenario is this times the rounds. */
 const ROUND_TIMEOUT_MS = 240_000;

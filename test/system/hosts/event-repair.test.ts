@@ -14,8 +14,8 @@ import { qemuIo, TempDir } from '../helpers/tools.js';
 const MiB = 1 << 20;
 const VOLUME = 'ev1';
 const HOUR_MS = 3_600_000;
-// Ports 47400..47403 (this test's range), one replica server per host.
-const BASE_PORT = 47400;
+// Ports 27400..27403 (this test's range), one replica server per host.
+const BASE_PORT = 27400;
 // Bound of the waits on conditions below (not a speed check: a loaded machine is slow).
 const WAIT_MS = 90_000;
 

@@ -19,7 +19,7 @@ const BLOCKS = 512; // 2 MiB tracked
 const VOLUME = 'sv';
 
 describe('five data-engine hosts: salvage after every replica host died', () => {
-  const env = useHostCluster({ hosts: 5, basePort: 47700, cluster: { replicaReplacementWaitMs: 3_600_000 } });
+  const env = useHostCluster({ hosts: 5, basePort: 27700, cluster: { replicaReplacementWaitMs: 3_600_000 } });
 
   const sock = (): string => env.tmp.join(`${VOLUME}.sock`);
   const uri = (): string => `nbd+unix:///?socket=${sock()}`;
