@@ -1,11 +1,14 @@
 #include "store/replica-metadata.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <string_view>
 #include <limits>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
+#include "store/metadata-journal.h"
 #include "util/fs-util.h"
 
 namespace mooring {
@@ -182,8 +185,9 @@ bool ReplicaMetadata::ParseLayerId(const std::string& id, uint32_t* num) {
     v = v * 10 + static_cast<uint64_t>(id[i] - '0');
   }
   if (v == 0 || v >= std::numeric_limits<uint32_t>::max()) return false;
-  // Canonical form only, so that two spellings cannot name one layer.
-  if (LayerId(static_cast<uint32_t>(v)) != id) return false;
+  // Canonical form only ("L%06u"), so that two spellings cannot name one layer: exactly six
+  // digits, or more without a leading zero.
+  if (id.size() > 7 && id[1] == '0') return false;
   *num = static_cast<uint32_t>(v);
   return true;
 }
@@ -213,6 +217,70 @@ Status ReplicaMetadata::ValidateLabels(const Labels& labels, Code code) {
   return Status::Ok();
 }
 
+namespace {
+
+// The top-level fields other than format, journal and layers, shared by the whole document
+// and journal records (which carry all of them, so an optional field absent from a record
+// is reset). Defaults first: a record replaces every one of them.
+Status ParseTop(const Json& j, ReplicaMetadata* m) {
+  uint64_t v = 0;
+  RETURN_IF_ERROR(GetU64(j, "sizeBytes", "", &m->size_bytes));
+  RETURN_IF_ERROR(GetU64(j, "blockSize", "", &v));
+  if (v != 4096) return Corrupt("unsupported blockSize " + std::to_string(v));
+  m->block_size = 4096;
+  RETURN_IF_ERROR(GetU64(j, "epoch", "", &m->epoch));
+  RETURN_IF_ERROR(GetBool(j, "clean", "", &m->clean));
+  m->rebuilding = false;
+  if (j.contains("rebuilding")) RETURN_IF_ERROR(GetBool(j, "rebuilding", "", &m->rebuilding));
+  m->backing_image.reset();
+  if (j.contains("backingImage")) {
+    BackingImageRef ref;
+    RETURN_IF_ERROR(ParseBackingImage(j["backingImage"], &ref));
+    m->backing_image = std::move(ref);
+  }
+  m->replica_set = ReplicaSet{};
+  if (j.contains("replicaSet")) RETURN_IF_ERROR(ParseReplicaSet(j["replicaSet"], &m->replica_set));
+  m->last_rw = ReplicaSetId{};
+  if (j.contains("lastRw")) {
+    const Json& lr = j["lastRw"];
+    if (!lr.is_object()) return Corrupt("lastRw: must be an object");
+    RETURN_IF_ERROR(GetU64(lr, "epoch", "lastRw: ", &m->last_rw.epoch));
+    RETURN_IF_ERROR(GetU64(lr, "generation", "lastRw: ", &m->last_rw.generation));
+    if (m->last_rw.epoch == 0 || m->last_rw.generation == 0) return Corrupt("lastRw: epoch and generation must be positive");
+  }
+  RETURN_IF_ERROR(GetString(j, "head", "", &m->head));
+  RETURN_IF_ERROR(GetU64(j, "nextLayerId", "", &v));
+  if (v == 0 || v >= std::numeric_limits<uint32_t>::max())
+    return Corrupt("nextLayerId out of range");
+  m->next_layer_num = static_cast<uint32_t>(v);
+  return Status::Ok();
+}
+
+const Json* GetLayerArray(const Json& j, const char* key, Status* s) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    *s = Corrupt(std::string("missing field '") + key + "'");
+    return nullptr;
+  }
+  if (!it->is_array()) {
+    *s = Corrupt(std::string("field '") + key + "' must be an array");
+    return nullptr;
+  }
+  if (it->size() > ReplicaMetadata::kMaxLayers) {
+    *s = Corrupt(std::string("too many entries in '") + key + "' (" + std::to_string(it->size()) + ")");
+    return nullptr;
+  }
+  return &*it;
+}
+
+// Where the record with this number is or would go in layers (ordered by num).
+std::vector<LayerRecord>::iterator LowerBound(std::vector<LayerRecord>* layers, uint32_t num) {
+  return std::lower_bound(layers->begin(), layers->end(), num,
+                          [](const LayerRecord& l, uint32_t n) { return l.num < n; });
+}
+
+}  // namespace
+
 Status ReplicaMetadata::Parse(const std::string& text, ReplicaMetadata* out) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Corrupt("not valid JSON");
@@ -220,40 +288,20 @@ Status ReplicaMetadata::Parse(const std::string& text, ReplicaMetadata* out) {
   ReplicaMetadata m;
   uint64_t v = 0;
   RETURN_IF_ERROR(GetU64(j, "format", "", &v));
-  if (v != kFormatVersion)
+  if (v != kFormatVersion && v != kJournalFormatVersion)
     return Corrupt("unknown format version " + std::to_string(v) + " (this build reads " +
-                   std::to_string(kFormatVersion) + ")");
+                   std::to_string(kFormatVersion) + " and " + std::to_string(kJournalFormatVersion) + ")");
   m.format = static_cast<int>(v);
-  RETURN_IF_ERROR(GetU64(j, "sizeBytes", "", &m.size_bytes));
-  RETURN_IF_ERROR(GetU64(j, "blockSize", "", &v));
-  if (v != 4096) return Corrupt("unsupported blockSize " + std::to_string(v));
-  m.block_size = 4096;
-  RETURN_IF_ERROR(GetU64(j, "epoch", "", &m.epoch));
-  RETURN_IF_ERROR(GetBool(j, "clean", "", &m.clean));
-  if (j.contains("rebuilding")) RETURN_IF_ERROR(GetBool(j, "rebuilding", "", &m.rebuilding));
-  if (j.contains("backingImage")) {
-    BackingImageRef ref;
-    RETURN_IF_ERROR(ParseBackingImage(j["backingImage"], &ref));
-    m.backing_image = std::move(ref);
+  if (m.format == kJournalFormatVersion) {
+    RETURN_IF_ERROR(GetU64(j, "journal", "", &m.journal));
+    if (m.journal == 0 || m.journal >= (1ull << 53)) return Corrupt("journal generation out of range");
+  } else if (j.contains("journal")) {
+    return Corrupt("format 1 has no journal");
   }
-  if (j.contains("replicaSet")) RETURN_IF_ERROR(ParseReplicaSet(j["replicaSet"], &m.replica_set));
-  if (j.contains("lastRw")) {
-    const Json& lr = j["lastRw"];
-    if (!lr.is_object()) return Corrupt("lastRw: must be an object");
-    RETURN_IF_ERROR(GetU64(lr, "epoch", "lastRw: ", &m.last_rw.epoch));
-    RETURN_IF_ERROR(GetU64(lr, "generation", "lastRw: ", &m.last_rw.generation));
-    if (m.last_rw.epoch == 0 || m.last_rw.generation == 0) return Corrupt("lastRw: epoch and generation must be positive");
-  }
-  RETURN_IF_ERROR(GetString(j, "head", "", &m.head));
-  RETURN_IF_ERROR(GetU64(j, "nextLayerId", "", &v));
-  if (v == 0 || v >= std::numeric_limits<uint32_t>::max())
-    return Corrupt("nextLayerId out of range");
-  m.next_layer_num = static_cast<uint32_t>(v);
-  auto layers = j.find("layers");
-  if (layers == j.end()) return Corrupt("missing field 'layers'");
-  if (!layers->is_array()) return Corrupt("field 'layers' must be an array");
-  if (layers->size() > kMaxLayers)
-    return Corrupt("too many layers (" + std::to_string(layers->size()) + ")");
+  RETURN_IF_ERROR(ParseTop(j, &m));
+  Status s;
+  const Json* layers = GetLayerArray(j, "layers", &s);
+  if (!layers) return s;
   m.layers.reserve(layers->size());
   for (size_t i = 0; i < layers->size(); ++i) {
     LayerRecord rec;
@@ -262,6 +310,43 @@ Status ReplicaMetadata::Parse(const std::string& text, ReplicaMetadata* out) {
   }
   RETURN_IF_ERROR(m.Validate());
   *out = std::move(m);
+  return Status::Ok();
+}
+
+Status ReplicaMetadata::ApplyChange(const std::string& payload) {
+  Json j = Json::parse(payload, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Corrupt("journal record: not valid JSON");
+  if (!j.is_object()) return Corrupt("journal record: must be an object");
+  // In place (a log may hold hundreds of records over thousands of layers): on an error
+  // *this is half-changed, and the caller discards it with the kCorrupt.
+  ReplicaMetadata& m = *this;
+  RETURN_IF_ERROR(ParseTop(j, &m));
+  Status s;
+  const Json* changed = GetLayerArray(j, "layers", &s);
+  if (!changed) return s;
+  const Json* dropped = GetLayerArray(j, "drop", &s);
+  if (!dropped) return s;
+  for (size_t i = 0; i < dropped->size(); ++i) {
+    const Json& d = (*dropped)[i];
+    uint32_t num = 0;
+    if (!d.is_string() || !ParseLayerId(d.get<std::string>(), &num))
+      return Corrupt("journal record: drop[" + std::to_string(i) + "] is not a layer id");
+    auto it = LowerBound(&m.layers, num);
+    if (it == m.layers.end() || it->num != num)
+      return Corrupt("journal record: drops layer " + d.get<std::string>() + ", which does not exist");
+    m.layers.erase(it);
+  }
+  for (size_t i = 0; i < changed->size(); ++i) {
+    LayerRecord rec;
+    RETURN_IF_ERROR(ParseLayer((*changed)[i], i, &rec));
+    auto it = LowerBound(&m.layers, rec.num);
+    if (it != m.layers.end() && it->num == rec.num) {
+      *it = std::move(rec);
+    } else {
+      if (m.layers.size() >= kMaxLayers) return Corrupt("journal record: too many layers");
+      m.layers.insert(it, std::move(rec));
+    }
+  }
   return Status::Ok();
 }
 
@@ -285,25 +370,28 @@ Status ReplicaMetadata::Validate() const {
                    " is above the stored replica set");
   if (layers.empty()) return Corrupt("no layers");
   if (!Find(head)) return Corrupt("head '" + head.substr(0, 64) + "' is not a layer");
-  std::unordered_set<std::string> ids;
-  std::unordered_set<std::string> live_names;
+  // Runs at every commit: no allocation per layer unless something is wrong.
+  std::unordered_set<std::string_view> live_names;
+  live_names.reserve(layers.size());
   uint32_t prev_num = 0;
   for (const LayerRecord& l : layers) {
-    const std::string where = "layer " + l.id + ": ";
     uint32_t num = 0;
-    if (!ParseLayerId(l.id, &num) || num != l.num) return Corrupt(where + "invalid id");
+    if (!ParseLayerId(l.id, &num) || num != l.num) return Corrupt("layer " + l.id.substr(0, 64) + ": invalid id");
+    const std::string where = "layer " + l.id + ": ";
     if (num <= prev_num) return Corrupt(where + "layers are not in ascending id order");
     prev_num = num;
     if (num >= next_layer_num) return Corrupt(where + "id is not below nextLayerId");
-    ids.insert(l.id);
     // Only the canonical name is accepted, so no path component ever reaches open().
-    if (l.file != LayerFile(l.id))
+    if (l.file.size() != l.id.size() + 10 || l.file.compare(0, 6, "layer-") != 0 ||
+        l.file.compare(6, l.id.size(), l.id) != 0 || l.file.compare(6 + l.id.size(), 4, ".img") != 0)
       return Corrupt(where + "file name '" + l.file.substr(0, 128) + "' is not '" + LayerFile(l.id) + "'");
     if (l.size_bytes != size_bytes)
       return Corrupt(where + "sizeBytes " + std::to_string(l.size_bytes) +
                      " differs from the replica's " + std::to_string(size_bytes));
-    Status ls = ValidateLabels(l.labels, Code::kCorrupt);
-    if (!ls.ok()) return Corrupt(where + ls.message);
+    if (!l.labels.empty()) {
+      Status ls = ValidateLabels(l.labels, Code::kCorrupt);
+      if (!ls.ok()) return Corrupt(where + ls.message);
+    }
     if (l.id == head) {
       if (!l.name.empty()) return Corrupt(where + "the head has a snapshot name");
       if (l.removed) return Corrupt(where + "the head is marked removed");
@@ -313,18 +401,19 @@ Status ReplicaMetadata::Validate() const {
         return Corrupt(where + "duplicate snapshot name '" + l.name + "'");
     }
   }
-  for (const LayerRecord& l : layers) {
-    if (l.parent.empty()) continue;
-    if (!ids.count(l.parent))
-      return Corrupt("layer " + l.id + ": parent '" + l.parent.substr(0, 64) + "' does not exist");
-    if (l.parent == head) return Corrupt("layer " + l.id + ": its parent is the head");
-  }
-  // Writers only ever give a layer a parent created before it (smaller id), which also
-  // rules out cycles; reads and ListLayers rely on that order.
+  // Layers are in ascending id order (checked above): a parent is found by binary search.
   for (const LayerRecord& l : layers) {
     if (l.parent.empty()) continue;
     uint32_t pnum = 0;
-    ParseLayerId(l.parent, &pnum);
+    auto it = layers.end();
+    if (ParseLayerId(l.parent, &pnum))
+      it = std::lower_bound(layers.begin(), layers.end(), pnum,
+                            [](const LayerRecord& r, uint32_t n) { return r.num < n; });
+    if (it == layers.end() || it->id != l.parent)
+      return Corrupt("layer " + l.id + ": parent '" + l.parent.substr(0, 64) + "' does not exist");
+    if (l.parent == head) return Corrupt("layer " + l.id + ": its parent is the head");
+    // Writers only ever give a layer a parent created before it (smaller id), which also
+    // rules out cycles; reads and ListLayers rely on that order.
     if (pnum >= l.num)
       return Corrupt("layer " + l.id + ": parent " + l.parent +
                      " is not older than the layer (parent links form a cycle or are reordered)");
@@ -412,35 +501,76 @@ void AppendLayers(std::string* out, const std::vector<LayerRecord>& layers) {
 
 }  // namespace
 
-std::string ReplicaMetadata::Serialize() const {
-  OJson j{{"format", format},
-         {"sizeBytes", size_bytes},
-         {"blockSize", block_size},
-         {"epoch", epoch},
-         {"clean", clean}};
+namespace {
+
+// Appends the fields ParseTop reads, in the document's key order.
+void AddTopFields(OJson* j, const ReplicaMetadata& m) {
+  (*j)["sizeBytes"] = m.size_bytes;
+  (*j)["blockSize"] = m.block_size;
+  (*j)["epoch"] = m.epoch;
+  (*j)["clean"] = m.clean;
   // Written only while set, so a replica that never rebuilt keeps the original key set.
-  if (rebuilding) j["rebuilding"] = true;
+  if (m.rebuilding) (*j)["rebuilding"] = true;
   // Written only when there is one, for the same reason.
-  if (backing_image)
-    j["backingImage"] = OJson{{"dir", backing_image->dir},
-                              {"format", backing_image->format},
-                              {"virtualSizeBytes", backing_image->virtual_size_bytes}};
+  if (m.backing_image)
+    (*j)["backingImage"] = OJson{{"dir", m.backing_image->dir},
+                                 {"format", m.backing_image->format},
+                                 {"virtualSizeBytes", m.backing_image->virtual_size_bytes}};
   // Written only once an engine stored one, for the same reason.
-  if (!replica_set.empty())
-    j["replicaSet"] = OJson{{"epoch", replica_set.epoch},
-                            {"generation", replica_set.generation},
-                            {"members", replica_set.members},
-                            {"rw", replica_set.rw}};
-  if (!last_rw.empty()) j["lastRw"] = OJson{{"epoch", last_rw.epoch}, {"generation", last_rw.generation}};
-  j["head"] = head;
-  j["nextLayerId"] = next_layer_num;
+  if (!m.replica_set.empty())
+    (*j)["replicaSet"] = OJson{{"epoch", m.replica_set.epoch},
+                               {"generation", m.replica_set.generation},
+                               {"members", m.replica_set.members},
+                               {"rw", m.replica_set.rw}};
+  if (!m.last_rw.empty()) (*j)["lastRw"] = OJson{{"epoch", m.last_rw.epoch}, {"generation", m.last_rw.generation}};
+  (*j)["head"] = m.head;
+  (*j)["nextLayerId"] = m.next_layer_num;
+}
+
+// j dumped with its last key "layers": [] left open; the caller appends the array and "}".
+std::string DumpOpen(OJson* j) {
   // The last key: dump() ends the text with `"layers": []` + "\n}", where the array goes.
-  j["layers"] = OJson::array();
+  (*j)["layers"] = OJson::array();
   // Labels are arbitrary strings: never let invalid UTF-8 throw out of dump().
-  std::string text = j.dump(1, ' ', false, OJson::error_handler_t::replace);
+  std::string text = j->dump(1, ' ', false, OJson::error_handler_t::replace);
   text.resize(text.size() - 4);  // "[]\n}"
+  return text;
+}
+
+}  // namespace
+
+std::string ReplicaMetadata::Serialize() const {
+  OJson j{{"format", journal == 0 ? kFormatVersion : kJournalFormatVersion}};
+  if (journal != 0) j["journal"] = journal;
+  AddTopFields(&j, *this);
+  std::string text = DumpOpen(&j);
   text.reserve(text.size() + layers.size() * 240);
   AppendLayers(&text, layers);
+  text.append("\n}\n");
+  return text;
+}
+
+std::string ReplicaMetadata::SerializeChange(const ReplicaMetadata& prev) const {
+  // Both lists are ordered by num: one merge walk finds what is new, changed or gone.
+  std::vector<LayerRecord> changed;
+  std::vector<std::string> dropped;
+  size_t a = 0, b = 0;
+  while (a < prev.layers.size() || b < layers.size()) {
+    if (b == layers.size() || (a < prev.layers.size() && prev.layers[a].num < layers[b].num)) {
+      dropped.push_back(prev.layers[a++].id);
+    } else if (a == prev.layers.size() || layers[b].num < prev.layers[a].num) {
+      changed.push_back(layers[b++]);
+    } else {
+      if (prev.layers[a] != layers[b]) changed.push_back(layers[b]);
+      ++a;
+      ++b;
+    }
+  }
+  OJson j = OJson::object();
+  AddTopFields(&j, *this);
+  j["drop"] = dropped;
+  std::string text = DumpOpen(&j);
+  AppendLayers(&text, changed);
   text.append("\n}\n");
   return text;
 }
@@ -455,6 +585,7 @@ Status ReplicaMetadata::Load(const std::string& dir, ReplicaMetadata* out) {
     return s;
   }
   s = Parse(text, out);
+  if (s.ok() && out->journal != 0) s = MetadataJournal::Replay(dir, out);
   if (!s.ok()) s.message = dir + ": " + s.message;
   return s;
 }

@@ -26,6 +26,13 @@ struct LayerRecord {
   int64_t created_ms = 0;
   Labels labels;
   uint64_t size_bytes = 0;
+
+  bool operator==(const LayerRecord& o) const {
+    return num == o.num && id == o.id && file == o.file && parent == o.parent && name == o.name &&
+           removed == o.removed && user_created == o.user_created && created_ms == o.created_ms &&
+           labels == o.labels && size_bytes == o.size_bytes;
+  }
+  bool operator!=(const LayerRecord& o) const { return !(*this == o); }
 };
 
 // The backing image beneath a replica's chain (seed 003): the bottom, read-only layer. The
@@ -43,7 +50,12 @@ struct BackingImageRef {
 };
 
 struct ReplicaMetadata {
+  // Format 1: replica.json holds everything. Format 2: replica.json is the base and
+  // replica.log (store/metadata-journal.h) holds the commits made since, as records of the
+  // base's `journal` generation. Builds that know only format 1 refuse format 2 instead of
+  // reading a stale base; a replica closed cleanly is left in format 1.
   static constexpr int kFormatVersion = 1;
+  static constexpr int kJournalFormatVersion = 2;
   static constexpr const char* kFileName = "replica.json";
   // Named limits on what a replica may hold (and metadata may claim).
   static constexpr size_t kMaxLayers = 65536;
@@ -54,6 +66,10 @@ struct ReplicaMetadata {
   static constexpr uint64_t kMaxSizeBytes = 1ull << 60;
 
   int format = kFormatVersion;
+  // The generation of replica.log records that apply on top of this base (format 2); 0 =
+  // no journal (format 1). A random positive number below 2^53, new at every compaction,
+  // so records a crash left behind from an earlier base never match a later one.
+  uint64_t journal = 0;
   uint64_t size_bytes = 0;
   uint32_t block_size = 4096;
   uint64_t epoch = 0;
@@ -80,11 +96,21 @@ struct ReplicaMetadata {
   std::vector<LayerRecord> layers;  // ordered by num (bottom first)
 
   static Status Parse(const std::string& text, ReplicaMetadata* out);
+  // The whole document: format 1 when journal == 0, else format 2 naming the generation.
   std::string Serialize() const;
+  // A journal record's payload: every top-level field, the layer records that differ from
+  // `prev` (new or changed) and the ids of those `prev` had and this has not.
+  std::string SerializeChange(const ReplicaMetadata& prev) const;
+  // Applies a SerializeChange payload (read back from replica.log) in place; on an error
+  // the metadata is half-changed and must be discarded. Does not Validate: the caller
+  // checks the result of the whole log.
+  Status ApplyChange(const std::string& payload);
   // Structural checks shared by Parse and by writers (a writer bug must not persist).
   Status Validate() const;
 
+  // Reads replica.json and, in format 2, applies replica.log's records of its generation.
   static Status Load(const std::string& dir, ReplicaMetadata* out);
+  // Writes the whole document with WriteFileAtomic (Create, journal compactions).
   Status Save(const std::string& dir) const;
 
   LayerRecord* Find(const std::string& id);

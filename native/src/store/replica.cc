@@ -132,7 +132,7 @@ Status OpenBackingImage(const std::string& dir, const BackingImageRef& ref, Code
 
 }  // namespace
 
-Replica::Replica(std::string dir) : dir_(std::move(dir)) {}
+Replica::Replica(std::string dir) : dir_(std::move(dir)), journal_(dir_) {}
 
 Replica::~Replica() { Close(); }
 
@@ -274,6 +274,12 @@ Status Replica::Close() {
   }
   // Nothing reads it any more: the data path holds io_mu_ shared, which we hold exclusively.
   if (image_) image_->Close();
+  {
+    // Whole again in format 1, for builds without the journal. Not an error of Close when
+    // it fails: the replica stays in format 2, which this build reads.
+    std::lock_guard<std::mutex> g(meta_mu_);
+    (void)journal_.Finish(&meta_);
+  }
   if (lock_fd_ >= 0) ::close(lock_fd_);
   lock_fd_ = -1;
   return s;
@@ -287,10 +293,14 @@ Status Replica::CheckOpen() const {
 // ---------------------------------------------------------------------------------------
 // Epoch and clean flag
 
-Status Replica::SaveMeta(const ReplicaMetadata& m) {
+Status Replica::SaveMeta(ReplicaMetadata m) {
   std::lock_guard<std::mutex> g(meta_mu_);
-  Status s = m.Save(dir_);
-  if (s.ok()) meta_ = m;
+  return CommitMetaLocked(std::move(m));
+}
+
+Status Replica::CommitMetaLocked(ReplicaMetadata m) {
+  Status s = journal_.Commit(meta_, &m);
+  if (s.ok()) meta_ = std::move(m);
   return s;
 }
 
@@ -382,7 +392,7 @@ Status Replica::SetReplicaSet(const ReplicaSet& set, bool self_rw) {
   }
   m.replica_set = set;
   if (self_rw) m.last_rw = id;
-  return SaveMeta(m);
+  return SaveMeta(std::move(m));
 }
 
 Status Replica::MarkClean(uint64_t epoch) {
@@ -403,7 +413,7 @@ Status Replica::MarkClean(uint64_t epoch) {
     m = meta_;
   }
   m.clean = true;
-  s = SaveMeta(m);
+  s = SaveMeta(std::move(m));
   if (s.ok()) clean_ = true;
   return s;
 }
@@ -446,7 +456,7 @@ Status Replica::Grow(uint64_t size_bytes) {
   }
   m.size_bytes = size_bytes;
   for (LayerRecord& l : m.layers) l.size_bytes = size_bytes;
-  s = SaveMeta(m);
+  s = SaveMeta(std::move(m));
   if (!s.ok()) {
     ResizeLayers(old, old);
     return s;
@@ -462,9 +472,8 @@ Status Replica::EnsureDirty() {
   if (!clean_.load()) return Status::Ok();
   ReplicaMetadata m = meta_;
   m.clean = false;
-  Status s = m.Save(dir_);
+  Status s = CommitMetaLocked(std::move(m));
   if (!s.ok()) return s;
-  meta_ = std::move(m);
   clean_ = false;
   return Status::Ok();
 }
@@ -1101,7 +1110,7 @@ Status Replica::CommitNewHead(ReplicaMetadata m, std::string parent, int64_t cre
   if (!s.ok()) return s;
   m.layers.push_back(rec);
   m.head = rec.id;
-  s = SaveMeta(m);
+  s = SaveMeta(std::move(m));
   if (!s.ok()) {
     ::unlink(layer->path().c_str());
     return s;
@@ -1123,7 +1132,7 @@ Status Replica::CommitWithoutLayer(ReplicaMetadata m, const std::string& id) {
   m.layers.erase(std::remove_if(m.layers.begin(), m.layers.end(),
                                 [&](const LayerRecord& l) { return l.id == id; }),
                  m.layers.end());
-  Status s = SaveMeta(m);
+  Status s = SaveMeta(std::move(m));
   if (!s.ok()) return s;
   ForgetLayer(id, true);
   return Status::Ok();
@@ -1277,7 +1286,7 @@ Status Replica::DeleteSnapshot(const std::string& name) {
       // leave a visible snapshot with blocks punched out of it.
       ReplicaMetadata m = meta_;
       m.Find(id)->removed = true;
-      s = SaveMeta(m);
+      s = SaveMeta(std::move(m));
       if (s.ok() && children.size() == 1) s = Prune(id);
     }
     if (s.ok()) s = Collect();
@@ -1670,9 +1679,8 @@ Status Replica::FinishRebuild() {
   std::lock_guard<std::mutex> g(meta_mu_);
   ReplicaMetadata m = meta_;
   m.rebuilding = false;
-  s = m.Save(dir_);
+  s = CommitMetaLocked(std::move(m));
   if (!s.ok()) return s;
-  meta_ = std::move(m);
   rebuilding_ = false;
   return Status::Ok();
 }

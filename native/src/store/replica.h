@@ -2,6 +2,8 @@
 //
 //   <dir>/replica.json      metadata (format, size, epoch, clean, head, layers), written
 //                           atomically: tmp file, fsync, rename, fsync dir (invariant 4)
+//   <dir>/replica.log       commits since replica.json was last written whole, appended
+//                           and synced one record each (store/metadata-journal.h)
 //   <dir>/layer-<id>.img    sparse layer files, all of the volume's size
 //   <dir>/lock              flock'd (exclusive) while the replica is open
 //
@@ -28,6 +30,7 @@
 #include "image/image-reader.h"
 #include "store/extent-map.h"
 #include "store/layer.h"
+#include "store/metadata-journal.h"
 #include "store/replica-metadata.h"
 #include "util/rw-lock.h"
 
@@ -167,7 +170,10 @@ class Replica : public ReplicaBackend {
 
   // --- control helpers (caller holds ctl_mu_ and io_mu_ exclusive) ---
   Status CheckOpen() const;
-  Status SaveMeta(const ReplicaMetadata& m);
+  // Makes m the replica's metadata: durable (through journal_), then meta_.
+  Status SaveMeta(ReplicaMetadata m);
+  // The same with meta_mu_ already held.
+  Status CommitMetaLocked(ReplicaMetadata m);
   // A new empty layer file of size_bytes for `rec`, synced with the directory.
   Status NewLayerFile(const LayerRecord& rec, uint64_t size_bytes, std::unique_ptr<Layer>* out);
   // Sets every open layer file's length to size_bytes (synced). On failure the files
@@ -221,6 +227,8 @@ class Replica : public ReplicaBackend {
   std::array<std::mutex, kEdgeLockStripes> edge_locks_;
 
   ReplicaMetadata meta_;
+  // Where meta_'s commits go (replica.log between whole writes of replica.json); meta_mu_.
+  MetadataJournal journal_;
   // Layer objects change only under io_mu_ exclusive.
   std::map<std::string, std::unique_ptr<Layer>> layers_;
   std::unordered_map<uint32_t, Layer*> by_num_;
