@@ -5,7 +5,7 @@ import { Metadata, status as GrpcStatus, Server, ServerCredentials, type ServerR
 
 import { MooringError, toMooringError } from '../../errors.js';
 import { parseNbdAddress } from '../../nbd/nbd-address.js';
-import { describe } from '../../util/validate.js';
+import { checkIntIn, describe } from '../../util/validate.js';
 import { checkLoopbackRule, checkTls, formatTcpAddress, type DataEngineTlsOptions } from '../addresses.js';
 import { DATA_ENGINE_FEATURES, type DataEngine } from '../data-engine.js';
 import type { HandOffEpochs, HandOffProcessResult } from '../process-handoff.js';
@@ -49,6 +49,17 @@ export const GRPC_LIMITS = {
   fileDataBytesMax: BACKING_IMAGE_FILE_LIMITS.readChunkBytes,
   /** HTTP/2 receive window of a client (the most a server may send ahead of what it read). */
   clientFlowControlWindowBytes: 8 * 1024 * 1024,
+  /**
+   * How often the server PINGs each client connection, and how long a PING may go
+   * unanswered before it closes the connection: a client gone without a word (a partition,
+   * a host powered off) stops holding its calls and its watch stream (one of
+   * watchStreamsMax) after at most twice this, not when TCP gives up (minutes).
+   */
+  keepaliveMs: 10_000,
+  /** Smallest `keepaliveMs` the server and RemoteDataEngine accept. */
+  keepaliveMsMin: 100,
+  /** Largest `keepaliveMs` the server and RemoteDataEngine accept. */
+  keepaliveMsMax: 3600_000,
 } as const;
 
 /** Options of {@link DataEngineGrpcServer.start}. */
@@ -79,6 +90,12 @@ export interface DataEngineGrpcServerOptions {
    * from argv (src/data-engine/process-handoff.ts). Without it the call is UNSUPPORTED.
    */
   handOffProcess?: (argv: string[], epochs: Map<string, HandOffEpochs>) => Promise<HandOffProcessResult>;
+  /**
+   * HTTP/2 PING interval per client connection, and how long a PING may go unanswered
+   * before the connection is closed (its calls cancelled, its watch stream freed). Default
+   * 10 s ({@link GRPC_LIMITS}.keepaliveMs); 100 ms to 1 h.
+   */
+  keepaliveMs?: number;
 }
 
 // Marks a request that did not decode; the handler answers it with PROTOCOL_ERROR.
@@ -98,6 +115,11 @@ export class DataEngineGrpcServer {
   readonly #server: Server;
   readonly #watchers = new Set<{ end: () => void }>();
   #engine!: DataEngine;
+
+  /** Watch streams open now (at most {@link GRPC_LIMITS}.watchStreamsMax). */
+  get watchStreams(): number {
+    return this.#watchers.size;
+  }
   readonly #unixPath: string | undefined;
   #closing: Promise<void> | undefined;
 
@@ -119,6 +141,7 @@ export class DataEngineGrpcServer {
     }
     const tls = checkTls(options.tls);
     const secret = checkClusterSecret(options.clusterSecret);
+    const keepaliveMs = checkIntIn('keepaliveMs', options.keepaliveMs, GRPC_LIMITS.keepaliveMsMin, GRPC_LIMITS.keepaliveMsMax, GRPC_LIMITS.keepaliveMs);
     const addr = parseNbdAddress(options.listen);
     let target: string;
     if (addr.kind === 'unix') {
@@ -133,6 +156,8 @@ export class DataEngineGrpcServer {
       'grpc.max_receive_message_length': GRPC_LIMITS.messageBytesMax,
       'grpc.max_send_message_length': GRPC_LIMITS.messageBytesMax,
       'grpc.max_concurrent_streams': GRPC_LIMITS.concurrentStreamsMax,
+      'grpc.keepalive_time_ms': keepaliveMs,
+      'grpc.keepalive_timeout_ms': keepaliveMs,
     });
     const creds = tls
       ? ServerCredentials.createSsl(Buffer.from(tls.ca), [{ cert_chain: Buffer.from(tls.cert), private_key: Buffer.from(tls.key) }], true)

@@ -80,9 +80,6 @@ export const REMOTE_DATA_ENGINE_DEFAULTS = {
   keepaliveMs: 10_000,
 } as const;
 
-/** Bounds of {@link RemoteDataEngineOptions.keepaliveMs}. */
-const KEEPALIVE_MS_MIN = 100;
-const KEEPALIVE_MS_MAX = 3600_000;
 
 /** Bounds of the deadlines in {@link RemoteDataEngineOptions}. */
 const TIMEOUT_MS_MIN = 100;
@@ -156,7 +153,7 @@ export class RemoteDataEngine implements DataEngine {
     const secret = checkClusterSecret(options.clusterSecret);
     const timeoutMs = checkIntIn('timeoutMs', options.timeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.timeoutMs);
     const longTimeoutMs = checkIntIn('longCallTimeoutMs', options.longCallTimeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.longCallTimeoutMs);
-    const keepaliveMs = checkIntIn('keepaliveMs', options.keepaliveMs, KEEPALIVE_MS_MIN, KEEPALIVE_MS_MAX, REMOTE_DATA_ENGINE_DEFAULTS.keepaliveMs);
+    const keepaliveMs = checkIntIn('keepaliveMs', options.keepaliveMs, GRPC_LIMITS.keepaliveMsMin, GRPC_LIMITS.keepaliveMsMax, REMOTE_DATA_ENGINE_DEFAULTS.keepaliveMs);
     const addr = parseNbdAddress(options.address);
     let target: string;
     let creds: ChannelCredentials;

@@ -195,16 +195,17 @@ describe('DataEngine gRPC', () => {
     expect(events.filter((e) => e.type === 'epoch-claimed' && e.volume === 'after').length).toBeGreaterThan(0);
   });
 
-  it('drops a connection that went silent (keepalive) and moves the watch stream to a new one', async () => {
-    server = await DataEngineGrpcServer.start({ engine: local, listen: 'tcp:127.0.0.1:0' });
-    // A TCP relay whose connections can be silenced: their bytes dropped both ways, the
-    // sockets left open (no FIN, no RST), as a partition or a host gone without a word.
+  /**
+   * A TCP relay to `port` whose connections can be silenced: their bytes dropped both ways,
+   * the sockets left open (no FIN, no RST), as a partition or a host gone without a word.
+   */
+  async function silencingRelay(port: number): Promise<{ port: number; accepted: () => number; silence: () => void; close: () => Promise<void> }> {
     const open: Array<[Socket, Socket]> = [];
     const all: Socket[] = [];
     let accepted = 0;
     const relay = createServer((c) => {
       accepted++;
-      const u = connect(Number(server!.address.split(':')[2]), '127.0.0.1');
+      const u = connect(port, '127.0.0.1');
       c.pipe(u);
       u.pipe(c);
       for (const [a, b] of [[c, u], [u, c]] as const) {
@@ -215,27 +216,64 @@ describe('DataEngine gRPC', () => {
       all.push(c, u);
     });
     await new Promise<void>((r) => relay.listen(0, '127.0.0.1', r));
+    return {
+      port: (relay.address() as { port: number }).port,
+      accepted: () => accepted,
+      silence: () => {
+        for (const [c, u] of open.splice(0)) {
+          c.unpipe(u);
+          u.unpipe(c);
+          c.on('data', () => undefined);
+          u.on('data', () => undefined);
+        }
+      },
+      close: async () => {
+        for (const sock of all) sock.destroy();
+        await new Promise<void>((r) => relay.close(() => r()));
+      },
+    };
+  }
+
+  it('drops a connection that went silent (keepalive) and moves the watch stream to a new one', async () => {
+    server = await DataEngineGrpcServer.start({ engine: local, listen: 'tcp:127.0.0.1:0' });
+    const relay = await silencingRelay(Number(server.address.split(':')[2]));
     try {
-      const port = (relay.address() as { port: number }).port;
-      const remote = await RemoteDataEngine.connect({ address: `tcp:127.0.0.1:${port}`, keepaliveMs: 300 });
+      const remote = await RemoteDataEngine.connect({ address: `tcp:127.0.0.1:${relay.port}`, keepaliveMs: 300 });
       clients.push(remote);
-      const { cycle } = await watchedCycles(remote, () => ` (relay connections: ${accepted})`);
+      const { cycle } = await watchedCycles(remote, () => ` (relay connections: ${relay.accepted()})`);
       await cycle('before');
-      const before = accepted;
-      for (const [c, u] of open.splice(0)) {
-        c.unpipe(u);
-        u.unpipe(c);
-        c.on('data', () => undefined);
-        u.on('data', () => undefined);
-      }
+      const before = relay.accepted();
+      relay.silence();
       // Without keepalive the stream would wait on the silent connection for good.
       await cycle('after');
-      expect(accepted, 'the client dialled again').toBeGreaterThan(before);
+      expect(relay.accepted(), 'the client dialled again').toBeGreaterThan(before);
       expect((await remote.info()).hostId).toBe('h1');
-      expect(await codeOf(RemoteDataEngine.connect({ address: `tcp:127.0.0.1:${port}`, keepaliveMs: 50 }))).toBe('INVALID_ARGUMENT');
+      expect(await codeOf(RemoteDataEngine.connect({ address: `tcp:127.0.0.1:${relay.port}`, keepaliveMs: 50 }))).toBe('INVALID_ARGUMENT');
     } finally {
-      for (const s of all) s.destroy();
-      await new Promise<void>((r) => relay.close(() => r()));
+      await relay.close();
+    }
+  });
+
+  it('the server closes a client connection that went silent (its keepalive) and frees the watch stream it held', async () => {
+    server = await DataEngineGrpcServer.start({ engine: local, listen: 'tcp:127.0.0.1:0', keepaliveMs: 300 });
+    const relay = await silencingRelay(Number(server.address.split(':')[2]));
+    try {
+      // The client's own keepalive is an hour: only the server can find the connection dead.
+      const remote = await RemoteDataEngine.connect({ address: `tcp:127.0.0.1:${relay.port}`, keepaliveMs: 3600_000 });
+      clients.push(remote);
+      const { cycle } = await watchedCycles(remote);
+      await cycle('before');
+      expect(server.watchStreams).toBe(1);
+      relay.silence();
+      // Without the server's PINGs the stream would hold its slot (one of 64) for good.
+      const deadline = Date.now() + 20_000;
+      while (server.watchStreams > 0) {
+        if (Date.now() > deadline) throw new Error(`the silent client's watch stream is still open on the server after 20 s (keepalive 300 ms)`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(await codeOf(DataEngineGrpcServer.start({ engine: local, listen: 'tcp:127.0.0.1:0', keepaliveMs: 99 }))).toBe('INVALID_ARGUMENT');
+    } finally {
+      await relay.close();
     }
   });
 
