@@ -2,7 +2,8 @@
 // engine's visibleSnapshots), name checks, delete by merge and by prune with real space
 // reclaimed, revert (refused while exported), on a LocalEngine over three replicas that are
 // compared afterwards; and a chain of 1,000 snapshots.
-import { readFileSync } from 'node:fs';
+import { readFileSync, readdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
@@ -305,6 +306,44 @@ describe('a chain of 1,000 snapshots (real addon)', () => {
         expect(await r.listLayers()).toHaveLength(count);
         expectSame(await r.read(at(999), 300), data(999), 'write 999 via openReplica');
       });
+    } finally {
+      s.cleanup();
+    }
+  });
+
+  it("a replica's allocated bytes match its layer files after every snapshot, write, delete and revert (the figure below the head is kept between changes)", async () => {
+    const s = new Scratch('mooring-native-alloc-');
+    try {
+      const dir = s.path('r');
+      await addon().createReplica(dir, 8 * MiB);
+      const engine = await LocalEngine.open({ epoch: nextEpoch(), replicas: [{ id: 'r0', path: dir }] });
+      const onDisk = (): number =>
+        readdirSync(dir)
+          .filter((n) => /^layer-L\d+\.img$/.test(n))
+          .reduce((sum, n) => sum + statSync(join(dir, n)).blocks * 512, 0);
+      try {
+        const seed = Number(process.env.MOORING_TEST_SEED ?? Date.now() % 1_000_000) || 1;
+        console.log(`allocation seed ${seed} (MOORING_TEST_SEED=${seed} repeats it)`);
+        let x = seed;
+        const rand = (n: number): number => ((x = (x * 48271) % 2147483647), x % n);
+        const live: string[] = [];
+        for (let i = 0; i < 60; i++) {
+          const op = rand(10);
+          if (op < 4) {
+            await engine.write(rand(2048) * BLOCK, pattern(i, BLOCK * (1 + rand(16))).subarray(0, BLOCK * (1 + rand(4))));
+          } else if (op < 7) {
+            await engine.createSnapshot(`s${i}`);
+            live.push(`s${i}`);
+          } else if (op < 9 && live.length > 0) {
+            await engine.deleteSnapshot(live.splice(rand(live.length), 1)[0]!);
+          } else if (live.length > 0) {
+            await engine.revert(live[rand(live.length)]!);
+          }
+          expect(engine.replicas()[0]!.allocatedBytes, `after step ${i} (op ${op})`).toBe(onDisk());
+        }
+      } finally {
+        await engine.close();
+      }
     } finally {
       s.cleanup();
     }

@@ -966,18 +966,17 @@ Status Replica::SnapshotLayers(const std::string& name, std::vector<LayerInfo>* 
   out->clear();
   // From memory: comparisons over the records, a stat only for the layers answered (the
   // snapshot and, past removed ones, its visible parent), whatever the chain's depth.
-  auto find = [&](auto pred) -> const LayerRecord* {
-    for (const LayerRecord& rec : meta_.layers) {
-      if (pred(rec)) return &rec;
-    }
-    return nullptr;
-  };
-  const LayerRecord* cur = find([&](const LayerRecord& r) { return r.id != meta_.head && !r.removed && r.name == name; });
+  const LayerRecord* cur = meta_.FindSnapshot(name);
   if (!cur) return Status::Ok();
   out->push_back(InfoOfLocked(*cur));
   for (size_t hops = 0; hops < meta_.layers.size() && !cur->parent.empty(); ++hops) {
-    const LayerRecord* p = find([&](const LayerRecord& r) { return r.id == cur->parent; });
-    if (!p) break;
+    // Records are in ascending id order (Validate): the parent by binary search.
+    uint32_t pnum = 0;
+    if (!ReplicaMetadata::ParseLayerId(cur->parent, &pnum)) break;
+    auto it = std::lower_bound(meta_.layers.begin(), meta_.layers.end(), pnum,
+                               [](const LayerRecord& r, uint32_t n) { return r.num < n; });
+    if (it == meta_.layers.end() || it->id != cur->parent) break;
+    const LayerRecord* p = &*it;
     out->push_back(InfoOfLocked(*p));
     if (p->id != meta_.head && !p->removed) break;
     cur = p;
@@ -1028,9 +1027,26 @@ int Replica::ReadLayer(const std::string& layer_id, uint64_t off, uint32_t len, 
 uint64_t Replica::AllocatedBytes() {
   std::shared_lock<RwLock> io(io_mu_);
   if (closed_.load()) return 0;
-  uint64_t total = 0;
-  for (const auto& kv : layers_) total += kv.second->AllocatedBytes();
-  return total;
+  const uint64_t gen = below_gen_.load();
+  uint64_t below = 0;
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> g(below_mu_);
+    if (below_cached_gen_ == gen) {
+      below = below_bytes_;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    for (const auto& kv : layers_)
+      if (kv.second.get() != head_) below += kv.second->AllocatedBytes();
+    std::lock_guard<std::mutex> g(below_mu_);
+    if (below_gen_.load() == gen) {
+      below_cached_gen_ = gen;
+      below_bytes_ = below;
+    }
+  }
+  return below + (head_ ? head_->AllocatedBytes() : 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1095,11 +1111,25 @@ Status Replica::Snapshot(const std::string& name, int64_t created_ms, const Labe
   old->user_created = user_created;
   old->created_ms = created_ms;
   old->labels = labels;
-  return CommitNewHead(std::move(m), old_head, created_ms, [this]() {
+  // Nothing writes while io_mu_ is held exclusively: this is what the old head adds below.
+  const uint64_t old_head_bytes = head_->AllocatedBytes();
+  s = CommitNewHead(std::move(m), old_head, created_ms, [this]() {
     // The old head's blocks now sit directly below the new, empty head.
     head_->extents().ForEachAll(
         [&](const ExtentMap::Interval& iv) { base_.Set(iv.start, iv.end, iv.value); });
   });
+  if (s.ok()) {
+    // The layers below grew by the old head alone: a kept figure moves with it (recounting
+    // every layer after each snapshot would cost what the cache saves).
+    std::lock_guard<std::mutex> g(below_mu_);
+    const bool kept = below_cached_gen_ == below_gen_.load();
+    const uint64_t gen = below_gen_.fetch_add(1) + 1;
+    if (kept) {
+      below_bytes_ += old_head_bytes;
+      below_cached_gen_ = gen;
+    }
+  }
+  return s;
 }
 
 Status Replica::CommitNewHead(ReplicaMetadata m, std::string parent, int64_t created_ms,
@@ -1270,6 +1300,7 @@ void Replica::RebuildBase() {
 Status Replica::DeleteSnapshot(const std::string& name) {
   std::lock_guard<std::mutex> ctl(ctl_mu_);
   std::unique_lock<RwLock> io(io_mu_);
+  BelowChange below_change{this};
   Status s = CheckOpen();
   if (!s.ok()) return s;
   const LayerRecord* rec = meta_.FindSnapshot(name);
@@ -1300,6 +1331,7 @@ Status Replica::DeleteSnapshot(const std::string& name) {
 Status Replica::Revert(const std::string& name, int64_t created_ms) {
   std::lock_guard<std::mutex> ctl(ctl_mu_);
   std::unique_lock<RwLock> io(io_mu_);
+  BelowChange below_change{this};
   Status s = CheckOpen();
   if (!s.ok()) return s;
   const LayerRecord* target = meta_.FindSnapshot(name);
@@ -1383,6 +1415,7 @@ int Replica::CheckRebuildOp(uint64_t epoch, uint64_t off, uint64_t len) const {
 Status Replica::AdoptChain(const std::vector<LayerInfo>& layers, uint64_t epoch) {
   std::lock_guard<std::mutex> ctl(ctl_mu_);
   std::unique_lock<RwLock> io(io_mu_);
+  BelowChange below_change{this};
   Status s = CheckOpen();
   if (!s.ok()) return s;
   if (epoch < epoch_.load())
@@ -1596,6 +1629,7 @@ Status Replica::LayerDigest(const std::string& layer_id, uint64_t off, uint64_t 
 int Replica::WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
   if (len > 0 && !buf) return -EINVAL;
   std::shared_lock<RwLock> io(io_mu_);
+  BelowChange below_change{this};
   int rc = CheckRebuildOp(epoch, off, len);
   if (rc != 0) return rc;
   Layer* l = FindLayer(layer_id);
@@ -1625,6 +1659,7 @@ int Replica::WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t of
 
 int Replica::UnmapLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint64_t len) {
   std::shared_lock<RwLock> io(io_mu_);
+  BelowChange below_change{this};
   int rc = CheckRebuildOp(epoch, off, len);
   if (rc != 0) return rc;
   Layer* l = FindLayer(layer_id);
