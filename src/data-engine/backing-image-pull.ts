@@ -34,8 +34,9 @@ export function checkPullSource(options: unknown): { address: string; hostId: st
 }
 
 /**
- * Opens the source's read stream of `ref` from `offset`. The returned `close` ends the
- * connection (call it once the stream is consumed or abandoned).
+ * Opens the source's read stream of `ref` from `offset`; a source alive but sending nothing
+ * for `stallTimeoutMs` fails it UNAVAILABLE (a dead connection is found by keepalive). The
+ * returned `close` ends the connection (call it once the stream is consumed or abandoned).
  */
 export async function openPullSource(
   creds: PullCredentials,
@@ -43,6 +44,7 @@ export async function openPullSource(
   selfHostId: string,
   ref: BackingImageFileRef,
   offset: number,
+  stallTimeoutMs: number,
 ): Promise<{ data: AsyncIterable<Uint8Array>; close: () => Promise<void> }> {
   if (source.hostId === selfHostId) throw new MooringError('INVALID_ARGUMENT', `source ${source.hostId} is this data engine`);
   // Loaded here: an embedded data engine that never pulls does not load gRPC.
@@ -61,5 +63,5 @@ export async function openPullSource(
     await remote.close();
     throw new MooringError('INVALID_ARGUMENT', `${source.address} is data engine ${remote.hostId}, not the source ${source.hostId}`);
   }
-  return { data: remote.readBackingImageFile(ref, { offset }), close: () => remote.close() };
+  return { data: remote.readBackingImageFile(ref, { offset, stallTimeoutMs }), close: () => remote.close() };
 }

@@ -7,7 +7,7 @@ import type { ReplicaServerStats } from '../native/replica-server-stats.js';
 import { LocalEngine, type EngineReplicaSpec, type RebuildEvent, type RebuildFailedEvent, type SalvagedEvent } from '../engine/engine.js';
 import type { NativeAddon, NativeNbdHandOffRecord, NativeReplicaInfo, NativeReplicaServer } from '../native/binding.js';
 import { loadAddon, packageVersion } from '../native/load.js';
-import type { DownloadSettings } from '../backing-image/download.js';
+import { DOWNLOAD_DEFAULTS, checkDownloadSettings, type DownloadSettings } from '../backing-image/download.js';
 import { NBD_LIMITS, type NbdExport } from '../nbd/nbd-export.js';
 import { ensureDirectory, pathExists, readFileLimited, writeFileAtomic } from '../util/files.js';
 import { QUORUM_HOLD_MS_MAX, REPLICA_COUNT_MAX, REPLICA_COUNT_MIN } from '../util/limits.js';
@@ -207,7 +207,9 @@ export interface LocalDataEngineOptions {
   /**
    * Timing of backing image downloads on this disk (start and stall timeouts, retries and
    * back-off, redirects, extra CA certificates); defaults in DOWNLOAD_DEFAULTS. A call's own
-   * startTimeoutMs and retries take precedence.
+   * startTimeoutMs and retries take precedence. `stallTimeoutMs` also bounds a pull from
+   * another data engine ({@link LocalDataEngine.pullBackingImageFile}): no chunk for that
+   * long fails it UNAVAILABLE, the partial file kept for a resume.
    */
   backingImageDownload?: DownloadSettings;
   /**
@@ -364,6 +366,8 @@ export class LocalDataEngine implements DataEngine {
   readonly #listeners = new Set<(event: DataEngineEvent) => void>();
   /** Backing image files on this disk (set by start(), right after construction). */
   #files!: BackingImageFiles;
+  /** A pull from another data engine fails when no chunk comes for this long (backingImageDownload.stallTimeoutMs). */
+  #pullStallMs: number = DOWNLOAD_DEFAULTS.stallTimeoutMs;
   #closing: Promise<void> | undefined;
 
   readonly #log: Logger;
@@ -497,6 +501,7 @@ export class LocalDataEngine implements DataEngine {
         replicaAddress = { host: listenAddress.host, port: server.port };
       }
       const de = new LocalDataEngine({ hostId, dir, diskId, addon, lock, tls, clusterSecret, server, replicaAddress, maxConcurrentRebuilds, maxConcurrentSnapshotCopies, repair, handOverHoldMs, allowInsecureRemote: allowInsecure, nbdSocketGroup, nbdExportBufferBytesMax, log });
+      de.#pullStallMs = checkDownloadSettings(options.backingImageDownload, 'backingImageDownload').stallTimeoutMs;
       de.#files = await BackingImageFiles.open({
         dir,
         addon,
@@ -1130,7 +1135,7 @@ export class LocalDataEngine implements DataEngine {
     const { source: _s, ...write } = options;
     const offset = typeof write.offset === 'number' ? write.offset : 0;
     const creds = { tls: this.#tls, clusterSecret: this.#clusterSecret, allowInsecureRemote: this.#allowInsecureRemote };
-    const src = await openPullSource(creds, source, this.hostId, ref, offset);
+    const src = await openPullSource(creds, source, this.hostId, ref, offset, this.#pullStallMs);
     try {
       return await this.#files.write(ref, write, src.data);
     } finally {

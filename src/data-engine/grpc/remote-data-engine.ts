@@ -487,22 +487,39 @@ export class RemoteDataEngine implements DataEngine {
   }
 
   /** @inheritDoc DataEngine.readBackingImageFile */
-  async *readBackingImageFile(ref: BackingImageFileRef, options: { offset?: number } = {}): AsyncGenerator<Uint8Array> {
+  async *readBackingImageFile(ref: BackingImageFileRef, options: { offset?: number; stallTimeoutMs?: number } = {}): AsyncGenerator<Uint8Array> {
     if (this.#closed) throw new MooringError('CLOSED', `connection to data engine ${this.hostId} is closed`);
     const o = checkObject('read options', options);
     if (o.offset !== undefined && !isCount(o.offset)) throw new MooringError('INVALID_ARGUMENT', `offset must be a non-negative integer (got ${describe(o.offset)})`);
+    const stallMs = o.stallTimeoutMs === undefined ? undefined : checkIntIn('stallTimeoutMs', o.stallTimeoutMs, TIMEOUT_MS_MIN, TIMEOUT_MS_MAX, 0);
     const fn = (this.#client as unknown as Record<string, (req: Msg, md: Metadata, opts: { deadline: number }) => ClientReadableStream<Msg>>).ReadBackingImageFile!;
     const call = fn.call(this.#client, { ref: fileRefToMsg(checkFileRefShape(ref)), offset: o.offset ?? 0 }, new Metadata(), { deadline: Date.now() + this.#longTimeoutMs });
     let ended = false;
+    // With stallTimeoutMs: the time the source takes for each next message, not the time the
+    // consumer spends between asking (its writes may be slow; the stream then waits on it).
+    let stalled = false;
+    let timer: NodeJS.Timeout | undefined;
+    const arm = (): void => {
+      if (stallMs === undefined) return;
+      timer = setTimeout(() => {
+        stalled = true;
+        call.cancel();
+      }, stallMs);
+    };
     try {
+      arm();
       for await (const m of call as AsyncIterable<Msg>) {
+        clearTimeout(timer);
         if (m.data instanceof Uint8Array) yield m.data;
+        arm();
       }
       ended = true;
     } catch (err) {
       ended = true;
+      if (stalled) throw new MooringError('UNAVAILABLE', `data engine ${this.hostId}: ReadBackingImageFile sent nothing for ${stallMs} ms`, { cause: err });
       throw fromGrpcError(err, `data engine ${this.hostId}: ReadBackingImageFile`);
     } finally {
+      clearTimeout(timer);
       if (!ended) {
         // The consumer stopped early: tell the data engine, so it frees the read.
         call.on('error', () => undefined);

@@ -348,4 +348,59 @@ describe('PullBackingImageFile over gRPC', () => {
     expect(state.relayedBytes).toBe(body.length);
     expect((await collect(neu.readBackingImageFile(ref))).equals(body)).toBe(true);
   });
+
+  it('a source that stops sending mid-file fails the pull UNAVAILABLE after the stall timeout; the pull resumes from the partial file', async () => {
+    const srcLocal = await LocalDataEngine.start({ dir: join(dir, 's'), hostId: 's', addon: loadAddon(), replicaListen: null });
+    closers.push(() => srcLocal.close());
+    let stall = true;
+    // The source's reads, stalled after 1 MiB while `stall` is set: alive, answering PINGs,
+    // sending nothing (a stuck disk), until the call is cancelled.
+    const engine = new Proxy(srcLocal, {
+      get: (t, p) => {
+        if (p === 'readBackingImageFile' && stall) {
+          return async function* (r: unknown, o: { offset?: number }): AsyncGenerator<Uint8Array> {
+            const it = t.readBackingImageFile(r as never, o)[Symbol.asyncIterator]();
+            let sent = 0;
+            for (;;) {
+              const n = await it.next();
+              if (n.done) return;
+              yield n.value;
+              sent += n.value.length;
+              if (sent >= MiB) await new Promise(() => undefined);
+            }
+          };
+        }
+        const v = Reflect.get(t, p, t) as unknown;
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(t) : v;
+      },
+    }) as LocalDataEngine;
+    const server = await DataEngineGrpcServer.start({ engine, listen: `unix:${join(dir, 's.sock')}` });
+    closers.push(() => server.close());
+    const target = await LocalDataEngine.start({ dir: join(dir, 't'), hostId: 't', addon: loadAddon(), replicaListen: null, backingImageDownload: { stallTimeoutMs: 500 } });
+    closers.push(() => target.close());
+    const body = rawImage(8 * MiB);
+    const ref = { name: 'stall', uuid: randomUUID() };
+    const opts = { sizeBytes: body.length, offset: 0, expectedChecksum: sha(body) };
+    await srcLocal.writeBackingImageFile(ref, opts, chunks(body));
+    const source = { address: server.address, hostId: 's' };
+
+    const t0 = Date.now();
+    const guard = new Promise<never>((_, rej) => setTimeout(() => rej(new Error('the pull from a stalled source was still waiting after 20 s')), 20_000));
+    const e = await Promise.race([errorOf(target.pullBackingImageFile(ref, { ...opts, source })), guard]);
+    expect(e.code).toBe('UNAVAILABLE');
+    expect(e.message).toMatch(/ReadBackingImageFile sent nothing for 500 ms/);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(500);
+    const partial = await target.backingImageFile(ref);
+    expect(partial?.state).not.toBe('ready');
+    expect(partial?.receivedBytes).toBeGreaterThanOrEqual(MiB);
+    expect(partial?.receivedBytes).toBeLessThan(body.length);
+
+    stall = false;
+    const done = await target.pullBackingImageFile(ref, { ...opts, offset: partial!.receivedBytes, source });
+    expect(done).toMatchObject({ state: 'ready', checksum: sha(body) });
+    expect((await collect(target.readBackingImageFile(ref))).equals(body)).toBe(true);
+    const remote = await RemoteDataEngine.connect({ address: server.address });
+    closers.push(() => remote.close());
+    expect((await errorOf(collect(remote.readBackingImageFile(ref, { stallTimeoutMs: 5 })))).code).toBe('INVALID_ARGUMENT');
+  });
 });
