@@ -83,6 +83,12 @@ export function scaleVerdicts(r: ScaleResults): string[] {
   judge('host, 1,000 attached volumes, an NBD client on each: < 100 threads in the data engine', h1000?.figures['threads'], (v) => v < 100, fmt(h1000?.figures['threads'], 0));
   const d1000 = pointAt(r, 'depth', 1000);
   judge('depth 1,000: 4k random reads ≥ 0.9× a flat volume', d1000?.figures['ratio'], (v) => v >= 0.9, `${fmt(d1000?.figures['ratio'], 2)}×`);
+  // "Independent of depth": ten times the depth, at most half as slow again (a shared
+  // machine moves single figures by a third either way).
+  const snap1000 = d1000?.figures['snapshotMs'];
+  const snap100 = pointAt(r, 'depth', 100)?.figures['snapshotMs'];
+  if (snap1000 !== undefined && snap100 !== undefined)
+    judge('depth 100 → 1,000: snapshot create within 1.5× (independent of depth)', snap1000 / snap100, (v) => v <= 1.5, `×${fmt(snap1000 / snap100, 2)} (${fmt(snap100, 1)} → ${fmt(snap1000, 1)} ms)`);
   return out;
 }
 
