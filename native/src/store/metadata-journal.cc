@@ -1,7 +1,7 @@
 #include "store/metadata-journal.h"
 
 #include <fcntl.h>
-#include <sys/random.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,13 +37,15 @@ uint64_t Get64(const uint8_t* p) {
 }
 
 // A positive generation below 2^53 (a JSON number any reader keeps exactly), not `avoid`.
-// getrandom: no generator state (a thread_local engine would not fit the static TLS block
-// the addon's initial-exec model draws from); the clock and a counter if it fails.
+// The getrandom system call: no generator state (a thread_local engine would not fit the
+// static TLS block the addon's initial-exec model draws from), and through syscall(), not
+// glibc's wrapper (GLIBC_2.25, above the arm64 prebuild's 2.17 floor). The clock and a
+// counter if it fails.
 uint64_t NewGeneration(uint64_t avoid) {
   static std::atomic<uint64_t> counter{0};
   for (;;) {
     uint64_t g = 0;
-    if (::getrandom(&g, sizeof g, 0) != static_cast<ssize_t>(sizeof g))
+    if (::syscall(SYS_getrandom, &g, sizeof g, 0) != static_cast<long>(sizeof g))
       g = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull +
           counter.fetch_add(1);
     g &= (1ull << 53) - 1;
