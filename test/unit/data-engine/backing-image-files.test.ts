@@ -15,6 +15,7 @@ import { LocalDataEngine } from '../../../src/data-engine/local-data-engine.js';
 import { MooringError } from '../../../src/errors.js';
 import type { NativeAddon } from '../../../src/native/binding.js';
 import { loadAddon } from '../../../src/native/load.js';
+import { mountTmpfs, unmount } from '../../native/helpers.js';
 import { NbdClient } from '../../system/helpers/nbd-client.js';
 import { MiB, TestHttpServers, chunks, collect, errorOf, rangeServe, rawImage, sha, type TestHttpHandler } from '../backing-image/helpers.js';
 
@@ -181,6 +182,33 @@ describe('LocalDataEngine backing image files (real addon)', () => {
     const info = await de.writeBackingImageFile(ref, { sizeBytes: body.length, offset: 2 * MiB + 5, expectedChecksum: sha(body) }, chunks(body.subarray(2 * MiB + 5)));
     expect(info).toMatchObject({ state: 'ready', checksum: sha(body), sizeBytes: body.length });
     expect((await readFile(join(root, 'de', 'backing-images', `up-${ref.uuid}`, 'image'))).equals(body)).toBe(true);
+  });
+
+  it('an upload that fills the disk fails NO_SPACE with its partial file a prefix of the stream; the engine keeps serving, and the upload resumes once there is room', async () => {
+    const mnt = join(root, 'small');
+    mountTmpfs(mnt, '6m');
+    let small: LocalDataEngine | undefined;
+    try {
+      small = await LocalDataEngine.start({ dir: join(mnt, 'de'), hostId: 'h2', replicaListen: null, addon, backingImageDownload: FAST });
+      const body = rawImage(8 * MiB);
+      const ref = { name: 'full', uuid: randomUUID() };
+      const e = await errorOf(small.writeBackingImageFile(ref, { sizeBytes: body.length, expectedChecksum: sha(body) }, chunks(body, MiB)));
+      expect(e.code, e.message).toBe('NO_SPACE');
+      const failed = await small.backingImageFile(ref);
+      expect(failed).toMatchObject({ state: 'failed', sizeBytes: body.length });
+      expect(failed!.receivedBytes).toBeGreaterThan(0);
+      expect(failed!.receivedBytes).toBeLessThan(body.length);
+      // Still answering, on the full disk.
+      expect((await small.listBackingImageFiles()).map((f) => f.name)).toEqual(['full']);
+      execFileSync('mount', ['-o', 'remount,size=32m', mnt]);
+      // The SHA-512 covers the whole file: a partial file that were not a prefix of the
+      // stream would fail it.
+      const info = await small.writeBackingImageFile(ref, { sizeBytes: body.length, offset: failed!.receivedBytes, expectedChecksum: sha(body) }, chunks(body.subarray(failed!.receivedBytes), MiB));
+      expect(info).toMatchObject({ state: 'ready', checksum: sha(body) });
+    } finally {
+      await small?.close().catch(() => undefined);
+      unmount(mnt);
+    }
   });
 
   it('fails a stream that sends more than declared or garbage chunks, and one that throws keeps its partial', async () => {
