@@ -274,7 +274,8 @@ const Json* GetLayerArray(const Json& j, const char* key, Status* s) {
 }
 
 // Where the record with this number is or would go in layers (ordered by num).
-std::vector<LayerRecord>::iterator LowerBound(std::vector<LayerRecord>* layers, uint32_t num) {
+template <typename Layers>
+auto LowerBound(Layers* layers, uint32_t num) {
   return std::lower_bound(layers->begin(), layers->end(), num,
                           [](const LayerRecord& l, uint32_t n) { return l.num < n; });
 }
@@ -401,20 +402,15 @@ Status ReplicaMetadata::Validate() const {
         return Corrupt(where + "duplicate snapshot name '" + l.name + "'");
     }
   }
-  // Layers are in ascending id order (checked above): a parent is found by binary search.
+  // Layers are in ascending id order (checked above): FindOrdered may be used.
   for (const LayerRecord& l : layers) {
     if (l.parent.empty()) continue;
-    uint32_t pnum = 0;
-    auto it = layers.end();
-    if (ParseLayerId(l.parent, &pnum))
-      it = std::lower_bound(layers.begin(), layers.end(), pnum,
-                            [](const LayerRecord& r, uint32_t n) { return r.num < n; });
-    if (it == layers.end() || it->id != l.parent)
-      return Corrupt("layer " + l.id + ": parent '" + l.parent.substr(0, 64) + "' does not exist");
+    const LayerRecord* p = FindOrdered(l.parent);
+    if (!p) return Corrupt("layer " + l.id + ": parent '" + l.parent.substr(0, 64) + "' does not exist");
     if (l.parent == head) return Corrupt("layer " + l.id + ": its parent is the head");
     // Writers only ever give a layer a parent created before it (smaller id), which also
     // rules out cycles; reads and ListLayers rely on that order.
-    if (pnum >= l.num)
+    if (p->num >= l.num)
       return Corrupt("layer " + l.id + ": parent " + l.parent +
                      " is not older than the layer (parent links form a cycle or are reordered)");
   }
@@ -606,6 +602,13 @@ const LayerRecord* ReplicaMetadata::Find(const std::string& id) const {
   for (const LayerRecord& l : layers)
     if (l.id == id) return &l;
   return nullptr;
+}
+
+const LayerRecord* ReplicaMetadata::FindOrdered(const std::string& id) const {
+  uint32_t num = 0;
+  if (!ParseLayerId(id, &num)) return nullptr;
+  auto it = LowerBound(&layers, num);
+  return it != layers.end() && it->id == id ? &*it : nullptr;
 }
 
 const LayerRecord* ReplicaMetadata::FindSnapshot(const std::string& name) const {

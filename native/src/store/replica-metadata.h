@@ -115,6 +115,9 @@ struct ReplicaMetadata {
 
   LayerRecord* Find(const std::string& id);
   const LayerRecord* Find(const std::string& id) const;
+  // The same by binary search: only while `layers` is in ascending id order, as Validate
+  // requires of every state that is stored or read back.
+  const LayerRecord* FindOrdered(const std::string& id) const;
   // The non-removed, non-head layer with this snapshot name.
   const LayerRecord* FindSnapshot(const std::string& name) const;
   std::vector<const LayerRecord*> Children(const std::string& id) const;

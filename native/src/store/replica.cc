@@ -970,13 +970,9 @@ Status Replica::SnapshotLayers(const std::string& name, std::vector<LayerInfo>* 
   if (!cur) return Status::Ok();
   out->push_back(InfoOfLocked(*cur));
   for (size_t hops = 0; hops < meta_.layers.size() && !cur->parent.empty(); ++hops) {
-    // Records are in ascending id order (Validate): the parent by binary search.
-    uint32_t pnum = 0;
-    if (!ReplicaMetadata::ParseLayerId(cur->parent, &pnum)) break;
-    auto it = std::lower_bound(meta_.layers.begin(), meta_.layers.end(), pnum,
-                               [](const LayerRecord& r, uint32_t n) { return r.num < n; });
-    if (it == meta_.layers.end() || it->id != cur->parent) break;
-    const LayerRecord* p = &*it;
+    // meta_ was validated: its records are in ascending id order.
+    const LayerRecord* p = meta_.FindOrdered(cur->parent);
+    if (!p) break;
     out->push_back(InfoOfLocked(*p));
     if (p->id != meta_.head && !p->removed) break;
     cur = p;
