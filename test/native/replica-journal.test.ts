@@ -58,6 +58,25 @@ function crashCopy(dir: string, name: string): string {
   return to;
 }
 
+/**
+ * A fresh replica whose engine took these snapshots in turn: the log's size after each, and
+ * a crash copy of the directory taken after the last, before the engine closed cleanly.
+ */
+async function crashedAfterSnapshots(names: string[]): Promise<{ dir: string; crashed: string; logAfter: number[] }> {
+  const dir = await freshReplica();
+  const e = await openEngine(dir);
+  try {
+    const logAfter: number[] = [];
+    for (const name of names) {
+      await e.snapshot(name, {}, true);
+      logAfter.push(logBytes(dir));
+    }
+    return { dir, crashed: crashCopy(dir, 'crashed'), logAfter };
+  } finally {
+    await e.close();
+  }
+}
+
 describe('replica metadata journal (real addon)', () => {
   it('appends one record per commit, the same size at depth 10 and 400; replica.json is rewritten only by compactions; close leaves format 1 and no log', async () => {
     const dir = await freshReplica();
@@ -95,21 +114,8 @@ describe('replica metadata journal (real addon)', () => {
   });
 
   it('a crash cut at every byte of the last record leaves the state before it; whole, the state after it', async () => {
-    const dir = await freshReplica();
-    const e = await openEngine(dir);
-    let crashed: string;
-    let start: number;
-    let end: number;
-    try {
-      await e.snapshot('s0', {}, true);
-      await e.snapshot('s1', {}, true);
-      start = logBytes(dir);
-      await e.snapshot('s2', {}, true);
-      end = logBytes(dir);
-      crashed = crashCopy(dir, 'crashed');
-    } finally {
-      await e.close();
-    }
+    const { crashed, logAfter } = await crashedAfterSnapshots(['s0', 's1', 's2']);
+    const [start, end] = [logAfter[1]!, logAfter[2]!];
     expect(end).toBeGreaterThan(start + 20);
     // (Opening `crashed` itself would close it cleanly: format 1, no log. Always a copy.)
     const seen = new Set<string>();
@@ -125,19 +131,8 @@ describe('replica metadata journal (real addon)', () => {
   });
 
   it('a damaged record before a whole one is CORRUPT_METADATA at open and inspect, never a silent rollback', async () => {
-    const dir = await freshReplica();
-    const e = await openEngine(dir);
-    let crashed: string;
-    let firstRecordEnd: number;
-    try {
-      await e.snapshot('s0', {}, true);
-      await e.snapshot('s1', {}, true);
-      firstRecordEnd = logBytes(dir);
-      await e.snapshot('s2', {}, true);
-      crashed = crashCopy(dir, 'crashed');
-    } finally {
-      await e.close();
-    }
+    const { crashed, logAfter } = await crashedAfterSnapshots(['s0', 's1', 's2']);
+    const firstRecordEnd = logAfter[1]!;
     const log = readFileSync(join(crashed, LOG));
     // A flipped byte in the payload of the first record (s1's), then of the last (s2's).
     const middle = crashCopy(crashed, 'middle');
@@ -154,18 +149,10 @@ describe('replica metadata journal (real addon)', () => {
   });
 
   it('ignores records a crash left from an earlier base (between the base rename and emptying the log)', async () => {
-    const dir = await freshReplica();
-    const e = await openEngine(dir);
-    let staleLog: Buffer;
-    try {
-      await e.snapshot('s0', {}, true);
-      await e.snapshot('s1', {}, true);
-      await e.snapshot('s2', {}, true);
-      staleLog = readFileSync(join(dir, LOG));
-      expect(staleLog.length).toBeGreaterThan(0);
-    } finally {
-      await e.close();
-    }
+    // The crash copy's log is the replica's log before its clean close.
+    const { dir, crashed: before } = await crashedAfterSnapshots(['s0', 's1', 's2']);
+    const staleLog = readFileSync(join(before, LOG));
+    expect(staleLog.length).toBeGreaterThan(0);
     // Opened directly (an engine's open makes commits of its own): the one commit, the
     // first of the session, compacts: a new base, a new generation, an empty log.
     const r = await addon().openReplica(dir);
@@ -174,7 +161,7 @@ describe('replica metadata journal (real addon)', () => {
     try {
       await r.claimEpoch(claimed);
       expect(logBytes(dir)).toBe(0);
-      crashed = crashCopy(dir, 'crashed');
+      crashed = crashCopy(dir, 'crashed-after-claim');
     } finally {
       await r.close();
     }
@@ -204,16 +191,7 @@ describe('replica metadata journal (real addon)', () => {
   });
 
   it('hostile logs under a format 2 base open or fail CORRUPT_METADATA, never crash', async () => {
-    const dir = await freshReplica();
-    const e = await openEngine(dir);
-    let crashed: string;
-    try {
-      await e.snapshot('s0', {}, true);
-      await e.snapshot('s1', {}, true);
-      crashed = crashCopy(dir, 'crashed');
-    } finally {
-      await e.close();
-    }
+    const { crashed } = await crashedAfterSnapshots(['s0', 's1']);
     const good = readFileSync(join(crashed, LOG));
     const gen = good.readBigUInt64LE(8);
     const record = (payload: Buffer, g = gen): Buffer => {
