@@ -4,7 +4,7 @@
  * relayed through this process (h0's readBackingImageFile stream fed into h1's
  * writeBackingImageFile, the fallback for data engines without the pull), then, after h1's
  * copy was deleted, pulled by h1 from h0 directly (pullBackingImageFile, the controller's
- * way); each checked against the SHA-512 on arrival. Throughput = file bytes / copy time,
+ * way: over the replica protocol, h0 announcing it); each checked against the SHA-512 on arrival. Throughput = file bytes / copy time,
  * against the disk's own sequential write rate (the rebuild step's fio job).
  */
 import { createHash } from 'node:crypto';
@@ -29,8 +29,11 @@ export interface BackingImageDeliveryResults {
   fileBytes: number;
   /** Upload into the first host (a stream from a local file through gRPC). */
   upload: { durationMs: number; mibPerSec: number };
-  /** Copy from h0 to h1, pulled by h1 from h0 directly (data engine to data engine), verified on arrival. */
-  delivery: { durationMs: number; mibPerSec: number };
+  /**
+   * Copy from h0 to h1, pulled by h1 from h0 directly (data engine to data engine), verified
+   * on arrival; `via`: how the bytes travelled, as h1 logged it.
+   */
+  delivery: { durationMs: number; mibPerSec: number; via: 'replica protocol' | 'gRPC' | 'unknown' };
   /** The same copy relayed through this process (the fallback), verified on arrival. */
   relay?: { durationMs: number; mibPerSec: number };
   /** fio sequential write to a file on the same filesystem, fsync at the end. */
@@ -73,14 +76,20 @@ export async function measureBackingImageDelivery(ctx: TargetContext): Promise<B
     await pull.call(h1.engine, ref, { sizeBytes: size, offset: 0, expectedChecksum: checksum, source: { address: (h0.engine as RemoteDataEngine).address, hostId: h0.hostId } });
     const deliveryMs = performance.now() - t0;
     const mibPerSec = size / 1024 ** 2 / (deliveryMs / 1000);
-    ctx.log(`  copy h0 → h1 pulled directly: ${(size / 1024 ** 2).toFixed(0)} MiB in ${(deliveryMs / 1000).toFixed(2)} s = ${mibPerSec.toFixed(0)} MiB/s`);
+    const logged = h1.stderr.toString();
+    const via = logged.includes(`${ref.name}-${ref.uuid} from ${h0.hostId} at byte 0 over the replica protocol`)
+      ? 'replica protocol'
+      : logged.includes(`${ref.name}-${ref.uuid} from ${h0.hostId} at byte 0 over gRPC`)
+        ? 'gRPC'
+        : 'unknown';
+    ctx.log(`  copy h0 → h1 pulled directly over ${via}: ${(size / 1024 ** 2).toFixed(0)} MiB in ${(deliveryMs / 1000).toFixed(2)} s = ${mibPerSec.toFixed(0)} MiB/s`);
 
     const seq = await diskSeqWriteMibPerSec(ctx, size);
     ctx.log(`  disk sequential write: ${seq.toFixed(0)} MiB/s`);
     return {
       fileBytes: size,
       upload: { durationMs: uploadMs, mibPerSec: size / 1024 ** 2 / (uploadMs / 1000) },
-      delivery: { durationMs: deliveryMs, mibPerSec },
+      delivery: { durationMs: deliveryMs, mibPerSec, via },
       relay: { durationMs: relayMs, mibPerSec: relayMibPerSec },
       diskSeqWriteMibPerSec: seq,
     };

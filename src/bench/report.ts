@@ -415,7 +415,7 @@ function backingImageText(b: BackingImageDeliveryResults): string {
   return (
     `Backing image (2 data-engine processes on loopback, a ${fmtMiB(b.fileBytes)} file of random bytes): upload into the first host ` +
     `${(b.upload.durationMs / 1000).toFixed(2)} s = ${b.upload.mibPerSec.toFixed(0)} MiB/s; copy to the second host pulled from the first directly ` +
-    `(data engine to data engine, SHA-512 verified on arrival) ${(b.delivery.durationMs / 1000).toFixed(2)} s = ${b.delivery.mibPerSec.toFixed(0)} MiB/s` +
+    `(data engine to data engine over ${b.delivery.via}, SHA-512 verified on arrival) ${(b.delivery.durationMs / 1000).toFixed(2)} s = ${b.delivery.mibPerSec.toFixed(0)} MiB/s` +
     (b.relay ? `, relayed through the bench's process (the fallback) ${(b.relay.durationMs / 1000).toFixed(2)} s = ${b.relay.mibPerSec.toFixed(0)} MiB/s ` : ' ') +
     `(disk sequential write with fsync: ${b.diskSeqWriteMibPerSec.toFixed(0)} MiB/s).`
   );

@@ -161,15 +161,22 @@ export interface DataEngineInfo {
    * What this data engine's gRPC service offers beyond the base service:
    * `successor-exec` (it replaces its own process by a new version: `mooring data-engine
    * --allow-successor-exec`), `in-place-handoff` (it hands its engines, clients
-   * connected, to that successor) and `salvage` (it honours
-   * {@link EngineStartOptions.salvage}). Empty in process (where everything of this release
+   * connected, to that successor), `salvage` (it honours
+   * {@link EngineStartOptions.salvage}) and `backing-file-read` (its replica server, at
+   * `replicaAddress`, also serves its ready backing image files, so another data engine pulls
+   * them over the replica protocol rather than the gRPC stream). Empty in process (where everything of this release
    * is offered) and from older data engines.
    */
   features: string[];
 }
 
 /** Features a data engine may announce in {@link DataEngineInfo.features} (docs/upgrade.md). */
-export const DATA_ENGINE_FEATURES = { successorExec: 'successor-exec', inPlaceHandOff: 'in-place-handoff', salvage: 'salvage' } as const;
+export const DATA_ENGINE_FEATURES = {
+  successorExec: 'successor-exec',
+  inPlaceHandOff: 'in-place-handoff',
+  salvage: 'salvage',
+  backingFileRead: 'backing-file-read',
+} as const;
 
 /** How an engine reaches one replica of its volume. */
 export interface EngineReplicaRef {

@@ -21,7 +21,7 @@ import {
   type DataEngineTlsOptions,
   type TcpAddress,
 } from './addresses.js';
-import { BackingImageFiles } from './backing-image-files.js';
+import { BACKING_IMAGES_SUBDIR, BackingImageFiles } from './backing-image-files.js';
 import { checkPullSource, openPullSource } from './backing-image-pull.js';
 import { checkClusterSecret, processClusterSecret } from './cluster-secret.js';
 import { ExportHold } from './export-hold.js';
@@ -489,6 +489,7 @@ export class LocalDataEngine implements DataEngine {
           () =>
             addon.startReplicaServer({
               root: join(dir, DATA_ENGINE_REPLICAS_SUBDIR),
+              backingFilesRoot: join(dir, BACKING_IMAGES_SUBDIR),
               host: listenAddress.host,
               port: listenAddress.port,
               bufferBytesMax: replicaServerBufferBytesMax,
@@ -1135,7 +1136,8 @@ export class LocalDataEngine implements DataEngine {
     const { source: _s, ...write } = options;
     const offset = typeof write.offset === 'number' ? write.offset : 0;
     const creds = { tls: this.#tls, clusterSecret: this.#clusterSecret, allowInsecureRemote: this.#allowInsecureRemote };
-    const src = await openPullSource(creds, source, this.hostId, ref, offset, this.#pullStallMs);
+    const src = await openPullSource(creds, source, this.hostId, ref, offset, this.#pullStallMs, this.#addon);
+    safeLog(this.#log, 'info', { ref, source: source.hostId, offset, via: src.via }, `pulling backing image file ${ref.name}-${ref.uuid} from ${source.hostId} at byte ${offset} over ${src.via === 'replica-protocol' ? 'the replica protocol' : 'gRPC'}`);
     try {
       return await this.#files.write(ref, write, src.data);
     } finally {

@@ -134,6 +134,20 @@ export interface NativeRemoteReplica {
 export type NativeReplicaEndpoint = string | NativeRemoteReplica;
 
 /**
+ * A ready backing image file on another data engine's replica server
+ * ({@link NativeReplicaServerOptions.backingFilesRoot}), opened read-only with
+ * {@link NativeAddon.openReplica}: `name` is the file's key `<name>-<uuid>`
+ * ([A-Za-z0-9._-]{1,255}). Its `read` calls go over the replica protocol.
+ *
+ * @inline
+ */
+export interface NativeRemoteBackingFile extends Omit<NativeRemoteReplica, 'name'> {
+  /** The backing image file's key on that server (`<name>-<uuid>`). */
+  name: string;
+  backingFile: true;
+}
+
+/**
  * What a rebuild did.
  *
  * @inline
@@ -166,6 +180,11 @@ export interface NativeSnapshotCopyResult {
 export interface NativeReplicaServerOptions {
   /** Directory whose subdirectories are the replicas served, by name. */
   root: string;
+  /**
+   * Also serve the ready backing image files under this directory (`<key>/image`),
+   * read-only, to clients that ask for one ({@link NativeRemoteBackingFile}).
+   */
+  backingFilesRoot?: string;
   /** Address to listen on (default 127.0.0.1). */
   host?: string;
   /** Port (default 0: any free port). */
@@ -624,8 +643,11 @@ export interface NativeAddon {
   createReplica(dir: string, sizeBytes: number, options?: NativeReplicaCreateOptions): Promise<void>;
   /** Open an engine over local replicas; claims a new epoch, reconciles if needed (a standby does neither). */
   openEngine(options: NativeEngineOptions): Promise<NativeEngine>;
-  /** Open one replica directly (see NativeReplica). */
-  openReplica(dir: string): Promise<NativeReplica>;
+  /**
+   * Open one replica directly (see NativeReplica): a local directory, or a backing image file
+   * on another data engine's replica server (read-only; writes fail UNSUPPORTED / EROFS).
+   */
+  openReplica(endpoint: string | NativeRemoteBackingFile): Promise<NativeReplica>;
   /** Read a replica's metadata (works while it is open in an engine or served). */
   inspectReplica(dir: string): Promise<NativeReplicaInfo>;
   /** Serve the replicas under `root` to engines on other hosts (replica protocol). */

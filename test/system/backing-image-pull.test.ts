@@ -3,15 +3,17 @@
 // without it (--insecure).
 // - the controller's copy (copyBackingImageFile) makes b pull the file from a: b's file is
 //   ready with the image's SHA-512, no byte was relayed through this process and this
-//   process never opened a's read stream;
+//   process never opened a's read stream; the bytes came over the replica protocol from a's
+//   replica server (a announces `backing-file-read`; b's log says which way it pulled);
 // - b killed (SIGKILL) mid-pull keeps its partial file; after its restart the pull resumes
 //   from that offset ("receiving from byte N") and ends verified;
 // - a wrong expected checksum fails b's file (CHECKSUM_MISMATCH, state failed);
 // - c, which does not know the secret, is refused by a (UNAUTHENTICATED), promptly; a
 //   source address that is another data engine than the one named is refused too;
-// - between hosts (gRPC on TCP with mutual TLS and the secret, as across machines): t2 pulls
-//   from t1 with the certificate its replica connections use; t3, whose certificate another
-//   CA signed, is refused (the TLS handshake fails: UNAVAILABLE) and has no file.
+// - between hosts (gRPC and the replica protocol on TCP with mutual TLS and the secret, as
+//   across machines): t2 pulls from t1 with the certificate its replica connections use, the
+//   bytes over the replica protocol; t3, whose certificate another CA signed, is refused (the
+//   TLS handshake fails: UNAVAILABLE) and has no file.
 import { createHash, randomBytes } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
 import { createReadStream, readFileSync, writeFileSync } from 'node:fs';
@@ -98,6 +100,7 @@ describe('backing image files pulled data engine to data engine', () => {
     expect(out.info.checksum).toBe(checksum);
     expect(state.relayedBytes).toBe(0);
     expect(readsHere).toBe(0);
+    expect(b.proc!.stderr, diag()).toContain(`pulling backing image file ${ref.name}-${ref.uuid} from a at byte 0 over the replica protocol`);
     // The bytes on b's disk are the image's.
     expect(await sha512File(join(b.opts.dir, 'backing-images', `${ref.name}-${ref.uuid}`, 'image'))).toBe(checksum);
     await b.engine.deleteBackingImageFile(ref);
@@ -156,7 +159,7 @@ describe('backing image files pulled data engine to data engine', () => {
     expect(wrongHost.message).toContain('is data engine a, not the source x');
   }, 60_000);
 
-  it('pulls over gRPC with mutual TLS between hosts, and a host of another CA is refused', async () => {
+  it('pulls with mutual TLS between hosts, and a host of another CA is refused', async () => {
     const ssl = (...args: string[]): void => void execFileSync('openssl', args, { cwd: tmp.path, stdio: 'pipe' });
     const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
     for (const ca of ['ca', 'other-ca']) ssl('req', '-x509', ...ec, '-keyout', `${ca}.key`, '-out', `${ca}.crt`, '-subj', `/CN=${ca}`, '-days', '2');
@@ -201,6 +204,7 @@ describe('backing image files pulled data engine to data engine', () => {
       expect(out.path, procs.map((p) => p.diagnostics()).join('')).toBe('pull');
       expect(out.info.checksum).toBe(sum);
       expect(state.relayedBytes).toBe(0);
+      expect(procs[1]!.stderr, procs[1]!.diagnostics()).toContain(`pulling backing image file ${r2.name}-${r2.uuid} from t1 at byte 0 over the replica protocol`);
       const refused = await errorOf(t3.pullBackingImageFile(r2, { sizeBytes: small, offset: 0, expectedChecksum: sum, source: { address: t1.address, hostId: 't1' } }));
       expect(refused.code, refused.message).toBe('UNAVAILABLE');
       expect(refused.message).toContain('source data engine t1');

@@ -49,7 +49,7 @@ struct AddonData {
   };
   std::map<const Engine*, OpenEngine> engines;
   std::map<const NbdServer*, std::shared_ptr<NbdServer>> nbd_servers;
-  std::map<const Replica*, std::shared_ptr<Replica>> replicas;  // opened by openReplica
+  std::map<const ReplicaBackend*, std::shared_ptr<ReplicaBackend>> replicas;  // opened by openReplica
   std::map<const ReplicaServer*, std::shared_ptr<ReplicaServer>> replica_servers;
   std::map<const ImageReader*, std::shared_ptr<ImageReader>> images;  // opened by openImage
   std::map<const HandOffChannel*, std::shared_ptr<HandOffChannel>> handoff_channels;

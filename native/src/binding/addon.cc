@@ -18,6 +18,7 @@
 #include "binding/replica-wrap.h"
 #include "binding/js-values.h"
 #include "binding/sanlock-binding.h"
+#include "remote/remote-replica.h"
 #include "store/replica-registry.h"
 #include "store/replica.h"
 
@@ -134,17 +135,25 @@ Napi::Value OpenEngine(const Napi::CallbackInfo& info) {
   });
 }
 
+// openReplica(dir | endpoint): a local replica directory (its lock held until close), or a
+// remote endpoint (a backing image file pulled from another data engine's replica server).
 Napi::Value OpenReplica(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   return RunPromise(env, [&]() -> PromiseWorker* {
     AddonData* data = AddonData::Get(env);
-    const std::string dir = ToStr(Arg(info, 0), "dir");
-    auto opened = std::make_shared<std::shared_ptr<Replica>>();
+    ReplicaEndpoint ep;
+    if (Arg(info, 0).IsString()) {
+      ep.dir = ToStr(Arg(info, 0), "dir");
+    } else {
+      ep = ParseReplicaEndpoint(Arg(info, 0), "endpoint", true);
+    }
+    auto opened = std::make_shared<std::shared_ptr<ReplicaBackend>>();
     return new TaskWorker(
         env,
-        [dir, opened]() -> Status {
+        [ep, opened]() -> Status {
+          if (ep.remote()) return RemoteReplica::Connect(ep, opened.get());
           std::unique_ptr<Replica> r;
-          Status st = Replica::Open(dir, &r);
+          Status st = Replica::Open(ep.dir, &r);
           if (st.ok()) *opened = std::move(r);
           return st;
         },

@@ -38,7 +38,9 @@ inline std::string ParseClusterSecret(const Napi::Value& v, const std::string& n
   return std::string(reinterpret_cast<const char*>(b.Data()), b.ByteLength());
 }
 
-inline ReplicaEndpoint ParseReplicaEndpoint(const Napi::Value& v, const std::string& name) {
+// `allow_backing_file`: the endpoint may name a backing image file (`backingFile: true`,
+// openReplica only); engines refuse it.
+inline ReplicaEndpoint ParseReplicaEndpoint(const Napi::Value& v, const std::string& name, bool allow_backing_file = false) {
   ReplicaEndpoint ep;
   if (v.IsString()) {
     ep.dir = ToStr(v, name);
@@ -49,8 +51,18 @@ inline ReplicaEndpoint ParseReplicaEndpoint(const Napi::Value& v, const std::str
   const uint64_t port = ToUint(o.Get("port"), name + ".port", 65535);
   if (port == 0) throw ArgError(name + ".port", "a port in 1..65535");
   ep.port = static_cast<uint16_t>(port);
-  ep.name = ToStr(o.Get("name"), name + ".name", 1, kMaxReplicaNameBytes);
-  if (!ValidReplicaName(ep.name.data(), ep.name.size())) throw ArgError(name + ".name", "a replica name ([A-Za-z0-9._-]{1,63})");
+  const Napi::Value bf = o.Get("backingFile");
+  if (!bf.IsUndefined() && !(allow_backing_file && bf.IsBoolean()))
+    throw ArgError(name + ".backingFile", allow_backing_file ? "a boolean" : "absent (an engine's replica is never a backing image file)");
+  ep.backing_file = bf.IsBoolean() && bf.As<Napi::Boolean>().Value();
+  if (ep.backing_file) {
+    ep.name = ToStr(o.Get("name"), name + ".name", 1, kMaxBackingFileKeyBytes);
+    if (!ValidBackingFileKey(ep.name.data(), ep.name.size()))
+      throw ArgError(name + ".name", "a backing image file key ([A-Za-z0-9._-]{1,255})");
+  } else {
+    ep.name = ToStr(o.Get("name"), name + ".name", 1, kMaxReplicaNameBytes);
+    if (!ValidReplicaName(ep.name.data(), ep.name.size())) throw ArgError(name + ".name", "a replica name ([A-Za-z0-9._-]{1,63})");
+  }
   ep.tls = ParseTls(o.Get("tls"), name + ".tls");
   ep.cluster_secret = ParseClusterSecret(o.Get("clusterSecret"), name + ".clusterSecret");
   if (!o.Get("ioTimeoutMs").IsUndefined()) {

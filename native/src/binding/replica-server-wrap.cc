@@ -20,6 +20,10 @@ ReplicaServerOptions ParseServerOptions(const Napi::Value& v) {
   ReplicaServerOptions opts;
   opts.root = ToStr(o.Get("root"), "options.root");
   if (opts.root[0] != '/') throw ArgError("options.root", "an absolute path");
+  if (!o.Get("backingFilesRoot").IsUndefined()) {
+    opts.backing_files_root = ToStr(o.Get("backingFilesRoot"), "options.backingFilesRoot");
+    if (opts.backing_files_root[0] != '/') throw ArgError("options.backingFilesRoot", "an absolute path");
+  }
   if (!o.Get("host").IsUndefined()) opts.host = ToStr(o.Get("host"), "options.host", 1, 255);
   if (!o.Get("port").IsUndefined()) opts.port = static_cast<int>(ToUint(o.Get("port"), "options.port", 65535));
   opts.tls = ParseTls(o.Get("tls"), "options.tls");

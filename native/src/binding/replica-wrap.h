@@ -1,5 +1,6 @@
-// ReplicaWrap: the JS NativeReplica (src/native/binding.ts) around one Replica opened
-// directly, without an engine (inspection, verification, later the replica server).
+// ReplicaWrap: the JS NativeReplica (src/native/binding.ts) around one replica opened
+// directly, without an engine: a local Replica (inspection, verification), or a remote one
+// over the replica protocol (a backing image file pulled from another data engine).
 //
 // Lifecycle rules (JS thread bookkeeping, no locks needed):
 // - An open replica keeps its JS object alive (a strong self-reference) and is listed in
@@ -18,12 +19,12 @@
 
 #include "binding/addon-data.h"
 #include "binding/async-worker.h"
-#include "store/replica.h"
+#include "block/replica-backend.h"
 
 namespace mooring {
 
 struct ReplicaInit {
-  std::shared_ptr<Replica> replica;
+  std::shared_ptr<ReplicaBackend> replica;
 };
 
 class ReplicaWrap : public Napi::ObjectWrap<ReplicaWrap> {
@@ -66,7 +67,7 @@ class ReplicaWrap : public Napi::ObjectWrap<ReplicaWrap> {
   void CheckRange(uint64_t off, uint64_t len) const;
 
   AddonData* addon_ = nullptr;
-  std::shared_ptr<Replica> replica_;
+  std::shared_ptr<ReplicaBackend> replica_;
   // Set on the pool thread once Replica::Close returned: a data-path -EBADF seen after it
   // means "closed under the call" (CLOSED), not an I/O failure.
   std::shared_ptr<std::atomic<bool>> native_closed_;

@@ -25,8 +25,10 @@ struct TlsConfig {
 // Replica names on a replica server (its subdirectories): [A-Za-z0-9._-]{1,63}, not "."
 // or "..". The one rule for JS arguments and for names arriving over the wire.
 constexpr size_t kMaxReplicaNameBytes = 63;
-inline bool ValidReplicaName(const char* s, size_t n) {
-  if (n == 0 || n > kMaxReplicaNameBytes) return false;
+// [A-Za-z0-9._-]{1,max}, not "." or "..": the shape of every name that becomes a path on a
+// replica server.
+inline bool ValidPathName(const char* s, size_t n, size_t max) {
+  if (n == 0 || n > max) return false;
   if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.')) return false;
   for (size_t i = 0; i < n; ++i) {
     const char c = s[i];
@@ -36,6 +38,13 @@ inline bool ValidReplicaName(const char* s, size_t n) {
   }
   return true;
 }
+inline bool ValidReplicaName(const char* s, size_t n) { return ValidPathName(s, n, kMaxReplicaNameBytes); }
+
+// Backing image files on a replica server (ReplicaServerOptions::backing_files_root): the
+// directory key `<name>-<uuid>` of a file, [A-Za-z0-9._-]{1,255}, not . or ..; the served
+// file is <root>/<key>/image, the name a file gets only once its checksum was verified.
+constexpr size_t kMaxBackingFileKeyBytes = 255;
+inline bool ValidBackingFileKey(const char* s, size_t n) { return ValidPathName(s, n, kMaxBackingFileKeyBytes); }
 
 // Default engine-to-replica I/O timeout (Longhorn's engine-replica-timeout default).
 constexpr uint32_t kDefaultReplicaIoTimeoutMs = 8000;
@@ -47,6 +56,9 @@ struct ReplicaEndpoint {
   std::string host;
   uint16_t port = 0;
   std::string name;
+  // Remote only: `name` is a backing image file's key (ValidBackingFileKey), served
+  // read-only by the server's backing-files root (HELLO with rp::kFlagBackingFile).
+  bool backing_file = false;
   TlsConfig tls;
   // Not empty: authenticate with it before HELLO, and require the server to prove it too
   // (remote/replica-auth.h). A server without a secret is then refused (kUnauthenticated).

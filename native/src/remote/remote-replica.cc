@@ -91,6 +91,7 @@ Status Hello(Transport* t, RecvBuffer* rbuf, const ReplicaEndpoint& ep, int64_t 
   const WaitFn wait = UntilDeadline(t, deadline_ms);
   RequestHeader h;
   h.op = kOpHello;
+  h.flags = ep.backing_file ? kFlagBackingFile : 0;
   h.seq = 0;
   h.payload_len = static_cast<uint32_t>(ep.name.size());
   uint8_t hb[kRequestHeaderBytes];
@@ -226,8 +227,9 @@ Status RemoteReplica::Dial(const ReplicaEndpoint& ep, int64_t deadline, Dialed* 
 
 Status RemoteReplica::Connect(const ReplicaEndpoint& ep, std::shared_ptr<ReplicaBackend>* out) {
   const int64_t deadline = MonotonicMs() + ep.io_timeout_ms;
-  if (!ValidReplicaName(ep.name.data(), ep.name.size()))
-    return Status::Error(Code::kInvalidArgument, "replica name " + ep.name + " is not [A-Za-z0-9._-]{1,63}");
+  if (ep.backing_file ? !ValidBackingFileKey(ep.name.data(), ep.name.size()) : !ValidReplicaName(ep.name.data(), ep.name.size()))
+    return Status::Error(Code::kInvalidArgument, (ep.backing_file ? "backing image file key " : "replica name ") + ep.name +
+                                                     (ep.backing_file ? " is not [A-Za-z0-9._-]{1,255}" : " is not [A-Za-z0-9._-]{1,63}"));
   Dialed d;
   Status st = Dial(ep, deadline, &d);
   if (!st.ok()) return st;

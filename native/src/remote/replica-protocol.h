@@ -120,7 +120,13 @@ constexpr uint16_t kFlagSelfRw = 16;
 // LAYER_DIGEST: masks only, every sha256 zero (DigestDetail::kMasksOnly). Sent only to a
 // server that announced kFeatureDigestMasks (an older one refuses the flag).
 constexpr uint16_t kFlagMasksOnly = 32;
-constexpr uint16_t kFlagsKnown = 63;
+// HELLO: the payload names a backing image file (block/replica-endpoint.h,
+// ValidBackingFileKey) under the server's backing-files root, not a replica; the connection
+// then serves that file read-only (READ and PING; remote/backing-file-replica.h). Sent only
+// to a data engine announcing `backing-file-read` over gRPC; an older server refuses the
+// flag (PROTOCOL_ERROR, "malformed HELLO").
+constexpr uint16_t kFlagBackingFile = 64;
+constexpr uint16_t kFlagsKnown = 127;
 
 // Reply state bits (valid only with kStateValid).
 constexpr uint16_t kStateValid = 0x8000;
@@ -436,6 +442,9 @@ constexpr uint64_t kFeatureLastRw = 4;
 // The server knows kFlagMasksOnly on LAYER_DIGEST.
 constexpr uint64_t kFeatureDigestMasks = 8;
 constexpr uint64_t kFeaturesKnown = kFeatureGrow | kFeatureGoAway | kFeatureLastRw | kFeatureDigestMasks;
+// The server was given a backing-files root and takes kFlagBackingFile on HELLO (announced
+// beside kFeaturesKnown by such servers only).
+constexpr uint64_t kFeatureBackingFiles = 16;
 
 // GOAWAY: a reply frame with seq 0 and this code (outside util/status.h's Code range, so no
 // client that did not ask for it could take it for an answer), errno 0, no payload. The

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "remote/backing-file-replica.h"
 #include "store/replica-registry.h"
 #include "util/thread-name.h"
 
@@ -230,33 +231,46 @@ bool ReplicaServerConnection::Handshake() {
     return deny("this replica server has no cluster secret: it cannot prove one");
   }
   if (h.op != kOpHello) return refuse(Code::kProtocolError, std::string("expected HELLO, got ") + OpName(h.op), true);
-  if (h.payload_len == 0 || h.payload_len > kMaxReplicaNameBytes || h.reserved != 0 || h.flags != 0)
+  // Only a server with a backing-files root knows the flag (without one it is malformed).
+  const bool backing_file = h.flags == kFlagBackingFile && !ctx_->opts.backing_files_root.empty();
+  const size_t max_name = backing_file ? kMaxBackingFileKeyBytes : kMaxReplicaNameBytes;
+  if (h.payload_len == 0 || h.payload_len > max_name || h.reserved != 0 || (h.flags != 0 && !backing_file))
     return refuse(Code::kProtocolError, "malformed HELLO", true);
-  char name[kMaxReplicaNameBytes];
+  char name[kMaxBackingFileKeyBytes];
   if (rbuf_.ReadExact(t_.get(), name, h.payload_len, wait) != 0) {
     Protocol("truncated HELLO");
     return false;
   }
-  if (!ValidReplicaName(name, h.payload_len))
-    return refuse(Code::kInvalidArgument, "replica names are [A-Za-z0-9._-]{1,63}, not . or ..", true);
-  name_.assign(name, h.payload_len);
+  if (backing_file) {
+    // A backing image file, read-only (the same checks of the name and of where it resolves).
+    name_.assign(name, h.payload_len);
+    std::shared_ptr<ReplicaBackend> file;
+    st = OpenBackingFileReplica(ctx_->opts.backing_files_root, name_, &file);
+    if (!st.ok()) return refuse(st.code, st.message, st.code == Code::kInvalidArgument);
+    replica_ = std::move(file);
+  } else {
+    if (!ValidReplicaName(name, h.payload_len))
+      return refuse(Code::kInvalidArgument, "replica names are [A-Za-z0-9._-]{1,63}, not . or ..", true);
+    name_.assign(name, h.payload_len);
 
-  // The replica must resolve inside root (a symlink pointing elsewhere is refused).
-  const std::string path = ctx_->root_real + "/" + name_;
-  char real[PATH_MAX];
-  if (::realpath(path.c_str(), real) == nullptr) {
-    int err = errno;
-    if (err == ENOENT) return refuse(Code::kNotFound, "no replica named " + name_, false);
-    return refuse(CodeFromErrno(-err), "resolving replica " + name_ + ": " + strerror(err), false);
+    // The replica must resolve inside root (a symlink pointing elsewhere is refused).
+    const std::string path = ctx_->root_real + "/" + name_;
+    char real[PATH_MAX];
+    if (::realpath(path.c_str(), real) == nullptr) {
+      int err = errno;
+      if (err == ENOENT) return refuse(Code::kNotFound, "no replica named " + name_, false);
+      return refuse(CodeFromErrno(-err), "resolving replica " + name_ + ": " + strerror(err), false);
+    }
+    const std::string prefix = ctx_->root_real == "/" ? "/" : ctx_->root_real + "/";
+    if (std::string(real).compare(0, prefix.size(), prefix) != 0 || std::string(real).size() == prefix.size())
+      return refuse(Code::kInvalidArgument, "replica " + name_ + " resolves outside the server's root", true);
+
+    std::shared_ptr<ReplicaBackend> rep;
+    st = ReplicaRegistry::Global().Acquire(real, &rep);
+    if (!st.ok()) return refuse(st.code, "opening replica " + name_ + ": " + st.message, false);
+    replica_ = std::move(rep);
   }
-  const std::string prefix = ctx_->root_real == "/" ? "/" : ctx_->root_real + "/";
-  if (std::string(real).compare(0, prefix.size(), prefix) != 0 || std::string(real).size() == prefix.size())
-    return refuse(Code::kInvalidArgument, "replica " + name_ + " resolves outside the server's root", true);
-
-  std::shared_ptr<ReplicaBackend> rep;
-  st = ReplicaRegistry::Global().Acquire(real, &rep);
-  if (!st.ok()) return refuse(st.code, "opening replica " + name_ + ": " + st.message, false);
-  replica_ = std::move(rep);
+  const uint64_t features = kFeaturesKnown | (ctx_->opts.backing_files_root.empty() ? 0 : kFeatureBackingFiles);
 
   ReplyHeader rh;
   rh.seq = h.seq;
@@ -268,7 +282,7 @@ bool ReplicaServerConnection::Handshake() {
   EncodeReply(rh, out);
   Put32(out + kReplyHeaderBytes, ctx_->opts.max_inflight_per_connection);
   Put32(out + kReplyHeaderBytes + 4, kMaxIoBytes);
-  Put64(out + kReplyHeaderBytes + 8, kFeaturesKnown);
+  Put64(out + kReplyHeaderBytes + 8, features);
   iovec iov{out, sizeof out};
   if (WriteAll(t_.get(), &iov, 1, wait) != 0) return false;
   last_rx_ms_.store(MonotonicMs());

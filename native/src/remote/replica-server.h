@@ -25,6 +25,10 @@ namespace mooring {
 
 struct ReplicaServerOptions {
   std::string root;                  // absolute; must exist
+  // Not empty: HELLO with rp::kFlagBackingFile may name a ready backing image file under
+  // this directory (<key>/image), served read-only (remote/backing-file-replica.h). Need not
+  // exist yet.
+  std::string backing_files_root;
   std::string host = "127.0.0.1";
   int port = 0;                      // 0: any free port (see ReplicaServer::port())
   TlsConfig tls;                     // mutual TLS when enabled()

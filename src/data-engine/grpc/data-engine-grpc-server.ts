@@ -224,6 +224,7 @@ export class DataEngineGrpcServer {
       ...(replaceProcess ? [DATA_ENGINE_FEATURES.successorExec] : []),
       ...(handOffProcess ? [DATA_ENGINE_FEATURES.inPlaceHandOff] : []),
       DATA_ENGINE_FEATURES.salvage,
+      DATA_ENGINE_FEATURES.backingFileRead,
     ];
     const unary =
       (body: (req: Msg) => Promise<Msg>) =>

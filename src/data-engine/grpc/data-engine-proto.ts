@@ -77,7 +77,7 @@ message DataEngineInfo {
   string replica_address = 4;  // "" = serves no replicas
   bool tls = 5;
   string instance_id = 6;  // "" from data engines older than the field
-  repeated string features = 7;  // DATA_ENGINE_FEATURES it offers ("successor-exec", "in-place-handoff", "salvage")
+  repeated string features = 7;  // DATA_ENGINE_FEATURES it offers ("successor-exec", "in-place-handoff", "salvage", "backing-file-read")
   string disk_id = 8;  // the disk's identity (data-engine.json); "" from data engines older than the field
 }
 
