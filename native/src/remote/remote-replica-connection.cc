@@ -60,8 +60,9 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
       if (!batch[i]->payload.empty()) iov.push_back({batch[i]->payload.data(), batch[i]->payload.size()});
     }
     int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
-    // The payloads are on the wire (or the connection is gone): free them now.
-    for (CallPtr& c : batch) c->payload = ByteBuffer();
+    // The payloads are on the wire (or the connection is gone): give them back now (a large
+    // one to the pool, for the next write's copy).
+    for (CallPtr& c : batch) BufferPool::Get().Give(std::move(c->payload));
     batch.clear();
     lk.lock();
     sending_ = false;

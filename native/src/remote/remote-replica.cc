@@ -539,6 +539,11 @@ void RemoteReplica::SubmitData(uint8_t op, uint64_t epoch, uint64_t off, uint32_
   for (uint64_t done = 0; done < len || (len == 0 && p->calls.empty()); done += max_io_) {
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
     CallPtr c = NewCall(op, epoch, off + done, n, flags);
+    // The frame's payload from the pool: a large write reuses pages already mapped rather
+    // than faulting in and zeroing fresh ones for every copy (one per replica).
+    const size_t prefix = layer_id ? 2 + layer_id->size() : 0;
+    c->payload = BufferPool::Get().Take(prefix + n);
+    c->payload.clear();
     PayloadWriter w(&c->payload);
     if (layer_id) w.Str(*layer_id);
     w.Bytes(buf + done, n);

@@ -114,7 +114,7 @@ class RemoteReplica final : public ReplicaBackend {
  private:
   struct Call {
     rp::RequestHeader h;
-    ByteBuffer payload;
+    ByteBuffer payload;      // a large one comes from the BufferPool (SubmitData) and goes back to it
     uint32_t max_reply = 0;  // largest reply payload accepted on success
     bool internal = false;   // ping / refresh: nobody waits
     int64_t deadline_ms = 0;
@@ -124,7 +124,10 @@ class RemoteReplica final : public ReplicaBackend {
     rp::ReplyHeader reply;
     ByteBuffer reply_payload;  // a large one goes back to the BufferPool with the call
     std::condition_variable cv;
-    ~Call() { BufferPool::Get().Give(std::move(reply_payload)); }
+    ~Call() {
+      BufferPool::Get().Give(std::move(payload));
+      BufferPool::Get().Give(std::move(reply_payload));
+    }
   };
   using CallPtr = std::shared_ptr<Call>;
 

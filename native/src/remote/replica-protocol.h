@@ -250,9 +250,13 @@ class PayloadWriter {
   void U16(uint16_t v) { Grow(2, [&](uint8_t* p) { Put16(p, v); }); }
   void U32(uint32_t v) { Grow(4, [&](uint8_t* p) { Put32(p, v); }); }
   void U64(uint64_t v) { Grow(8, [&](uint8_t* p) { Put64(p, v); }); }
+  // resize (which leaves the bytes uninitialised: ByteBuffer) then one memcpy: insert() of a
+  // range goes element by element through the allocator's construct, a byte loop.
   void Bytes(const void* b, size_t n) {
-    const uint8_t* s = static_cast<const uint8_t*>(b);
-    out_->insert(out_->end(), s, s + n);
+    if (n == 0) return;
+    const size_t at = out_->size();
+    out_->resize(at + n);
+    std::memcpy(out_->data() + at, b, n);
   }
   // Strings longer than kMaxWireStringBytes are refused by the reader: callers check.
   void Str(const std::string& s) {
