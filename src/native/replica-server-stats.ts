@@ -23,6 +23,8 @@ export interface ReplicaServerStats {
   bytesRead: number;
   /** Bytes written to replicas by peers. */
   bytesWritten: number;
+  /** Small writes done on the connection loop that read them, without a hand-off to a worker (the replica could take them without waiting). */
+  inlineWrites: number;
   /** Request and reply bytes held now, across connections. */
   bufferBytes: number;
   /** The most held at once since the server started. */

@@ -158,6 +158,15 @@ class ReplicaBackend {
     p->rc = Write(epoch, off, len, buf, fua);
   }
   virtual int FinishWrite(PendingWrite* p) { return p->rc; }
+  // A Write (no FUA) done only if it cannot wait: -EWOULDBLOCK, with nothing changed, when
+  // it might (a lock held by another operation, a first write that must commit the
+  // replica's dirty mark, a partial block that must be read first, or a backend that cannot
+  // tell). For callers on a thread that must not wait (the replica server's connection
+  // loop, which then hands the write to a worker). Else what Write returns.
+  virtual int TryWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf) {
+    (void)epoch, (void)off, (void)len, (void)buf;
+    return -EWOULDBLOCK;
+  }
   virtual int Trim(uint64_t epoch, uint64_t off, uint64_t len) = 0;
   virtual int WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) = 0;
   virtual int Flush() = 0;

@@ -48,6 +48,7 @@ struct ReplicaServerContext {
   std::atomic<uint64_t> auth_failures{0};
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> bytes_written{0};
+  std::atomic<uint64_t> inline_writes{0};
 };
 
 class ReplicaServerConnection {
@@ -117,7 +118,9 @@ class ReplicaServerConnection {
   void ReadFrames();
   bool StartFrame();  // a header was read: false when reading ends
   bool TakeBudget();  // false: waiting for the server's memory budget
-  void Deliver();     // the frame is whole: to the workers (or answered here)
+  void Deliver();
+  bool TryInlineWrite(Request* r);  // on the loop: done and queued, or false
+    // the frame is whole: to the workers (or answered here)
   void WaitInput(short want);  // the socket has nothing more now: the idle rule, the timer
   void Watch(uint32_t events);
   void EndReading();

@@ -30,6 +30,9 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   int Write(uint64_t e, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override {
     return Live() ? (WriterScope(token_), r_->Write(e, off, len, buf, fua)) : -EBADF;
   }
+  int TryWrite(uint64_t e, uint64_t off, uint32_t len, const uint8_t* buf) override {
+    return Live() ? (WriterScope(token_), r_->TryWrite(e, off, len, buf)) : -EBADF;
+  }
   int Trim(uint64_t e, uint64_t off, uint64_t len) override { return Live() ? (WriterScope(token_), r_->Trim(e, off, len)) : -EBADF; }
   int WriteZeroes(uint64_t e, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) override {
     return Live() ? (WriterScope(token_), r_->WriteZeroes(e, off, len, may_trim, fast_only, fua)) : -EBADF;

@@ -761,6 +761,20 @@ int Replica::Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* bu
   return rc;
 }
 
+int Replica::TryWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf) {
+  // Whole blocks of a replica already marked dirty, and the I/O lock free: then the write
+  // is page-cache pwrites and an in-memory extent update, nothing that waits on another
+  // operation or on the disk's commits.
+  if (len == 0 || off % kBlock != 0 || len % kBlock != 0 || clean_.load()) return -EWOULDBLOCK;
+  if (!InRange(off, len, size_)) return -EINVAL;
+  if (!buf) return -EINVAL;
+  std::shared_lock<RwLock> io(io_mu_, std::try_to_lock);
+  if (!io.owns_lock()) return -EWOULDBLOCK;
+  int rc = StartWrite(epoch);
+  if (rc != 0) return rc;
+  return WriteHead(off, len, buf);
+}
+
 int Replica::PunchHead(uint64_t b0, uint64_t b1) {
   std::vector<ExtentMap::Interval> owned;
   {
