@@ -93,6 +93,7 @@ export function dataPathMetrics<T>(snapshot: SnapshotOnce<T>, pick: (s: T) => Da
     m('mooring_replica_server_buffer_bytes', 'Request and reply bytes the replica server holds now (its memory budget in use).', 'gauge', server((_, r) => r.bufferBytes)),
     m('mooring_replica_server_buffer_peak_bytes', 'The most request and reply bytes the replica server held at once.', 'gauge', server((_, r) => r.bufferBytesPeak)),
     m('mooring_replica_server_inline_writes_total', 'Small replica-protocol writes done on the connection loop, without a worker.', 'counter', server((_, r) => r.inlineWrites)),
+    m('mooring_replica_server_inline_reads_total', 'Small replica-protocol reads answered on the connection loop from the page cache, without a worker.', 'counter', server((_, r) => r.inlineReads)),
     m('mooring_replica_server_buffer_waits_total', 'Replica-protocol requests that waited for the budget.', 'counter', server((_, r) => r.bufferWaits)),
     m('mooring_replica_server_auth_failures_total', 'Replica-protocol connections refused UNAUTHENTICATED.', 'counter', server((_, r) => r.authFailures)),
     m('mooring_replica_server_stale_epoch_refusals_total', 'Replica-protocol requests refused for an older writer epoch.', 'counter', server((_, r) => r.staleEpochRefusals)),

@@ -25,6 +25,8 @@ export interface ReplicaServerStats {
   bytesWritten: number;
   /** Small writes done on the connection loop that read them, without a hand-off to a worker (the replica could take them without waiting). */
   inlineWrites: number;
+  /** Small reads answered on the connection loop that read them, every byte from the page cache. */
+  inlineReads: number;
   /** Request and reply bytes held now, across connections. */
   bufferBytes: number;
   /** The most held at once since the server started. */

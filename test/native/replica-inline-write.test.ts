@@ -1,4 +1,4 @@
-// Small writes on the replica server's connection loop (docs/replica-protocol.md, "Small
+// Small writes and reads on the replica server's connection loop (docs/replica-protocol.md, "Small
 // writes on the connection loop"; issue 16): a WRITE of whole 4 KiB blocks up to 16 KiB,
 // without FUA, to a replica already marked dirty, is done by the loop that read it
 // (ReplicaBackend::TryWrite), without a worker. Through the real addon and a raw client:
@@ -6,7 +6,12 @@
 //   an unaligned write, a FUA write and a 20 KiB write go to a worker; aligned 4–16 KiB
 //   writes are inline (the server's inlineWrites counter says which);
 // - fencing holds on the inline path: an older epoch is STALE_EPOCH and changes nothing;
-// - every byte written either way reads back.
+// - every byte written either way reads back; small reads of cached bytes are answered on
+//   the loop too (inlineReads), and one whose bytes were dropped from the page cache goes to
+//   a worker (preadv2 RWF_NOWAIT would wait) and still returns them.
+import { execFileSync } from 'node:child_process';
+import { readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { KiB, MiB, nextEpoch, pattern, Scratch } from './helpers.js';
@@ -15,7 +20,7 @@ import { CodeNum, Op, RawClient, RemoteFixture, startHosts } from './remote-help
 const SIZE = 4 * MiB;
 const FLAG_FUA = 1;
 
-describe('small writes on the replica server connection loop', () => {
+describe('small writes and reads on the replica server connection loop', () => {
   let s: Scratch;
   const f = new RemoteFixture();
   beforeAll(() => {
@@ -87,14 +92,32 @@ describe('small writes on the replica server connection loop', () => {
       expect(inline()).toBe(before + 1);
       expect(server.stats().staleEpochRefusals).toBe(refusals + 1);
 
-      // Everything reads back as written.
-      for (let off = 0; off < SIZE; off += MiB) {
+      // Everything reads back as written (1 MiB reads: a worker's).
+      const read = async (off: number, length: number): Promise<Buffer> => {
         const n = seq++;
-        c.send({ op: Op.READ, seq: n, offset: off, length: MiB });
+        c.send({ op: Op.READ, seq: n, offset: off, length });
         const r = await c.reply(n);
-        expect(r?.code).toBe(CodeNum.OK);
-        expect(r!.payload.equals(expected.subarray(off, off + MiB)), `bytes at ${off}`).toBe(true);
+        expect(r?.code, `read at ${off}`).toBe(CodeNum.OK);
+        return r!.payload;
+      };
+      for (let off = 0; off < SIZE; off += MiB) expect((await read(off, MiB)).equals(expected.subarray(off, off + MiB)), `bytes at ${off}`).toBe(true);
+      expect(server.stats().inlineReads, '1 MiB reads').toBe(0);
+
+      // Small reads of cached bytes (just written, or zeros nobody wrote): on the loop.
+      for (const off of [0, 64 * KiB, 128 * KiB + 4 * KiB, 2 * MiB, 3 * MiB + 8 * KiB]) {
+        expect((await read(off, 8 * KiB)).equals(expected.subarray(off, off + 8 * KiB)), `bytes at ${off}`).toBe(true);
       }
+      expect(server.stats().inlineReads, 'small cached reads').toBe(5);
+
+      // Once the replica's files are out of the page cache, a small read goes to a worker
+      // (it would wait for the disk) and still returns the bytes.
+      c.send({ op: Op.FLUSH, seq: seq++ });
+      expect((await c.next())?.code).toBe(CodeNum.OK);
+      for (const file of readdirSync(join(f.hosts[0]!.root, 'vol'))) {
+        execFileSync('dd', [`if=${join(f.hosts[0]!.root, 'vol', file)}`, 'iflag=nocache', 'count=0', 'status=none']);
+      }
+      expect((await read(64 * KiB, 4 * KiB)).equals(expected.subarray(64 * KiB, 68 * KiB))).toBe(true);
+      expect(server.stats().inlineReads, 'a read that would wait for the disk').toBe(5);
     } finally {
       c.close();
     }

@@ -102,6 +102,7 @@ Napi::Value ReplicaServerWrap::Stats(const Napi::CallbackInfo& info) {
   o.Set("bytesRead", JsNum(env, s.bytes_read));
   o.Set("bytesWritten", JsNum(env, s.bytes_written));
   o.Set("inlineWrites", JsNum(env, s.inline_writes));
+  o.Set("inlineReads", JsNum(env, s.inline_reads));
   o.Set("bufferBytes", JsNum(env, s.buffer_bytes));
   o.Set("bufferBytesPeak", JsNum(env, s.buffer_bytes_peak));
   o.Set("bufferWaits", JsNum(env, s.buffer_waits));

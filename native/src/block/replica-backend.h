@@ -167,6 +167,13 @@ class ReplicaBackend {
     (void)epoch, (void)off, (void)len, (void)buf;
     return -EWOULDBLOCK;
   }
+  // A Read done only if it cannot wait: -EWOULDBLOCK when it might (a lock held by another
+  // operation, bytes not in the page cache, a backing image to read, or a backend that
+  // cannot tell); `buf` is then unspecified. Else what Read returns.
+  virtual int TryRead(uint64_t off, uint32_t len, uint8_t* buf) {
+    (void)off, (void)len, (void)buf;
+    return -EWOULDBLOCK;
+  }
   virtual int Trim(uint64_t epoch, uint64_t off, uint64_t len) = 0;
   virtual int WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) = 0;
   virtual int Flush() = 0;

@@ -442,7 +442,7 @@ void ReplicaServerConnection::Deliver() {
     ++inflight_;
     inflight_bytes_ += r->budget_bytes;
   }
-  if (TryInlineWrite(r.get())) {
+  if (TryInlineWrite(r.get()) || TryInlineRead(r.get())) {
     r.release();  // answered, and freed once its reply is sent
     return;
   }
@@ -459,7 +459,7 @@ void ReplicaServerConnection::Deliver() {
 // FUA, a replica that would wait) goes to a worker as before.
 bool ReplicaServerConnection::TryInlineWrite(Request* r) {
   const RequestHeader& h = r->h;
-  if (h.op != kOpWrite || h.length == 0 || h.length > ctx_->opts.inline_write_max_bytes || h.flags != 0 ||
+  if (h.op != kOpWrite || h.length == 0 || h.length > ctx_->opts.inline_max_bytes || h.flags != 0 ||
       h.reserved != 0 || h.length != h.payload_len || r->early_code != Code::kOk)
     return false;
   const int rc = replica_->TryWrite(h.epoch, h.offset, static_cast<uint32_t>(h.length), r->payload.data());
@@ -473,6 +473,27 @@ bool ReplicaServerConnection::TryInlineWrite(Request* r) {
   SetRc(r, rc);
   BufferPool::Get().Give(std::move(r->payload));
   Enqueue(r);  // sends without blocking; a full socket is the writer thread's
+  return true;
+}
+
+// A small READ answered here on the connection loop when the replica has every byte in
+// the page cache and its lock free (ReplicaBackend::TryRead); else a worker's, as before.
+bool ReplicaServerConnection::TryInlineRead(Request* r) {
+  const RequestHeader& h = r->h;
+  if (h.op != kOpRead || h.length == 0 || h.length > ctx_->opts.inline_max_bytes || h.flags != 0 ||
+      h.reserved != 0 || h.payload_len != 0 || r->early_code != Code::kOk)
+    return false;
+  r->reply_payload.resize(h.length);
+  if (replica_->TryRead(h.offset, static_cast<uint32_t>(h.length), r->reply_payload.data()) != 0) {
+    r->reply_payload.clear();
+    return false;
+  }
+  ctx_->requests.fetch_add(1, std::memory_order_relaxed);
+  ctx_->inline_reads.fetch_add(1, std::memory_order_relaxed);
+  ctx_->bytes_read.fetch_add(h.length, std::memory_order_relaxed);
+  r->reply = ReplyHeader();
+  r->reply.seq = h.seq;
+  Enqueue(r);
   return true;
 }
 

@@ -49,6 +49,7 @@ struct ReplicaServerContext {
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> bytes_written{0};
   std::atomic<uint64_t> inline_writes{0};
+  std::atomic<uint64_t> inline_reads{0};
 };
 
 class ReplicaServerConnection {
@@ -120,6 +121,7 @@ class ReplicaServerConnection {
   bool TakeBudget();  // false: waiting for the server's memory budget
   void Deliver();
   bool TryInlineWrite(Request* r);  // on the loop: done and queued, or false
+  bool TryInlineRead(Request* r);   // the same for a READ from the page cache
     // the frame is whole: to the workers (or answered here)
   void WaitInput(short want);  // the socket has nothing more now: the idle rule, the timer
   void Watch(uint32_t events);

@@ -102,6 +102,7 @@ class ReplicaServerImpl final : public ReplicaServer {
     s.bytes_read = ctx_.bytes_read.load();
     s.bytes_written = ctx_.bytes_written.load();
     s.inline_writes = ctx_.inline_writes.load();
+    s.inline_reads = ctx_.inline_reads.load();
     s.buffer_bytes = ctx_.budget->used();
     s.buffer_bytes_peak = ctx_.budget->peak();
     s.buffer_waits = ctx_.budget->waits();

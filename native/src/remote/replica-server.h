@@ -42,9 +42,10 @@ struct ReplicaServerOptions {
   uint32_t max_handshaking_per_peer = 64;
   uint32_t io_threads = 16;          // shared worker pool (requests block on disk I/O)
   // WRITE requests up to this size (without FUA) run on the connection loop that read them
-  // when the replica can take them without waiting (ReplicaBackend::TryWrite); larger ones,
-  // and any that would wait, go to the worker pool. 0: always the pool.
-  uint32_t inline_write_max_bytes = 16u << 10;
+  // when the replica can take them without waiting (ReplicaBackend::TryWrite), and READs up
+  // to this size when every byte is in the page cache (TryRead); larger ones, and any that
+  // would wait, go to the worker pool. 0: always the pool.
+  uint32_t inline_max_bytes = 16u << 10;
   uint32_t max_inflight_per_connection = 128;          // reader stops reading past this
   uint64_t max_inflight_bytes_per_connection = 64ull << 20;  // ...or past this (plus one request)
   // All connections together: a reader waits (reads nothing) while its request does not fit,
@@ -67,7 +68,8 @@ struct ReplicaServerStats {
   uint64_t handshakes_dropped = 0;   // dropped while in their handshake, for a new connection
   uint64_t bytes_read = 0;       // data read from replicas for clients
   uint64_t bytes_written = 0;    // data written to replicas for clients
-  uint64_t inline_writes = 0;    // WRITEs done on the connection loop (inline_write_max_bytes)
+  uint64_t inline_writes = 0;    // WRITEs done on the connection loop (inline_max_bytes)
+  uint64_t inline_reads = 0;     // READs answered on the connection loop from the page cache
   uint64_t buffer_bytes = 0;       // request and reply bytes held now, across connections
   uint64_t buffer_bytes_peak = 0;  // the most held at once
   uint64_t buffer_waits = 0;       // requests that waited for the budget (back-pressure)

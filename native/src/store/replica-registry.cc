@@ -30,6 +30,7 @@ class ReplicaRegistry::Handle final : public ReplicaBackend {
   int Write(uint64_t e, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override {
     return Live() ? (WriterScope(token_), r_->Write(e, off, len, buf, fua)) : -EBADF;
   }
+  int TryRead(uint64_t off, uint32_t len, uint8_t* buf) override { return Live() ? r_->TryRead(off, len, buf) : -EBADF; }
   int TryWrite(uint64_t e, uint64_t off, uint32_t len, const uint8_t* buf) override {
     return Live() ? (WriterScope(token_), r_->TryWrite(e, off, len, buf)) : -EBADF;
   }

@@ -646,6 +646,27 @@ int Replica::Read(uint64_t off, uint32_t len, uint8_t* buf) {
   return ReadSegments(off, len, buf, true);
 }
 
+int Replica::TryRead(uint64_t off, uint32_t len, uint8_t* buf) {
+  if (len == 0 || !InRange(off, len, size_) || !buf) return -EWOULDBLOCK;  // Read says what is wrong
+  std::shared_lock<RwLock> io(io_mu_, std::try_to_lock);
+  if (!io.owns_lock() || closed_.load()) return -EWOULDBLOCK;
+  std::vector<Segment> segs;
+  segs.reserve(4);
+  CollectSegments(off, len, true, &segs);
+  for (const Segment& s : segs) {
+    uint8_t* dst = buf + (s.off - off);
+    if (s.image) return -EWOULDBLOCK;  // an image read may read and decompress from disk
+    if (!s.layer) {
+      std::memset(dst, 0, s.len);
+      continue;
+    }
+    LayerFd h;
+    if (s.layer->Acquire(&h) != 0) return -EWOULDBLOCK;
+    if (fsutil::PreadCached(h.fd(), dst, s.len, s.off) != 0) return -EWOULDBLOCK;
+  }
+  return 0;
+}
+
 // ---------------------------------------------------------------------------------------
 // Writes
 

@@ -97,6 +97,7 @@ class Replica : public ReplicaBackend {
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override;
   int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
   int TryWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf) override;
+  int TryRead(uint64_t off, uint32_t len, uint8_t* buf) override;
   int Trim(uint64_t epoch, uint64_t off, uint64_t len) override;
   int WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only,
                   bool fua) override;

@@ -1,7 +1,10 @@
 #include "util/fs-util.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,6 +34,24 @@ int PreadFull(int fd, void* buf, size_t len, uint64_t off) {
       return -errno;
     }
     if (n == 0) return -EIO;  // layer files are never shorter than the volume
+    p += n;
+    len -= static_cast<size_t>(n);
+    off += static_cast<uint64_t>(n);
+  }
+  return 0;
+}
+
+int PreadCached(int fd, void* buf, size_t len, uint64_t off) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (len > 0) {
+    iovec iov{p, len};
+    // Through syscall(): glibc's preadv2 wrapper is newer than the arm64 prebuild's floor.
+    const long n = ::syscall(SYS_preadv2, fd, &iov, 1, static_cast<long>(off), 0L, RWF_NOWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -EAGAIN;  // EAGAIN, or EOPNOTSUPP/EINVAL from a kernel or file system without it
+    }
+    if (n == 0) return -EIO;
     p += n;
     len -= static_cast<size_t>(n);
     off += static_cast<uint64_t>(n);

@@ -22,6 +22,9 @@ std::string JoinPath(const std::string& dir, const std::string& name);
 
 // Reads exactly len bytes at off; -EIO if the file ends first.
 int PreadFull(int fd, void* buf, size_t len, uint64_t off);
+// PreadFull only from the page cache (preadv2 RWF_NOWAIT): -EAGAIN when any of the bytes
+// would have to come from the disk (or the kernel cannot tell), with `buf` unspecified.
+int PreadCached(int fd, void* buf, size_t len, uint64_t off);
 // Largest single pwrite PwriteFull issues (see fs-util.cc for why writes are split).
 constexpr size_t kPwriteChunkBytesMax = 16 * 1024;
 

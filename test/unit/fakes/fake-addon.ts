@@ -548,7 +548,7 @@ export class FakeReplicaServer implements NativeReplicaServer {
     readonly port: number,
   ) {}
   stats(): NativeReplicaServerStats {
-    return { connectionsTotal: 0, connectionsOpen: 0, requests: 0, staleEpochRefusals: 0, protocolErrors: 0, authFailures: 0, connectionsRefused: 0, handshakesDropped: 0, bytesRead: 0, bytesWritten: 0, inlineWrites: 0, bufferBytes: 0, bufferBytesPeak: 0, bufferWaits: 0, spareBufferBytes: 0, spareBufferHits: 0 };
+    return { connectionsTotal: 0, connectionsOpen: 0, requests: 0, staleEpochRefusals: 0, protocolErrors: 0, authFailures: 0, connectionsRefused: 0, handshakesDropped: 0, bytesRead: 0, bytesWritten: 0, inlineWrites: 0, inlineReads: 0, bufferBytes: 0, bufferBytesPeak: 0, bufferWaits: 0, spareBufferBytes: 0, spareBufferHits: 0 };
   }
   async close(): Promise<void> {
     this.closed = true;
