@@ -56,6 +56,8 @@ MOORING_DECLARE(int, pthread_rwlock_init, (pthread_rwlock_t*, const pthread_rwlo
 MOORING_DECLARE(int, pthread_rwlock_destroy, (pthread_rwlock_t*))
 MOORING_DECLARE(int, pthread_rwlock_rdlock, (pthread_rwlock_t*))
 MOORING_DECLARE(int, pthread_rwlock_wrlock, (pthread_rwlock_t*))
+MOORING_DECLARE(int, pthread_rwlock_tryrdlock, (pthread_rwlock_t*))
+MOORING_DECLARE(int, pthread_rwlock_trywrlock, (pthread_rwlock_t*))
 MOORING_DECLARE(int, pthread_rwlock_unlock, (pthread_rwlock_t*))
 MOORING_DECLARE(int, pthread_rwlockattr_init, (pthread_rwlockattr_t*))
 MOORING_DECLARE(int, pthread_rwlockattr_destroy, (pthread_rwlockattr_t*))
@@ -93,6 +95,8 @@ __asm__(".symver mooring_old_pthread_rwlock_init, pthread_rwlock_init@" MOORING_
 __asm__(".symver mooring_old_pthread_rwlock_destroy, pthread_rwlock_destroy@" MOORING_GLIBC_BASE);
 __asm__(".symver mooring_old_pthread_rwlock_rdlock, pthread_rwlock_rdlock@" MOORING_GLIBC_BASE);
 __asm__(".symver mooring_old_pthread_rwlock_wrlock, pthread_rwlock_wrlock@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlock_tryrdlock, pthread_rwlock_tryrdlock@" MOORING_GLIBC_BASE);
+__asm__(".symver mooring_old_pthread_rwlock_trywrlock, pthread_rwlock_trywrlock@" MOORING_GLIBC_BASE);
 __asm__(".symver mooring_old_pthread_rwlock_unlock, pthread_rwlock_unlock@" MOORING_GLIBC_BASE);
 __asm__(".symver mooring_old_pthread_rwlockattr_init, pthread_rwlockattr_init@" MOORING_GLIBC_BASE);
 __asm__(".symver mooring_old_pthread_rwlockattr_destroy, pthread_rwlockattr_destroy@" MOORING_GLIBC_BASE);
@@ -122,6 +126,8 @@ MOORING_FORWARD(int, pthread_rwlock_init, (pthread_rwlock_t* l, const pthread_rw
 MOORING_FORWARD(int, pthread_rwlock_destroy, (pthread_rwlock_t* l), (l))
 MOORING_FORWARD(int, pthread_rwlock_rdlock, (pthread_rwlock_t* l), (l))
 MOORING_FORWARD(int, pthread_rwlock_wrlock, (pthread_rwlock_t* l), (l))
+MOORING_FORWARD(int, pthread_rwlock_tryrdlock, (pthread_rwlock_t* l), (l))
+MOORING_FORWARD(int, pthread_rwlock_trywrlock, (pthread_rwlock_t* l), (l))
 MOORING_FORWARD(int, pthread_rwlock_unlock, (pthread_rwlock_t* l), (l))
 MOORING_FORWARD(int, pthread_rwlockattr_init, (pthread_rwlockattr_t* a), (a))
 MOORING_FORWARD(int, pthread_rwlockattr_destroy, (pthread_rwlockattr_t* a), (a))
