@@ -209,7 +209,8 @@ describe('bench smoke run', () => {
     expect(md).toMatch(/reads over a qcow2 backing image ≥ 1\.0× qemu-nbd -r on the same image \| \*\*(pass|miss)\*\*/);
     // The backing image step uploaded a file into one host and copied it to another.
     // ... pulled by the second host's data engine from the first directly, and relayed through the bench's process (the fallback).
-    expect(md).toMatch(/copy to the second host pulled from the first directly \(data engine to data engine, SHA-512 verified on arrival\) [\d.]+ s = \d+ MiB\/s, relayed through the bench's process \(the fallback\) [\d.]+ s = \d+ MiB\/s/);
+    // ... the bytes of the pull over the replica protocol (the hosts have replica servers).
+    expect(md).toMatch(/copy to the second host pulled from the first directly \(data engine to data engine over replica protocol, SHA-512 verified on arrival\) [\d.]+ s = \d+ MiB\/s, relayed through the bench's process \(the fallback\) [\d.]+ s = \d+ MiB\/s/);
     expect(md).toMatch(/backing image copy between hosts ≥ 0\.8× the disk's sequential write rate \| \*\*(pass|miss)\*\*/);
     // The scratch directory and every child are gone.
     expect(readdirSync(work).filter((f) => f.startsWith('mooring-bench-'))).toEqual([]);

@@ -446,6 +446,8 @@ void ReplicaServerConnection::Deliver() {
     r.release();  // answered, and freed once its reply is sent
     return;
   }
+  r->pooled = true;
+  pooled_.fetch_add(1);
   WorkerPool::Batch b;
   b.Push(r.get());
   r->run = &ReplicaServerConnection::RunJob;
@@ -454,13 +456,14 @@ void ReplicaServerConnection::Deliver() {
 }
 
 // A small WRITE (no FUA) done here on the connection loop when the replica can take it
-// without waiting (ReplicaBackend::TryWrite): no hand-off to a worker and back, half of a
-// replica host's CPU per 4 KiB write. Anything unusual (a malformed frame, an early error,
-// FUA, a replica that would wait) goes to a worker as before.
+// without waiting (ReplicaBackend::TryWrite) and no earlier request of the connection is
+// still waiting for a worker: no hand-off to a worker and back, half of a replica host's
+// CPU per 4 KiB write. Anything unusual (a malformed frame, an early error, FUA, a replica
+// that would wait) goes to a worker as before.
 bool ReplicaServerConnection::TryInlineWrite(Request* r) {
   const RequestHeader& h = r->h;
   if (h.op != kOpWrite || h.length == 0 || h.length > ctx_->opts.inline_max_bytes || h.flags != 0 ||
-      h.reserved != 0 || h.length != h.payload_len || r->early_code != Code::kOk)
+      h.reserved != 0 || h.length != h.payload_len || r->early_code != Code::kOk || pooled_.load() != 0)
     return false;
   const int rc = replica_->TryWrite(h.epoch, h.offset, static_cast<uint32_t>(h.length), r->payload.data());
   if (rc == -EWOULDBLOCK) return false;
@@ -481,7 +484,7 @@ bool ReplicaServerConnection::TryInlineWrite(Request* r) {
 bool ReplicaServerConnection::TryInlineRead(Request* r) {
   const RequestHeader& h = r->h;
   if (h.op != kOpRead || h.length == 0 || h.length > ctx_->opts.inline_max_bytes || h.flags != 0 ||
-      h.reserved != 0 || h.payload_len != 0 || r->early_code != Code::kOk)
+      h.reserved != 0 || h.payload_len != 0 || r->early_code != Code::kOk || pooled_.load() != 0)
     return false;
   r->reply_payload.resize(h.length);
   if (replica_->TryRead(h.offset, static_cast<uint32_t>(h.length), r->reply_payload.data()) != 0) {
@@ -628,6 +631,7 @@ void ReplicaServerConnection::Execute(Request* r) {
     SetError(r, Code::kIoError, "internal error running " + std::string(OpName(r->h.op)));
   }
   BufferPool::Get().Give(std::move(r->payload));  // the request's memory is not needed while the reply waits
+  if (r->pooled) pooled_.fetch_sub(1);  // run: later requests may go on the loop again
   Enqueue(r);
 }
 

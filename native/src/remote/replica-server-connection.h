@@ -98,6 +98,7 @@ class ReplicaServerConnection {
     rp::RequestHeader h;
     ByteBuffer payload;
     Code early_code = Code::kOk;  // answer with this without running (set by the reader)
+    bool pooled = false;          // handed to a worker (counted in pooled_)
     std::string early_message;
     rp::ReplyHeader reply;
     uint8_t reply_head[rp::kReplyHeaderBytes];
@@ -195,6 +196,11 @@ class ReplicaServerConnection {
   std::vector<Request*> wbatch_;  // the round being sent, by the owner of sending_
   std::vector<iovec> wiov_;
   uint32_t inflight_ = 0;
+  // Requests of this connection handed to a worker and not yet run. A request runs on the
+  // loop (TryInlineWrite/Read) only while this is 0, so it never overtakes an earlier one
+  // that is still queued (a CLAIM_EPOCH pipelined just before a WRITE of its epoch, say).
+  // The workers themselves may still run two queued requests in either order, as before.
+  std::atomic<uint32_t> pooled_{0};
   uint64_t inflight_bytes_ = 0;
   bool writer_exit_ = false;
   uint64_t client_features_ = 0;     // under mu_: what CLIENT_FEATURES announced
