@@ -40,7 +40,7 @@ describe('upgrade with the data engines starting their own successors', () => {
   afterAll(() => stopCluster({ cluster, store, hosts, tmp }));
 
   it('every host reports that it can start its successor', async () => {
-    for (const h of hosts) expect((await h.engine.info()).features).toEqual(['successor-exec', 'in-place-handoff', 'salvage']);
+    for (const h of hosts) expect((await h.engine.info()).features).toEqual(['successor-exec', 'in-place-handoff', 'salvage', 'backing-file-read']);
   });
 
   it('refuses a successor outside --allow-successor-exec: the old process keeps serving, the session says why', async () => {
