@@ -543,7 +543,7 @@ void Replica::CollectSegments(uint64_t off, uint64_t len, bool include_head,
                 });
 }
 
-int Replica::ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include_head) {
+int Replica::ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include_head, bool cached_only) {
   std::vector<Segment> segs;
   segs.reserve(4);
   CollectSegments(off, len, include_head, &segs);
@@ -553,6 +553,7 @@ int Replica::ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include
   for (const Segment& s : segs) {
     uint8_t* dst = buf + (s.off - off);
     if (s.image) {
+      if (cached_only) return -EWOULDBLOCK;  // an image read may read and decompress from disk
       int rc = ReadImage(s.off, s.len, dst);
       if (rc != 0) return rc;
     } else if (!s.layer) {
@@ -560,8 +561,8 @@ int Replica::ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include
     } else {
       LayerFd h;
       int rc = s.layer->Acquire(&h);
-      if (rc == 0) rc = fsutil::PreadFull(h.fd(), dst, s.len, s.off);
-      if (rc != 0) return rc;
+      if (rc == 0) rc = cached_only ? fsutil::PreadCached(h.fd(), dst, s.len, s.off) : fsutil::PreadFull(h.fd(), dst, s.len, s.off);
+      if (rc != 0) return cached_only ? -EWOULDBLOCK : rc;
     }
   }
   return 0;
@@ -650,21 +651,7 @@ int Replica::TryRead(uint64_t off, uint32_t len, uint8_t* buf) {
   if (len == 0 || !InRange(off, len, size_) || !buf) return -EWOULDBLOCK;  // Read says what is wrong
   std::shared_lock<RwLock> io(io_mu_, std::try_to_lock);
   if (!io.owns_lock() || closed_.load()) return -EWOULDBLOCK;
-  std::vector<Segment> segs;
-  segs.reserve(4);
-  CollectSegments(off, len, true, &segs);
-  for (const Segment& s : segs) {
-    uint8_t* dst = buf + (s.off - off);
-    if (s.image) return -EWOULDBLOCK;  // an image read may read and decompress from disk
-    if (!s.layer) {
-      std::memset(dst, 0, s.len);
-      continue;
-    }
-    LayerFd h;
-    if (s.layer->Acquire(&h) != 0) return -EWOULDBLOCK;
-    if (fsutil::PreadCached(h.fd(), dst, s.len, s.off) != 0) return -EWOULDBLOCK;
-  }
-  return 0;
+  return ReadSegments(off, len, buf, true, true);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -149,7 +149,8 @@ class Replica : public ReplicaBackend {
   template <typename Fn>
   void ResolveLocked(uint64_t b0, uint64_t b1, bool include_head, Fn&& fn) const;
   void CollectSegments(uint64_t off, uint64_t len, bool include_head, std::vector<Segment>* out) const;
-  int ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include_head);
+  // `cached_only` (TryRead): -EWOULDBLOCK rather than wait for the disk or the image.
+  int ReadSegments(uint64_t off, uint64_t len, uint8_t* buf, bool include_head, bool cached_only = false);
   // Reads [off, off+len) of the backing image; zeros above its virtual size.
   int ReadImage(uint64_t off, uint64_t len, uint8_t* buf);
   // Block runs in [b0, b1) where the backing image holds data (rounded out to whole
