@@ -22,7 +22,7 @@ WorkerPool::Lane::~Lane() {
 void WorkerPool::Lane::Submit(Batch* batch) {
   if (batch->count == 0) return;
   Job* head = batch->head;
-  const size_t count = batch->count;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(pool_->mu_);
     if (!pool_->stopping_) {
@@ -30,19 +30,12 @@ void WorkerPool::Lane::Submit(Batch* batch) {
       tail_ = batch->tail;
       head = nullptr;
       if (!ready_ && running_ < cap_) pool_->ReadyLocked(this);
-      // Wake (or start) as many workers as this lane may now run jobs, no more: extra ones
-      // would only contend for the lock.
-      const uint32_t startable = static_cast<uint32_t>(std::min<size_t>(count, cap_ > running_ ? cap_ - running_ : 0));
-      for (uint32_t i = 0; i < startable; ++i) {
-        if (pool_->idle_ > pool_->waking_) {
-          ++pool_->waking_;
-          pool_->cv_.notify_one();
-        } else {
-          pool_->GrowLocked();
-        }
-      }
+      // One worker more, woken or started; it wakes the next if work is still waiting
+      // when it takes its job (Loop), so short jobs are run by the workers already awake.
+      if (running_ < cap_) wake = pool_->WakeOneLocked();
     }
   }
+  if (wake) pool_->cv_.notify_one();  // outside the lock: the woken worker takes it at once
   *batch = Batch{};
   while (head) {  // pool stopped: run inline rather than lose the job
     Job* next = head->next;
@@ -82,6 +75,15 @@ void WorkerPool::ReadyLocked(Lane* l) {
   l->next_ready_ = nullptr;
   if (ready_tail_) ready_tail_->next_ready_ = l; else ready_head_ = l;
   ready_tail_ = l;
+}
+
+bool WorkerPool::WakeOneLocked() {
+  if (idle_ > waking_) {
+    ++waking_;
+    return true;
+  }
+  GrowLocked();
+  return false;
 }
 
 bool WorkerPool::GrowLocked() {
@@ -126,7 +128,10 @@ void WorkerPool::Loop() {
     ++l->running_;
     // Its turn is over: the lane goes to the back of the list if it may start another.
     if (l->head_ && l->running_ < l->cap_) ReadyLocked(l);
+    // Work still waits: one more worker for it (the cascade Submit started).
+    const bool wake = ready_head_ && WakeOneLocked();
     lock.unlock();
+    if (wake) cv_.notify_one();
     j->run(j);
     lock.lock();
     --l->running_;

@@ -90,6 +90,9 @@ class WorkerPool {
   void ReadyLocked(Lane* l);
   // Under mu_: starts one more thread unless at max_threads (false if none started).
   bool GrowLocked();
+  // Under mu_: an idle worker is to be woken (true: notify cv_ once mu_ is let go), else
+  // one is started if the pool may grow.
+  bool WakeOneLocked();
 
   const char* const name_;
   mutable std::mutex mu_;
