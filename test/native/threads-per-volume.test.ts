@@ -11,7 +11,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { NbdClient } from '../../src/bench/nbd-client.js';
 import type { NativeEngine, NativeNbdServer } from '../../src/native/binding.js';
 import { MiB, Scratch, addon, createReplicas, engineOptions, threadTotal as total, threadsByName, waitFor } from './helpers.js';
-import { FrameProxy, closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
+import { FrameProxy, Op, closeAll, endpoint, startHosts, type Host } from './remote-helpers.js';
 
 const SIZE = 4 * MiB;
 const FIRST = 25;
@@ -209,17 +209,21 @@ describe('threads and fds per attached volume', () => {
 
     proxy.mode = 'hold';
     proxy.maxOutstanding = proxy.outstanding;
-    const held = Array.from({ length: 8 }, (_, i) => stuck.read(i * 4096, 4096));
+    // A FLUSH waits for its replica on a worker. (A READ or WRITE to remote replicas holds
+    // none: the replica's answer finishes it, test/native/remote-nbd-path.test.ts.)
+    const held = Array.from({ length: 8 }, () => stuck.flush());
     await waitFor('the stuck export to fill its share of workers', () => proxy!.outstanding >= 2);
     for (let i = 0; i < 20; i++) {
       const data = Buffer.alloc(4096, 0x30 + i);
       await good.write(i * 4096, data);
       expect((await good.read(i * 4096, 4096)).equals(data)).toBe(true);
     }
-    // Two workers at most ran the stuck export's reads, however many it had queued.
+    // Two workers at most ran the stuck export's flushes, however many it had queued.
     expect(proxy.maxOutstanding).toBeLessThanOrEqual(2);
+    expect(proxy.ops.get(Op.FLUSH) ?? 0).toBeLessThanOrEqual(2);
     expect(threadsByName().get('mr-nbd-io') ?? 0).toBeLessThanOrEqual(64);
     proxy.release();
-    expect((await Promise.all(held)).every((b) => b.length === 4096)).toBe(true);
+    await Promise.all(held);
+    expect(proxy.ops.get(Op.FLUSH)).toBe(8);
   });
 });

@@ -7,6 +7,7 @@
 // -EINVAL for out-of-range ranges rather than trusting the caller.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,15 @@ struct Extent {
   uint32_t flags;  // kExtentHole | kExtentZero, or 0 for data
 };
 
+// Where an asynchronous read or write (BlockDevice::ReadAsync, WriteAsync) ends: IoDone
+// runs exactly once.
+struct IoCompletion {
+  virtual void IoDone(int rc) = 0;
+
+ protected:
+  ~IoCompletion() = default;
+};
+
 class BlockDevice {
  public:
   virtual ~BlockDevice() = default;
@@ -32,8 +42,32 @@ class BlockDevice {
   virtual uint64_t size() const = 0;
 
   virtual int Read(uint64_t off, uint32_t len, uint8_t* buf) = 0;
+  // Read, answered through done->IoDone(rc) as WriteAsync is; `buf` is filled by then.
+  virtual void ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept {
+    int rc;
+    try {
+      rc = Read(off, len, buf);
+    } catch (...) {
+      rc = -EIO;
+    }
+    done->IoDone(rc);
+  }
   // fua: durable before return.
   virtual int Write(uint64_t off, uint32_t len, const uint8_t* buf, bool fua) = 0;
+  // Write, answered through done->IoDone(rc) instead of a return value, possibly before
+  // this returns, possibly later on another thread. A device that waits for other hosts
+  // (the Engine over remote replicas) returns once the write is sent, and the thread that
+  // reads the last answer finishes it: no thread is held waiting. `buf` must stay valid
+  // until IoDone. Never throws. By default: Write, then IoDone.
+  virtual void WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf, bool fua, IoCompletion* done) noexcept {
+    int rc;
+    try {
+      rc = Write(off, len, buf, fua);
+    } catch (...) {
+      rc = -EIO;
+    }
+    done->IoDone(rc);
+  }
   // Everything written (and replied to) before this call is durable on return.
   virtual int Flush() = 0;
   // Discard: the range may read as anything afterwards; space is released where possible.
@@ -45,6 +79,11 @@ class BlockDevice {
   // Allocation state of [off, off+len): extents in order, lengths summing to at most len
   // and at least one extent. max_extents bounds the vector (NBD REQ_ONE sets it to 1).
   virtual int BlockStatus(uint64_t off, uint32_t len, uint32_t max_extents, std::vector<Extent>* out) = 0;
+  // Whether BlockStatus costs about as little as a lookup in memory (true by default). An
+  // Engine whose RW replicas are all on other hosts says false: there each call is a round
+  // trip, so the NBD server sends a structured READ as one data chunk (holes read as zeros)
+  // instead of asking where the holes are before reading.
+  virtual bool BlockStatusIsCheap() { return true; }
   // Prefetch hint; may do nothing.
   virtual int Cache(uint64_t off, uint32_t len) = 0;
 };

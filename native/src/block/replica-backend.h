@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -148,16 +149,40 @@ class ReplicaBackend {
   // Split-phase Write, so an engine can have a write in flight on every replica at once:
   // StartWrite begins it (`buf` must stay valid until FinishWrite returns), FinishWrite
   // waits for it and returns what Write would have. Every StartWrite is paired with one
-  // FinishWrite on the same PendingWrite. By default StartWrite does the whole Write
+  // FinishWrite on the same PendingIo. By default StartWrite does the whole Write
   // (a local replica completes in the page cache at once); a remote one only sends it.
-  struct PendingWrite {
+  //
+  // With `waker` set before StartWrite, the backend calls waker->Wake() exactly once, when
+  // FinishWrite would no longer wait: on the thread that completed the write (a
+  // connection loop's, never under the backend's locks), or on the caller's before
+  // StartWrite returns. So nobody has to block in FinishWrite (Engine::WriteAsync).
+  // A PendingIo serves one StartWrite or StartRead at a time.
+  struct Waker {
+    virtual void Wake() = 0;
+
+   protected:
+    ~Waker() = default;
+  };
+  struct PendingIo {
     int rc = 0;
     std::vector<std::shared_ptr<void>> calls;  // backend-specific in-flight state
+    Waker* waker = nullptr;
+    std::atomic<uint32_t> unfinished{0};       // backend-specific: parts not yet answered
   };
-  virtual void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingWrite* p) {
+  virtual void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) {
     p->rc = Write(epoch, off, len, buf, fua);
+    if (p->waker) p->waker->Wake();
   }
-  virtual int FinishWrite(PendingWrite* p) { return p->rc; }
+  virtual int FinishWrite(PendingIo* p) { return p->rc; }
+  // Split-phase Read, the same way (`buf` is filled by FinishRead; the waker as above).
+  virtual void StartRead(uint64_t off, uint32_t len, uint8_t* buf, PendingIo* p) {
+    p->rc = Read(off, len, buf);
+    if (p->waker) p->waker->Wake();
+  }
+  virtual int FinishRead(PendingIo* p, uint8_t* buf) {
+    (void)buf;
+    return p->rc;
+  }
   // A Write (no FUA) done only if it cannot wait: -EWOULDBLOCK, with nothing changed, when
   // it might (a lock held by another operation, a first write that must commit the
   // replica's dirty mark, a partial block that must be read first, or a backend that cannot

@@ -1,10 +1,17 @@
 // ReplicatedEngine: the Engine over N ReplicaBackends (see engine.h for the contract).
 //
 // Locking:
-// - gate_ (a writer-preferring RwLock, taken at most once per thread): the data path
-//   holds it shared; snapshot/delete/revert, fencing and shutdown hold it exclusive. Epoch changes happen only under the exclusive lock, so no
-//   write of ours can ever carry an epoch older than a replica's: -ESTALE from a replica
-//   always means another engine took the volume over.
+// - gate_ (engine/data-gate.h: a writer-preferring RwLock, taken at most once per thread,
+//   plus the async writes in flight): the data path holds it shared; snapshot/delete/revert,
+//   fencing and shutdown hold it exclusive, which also waits for every async write to
+//   finish. Epoch changes happen only under the exclusive lock, so no write of ours can
+//   ever carry an epoch older than a replica's: -ESTALE from a replica always means
+//   another engine took the volume over.
+// - Async writes (WriteAsync, for the NBD frontend): where every RW replica is remote and
+//   nothing else is going on (no WO replica, no drop to fence), a write is started under
+//   the shared gate and detached from it; the replicas' answers finish it on the thread
+//   that reads the last one (SettleRw, as Mutate does), and only a drop to fence goes to a
+//   worker (CommitDrops waits) before the answer.
 // - state_mu_: replica modes and the list of replicas marked ERR but not yet fenced.
 //   Modes are also atomics so the data path picks targets without taking it. The slot
 //   list itself changes (AddReplica, RemoveReplica) only under gate_ exclusive and
@@ -38,6 +45,7 @@
 #include <cstring>
 #include <condition_variable>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <set>
 #include <shared_mutex>
@@ -45,11 +53,12 @@
 #include <thread>
 #include <type_traits>
 
+#include "engine/data-gate.h"
 #include "engine/range-lock.h"
 #include "engine/rebuilder.h"
 #include "engine/reconciler.h"
 #include "image/image-reader.h"
-#include "util/rw-lock.h"
+#include "nbd/worker-pool.h"
 #include "util/thread-name.h"
 
 namespace mooring {
@@ -173,6 +182,8 @@ class ReplicatedEngine final : public Engine {
     // FUA is about the reply's durability, which only RW replicas carry.
     return Mutate(off, len, SplitWrite{off, len, buf, fua});
   }
+  void WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf, bool fua, IoCompletion* done) noexcept override;
+  void ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept override;
   int Flush() override {
     return Mutate(0, 0, [](ReplicaBackend& b, uint64_t, size_t, bool) { return b.Flush(); }, Fanout::kParallel, false);
   }
@@ -201,6 +212,13 @@ class ReplicatedEngine final : public Engine {
       out->clear();
       return b.BlockStatus(off, len, max_extents, out);
     });
+  }
+  bool BlockStatusIsCheap() override {
+    // BlockStatus goes where a read goes (ReadFrom): a replica in this process if one is RW.
+    std::shared_lock<DataGate> lk(gate_);
+    for (const auto& s : slots_)
+      if (s->mode.load() == ReplicaMode::kRW && !s->backend->remote()) return true;
+    return false;
   }
   int Cache(uint64_t off, uint32_t len) override {
     if (!InRange(off, len, size_)) return -EINVAL;
@@ -258,7 +276,7 @@ class ReplicatedEngine final : public Engine {
     Events ev;
     int rc;
     {
-      std::unique_lock<RwLock> lk(gate_);
+      std::unique_lock<DataGate> lk(gate_);
       rc = CommitDropsLocked(&ev);
     }
     Emit(ev);
@@ -314,18 +332,64 @@ class ReplicatedEngine final : public Engine {
     const uint8_t* buf;
     bool fua;
     // FUA is about the reply's durability, which only RW replicas carry.
-    void Start(ReplicaBackend& b, uint64_t e, bool wo, ReplicaBackend::PendingWrite* p) const {
+    void Start(ReplicaBackend& b, uint64_t e, bool wo, ReplicaBackend::PendingIo* p) const {
       b.StartWrite(e, off, len, buf, fua && !wo, p);
     }
-    int Finish(ReplicaBackend& b, ReplicaBackend::PendingWrite* p) const { return b.FinishWrite(p); }
+    int Finish(ReplicaBackend& b, ReplicaBackend::PendingIo* p) const { return b.FinishWrite(p); }
     int operator()(ReplicaBackend& b, uint64_t e, size_t, bool wo) const {
-      ReplicaBackend::PendingWrite p;
+      ReplicaBackend::PendingIo p;
       Start(b, e, wo, &p);
       return Finish(b, &p);
     }
   };
   template <typename Op>
   int Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout = Fanout::kSerial, bool with_wo = true);
+  // After a mutation ran on the RW targets t with results rcs: its result. A replica that
+  // failed is marked ERR (*marked) unless it is the last RW one; STALE_EPOCH fences the
+  // engine. Takes state_mu_ only.
+  int SettleRw(const Targets& t, const int* rcs, bool* marked);
+
+  // --- writes answered by the replicas' answers (WriteAsync) ---
+  static constexpr uint32_t kFenceLaneCap = 2;  // workers fencing this engine's async writes at once
+  // A write in flight on remote RW replicas only, detached from the gate (DataGate::Detach).
+  // Every replica's PendingIo wakes it; the last wake finishes it (FinishAsync).
+  struct AsyncWrite final : ReplicaBackend::Waker, WorkerPool::Job {
+    ReplicatedEngine* engine = nullptr;
+    IoCompletion* done = nullptr;
+    Targets t;
+    ReplicaBackend* backends[kMaxReplicas] = {};
+    ReplicaBackend::PendingIo pending[kMaxReplicas];
+    std::optional<RangeLock::Guard> range;
+    std::atomic<uint32_t> unwoken{0};
+    int result = 0;
+    void Wake() override {
+      if (unwoken.fetch_sub(1) == 1) engine->FinishAsync(this);
+    }
+  };
+  // On the thread of the last answer (a connection loop: never waits). Settles the results,
+  // lets the range and the gate go, and answers; or, when a replica was dropped and must be
+  // fenced first (CommitDrops waits), leaves that and the answer to a worker (FenceAndAnswer).
+  void FinishAsync(AsyncWrite* w);
+  static void FenceAndAnswer(WorkerPool::Job* job);
+  // A read in flight on one remote RW replica, detached from the gate.
+  struct AsyncRead final : ReplicaBackend::Waker, WorkerPool::Job {
+    ReplicatedEngine* engine = nullptr;
+    IoCompletion* done = nullptr;
+    size_t pick = 0;
+    ReplicaBackend* backend = nullptr;
+    ReplicaBackend::PendingIo pending;
+    uint64_t off = 0;
+    uint32_t len = 0;
+    uint8_t* buf = nullptr;
+    void Wake() override { engine->FinishAsyncRead(this); }
+  };
+  // The replica's answer, on its thread: the bytes, or a replica error that is the answer;
+  // else the replica is dropped and a worker reads from another and fences (RetryRead).
+  void FinishAsyncRead(AsyncRead* r);
+  static void RetryRead(WorkerPool::Job* job);
+  // Under the gate: the RW replica a read goes to (one in this process first, else round
+  // robin), or slots_.size() if none.
+  size_t PickReadSource() const;
   template <typename Op>
   int ReadFrom(Op op);
   // Runs op on every RW replica (and, if to_wo, on every WO one) with I/O quiesced.
@@ -386,9 +450,9 @@ class ReplicatedEngine final : public Engine {
   // Serves nothing (opened as standby, or handed over). See the file comment.
   std::atomic<bool> standby_{false};
   const bool salvage_;  // Options.salvage: Open's rules for a volume brought back (salvage)
-  std::atomic<uint32_t> next_read_{0};
+  mutable std::atomic<uint32_t> next_read_{0};
   // Writer-preferring, so a steady stream of requests cannot starve a snapshot.
-  mutable RwLock gate_;
+  mutable DataGate gate_;
   RangeLock ranges_;
   mutable std::mutex state_mu_;
   std::vector<size_t> unfenced_;  // guarded by state_mu_
@@ -407,6 +471,10 @@ class ReplicatedEngine final : public Engine {
   // Open SnapshotReads. Changed under gate_ (shared), read by Control under gate_
   // (exclusive), so a delete either sees the read or ran before it listed the layers.
   std::atomic<uint32_t> snapshot_reads_{0};
+
+  // Where an async write that dropped a replica is fenced and answered (FenceAndAnswer).
+  // Last, so it is destroyed first: its destructor waits for those jobs.
+  WorkerPool::Lane fence_lane_{&WorkerPool::Nbd(), kFenceLaneCap};
 };
 
 bool ReplicatedEngine::MarkFailed(size_t i, int rc) {
@@ -656,7 +724,7 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
   int result = 0;
   bool marked = false;
   {
-    std::shared_lock<RwLock> lk(gate_);
+    std::shared_lock<DataGate> lk(gate_);
     if (closed_) return -ESHUTDOWN;
     if (standby_) return -kErrStandby;
     if (fenced_) return -kErrStaleEpoch;
@@ -692,7 +760,7 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
       // once the remote ones accepted: an engine cut off from the others and fenced
       // meanwhile (they refuse its epoch) then changes no replica at all, not even the one
       // on its own host that the new engine could not reach to fence.
-      ReplicaBackend::PendingWrite pending[kMaxReplicas];
+      ReplicaBackend::PendingIo pending[kMaxReplicas];
       bool stale = false;
       for (size_t k = 0; k < t.n; ++k)
         if (slots_[t.idx[k]]->backend->remote()) op.Start(*slots_[t.idx[k]]->backend, e, false, &pending[k]);
@@ -716,29 +784,7 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
         if (k == 0 && IsRequestError(rcs[k])) return rcs[k];  // nothing changed anywhere
       }
     }
-    // Every RW replica failed alike for a reason that is not its own: all full at once
-    // (ENOSPC), or a copy-up that met a damaged cluster of the backing image (each disk holds
-    // an equal copy of it). The replicas were equal, applied the same request in the same
-    // order and stopped at the same block, so they still are equal (this request was not
-    // acknowledged, so any of it may have landed): none is dropped and the client gets the
-    // error. Dropping all but one would leave a single copy for nothing.
-    const bool all_alike = t.n > 0 && (rcs[0] == -ENOSPC || rcs[0] == -kErrCorruptImage) &&
-                           std::all_of(rcs, rcs + t.n, [&](int rc) { return rc == rcs[0]; });
-    if (all_alike) result = rcs[0];
-    for (size_t k = 0; k < t.n && !all_alike; ++k) {
-      const int rc = rcs[k];
-      if (rc >= 0) continue;
-      if (rc == -kErrStaleEpoch) {
-        fenced_ = true;
-        result = rc;
-      } else if (IsRequestError(rc)) {
-        if (result == 0) result = rc;
-      } else if (MarkFailed(t.idx[k], rc)) {
-        marked = true;
-      } else if (result == 0) {
-        result = rc;
-      }
-    }
+    result = SettleRw(t, rcs, &marked);
     // WO targets after the RW replicas. If the request failed on the RW side, what the RW
     // replicas now hold is unknown, so the target cannot be kept equal: it fails instead.
     for (size_t k = 0; k < w.n; ++k) {
@@ -756,28 +802,127 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
   return result;
 }
 
+int ReplicatedEngine::SettleRw(const Targets& t, const int* rcs, bool* marked) {
+  int result = 0;
+  // Every RW replica failed alike for a reason that is not its own: all full at once
+  // (ENOSPC), or a copy-up that met a damaged cluster of the backing image (each disk holds
+  // an equal copy of it). The replicas were equal, applied the same request in the same
+  // order and stopped at the same block, so they still are equal (this request was not
+  // acknowledged, so any of it may have landed): none is dropped and the client gets the
+  // error. Dropping all but one would leave a single copy for nothing.
+  const bool all_alike = t.n > 0 && (rcs[0] == -ENOSPC || rcs[0] == -kErrCorruptImage) &&
+                         std::all_of(rcs, rcs + t.n, [&](int rc) { return rc == rcs[0]; });
+  if (all_alike) return rcs[0];
+  for (size_t k = 0; k < t.n; ++k) {
+    const int rc = rcs[k];
+    if (rc >= 0) continue;
+    if (rc == -kErrStaleEpoch) {
+      fenced_ = true;
+      result = rc;
+    } else if (IsRequestError(rc)) {
+      if (result == 0) result = rc;
+    } else if (MarkFailed(t.idx[k], rc)) {
+      *marked = true;
+    } else if (result == 0) {
+      result = rc;
+    }
+  }
+  return result;
+}
+
+// The write path without a waiting thread. Only where it is the plain case: every RW
+// replica remote, no WO replica (a rebuild orders its copy against writes), nothing to
+// fence. Anything else runs Write (Mutate) on this thread, as before.
+void ReplicatedEngine::WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf, bool fua,
+                                  IoCompletion* done) noexcept {
+  if (!InRange(off, len, size_)) return done->IoDone(-EINVAL);
+  if (len == 0) return done->IoDone(0);
+  AsyncWrite* w = nullptr;
+  int rc = 0;
+  {
+    std::shared_lock<DataGate> lk(gate_);
+    if (closed_) rc = -ESHUTDOWN;
+    else if (standby_) rc = -kErrStandby;
+    else if (fenced_) rc = -kErrStaleEpoch;
+    if (rc != 0) {
+      lk.unlock();
+      return done->IoDone(rc);
+    }
+    const Targets t = RwTargets();
+    bool plain = t.n > 0 && WoTargets().n == 0 && !fence_pending_.load();
+    for (size_t k = 0; k < t.n && plain; ++k) plain = slots_[t.idx[k]]->backend->remote();
+    if (plain) w = new (std::nothrow) AsyncWrite();
+    if (w) {
+      w->engine = this;
+      w->done = done;
+      w->t = t;
+      const uint64_t e = epoch_.load();
+      gate_.Detach();
+      if (t.n > 1) w->range.emplace(ranges_.Lock(off, len));
+      // One wake per replica, plus this thread's own once it has started them all.
+      w->unwoken.store(static_cast<uint32_t>(t.n) + 1);
+      for (size_t k = 0; k < t.n; ++k) {
+        w->backends[k] = slots_[t.idx[k]]->backend.get();
+        w->pending[k].waker = w;
+        w->backends[k]->StartWrite(e, off, len, buf, fua, &w->pending[k]);
+      }
+    }
+  }
+  if (!w) {
+    try {
+      rc = Write(off, len, buf, fua);
+    } catch (...) {
+      rc = -EIO;
+    }
+    return done->IoDone(rc);
+  }
+  w->Wake();  // this thread's own
+}
+
+void ReplicatedEngine::FinishAsync(AsyncWrite* w) {
+  int rcs[kMaxReplicas];
+  for (size_t k = 0; k < w->t.n; ++k) rcs[k] = w->backends[k]->FinishWrite(&w->pending[k]);  // waits no more
+  bool marked = false;
+  w->result = SettleRw(w->t, rcs, &marked);
+  w->range.reset();
+  gate_.Finish();
+  // As in Mutate: a replica dropped (by this write or another) must be durably out of the
+  // replica set before this write is answered.
+  if (marked || fence_pending_.load()) {
+    WorkerPool::Batch b;
+    b.Push(w);
+    w->run = &ReplicatedEngine::FenceAndAnswer;
+    fence_lane_.Submit(&b);
+    return;
+  }
+  IoCompletion* done = w->done;
+  const int result = w->result;
+  delete w;
+  done->IoDone(result);  // the engine is not touched after this
+}
+
+void ReplicatedEngine::FenceAndAnswer(WorkerPool::Job* job) {
+  AsyncWrite* w = static_cast<AsyncWrite*>(job);
+  int result = w->result;
+  const int rc = w->engine->CommitDrops();
+  if (rc < 0 && result == 0) result = rc;
+  IoCompletion* done = w->done;
+  delete w;
+  done->IoDone(result);
+}
+
 template <typename Op>
 int ReplicatedEngine::ReadFrom(Op op) {
   int rc = -EIO;
   bool marked = false;
   {
-    std::shared_lock<RwLock> lk(gate_);
+    std::shared_lock<DataGate> lk(gate_);
     if (closed_) return -ESHUTDOWN;
     if (standby_) return -kErrStandby;
     if (fenced_) return -kErrStaleEpoch;
     const size_t n = slots_.size();
     for (size_t attempt = 0; attempt < n; ++attempt) {
-      const uint32_t start = next_read_.fetch_add(1, std::memory_order_relaxed);
-      size_t pick = n;
-      // A replica in this process first: its read costs no network hop and no remote CPU.
-      for (size_t k = 0; k < n && pick == n; ++k) {
-        size_t i = (start + k) % n;
-        if (slots_[i]->mode.load() == ReplicaMode::kRW && !slots_[i]->backend->remote()) pick = i;
-      }
-      for (size_t k = 0; k < n && pick == n; ++k) {
-        size_t i = (start + k) % n;
-        if (slots_[i]->mode.load() == ReplicaMode::kRW) pick = i;
-      }
+      const size_t pick = PickReadSource();
       if (pick == n) break;
       rc = op(*slots_[pick]->backend);
       // A damaged backing image fails the same read on every replica (each disk holds a
@@ -794,6 +939,96 @@ int ReplicatedEngine::ReadFrom(Op op) {
   return rc;
 }
 
+size_t ReplicatedEngine::PickReadSource() const {
+  const size_t n = slots_.size();
+  const uint32_t start = next_read_.fetch_add(1, std::memory_order_relaxed);
+  // A replica in this process first: its read costs no network hop and no remote CPU.
+  for (size_t k = 0; k < n; ++k) {
+    size_t i = (start + k) % n;
+    if (slots_[i]->mode.load() == ReplicaMode::kRW && !slots_[i]->backend->remote()) return i;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    size_t i = (start + k) % n;
+    if (slots_[i]->mode.load() == ReplicaMode::kRW) return i;
+  }
+  return n;
+}
+
+// A read from a remote replica without a waiting thread (see WriteAsync); a read from a
+// replica in this process is a page-cache copy and runs here (ReadFrom).
+void ReplicatedEngine::ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept {
+  if (!InRange(off, len, size_)) return done->IoDone(-EINVAL);
+  if (len == 0) return done->IoDone(0);
+  AsyncRead* r = nullptr;
+  {
+    std::shared_lock<DataGate> lk(gate_);
+    int rc = 0;
+    if (closed_) rc = -ESHUTDOWN;
+    else if (standby_) rc = -kErrStandby;
+    else if (fenced_) rc = -kErrStaleEpoch;
+    if (rc != 0) {
+      lk.unlock();
+      return done->IoDone(rc);
+    }
+    const size_t pick = PickReadSource();
+    if (pick < slots_.size() && slots_[pick]->backend->remote()) r = new (std::nothrow) AsyncRead();
+    if (r) {
+      r->engine = this;
+      r->done = done;
+      r->pick = pick;
+      r->backend = slots_[pick]->backend.get();
+      r->off = off;
+      r->len = len;
+      r->buf = buf;
+      r->pending.waker = r;
+      gate_.Detach();
+      r->backend->StartRead(off, len, buf, &r->pending);  // may wake r before it returns
+    }
+  }
+  if (r) return;
+  int rc;
+  try {
+    rc = Read(off, len, buf);
+  } catch (...) {
+    rc = -EIO;
+  }
+  done->IoDone(rc);
+}
+
+void ReplicatedEngine::FinishAsyncRead(AsyncRead* r) {
+  const int rc = r->backend->FinishRead(&r->pending, r->buf);  // waits no more
+  // As ReadFrom: a request's own error, or a damaged backing image (the same on every
+  // replica), is the answer; so is the last RW replica's error.
+  const bool answer = rc >= 0 || IsRequestError(rc) || rc == -kErrCorruptImage || !MarkFailed(r->pick, rc);
+  gate_.Finish();
+  if (!answer) {
+    WorkerPool::Batch b;
+    b.Push(r);
+    r->run = &ReplicatedEngine::RetryRead;
+    fence_lane_.Submit(&b);
+    return;
+  }
+  IoCompletion* done = r->done;
+  delete r;
+  done->IoDone(rc);  // the engine is not touched after this
+}
+
+void ReplicatedEngine::RetryRead(WorkerPool::Job* job) {
+  AsyncRead* r = static_cast<AsyncRead*>(job);
+  ReplicatedEngine* e = r->engine;
+  int rc;
+  try {
+    rc = e->Read(r->off, r->len, r->buf);  // the other RW replicas
+  } catch (...) {
+    rc = -EIO;
+  }
+  const int frc = e->CommitDrops();  // the dropped one is out of the set before the answer
+  if (frc < 0 && rc >= 0) rc = frc;
+  IoCompletion* done = r->done;
+  delete r;
+  done->IoDone(rc);
+}
+
 template <typename Op>
 Status ReplicatedEngine::Control(Op op, bool to_wo) {
   // Checked once more under the gate below; this first look answers at once instead of
@@ -804,7 +1039,7 @@ Status ReplicatedEngine::Control(Op op, bool to_wo) {
   Events ev;
   Status result;
   {
-    std::unique_lock<RwLock> lk(gate_);
+    std::unique_lock<DataGate> lk(gate_);
     if (closed_) return Status::Error(Code::kClosed, "engine is closed");
     if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: it changes no replica until activated", EPERM);
     if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
@@ -841,7 +1076,7 @@ Status ReplicatedEngine::Control(Op op, bool to_wo) {
 }
 
 Status ReplicatedEngine::ListSnapshots(std::vector<LayerInfo>* out) {
-  std::shared_lock<RwLock> lk(gate_);
+  std::shared_lock<DataGate> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed");
   Targets t = RwTargets();
   if (t.n == 0) return Status::Error(Code::kNoHealthyReplica, "no RW replica");
@@ -849,7 +1084,7 @@ Status ReplicatedEngine::ListSnapshots(std::vector<LayerInfo>* out) {
 }
 
 Status ReplicatedEngine::SnapshotLayers(const std::string& name, std::vector<LayerInfo>* out) {
-  std::shared_lock<RwLock> lk(gate_);
+  std::shared_lock<DataGate> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed");
   Targets t = RwTargets();
   if (t.n == 0) return Status::Error(Code::kNoHealthyReplica, "no RW replica");
@@ -991,7 +1226,7 @@ Status ReplicatedEngine::Open() {
                          "an engine needs an epoch allocated for it (docs/single-writer.md); it never picks one itself");
 
   Events ev;
-  std::unique_lock<RwLock> lk(gate_);
+  std::unique_lock<DataGate> lk(gate_);
   ReplicaSet latest;
   Status st = ClaimLocked(open_epoch_, &latest, &ev, /*need_quorum=*/!salvage_);
   if (!st.ok()) {
@@ -1134,7 +1369,7 @@ Status ReplicatedEngine::OpenStandby() {
   Events ev;
   size_t reachable = 0;
   {
-    std::unique_lock<RwLock> lk(gate_);
+    std::unique_lock<DataGate> lk(gate_);
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (slots_[i]->backend->size() == 0) {
         MarkErr(i, -ENOTCONN, "replica " + slots_[i]->id + " is unreachable", &ev);
@@ -1195,7 +1430,7 @@ Status ReplicatedEngine::Deactivate(HandOver* out) {
   {
     // Exclusive: waits for every request in flight; requests queued behind it find the
     // engine standby and fail with -EPERM.
-    std::unique_lock<RwLock> lk(gate_);
+    std::unique_lock<DataGate> lk(gate_);
     BusyFlag busy(control_busy_);
     if (closed_) {
       result = Status::Error(Code::kClosed, "engine is closed");
@@ -1247,7 +1482,7 @@ Status ReplicatedEngine::Activate(const HandOver& h, uint64_t epoch) {
   Events ev;
   Status result;
   {
-    std::unique_lock<RwLock> lk(gate_);
+    std::unique_lock<DataGate> lk(gate_);
     BusyFlag busy(control_busy_);
     if (closed_) {
       result = Status::Error(Code::kClosed, "engine is closed");
@@ -1380,7 +1615,7 @@ Status ReplicatedEngine::Resize(uint64_t size_bytes) {
     // Exclusive: requests in flight finish first, and none starts until every RW replica
     // and size_ agree. Requests are checked against size_, so nothing reaches the new range
     // before every RW replica has it.
-    std::unique_lock<RwLock> lk(gate_);
+    std::unique_lock<DataGate> lk(gate_);
     const uint64_t old = size_.load();
     if (closed_) return Status::Error(Code::kClosed, "engine is closed");
     if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: it changes no replica until activated", EPERM);
@@ -1471,7 +1706,7 @@ void ReplicatedEngine::StopRebuild(const std::string& id, int why) {
 
 Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& target, const std::string& member, Slot** out,
                                       Events* ev) {
-  std::unique_lock<RwLock> lk(gate_);
+  std::unique_lock<DataGate> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed");
   if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: it rebuilds nothing until activated", EPERM);
   if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
@@ -1562,7 +1797,7 @@ Status ReplicatedEngine::StartRebuild(const std::shared_ptr<ReplicaBackend>& tar
 Status ReplicatedEngine::FinishRebuildLocked(Slot* slot, const std::vector<std::string>& copied, bool* finished,
                                              Events* ev) {
   *finished = false;
-  std::unique_lock<RwLock> lk(gate_);
+  std::unique_lock<DataGate> lk(gate_);
   BusyFlag busy(control_busy_);
   if (int rc = RebuildCheck(slot); rc < 0) return Status::FromErrno(rc, "rebuild of " + slot->id + " stopped");
   const Targets t = RwTargets();
@@ -1667,7 +1902,7 @@ Status ReplicatedEngine::RunRebuild(Slot* slot, RebuildResult* res, uint64_t* to
       // Shared gate: a snapshot applies to the RW replicas and then to the target under
       // the exclusive gate, so a listing taken between the two would name a layer the
       // target does not have yet.
-      std::shared_lock<RwLock> g(gate_);
+      std::shared_lock<DataGate> g(gate_);
       st = source->ListLayers(&layers);
     }
     if (!st.ok()) {
@@ -1789,7 +2024,7 @@ Status ReplicatedEngine::RemoveReplica(const std::string& id, bool allow_rw) {
   Events ev;
   std::shared_ptr<ReplicaBackend> gone;
   {
-    std::unique_lock<RwLock> lk(gate_);
+    std::unique_lock<DataGate> lk(gate_);
     if (closed_) return Status::Error(Code::kClosed, "engine is closed");
     size_t i = 0;
     while (i < slots_.size() && slots_[i]->id != id) ++i;
@@ -1851,7 +2086,7 @@ Status ReplicatedEngine::Shutdown() {
   Events ev;
   Status result;
   {
-    std::unique_lock<RwLock> lk(gate_);
+    std::unique_lock<DataGate> lk(gate_);
     if (closed_) return Status::Ok();
     BusyFlag busy(control_busy_);
     closed_ = true;  // calls queued behind us see it and return -ESHUTDOWN
@@ -1985,7 +2220,7 @@ class ReplicatedEngine::SnapshotReadImpl final : public Engine::SnapshotRead {
     if (marked) e_->CommitDrops();
     std::shared_ptr<ReplicaBackend> next;
     {
-      std::shared_lock<RwLock> g(e_->gate_);
+      std::shared_lock<DataGate> g(e_->gate_);
       Slot* slot = nullptr;
       if (!e_->PickSource(&slot, &next))
         return Status::Error(Code::kNoHealthyReplica, "no RW replica left to read the snapshot from");
@@ -2004,7 +2239,7 @@ class ReplicatedEngine::SnapshotReadImpl final : public Engine::SnapshotRead {
       std::lock_guard<std::mutex> lk(mu_);
       b = backend_;
     }
-    std::shared_lock<RwLock> g(e_->gate_);
+    std::shared_lock<DataGate> g(e_->gate_);
     if (e_->closed_) return Status::Error(Code::kClosed, "engine is closed", ESHUTDOWN);
     if (e_->fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
     bool rw = false;
@@ -2026,7 +2261,7 @@ class ReplicatedEngine::SnapshotReadImpl final : public Engine::SnapshotRead {
 };
 
 Status ReplicatedEngine::OpenSnapshotRead(std::unique_ptr<SnapshotRead>* out) {
-  std::shared_lock<RwLock> lk(gate_);
+  std::shared_lock<DataGate> lk(gate_);
   if (closed_) return Status::Error(Code::kClosed, "engine is closed", ESHUTDOWN);
   if (fenced_) return Status::Error(Code::kStaleEpoch, "engine was fenced by a newer epoch", ESTALE);
   if (standby_) return Status::Error(Code::kInvalidState, "engine is a standby: only the writer reads snapshots", EPERM);

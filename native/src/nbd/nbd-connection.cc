@@ -880,12 +880,17 @@ void NbdConnection::Execute(NbdRequest* r) {
       int rc = 0;
       switch (r->type) {
         case kCmdRead:
-          ExecuteRead(r);
+          if (ExecuteRead(r, started_ns)) return;  // answered by FinishIo
           break;
         case kCmdWrite:
-          if (r->length > 0) rc = dev_->Write(r->offset, r->length, r->data.get(), fua);
-          if (rc == 0) ctx_->bytes_written.fetch_add(r->length, std::memory_order_relaxed);
-          BuildSimple(r, ErrorFromErrno(rc), false);
+          if (r->length > 0) {
+            // Answered by FinishIo, maybe on another thread, maybe already: r is not
+            // touched again here.
+            r->started_ns = started_ns;
+            dev_->WriteAsync(r->offset, r->length, r->data.get(), fua, r);
+            return;
+          }
+          BuildSimple(r, 0, false);
           break;
         case kCmdFlush:
           rc = dev_->Flush();
@@ -924,18 +929,45 @@ void NbdConnection::Execute(NbdRequest* r) {
   SendReply(r);
 }
 
-void NbdConnection::ExecuteRead(NbdRequest* r) {
-  if (structured_) {
+void NbdRequest::IoDone(int rc) { conn->FinishIo(this, rc); }
+
+void NbdConnection::FinishIo(NbdRequest* r, int rc) {
+  if (r->type == kCmdWrite) {
+    if (rc == 0) ctx_->bytes_written.fetch_add(r->length, std::memory_order_relaxed);
+    BuildSimple(r, ErrorFromErrno(rc), false);
+  } else if (rc < 0) {  // READ
+    if (structured_) BuildChunkError(r, ErrorFromErrno(rc)); else BuildSimple(r, ErrorFromErrno(rc), false);
+  } else {
+    ctx_->bytes_read.fetch_add(r->length, std::memory_order_relaxed);
+    if (structured_) {
+      // One data chunk: offset, then the bytes.
+      PutChunkHeader(r->head, kChunkFlagDone, kChunkOffsetData, r->cookie, 8 + r->length);
+      Store64(r->head + 20, r->offset);
+      r->iov.push_back({r->head, 28});
+      r->iov.push_back({r->data.get(), r->length});
+    } else {
+      BuildSimple(r, 0, true);
+    }
+  }
+  ctx_->CountOp(OpKind(r->type), NowNs() - r->started_ns, r->reply_error != 0);
+  SendReply(r);
+}
+
+bool NbdConnection::ExecuteRead(NbdRequest* r, uint64_t started_ns) {
+  // Structured, with holes worth finding first: reads run by the runs BlockStatus gives.
+  if (structured_ && r->length > 0 && dev_->BlockStatusIsCheap()) {
     ExecuteStructuredRead(r);
-    return;
+    return false;
   }
-  if (!r->EnsureData(r->length)) {
-    BuildSimple(r, kErrNoMem, false);
-    return;
+  if (r->length == 0 || !r->EnsureData(r->length)) {
+    if (structured_) ExecuteStructuredRead(r);  // the empty reply, or ENOMEM as a chunk
+    else BuildSimple(r, r->length == 0 ? 0 : kErrNoMem, false);
+    return false;
   }
-  int rc = r->length > 0 ? dev_->Read(r->offset, r->length, r->data.get()) : 0;
-  if (rc == 0) ctx_->bytes_read.fetch_add(r->length, std::memory_order_relaxed);
-  BuildSimple(r, ErrorFromErrno(rc), rc == 0);
+  // Answered by FinishIo, maybe on another thread, maybe already: r is not touched again.
+  r->started_ns = started_ns;
+  dev_->ReadAsync(r->offset, r->length, r->data.get(), r);
+  return true;
 }
 
 void NbdConnection::ExecuteStructuredRead(NbdRequest* r) {

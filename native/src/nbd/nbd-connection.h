@@ -3,7 +3,11 @@
 // process's connection loops (Poller::ForConnection, net/poller.h), which reads and parses
 // requests without waiting (a half-read header or WRITE payload stays until the next turn)
 // and hands them to the shared WorkerPool; workers call the device and send replies
-// (possibly out of order) under the connection's send lock. Sends never block a worker: a
+// (possibly out of order) under the connection's send lock. A WRITE, and a READ not split
+// by holes, go through BlockDevice::WriteAsync / ReadAsync: the reply is sent by whichever
+// thread the device answers on
+// (for an engine over remote replicas, the loop that read the last replica's answer), so
+// no worker waits for the network. Sends never block a worker: a
 // reply the socket cannot take yet is queued and the loop finishes it when the socket is
 // writable, so a client that stops reading stalls only itself. A connection costs no thread
 // once in transmission (docs/architecture.md, "Threads").
@@ -171,9 +175,14 @@ class NbdConnection {
 
   static void RunJob(WorkerPool::Job* job);
   void Execute(NbdRequest* r);
+  // A READ's or WRITE's answer from the device (NbdRequest::IoDone): builds and sends its
+  // reply.
+  friend struct NbdRequest;
+  void FinishIo(NbdRequest* r, int rc);
   void BuildSimple(NbdRequest* r, uint32_t error, bool with_data);
   void BuildChunkError(NbdRequest* r, uint32_t error);
-  void ExecuteRead(NbdRequest* r);
+  // True when the device answers later (FinishIo); else r's reply is built.
+  bool ExecuteRead(NbdRequest* r, uint64_t started_ns);
   void ExecuteStructuredRead(NbdRequest* r);
   void ExecuteBlockStatus(NbdRequest* r);
 

@@ -18,7 +18,7 @@ namespace mooring {
 
 class NbdConnection;
 
-struct NbdRequest : WorkerPool::Job {
+struct NbdRequest final : WorkerPool::Job, IoCompletion {
   NbdConnection* conn = nullptr;
 
   // From the wire.
@@ -37,6 +37,8 @@ struct NbdRequest : WorkerPool::Job {
   uint32_t reply_error = 0;
   // Bytes charged against the connection's in-flight byte budget.
   uint64_t budget_bytes = 0;
+  // When Execute began (a WRITE's latency is counted when the device answers).
+  uint64_t started_ns = 0;
 
   // Payload (WRITE) or read data. Grown without zero-filling; capacity kept when recycled
   // unless it exceeds the pooled-buffer limit.
@@ -54,6 +56,9 @@ struct NbdRequest : WorkerPool::Job {
 
   NbdRequest* next_out = nullptr;  // link in the connection's pending-output queue
   NbdRequest* next_free = nullptr;  // link in the connection's free list
+
+  // A WRITE's answer from the device (BlockDevice::WriteAsync): the reply goes out.
+  void IoDone(int rc) override;
 
   // False when the buffer cannot be allocated.
   bool EnsureData(size_t n) {

@@ -217,13 +217,17 @@ void RemoteReplica::FinishReply() {
   CallPtr c = std::move(cur_);
   cur_.reset();
   if (!c) return;
-  std::lock_guard<std::mutex> lk(mu_);
-  if (sent_.erase(rh_.seq) == 1) {
-    c->reply = rh_;
-    c->reply_payload = std::move(payload);
-    if (c->internal && c->h.op == kOpAllocatedBytes && rh_.code == 0) allocated_.store(rh_.value);
-    CompleteLocked(c);
+  Waker* wake = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (sent_.erase(rh_.seq) == 1) {
+      c->reply = rh_;
+      c->reply_payload = std::move(payload);
+      if (c->internal && c->h.op == kOpAllocatedBytes && rh_.code == 0) allocated_.store(rh_.value);
+      wake = CompleteLocked(c);
+    }
   }
+  if (wake) wake->Wake();
 }
 
 int RemoteReplica::HousekeepLocked() {

@@ -369,11 +369,14 @@ void RemoteReplica::TakeState(const CallPtr& c) {
   rebuilding_.store(c->reply.state & kStateRebuilding);
 }
 
-void RemoteReplica::CompleteLocked(const CallPtr& c) {
+RemoteReplica::Waker* RemoteReplica::CompleteLocked(const CallPtr& c) {
   c->done = true;
   --outstanding_;
   slot_cv_.notify_one();
   c->cv.notify_all();
+  PendingIo* g = c->group;
+  c->group = nullptr;
+  return g && g->unfinished.fetch_sub(1) == 1 ? g->waker : nullptr;
 }
 
 void RemoteReplica::SetFailureListener(FailureListener l) {
@@ -383,12 +386,14 @@ void RemoteReplica::SetFailureListener(FailureListener l) {
 
 void RemoteReplica::Teardown(int err) {
   bool notify = false;
+  std::vector<Waker*> wake;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (dead_errno_ != 0) return;
     notify = !closed_;
-    TeardownLocked(err);
+    TeardownLocked(err, &wake);
   }
+  for (Waker* w : wake) w->Wake();
   // The calls failed above are answered first, as before; the listener follows on the
   // mr-rr-lost thread (the engine handles either order: an I/O failure marks the replica
   // ERR itself, and the listener finds it ERR already).
@@ -400,16 +405,16 @@ void RemoteReplica::Teardown(int err) {
   }
 }
 
-void RemoteReplica::TeardownLocked(int err) {
+void RemoteReplica::TeardownLocked(int err, std::vector<Waker*>* wake) {
   dead_errno_ = err;
   for (const CallPtr& c : queue_) {
     c->fail_errno = err;
-    CompleteLocked(c);
+    if (Waker* w = CompleteLocked(c)) wake->push_back(w);
   }
   queue_.clear();
   for (auto& kv : sent_) {
     kv.second->fail_errno = err;
-    CompleteLocked(kv.second);
+    if (Waker* w = CompleteLocked(kv.second)) wake->push_back(w);
   }
   sent_.clear();
   if (loop_sending_) {  // the loop's write is abandoned with its calls
@@ -497,21 +502,22 @@ Status RemoteReplica::Grow(uint64_t size_bytes) {
 int RemoteReplica::Read(uint64_t off, uint32_t len, uint8_t* buf) { return ReadData(kOpRead, nullptr, off, len, buf); }
 
 int RemoteReplica::ReadData(uint8_t op, const std::string* layer_id, uint64_t off, uint32_t len, uint8_t* buf) {
-  // Split into frames, all in flight at once, then collected in order.
-  std::vector<CallPtr> calls;
-  int rc = 0;
-  for (uint64_t done = 0; done < len || (len == 0 && calls.empty()); done += max_io_) {
-    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
-    CallPtr c = NewCall(op, 0, off + done, n);
-    if (layer_id) PayloadWriter(&c->payload).Str(*layer_id);
-    c->max_reply = n;
-    rc = Submit(c);
-    if (rc < 0) break;
-    calls.push_back(c);
-    if (len == 0) break;
-  }
+  PendingIo p;
+  SubmitParts(op, 0, off, len, nullptr, 0, layer_id, &p);
+  return FinishRead(&p, buf);
+}
+
+void RemoteReplica::StartRead(uint64_t off, uint32_t len, uint8_t* buf, PendingIo* p) {
+  (void)buf;  // filled by FinishRead, from the replies
+  SubmitParts(kOpRead, 0, off, len, nullptr, 0, nullptr, p);
+}
+
+int RemoteReplica::FinishRead(PendingIo* p, uint8_t* buf) {
+  // Collected in order, each frame's bytes where they belong.
+  int rc = p->rc;
   uint64_t pos = 0;
-  for (const CallPtr& c : calls) {
+  for (const std::shared_ptr<void>& v : p->calls) {
+    const CallPtr c = std::static_pointer_cast<Call>(v);
     Wait(c);
     int r = c->fail_errno ? -c->fail_errno : -ErrnoOfReply(c->reply);
     if (r == 0 && c->reply_payload.size() != c->h.length) r = -EPROTO;
@@ -519,42 +525,58 @@ int RemoteReplica::ReadData(uint8_t op, const std::string* layer_id, uint64_t of
     if (rc == 0) rc = r;
     pos += c->h.length;
   }
+  p->calls.clear();
   return rc;
 }
 
 int RemoteReplica::Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) {
-  PendingWrite p;
+  PendingIo p;
   StartWrite(epoch, off, len, buf, fua, &p);
   return FinishWrite(&p);
 }
 
-void RemoteReplica::StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingWrite* p) {
-  SubmitData(kOpWrite, epoch, off, len, buf, fua ? kFlagFua : 0, nullptr, p);
+void RemoteReplica::StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) {
+  SubmitParts(kOpWrite, epoch, off, len, buf, fua ? kFlagFua : 0, nullptr, p);
 }
 
-void RemoteReplica::SubmitData(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf,
-                               uint16_t flags, const std::string* layer_id, PendingWrite* p) {
+void RemoteReplica::SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* data,
+                                uint16_t flags, const std::string* layer_id, PendingIo* p) {
   p->rc = 0;
   p->calls.clear();
+  // One count per part in flight, plus this loop's own until it is done: a part may be
+  // answered before the next one is sent.
+  p->unfinished.store(1);
   for (uint64_t done = 0; done < len || (len == 0 && p->calls.empty()); done += max_io_) {
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
     CallPtr c = NewCall(op, epoch, off + done, n, flags);
-    // The frame's payload from the pool: a large write reuses pages already mapped rather
-    // than faulting in and zeroing fresh ones for every copy (one per replica).
     const size_t prefix = layer_id ? 2 + layer_id->size() : 0;
-    c->payload = BufferPool::Get().Take(prefix + n);
-    c->payload.clear();
+    if (data) {
+      // The frame's payload from the pool: a large write reuses pages already mapped rather
+      // than faulting in and zeroing fresh ones for every copy (one per replica).
+      c->payload = BufferPool::Get().Take(prefix + n);
+      c->payload.clear();
+    } else {
+      c->max_reply = n;
+    }
     PayloadWriter w(&c->payload);
     if (layer_id) w.Str(*layer_id);
-    w.Bytes(buf + done, n);
+    if (data) w.Bytes(data + done, n);
+    if (p->waker) {
+      c->group = p;
+      p->unfinished.fetch_add(1);
+    }
     p->rc = Submit(c);
-    if (p->rc < 0) break;
+    if (p->rc < 0) {
+      if (p->waker) p->unfinished.fetch_sub(1);  // never queued, so never answered
+      break;
+    }
     p->calls.push_back(c);
     if (len == 0) break;
   }
+  if (p->waker && p->unfinished.fetch_sub(1) == 1) p->waker->Wake();
 }
 
-int RemoteReplica::FinishWrite(PendingWrite* p) {
+int RemoteReplica::FinishWrite(PendingIo* p) {
   int rc = p->rc;
   for (const std::shared_ptr<void>& v : p->calls) {
     const CallPtr c = std::static_pointer_cast<Call>(v);
@@ -703,8 +725,8 @@ Status RemoteReplica::LayerDigest(const std::string& layer_id, uint64_t off, uin
 
 int RemoteReplica::WriteLayer(uint64_t epoch, const std::string& layer_id, uint64_t off, uint32_t len, const uint8_t* buf) {
   if (layer_id.size() > kMaxWireStringBytes) return -EINVAL;
-  PendingWrite p;
-  SubmitData(kOpWriteLayer, epoch, off, len, buf, 0, &layer_id, &p);
+  PendingIo p;
+  SubmitParts(kOpWriteLayer, epoch, off, len, buf, 0, &layer_id, &p);
   return FinishWrite(&p);
 }
 

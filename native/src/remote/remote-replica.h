@@ -89,8 +89,10 @@ class RemoteReplica final : public ReplicaBackend {
   Status Grow(uint64_t size_bytes) override;
   int Read(uint64_t off, uint32_t len, uint8_t* buf) override;
   int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
-  void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingWrite* p) override;
-  int FinishWrite(PendingWrite* p) override;
+  void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) override;
+  int FinishWrite(PendingIo* p) override;
+  void StartRead(uint64_t off, uint32_t len, uint8_t* buf, PendingIo* p) override;
+  int FinishRead(PendingIo* p, uint8_t* buf) override;
   int Trim(uint64_t epoch, uint64_t off, uint64_t len) override;
   int WriteZeroes(uint64_t epoch, uint64_t off, uint64_t len, bool may_trim, bool fast_only, bool fua) override;
   int Flush() override;
@@ -114,9 +116,10 @@ class RemoteReplica final : public ReplicaBackend {
  private:
   struct Call {
     rp::RequestHeader h;
-    ByteBuffer payload;      // a large one comes from the BufferPool (SubmitData) and goes back to it
+    ByteBuffer payload;      // a large one comes from the BufferPool (SubmitParts) and goes back to it
     uint32_t max_reply = 0;  // largest reply payload accepted on success
     bool internal = false;   // ping / refresh: nobody waits
+    ReplicaBackend::PendingIo* group = nullptr;  // a part of a write whose caller wants a Wake
     int64_t deadline_ms = 0;
     // Completion, under mu_.
     bool done = false;
@@ -146,12 +149,14 @@ class RemoteReplica final : public ReplicaBackend {
   RemoteReplica(const ReplicaEndpoint& ep, Dialed* d);
 
   static CallPtr NewCall(uint8_t op, uint64_t epoch, uint64_t off, uint64_t len, uint16_t flags = 0);
-  // READ / READ_LAYER (with layer_id) in frames of at most max_io_ bytes, all in flight at once.
+  // READ / READ_LAYER (with layer_id): SubmitParts, then FinishRead.
   int ReadData(uint8_t op, const std::string* layer_id, uint64_t off, uint32_t len, uint8_t* buf);
-  // Queues a data-carrying op (WRITE, WRITE_LAYER) in calls of at most max_io_ bytes; the
-  // payload is the layer id (when given) then the data. FinishWrite collects the results.
-  void SubmitData(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, uint16_t flags,
-                  const std::string* layer_id, PendingWrite* p);
+  // Queues op over [off, off + len) in calls of at most max_io_ bytes, all in flight at
+  // once (p->calls); each call's payload is the layer id (when given) then, for a
+  // data-carrying op (WRITE, WRITE_LAYER: `data` given), its share of the data. With
+  // p->waker, the answer to the last call wakes it. FinishWrite / FinishRead collect them.
+  void SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* data, uint16_t flags,
+                   const std::string* layer_id, PendingIo* p);
   // Queues c (blocking while `depth_` are outstanding); 0 or -errno.
   int Submit(const CallPtr& c, bool block = true);
   void Wait(const CallPtr& c);
@@ -162,8 +167,11 @@ class RemoteReplica final : public ReplicaBackend {
   // Fails every outstanding call with `err` and shuts the transport; then (unless it was
   // Close) tells the failure listener.
   void Teardown(int err);
-  void TeardownLocked(int err);
-  void CompleteLocked(const CallPtr& c);
+  // Under mu_; the wakers of the writes it finished go to *wake (run them once mu_ is let go).
+  void TeardownLocked(int err, std::vector<Waker*>* wake);
+  // Under mu_: c is answered (or failed). The waker to run once mu_ is let go if c was the
+  // last part of a write that has one, else null.
+  Waker* CompleteLocked(const CallPtr& c);
   bool DeadlinePassedLocked(int64_t now) const;
 
   // Under mu_ (lk): nothing is being written, calls are queued and may go on this connection.

@@ -1,0 +1,161 @@
+// NBD reads and writes to an engine over remote replicas are answered by the replicas'
+// answers (BlockDevice::ReadAsync / WriteAsync, docs/architecture.md "Reads and writes
+// without a waiting thread"): the worker that starts one does not wait for it, so an export
+// with 2 I/O threads keeps many in flight. A write is still never answered before every RW
+// replica has it, or before a replica that failed it is durably out of the replica set; a
+// read that fails on one replica is answered from another. A structured READ asks the
+// replicas nothing but the READ (no BLOCK_STATUS round trip first).
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+
+import type { NativeEngine, NativeNbdServer } from '../../src/native/binding.js';
+import { NbdClient } from '../system/helpers/nbd-client.js';
+import { addon, engineOptions, MiB, pattern, replicaImage, Scratch, waitFor } from './helpers.js';
+import { closeAll, endpoint, FrameProxy, type Host, Op, startHosts } from './remote-helpers.js';
+
+const SIZE = 8 * MiB;
+const N = 48;
+
+describe('the NBD path over remote replicas', () => {
+  let s: Scratch;
+  let hosts: Host[] = [];
+  let proxies: FrameProxy[] = [];
+  let engine: NativeEngine | undefined;
+  let nbd: NativeNbdServer | undefined;
+  let client: NbdClient | undefined;
+  beforeAll(() => {
+    s = new Scratch('mooring-async-write-');
+  });
+  afterEach(async () => {
+    client?.destroy();
+    await nbd?.close().catch(() => undefined);
+    await engine?.close().catch(() => undefined);
+    for (const p of proxies) await p.close();
+    await closeAll(hosts);
+    client = undefined;
+    nbd = undefined;
+    engine = undefined;
+    proxies = [];
+    hosts = [];
+  });
+  afterAll(() => s.cleanup());
+
+  // Three hosts, each behind a proxy; an engine over them exported with 2 I/O threads.
+  async function setup(ioTimeoutMs = 60_000): Promise<NbdClient> {
+    hosts = await startHosts(s, 3, SIZE);
+    proxies = hosts.map((h) => new FrameProxy(h.server.port));
+    const ports = await Promise.all(proxies.map((p) => p.start()));
+    engine = await addon().openEngine(engineOptions({ replicas: ports.map((p) => endpoint(p, 'vol', { ioTimeoutMs })) }));
+    const sock = s.path(`nbd-${Math.random().toString(36).slice(2, 8)}.sock`);
+    nbd = await engine.exportNbd({ unixPath: sock, ioThreads: 2 });
+    client = await NbdClient.connect({ socketPath: sock });
+    return client;
+  }
+
+  it('keeps far more writes in flight than it has I/O threads, and answers each once every replica has it', async () => {
+    const c = await setup();
+    for (const p of proxies) p.mode = 'hold';
+    let answered = 0;
+    const writes = Array.from({ length: N }, (_, i) => c.write(i * 4096, pattern(500 + i, 4096)).then(() => answered++));
+    // A worker that waited for its write would leave at most 2 in flight per replica.
+    await waitFor(`${N} writes in flight on every replica`, () => proxies.every((p) => p.outstanding >= N));
+    expect(answered, 'no write is answered while a replica has not answered it').toBe(0);
+    // Two replicas answer; the third still holds every write back.
+    proxies[0]!.release();
+    proxies[1]!.release();
+    await waitFor('the first two replicas answered', () => proxies[0]!.outstanding === 0 && proxies[1]!.outstanding === 0);
+    expect(answered, 'a write waits for its last replica').toBe(0);
+    proxies[2]!.release();
+    await Promise.all(writes);
+    for (let i = 0; i < N; i++) expect((await c.read(i * 4096, 4096)).equals(pattern(500 + i, 4096))).toBe(true);
+    expect(engine!.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
+    // Every replica holds every write.
+    c.destroy();
+    client = undefined;
+    await nbd!.close();
+    nbd = undefined;
+    await engine!.close();
+    engine = undefined;
+    await closeAll(hosts);
+    for (const h of hosts) {
+      const r = await addon().openReplica(join(h.root, 'vol'));
+      try {
+        const img = await replicaImage(r);
+        for (let i = 0; i < N; i++) expect(img.subarray(i * 4096, (i + 1) * 4096).equals(pattern(500 + i, 4096)), `${h.root} block ${i}`).toBe(true);
+      } finally {
+        await r.close();
+      }
+    }
+    hosts = [];
+  });
+
+  it('a replica lost under writes in flight is out of the stored replica set before any of them is answered', async () => {
+    const c = await setup();
+    proxies[2]!.mode = 'hold';
+    const setsBefore = proxies[0]!.ops.get(Op.SET_REPLICA_SET) ?? 0;
+    const setsAtAnswer: number[] = [];
+    const writes = Array.from({ length: 16 }, (_, i) =>
+      c.write(i * 4096, pattern(900 + i, 4096)).then(() => setsAtAnswer.push(proxies[0]!.ops.get(Op.SET_REPLICA_SET) ?? 0)),
+    );
+    await waitFor('16 writes held by the third replica', () => proxies[2]!.outstanding >= 16);
+    expect(setsAtAnswer).toEqual([]);
+    await proxies[2]!.close(); // its connection drops with every write unanswered
+    await Promise.all(writes); // answered: two RW replicas have each
+    expect(setsAtAnswer.length).toBe(16);
+    // The engine stored the set without the lost replica first (a commit goes to the
+    // survivors), so no later engine can take the lost one for a full copy.
+    for (const n of setsAtAnswer) expect(n).toBeGreaterThan(setsBefore);
+    expect(engine!.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'ERR']);
+    for (let i = 0; i < 16; i++) expect((await c.read(i * 4096, 4096)).equals(pattern(900 + i, 4096))).toBe(true);
+  });
+
+  it('keeps far more reads in flight than it has I/O threads, each one READ frame, holes and data right', async () => {
+    const c = await setup();
+    // Data in the even blocks, holes in the odd ones.
+    for (let i = 0; i < N; i += 2) await c.write(i * 4096, pattern(700 + i, 4096));
+    expect(c.structured).toBe(true);
+    const statusBefore = proxies.map((p) => p.ops.get(Op.BLOCK_STATUS) ?? 0);
+    const readsBefore = proxies.reduce((n, p) => n + (p.ops.get(Op.READ) ?? 0), 0);
+    for (const p of proxies) p.mode = 'hold';
+    const reads = Array.from({ length: N }, (_, i) => c.read(i * 4096, 4096));
+    const inFlight = (): number => proxies.reduce((n, p) => n + p.outstanding, 0);
+    await waitFor(`${N} reads in flight`, () => inFlight() >= N);
+    for (const p of proxies) p.release();
+    const got = await Promise.all(reads);
+    for (let i = 0; i < N; i++) {
+      const want = i % 2 === 0 ? pattern(700 + i, 4096) : Buffer.alloc(4096);
+      expect(got[i]!.equals(want), `block ${i}`).toBe(true);
+    }
+    expect(proxies.reduce((n, p) => n + (p.ops.get(Op.READ) ?? 0), 0) - readsBefore).toBe(N);
+    expect(proxies.map((p) => p.ops.get(Op.BLOCK_STATUS) ?? 0)).toEqual(statusBefore);
+  });
+
+  it('a read whose replica is lost is answered from another, after the lost one is out of the stored set', async () => {
+    const c = await setup();
+    for (let i = 0; i < 16; i++) await c.write(i * 4096, pattern(300 + i, 4096));
+    proxies[1]!.mode = 'hold';
+    const setsBefore = proxies[0]!.ops.get(Op.SET_REPLICA_SET) ?? 0;
+    // Round robin: about a third of these go to the held replica.
+    let closed = false;
+    let answered = 0;
+    const setsAtLateAnswer: number[] = [];
+    const reads = Array.from({ length: 16 }, (_, i) =>
+      c.read(i * 4096, 4096).then((b) => {
+        answered++;
+        if (closed) setsAtLateAnswer.push(proxies[0]!.ops.get(Op.SET_REPLICA_SET) ?? 0);
+        return b;
+      }),
+    );
+    // Every read answered but those the held replica has.
+    await waitFor('reads held by the second replica, the others answered', () => proxies[1]!.outstanding >= 3 && answered + proxies[1]!.outstanding === 16);
+    const held = proxies[1]!.outstanding;
+    closed = true;
+    await proxies[1]!.close();
+    const got = await Promise.all(reads);
+    for (let i = 0; i < 16; i++) expect(got[i]!.equals(pattern(300 + i, 4096)), `block ${i}`).toBe(true);
+    expect(engine!.replicas().map((r) => r.mode)).toEqual(['RW', 'ERR', 'RW']);
+    // Those the lost replica held were answered from another, once the set without it was stored.
+    expect(setsAtLateAnswer.length).toBe(held);
+    for (const n of setsAtLateAnswer) expect(n).toBeGreaterThan(setsBefore);
+  });
+});
