@@ -70,9 +70,12 @@ export const DATA_ENGINE_DEFAULTS = {
   /** LocalEngine-to-replica I/O timeout for remote replicas. */
   ioTimeoutMs: 8000,
   /**
-   * NBD worker threads of an engine with remote replicas. A worker waits for its request's
-   * network round trips, so the default 4 would cap the requests in flight at 4; local
-   * replicas answer from the page cache and keep the NBD default.
+   * NBD worker threads of an engine with remote replicas. Where one of its RW replicas is
+   * in this process, a write's worker waits for the remote replicas' round trips (the local
+   * copy is written after they accepted), and a flush's always does, so the default 4 would
+   * cap those in flight at 4. (Reads and writes of an engine whose RW replicas are all
+   * remote hold no worker: the replicas' answers finish them.) Local replicas answer from
+   * the page cache and keep the NBD default.
    */
   nbdIoThreadsRemote: 32,
   /**
@@ -287,6 +290,8 @@ export interface NbdIoStats {
   budgetPeakBytes: number;
   /** Requests that had to wait for the budget (back-pressure). */
   budgetWaits: number;
+  /** READs the connection loop answered itself, without a worker (page cache of a local replica). */
+  inlineReads: number;
 }
 
 

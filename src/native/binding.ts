@@ -395,6 +395,11 @@ export interface NativeNbdIoStats {
   budgetPeakBytes: number;
   /** Requests that had to wait for the budget (back-pressure). */
   budgetWaits: number;
+  /**
+   * READs the connection loop answered itself, without a worker: small, and all in the
+   * page cache of a replica in this process (docs/architecture.md, "How a write travels").
+   */
+  inlineReads: number;
 }
 
 export interface NativeNbdServer {

@@ -85,6 +85,7 @@ Napi::Value NbdServerWrap::IoStats(const Napi::CallbackInfo& info) {
   o.Set("budgetUsedBytes", JsNum(env, s.budget_used_bytes));
   o.Set("budgetPeakBytes", JsNum(env, s.budget_peak_bytes));
   o.Set("budgetWaits", JsNum(env, s.budget_waits));
+  o.Set("inlineReads", JsNum(env, s.inline_reads));
   return o;
 }
 

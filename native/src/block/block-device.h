@@ -42,6 +42,15 @@ class BlockDevice {
   virtual uint64_t size() const = 0;
 
   virtual int Read(uint64_t off, uint32_t len, uint8_t* buf) = 0;
+  // A Read done only if it cannot wait: 0 with `buf` filled, else -EWOULDBLOCK (`buf`
+  // unspecified) whenever it might wait or fail (a lock held, bytes not in the page cache,
+  // another host to ask, an error to report): the caller then calls Read or ReadAsync. For
+  // the NBD connection loop, which answers such reads itself instead of handing them to a
+  // worker. By default it never can.
+  virtual int TryRead(uint64_t off, uint32_t len, uint8_t* buf) {
+    (void)off, (void)len, (void)buf;
+    return -EWOULDBLOCK;
+  }
   // Read, answered through done->IoDone(rc) as WriteAsync is; `buf` is filled by then.
   virtual void ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept {
     int rc;

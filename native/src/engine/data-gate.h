@@ -28,6 +28,7 @@ class DataGate {
   }
   void unlock() { rw_.unlock(); }
   void lock_shared() { rw_.lock_shared(); }
+  bool try_lock_shared() { return rw_.try_lock_shared(); }
   void unlock_shared() { rw_.unlock_shared(); }
 
   // Under the shared side: a write goes on after its starter lets go.

@@ -184,6 +184,16 @@ class ReplicatedEngine final : public Engine {
   }
   void WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf, bool fua, IoCompletion* done) noexcept override;
   void ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept override;
+  int TryRead(uint64_t off, uint32_t len, uint8_t* buf) override {
+    if (len == 0 || !InRange(off, len, size_)) return -EWOULDBLOCK;
+    std::shared_lock<DataGate> lk(gate_, std::try_to_lock);
+    if (!lk.owns_lock() || closed_ || standby_ || fenced_) return -EWOULDBLOCK;
+    // Where ReadFrom would read, if that is a replica in this process; its errors are
+    // left to ReadFrom, which drops the replica and reads from another.
+    const size_t pick = PickReadSource();
+    if (pick == slots_.size() || slots_[pick]->backend->remote()) return -EWOULDBLOCK;
+    return slots_[pick]->backend->TryRead(off, len, buf) == 0 ? 0 : -EWOULDBLOCK;
+  }
   int Flush() override {
     return Mutate(0, 0, [](ReplicaBackend& b, uint64_t, size_t, bool) { return b.Flush(); }, Fanout::kParallel, false);
   }

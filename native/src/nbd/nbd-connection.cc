@@ -796,6 +796,7 @@ NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
       cur_got_ = 0;
       continue;
     }
+    if (TryReadInline(r)) continue;  // answered already
     batch->Push(r);
   }
 }
@@ -930,6 +931,21 @@ void NbdConnection::Execute(NbdRequest* r) {
 }
 
 void NbdRequest::IoDone(int rc) { conn->FinishIo(this, rc); }
+
+bool NbdConnection::TryReadInline(NbdRequest* r) {
+  if (r->type != kCmdRead || r->early_error != 0 || r->length == 0 || r->length > kInlineReadMaxBytes) return false;
+  if (!r->EnsureData(r->length)) return false;
+  const uint64_t started_ns = NowNs();
+  if (dev_->TryRead(r->offset, r->length, r->data.get()) != 0) return false;
+  ctx_->requests.fetch_add(1, std::memory_order_relaxed);
+  ctx_->inline_reads.fetch_add(1, std::memory_order_relaxed);
+  r->reply_error = 0;
+  r->iov.clear();
+  r->iov_pos = 0;
+  r->started_ns = started_ns;
+  FinishIo(r, 0);
+  return true;
+}
 
 void NbdConnection::FinishIo(NbdRequest* r, int rc) {
   if (r->type == kCmdWrite) {

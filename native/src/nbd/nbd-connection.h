@@ -3,7 +3,9 @@
 // process's connection loops (Poller::ForConnection, net/poller.h), which reads and parses
 // requests without waiting (a half-read header or WRITE payload stays until the next turn)
 // and hands them to the shared WorkerPool; workers call the device and send replies
-// (possibly out of order) under the connection's send lock. A WRITE, and a READ not split
+// (possibly out of order) under the connection's send lock. A small READ of bytes a
+// replica in this process holds in the page cache is answered by the loop itself
+// (TryReadInline), without the hand-off. A WRITE, and a READ not split
 // by holes, go through BlockDevice::WriteAsync / ReadAsync: the reply is sent by whichever
 // thread the device answers on
 // (for an engine over remote replicas, the loop that read the last replica's answer), so
@@ -62,6 +64,7 @@ class NbdConnection {
   static constexpr int kDrainTimeoutMs = 10000;                // waiting for a client to take its replies
   static constexpr int kBudgetRetryMs = 20;                    // re-try for the export's memory budget
   static constexpr uint32_t kPreferredBlockBytes = 4096;
+  static constexpr uint32_t kInlineReadMaxBytes = 64u << 10;   // larger READs always go to a worker
 
   enum class FreezeResult { kFrozen, kFailed, kFinished };
 
@@ -181,6 +184,10 @@ class NbdConnection {
   void FinishIo(NbdRequest* r, int rc);
   void BuildSimple(NbdRequest* r, uint32_t error, bool with_data);
   void BuildChunkError(NbdRequest* r, uint32_t error);
+  // On the loop, for a READ just parsed: answers it at once if the device can without
+  // waiting (BlockDevice::TryRead: bytes in the page cache of a replica in this process),
+  // as one data chunk or a simple reply. False: it goes to a worker as usual.
+  bool TryReadInline(NbdRequest* r);
   // True when the device answers later (FinishIo); else r's reply is built.
   bool ExecuteRead(NbdRequest* r, uint64_t started_ns);
   void ExecuteStructuredRead(NbdRequest* r);

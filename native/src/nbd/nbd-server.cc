@@ -98,6 +98,7 @@ class NbdServerImpl final : public NbdServer {
     s.bytes_read = ctx_.bytes_read.load();
     s.bytes_written = ctx_.bytes_written.load();
     s.protocol_errors = ctx_.protocol_errors.load();
+    s.inline_reads = ctx_.inline_reads.load();
     ctx_.ReadOps(&s);
     if (ctx_.budget) {
       s.budget_limit_bytes = ctx_.budget->limit();

@@ -70,6 +70,7 @@ struct NbdServerStats {
   uint64_t budget_used_bytes = 0;
   uint64_t budget_peak_bytes = 0;
   uint64_t budget_waits = 0;
+  uint64_t inline_reads = 0;  // READs answered by the connection loop, without a worker
 };
 
 class NbdServer {
