@@ -863,13 +863,20 @@ void ReplicatedEngine::WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf
     for (size_t k = 0; k < t.n && plain; ++k) plain = slots_[t.idx[k]]->backend->remote();
     if (plain) w = new (std::nothrow) AsyncWrite();
     if (w) {
+      try {
+        if (t.n > 1) w->range.emplace(ranges_.Lock(off, len));
+      } catch (...) {  // the lock's list could not grow
+        delete w;
+        lk.unlock();
+        return done->IoDone(-ENOMEM);
+      }
       w->engine = this;
       w->done = done;
       w->t = t;
       const uint64_t e = epoch_.load();
       gate_.Detach();
-      if (t.n > 1) w->range.emplace(ranges_.Lock(off, len));
-      // One wake per replica, plus this thread's own once it has started them all.
+      // One wake per replica, plus this thread's own once it has started them all. From
+      // here nothing throws (RemoteReplica::StartWrite reports ENOMEM instead).
       w->unwoken.store(static_cast<uint32_t>(t.n) + 1);
       for (size_t k = 0; k < t.n; ++k) {
         w->backends[k] = slots_[t.idx[k]]->backend.get();
@@ -893,7 +900,12 @@ void ReplicatedEngine::FinishAsync(AsyncWrite* w) {
   int rcs[kMaxReplicas];
   for (size_t k = 0; k < w->t.n; ++k) rcs[k] = w->backends[k]->FinishWrite(&w->pending[k]);  // waits no more
   bool marked = false;
-  w->result = SettleRw(w->t, rcs, &marked);
+  try {
+    w->result = SettleRw(w->t, rcs, &marked);
+  } catch (...) {  // its list of drops could not grow: fence whatever is pending, fail this one
+    w->result = -ENOMEM;
+    marked = true;
+  }
   w->range.reset();
   gate_.Finish();
   // As in Mutate: a replica dropped (by this write or another) must be durably out of the
@@ -1009,7 +1021,12 @@ void ReplicatedEngine::FinishAsyncRead(AsyncRead* r) {
   const int rc = r->backend->FinishRead(&r->pending, r->buf);  // waits no more
   // As ReadFrom: a request's own error, or a damaged backing image (the same on every
   // replica), is the answer; so is the last RW replica's error.
-  const bool answer = rc >= 0 || IsRequestError(rc) || rc == -kErrCorruptImage || !MarkFailed(r->pick, rc);
+  bool answer = rc >= 0 || IsRequestError(rc) || rc == -kErrCorruptImage;
+  try {
+    if (!answer) answer = !MarkFailed(r->pick, rc);
+  } catch (...) {  // its list of drops could not grow: the replica's error is the answer
+    answer = true;
+  }
   gate_.Finish();
   if (!answer) {
     WorkerPool::Batch b;

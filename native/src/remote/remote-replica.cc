@@ -300,7 +300,7 @@ RemoteReplica::CallPtr RemoteReplica::NewCall(uint8_t op, uint64_t epoch, uint64
   return c;
 }
 
-int RemoteReplica::Submit(const CallPtr& c, bool block) {
+int RemoteReplica::Submit(const CallPtr& c, bool block, bool* queued) {
   if (c->payload.size() > kMaxPayloadBytes) return -EOVERFLOW;
   c->h.payload_len = static_cast<uint32_t>(c->payload.size());
   std::unique_lock<std::mutex> lk(mu_);
@@ -313,6 +313,7 @@ int RemoteReplica::Submit(const CallPtr& c, bool block) {
   const int64_t now = MonotonicMs();
   c->deadline_ms = now + io_timeout_ms_;
   queue_.push_back(c);
+  if (queued) *queued = true;
   ++outstanding_;
   // The loop checks deadlines while anything is outstanding (its timer); an internal call
   // waits for the loop to send it.
@@ -546,6 +547,18 @@ void RemoteReplica::SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32
   // One count per part in flight, plus this loop's own until it is done: a part may be
   // answered before the next one is sent.
   p->unfinished.store(1);
+  // Never throws (Engine::WriteAsync/ReadAsync count on it): an allocation that fails ends
+  // the loop with ENOMEM, and what was queued before it is collected as usual.
+  try {
+    SubmitPartsLoop(op, epoch, off, len, data, flags, layer_id, p);
+  } catch (...) {
+    if (p->rc == 0) p->rc = -ENOMEM;
+  }
+  if (p->waker && p->unfinished.fetch_sub(1) == 1) p->waker->Wake();
+}
+
+void RemoteReplica::SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* data,
+                                    uint16_t flags, const std::string* layer_id, PendingIo* p) {
   for (uint64_t done = 0; done < len || (len == 0 && p->calls.empty()); done += max_io_) {
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
     CallPtr c = NewCall(op, epoch, off + done, n, flags);
@@ -561,11 +574,19 @@ void RemoteReplica::SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32
     PayloadWriter w(&c->payload);
     if (layer_id) w.Str(*layer_id);
     if (data) w.Bytes(data + done, n);
+    p->calls.reserve(p->calls.size() + 1);  // so a queued call is always collected
     if (p->waker) {
       c->group = p;
       p->unfinished.fetch_add(1);
     }
-    p->rc = Submit(c);
+    bool queued = false;
+    try {
+      p->rc = Submit(c, true, &queued);
+    } catch (...) {
+      if (queued) p->calls.push_back(c);                   // answered later, as any other
+      else if (p->waker) p->unfinished.fetch_sub(1);      // never answered
+      throw;
+    }
     if (p->rc < 0) {
       if (p->waker) p->unfinished.fetch_sub(1);  // never queued, so never answered
       break;
@@ -573,7 +594,6 @@ void RemoteReplica::SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32
     p->calls.push_back(c);
     if (len == 0) break;
   }
-  if (p->waker && p->unfinished.fetch_sub(1) == 1) p->waker->Wake();
 }
 
 int RemoteReplica::FinishWrite(PendingIo* p) {

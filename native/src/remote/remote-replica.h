@@ -157,8 +157,11 @@ class RemoteReplica final : public ReplicaBackend {
   // p->waker, the answer to the last call wakes it. FinishWrite / FinishRead collect them.
   void SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* data, uint16_t flags,
                    const std::string* layer_id, PendingIo* p);
-  // Queues c (blocking while `depth_` are outstanding); 0 or -errno.
-  int Submit(const CallPtr& c, bool block = true);
+  void SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* data, uint16_t flags,
+                       const std::string* layer_id, PendingIo* p);
+  // Queues c (blocking while `depth_` are outstanding); 0 or -errno. *queued: c went into
+  // the queue (so it will be answered or failed), even if a later step throws.
+  int Submit(const CallPtr& c, bool block = true, bool* queued = nullptr);
   void Wait(const CallPtr& c);
   // Submit + Wait; then 0 or -errno (the reply's, or the local failure).
   int Run(const CallPtr& c);
