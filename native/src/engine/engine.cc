@@ -187,7 +187,7 @@ class ReplicatedEngine final : public Engine {
   int TryRead(uint64_t off, uint32_t len, uint8_t* buf) override {
     if (len == 0 || !InRange(off, len, size_)) return -EWOULDBLOCK;
     std::shared_lock<DataGate> lk(gate_, std::try_to_lock);
-    if (!lk.owns_lock() || closed_ || standby_ || fenced_) return -EWOULDBLOCK;
+    if (!lk.owns_lock() || RefusalLocked() != 0) return -EWOULDBLOCK;
     // Where ReadFrom would read, if that is a replica in this process; its errors are
     // left to ReadFrom, which drops the replica and reads from another.
     const size_t pick = PickReadSource();
@@ -354,6 +354,14 @@ class ReplicatedEngine final : public Engine {
   };
   template <typename Op>
   int Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout = Fanout::kSerial, bool with_wo = true);
+  // Under the gate: why the data path refuses every request now (closed, standby, fenced),
+  // or 0.
+  int RefusalLocked() const {
+    if (closed_) return -ESHUTDOWN;
+    if (standby_) return -kErrStandby;
+    if (fenced_) return -kErrStaleEpoch;
+    return 0;
+  }
   // After a mutation ran on the RW targets t with results rcs: its result. A replica that
   // failed is marked ERR (*marked) unless it is the last RW one; STALE_EPOCH fences the
   // engine. Takes state_mu_ only.
@@ -735,9 +743,7 @@ int ReplicatedEngine::Mutate(uint64_t off, uint64_t len, Op op, Fanout fanout, b
   bool marked = false;
   {
     std::shared_lock<DataGate> lk(gate_);
-    if (closed_) return -ESHUTDOWN;
-    if (standby_) return -kErrStandby;
-    if (fenced_) return -kErrStaleEpoch;
+    if (const int rc = RefusalLocked(); rc != 0) return rc;
     const uint64_t e = epoch_.load();
     const Targets t = RwTargets();
     if (t.n == 0) return -EIO;
@@ -848,13 +854,9 @@ void ReplicatedEngine::WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf
   if (!InRange(off, len, size_)) return done->IoDone(-EINVAL);
   if (len == 0) return done->IoDone(0);
   AsyncWrite* w = nullptr;
-  int rc = 0;
   {
     std::shared_lock<DataGate> lk(gate_);
-    if (closed_) rc = -ESHUTDOWN;
-    else if (standby_) rc = -kErrStandby;
-    else if (fenced_) rc = -kErrStaleEpoch;
-    if (rc != 0) {
+    if (const int rc = RefusalLocked(); rc != 0) {
       lk.unlock();
       return done->IoDone(rc);
     }
@@ -885,14 +887,7 @@ void ReplicatedEngine::WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf
       }
     }
   }
-  if (!w) {
-    try {
-      rc = Write(off, len, buf, fua);
-    } catch (...) {
-      rc = -EIO;
-    }
-    return done->IoDone(rc);
-  }
+  if (!w) return BlockDevice::WriteAsync(off, len, buf, fua, done);  // Write, here
   w->Wake();  // this thread's own
 }
 
@@ -939,9 +934,7 @@ int ReplicatedEngine::ReadFrom(Op op) {
   bool marked = false;
   {
     std::shared_lock<DataGate> lk(gate_);
-    if (closed_) return -ESHUTDOWN;
-    if (standby_) return -kErrStandby;
-    if (fenced_) return -kErrStaleEpoch;
+    if (const int refusal = RefusalLocked(); refusal != 0) return refusal;
     const size_t n = slots_.size();
     for (size_t attempt = 0; attempt < n; ++attempt) {
       const size_t pick = PickReadSource();
@@ -984,11 +977,7 @@ void ReplicatedEngine::ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCom
   AsyncRead* r = nullptr;
   {
     std::shared_lock<DataGate> lk(gate_);
-    int rc = 0;
-    if (closed_) rc = -ESHUTDOWN;
-    else if (standby_) rc = -kErrStandby;
-    else if (fenced_) rc = -kErrStaleEpoch;
-    if (rc != 0) {
+    if (const int rc = RefusalLocked(); rc != 0) {
       lk.unlock();
       return done->IoDone(rc);
     }
@@ -1007,14 +996,7 @@ void ReplicatedEngine::ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCom
       r->backend->StartRead(off, len, buf, &r->pending);  // may wake r before it returns
     }
   }
-  if (r) return;
-  int rc;
-  try {
-    rc = Read(off, len, buf);
-  } catch (...) {
-    rc = -EIO;
-  }
-  done->IoDone(rc);
+  if (!r) BlockDevice::ReadAsync(off, len, buf, done);  // Read (ReadFrom), here
 }
 
 void ReplicatedEngine::FinishAsyncRead(AsyncRead* r) {
