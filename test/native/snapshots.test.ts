@@ -330,7 +330,9 @@ describe('a chain of 1,000 snapshots (real addon)', () => {
         for (let i = 0; i < 60; i++) {
           const op = rand(10);
           if (op < 4) {
-            await engine.write(rand(2048) * BLOCK, pattern(i, BLOCK * (1 + rand(16))).subarray(0, BLOCK * (1 + rand(4))));
+            // 1 to 4 blocks, wholly inside the 8 MiB (2,048 blocks) volume.
+            const blocks = 1 + rand(4);
+            await engine.write(rand(2048 - blocks + 1) * BLOCK, pattern(i, BLOCK * blocks));
           } else if (op < 7) {
             await engine.createSnapshot(`s${i}`);
             live.push(`s${i}`);
