@@ -2,10 +2,10 @@
 //
 // An RwLock (util/rw-lock.h; writer-preferring, so a steady stream of requests cannot
 // starve a snapshot): the data path holds it shared, control operations (snapshot, epoch
-// claim, hand-over, rebuild start, shutdown) exclusive. Plus the writes still in flight
-// after the thread that started them let go of the shared side (Engine::WriteAsync: the
-// replicas' answers finish them on another thread). lock() waits for those too, so an
-// exclusive holder never runs beside a write, wherever that write is finished.
+// claim, hand-over, rebuild start, shutdown) exclusive. Plus the reads and writes still in
+// flight after the thread that started them let go of the shared side (Engine::ReadAsync
+// and WriteAsync: the replicas' answers finish them on another thread). lock() waits for
+// those too, so an exclusive holder never runs beside one, wherever it is finished.
 #pragma once
 
 #include <atomic>
@@ -31,9 +31,9 @@ class DataGate {
   bool try_lock_shared() { return rw_.try_lock_shared(); }
   void unlock_shared() { rw_.unlock_shared(); }
 
-  // Under the shared side: a write goes on after its starter lets go.
+  // Under the shared side: a request goes on after its starter lets go.
   void Detach() { detached_.fetch_add(1); }
-  // Any thread, the gate not held: that write is finished.
+  // Any thread, the gate not held: that request is finished.
   void Finish() {
     if (detached_.fetch_sub(1) == 1 && waiting_.load()) {
       std::lock_guard<std::mutex> lk(mu_);

@@ -2,16 +2,17 @@
 //
 // Locking:
 // - gate_ (engine/data-gate.h: a writer-preferring RwLock, taken at most once per thread,
-//   plus the async writes in flight): the data path holds it shared; snapshot/delete/revert,
-//   fencing and shutdown hold it exclusive, which also waits for every async write to
-//   finish. Epoch changes happen only under the exclusive lock, so no write of ours can
+//   plus the async reads and writes in flight): the data path holds it shared;
+//   snapshot/delete/revert, fencing and shutdown hold it exclusive, which also waits for
+//   every async request to finish. Epoch changes happen only under the exclusive lock, so no write of ours can
 //   ever carry an epoch older than a replica's: -ESTALE from a replica always means
 //   another engine took the volume over.
 // - Async writes (WriteAsync, for the NBD frontend): where every RW replica is remote and
 //   nothing else is going on (no WO replica, no drop to fence), a write is started under
 //   the shared gate and detached from it; the replicas' answers finish it on the thread
 //   that reads the last one (SettleRw, as Mutate does), and only a drop to fence goes to a
-//   worker (CommitDrops waits) before the answer.
+//   worker (CommitDrops waits) before the answer. Async reads (ReadAsync) likewise, where
+//   the read goes to a remote replica; a failed one is retried on a worker.
 // - state_mu_: replica modes and the list of replicas marked ERR but not yet fenced.
 //   Modes are also atomics so the data path picks targets without taking it. The slot
 //   list itself changes (AddReplica, RemoveReplica) only under gate_ exclusive and
