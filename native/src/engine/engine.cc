@@ -406,6 +406,10 @@ class ReplicatedEngine final : public Engine {
   // else the replica is dropped and a worker reads from another and fences (RetryRead).
   void FinishAsyncRead(AsyncRead* r);
   static void RetryRead(WorkerPool::Job* job);
+  // A read's result that is its answer whichever replica gave it: the bytes, the request's
+  // own error, or a damaged backing image, which fails the same read on every replica (each
+  // disk holds a copy with the same checksum: no replica is dropped). Else the replica failed.
+  static bool ReadIsAnswered(int rc) { return rc >= 0 || IsRequestError(rc) || rc == -kErrCorruptImage; }
   // Under the gate: the RW replica a read goes to (one in this process first, else round
   // robin), or slots_.size() if none.
   size_t PickReadSource() const;
@@ -941,9 +945,7 @@ int ReplicatedEngine::ReadFrom(Op op) {
       const size_t pick = PickReadSource();
       if (pick == n) break;
       rc = op(*slots_[pick]->backend);
-      // A damaged backing image fails the same read on every replica (each disk holds a
-      // copy with the same checksum): the client gets the error, no replica is dropped.
-      if (rc >= 0 || IsRequestError(rc) || rc == -kErrCorruptImage) break;
+      if (ReadIsAnswered(rc)) break;
       if (!MarkFailed(pick, rc)) break;  // the last RW replica: its error is the answer
       marked = true;
     }
@@ -1002,9 +1004,8 @@ void ReplicatedEngine::ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCom
 
 void ReplicatedEngine::FinishAsyncRead(AsyncRead* r) {
   const int rc = r->backend->FinishRead(&r->pending, r->buf);  // waits no more
-  // As ReadFrom: a request's own error, or a damaged backing image (the same on every
-  // replica), is the answer; so is the last RW replica's error.
-  bool answer = rc >= 0 || IsRequestError(rc) || rc == -kErrCorruptImage;
+  // As ReadFrom: so is the last RW replica's error.
+  bool answer = ReadIsAnswered(rc);
   try {
     if (!answer) answer = !MarkFailed(r->pick, rc);
   } catch (...) {  // its list of drops could not grow: the replica's error is the answer

@@ -847,6 +847,14 @@ void NbdConnection::BuildSimple(NbdRequest* r, uint32_t error, bool with_data) {
   if (with_data && r->length > 0) r->iov.push_back({r->data.get(), r->length});
 }
 
+size_t NbdConnection::AppendDataChunk(NbdRequest* r, uint8_t* hdr, uint16_t flags, uint64_t pos, uint32_t len) {
+  PutChunkHeader(hdr, flags, kChunkOffsetData, r->cookie, 8 + len);
+  Store64(hdr + 20, r->offset + pos);
+  r->iov.push_back({hdr, 28});
+  r->iov.push_back({r->data.get() + pos, len});
+  return 28;
+}
+
 void NbdConnection::BuildChunkError(NbdRequest* r, uint32_t error) {
   r->reply_error = error;
   PutChunkHeader(r->head, kChunkFlagDone, kChunkError, r->cookie, 6);
@@ -956,11 +964,7 @@ void NbdConnection::FinishIo(NbdRequest* r, int rc) {
   } else {
     ctx_->bytes_read.fetch_add(r->length, std::memory_order_relaxed);
     if (structured_) {
-      // One data chunk: offset, then the bytes.
-      PutChunkHeader(r->head, kChunkFlagDone, kChunkOffsetData, r->cookie, 8 + r->length);
-      Store64(r->head + 20, r->offset);
-      r->iov.push_back({r->head, 28});
-      r->iov.push_back({r->data.get(), r->length});
+      AppendDataChunk(r, r->head, kChunkFlagDone, 0, r->length);  // the whole range, one chunk
     } else {
       BuildSimple(r, 0, true);
     }
@@ -1053,11 +1057,7 @@ void NbdConnection::ExecuteStructuredRead(NbdRequest* r) {
     uint16_t cflags = (i + 1 == runs.size()) ? kChunkFlagDone : 0;
     uint64_t off = r->offset + pos;
     if (e.flags == 0) {
-      PutChunkHeader(hdr + h, cflags, kChunkOffsetData, r->cookie, static_cast<uint32_t>(8 + e.length));
-      Store64(hdr + h + 20, off);
-      r->iov.push_back({hdr + h, 28});
-      r->iov.push_back({r->data.get() + pos, static_cast<size_t>(e.length)});
-      h += 28;
+      h += AppendDataChunk(r, hdr + h, cflags, pos, static_cast<uint32_t>(e.length));
     } else {
       PutChunkHeader(hdr + h, cflags, kChunkOffsetHole, r->cookie, 12);
       Store64(hdr + h + 20, off);

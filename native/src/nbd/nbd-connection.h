@@ -184,6 +184,9 @@ class NbdConnection {
   void FinishIo(NbdRequest* r, int rc);
   void BuildSimple(NbdRequest* r, uint32_t error, bool with_data);
   void BuildChunkError(NbdRequest* r, uint32_t error);
+  // An OFFSET_DATA chunk for r's bytes [pos, pos + len): its 28-byte header written at hdr,
+  // header and bytes appended to r->iov. Returns the header's size.
+  size_t AppendDataChunk(NbdRequest* r, uint8_t* hdr, uint16_t flags, uint64_t pos, uint32_t len);
   // On the loop, for a READ just parsed: answers it at once if the device can without
   // waiting (BlockDevice::TryRead: bytes in the page cache of a replica in this process),
   // as one data chunk or a simple reply. False: it goes to a worker as usual.
