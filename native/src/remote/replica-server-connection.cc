@@ -306,6 +306,7 @@ void ReplicaServerConnection::OnLoop() {
     if (t_) t_->Shutdown();
     if (!reading_done_) EndReading();
   }
+  SendCorked();  // before TryFinish: it waits for every reply to be sent
   if (reading_done_) TryFinish();
 }
 
@@ -475,7 +476,7 @@ bool ReplicaServerConnection::TryInlineWrite(Request* r) {
   if (rc == 0) ctx_->bytes_written.fetch_add(h.length, std::memory_order_relaxed);
   SetRc(r, rc);
   BufferPool::Get().Give(std::move(r->payload));
-  Enqueue(r);  // sends without blocking; a full socket is the writer thread's
+  Enqueue(r, false);  // sent at the end of this turn, with the turn's other replies
   return true;
 }
 
@@ -496,7 +497,7 @@ bool ReplicaServerConnection::TryInlineRead(Request* r) {
   ctx_->bytes_read.fetch_add(h.length, std::memory_order_relaxed);
   r->reply = ReplyHeader();
   r->reply.seq = h.seq;
-  Enqueue(r);
+  Enqueue(r, false);
   return true;
 }
 
@@ -635,11 +636,19 @@ void ReplicaServerConnection::Execute(Request* r) {
   Enqueue(r);
 }
 
-void ReplicaServerConnection::Enqueue(Request* r) {
+void ReplicaServerConnection::Enqueue(Request* r, bool send_now) {
   r->reply.payload_len = static_cast<uint32_t>(r->reply_payload.size());
   EncodeReply(r->reply, r->reply_head);
   std::unique_lock<std::mutex> lk(mu_);
   out_.push_back(r);
+  if (send_now) return SendLocked(lk);
+  corked_ = true;  // a worker's reply sent meanwhile takes it along
+}
+
+void ReplicaServerConnection::SendCorked() {
+  if (!corked_) return;
+  corked_ = false;
+  std::unique_lock<std::mutex> lk(mu_);
   SendLocked(lk);
 }
 

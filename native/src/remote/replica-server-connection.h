@@ -147,7 +147,10 @@ class ReplicaServerConnection {
   void SetRc(Request* r, int rc);
   void SetStatus(Request* r, const Status& st);
   void SetState(Request* r);
-  void Enqueue(Request* r);
+  // Queues r's reply and sends it with whatever else is queued; the loop's inline replies
+  // (send_now false) wait for the end of its turn, so one system call takes them all.
+  void Enqueue(Request* r, bool send_now = true);
+  void SendCorked();  // the loop, at the end of a turn: the inline replies it queued
   // CLIENT_FEATURES, on the reader thread: records the bits and queues the reply under the
   // same lock GoAway() takes, so a GOAWAY never overtakes that reply.
   void ClientFeatures(std::unique_ptr<Request> r);
@@ -184,6 +187,7 @@ class ReplicaServerConnection {
   size_t payload_got_ = 0;
   uint32_t watched_ = 0;   // the events the loop watches now
   bool reading_done_ = false;
+  bool corked_ = false;    // inline replies queued this turn and not sent yet
 
   std::mutex mu_;
   std::condition_variable done_cv_;  // Join: finished
