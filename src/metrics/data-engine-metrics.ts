@@ -85,6 +85,8 @@ export function dataPathMetrics<T>(snapshot: SnapshotOnce<T>, pick: (s: T) => Da
       perEngine((labels, e) => (e.io ? [{ labels, value: e.io.budgetWaits }] : []))),
     m('mooring_nbd_inline_reads_total', 'NBD READs the connection loop answered itself, from the page cache of a replica on this host, without a worker.', 'counter',
       perEngine((labels, e) => (e.io ? [{ labels, value: e.io.inlineReads }] : []))),
+    m('mooring_nbd_grouped_writes_total', 'NBD WRITEs started in groups of two or more, their frames to each replica on another host sent together.', 'counter',
+      perEngine((labels, e) => (e.io ? [{ labels, value: e.io.groupedWrites }] : []))),
     m('mooring_engine_role', 'Engines with an NBD export on this data engine: 1 for the role it has (active or standby).', 'gauge',
       perEngine((labels, e) => [{ labels: { ...labels, role: e.role }, value: 1 }])),
     m('mooring_replica_server_connections', 'Replica-protocol connections (engines of other hosts) open now.', 'gauge', server((_, r) => r.connectionsOpen)),

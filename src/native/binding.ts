@@ -400,6 +400,11 @@ export interface NativeNbdIoStats {
    * page cache of a replica in this process (docs/architecture.md, "How a write travels").
    */
   inlineReads: number;
+  /**
+   * WRITEs handed to the device in groups of two or more, so their frames to each remote
+   * replica went out together (docs/architecture.md, "Writes sent together").
+   */
+  groupedWrites: number;
 }
 
 export interface NativeNbdServer {

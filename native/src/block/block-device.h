@@ -77,6 +77,26 @@ class BlockDevice {
     }
     done->IoDone(rc);
   }
+  // One of several writes handed over together (WriteAsyncMany).
+  struct AsyncWriteReq {
+    uint64_t off;
+    uint32_t len;
+    const uint8_t* buf;
+    bool fua;
+    IoCompletion* done;
+  };
+  // WriteAsync for each of q[0..n), started in that order. A device that sends its writes
+  // to other hosts may send them together (one message per host for the lot, not one per
+  // write). The caller touches none of the requests' completions after this. By default:
+  // WriteAsync, one by one.
+  virtual void WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept {
+    for (size_t i = 0; i < n; ++i) WriteAsync(q[i].off, q[i].len, q[i].buf, q[i].fua, q[i].done);
+  }
+  // Whether WriteAsyncMany does better than one WriteAsync per write (an Engine whose RW
+  // replicas are all on other hosts: one message per replica for the lot). A hint, for a
+  // caller that must not wait (the NBD connection loop): false by default, and whenever
+  // answering would wait. The NBD server then spreads writes over its workers instead.
+  virtual bool GroupsWrites() { return false; }
   // Everything written (and replied to) before this call is durable on return.
   virtual int Flush() = 0;
   // Discard: the range may read as anything afterwards; space is released where possible.

@@ -183,7 +183,11 @@ class ReplicatedEngine final : public Engine {
     // FUA is about the reply's durability, which only RW replicas carry.
     return Mutate(off, len, SplitWrite{off, len, buf, fua});
   }
-  void WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf, bool fua, IoCompletion* done) noexcept override;
+  void WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf, bool fua, IoCompletion* done) noexcept override {
+    const AsyncWriteReq q{off, len, buf, fua, done};
+    WriteAsyncMany(&q, 1);
+  }
+  void WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept override;
   void ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept override;
   int TryRead(uint64_t off, uint32_t len, uint8_t* buf) override {
     if (len == 0 || !InRange(off, len, size_)) return -EWOULDBLOCK;
@@ -223,6 +227,14 @@ class ReplicatedEngine final : public Engine {
       out->clear();
       return b.BlockStatus(off, len, max_extents, out);
     });
+  }
+  bool GroupsWrites() override {
+    std::shared_lock<DataGate> lk(gate_, std::try_to_lock);  // asked on the NBD loop: never waits
+    if (!lk.owns_lock() || RefusalLocked() != 0 || WoTargets().n > 0) return false;
+    const Targets t = RwTargets();
+    for (size_t k = 0; k < t.n; ++k)
+      if (!slots_[t.idx[k]]->backend->remote()) return false;
+    return t.n > 0;
   }
   bool BlockStatusIsCheap() override {
     // BlockStatus goes where a read goes (ReadFrom): a replica in this process if one is RW.
@@ -370,6 +382,7 @@ class ReplicatedEngine final : public Engine {
 
   // --- writes answered by the replicas' answers (WriteAsync) ---
   static constexpr uint32_t kFenceLaneCap = 2;  // workers fencing this engine's async writes at once
+  static constexpr size_t kAsyncBatchMax = 64;  // writes started under one hold of the gate
   // A write in flight on remote RW replicas only, detached from the gate (DataGate::Detach).
   // Every replica's PendingIo wakes it; the last wake finishes it (FinishAsync).
   struct AsyncWrite final : ReplicaBackend::Waker, WorkerPool::Job {
@@ -385,6 +398,19 @@ class ReplicatedEngine final : public Engine {
       if (unwoken.fetch_sub(1) == 1) engine->FinishAsync(this);
     }
   };
+  // Under the shared gate: starts q as an async write if it is the plain case (see
+  // WriteAsyncMany) and returns it, its own wake still to come (AsyncWrite::Wake); or
+  // returns nullptr with nothing started, and *why. With `touched` (a group), the
+  // replicas' frames are queued, not sent (*touched collects the backends to SendDeferred,
+  // SendTouched), and an overlapping write in flight is kRangeBusy instead of a wait.
+  // Throws only before anything is started (ENOMEM).
+  struct Touched {
+    ReplicaBackend* b[kMaxReplicas];
+    size_t n = 0;
+  };
+  enum class Start { kStarted, kNotPlain, kRangeBusy };
+  AsyncWrite* StartPlainLocked(const AsyncWriteReq& q, Touched* touched, Start* why);
+  static void SendTouched(Touched* touched);
   // On the thread of the last answer (a connection loop: never waits). Settles the results,
   // lets the range and the gate go, and answers; or, when a replica was dropped and must be
   // fenced first (CommitDrops waits), leaves that and the answer to a worker (FenceAndAnswer).
@@ -853,47 +879,99 @@ int ReplicatedEngine::SettleRw(const Targets& t, const int* rcs, bool* marked) {
 
 // The write path without a waiting thread. Only where it is the plain case: every RW
 // replica remote, no WO replica (a rebuild orders its copy against writes), nothing to
-// fence. Anything else runs Write (Mutate) on this thread, as before.
-void ReplicatedEngine::WriteAsync(uint64_t off, uint32_t len, const uint8_t* buf, bool fua,
-                                  IoCompletion* done) noexcept {
-  if (!InRange(off, len, size_)) return done->IoDone(-EINVAL);
-  if (len == 0) return done->IoDone(0);
-  AsyncWrite* w = nullptr;
-  {
-    std::shared_lock<DataGate> lk(gate_);
-    if (const int rc = RefusalLocked(); rc != 0) {
-      lk.unlock();
-      return done->IoDone(rc);
-    }
-    const Targets t = RwTargets();
-    bool plain = t.n > 0 && WoTargets().n == 0 && !fence_pending_.load();
-    for (size_t k = 0; k < t.n && plain; ++k) plain = slots_[t.idx[k]]->backend->remote();
-    if (plain) w = new (std::nothrow) AsyncWrite();
-    if (w) {
-      try {
-        if (t.n > 1) w->range.emplace(ranges_.Lock(off, len));
-      } catch (...) {  // the lock's list could not grow
-        delete w;
+// fence. Anything else runs Write (Mutate) on this thread, as before. Several writes given
+// together are started under one hold of the gate, their frames queued and sent at the
+// end, one message per replica for all of them.
+void ReplicatedEngine::WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept {
+  AsyncWrite* started[kAsyncBatchMax];
+  size_t i = 0;
+  while (i < n) {
+    size_t ns = 0;
+    Start start = Start::kStarted;  // else why q[i] was not started
+    {
+      std::shared_lock<DataGate> lk(gate_);
+      if (const int rc = RefusalLocked(); rc != 0) {
         lk.unlock();
-        return done->IoDone(-ENOMEM);
+        for (; i < n; ++i) q[i].done->IoDone(rc);
+        return;
       }
-      w->engine = this;
-      w->done = done;
-      w->t = t;
-      const uint64_t e = epoch_.load();
-      gate_.Detach();
-      // One wake per replica, plus this thread's own once it has started them all. From
-      // here nothing throws (RemoteReplica::StartWrite reports ENOMEM instead).
-      w->unwoken.store(static_cast<uint32_t>(t.n) + 1);
-      for (size_t k = 0; k < t.n; ++k) {
-        w->backends[k] = slots_[t.idx[k]]->backend.get();
-        w->pending[k].waker = w;
-        w->backends[k]->StartWrite(e, off, len, buf, fua, &w->pending[k]);
+      Touched touched;
+      for (; i < n && ns < kAsyncBatchMax; ++i) {
+        if (!InRange(q[i].off, q[i].len, size_) || q[i].len == 0) {
+          q[i].done->IoDone(q[i].len == 0 ? 0 : -EINVAL);
+          continue;
+        }
+        AsyncWrite* w;
+        try {
+          w = StartPlainLocked(q[i], n > 1 ? &touched : nullptr, &start);
+        } catch (...) {  // the range lock's list could not grow
+          q[i].done->IoDone(-ENOMEM);
+          continue;
+        }
+        if (!w) break;
+        started[ns++] = w;
       }
+      SendTouched(&touched);
+    }
+    for (size_t k = 0; k < ns; ++k) started[k]->Wake();  // this thread's own
+    if (start == Start::kNotPlain) {
+      BlockDevice::WriteAsync(q[i].off, q[i].len, q[i].buf, q[i].fua, q[i].done);  // Write, here
+      ++i;
+    } else if (start == Start::kRangeBusy) {
+      // Alone, it may wait for the overlapping write: this thread holds no wake of its own.
+      WriteAsyncMany(&q[i], 1);
+      ++i;
     }
   }
-  if (!w) return BlockDevice::WriteAsync(off, len, buf, fua, done);  // Write, here
-  w->Wake();  // this thread's own
+}
+
+ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWriteReq& q, Touched* touched,
+                                                                  Start* why) {
+  const Targets t = RwTargets();
+  bool plain = t.n > 0 && WoTargets().n == 0 && !fence_pending_.load();
+  for (size_t k = 0; k < t.n && plain; ++k) plain = slots_[t.idx[k]]->backend->remote();
+  std::unique_ptr<AsyncWrite> w(plain ? new (std::nothrow) AsyncWrite() : nullptr);
+  if (!w) {
+    *why = Start::kNotPlain;
+    return nullptr;
+  }
+  if (t.n > 1) {
+    // In a group, never wait for an overlapping write: it may be one of this thread's,
+    // which cannot finish before this thread's own wake (after the group).
+    if (!touched) w->range.emplace(ranges_.Lock(q.off, q.len));
+    else if (!ranges_.TryLock(q.off, q.len, &w->range)) {
+      *why = Start::kRangeBusy;
+      return nullptr;
+    }
+  }
+  w->engine = this;
+  w->done = q.done;
+  w->t = t;
+  const uint64_t e = epoch_.load();
+  gate_.Detach();
+  // One wake per replica, plus the starting thread's own once it has started them all.
+  // From here nothing throws (RemoteReplica::StartWrite reports ENOMEM instead).
+  w->unwoken.store(static_cast<uint32_t>(t.n) + 1);
+  for (size_t k = 0; k < t.n; ++k) {
+    ReplicaBackend* b = slots_[t.idx[k]]->backend.get();
+    w->backends[k] = b;
+    w->pending[k].waker = w.get();
+    w->pending[k].defer_send = touched != nullptr;
+    b->StartWrite(e, q.off, q.len, q.buf, q.fua, &w->pending[k]);
+    if (!touched) continue;
+    size_t j = 0;
+    while (j < touched->n && touched->b[j] != b) ++j;
+    if (j == touched->n) {
+      if (touched->n == kMaxReplicas) SendTouched(touched);  // the targets changed meanwhile
+      touched->b[touched->n++] = b;
+    }
+  }
+  return w.release();
+}
+
+void ReplicatedEngine::SendTouched(Touched* touched) {
+  for (size_t j = 0; j < touched->n; ++j) touched->b[j]->SendDeferred();
+  touched->n = 0;
 }
 
 void ReplicatedEngine::FinishAsync(AsyncWrite* w) {

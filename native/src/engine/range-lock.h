@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace mooring {
@@ -38,6 +39,14 @@ class RangeLock {
     cv_.wait(lk, [&] { return !OverlapsLocked(off, len); });
     held_.push_back({off, len});
     return Guard(this, off, len);
+  }
+  // Lock, unless an overlapping range is held: then false, and *out is left alone.
+  bool TryLock(uint64_t off, uint64_t len, std::optional<Guard>* out) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (OverlapsLocked(off, len)) return false;
+    held_.push_back({off, len});
+    out->emplace(this, off, len);
+    return true;
   }
 
  private:

@@ -74,7 +74,12 @@ void NbdConnection::Turn() {
       // with ESHUTDOWN. While freezing they are parsed and executed as usual: only the
       // socket stops being read.
       WorkerPool::Batch batch;
-      pr = Parse(&batch);
+      try {
+        pr = Parse(&batch);
+      } catch (...) {
+        ctx_->pool->Submit(&batch);  // what was parsed is answered before the connection ends
+        throw;
+      }
       ctx_->pool->Submit(&batch);
       if (pr == ParseResult::kProtocolError) {
         ctx_->protocol_errors.fetch_add(1, std::memory_order_relaxed);

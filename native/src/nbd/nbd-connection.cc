@@ -739,6 +739,37 @@ uint32_t NbdConnection::Validate(const NbdRequest* r) const {
 }
 
 NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
+  group_writes_ = dev_->GroupsWrites();
+  ParseResult pr;
+  try {
+    pr = ParseRequests(batch);
+  } catch (...) {
+    EndWriteGroup(batch);  // parsed requests still run (and are answered)
+    throw;
+  }
+  EndWriteGroup(batch);
+  return pr;
+}
+
+void NbdConnection::PushWrite(NbdRequest* r, WorkerPool::Batch* batch) {
+  if (!group_writes_ || r->early_error != 0 || r->length == 0 || r->length > kWriteGroupMaxBytes) {
+    batch->Push(r);
+    return;
+  }
+  r->next_write = nullptr;
+  if (group_tail_) group_tail_->next_write = r; else group_head_ = r;
+  group_tail_ = r;
+  if (++group_n_ == kWriteGroupMax) EndWriteGroup(batch);
+}
+
+void NbdConnection::EndWriteGroup(WorkerPool::Batch* batch) {
+  if (!group_head_) return;
+  batch->Push(group_head_);
+  group_head_ = group_tail_ = nullptr;
+  group_n_ = 0;
+}
+
+NbdConnection::ParseResult NbdConnection::ParseRequests(WorkerPool::Batch* batch) {
   for (;;) {
     if (cur_) {
       size_t need = cur_->length - cur_got_;
@@ -749,7 +780,7 @@ NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
         cur_got_ += n;
       }
       if (cur_got_ < cur_->length) return ParseResult::kNeedMore;
-      batch->Push(cur_);
+      PushWrite(cur_, batch);
       cur_ = nullptr;
     }
     if (!CanAcceptMore()) return ParseResult::kPaused;
@@ -892,6 +923,10 @@ void NbdConnection::Execute(NbdRequest* r) {
           if (ExecuteRead(r, started_ns)) return;  // answered by FinishIo
           break;
         case kCmdWrite:
+          if (r->next_write) {
+            ExecuteWrites(r, started_ns);  // answered by FinishIo, as below
+            return;
+          }
           if (r->length > 0) {
             // Answered by FinishIo, maybe on another thread, maybe already: r is not
             // touched again here.
@@ -939,6 +974,24 @@ void NbdConnection::Execute(NbdRequest* r) {
 }
 
 void NbdRequest::IoDone(int rc) { conn->FinishIo(this, rc); }
+
+void NbdConnection::ExecuteWrites(NbdRequest* r, uint64_t started_ns) {
+  BlockDevice::AsyncWriteReq q[kWriteGroupMax];
+  size_t n = 0;
+  for (NbdRequest* w = r; w && n < kWriteGroupMax;) {
+    NbdRequest* next = w->next_write;  // read first: w may be answered and recycled any time after the call
+    w->next_write = nullptr;
+    w->reply_error = 0;
+    w->iov.clear();
+    w->iov_pos = 0;
+    w->started_ns = started_ns;
+    q[n++] = {w->offset, w->length, w->data.get(), (w->flags & kCmdFlagFua) != 0, w};
+    w = next;
+  }
+  ctx_->requests.fetch_add(n - 1, std::memory_order_relaxed);  // Execute counted the first
+  ctx_->grouped_writes.fetch_add(n, std::memory_order_relaxed);
+  dev_->WriteAsyncMany(q, n);
+}
 
 bool NbdConnection::TryReadInline(NbdRequest* r) {
   if (r->type != kCmdRead || r->early_error != 0 || r->length == 0 || r->length > kInlineReadMaxBytes) return false;

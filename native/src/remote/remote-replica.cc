@@ -300,12 +300,18 @@ RemoteReplica::CallPtr RemoteReplica::NewCall(uint8_t op, uint64_t epoch, uint64
   return c;
 }
 
-int RemoteReplica::Submit(const CallPtr& c, bool block, bool* queued) {
+int RemoteReplica::Submit(const CallPtr& c, Send send, bool* queued) {
   if (c->payload.size() > kMaxPayloadBytes) return -EOVERFLOW;
   c->h.payload_len = static_cast<uint32_t>(c->payload.size());
+  const bool block = send != Send::kByLoop;
   std::unique_lock<std::mutex> lk(mu_);
   while (dead_errno_ == 0 && outstanding_ >= depth_) {
     if (!block) return -EAGAIN;
+    // The slots may be held by deferred calls nobody is sending yet (this caller's own).
+    if (CanSendLocked()) {
+      SendQueuedLocked(lk);
+      continue;
+    }
     slot_cv_.wait(lk);
   }
   if (dead_errno_ != 0) return closed_ ? -EBADF : -ENOTCONN;
@@ -320,9 +326,14 @@ int RemoteReplica::Submit(const CallPtr& c, bool block, bool* queued) {
   if (!block) ArmLocked(now);
   else if (outstanding_ == 1) ArmLocked(now + kDeadlineCheckMs);
   // A caller that may block sends it now, itself; the others' calls wait for the next
-  // sender or the connection loop (HousekeepLocked).
-  if (block) SendQueuedLocked(lk);
+  // sender, SendDeferred or the connection loop (HousekeepLocked).
+  if (send == Send::kNow) SendQueuedLocked(lk);
   return 0;
+}
+
+void RemoteReplica::SendDeferred() {
+  std::unique_lock<std::mutex> lk(mu_);
+  SendQueuedLocked(lk);  // nothing if another thread is sending: it takes them along
 }
 
 void RemoteReplica::Wait(const CallPtr& c) {
@@ -581,7 +592,7 @@ void RemoteReplica::SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, ui
     }
     bool queued = false;
     try {
-      p->rc = Submit(c, true, &queued);
+      p->rc = Submit(c, p->defer_send ? Send::kDeferred : Send::kNow, &queued);
     } catch (...) {
       if (queued) p->calls.push_back(c);                   // answered later, as any other
       else if (p->waker) p->unfinished.fetch_sub(1);      // never answered
@@ -766,7 +777,7 @@ uint64_t RemoteReplica::AllocatedBytes() {
   if (now - asked >= kAllocatedRefreshMs && allocated_asked_ms_.compare_exchange_strong(asked, now)) {
     CallPtr c = NewCall(kOpAllocatedBytes, 0, 0, 0);
     c->internal = true;
-    Submit(c, false);  // skipped when the pipeline is full or the connection gone
+    Submit(c, Send::kByLoop);  // skipped when the pipeline is full or the connection gone
   }
   return allocated_.load();
 }

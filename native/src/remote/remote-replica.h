@@ -91,6 +91,7 @@ class RemoteReplica final : public ReplicaBackend {
   int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
   void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) override;
   int FinishWrite(PendingIo* p) override;
+  void SendDeferred() override;
   void StartRead(uint64_t off, uint32_t len, uint8_t* buf, PendingIo* p) override;
   int FinishRead(PendingIo* p, uint8_t* buf) override;
   int Trim(uint64_t epoch, uint64_t off, uint64_t len) override;
@@ -159,9 +160,13 @@ class RemoteReplica final : public ReplicaBackend {
                    const std::string* layer_id, PendingIo* p);
   void SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* data, uint16_t flags,
                        const std::string* layer_id, PendingIo* p);
-  // Queues c (blocking while `depth_` are outstanding); 0 or -errno. *queued: c went into
-  // the queue (so it will be answered or failed), even if a later step throws.
-  int Submit(const CallPtr& c, bool block = true, bool* queued = nullptr);
+  // Who sends a submitted call: the caller, now (kNow); the caller, later, with others
+  // (kDeferred: SendDeferred); the connection loop (kByLoop: internal calls, a header each).
+  enum class Send { kNow, kDeferred, kByLoop };
+  // Queues c; 0 or -errno. kNow and kDeferred wait while `depth_` are outstanding (sending
+  // what is queued, if nobody is, to make room); kByLoop returns -EAGAIN then. *queued: c
+  // went into the queue (so it will be answered or failed), even if a later step throws.
+  int Submit(const CallPtr& c, Send send = Send::kNow, bool* queued = nullptr);
   void Wait(const CallPtr& c);
   // Submit + Wait; then 0 or -errno (the reply's, or the local failure).
   int Run(const CallPtr& c);
