@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import type { NativeEngine, NativeRemoteReplica, NativeTlsOptions } from '../../src/native/binding.js';
+import { NbdClient } from '../system/helpers/nbd-client.js';
 import { addon, MiB, pattern, replicaImage, Scratch, waitFor, engineOptions } from './helpers.js';
 import {
   closeAll,
@@ -189,7 +190,7 @@ describe('replica server GOAWAY', () => {
    * compare, so that writes and reads are in flight together (qd = workers). Any error or
    * mismatch rejects.
    */
-  function io(engine: NativeEngine, model: Buffer, workers: number): { rounds: () => number; stop: () => Promise<void> } {
+  function io(engine: Pick<NativeEngine, 'write' | 'read'> | NbdClient, model: Buffer, workers: number): { rounds: () => number; stop: () => Promise<void> } {
     let stop = false;
     let rounds = 0;
     const loops = Array.from({ length: workers }, async (_, w) => {
@@ -360,6 +361,39 @@ describe('replica server GOAWAY', () => {
     expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
     expect(JSON.stringify(ev.events.filter((e) => e.type === 'replica-error' || e.type.startsWith('rebuild')))).toBe('[]');
     expect((await engine.read(0, 8 * 64 * BLOCK)).equals(model.subarray(0, 8 * 64 * BLOCK))).toBe(true);
+  });
+
+  it('over NBD, where writes and reads wait on no thread: a GOAWAY with requests unanswered, and every request queued meanwhile is sent after the reconnect', async () => {
+    hosts = await startHosts(s, 3, SIZE);
+    const proxy = new GoAwayProxy(hosts[1]!.server.port);
+    const port = await proxy.start();
+    cleanups.push(() => proxy.close());
+    const ev = collectEvents();
+    const engine = await open([endpoint(hosts[0]!.server.port), endpoint(port), endpoint(hosts[2]!.server.port)], ev.onEvents);
+    const sock = s.path(`nbd-${Math.random().toString(36).slice(2, 8)}.sock`);
+    const nbd = await engine.exportNbd({ unixPath: sock, ioThreads: 2 });
+    cleanups.push(() => nbd.close());
+    const client = await NbdClient.connect({ socketPath: sock });
+    cleanups.push(async () => client.destroy());
+    const model = Buffer.alloc(SIZE);
+    const load = io(client, model, 8);
+    cleanups.push(() => load.stop()); // runs before the client goes, if a wait below fails
+    await waitFor('I/O flowing', () => load.rounds() > 50);
+    ev.events.length = 0;
+    const first = proxy.conns[0]!;
+    first.hold = true;
+    await waitFor('replies held', () => first.held.length >= 4);
+    proxy.goAway(0);
+    // Requests the NBD client sends now are queued behind the GOAWAY: nobody waits on them.
+    proxy.release(0);
+    await waitFor('the client reconnected', () => proxy.conns.length === 2);
+    const rounds = load.rounds();
+    await waitFor('I/O continues', () => load.rounds() > rounds + 100);
+    await load.stop(); // no request failed
+    expect(proxy.conns[1]!.seqs.length).toBeGreaterThan(0);
+    expect(engine.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
+    expect(JSON.stringify(ev.events.filter((e) => e.type === 'replica-error' || e.type.startsWith('rebuild')))).toBe('[]');
+    expect((await client.read(0, 8 * 64 * BLOCK)).equals(model.subarray(0, 8 * 64 * BLOCK))).toBe(true);
   });
 
   it('a client that predates GOAWAY (its server announced no bits) is never sent one and loses its connection: ERR', async () => {

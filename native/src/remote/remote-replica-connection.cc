@@ -333,7 +333,12 @@ void RemoteReplica::Redial() {
     redial_cv_.notify_all();
   }
   // Close joins this thread before the object goes.
-  if (failed) Teardown(ECONNRESET);
+  if (failed) return Teardown(ECONNRESET);
+  if (!ok) return;
+  // Calls queued during the GOAWAY: a waiting caller sends its own, but an async one
+  // (WriteAsync, ReadAsync) has nobody waiting, so they go now, from here.
+  std::unique_lock<std::mutex> lk(mu_);
+  SendQueuedLocked(lk);
 }
 
 bool RemoteReplica::Reconnect() {
@@ -403,7 +408,8 @@ bool RemoteReplica::Reconnect() {
         for (const CallPtr& c : queue_) c->deadline_ms = t + io_timeout_ms_;  // never sent: their time starts now
         last_send_ms_ = t;
         reconnects_.fetch_add(1);
-        // Their callers send them (Wait); internal ones go with the loop's HousekeepLocked.
+        // Sent by Redial once the new socket is registered, or by a waiting caller first
+        // (Wait); internal ones go with the loop's HousekeepLocked.
         for (const CallPtr& c : queue_) c->cv.notify_all();
         slot_cv_.notify_all();
       }
