@@ -1173,6 +1173,18 @@ void NbdConnection::SendReply(NbdRequest* r) {
     CompleteLocked(r);
     return;
   }
+  // Finished with others on this thread (a loop reading several replicas' answers): queued,
+  // and sent with them when the thread's ReplyBatch closes.
+  if (!batched_ && !out_head_ && ReplyBatch::Defer(this)) {
+    batched_ = true;
+    inflight_.fetch_add(1);  // SendBatched gives it back
+  }
+  if (batched_) {
+    r->next_out = nullptr;
+    if (out_tail_) out_tail_->next_out = r; else out_head_ = r;
+    out_tail_ = r;
+    return;
+  }
   if (!out_head_) {
     int s = SendIov(r);
     if (s == 1) {
@@ -1241,7 +1253,65 @@ int NbdConnection::SendIov(NbdRequest* r) {
   return 1;
 }
 
+void NbdConnection::SendBatched() noexcept {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  batched_ = false;
+  if (!dead_.load()) FlushPendingLocked();
+  if (out_head_ && !out_pending_.exchange(true)) {  // the socket is full: the loop goes on
+    send_stalled_since_ms_.store(NowMs());
+    Signal();
+  }
+  inflight_.fetch_sub(1);
+  if (waiting_.load()) Signal();
+}
+
+int NbdConnection::SendQueuedLocked() {
+  while (out_head_) {
+    iovec v[kGatherIovMax];
+    int n = 0;
+    for (NbdRequest* r = out_head_; r && n < static_cast<int>(kGatherIovMax); r = r->next_out)
+      for (size_t i = r->iov_pos; i < r->iov.size() && n < static_cast<int>(kGatherIovMax); ++i) v[n++] = r->iov[i];
+    msghdr m{};
+    m.msg_iov = v;
+    m.msg_iovlen = n;
+    const ssize_t sent = sendmsg(fd_, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      return -1;
+    }
+    size_t left = static_cast<size_t>(sent);
+    while (out_head_) {
+      NbdRequest* r = out_head_;
+      while (r->iov_pos < r->iov.size()) {
+        iovec& iv = r->iov[r->iov_pos];
+        if (left >= iv.iov_len) {
+          left -= iv.iov_len;
+          ++r->iov_pos;
+        } else {
+          iv.iov_base = static_cast<uint8_t*>(iv.iov_base) + left;
+          iv.iov_len -= left;
+          left = 0;
+          break;
+        }
+      }
+      if (r->iov_pos < r->iov.size()) break;  // this one only in part
+      out_head_ = r->next_out;
+      if (!out_head_) out_tail_ = nullptr;
+      CompleteLocked(r);
+      if (!replied_.load()) replied_.store(true);
+    }
+    send_stalled_since_ms_.store(out_head_ ? NowMs() : 0);  // progress
+  }
+  return 1;
+}
+
 void NbdConnection::FlushPendingLocked() {
+  if (!tls_) {
+    if (SendQueuedLocked() < 0) return MarkDeadLocked();
+    out_pending_.store(out_head_ != nullptr);
+    return;
+  }
   while (out_head_) {
     int s = SendIov(out_head_);
     if (s == 0) break;

@@ -42,11 +42,12 @@
 #include "nbd/nbd-request.h"
 #include "nbd/nbd-server-context.h"
 #include "net/poller.h"
+#include "net/reply-batch.h"
 #include "net/transport.h"
 
 namespace mooring {
 
-class NbdConnection {
+class NbdConnection final : private ReplyBatch::Sender {
  public:
   // Limits (see docs/nbd-frontend.md).
   static constexpr int kHandshakeTimeoutMs = 10000;            // whole handshake, greeting to GO
@@ -65,6 +66,7 @@ class NbdConnection {
   static constexpr int kBudgetRetryMs = 20;                    // re-try for the export's memory budget
   static constexpr uint32_t kPreferredBlockBytes = 4096;
   static constexpr uint32_t kInlineReadMaxBytes = 64u << 10;   // larger READs always go to a worker
+  static constexpr size_t kGatherIovMax = 64;                // iovecs in one sendmsg of queued replies
   static constexpr uint32_t kWriteGroupMax = 32;              // WRITEs in one group at most
   static constexpr uint32_t kWriteGroupMaxBytes = 64u << 10;  // larger WRITEs are never grouped
 
@@ -207,6 +209,11 @@ class NbdConnection {
 
   void SendReply(NbdRequest* r);
   int SendIov(NbdRequest* r);  // 1 sent, 0 would block, -1 connection broken
+  // Plain socket: the queued replies in one sendmsg (as many as kGatherIovMax iovecs take),
+  // again until none is left; those sent whole are completed. As SendIov returns.
+  int SendQueuedLocked();
+  // The replies queued while registered with the thread's ReplyBatch (net/reply-batch.h).
+  void SendBatched() noexcept override;
   void FlushPendingLocked();
   void MarkDeadLocked();
   void CompleteLocked(NbdRequest* r);
@@ -264,6 +271,9 @@ class NbdConnection {
   std::atomic<bool> replied_{false};               // a reply went out whole
 
   std::mutex send_mu_;  // the socket's write side, the output queue, completion
+  // Under send_mu_: registered with a thread's ReplyBatch; replies queue until it closes.
+  // Counted in inflight_ meanwhile, so the connection outlives the batch.
+  bool batched_ = false;
   NbdRequest* out_head_ = nullptr;
   NbdRequest* out_tail_ = nullptr;
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <system_error>
 
+#include "net/reply-batch.h"
 #include "util/thread-name.h"
 
 namespace mooring {
@@ -119,6 +120,8 @@ void RemoteReplica::OnLoop() {
   }
   int err;
   try {
+    // The NBD replies the answers of this turn finish go out together at its end.
+    ReplyBatch replies;
     err = ReadReplies();
   } catch (const std::bad_alloc&) {
     err = ENOMEM;  // a reply's payload: lose this connection, keep the process
