@@ -180,6 +180,27 @@ describe('the NBD path over remote replicas', () => {
     expect(proxies.map((p) => p.ops.get(Op.BLOCK_STATUS) ?? 0)).toEqual(statusBefore);
   });
 
+  it('replies a client does not take yet wait for it: a full socket mid-batch, every reply sent once it reads again', async () => {
+    const c = await setup();
+    const blocks = 48;
+    const len = 64 * 1024; // 3 MiB of replies: far more than a unix socket holds
+    for (let i = 0; i < blocks; i++) await c.write(i * len, pattern(40 + i, len));
+    const readsBefore = proxies.reduce((n, p) => n + (p.ops.get(Op.READ) ?? 0), 0);
+    c.socket.pause(); // stops reading replies; requests still go out
+    const reads = Array.from({ length: blocks }, (_, i) => c.read(i * len, len));
+    // Every replica answered: the replies are with the NBD server, most of them unsent.
+    await waitFor('every READ answered by the replicas', () =>
+      proxies.reduce((n, p) => n + (p.ops.get(Op.READ) ?? 0), 0) - readsBefore === blocks && proxies.every((p) => p.outstanding === 0),
+    );
+    c.socket.resume();
+    let timer: NodeJS.Timeout | undefined;
+    const stuck = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error('replies still unsent 20 s after the client read again')), 20_000);
+    });
+    const got = await Promise.race([Promise.all(reads), stuck]).finally(() => clearTimeout(timer));
+    for (let i = 0; i < blocks; i++) expect(got[i]!.equals(pattern(40 + i, len)), `block ${i}`).toBe(true);
+  });
+
   it('a read whose replica is lost is answered from another, after the lost one is out of the stored set', async () => {
     const c = await setup();
     for (let i = 0; i < 16; i++) await c.write(i * 4096, pattern(300 + i, 4096));

@@ -1256,11 +1256,8 @@ int NbdConnection::SendIov(NbdRequest* r) {
 void NbdConnection::SendBatched() noexcept {
   std::lock_guard<std::mutex> lock(send_mu_);
   batched_ = false;
-  if (!dead_.load()) FlushPendingLocked();
-  if (out_head_ && !out_pending_.exchange(true)) {  // the socket is full: the loop goes on
-    send_stalled_since_ms_.store(NowMs());
-    Signal();
-  }
+  if (!dead_.load()) FlushPendingLocked();  // sets out_pending_ if the socket is full
+  if (out_head_) Signal();                   // then the loop goes on when it drains
   inflight_.fetch_sub(1);
   if (waiting_.load()) Signal();
 }
