@@ -292,8 +292,8 @@ export interface NbdIoStats {
   budgetWaits: number;
   /** READs the connection loop answered itself, without a worker (page cache of a local replica). */
   inlineReads: number;
-  /** WRITEs started in groups of two or more, one message per remote replica for each group. */
-  groupedWrites: number;
+  /** READs and WRITEs started in groups of two or more, one message per remote replica for each group. */
+  groupedRequests: number;
 }
 
 

@@ -401,10 +401,10 @@ export interface NativeNbdIoStats {
    */
   inlineReads: number;
   /**
-   * WRITEs handed to the device in groups of two or more, so their frames to each remote
-   * replica went out together (docs/architecture.md, "Writes sent together").
+   * READs and WRITEs handed to the device in groups of two or more, so their frames to each
+   * remote replica went out together (docs/architecture.md, "Requests sent together").
    */
-  groupedWrites: number;
+  groupedRequests: number;
 }
 
 export interface NativeNbdServer {

@@ -86,7 +86,7 @@ Napi::Value NbdServerWrap::IoStats(const Napi::CallbackInfo& info) {
   o.Set("budgetPeakBytes", JsNum(env, s.budget_peak_bytes));
   o.Set("budgetWaits", JsNum(env, s.budget_waits));
   o.Set("inlineReads", JsNum(env, s.inline_reads));
-  o.Set("groupedWrites", JsNum(env, s.grouped_writes));
+  o.Set("groupedRequests", JsNum(env, s.grouped_requests));
   return o;
 }
 

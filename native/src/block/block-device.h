@@ -92,11 +92,22 @@ class BlockDevice {
   virtual void WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept {
     for (size_t i = 0; i < n; ++i) WriteAsync(q[i].off, q[i].len, q[i].buf, q[i].fua, q[i].done);
   }
-  // Whether WriteAsyncMany does better than one WriteAsync per write (an Engine whose RW
-  // replicas are all on other hosts: one message per replica for the lot). A hint, for a
-  // caller that must not wait (the NBD connection loop): false by default, and whenever
-  // answering would wait. The NBD server then spreads writes over its workers instead.
-  virtual bool GroupsWrites() { return false; }
+  // One of several reads handed over together (ReadAsyncMany).
+  struct AsyncReadReq {
+    uint64_t off;
+    uint32_t len;
+    uint8_t* buf;
+    IoCompletion* done;
+  };
+  // ReadAsync for each of q[0..n), as WriteAsyncMany does for writes.
+  virtual void ReadAsyncMany(const AsyncReadReq* q, size_t n) noexcept {
+    for (size_t i = 0; i < n; ++i) ReadAsync(q[i].off, q[i].len, q[i].buf, q[i].done);
+  }
+  // Whether WriteAsyncMany and ReadAsyncMany do better than one call per request (an Engine
+  // whose RW replicas are all on other hosts: one message per replica for the lot). A hint,
+  // for a caller that must not wait (the NBD connection loop): false by default, and
+  // whenever answering would wait. The NBD server then spreads requests over its workers.
+  virtual bool GroupsRequests() { return false; }
   // Everything written (and replied to) before this call is durable on return.
   virtual int Flush() = 0;
   // Discard: the range may read as anything afterwards; space is released where possible.

@@ -188,7 +188,11 @@ class ReplicatedEngine final : public Engine {
     WriteAsyncMany(&q, 1);
   }
   void WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept override;
-  void ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept override;
+  void ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept override {
+    const AsyncReadReq q{off, len, buf, done};
+    ReadAsyncMany(&q, 1);
+  }
+  void ReadAsyncMany(const AsyncReadReq* q, size_t n) noexcept override;
   int TryRead(uint64_t off, uint32_t len, uint8_t* buf) override {
     if (len == 0 || !InRange(off, len, size_)) return -EWOULDBLOCK;
     std::shared_lock<DataGate> lk(gate_, std::try_to_lock);
@@ -228,7 +232,7 @@ class ReplicatedEngine final : public Engine {
       return b.BlockStatus(off, len, max_extents, out);
     });
   }
-  bool GroupsWrites() override {
+  bool GroupsRequests() override {
     std::shared_lock<DataGate> lk(gate_, std::try_to_lock);  // asked on the NBD loop: never waits
     if (!lk.owns_lock() || RefusalLocked() != 0 || WoTargets().n > 0) return false;
     const Targets t = RwTargets();
@@ -410,6 +414,7 @@ class ReplicatedEngine final : public Engine {
   };
   enum class Start { kStarted, kNotPlain, kRangeBusy };
   AsyncWrite* StartPlainLocked(const AsyncWriteReq& q, Touched* touched, Start* why);
+  static void Touch(Touched* touched, ReplicaBackend* b);  // b has deferred frames
   static void SendTouched(Touched* touched);
   // On the thread of the last answer (a connection loop: never waits). Settles the results,
   // lets the range and the gate go, and answers; or, when a replica was dropped and must be
@@ -958,15 +963,16 @@ ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWrit
     w->pending[k].waker = w.get();
     w->pending[k].defer_send = touched != nullptr;
     b->StartWrite(e, q.off, q.len, q.buf, q.fua, &w->pending[k]);
-    if (!touched) continue;
-    size_t j = 0;
-    while (j < touched->n && touched->b[j] != b) ++j;
-    if (j == touched->n) {
-      if (touched->n == kMaxReplicas) SendTouched(touched);  // the targets changed meanwhile
-      touched->b[touched->n++] = b;
-    }
+    if (touched) Touch(touched, b);
   }
   return w.release();
+}
+
+void ReplicatedEngine::Touch(Touched* touched, ReplicaBackend* b) {
+  for (size_t j = 0; j < touched->n; ++j)
+    if (touched->b[j] == b) return;
+  if (touched->n == kMaxReplicas) SendTouched(touched);  // the replicas changed meanwhile
+  touched->b[touched->n++] = b;
 }
 
 void ReplicatedEngine::SendTouched(Touched* touched) {
@@ -1050,34 +1056,54 @@ size_t ReplicatedEngine::PickReadSource() const {
   return n;
 }
 
-// A read from a remote replica without a waiting thread (see WriteAsync); a read from a
-// replica in this process is a page-cache copy and runs here (ReadFrom).
-void ReplicatedEngine::ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept {
-  if (!InRange(off, len, size_)) return done->IoDone(-EINVAL);
-  if (len == 0) return done->IoDone(0);
-  AsyncRead* r = nullptr;
-  {
-    std::shared_lock<DataGate> lk(gate_);
-    if (const int rc = RefusalLocked(); rc != 0) {
-      lk.unlock();
-      return done->IoDone(rc);
+// A read from a remote replica without a waiting thread (see WriteAsyncMany); a read from
+// a replica in this process is a page-cache copy and runs here (ReadFrom). Several given
+// together are started under one hold of the gate, each replica's READ frames sent at the
+// end in one message.
+void ReplicatedEngine::ReadAsyncMany(const AsyncReadReq* q, size_t n) noexcept {
+  size_t i = 0;
+  while (i < n) {
+    bool local = false;  // q[i] goes to a replica in this process: ReadFrom, here
+    {
+      std::shared_lock<DataGate> lk(gate_);
+      if (const int rc = RefusalLocked(); rc != 0) {
+        lk.unlock();
+        for (; i < n; ++i) q[i].done->IoDone(rc);
+        return;
+      }
+      Touched touched;
+      for (; i < n; ++i) {
+        if (!InRange(q[i].off, q[i].len, size_) || q[i].len == 0) {
+          q[i].done->IoDone(q[i].len == 0 ? 0 : -EINVAL);
+          continue;
+        }
+        const size_t pick = PickReadSource();
+        AsyncRead* r = pick < slots_.size() && slots_[pick]->backend->remote() ? new (std::nothrow) AsyncRead() : nullptr;
+        if (!r) {
+          local = true;
+          break;
+        }
+        r->engine = this;
+        r->done = q[i].done;
+        r->pick = pick;
+        r->backend = slots_[pick]->backend.get();
+        r->off = q[i].off;
+        r->len = q[i].len;
+        r->buf = q[i].buf;
+        r->pending.waker = r;
+        r->pending.defer_send = n > 1;
+        ReplicaBackend* b = r->backend;
+        gate_.Detach();
+        b->StartRead(q[i].off, q[i].len, q[i].buf, &r->pending);  // may wake r before it returns
+        if (n > 1) Touch(&touched, b);
+      }
+      SendTouched(&touched);
     }
-    const size_t pick = PickReadSource();
-    if (pick < slots_.size() && slots_[pick]->backend->remote()) r = new (std::nothrow) AsyncRead();
-    if (r) {
-      r->engine = this;
-      r->done = done;
-      r->pick = pick;
-      r->backend = slots_[pick]->backend.get();
-      r->off = off;
-      r->len = len;
-      r->buf = buf;
-      r->pending.waker = r;
-      gate_.Detach();
-      r->backend->StartRead(off, len, buf, &r->pending);  // may wake r before it returns
+    if (local) {
+      BlockDevice::ReadAsync(q[i].off, q[i].len, q[i].buf, q[i].done);  // Read (ReadFrom), here
+      ++i;
     }
   }
-  if (!r) BlockDevice::ReadAsync(off, len, buf, done);  // Read (ReadFrom), here
 }
 
 void ReplicatedEngine::FinishAsyncRead(AsyncRead* r) {

@@ -739,30 +739,31 @@ uint32_t NbdConnection::Validate(const NbdRequest* r) const {
 }
 
 NbdConnection::ParseResult NbdConnection::Parse(WorkerPool::Batch* batch) {
-  group_writes_ = dev_->GroupsWrites();
+  group_io_ = dev_->GroupsRequests();
   ParseResult pr;
   try {
     pr = ParseRequests(batch);
   } catch (...) {
-    EndWriteGroup(batch);  // parsed requests still run (and are answered)
+    EndGroup(batch);  // parsed requests still run (and are answered)
     throw;
   }
-  EndWriteGroup(batch);
+  EndGroup(batch);
   return pr;
 }
 
-void NbdConnection::PushWrite(NbdRequest* r, WorkerPool::Batch* batch) {
-  if (!group_writes_ || r->early_error != 0 || r->length == 0 || r->length > kWriteGroupMaxBytes) {
+void NbdConnection::PushGroupable(NbdRequest* r, WorkerPool::Batch* batch) {
+  if (!group_io_ || (r->type != kCmdWrite && r->type != kCmdRead) || r->early_error != 0 || r->length == 0 ||
+      r->length > kGroupMaxBytes) {
     batch->Push(r);
     return;
   }
-  r->next_write = nullptr;
-  if (group_tail_) group_tail_->next_write = r; else group_head_ = r;
+  r->next_grouped = nullptr;
+  if (group_tail_) group_tail_->next_grouped = r; else group_head_ = r;
   group_tail_ = r;
-  if (++group_n_ == kWriteGroupMax) EndWriteGroup(batch);
+  if (++group_n_ == kGroupMax) EndGroup(batch);
 }
 
-void NbdConnection::EndWriteGroup(WorkerPool::Batch* batch) {
+void NbdConnection::EndGroup(WorkerPool::Batch* batch) {
   if (!group_head_) return;
   batch->Push(group_head_);
   group_head_ = group_tail_ = nullptr;
@@ -780,7 +781,7 @@ NbdConnection::ParseResult NbdConnection::ParseRequests(WorkerPool::Batch* batch
         cur_got_ += n;
       }
       if (cur_got_ < cur_->length) return ParseResult::kNeedMore;
-      PushWrite(cur_, batch);
+      PushGroupable(cur_, batch);
       cur_ = nullptr;
     }
     if (!CanAcceptMore()) return ParseResult::kPaused;
@@ -828,7 +829,7 @@ NbdConnection::ParseResult NbdConnection::ParseRequests(WorkerPool::Batch* batch
       continue;
     }
     if (TryReadInline(r)) continue;  // answered already
-    batch->Push(r);
+    PushGroupable(r, batch);
   }
 }
 
@@ -918,15 +919,15 @@ void NbdConnection::Execute(NbdRequest* r) {
     } else {
       const bool fua = (r->flags & kCmdFlagFua) != 0;
       int rc = 0;
+      if (r->next_grouped) {
+        ExecuteGroup(r, started_ns);  // each answered by FinishIo
+        return;
+      }
       switch (r->type) {
         case kCmdRead:
           if (ExecuteRead(r, started_ns)) return;  // answered by FinishIo
           break;
         case kCmdWrite:
-          if (r->next_write) {
-            ExecuteWrites(r, started_ns);  // answered by FinishIo, as below
-            return;
-          }
           if (r->length > 0) {
             // Answered by FinishIo, maybe on another thread, maybe already: r is not
             // touched again here.
@@ -975,22 +976,30 @@ void NbdConnection::Execute(NbdRequest* r) {
 
 void NbdRequest::IoDone(int rc) { conn->FinishIo(this, rc); }
 
-void NbdConnection::ExecuteWrites(NbdRequest* r, uint64_t started_ns) {
-  BlockDevice::AsyncWriteReq q[kWriteGroupMax];
-  size_t n = 0;
-  for (NbdRequest* w = r; w && n < kWriteGroupMax;) {
-    NbdRequest* next = w->next_write;  // read first: w may be answered and recycled any time after the call
-    w->next_write = nullptr;
-    w->reply_error = 0;
-    w->iov.clear();
-    w->iov_pos = 0;
-    w->started_ns = started_ns;
-    q[n++] = {w->offset, w->length, w->data.get(), (w->flags & kCmdFlagFua) != 0, w};
-    w = next;
+void NbdConnection::ExecuteGroup(NbdRequest* r, uint64_t started_ns) {
+  BlockDevice::AsyncWriteReq wq[kGroupMax];
+  BlockDevice::AsyncReadReq rq[kGroupMax];
+  size_t nw = 0, nr = 0, n = 0;
+  for (NbdRequest* g = r; g && n < kGroupMax; ++n) {
+    NbdRequest* next = g->next_grouped;  // read first: g may be answered and recycled once handed over
+    g->next_grouped = nullptr;
+    g->reply_error = 0;
+    g->iov.clear();
+    g->iov_pos = 0;
+    g->started_ns = started_ns;
+    if (g->type == kCmdWrite) {
+      wq[nw++] = {g->offset, g->length, g->data.get(), (g->flags & kCmdFlagFua) != 0, g};
+    } else if (g->EnsureData(g->length)) {
+      rq[nr++] = {g->offset, g->length, g->data.get(), g};
+    } else {
+      FinishIo(g, -ENOMEM);
+    }
+    g = next;
   }
   ctx_->requests.fetch_add(n - 1, std::memory_order_relaxed);  // Execute counted the first
-  ctx_->grouped_writes.fetch_add(n, std::memory_order_relaxed);
-  dev_->WriteAsyncMany(q, n);
+  ctx_->grouped_requests.fetch_add(n, std::memory_order_relaxed);
+  if (nw > 0) dev_->WriteAsyncMany(wq, nw);
+  if (nr > 0) dev_->ReadAsyncMany(rq, nr);
 }
 
 bool NbdConnection::TryReadInline(NbdRequest* r) {

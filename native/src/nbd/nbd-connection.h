@@ -67,8 +67,8 @@ class NbdConnection final : private ReplyBatch::Sender {
   static constexpr uint32_t kPreferredBlockBytes = 4096;
   static constexpr uint32_t kInlineReadMaxBytes = 64u << 10;   // larger READs always go to a worker
   static constexpr size_t kGatherIovMax = 64;                // iovecs in one sendmsg of queued replies
-  static constexpr uint32_t kWriteGroupMax = 32;              // WRITEs in one group at most
-  static constexpr uint32_t kWriteGroupMaxBytes = 64u << 10;  // larger WRITEs are never grouped
+  static constexpr uint32_t kGroupMax = 32;                  // READs and WRITEs in one group at most
+  static constexpr uint32_t kGroupMaxBytes = 64u << 10;      // larger ones are never grouped
 
   enum class FreezeResult { kFrozen, kFailed, kFinished };
 
@@ -171,12 +171,13 @@ class NbdConnection final : private ReplyBatch::Sender {
   void Watch(uint32_t events);
   void Nudge();
 
-  // Parses what rbuf_ holds into batch (ParseRequests), WRITEs grouped (write_group_).
+  // Parses what rbuf_ holds into batch (ParseRequests), READs and WRITEs grouped (group_io_).
   ParseResult Parse(WorkerPool::Batch* batch);
   ParseResult ParseRequests(WorkerPool::Batch* batch);
-  // A WRITE whose payload is in: into the group (or the batch, where writes are not grouped).
-  void PushWrite(NbdRequest* r, WorkerPool::Batch* batch);
-  void EndWriteGroup(WorkerPool::Batch* batch);  // the group, as one job, into the batch
+  // A READ or a WRITE whose payload is in: into the group, or the batch where requests are
+  // not grouped (or it is neither, too large, or answered with an error).
+  void PushGroupable(NbdRequest* r, WorkerPool::Batch* batch);
+  void EndGroup(WorkerPool::Batch* batch);  // the group, as one job, into the batch
   uint32_t Validate(const NbdRequest* r) const;
   // >0 bytes, 0 EOF, -EAGAIN, or another negative errno. `exact`: of a WRITE payload begun,
   // receive no byte past its end.
@@ -200,8 +201,9 @@ class NbdConnection final : private ReplyBatch::Sender {
   // waiting (BlockDevice::TryRead: bytes in the page cache of a replica in this process),
   // as one data chunk or a simple reply. False: it goes to a worker as usual.
   bool TryReadInline(NbdRequest* r);
-  // A group of WRITEs (r, then r->next_write...): to the device together (WriteAsyncMany).
-  void ExecuteWrites(NbdRequest* r, uint64_t started_ns);
+  // A group of READs and WRITEs (r, then r->next_grouped...): to the device together
+  // (WriteAsyncMany, ReadAsyncMany).
+  void ExecuteGroup(NbdRequest* r, uint64_t started_ns);
   // True when the device answers later (FinishIo); else r's reply is built.
   bool ExecuteRead(NbdRequest* r, uint64_t started_ns);
   void ExecuteStructuredRead(NbdRequest* r);
@@ -253,9 +255,9 @@ class NbdConnection final : private ReplyBatch::Sender {
   NbdRequest* cur_ = nullptr;  // WRITE whose payload is being received
   size_t cur_got_ = 0;
   bool disc_ = false;
-  // WRITEs parsed in one turn, handed to one worker together, where the device sends its
-  // writes to other hosts (BlockDevice::GroupsWrites): one message per replica for the lot.
-  bool group_writes_ = false;
+  // READs and WRITEs parsed in one turn, handed to one worker together, where the device
+  // sends them to other hosts (BlockDevice::GroupsRequests): one message per replica for the lot.
+  bool group_io_ = false;
   NbdRequest* group_head_ = nullptr;
   NbdRequest* group_tail_ = nullptr;
   uint32_t group_n_ = 0;

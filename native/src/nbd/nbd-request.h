@@ -55,7 +55,7 @@ struct NbdRequest final : WorkerPool::Job, IoCompletion {
   size_t iov_pos = 0;
 
   NbdRequest* next_out = nullptr;  // link in the connection's pending-output queue
-  NbdRequest* next_write = nullptr;  // the rest of a group of WRITEs (NbdConnection::ExecuteWrites)
+  NbdRequest* next_grouped = nullptr;  // the rest of a group of READs and WRITEs (NbdConnection::ExecuteGroup)
   NbdRequest* next_free = nullptr;  // link in the connection's free list
 
   // A WRITE's answer from the device (BlockDevice::WriteAsync): the reply goes out.
