@@ -415,6 +415,24 @@ class ReplicatedEngine final : public Engine {
   enum class Start { kStarted, kNotPlain, kRangeBusy };
   AsyncWrite* StartPlainLocked(const AsyncWriteReq& q, Touched* touched, Start* why);
   static void Touch(Touched* touched, ReplicaBackend* b);  // b has deferred frames
+  // For WriteAsyncMany and ReadAsyncMany, under the shared gate (lk): if the engine refuses
+  // I/O (closed, standby, fenced), lets the gate go, answers q[i..n) with that and returns
+  // true.
+  template <typename Req>
+  bool RefuseRestLocked(std::shared_lock<DataGate>* lk, const Req* q, size_t n, size_t i) {
+    const int rc = RefusalLocked();
+    if (rc == 0) return false;
+    lk->unlock();
+    for (; i < n; ++i) q[i].done->IoDone(rc);
+    return true;
+  }
+  // An empty request (0) or one outside the volume (EINVAL): answered, true.
+  template <typename Req>
+  bool AnswerTrivial(const Req& q) const {
+    if (q.len > 0 && InRange(q.off, q.len, size_)) return false;
+    q.done->IoDone(q.len == 0 ? 0 : -EINVAL);
+    return true;
+  }
   static void SendTouched(Touched* touched);
   // On the thread of the last answer (a connection loop: never waits). Settles the results,
   // lets the range and the gate go, and answers; or, when a replica was dropped and must be
@@ -895,17 +913,10 @@ void ReplicatedEngine::WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept
     Start start = Start::kStarted;  // else why q[i] was not started
     {
       std::shared_lock<DataGate> lk(gate_);
-      if (const int rc = RefusalLocked(); rc != 0) {
-        lk.unlock();
-        for (; i < n; ++i) q[i].done->IoDone(rc);
-        return;
-      }
+      if (RefuseRestLocked(&lk, q, n, i)) return;
       Touched touched;
       for (; i < n && ns < kAsyncBatchMax; ++i) {
-        if (!InRange(q[i].off, q[i].len, size_) || q[i].len == 0) {
-          q[i].done->IoDone(q[i].len == 0 ? 0 : -EINVAL);
-          continue;
-        }
+        if (AnswerTrivial(q[i])) continue;
         AsyncWrite* w;
         try {
           w = StartPlainLocked(q[i], n > 1 ? &touched : nullptr, &start);
@@ -1066,17 +1077,10 @@ void ReplicatedEngine::ReadAsyncMany(const AsyncReadReq* q, size_t n) noexcept {
     bool local = false;  // q[i] goes to a replica in this process: ReadFrom, here
     {
       std::shared_lock<DataGate> lk(gate_);
-      if (const int rc = RefusalLocked(); rc != 0) {
-        lk.unlock();
-        for (; i < n; ++i) q[i].done->IoDone(rc);
-        return;
-      }
+      if (RefuseRestLocked(&lk, q, n, i)) return;
       Touched touched;
       for (; i < n; ++i) {
-        if (!InRange(q[i].off, q[i].len, size_) || q[i].len == 0) {
-          q[i].done->IoDone(q[i].len == 0 ? 0 : -EINVAL);
-          continue;
-        }
+        if (AnswerTrivial(q[i])) continue;
         const size_t pick = PickReadSource();
         AsyncRead* r = pick < slots_.size() && slots_[pick]->backend->remote() ? new (std::nothrow) AsyncRead() : nullptr;
         if (!r) {

@@ -1246,20 +1246,24 @@ int NbdConnection::SendIov(NbdRequest* r) {
       }
     }
     size_t left = static_cast<size_t>(n);
-    while (left > 0 && r->iov_pos < r->iov.size()) {
-      iovec& v = r->iov[r->iov_pos];
-      if (left >= v.iov_len) {
-        left -= v.iov_len;
-        ++r->iov_pos;
-      } else {
-        v.iov_base = static_cast<uint8_t*>(v.iov_base) + left;
-        v.iov_len -= left;
-        left = 0;
-      }
-    }
-    while (r->iov_pos < r->iov.size() && r->iov[r->iov_pos].iov_len == 0) ++r->iov_pos;
+    ConsumeSent(r, &left);
   }
   return 1;
+}
+
+bool NbdConnection::ConsumeSent(NbdRequest* r, size_t* left) {
+  while (r->iov_pos < r->iov.size()) {
+    iovec& v = r->iov[r->iov_pos];
+    if (*left < v.iov_len) {
+      v.iov_base = static_cast<uint8_t*>(v.iov_base) + *left;
+      v.iov_len -= *left;
+      *left = 0;
+      return false;
+    }
+    *left -= v.iov_len;
+    ++r->iov_pos;
+  }
+  return true;
 }
 
 void NbdConnection::SendBatched() noexcept {
@@ -1289,19 +1293,7 @@ int NbdConnection::SendQueuedLocked() {
     size_t left = static_cast<size_t>(sent);
     while (out_head_) {
       NbdRequest* r = out_head_;
-      while (r->iov_pos < r->iov.size()) {
-        iovec& iv = r->iov[r->iov_pos];
-        if (left >= iv.iov_len) {
-          left -= iv.iov_len;
-          ++r->iov_pos;
-        } else {
-          iv.iov_base = static_cast<uint8_t*>(iv.iov_base) + left;
-          iv.iov_len -= left;
-          left = 0;
-          break;
-        }
-      }
-      if (r->iov_pos < r->iov.size()) break;  // this one only in part
+      if (!ConsumeSent(r, &left)) break;  // this one only in part
       out_head_ = r->next_out;
       if (!out_head_) out_tail_ = nullptr;
       CompleteLocked(r);

@@ -211,6 +211,9 @@ class NbdConnection final : private ReplyBatch::Sender {
 
   void SendReply(NbdRequest* r);
   int SendIov(NbdRequest* r);  // 1 sent, 0 would block, -1 connection broken
+  // Advances r's iovecs past up to *left bytes sent (less what it takes); true once all of
+  // r is sent.
+  static bool ConsumeSent(NbdRequest* r, size_t* left);
   // Plain socket: the queued replies in one sendmsg (as many as kGatherIovMax iovecs take),
   // again until none is left; those sent whole are completed. As SendIov returns.
   int SendQueuedLocked();
