@@ -402,17 +402,18 @@ class ReplicatedEngine final : public Engine {
       if (unwoken.fetch_sub(1) == 1) engine->FinishAsync(this);
     }
   };
+  // The replicas a group of requests queued frames on (Touch), to send at its end (SendTouched).
+  struct Touched {
+    ReplicaBackend* b[kMaxReplicas];
+    size_t n = 0;
+  };
+  enum class Start { kStarted, kNotPlain, kRangeBusy };
   // Under the shared gate: starts q as an async write if it is the plain case (see
   // WriteAsyncMany) and returns it, its own wake still to come (AsyncWrite::Wake); or
   // returns nullptr with nothing started, and *why. With `touched` (a group), the
   // replicas' frames are queued, not sent (*touched collects the backends to SendDeferred,
   // SendTouched), and an overlapping write in flight is kRangeBusy instead of a wait.
   // Throws only before anything is started (ENOMEM).
-  struct Touched {
-    ReplicaBackend* b[kMaxReplicas];
-    size_t n = 0;
-  };
-  enum class Start { kStarted, kNotPlain, kRangeBusy };
   AsyncWrite* StartPlainLocked(const AsyncWriteReq& q, Touched* touched, Start* why);
   static void Touch(Touched* touched, ReplicaBackend* b);  // b has deferred frames
   // For WriteAsyncMany and ReadAsyncMany, under the shared gate (lk): if the engine refuses
@@ -1074,7 +1075,7 @@ size_t ReplicatedEngine::PickReadSource() const {
 void ReplicatedEngine::ReadAsyncMany(const AsyncReadReq* q, size_t n) noexcept {
   size_t i = 0;
   while (i < n) {
-    bool local = false;  // q[i] goes to a replica in this process: ReadFrom, here
+    bool local = false;  // q[i] is no remote read (a replica in this process, or no memory): ReadFrom, here
     {
       std::shared_lock<DataGate> lk(gate_);
       if (RefuseRestLocked(&lk, q, n, i)) return;
