@@ -115,6 +115,26 @@ describe('NBD connections on one shared connection loop', () => {
     expect(server.stats().protocolErrors).toBe(0);
   });
 
+  it('a unix client\'s socket takes a whole 1 MiB reply at once, without the loop finishing it', async () => {
+    s = new Scratch('mooring-nbd-sndbuf-');
+    const replicas = await createReplicas(s.path('r'), 1, SIZE);
+    engine = await addon().openEngine(engineOptions({ replicas: replicas.map((r) => r.path) }));
+    const sock = s.path('v.sock');
+    server = await engine.exportNbd({ unixPath: sock });
+    const c = await NbdClient.connect({ socketPath: sock });
+    clients.push(c);
+    await c.write(0, pattern(7, READ_BYTES));
+    c.socket.pause(); // the reply stays in the socket until the client reads
+    const read = c.read(0, READ_BYTES);
+    // The budget is held until a reply is sent whole: with the default send buffer (208 KiB)
+    // most of it would wait for the client; raised, all of it is in the socket.
+    await waitFor('the 1 MiB reply sent whole into the socket (send buffer raised; needs net.core.wmem_max ≥ 1 MiB)', () =>
+      server!.ioStats!().budgetUsedBytes === 0,
+    );
+    c.socket.resume();
+    expect((await read).equals(pattern(7, READ_BYTES))).toBe(true);
+  });
+
   it('parked in a hold, answers the FLUSHes at the head of each stream and holds the rest until unfrozen', async () => {
     s = new Scratch('mooring-nbd-loop-hold-');
     const replicas = await createReplicas(s.path('r'), 1, SIZE);

@@ -24,10 +24,23 @@ using namespace nbd;  // NOLINT: wire constants
 namespace {
 // recv() calls one connection makes per turn before letting the loop's others go.
 constexpr int kReadsPerTurn = 16;
+// Asked for a unix socket's send buffer (the kernel doubles it, within net.core.wmem_max).
+constexpr int kUnixSendBufferBytes = 2 << 20;
+
+// A unix socket sends 208 KiB at most by default: a 1 MiB READ reply then takes five sends,
+// four of them from the loop as the client drains it. A TCP socket keeps its autotuning.
+void RaiseUnixSendBuffer(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 || ss.ss_family != AF_UNIX) return;
+  int want = kUnixSendBufferBytes;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);  // best effort
+}
 }  // namespace
 
 bool NbdConnection::Register() {
   deadline_ms_ = 0;
+  RaiseUnixSendBuffer(fd_);
   if (!rbuf_) rbuf_.reset(new uint8_t[kRecvBufferBytes]);
   Poller& loop = Poller::ForConnection();
   Status st;
