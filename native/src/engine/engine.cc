@@ -234,11 +234,7 @@ class ReplicatedEngine final : public Engine {
   }
   bool GroupsRequests() override {
     std::shared_lock<DataGate> lk(gate_, std::try_to_lock);  // asked on the NBD loop: never waits
-    if (!lk.owns_lock() || RefusalLocked() != 0 || WoTargets().n > 0) return false;
-    const Targets t = RwTargets();
-    for (size_t k = 0; k < t.n; ++k)
-      if (!slots_[t.idx[k]]->backend->remote()) return false;
-    return t.n > 0;
+    return lk.owns_lock() && RefusalLocked() == 0 && WoTargets().n == 0 && AllRemote(RwTargets());
   }
   bool BlockStatusIsCheap() override {
     // BlockStatus goes where a read goes (ReadFrom): a replica in this process if one is RW.
@@ -281,6 +277,12 @@ class ReplicatedEngine final : public Engine {
     return t;
   }
   Targets RwTargets() const { return TargetsIn(ReplicaMode::kRW); }
+  // At least one target, and every one on another host.
+  bool AllRemote(const Targets& t) const {
+    for (size_t k = 0; k < t.n; ++k)
+      if (!slots_[t.idx[k]]->backend->remote()) return false;
+    return t.n > 0;
+  }
   Targets WoTargets() const { return TargetsIn(ReplicaMode::kWO); }
   size_t RwCount() const { return RwTargets().n; }
 
@@ -945,8 +947,7 @@ void ReplicatedEngine::WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept
 ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWriteReq& q, Touched* touched,
                                                                   Start* why) {
   const Targets t = RwTargets();
-  bool plain = t.n > 0 && WoTargets().n == 0 && !fence_pending_.load();
-  for (size_t k = 0; k < t.n && plain; ++k) plain = slots_[t.idx[k]]->backend->remote();
+  const bool plain = WoTargets().n == 0 && !fence_pending_.load() && AllRemote(t);
   std::unique_ptr<AsyncWrite> w(plain ? new (std::nothrow) AsyncWrite() : nullptr);
   if (!w) {
     *why = Start::kNotPlain;

@@ -1189,9 +1189,7 @@ void NbdConnection::SendReply(NbdRequest* r) {
     inflight_.fetch_add(1);  // SendBatched gives it back
   }
   if (batched_) {
-    r->next_out = nullptr;
-    if (out_tail_) out_tail_->next_out = r; else out_head_ = r;
-    out_tail_ = r;
+    QueueOutLocked(r);
     return;
   }
   if (!out_head_) {
@@ -1210,11 +1208,15 @@ void NbdConnection::SendReply(NbdRequest* r) {
   }
   // The socket is full (or earlier replies are queued): leave it to the connection's loop,
   // which waits for the socket to become writable.
+  QueueOutLocked(r);
+  if (send_stalled_since_ms_.load() == 0) send_stalled_since_ms_.store(NowMs());
+  if (!out_pending_.exchange(true)) Signal();
+}
+
+void NbdConnection::QueueOutLocked(NbdRequest* r) {
   r->next_out = nullptr;
   if (out_tail_) out_tail_->next_out = r; else out_head_ = r;
   out_tail_ = r;
-  if (send_stalled_since_ms_.load() == 0) send_stalled_since_ms_.store(NowMs());
-  if (!out_pending_.exchange(true)) Signal();
 }
 
 void NbdConnection::Kill() {

@@ -210,6 +210,7 @@ class NbdConnection final : private ReplyBatch::Sender {
   void ExecuteBlockStatus(NbdRequest* r);
 
   void SendReply(NbdRequest* r);
+  void QueueOutLocked(NbdRequest* r);  // at the tail of the output queue (send_mu_ held)
   int SendIov(NbdRequest* r);  // 1 sent, 0 would block, -1 connection broken
   // Advances r's iovecs past up to *left bytes sent (less what it takes); true once all of
   // r is sent.
