@@ -52,6 +52,29 @@ describe('the NBD path over remote replicas', () => {
     return client;
   }
 
+  // Closes the client, the export, the engine and the hosts, then reads each host's replica
+  // image as it is on disk.
+  async function closeAndReadReplicas(): Promise<Buffer[]> {
+    client!.destroy();
+    client = undefined;
+    await nbd!.close();
+    nbd = undefined;
+    await engine!.close();
+    engine = undefined;
+    await closeAll(hosts);
+    const images: Buffer[] = [];
+    for (const h of hosts) {
+      const r = await addon().openReplica(join(h.root, 'vol'));
+      try {
+        images.push(await replicaImage(r));
+      } finally {
+        await r.close();
+      }
+    }
+    hosts = [];
+    return images;
+  }
+
   it('keeps far more writes in flight than it has I/O threads, and answers each once every replica has it', async () => {
     const c = await setup();
     for (const p of proxies) p.mode = 'hold';
@@ -70,23 +93,10 @@ describe('the NBD path over remote replicas', () => {
     for (let i = 0; i < N; i++) expect((await c.read(i * 4096, 4096)).equals(pattern(500 + i, 4096))).toBe(true);
     expect(engine!.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
     // Every replica holds every write.
-    c.destroy();
-    client = undefined;
-    await nbd!.close();
-    nbd = undefined;
-    await engine!.close();
-    engine = undefined;
-    await closeAll(hosts);
-    for (const h of hosts) {
-      const r = await addon().openReplica(join(h.root, 'vol'));
-      try {
-        const img = await replicaImage(r);
-        for (let i = 0; i < N; i++) expect(img.subarray(i * 4096, (i + 1) * 4096).equals(pattern(500 + i, 4096)), `${h.root} block ${i}`).toBe(true);
-      } finally {
-        await r.close();
-      }
-    }
-    hosts = [];
+    const images = await closeAndReadReplicas();
+    images.forEach((img, h) => {
+      for (let i = 0; i < N; i++) expect(img.subarray(i * 4096, (i + 1) * 4096).equals(pattern(500 + i, 4096)), `replica ${h} block ${i}`).toBe(true);
+    });
   });
 
   it('writes and reads parsed together start together, overlapping writes one after the other, and every replica agrees', async () => {
@@ -124,23 +134,7 @@ describe('the NBD path over remote replicas', () => {
       }
     }
     expect(engine!.replicas().map((r) => r.mode)).toEqual(['RW', 'RW', 'RW']);
-    c.destroy();
-    client = undefined;
-    await nbd!.close();
-    nbd = undefined;
-    await engine!.close();
-    engine = undefined;
-    await closeAll(hosts);
-    const images: Buffer[] = [];
-    for (const h of hosts) {
-      const r = await addon().openReplica(join(h.root, 'vol'));
-      try {
-        images.push((await replicaImage(r)).subarray(0, 22 * 4096));
-      } finally {
-        await r.close();
-      }
-    }
-    hosts = [];
+    const images = (await closeAndReadReplicas()).map((img) => img.subarray(0, 22 * 4096));
     expect(images[1]!.equals(images[0]!), 'replica 2 = replica 1').toBe(true);
     expect(images[2]!.equals(images[0]!), 'replica 3 = replica 1').toBe(true);
   });

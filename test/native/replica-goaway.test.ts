@@ -327,13 +327,19 @@ describe('replica server GOAWAY', () => {
     });
   }
 
-  it('a GOAWAY that arrives with requests unanswered: the client waits for them, half-closes, resends nothing, holds its callers', async () => {
+  // Three hosts, the second behind a GoAwayProxy; an engine over them, its events collected.
+  async function behindGoAwayProxy(): Promise<{ proxy: GoAwayProxy; ev: ReturnType<typeof collectEvents>; engine: NativeEngine }> {
     hosts = await startHosts(s, 3, SIZE);
     const proxy = new GoAwayProxy(hosts[1]!.server.port);
     const port = await proxy.start();
     cleanups.push(() => proxy.close());
     const ev = collectEvents();
     const engine = await open([endpoint(hosts[0]!.server.port), endpoint(port), endpoint(hosts[2]!.server.port)], ev.onEvents);
+    return { proxy, ev, engine };
+  }
+
+  it('a GOAWAY that arrives with requests unanswered: the client waits for them, half-closes, resends nothing, holds its callers', async () => {
+    const { proxy, ev, engine } = await behindGoAwayProxy();
     const model = Buffer.alloc(SIZE);
     const load = io(engine, model, 8);
     await waitFor('I/O flowing', () => load.rounds() > 50);
@@ -364,12 +370,7 @@ describe('replica server GOAWAY', () => {
   });
 
   it('over NBD, where writes and reads wait on no thread: a GOAWAY with requests unanswered, and every request queued meanwhile is sent after the reconnect', async () => {
-    hosts = await startHosts(s, 3, SIZE);
-    const proxy = new GoAwayProxy(hosts[1]!.server.port);
-    const port = await proxy.start();
-    cleanups.push(() => proxy.close());
-    const ev = collectEvents();
-    const engine = await open([endpoint(hosts[0]!.server.port), endpoint(port), endpoint(hosts[2]!.server.port)], ev.onEvents);
+    const { proxy, ev, engine } = await behindGoAwayProxy();
     const sock = s.path(`nbd-${Math.random().toString(36).slice(2, 8)}.sock`);
     const nbd = await engine.exportNbd({ unixPath: sock, ioThreads: 2 });
     cleanups.push(() => nbd.close());
