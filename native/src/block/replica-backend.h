@@ -168,9 +168,9 @@ class ReplicaBackend {
     std::vector<std::shared_ptr<void>> calls;  // backend-specific in-flight state
     Waker* waker = nullptr;
     std::atomic<uint32_t> unfinished{0};       // backend-specific: parts not yet answered
-    // Set before StartWrite: a backend that sends to another host may queue the write
-    // without sending it, until SendDeferred (so several go in one message). Its deadline
-    // runs from the StartWrite, so one never sent fails by timeout rather than hanging.
+    // Set before StartWrite or StartRead: a backend that sends to another host may queue
+    // the request without sending it, until SendDeferred (so several go in one message).
+    // Its deadline runs from the start, so one never sent fails by timeout, not hangs.
     bool defer_send = false;
   };
   virtual void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) {
@@ -178,8 +178,8 @@ class ReplicaBackend {
     if (p->waker) p->waker->Wake();
   }
   virtual int FinishWrite(PendingIo* p) { return p->rc; }
-  // Sends whatever StartWrite queued with defer_send (nothing to do by default). May wait
-  // for room to send, as StartWrite may.
+  // Sends whatever StartWrite and StartRead queued with defer_send (nothing to do by
+  // default). May wait for room to send, as StartWrite may.
   virtual void SendDeferred() {}
   // Split-phase Read, the same way (`buf` is filled by FinishRead; the waker as above).
   virtual void StartRead(uint64_t off, uint32_t len, uint8_t* buf, PendingIo* p) {

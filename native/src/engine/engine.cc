@@ -388,7 +388,7 @@ class ReplicatedEngine final : public Engine {
 
   // --- writes answered by the replicas' answers (WriteAsync) ---
   static constexpr uint32_t kFenceLaneCap = 2;  // workers fencing this engine's async writes at once
-  static constexpr size_t kAsyncBatchMax = 64;  // writes started under one hold of the gate
+  static constexpr size_t kAsyncBatchMax = 64;  // writes started under one hold of the gate, at most
   // A write in flight on remote RW replicas only, detached from the gate (DataGate::Detach).
   // Every replica's PendingIo wakes it; the last wake finishes it (FinishAsync).
   struct AsyncWrite final : ReplicaBackend::Waker, WorkerPool::Job {
