@@ -78,6 +78,13 @@ export interface AttachmentTicket {
   parameters: AttachmentParameters;
   /** Increases each time the ticket's spec changes (set by the cluster). */
   generation: number;
+  /**
+   * Set on the tickets Mooring takes for its own operations (a snapshot, a backup, an
+   * eviction): the control plane instance running the operation. The ticket lives as long as
+   * the operation; one held by another instance (its process died, or lost the lead, midway)
+   * is withdrawn by the next reconcile.
+   */
+  heldBy?: string;
 }
 
 /** Why a ticket is (not) satisfied. */

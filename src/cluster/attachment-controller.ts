@@ -160,7 +160,7 @@ export class AttachmentController {
         o = await this.state.observe(name);
       }
       const here = o.eng !== null && o.eng.hostId === host;
-      await this.#upsertTicket(o, { id, type, hostId: host, parameters: checkParameters({ disableFrontend: here || anyFrontend ? 'any' : 'true' }), generation: 0 });
+      await this.#upsertTicket(o, { id, type, hostId: host, parameters: checkParameters({ disableFrontend: here || anyFrontend ? 'any' : 'true' }), generation: 0, heldBy: this.state.instanceId });
       await this.converge(name);
     });
     try {
@@ -200,6 +200,7 @@ export class AttachmentController {
   async converge(name: string): Promise<void> {
     for (let pass = 0; pass < CONVERGE_PASSES_MAX; pass++) {
       const o = await this.state.observe(name);
+      if (await this.#withdrawOrphans(o)) continue;
       if (o.mig && (await this.migrations.recover(o))) continue;
       // Ready only for the host the spec migrates to: a spec that moved on (the target's
       // ticket withdrawn, another host asking) must not see the old target's standby.
@@ -269,6 +270,18 @@ export class AttachmentController {
       return true;
     }
     return false;
+  }
+
+  // An operation's ticket whose control plane is not this one outlived its operation (that
+  // process died or lost the lead midway): it goes, or it would keep the volume attached.
+  async #withdrawOrphans(o: Observed): Promise<boolean> {
+    const orphans = o.att.tickets.filter((t) => t.heldBy !== undefined && t.heldBy !== this.state.instanceId);
+    if (orphans.length === 0) return false;
+    await this.#putTickets(o, o.att.tickets.filter((t) => !orphans.includes(t)));
+    for (const t of orphans) {
+      this.state.events.cluster('warning', new MooringError('INVALID_STATE', `volume ${o.vol.name}: withdrew the ${t.type} ticket ${t.id}, left by control plane ${t.heldBy} (it stopped or lost the lead before its operation ended)`, { details: { volume: o.vol.name, ticketId: t.id, type: t.type, heldBy: t.heldBy } }));
+    }
+    return true;
   }
 
   // Removes matching tickets and reconciles. Caller holds the volume's turn.

@@ -215,7 +215,8 @@ export function parseAttachmentRecord(v: unknown, key: string): AttachmentRecord
       const t = new RecordFields(KIND.attachment, key, raw, `tickets[${i}]`);
       try {
         const { id, type } = checkTicketIdentity(t.raw('id'), t.raw('type'));
-        return { id, type, hostId: t.str('hostId', NAME_PATTERN), parameters: checkParameters(t.raw('parameters')), generation: t.int('generation', 1, Number.MAX_SAFE_INTEGER) };
+        const heldBy = t.optStr('heldBy', NAME_PATTERN);
+        return { id, type, hostId: t.str('hostId', NAME_PATTERN), parameters: checkParameters(t.raw('parameters')), generation: t.int('generation', 1, Number.MAX_SAFE_INTEGER), ...(heldBy === null ? {} : { heldBy }) };
       } catch (err) {
         if (err instanceof MooringError && err.code === 'INVALID_ARGUMENT') f.fail(err.message);
         throw err;

@@ -106,6 +106,8 @@ export function leastLoaded(candidates: string[], load: Map<string, number>, cou
 /** See the module comment. */
 export class ControlState {
   readonly epochs: EpochAllocator;
+  /** This control plane's instance (one per open): the operation tickets it takes carry it. */
+  readonly instanceId = randomUUID();
   readonly #chains = new KeyedSerial();
   #closed = false;
 

@@ -58,18 +58,44 @@ describe('AttachmentController', () => {
   });
 
   it("holds an operation's own ticket: a detached volume attaches without frontend for it, then detaches", async () => {
-    const { fakes, store, attachment, newVolume } = await controlFixture();
+    const { fakes, store, state, attachment, newVolume } = await controlFixture();
     const v = await newVolume('rwo', ['a', 'b', 'c']);
     const host = await attachment.operationHost(v, undefined);
     expect(host).toBe('a');
     const seen = await attachment.withTicket(v, 'snapshot', host, async (writer) => {
       const e = fakes[0]!.engines.get(v);
-      return { writer, nbd: e?.nbd, tickets: (await attachment.tickets(v)).map((t) => [t.type, t.parameters.disableFrontend]) };
+      return { writer, nbd: e?.nbd, tickets: (await attachment.tickets(v)).map((t) => [t.type, t.parameters.disableFrontend, t.heldBy]) };
     });
-    expect(seen).toEqual({ writer: 'a', nbd: null, tickets: [['snapshot', 'true']] });
+    expect(seen).toEqual({ writer: 'a', nbd: null, tickets: [['snapshot', 'true', state.instanceId]] });
     expect(fakes[0]!.engines.has(v)).toBe(false);
     expect(await store.get(KIND.engine, v)).toBeNull();
     expect(await attachment.tickets(v)).toEqual([]);
+  });
+
+  it("withdraws an operation's ticket that another control plane left behind (it died or lost the lead midway), and no other", async () => {
+    const { fakes, store, state, events, attachment, newVolume } = await controlFixture();
+    const v = await newVolume('rwo', ['a', 'b', 'c']);
+    await attachment.attach(v, { host: 'b' });
+    // As a killed leader leaves it: its snapshot ticket in the record, beside the embedder's
+    // own ticket of an operation type (no holder: it stays until the embedder withdraws it).
+    const att = await store.get<{ tickets: unknown[] }>(KIND.attachment, v);
+    const left = { id: 'snapshot-dead0001', type: 'snapshot', hostId: 'b', parameters: { disableFrontend: 'any', lastAttachedBy: null, nbd: null }, generation: 1, heldBy: 'gone-instance' };
+    const mine = { id: 'backup-tool', type: 'backup', hostId: 'b', parameters: { disableFrontend: 'any', lastAttachedBy: null, nbd: null }, generation: 1 };
+    await store.put(KIND.attachment, v, { ...att!.value, tickets: [...att!.value.tickets, left, mine] });
+    await attachment.converge(v);
+    expect((await attachment.tickets(v)).map((t) => t.id).sort()).toEqual(['api-b', 'backup-tool']);
+    expect(events).toContainEqual(['warning', expect.objectContaining({ code: 'INVALID_STATE', details: expect.objectContaining({ ticketId: 'snapshot-dead0001', heldBy: 'gone-instance' }) })]);
+    // With the embedder's tickets withdrawn too, the volume detaches: nothing keeps it attached.
+    await attachment.detach(v, {});
+    await attachment.deleteTicket(v, 'backup-tool');
+    expect(fakes[1]!.engines.has(v)).toBe(false);
+    expect(await store.get(KIND.engine, v)).toBeNull();
+    // A ticket this control plane holds is its own operation's: kept while the operation runs.
+    const kept = await attachment.withTicket(v, 'snapshot', 'a', async () => {
+      await attachment.converge(v);
+      return (await attachment.tickets(v)).map((t) => t.heldBy);
+    });
+    expect(kept).toEqual([state.instanceId]);
   });
 
   it('detaches when the last ticket is withdrawn, and a detach of nothing is harmless', async () => {
