@@ -404,6 +404,57 @@ class ReplicatedEngine final : public Engine {
       if (unwoken.fetch_sub(1) == 1) engine->FinishAsync(this);
     }
   };
+  // Finished AsyncWrites kept for the next ones. Each is over 1 KiB, and glibc's malloc of
+  // that size first consolidates the heap's fast bins: about 2% of the engine host's CPU on
+  // 4k writes, plus the replicas' vectors of calls, which keep their capacity here.
+  class WriteCache {
+   public:
+    WriteCache() = default;
+    WriteCache(const WriteCache&) = delete;
+    WriteCache& operator=(const WriteCache&) = delete;
+    ~WriteCache() {
+      for (size_t i = 0; i < n_; ++i) delete free_[i];
+    }
+    AsyncWrite* Take() {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (n_ > 0) return free_[--n_];
+      }
+      return new (std::nothrow) AsyncWrite();
+    }
+    // w as new (calls kept empty), or freed when the cache is full.
+    void Give(AsyncWrite* w) {
+      w->next = nullptr;
+      w->run = nullptr;
+      w->engine = nullptr;
+      w->done = nullptr;
+      w->t = Targets();
+      for (ReplicaBackend::PendingIo& p : w->pending) {
+        p.rc = 0;
+        p.calls.clear();
+        p.waker = nullptr;
+        p.unfinished.store(0);
+        p.defer_send = false;
+      }
+      w->range.reset();
+      w->unwoken.store(0);
+      w->result = 0;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (n_ < kCap) {
+          free_[n_++] = w;
+          return;
+        }
+      }
+      delete w;
+    }
+
+   private:
+    static constexpr size_t kCap = 256;  // twice the NBD queue depth of most clients
+    std::mutex mu_;
+    AsyncWrite* free_[kCap];
+    size_t n_ = 0;  // guarded by mu_
+  };
   // The replicas a group of requests queued frames on (Touch), to send at its end (SendTouched).
   struct Touched {
     ReplicaBackend* b[kMaxReplicas];
@@ -550,6 +601,7 @@ class ReplicatedEngine final : public Engine {
   // Where an async write that dropped a replica is fenced and answered (FenceAndAnswer).
   // Last, so it is destroyed first: its destructor waits for those jobs.
   WorkerPool::Lane fence_lane_{&WorkerPool::Nbd(), kFenceLaneCap};
+  WriteCache write_cache_;
 };
 
 bool ReplicatedEngine::MarkFailed(size_t i, int rc) {
@@ -948,7 +1000,8 @@ ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWrit
                                                                   Start* why) {
   const Targets t = RwTargets();
   const bool plain = WoTargets().n == 0 && !fence_pending_.load() && AllRemote(t);
-  std::unique_ptr<AsyncWrite> w(plain ? new (std::nothrow) AsyncWrite() : nullptr);
+  auto give = [this](AsyncWrite* x) { write_cache_.Give(x); };
+  std::unique_ptr<AsyncWrite, decltype(give)> w(plain ? write_cache_.Take() : nullptr, give);
   if (!w) {
     *why = Start::kNotPlain;
     return nullptr;
@@ -1016,17 +1069,18 @@ void ReplicatedEngine::FinishAsync(AsyncWrite* w) {
   }
   IoCompletion* done = w->done;
   const int result = w->result;
-  delete w;
+  write_cache_.Give(w);
   done->IoDone(result);  // the engine is not touched after this
 }
 
 void ReplicatedEngine::FenceAndAnswer(WorkerPool::Job* job) {
   AsyncWrite* w = static_cast<AsyncWrite*>(job);
   int result = w->result;
-  const int rc = w->engine->CommitDrops();
+  ReplicatedEngine* engine = w->engine;
+  const int rc = engine->CommitDrops();
   if (rc < 0 && result == 0) result = rc;
   IoCompletion* done = w->done;
-  delete w;
+  engine->write_cache_.Give(w);
   done->IoDone(result);
 }
 
