@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "block/block-device.h"
+#include "util/byte-buffer.h"
 #include "block/replica-set.h"
 #include "util/status.h"
 
@@ -172,6 +173,10 @@ class ReplicaBackend {
     // the request without sending it, until SendDeferred (so several go in one message).
     // Its deadline runs from the start, so one never sent fails by timeout, not hangs.
     bool defer_send = false;
+    // Optionally set before StartWrite: the write's bytes copied once into a buffer every
+    // replica may send as its frame's payload, instead of a copy of its own (a backend that
+    // sends the write in one frame keeps a reference until the frame is on the wire).
+    std::shared_ptr<const ByteBuffer> shared_bytes;
   };
   virtual void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) {
     p->rc = Write(epoch, off, len, buf, fua);

@@ -58,12 +58,16 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
       uint8_t* hb = heads.data() + i * kRequestHeaderBytes;
       EncodeRequest(batch[i]->h, hb);
       iov.push_back({hb, kRequestHeaderBytes});
-      if (!batch[i]->payload.empty()) iov.push_back({batch[i]->payload.data(), batch[i]->payload.size()});
+      const ByteBuffer& payload = batch[i]->frame_payload();
+      if (!payload.empty()) iov.push_back({const_cast<uint8_t*>(payload.data()), payload.size()});
     }
     int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
     // The payloads are on the wire (or the connection is gone): give them back now (a large
     // one to the pool, for the next write's copy).
-    for (CallPtr& c : batch) BufferPool::Get().Give(std::move(c->payload));
+    for (CallPtr& c : batch) {
+      BufferPool::Get().Give(std::move(c->payload));
+      c->shared_payload.reset();
+    }
     batch.clear();
     lk.lock();
     sending_ = false;

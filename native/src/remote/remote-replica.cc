@@ -301,8 +301,8 @@ RemoteReplica::CallPtr RemoteReplica::NewCall(uint8_t op, uint64_t epoch, uint64
 }
 
 int RemoteReplica::Submit(const CallPtr& c, Send send, bool* queued) {
-  if (c->payload.size() > kMaxPayloadBytes) return -EOVERFLOW;
-  c->h.payload_len = static_cast<uint32_t>(c->payload.size());
+  if (c->frame_payload().size() > kMaxPayloadBytes) return -EOVERFLOW;
+  c->h.payload_len = static_cast<uint32_t>(c->frame_payload().size());
   const bool block = send != Send::kByLoop;
   std::unique_lock<std::mutex> lk(mu_);
   while (dead_errno_ == 0 && outstanding_ >= depth_) {
@@ -574,7 +574,9 @@ void RemoteReplica::SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, ui
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
     CallPtr c = NewCall(op, epoch, off + done, n, flags);
     const size_t prefix = layer_id ? 2 + layer_id->size() : 0;
-    if (data) {
+    if (data && !layer_id && n == len && p->shared_bytes && p->shared_bytes->size() == len) {
+      c->shared_payload = p->shared_bytes;  // the whole write in this one frame: no copy of its own
+    } else if (data) {
       // The frame's payload from the pool: a large write reuses pages already mapped rather
       // than faulting in and zeroing fresh ones for every copy (one per replica).
       c->payload = BufferPool::Get().Take(prefix + n);
@@ -584,7 +586,7 @@ void RemoteReplica::SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, ui
     }
     PayloadWriter w(&c->payload);
     if (layer_id) w.Str(*layer_id);
-    if (data) w.Bytes(data + done, n);
+    if (data && !c->shared_payload) w.Bytes(data + done, n);
     p->calls.reserve(p->calls.size() + 1);  // so a queued call is always collected
     if (p->waker) {
       c->group = p;

@@ -118,6 +118,10 @@ class RemoteReplica final : public ReplicaBackend {
   struct Call {
     rp::RequestHeader h;
     ByteBuffer payload;      // a large one comes from the BufferPool (SubmitParts) and goes back to it
+    // Instead of payload: a write's bytes shared with the other replicas' frames
+    // (PendingIo::shared_bytes), held until the frame is sent.
+    std::shared_ptr<const ByteBuffer> shared_payload;
+    const ByteBuffer& frame_payload() const { return shared_payload ? *shared_payload : payload; }
     uint32_t max_reply = 0;  // largest reply payload accepted on success
     bool internal = false;   // ping / refresh: nobody waits
     ReplicaBackend::PendingIo* group = nullptr;  // a part of a write whose caller wants a Wake
