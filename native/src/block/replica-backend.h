@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "block/block-device.h"
-#include "util/byte-buffer.h"
 #include "block/replica-set.h"
+#include "util/byte-buffer.h"
 #include "util/status.h"
 
 namespace mooring {
