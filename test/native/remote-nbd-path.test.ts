@@ -139,6 +139,19 @@ describe('the NBD path over remote replicas', () => {
     expect(images[2]!.equals(images[0]!), 'replica 3 = replica 1').toBe(true);
   });
 
+  it('a write larger than one replica frame goes to every replica in frames cut from one copy, byte for byte', async () => {
+    const c = await setup();
+    const writesBefore = proxies.map((p) => p.ops.get(Op.WRITE) ?? 0);
+    // 4 MiB + 4 KiB, two frames (a frame carries at most 4 MiB); the rest of the volume, one.
+    const big = pattern(41, 4 * MiB + 4096);
+    const rest = pattern(42, SIZE - big.length);
+    await Promise.all([c.write(0, big), c.write(big.length, rest)]);
+    expect(proxies.map((p, i) => (p.ops.get(Op.WRITE) ?? 0) - writesBefore[i]!)).toEqual([3, 3, 3]);
+    const want = Buffer.concat([big, rest]);
+    const images = await closeAndReadReplicas();
+    images.forEach((img, h) => expect(img.subarray(0, SIZE).equals(want), `replica ${h}`).toBe(true));
+  });
+
   it('a replica lost under writes in flight is out of the stored replica set before any of them is answered', async () => {
     const c = await setup();
     proxies[2]!.mode = 'hold';

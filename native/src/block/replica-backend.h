@@ -174,9 +174,18 @@ class ReplicaBackend {
     // Its deadline runs from the start, so one never sent fails by timeout, not hangs.
     bool defer_send = false;
     // Optionally set before StartWrite: the write's bytes copied once into a buffer every
-    // replica may send as its frame's payload, instead of a copy of its own (a backend that
-    // sends the write in one frame keeps a reference until the frame is on the wire).
+    // replica may send its frames' payloads from, instead of a copy of its own (a backend
+    // keeps a reference until its frames are on the wire).
     std::shared_ptr<const ByteBuffer> shared_bytes;
+    // As new, the capacity of calls kept (for a record that is reused).
+    void Reset() {
+      rc = 0;
+      calls.clear();
+      waker = nullptr;
+      unfinished.store(0);
+      defer_send = false;
+      shared_bytes.reset();
+    }
   };
   virtual void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) {
     p->rc = Write(epoch, off, len, buf, fua);

@@ -404,6 +404,18 @@ class ReplicatedEngine final : public Engine {
     void Wake() override {
       if (unwoken.fetch_sub(1) == 1) engine->FinishAsync(this);
     }
+    // As new (for WriteCache): what it holds is let go (the calls, the shared bytes).
+    void Reset() {
+      next = nullptr;
+      run = nullptr;
+      engine = nullptr;
+      done = nullptr;
+      t = Targets();
+      for (ReplicaBackend::PendingIo& p : pending) p.Reset();
+      range.reset();
+      unwoken.store(0);
+      result = 0;
+    }
   };
   // Finished AsyncWrites kept for the next ones, by every engine of the process (bounded
   // memory however many volumes). Each is over 1 KiB, and glibc's malloc of that size first
@@ -425,22 +437,7 @@ class ReplicatedEngine final : public Engine {
     }
     // w as new (calls kept empty), or freed when the cache is full.
     void Give(AsyncWrite* w) {
-      w->next = nullptr;
-      w->run = nullptr;
-      w->engine = nullptr;
-      w->done = nullptr;
-      w->t = Targets();
-      for (ReplicaBackend::PendingIo& p : w->pending) {
-        p.rc = 0;
-        p.calls.clear();
-        p.waker = nullptr;
-        p.unfinished.store(0);
-        p.defer_send = false;
-        p.shared_bytes.reset();
-      }
-      w->range.reset();
-      w->unwoken.store(0);
-      w->result = 0;
+      w->Reset();
       {
         std::lock_guard<std::mutex> g(mu_);
         if (n_ < kCap) {

@@ -58,8 +58,7 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
       uint8_t* hb = heads.data() + i * kRequestHeaderBytes;
       EncodeRequest(batch[i]->h, hb);
       iov.push_back({hb, kRequestHeaderBytes});
-      const ByteBuffer& payload = batch[i]->frame_payload();
-      if (!payload.empty()) iov.push_back({const_cast<uint8_t*>(payload.data()), payload.size()});
+      if (batch[i]->frame_size() > 0) iov.push_back({const_cast<uint8_t*>(batch[i]->frame_data()), batch[i]->frame_size()});
     }
     int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
     // The payloads are on the wire (or the connection is gone): give them back now (a large

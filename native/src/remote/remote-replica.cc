@@ -301,8 +301,8 @@ RemoteReplica::CallPtr RemoteReplica::NewCall(uint8_t op, uint64_t epoch, uint64
 }
 
 int RemoteReplica::Submit(const CallPtr& c, Send send, bool* queued) {
-  if (c->frame_payload().size() > kMaxPayloadBytes) return -EOVERFLOW;
-  c->h.payload_len = static_cast<uint32_t>(c->frame_payload().size());
+  if (c->frame_size() > kMaxPayloadBytes) return -EOVERFLOW;
+  c->h.payload_len = static_cast<uint32_t>(c->frame_size());
   const bool block = send != Send::kByLoop;
   std::unique_lock<std::mutex> lk(mu_);
   while (dead_errno_ == 0 && outstanding_ >= depth_) {
@@ -574,8 +574,10 @@ void RemoteReplica::SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, ui
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
     CallPtr c = NewCall(op, epoch, off + done, n, flags);
     const size_t prefix = layer_id ? 2 + layer_id->size() : 0;
-    if (data && !layer_id && n == len && p->shared_bytes && p->shared_bytes->size() == len) {
-      c->shared_payload = p->shared_bytes;  // the whole write in this one frame: no copy of its own
+    if (data && !layer_id && p->shared_bytes && p->shared_bytes->size() == len) {
+      c->shared_payload = p->shared_bytes;  // its part of the write's buffer: no copy of its own
+      c->shared_off = done;
+      c->shared_len = n;
     } else if (data) {
       // The frame's payload from the pool: a large write reuses pages already mapped rather
       // than faulting in and zeroing fresh ones for every copy (one per replica).

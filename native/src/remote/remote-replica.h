@@ -118,10 +118,13 @@ class RemoteReplica final : public ReplicaBackend {
   struct Call {
     rp::RequestHeader h;
     ByteBuffer payload;      // a large one comes from the BufferPool (SubmitParts) and goes back to it
-    // Instead of payload: a write's bytes shared with the other replicas' frames
-    // (PendingIo::shared_bytes), held until the frame is sent.
+    // Instead of payload: this frame's bytes [shared_off, +shared_len) of a write's buffer
+    // shared with the other replicas' frames (PendingIo::shared_bytes), held until sent.
     std::shared_ptr<const ByteBuffer> shared_payload;
-    const ByteBuffer& frame_payload() const { return shared_payload ? *shared_payload : payload; }
+    size_t shared_off = 0;
+    size_t shared_len = 0;
+    const uint8_t* frame_data() const { return shared_payload ? shared_payload->data() + shared_off : payload.data(); }
+    size_t frame_size() const { return shared_payload ? shared_len : payload.size(); }
     uint32_t max_reply = 0;  // largest reply payload accepted on success
     bool internal = false;   // ping / refresh: nobody waits
     ReplicaBackend::PendingIo* group = nullptr;  // a part of a write whose caller wants a Wake
