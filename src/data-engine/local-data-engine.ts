@@ -292,6 +292,8 @@ export interface NbdIoStats {
   budgetWaits: number;
   /** READs the connection loop answered itself, without a worker (page cache of a local replica). */
   inlineReads: number;
+  /** WRITEs the connection loop started itself, without a worker (small ones, all replicas on other hosts). */
+  loopWrites: number;
   /** READs and WRITEs started in groups of two or more, one message per remote replica for each group. */
   groupedRequests: number;
 }

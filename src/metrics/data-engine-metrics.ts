@@ -85,6 +85,8 @@ export function dataPathMetrics<T>(snapshot: SnapshotOnce<T>, pick: (s: T) => Da
       perEngine((labels, e) => (e.io ? [{ labels, value: e.io.budgetWaits }] : []))),
     m('mooring_nbd_inline_reads_total', 'NBD READs the connection loop answered itself, from the page cache of a replica on this host, without a worker.', 'counter',
       perEngine((labels, e) => (e.io ? [{ labels, value: e.io.inlineReads }] : []))),
+    m('mooring_nbd_loop_writes_total', 'NBD WRITEs the connection loop started itself, to replicas on other hosts, without a worker.', 'counter',
+      perEngine((labels, e) => (e.io ? [{ labels, value: e.io.loopWrites }] : []))),
     m('mooring_nbd_grouped_requests_total', 'NBD READs and WRITEs started in groups of two or more, their frames to each replica on another host sent together.', 'counter',
       perEngine((labels, e) => (e.io ? [{ labels, value: e.io.groupedRequests }] : []))),
     m('mooring_engine_role', 'Engines with an NBD export on this data engine: 1 for the role it has (active or standby).', 'gauge',

@@ -401,6 +401,12 @@ export interface NativeNbdIoStats {
    */
   inlineReads: number;
   /**
+   * WRITEs the connection loop started itself, without a worker: small ones to an engine
+   * whose replicas are all on other hosts, when nothing had to wait (docs/architecture.md,
+   * "How a write travels").
+   */
+  loopWrites: number;
+  /**
    * READs and WRITEs handed to the device in groups of two or more, so their frames to each
    * remote replica went out together (docs/architecture.md, "Requests sent together").
    */

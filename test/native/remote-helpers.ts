@@ -382,12 +382,17 @@ export class FrameProxy {
   /** Rewrites each reply frame (header and payload) before it is passed on; `n` counts the connection's replies from 0 (the HELLO reply). */
   rewriteReply: ((frame: Buffer, n: number) => Buffer) | null = null;
   private sockets = new Set<Socket>();
+  private clients = new Set<Socket>();
+  private reading = true;
 
   constructor(private readonly targetPort: number) {
     this.server = createServer((client) => {
       const upstream = createConnection({ port: this.targetPort, host: '127.0.0.1' });
       client.setNoDelay(true);
       upstream.setNoDelay(true);
+      if (!this.reading) client.pause();
+      this.clients.add(client);
+      client.on('close', () => this.clients.delete(client));
       this.sockets.add(client);
       this.sockets.add(upstream);
       const up = new FrameSplitter(REQ_HEADER, 40);
@@ -436,6 +441,20 @@ export class FrameProxy {
     await new Promise<void>((resolve) => this.server.listen(0, '127.0.0.1', resolve));
     this.port = (this.server.address() as { port: number }).port;
     return this.port;
+  }
+
+  /**
+   * Stops reading requests (in any mode), so the client's socket fills up as a congested
+   * peer's would; {@link resumeReading} reads and forwards them again, none lost.
+   */
+  pauseReading(): void {
+    this.reading = false;
+    for (const c of this.clients) c.pause();
+  }
+
+  resumeReading(): void {
+    this.reading = true;
+    for (const c of this.clients) c.resume();
   }
 
   /** Back to pass mode; held replies go out in order. */

@@ -86,6 +86,7 @@ Napi::Value NbdServerWrap::IoStats(const Napi::CallbackInfo& info) {
   o.Set("budgetPeakBytes", JsNum(env, s.budget_peak_bytes));
   o.Set("budgetWaits", JsNum(env, s.budget_waits));
   o.Set("inlineReads", JsNum(env, s.inline_reads));
+  o.Set("loopWrites", JsNum(env, s.loop_writes));
   o.Set("groupedRequests", JsNum(env, s.grouped_requests));
   return o;
 }

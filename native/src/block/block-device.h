@@ -92,6 +92,14 @@ class BlockDevice {
   virtual void WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept {
     for (size_t i = 0; i < n; ++i) WriteAsync(q[i].off, q[i].len, q[i].buf, q[i].fua, q[i].done);
   }
+  // For a caller that must not wait (the NBD connection loop): starts the longest prefix of
+  // q[0..n) that it can start as WriteAsyncMany would without waiting for anything, and
+  // returns its length; the caller keeps the rest (for WriteAsyncMany on a thread that may
+  // wait). By default none.
+  virtual size_t TryWriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept {
+    (void)q, (void)n;
+    return 0;
+  }
   // One of several reads handed over together (ReadAsyncMany).
   struct AsyncReadReq {
     uint64_t off;

@@ -177,6 +177,9 @@ class ReplicaBackend {
     // replica may send its frames' payloads from, instead of a copy of its own (a backend
     // keeps a reference until its frames are on the wire).
     std::shared_ptr<const ByteBuffer> shared_bytes;
+    // Set before StartWrite (with defer_send): TryReserveWrite said yes for this write, so
+    // queueing it never waits.
+    bool reserved = false;
     // As new, the capacity of calls kept (for a record that is reused).
     void Reset() {
       rc = 0;
@@ -185,6 +188,7 @@ class ReplicaBackend {
       unfinished.store(0);
       defer_send = false;
       shared_bytes.reset();
+      reserved = false;
     }
   };
   virtual void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) {
@@ -192,9 +196,19 @@ class ReplicaBackend {
     if (p->waker) p->waker->Wake();
   }
   virtual int FinishWrite(PendingIo* p) { return p->rc; }
+  // Room to queue a write of len bytes (StartWrite with defer_send and reserved) without
+  // waiting, taken now for it: true, or false when queueing it might wait (a full queue, a
+  // backend that cannot tell). A reservation is used by that StartWrite or given back
+  // (CancelReservedWrite, same len). For callers on a thread that must not wait.
+  virtual bool TryReserveWrite(uint32_t len) {
+    (void)len;
+    return false;
+  }
+  virtual void CancelReservedWrite(uint32_t len) { (void)len; }
   // Sends whatever StartWrite and StartRead queued with defer_send (nothing to do by
-  // default). May wait for room to send, as StartWrite may.
-  virtual void SendDeferred() {}
+  // default). With may_wait, it may wait for room to send, as StartWrite may; without, what
+  // cannot be sent at once is left to another thread.
+  virtual void SendDeferred(bool may_wait = true) { (void)may_wait; }
   // Split-phase Read, the same way (`buf` is filled by FinishRead; the waker as above).
   virtual void StartRead(uint64_t off, uint32_t len, uint8_t* buf, PendingIo* p) {
     p->rc = Read(off, len, buf);

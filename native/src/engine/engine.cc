@@ -189,6 +189,7 @@ class ReplicatedEngine final : public Engine {
     WriteAsyncMany(&q, 1);
   }
   void WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept override;
+  size_t TryWriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept override;
   void ReadAsync(uint64_t off, uint32_t len, uint8_t* buf, IoCompletion* done) noexcept override {
     const AsyncReadReq q{off, len, buf, done};
     ReadAsyncMany(&q, 1);
@@ -459,15 +460,18 @@ class ReplicatedEngine final : public Engine {
   struct Touched {
     ReplicaBackend* b[kMaxReplicas];
     size_t n = 0;
+    bool may_wait = true;  // false: what a socket does not take at once goes to a worker (SendDeferred)
   };
-  enum class Start { kStarted, kNotPlain, kRangeBusy };
+  enum class Start { kStarted, kNotPlain, kRangeBusy, kNoRoom };
   // Under the shared gate: starts q as an async write if it is the plain case (see
   // WriteAsyncMany) and returns it, its own wake still to come (AsyncWrite::Wake); or
   // returns nullptr with nothing started, and *why. With `touched` (a group), the
   // replicas' frames are queued, not sent (*touched collects the backends to SendDeferred,
   // SendTouched), and an overlapping write in flight is kRangeBusy instead of a wait.
-  // Throws only before anything is started (ENOMEM).
-  AsyncWrite* StartPlainLocked(const AsyncWriteReq& q, Touched* touched, Start* why);
+  // With `reserve` (TryWriteAsyncMany), every replica must have room to queue it at once
+  // (ReplicaBackend::TryReserveWrite), else kNoRoom. Throws only before anything is
+  // started (ENOMEM).
+  AsyncWrite* StartPlainLocked(const AsyncWriteReq& q, Touched* touched, Start* why, bool reserve = false);
   static void Touch(Touched* touched, ReplicaBackend* b);  // b has deferred frames
   static std::shared_ptr<const ByteBuffer> SharedCopy(const uint8_t* buf, uint32_t len);
   // For WriteAsyncMany and ReadAsyncMany, under the shared gate (lk): if the engine refuses
@@ -996,8 +1000,39 @@ void ReplicatedEngine::WriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept
   }
 }
 
+// On a thread that must not wait (the NBD connection loop): the longest prefix of q that
+// starts as WriteAsyncMany would, with nothing waited for on the way (the gate taken only if
+// free, overlapping writes and full replica queues stop it; frames the sockets do not take
+// at once go on from a worker). The rest is the caller's, for WriteAsyncMany on a worker.
+size_t ReplicatedEngine::TryWriteAsyncMany(const AsyncWriteReq* q, size_t n) noexcept {
+  AsyncWrite* started[kAsyncBatchMax];
+  n = std::min(n, kAsyncBatchMax);
+  size_t ns = 0;
+  {
+    std::shared_lock<DataGate> lk(gate_, std::try_to_lock);
+    if (!lk.owns_lock() || RefusalLocked() != 0) return 0;
+    Touched touched;
+    touched.may_wait = false;
+    for (; ns < n; ++ns) {
+      if (q[ns].len == 0 || !InRange(q[ns].off, q[ns].len, size_)) break;
+      Start why;  // whatever it is, the rest goes to a worker
+      AsyncWrite* w = nullptr;
+      try {
+        w = StartPlainLocked(q[ns], &touched, &why, true);
+      } catch (...) {
+        break;  // no memory for the range lock: the worker answers it
+      }
+      if (!w) break;
+      started[ns] = w;
+    }
+    SendTouched(&touched);
+  }
+  for (size_t k = 0; k < ns; ++k) started[k]->Wake();  // this thread's own
+  return ns;
+}
+
 ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWriteReq& q, Touched* touched,
-                                                                  Start* why) {
+                                                                  Start* why, bool reserve) {
   const Targets t = RwTargets();
   const bool plain = WoTargets().n == 0 && !fence_pending_.load() && AllRemote(t);
   auto give = [](AsyncWrite* x) { WriteCache::Get().Give(x); };
@@ -1012,6 +1047,14 @@ ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWrit
     if (!touched) w->range.emplace(ranges_.Lock(q.off, q.len));
     else if (!ranges_.TryLock(q.off, q.len, &w->range)) {
       *why = Start::kRangeBusy;
+      return nullptr;
+    }
+  }
+  if (reserve) {
+    for (size_t k = 0; k < t.n; ++k) {
+      if (slots_[t.idx[k]]->backend->TryReserveWrite(q.len)) continue;
+      while (k-- > 0) slots_[t.idx[k]]->backend->CancelReservedWrite(q.len);
+      *why = Start::kNoRoom;
       return nullptr;
     }
   }
@@ -1032,6 +1075,7 @@ ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWrit
     w->pending[k].waker = w.get();
     w->pending[k].defer_send = touched != nullptr;
     w->pending[k].shared_bytes = bytes;
+    w->pending[k].reserved = reserve;
     b->StartWrite(e, q.off, q.len, q.buf, q.fua, &w->pending[k]);
     if (touched) Touch(touched, b);
   }
@@ -1062,7 +1106,7 @@ void ReplicatedEngine::Touch(Touched* touched, ReplicaBackend* b) {
 }
 
 void ReplicatedEngine::SendTouched(Touched* touched) {
-  for (size_t j = 0; j < touched->n; ++j) touched->b[j]->SendDeferred();
+  for (size_t j = 0; j < touched->n; ++j) touched->b[j]->SendDeferred(touched->may_wait);
   touched->n = 0;
 }
 

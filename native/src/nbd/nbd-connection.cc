@@ -765,9 +765,41 @@ void NbdConnection::PushGroupable(NbdRequest* r, WorkerPool::Batch* batch) {
 
 void NbdConnection::EndGroup(WorkerPool::Batch* batch) {
   if (!group_head_) return;
-  batch->Push(group_head_);
+  if (NbdRequest* rest = StartWritesHere(group_head_)) batch->Push(rest);
   group_head_ = group_tail_ = nullptr;
   group_n_ = 0;
+}
+
+NbdRequest* NbdConnection::StartWritesHere(NbdRequest* head) {
+  BlockDevice::AsyncWriteReq wq[kGroupMax];
+  NbdRequest* rq[kGroupMax];
+  size_t n = 0;
+  uint64_t bytes = 0;
+  NbdRequest* after = head;  // the first request past the leading WRITEs taken
+  for (; after && n < kGroupMax && after->type == kCmdWrite && bytes + after->length <= kLoopWriteMaxBytes;
+       after = after->next_grouped) {
+    bytes += after->length;
+    rq[n++] = after;
+  }
+  if (n == 0) return head;
+  const uint64_t started_ns = NowNs();
+  for (size_t k = 0; k < n; ++k) {
+    NbdRequest* g = rq[k];
+    g->next_grouped = nullptr;  // a started one may be answered and recycled at once
+    g->reply_error = 0;
+    g->iov.clear();
+    g->iov_pos = 0;
+    g->started_ns = started_ns;
+    wq[k] = {g->offset, g->length, g->data.get(), (g->flags & kCmdFlagFua) != 0, g};
+  }
+  const size_t started = dev_->TryWriteAsyncMany(wq, n);  // rq[0..started) are not touched again
+  ctx_->requests.fetch_add(started, std::memory_order_relaxed);
+  ctx_->loop_writes.fetch_add(started, std::memory_order_relaxed);
+  if (started > 1) ctx_->grouped_requests.fetch_add(started, std::memory_order_relaxed);
+  if (started == n) return after;
+  for (size_t k = started; k + 1 < n; ++k) rq[k]->next_grouped = rq[k + 1];  // the rest, a group again
+  rq[n - 1]->next_grouped = after;
+  return rq[started];
 }
 
 NbdConnection::ParseResult NbdConnection::ParseRequests(WorkerPool::Batch* batch) {

@@ -69,6 +69,7 @@ class NbdConnection final : private ReplyBatch::Sender {
   static constexpr size_t kGatherIovMax = 64;                // iovecs in one sendmsg of queued replies
   static constexpr uint32_t kGroupMax = 32;                  // READs and WRITEs in one group at most
   static constexpr uint32_t kGroupMaxBytes = 64u << 10;      // larger ones are never grouped
+  static constexpr uint32_t kLoopWriteMaxBytes = 256u << 10; // WRITE bytes one turn starts on the loop (their copy)
 
   enum class FreezeResult { kFrozen, kFailed, kFinished };
 
@@ -178,6 +179,11 @@ class NbdConnection final : private ReplyBatch::Sender {
   // not grouped (or it is neither, too large, or answered with an error).
   void PushGroupable(NbdRequest* r, WorkerPool::Batch* batch);
   void EndGroup(WorkerPool::Batch* batch);  // the group, as one job, into the batch
+  // The group's leading WRITEs (at most kLoopWriteMaxBytes together) that the device starts
+  // without waiting (BlockDevice::TryWriteAsyncMany) start here, on the loop: no hand-off
+  // to a worker, whose wake-up costs more than the start. Returns the rest of the group
+  // (for a worker), or nullptr.
+  NbdRequest* StartWritesHere(NbdRequest* head);
   uint32_t Validate(const NbdRequest* r) const;
   // >0 bytes, 0 EOF, -EAGAIN, or another negative errno. `exact`: of a WRITE payload begun,
   // receive no byte past its end.

@@ -29,6 +29,7 @@ struct NbdServerContext {
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> grouped_requests{0};  // READs and WRITEs started together (NbdConnection::ExecuteGroup)
   std::atomic<uint64_t> inline_reads{0};  // READs the connection loop answered itself (TryReadInline)
+  std::atomic<uint64_t> loop_writes{0};   // WRITEs the connection loop started itself (StartWritesHere)
   std::atomic<uint64_t> bytes_written{0};
   std::atomic<uint64_t> protocol_errors{0};
 

@@ -99,6 +99,7 @@ class NbdServerImpl final : public NbdServer {
     s.bytes_written = ctx_.bytes_written.load();
     s.protocol_errors = ctx_.protocol_errors.load();
     s.inline_reads = ctx_.inline_reads.load();
+    s.loop_writes = ctx_.loop_writes.load();
     s.grouped_requests = ctx_.grouped_requests.load();
     ctx_.ReadOps(&s);
     if (ctx_.budget) {

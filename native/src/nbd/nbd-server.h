@@ -71,6 +71,7 @@ struct NbdServerStats {
   uint64_t budget_peak_bytes = 0;
   uint64_t budget_waits = 0;
   uint64_t inline_reads = 0;  // READs answered by the connection loop, without a worker
+  uint64_t loop_writes = 0;   // WRITEs started by the connection loop, without a worker
   uint64_t grouped_requests = 0;  // READs and WRITEs handed to the device in groups of two or more
 };
 

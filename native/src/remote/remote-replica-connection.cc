@@ -21,7 +21,26 @@ using namespace rp;  // NOLINT: wire constants
 
 bool RemoteReplica::CanSendLocked() const { return !sending_ && !goaway_ && dead_errno_ == 0 && !queue_.empty(); }
 
-void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
+// A batch the socket did not take at once, finished by a worker (SendQueuedLocked without
+// may_wait). The iovecs point into heads and into the calls' payloads, which move with it.
+struct RemoteReplica::SendRest final : WorkerPool::Job {
+  RemoteReplica* self = nullptr;
+  std::vector<CallPtr> batch;
+  std::vector<iovec> iov;
+  std::vector<uint8_t> heads;
+};
+
+namespace {
+// Where SendRest jobs run: threads that may wait for a socket, shared by every replica of
+// the process (at most one job per replica at a time: it holds sending_). Never destroyed.
+WorkerPool::Lane& SendRestLane() {
+  static WorkerPool::Lane* lane = new WorkerPool::Lane(&WorkerPool::Nbd(), WorkerPool::kNbdThreadsMax);
+  return *lane;
+}
+constexpr int kWouldWait = -EINPROGRESS;  // WriteAll's answer where a caller that may not wait stops
+}  // namespace
+
+void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk, bool may_wait) {
   // Whoever finds calls queued and nobody sending writes them all, in seq order, as one batch
   // (several per system call); calls queued meanwhile go in the next round, by the same
   // caller. One sender at a time keeps the wire in seq order.
@@ -30,18 +49,8 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
   std::vector<uint8_t> heads;
   // A full socket (a partitioned peer takes no data) blocks the write: past the oldest
   // outstanding call's deadline the connection is failed from here (the loop checks the
-  // same deadlines by timer).
-  WaitFn wait = [this](short want) -> int {
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (dead_errno_ != 0) return -ENOTCONN;
-        if (DeadlinePassedLocked(MonotonicMs())) return -ETIMEDOUT;
-      }
-      int p = PollFdOrWake(t_->fd(), want, -1, kDeadlineCheckMs);
-      if (p != 0) return p < 0 ? p : 0;
-    }
-  };
+  // same deadlines by timer). A caller that may not wait leaves the rest to a worker.
+  WaitFn wait = [this, may_wait](short want) -> int { return may_wait ? WaitToSend(want) : kWouldWait; };
   while (CanSendLocked()) {
     while (!queue_.empty()) {
       CallPtr c = queue_.front();
@@ -60,23 +69,81 @@ void RemoteReplica::SendQueuedLocked(std::unique_lock<std::mutex>& lk) {
       iov.push_back({hb, kRequestHeaderBytes});
       if (batch[i]->frame_size() > 0) iov.push_back({const_cast<uint8_t*>(batch[i]->frame_data()), batch[i]->frame_size()});
     }
-    int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
-    // The payloads are on the wire (or the connection is gone): give them back now (a large
-    // one to the pool, for the next write's copy).
-    for (CallPtr& c : batch) {
-      BufferPool::Get().Give(std::move(c->payload));
-      c->shared_payload.reset();
-    }
-    batch.clear();
-    lk.lock();
-    sending_ = false;
-    sending_cv_.notify_all();
-    if (rc != 0) {
-      // Done sending first: Close() waits for that.
-      lk.unlock();
-      Teardown(rc == -ETIMEDOUT ? ETIMEDOUT : ECONNRESET);
+    const int rc = WriteAll(t_.get(), iov.data(), static_cast<int>(iov.size()), wait);
+    if (rc == kWouldWait) {
+      // WriteAll left iov at what is still to go; moving the vectors keeps their buffers.
+      std::unique_ptr<SendRest> rest;
+      try {
+        rest.reset(new SendRest());
+        rest->batch = std::move(batch);
+        rest->iov = std::move(iov);
+        rest->heads = std::move(heads);
+      } catch (...) {
+        rest.reset();
+      }
       lk.lock();
+      if (!rest) {  // no memory to hand it over: the connection fails, as a write error would
+        EndBatchLocked(lk, &batch, -ENOMEM);
+        continue;
+      }
+      rest->self = this;
+      rest->run = &RemoteReplica::RunSendRest;
+      ++send_rests_;
+      WorkerPool::Batch b;
+      b.Push(rest.release());
+      lk.unlock();
+      SendRestLane().Submit(&b);
+      lk.lock();
+      return;  // sending_ stays set: the worker ends the batch
     }
+    lk.lock();
+    EndBatchLocked(lk, &batch, rc);
+  }
+}
+
+int RemoteReplica::WaitToSend(short want) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (dead_errno_ != 0) return -ENOTCONN;
+      if (DeadlinePassedLocked(MonotonicMs())) return -ETIMEDOUT;
+    }
+    int p = PollFdOrWake(t_->fd(), want, -1, kDeadlineCheckMs);
+    if (p != 0) return p < 0 ? p : 0;
+  }
+}
+
+void RemoteReplica::RunSendRest(WorkerPool::Job* job) {
+  std::unique_ptr<SendRest> rest(static_cast<SendRest*>(job));
+  RemoteReplica* self = rest->self;
+  // t_ stays: sending_ is still set for this batch.
+  const int rc = WriteAll(self->t_.get(), rest->iov.data(), static_cast<int>(rest->iov.size()),
+                          [self](short want) { return self->WaitToSend(want); });
+  std::unique_lock<std::mutex> lk(self->mu_);
+  self->EndBatchLocked(lk, &rest->batch, rc);
+  self->SendQueuedLocked(lk);  // what was queued meanwhile: this thread may wait
+  rest.reset();
+  --self->send_rests_;
+  self->sending_cv_.notify_all();  // Close waits for the last job to let go of mu_
+}
+
+void RemoteReplica::EndBatchLocked(std::unique_lock<std::mutex>& lk, std::vector<CallPtr>* batch, int rc) {
+  lk.unlock();
+  // The payloads are on the wire (or the connection is gone): give them back now (a large
+  // one to the pool, for the next write's copy).
+  for (CallPtr& c : *batch) {
+    BufferPool::Get().Give(std::move(c->payload));
+    c->shared_payload.reset();
+  }
+  batch->clear();
+  lk.lock();
+  sending_ = false;
+  sending_cv_.notify_all();
+  if (rc != 0) {
+    // Done sending first: Close() waits for that.
+    lk.unlock();
+    Teardown(rc == -ETIMEDOUT ? ETIMEDOUT : ECONNRESET);
+    lk.lock();
   }
 }
 

@@ -276,7 +276,7 @@ Status RemoteReplica::Close() {
     // A caller may still be writing a batch (it returns once the transport is shut down);
     // a Redial thread ends at its next check (dead: it registers nothing).
     std::unique_lock<std::mutex> lk(mu_);
-    while (sending_) sending_cv_.wait(lk);
+    while (sending_ || send_rests_ > 0) sending_cv_.wait(lk);
     while (reconnecting_) redial_cv_.wait(lk);
   }
   // Dead and not reconnecting: the loop starts nothing more, so loop_id_ and redial_ stay.
@@ -301,12 +301,15 @@ RemoteReplica::CallPtr RemoteReplica::NewCall(uint8_t op, uint64_t epoch, uint64
 }
 
 int RemoteReplica::Submit(const CallPtr& c, Send send, bool* queued) {
+  const bool block = send == Send::kNow || send == Send::kDeferred;
+  std::unique_lock<std::mutex> lk(mu_);
+  // Its slot, whatever comes next. A second part of a reserved write (max_io_ shrank on a
+  // reconnect) takes another's, whose owner then goes past depth_ rather than wait: the
+  // count stays whole.
+  if (send == Send::kReserved && reserved_ > 0) --reserved_;
   if (c->frame_size() > kMaxPayloadBytes) return -EOVERFLOW;
   c->h.payload_len = static_cast<uint32_t>(c->frame_size());
-  const bool block = send != Send::kByLoop;
-  std::unique_lock<std::mutex> lk(mu_);
-  while (dead_errno_ == 0 && outstanding_ >= depth_) {
-    if (!block) return -EAGAIN;
+  while (block && dead_errno_ == 0 && outstanding_ + reserved_ >= depth_) {
     // The slots may be held by deferred calls nobody is sending yet (this caller's own).
     if (CanSendLocked()) {
       SendQueuedLocked(lk);
@@ -323,7 +326,7 @@ int RemoteReplica::Submit(const CallPtr& c, Send send, bool* queued) {
   ++outstanding_;
   // The loop checks deadlines while anything is outstanding (its timer); an internal call
   // waits for the loop to send it.
-  if (!block) ArmLocked(now);
+  if (send == Send::kByLoop) ArmLocked(now);
   else if (outstanding_ == 1) ArmLocked(now + kDeadlineCheckMs);
   // A caller that may block sends it now, itself; the others' calls wait for the next
   // sender, SendDeferred or the connection loop (HousekeepLocked).
@@ -331,9 +334,24 @@ int RemoteReplica::Submit(const CallPtr& c, Send send, bool* queued) {
   return 0;
 }
 
-void RemoteReplica::SendDeferred() {
+void RemoteReplica::SendDeferred(bool may_wait) {
   std::unique_lock<std::mutex> lk(mu_);
-  SendQueuedLocked(lk);  // nothing if another thread is sending: it takes them along
+  SendQueuedLocked(lk, may_wait);  // nothing if another thread is sending: it takes them along
+}
+
+// One slot, for a write of one frame (a larger one would need several: false).
+bool RemoteReplica::TryReserveWrite(uint32_t len) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (dead_errno_ != 0 || len > max_io_ || outstanding_ + reserved_ >= depth_) return false;
+  ++reserved_;
+  return true;
+}
+
+void RemoteReplica::CancelReservedWrite(uint32_t len) {
+  (void)len;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (reserved_ > 0) --reserved_;
+  slot_cv_.notify_one();
 }
 
 void RemoteReplica::Wait(const CallPtr& c) {
@@ -560,16 +578,21 @@ void RemoteReplica::SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32
   p->unfinished.store(1);
   // Never throws (Engine::WriteAsync/ReadAsync count on it): an allocation that fails ends
   // the loop with ENOMEM, and what was queued before it is collected as usual.
+  const bool reserved = p->reserved;
   try {
     SubmitPartsLoop(op, epoch, off, len, data, flags, layer_id, p);
   } catch (...) {
     if (p->rc == 0) p->rc = -ENOMEM;
   }
+  if (p->reserved) CancelReservedWrite(len);  // failed before its first Submit took the slot
+  p->reserved = reserved;
   if (p->waker && p->unfinished.fetch_sub(1) == 1) p->waker->Wake();
 }
 
 void RemoteReplica::SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* data,
                                     uint16_t flags, const std::string* layer_id, PendingIo* p) {
+  // A reserved write never waits, in any of its parts; its first Submit takes the slot.
+  const Send send = !p->defer_send ? Send::kNow : p->reserved ? Send::kReserved : Send::kDeferred;
   for (uint64_t done = 0; done < len || (len == 0 && p->calls.empty()); done += max_io_) {
     uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(max_io_, len - done));
     CallPtr c = NewCall(op, epoch, off + done, n, flags);
@@ -595,8 +618,9 @@ void RemoteReplica::SubmitPartsLoop(uint8_t op, uint64_t epoch, uint64_t off, ui
       p->unfinished.fetch_add(1);
     }
     bool queued = false;
+    p->reserved = false;
     try {
-      p->rc = Submit(c, p->defer_send ? Send::kDeferred : Send::kNow, &queued);
+      p->rc = Submit(c, send, &queued);
     } catch (...) {
       if (queued) p->calls.push_back(c);                   // answered later, as any other
       else if (p->waker) p->unfinished.fetch_sub(1);      // never answered

@@ -51,6 +51,7 @@
 #include "net/poller.h"
 #include "net/transport.h"
 #include "net/buffer-pool.h"
+#include "nbd/worker-pool.h"
 
 namespace mooring {
 
@@ -91,7 +92,9 @@ class RemoteReplica final : public ReplicaBackend {
   int Write(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua) override;
   void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) override;
   int FinishWrite(PendingIo* p) override;
-  void SendDeferred() override;
+  bool TryReserveWrite(uint32_t len) override;
+  void CancelReservedWrite(uint32_t len) override;
+  void SendDeferred(bool may_wait = true) override;
   void StartRead(uint64_t off, uint32_t len, uint8_t* buf, PendingIo* p) override;
   int FinishRead(PendingIo* p, uint8_t* buf) override;
   int Trim(uint64_t epoch, uint64_t off, uint64_t len) override;
@@ -169,10 +172,12 @@ class RemoteReplica final : public ReplicaBackend {
                        const std::string* layer_id, PendingIo* p);
   // Who sends a submitted call: the caller, now (kNow); the caller, later, with others
   // (kDeferred: SendDeferred); the connection loop (kByLoop: internal calls, a header each).
-  enum class Send { kNow, kDeferred, kByLoop };
-  // Queues c; 0 or -errno. kNow and kDeferred wait while `depth_` are outstanding (sending
-  // what is queued, if nobody is, to make room); kByLoop returns -EAGAIN then. *queued: c
-  // went into the queue (so it will be answered or failed), even if a later step throws.
+  // kReserved: as kDeferred, in a slot TryReserveWrite took (never waits).
+  enum class Send { kNow, kDeferred, kReserved, kByLoop };
+  // Queues c; 0 or -errno. kNow and kDeferred wait while `depth_` are outstanding or
+  // reserved (sending what is queued, if nobody is, to make room); kByLoop returns -EAGAIN
+  // then. *queued: c went into the queue (so it will be answered or failed), even if a
+  // later step throws.
   int Submit(const CallPtr& c, Send send = Send::kNow, bool* queued = nullptr);
   void Wait(const CallPtr& c);
   // Submit + Wait; then 0 or -errno (the reply's, or the local failure).
@@ -192,7 +197,17 @@ class RemoteReplica final : public ReplicaBackend {
   // Under mu_ (lk): nothing is being written, calls are queued and may go on this connection.
   bool CanSendLocked() const;
   // Under mu_ (lk, released while writing): writes what is queued, until nothing is.
-  void SendQueuedLocked(std::unique_lock<std::mutex>& lk);
+  // Without may_wait, a batch the socket does not take at once is finished by a worker
+  // (SendRest), which then sends what was queued meanwhile; sending_ stays set until then.
+  void SendQueuedLocked(std::unique_lock<std::mutex>& lk, bool may_wait = true);
+  struct SendRest;
+  // A sender's wait for its socket to take more (sending_ set, mu_ not held): 0, or the
+  // error to fail the connection with (it died, or the oldest call's deadline passed).
+  int WaitToSend(short want);
+  static void RunSendRest(WorkerPool::Job* job);
+  // After a batch's write (rc: WriteAll's): its payloads given back, sending_ cleared, and
+  // on failure the connection torn down. Under mu_ (lk), released and taken again.
+  void EndBatchLocked(std::unique_lock<std::mutex>& lk, std::vector<CallPtr>* batch, int rc);
 
   // The connection loop's side, one turn at a time on the loop's thread, never waiting.
   // Under mu_: t_'s socket read by the loop (Connect, and after a reconnect).
@@ -240,6 +255,8 @@ class RemoteReplica final : public ReplicaBackend {
   std::deque<CallPtr> queue_;                // not yet sent
   std::map<uint64_t, CallPtr> sent_;         // sent, awaiting the reply, by seq
   uint32_t outstanding_ = 0;                 // queue_ + sent_
+  uint32_t reserved_ = 0;                    // calls TryReserveWrite made room for, not yet queued
+  uint32_t send_rests_ = 0;                  // SendRest jobs not yet ended (Close waits for them)
   uint64_t next_seq_ = 1;
   int dead_errno_ = 0;                       // set once: the connection is gone
   bool closed_ = false;
