@@ -309,7 +309,9 @@ int RemoteReplica::Submit(const CallPtr& c, Send send, bool* queued) {
   if (send == Send::kReserved && reserved_ > 0) --reserved_;
   if (c->frame_size() > kMaxPayloadBytes) return -EOVERFLOW;
   c->h.payload_len = static_cast<uint32_t>(c->frame_size());
-  while (block && dead_errno_ == 0 && outstanding_ + reserved_ >= depth_) {
+  const auto full = [this] { return dead_errno_ == 0 && outstanding_ + reserved_ >= depth_; };
+  if (send == Send::kByLoop && full()) return -EAGAIN;
+  while (block && full()) {
     // The slots may be held by deferred calls nobody is sending yet (this caller's own).
     if (CanSendLocked()) {
       SendQueuedLocked(lk);
