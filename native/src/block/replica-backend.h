@@ -178,7 +178,7 @@ class ReplicaBackend {
     // keeps a reference until its frames are on the wire).
     std::shared_ptr<const ByteBuffer> shared_bytes;
     // Set before StartWrite (with defer_send): TryReserveWrite said yes for this write, so
-    // queueing it never waits.
+    // queueing it never waits. The backend clears it once the slot is used or given back.
     bool reserved = false;
     // As new, the capacity of calls kept (for a record that is reused).
     void Reset() {

@@ -580,14 +580,15 @@ void RemoteReplica::SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32
   p->unfinished.store(1);
   // Never throws (Engine::WriteAsync/ReadAsync count on it): an allocation that fails ends
   // the loop with ENOMEM, and what was queued before it is collected as usual.
-  const bool reserved = p->reserved;
   try {
     SubmitPartsLoop(op, epoch, off, len, data, flags, layer_id, p);
   } catch (...) {
     if (p->rc == 0) p->rc = -ENOMEM;
   }
-  if (p->reserved) CancelReservedWrite(len);  // failed before its first Submit took the slot
-  p->reserved = reserved;
+  if (p->reserved) {  // failed before its first Submit took the slot
+    CancelReservedWrite(len);
+    p->reserved = false;
+  }
   if (p->waker && p->unfinished.fetch_sub(1) == 1) p->waker->Wake();
 }
 

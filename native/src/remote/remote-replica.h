@@ -10,7 +10,9 @@
 // it, matches replies to callers by seq, checks deadlines by timer, and while idle sends
 // the keepalive and the AllocatedBytes refresh without waiting (what the socket does not
 // take at once goes on at the loop's next turn). At most `depth` requests are outstanding
-// (callers block beyond that). A request outstanding longer than the endpoint's
+// (callers block beyond that; a caller that must not wait, the NBD loop starting a write,
+// reserves its slot first, TryReserveWrite, and leaves what its socket does not take at
+// once to a worker, SendRest). A request outstanding longer than the endpoint's
 // io_timeout_ms fails with -ETIMEDOUT and tears the connection down: every outstanding and
 // later call fails (-ENOTCONN), so the engine marks the replica ERR. There is no silent
 // reconnect, which could replay writes out of order; the control plane adds a fresh backend
