@@ -199,12 +199,12 @@ class ReplicaBackend {
   // Room to queue a write of len bytes (StartWrite with defer_send and reserved) without
   // waiting, taken now for it: true, or false when queueing it might wait (a full queue, a
   // backend that cannot tell). A reservation is used by that StartWrite or given back
-  // (CancelReservedWrite, same len). For callers on a thread that must not wait.
+  // (CancelReservedWrite). For callers on a thread that must not wait.
   virtual bool TryReserveWrite(uint32_t len) {
     (void)len;
     return false;
   }
-  virtual void CancelReservedWrite(uint32_t len) { (void)len; }
+  virtual void CancelReservedWrite() {}
   // Sends whatever StartWrite and StartRead queued with defer_send (nothing to do by
   // default). With may_wait, it may wait for room to send, as StartWrite may; without, what
   // cannot be sent at once is left to another thread.

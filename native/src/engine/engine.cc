@@ -460,18 +460,20 @@ class ReplicatedEngine final : public Engine {
   struct Touched {
     ReplicaBackend* b[kMaxReplicas];
     size_t n = 0;
-    bool may_wait = true;  // false: what a socket does not take at once goes to a worker (SendDeferred)
+    // false (TryWriteAsyncMany): every replica must have room to queue a write at once
+    // (ReplicaBackend::TryReserveWrite), and what a socket does not take at once goes to
+    // a worker (SendDeferred).
+    bool may_wait = true;
   };
   enum class Start { kStarted, kNotPlain, kRangeBusy, kNoRoom };
   // Under the shared gate: starts q as an async write if it is the plain case (see
   // WriteAsyncMany) and returns it, its own wake still to come (AsyncWrite::Wake); or
   // returns nullptr with nothing started, and *why. With `touched` (a group), the
   // replicas' frames are queued, not sent (*touched collects the backends to SendDeferred,
-  // SendTouched), and an overlapping write in flight is kRangeBusy instead of a wait.
-  // With `reserve` (TryWriteAsyncMany), every replica must have room to queue it at once
-  // (ReplicaBackend::TryReserveWrite), else kNoRoom. Throws only before anything is
-  // started (ENOMEM).
-  AsyncWrite* StartPlainLocked(const AsyncWriteReq& q, Touched* touched, Start* why, bool reserve = false);
+  // SendTouched), and an overlapping write in flight is kRangeBusy instead of a wait; a
+  // group that may not wait (Touched::may_wait) gets kNoRoom where a replica has no room.
+  // Throws only before anything is started (ENOMEM).
+  AsyncWrite* StartPlainLocked(const AsyncWriteReq& q, Touched* touched, Start* why);
   static void Touch(Touched* touched, ReplicaBackend* b);  // b has deferred frames
   static std::shared_ptr<const ByteBuffer> SharedCopy(const uint8_t* buf, uint32_t len);
   // For WriteAsyncMany and ReadAsyncMany, under the shared gate (lk): if the engine refuses
@@ -1018,7 +1020,7 @@ size_t ReplicatedEngine::TryWriteAsyncMany(const AsyncWriteReq* q, size_t n) noe
       Start why;  // whatever it is, the rest goes to a worker
       AsyncWrite* w = nullptr;
       try {
-        w = StartPlainLocked(q[ns], &touched, &why, true);
+        w = StartPlainLocked(q[ns], &touched, &why);
       } catch (...) {
         break;  // no memory for the range lock: the worker answers it
       }
@@ -1032,8 +1034,9 @@ size_t ReplicatedEngine::TryWriteAsyncMany(const AsyncWriteReq* q, size_t n) noe
 }
 
 ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWriteReq& q, Touched* touched,
-                                                                  Start* why, bool reserve) {
+                                                                  Start* why) {
   const Targets t = RwTargets();
+  const bool reserve = touched && !touched->may_wait;
   const bool plain = WoTargets().n == 0 && !fence_pending_.load() && AllRemote(t);
   auto give = [](AsyncWrite* x) { WriteCache::Get().Give(x); };
   std::unique_ptr<AsyncWrite, decltype(give)> w(plain ? WriteCache::Get().Take() : nullptr, give);
@@ -1053,7 +1056,7 @@ ReplicatedEngine::AsyncWrite* ReplicatedEngine::StartPlainLocked(const AsyncWrit
   if (reserve) {
     for (size_t k = 0; k < t.n; ++k) {
       if (slots_[t.idx[k]]->backend->TryReserveWrite(q.len)) continue;
-      while (k-- > 0) slots_[t.idx[k]]->backend->CancelReservedWrite(q.len);
+      while (k-- > 0) slots_[t.idx[k]]->backend->CancelReservedWrite();
       *why = Start::kNoRoom;
       return nullptr;
     }

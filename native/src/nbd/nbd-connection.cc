@@ -784,13 +784,8 @@ NbdRequest* NbdConnection::StartWritesHere(NbdRequest* head) {
   if (n == 0) return head;
   const uint64_t started_ns = NowNs();
   for (size_t k = 0; k < n; ++k) {
-    NbdRequest* g = rq[k];
-    g->next_grouped = nullptr;  // a started one may be answered and recycled at once
-    g->reply_error = 0;
-    g->iov.clear();
-    g->iov_pos = 0;
-    g->started_ns = started_ns;
-    wq[k] = {g->offset, g->length, g->data.get(), (g->flags & kCmdFlagFua) != 0, g};
+    Unlink(rq[k], started_ns);  // a started one may be answered and recycled at once
+    wq[k] = WriteReqOf(rq[k]);
   }
   const size_t started = dev_->TryWriteAsyncMany(wq, n);  // rq[0..started) are not touched again
   ctx_->requests.fetch_add(started, std::memory_order_relaxed);
@@ -1008,19 +1003,27 @@ void NbdConnection::Execute(NbdRequest* r) {
 
 void NbdRequest::IoDone(int rc) { conn->FinishIo(this, rc); }
 
+void NbdConnection::Unlink(NbdRequest* g, uint64_t started_ns) {
+  g->next_grouped = nullptr;
+  g->reply_error = 0;
+  g->iov.clear();
+  g->iov_pos = 0;
+  g->started_ns = started_ns;
+}
+
+BlockDevice::AsyncWriteReq NbdConnection::WriteReqOf(NbdRequest* g) {
+  return {g->offset, g->length, g->data.get(), (g->flags & kCmdFlagFua) != 0, g};
+}
+
 void NbdConnection::ExecuteGroup(NbdRequest* r, uint64_t started_ns) {
   BlockDevice::AsyncWriteReq wq[kGroupMax];
   BlockDevice::AsyncReadReq rq[kGroupMax];
   size_t nw = 0, nr = 0, n = 0;
   for (NbdRequest* g = r; g && n < kGroupMax; ++n) {
     NbdRequest* next = g->next_grouped;  // read first: g may be answered and recycled once handed over
-    g->next_grouped = nullptr;
-    g->reply_error = 0;
-    g->iov.clear();
-    g->iov_pos = 0;
-    g->started_ns = started_ns;
+    Unlink(g, started_ns);
     if (g->type == kCmdWrite) {
-      wq[nw++] = {g->offset, g->length, g->data.get(), (g->flags & kCmdFlagFua) != 0, g};
+      wq[nw++] = WriteReqOf(g);
     } else if (g->EnsureData(g->length)) {
       rq[nr++] = {g->offset, g->length, g->data.get(), g};
     } else {

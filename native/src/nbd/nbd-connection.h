@@ -210,6 +210,10 @@ class NbdConnection final : private ReplyBatch::Sender {
   // A group of READs and WRITEs (r, then r->next_grouped...): to the device together
   // (WriteAsyncMany, ReadAsyncMany).
   void ExecuteGroup(NbdRequest* r, uint64_t started_ns);
+  // A grouped request out of its group, ready for the device (no reply built yet, its
+  // latency counted from started_ns).
+  static void Unlink(NbdRequest* g, uint64_t started_ns);
+  static BlockDevice::AsyncWriteReq WriteReqOf(NbdRequest* g);  // a WRITE as the device takes it
   // True when the device answers later (FinishIo); else r's reply is built.
   bool ExecuteRead(NbdRequest* r, uint64_t started_ns);
   void ExecuteStructuredRead(NbdRequest* r);

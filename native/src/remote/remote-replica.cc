@@ -309,9 +309,8 @@ int RemoteReplica::Submit(const CallPtr& c, Send send, bool* queued) {
   if (send == Send::kReserved && reserved_ > 0) --reserved_;
   if (c->frame_size() > kMaxPayloadBytes) return -EOVERFLOW;
   c->h.payload_len = static_cast<uint32_t>(c->frame_size());
-  const auto full = [this] { return dead_errno_ == 0 && outstanding_ + reserved_ >= depth_; };
-  if (send == Send::kByLoop && full()) return -EAGAIN;
-  while (block && full()) {
+  if (send == Send::kByLoop && dead_errno_ == 0 && FullLocked()) return -EAGAIN;
+  while (block && dead_errno_ == 0 && FullLocked()) {
     // The slots may be held by deferred calls nobody is sending yet (this caller's own).
     if (CanSendLocked()) {
       SendQueuedLocked(lk);
@@ -344,13 +343,12 @@ void RemoteReplica::SendDeferred(bool may_wait) {
 // One slot, for a write of one frame (a larger one would need several: false).
 bool RemoteReplica::TryReserveWrite(uint32_t len) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (dead_errno_ != 0 || len > max_io_ || outstanding_ + reserved_ >= depth_) return false;
+  if (dead_errno_ != 0 || len > max_io_ || FullLocked()) return false;
   ++reserved_;
   return true;
 }
 
-void RemoteReplica::CancelReservedWrite(uint32_t len) {
-  (void)len;
+void RemoteReplica::CancelReservedWrite() {
   std::lock_guard<std::mutex> lk(mu_);
   if (reserved_ > 0) --reserved_;
   slot_cv_.notify_one();
@@ -586,7 +584,7 @@ void RemoteReplica::SubmitParts(uint8_t op, uint64_t epoch, uint64_t off, uint32
     if (p->rc == 0) p->rc = -ENOMEM;
   }
   if (p->reserved) {  // failed before its first Submit took the slot
-    CancelReservedWrite(len);
+    CancelReservedWrite();
     p->reserved = false;
   }
   if (p->waker && p->unfinished.fetch_sub(1) == 1) p->waker->Wake();

@@ -95,7 +95,7 @@ class RemoteReplica final : public ReplicaBackend {
   void StartWrite(uint64_t epoch, uint64_t off, uint32_t len, const uint8_t* buf, bool fua, PendingIo* p) override;
   int FinishWrite(PendingIo* p) override;
   bool TryReserveWrite(uint32_t len) override;
-  void CancelReservedWrite(uint32_t len) override;
+  void CancelReservedWrite() override;
   void SendDeferred(bool may_wait = true) override;
   void StartRead(uint64_t off, uint32_t len, uint8_t* buf, PendingIo* p) override;
   int FinishRead(PendingIo* p, uint8_t* buf) override;
@@ -198,6 +198,8 @@ class RemoteReplica final : public ReplicaBackend {
 
   // Under mu_ (lk): nothing is being written, calls are queued and may go on this connection.
   bool CanSendLocked() const;
+  // Under mu_: every slot is taken, by calls outstanding or reserved.
+  bool FullLocked() const { return outstanding_ + reserved_ >= depth_; }
   // Under mu_ (lk, released while writing): writes what is queued, until nothing is.
   // Without may_wait, a batch the socket does not take at once is finished by a worker
   // (SendRest), which then sends what was queued meanwhile; sending_ stays set until then.
